@@ -1,0 +1,53 @@
+"""TinyStore: SQL databases, durable job queues, channels and locks in one directory, owned by one process.
+
+Open a store with :func:`open` (the directory's server, a private child server, or ``embedded=True``) or
+:func:`connect` (TCP/TLS). See API.md for every call.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .client.store import Store, connect, open
+from .client.sql import Database, SqlTx
+from .errors import (
+    ClosedError,
+    ConflictError,
+    CorruptError,
+    InUseError,
+    InvalidError,
+    LimitError,
+    LostError,
+    OutcomeUnknownError,
+    PermanentError,
+    PermissionDeniedError,
+    TinystoreError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from .limits import Limits
+from .protocol.sql import Done
+
+__all__ = [
+    "ClosedError",
+    "ConflictError",
+    "CorruptError",
+    "Database",
+    "Done",
+    "InUseError",
+    "InvalidError",
+    "LimitError",
+    "Limits",
+    "LostError",
+    "OutcomeUnknownError",
+    "PermanentError",
+    "PermissionDeniedError",
+    "SqlTx",
+    "Store",
+    "TinystoreError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "__version__",
+    "connect",
+    "open",
+]

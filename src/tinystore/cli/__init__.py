@@ -1,0 +1,287 @@
+"""The ``tinystore`` command: serve, stop, status, sql (and one group per engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import TinystoreError
+
+T = TypeVar("T")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run ``fn()`` on uvloop when available; a TinyStore error prints ``error[code] message`` and exits 1."""
+    try:
+        try:
+            import uvloop
+
+            return uvloop.run(fn())  # type: ignore[no-any-return]
+        except ImportError:  # pragma: no cover
+            return asyncio.run(fn())  # type: ignore[arg-type]
+    except TinystoreError as exc:
+        fail(exc)
+
+
+def fail(exc: TinystoreError) -> Any:
+    err_console.print(f"[red]error[/red]: {exc.message}", highlight=False)
+    sys.stderr.write(f"error[{exc.code}] {exc.message}\n")
+    sys.exit(1)
+
+
+def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title, show_lines=False)
+    for c in columns:
+        table.add_column(str(c))
+    for r in rows:
+        table.add_row(*["NULL" if v is None else (repr(v) if isinstance(v, bytes) else str(v)) for v in r])
+    console.print(table)
+
+
+def to_json(value: Any) -> str:
+    def default(o: Any) -> Any:
+        if isinstance(o, bytes):
+            return o.hex()
+        if isinstance(o, datetime):
+            return o.isoformat()
+        return str(o)
+
+    return json.dumps(value, default=default, ensure_ascii=False)
+
+
+@click.group()
+@click.version_option(package_name="tinystore")
+def main() -> None:
+    """TinyStore: SQL databases, job queues, channels and locks in one directory, owned by one process."""
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--listen", multiple=True, help="Also listen on tcp://HOST:PORT or tls://HOST:PORT.")
+@click.option("--tokens", type=click.Path(dir_okay=False), help="Tokens file: '<admin|data> <token>' a line.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False))
+@click.option("--tls-key", type=click.Path(dir_okay=False))
+@click.option("--durability", type=click.Choice(["full", "os"]), default="full", show_default=True)
+@click.option("--idle", default=None, help="Exit after this long without connections (sidecars).")
+@click.option("--sidecar", is_flag=True, hidden=True)
+@click.option("--private", is_flag=True, hidden=True)
+@click.option("--parent-pid", type=int, default=None, hidden=True)
+@click.option("--clock", default=None, hidden=True, help="Start a test clock at this ISO datetime.")
+@click.option("--limits", default=None, hidden=True, help="Limits as JSON.")
+def serve(directory: Path, listen: tuple[str, ...], tokens: str | None, tls_cert: str | None, tls_key: str | None,
+          durability: str, idle: str | None, sidecar: bool, private: bool, parent_pid: int | None,
+          clock: str | None, limits: str | None) -> None:
+    """Own DIRECTORY and serve it on its Unix socket (and on --listen addresses) until SIGTERM or `tinystore stop`."""
+    import logging
+
+    from ..clock import Clock
+    from ..durations import seconds
+    from ..limits import Limits
+    from ..server.main import ServeOptions, announce_ready, run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        opts = ServeOptions(
+            directory=directory.resolve(),
+            listen=list(listen),
+            tokens=tokens,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            idle=seconds(idle, "--idle") if idle else None,
+            parent_pid=parent_pid,
+            clock=Clock(datetime.fromisoformat(clock)) if clock else None,
+            limits=Limits.from_json(limits) if limits else None,
+            durability=durability,
+            mode="sidecar" if sidecar else "private" if private else "serve",
+        )
+        if opts.idle == 0:
+            opts.idle = None
+
+        def ready(listeners: Any) -> None:
+            if private:
+                announce_ready(listeners)
+            else:
+                err_console.print(
+                    f"tinystore serving {opts.directory} on " + ", ".join(lst.description for lst in listeners),
+                    highlight=False,
+                )
+
+        run(opts, ready)
+    except TinystoreError as exc:
+        fail(exc)
+
+
+async def _connect_dir(directory: Path) -> Any:
+    """Connect to the directory's running server (never starts one)."""
+    from ..client.store import Store
+    from ..client.transport import RemoteTransport
+    from ..errors import UnavailableError
+    from ..server import paths
+
+    sock = paths.socket_path(directory.resolve())
+
+    async def endpoint() -> tuple[str, Any]:
+        return "unix", str(sock)
+
+    transport = RemoteTransport(endpoint, description=str(directory), reconnect_timeout=2.0)
+    try:
+        await transport.connect()
+    except UnavailableError:
+        raise UnavailableError(f"store {directory}: no server is running there (start one with `tinystore serve`)") from None
+    return Store(transport, mode="cli", directory=directory.resolve())
+
+
+async def open_for_cli(directory: Path) -> Any:
+    """The directory's server if one runs, else the store embedded in this command (no socket)."""
+    import tinystore
+
+    from ..errors import UnavailableError
+
+    try:
+        return await _connect_dir(directory)
+    except UnavailableError:
+        if not directory.exists():
+            raise
+        return await tinystore.open(directory, embedded=True, serve=False)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--grace", default=10.0, show_default=True, help="Seconds calls under way may take to finish.")
+def stop(directory: Path, grace: float) -> None:
+    """Stop the server that owns DIRECTORY gracefully (as SIGTERM does)."""
+
+    async def go() -> None:
+        import time
+
+        from ..server import paths
+
+        store = await _connect_dir(directory)
+        pid = (paths.read_address(directory.resolve()) or {}).get("pid")
+        await store.stop_server(grace)
+        await store.close()
+        deadline = time.monotonic() + grace + 5
+        while pid and time.monotonic() < deadline:
+            try:
+                import os
+
+                os.kill(int(pid), 0)
+            except OSError:
+                break
+            await asyncio.sleep(0.05)
+        err_console.print(f"stopped the server of {directory}")
+
+    run_async(go)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def status(directory: Path, as_json: bool) -> None:
+    """Show the server of DIRECTORY: version, connections, databases, and what each engine holds."""
+
+    async def go() -> dict[str, Any]:
+        store = await open_for_cli(directory)
+        try:
+            result: dict[str, Any] = await store.status()
+            return result
+        finally:
+            await store.close()
+
+    st = run_async(go)
+    if as_json:
+        click.echo(to_json(st))
+        return
+    console.print(f"[bold]tinystore {st['version']}[/bold]  {st['directory']}  pid {st['pid']}  mode {st['mode']}  "
+                  f"up {st['uptime']:.1f}s  durability {st['durability']}", highlight=False)
+    conns = st.get("connections", [])
+    print_table("connections", ["id", "name", "local", "capability", "calls"],
+                [[c["id"], c["name"], c["local"], c["capability"], c["calls"]] for c in conns])
+    dbs = st.get("databases", {})
+    print_table("databases", ["name", "path", "writes", "commits", "reads", "transactions"],
+                [[n, d["path"], d["writes"], d["commits"], d["reads"], d["transactions"]] for n, d in dbs.items()])
+    for key in ("channels", "locks", "jobs"):
+        if key in st:
+            _print_engine(key, st[key])
+
+
+def _print_engine(key: str, value: Any) -> None:
+    if isinstance(value, dict):
+        scalars = {k: v for k, v in value.items() if not isinstance(v, list | dict)}
+        console.print(f"[bold]{key}[/bold] " + "  ".join(f"{k} {v}" for k, v in scalars.items()), highlight=False)
+        for k, v in value.items():
+            if isinstance(v, list) and v and isinstance(v[0], dict):
+                cols = list(v[0].keys())
+                print_table(f"{key}: {k}", cols, [[row.get(c) for c in cols] for row in v])
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("statement")
+@click.argument("params", nargs=-1)
+@click.option("--db", "database", default="main", show_default=True, help="The database's name.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
+@click.option("--write", is_flag=True, help="Allow a statement that writes.")
+def sql(directory: Path, statement: str, params: tuple[str, ...], database: str, as_json: bool, write: bool) -> None:
+    """Run STATEMENT on a database of DIRECTORY and print the rows (a table, or JSON with --json)."""
+
+    async def go() -> tuple[list[str], list[list[Any]], Any]:
+        store = await open_for_cli(directory)
+        try:
+            db = await store.database(database)
+            values = [_param(p) for p in params]
+            if write:
+                done = await db.exec(statement, *values)
+                return done.columns, [list(r) for r in done.rows], done
+            rows = await db._query(statement, values, "all")
+            return rows.columns, [list(r) for r in rows.rows], None
+        finally:
+            await store.close()
+
+    columns, rows, done = run_async(go)
+    if as_json:
+        for r in rows:
+            click.echo(to_json(dict(zip(columns, r, strict=False))))
+        if done is not None:
+            click.echo(to_json({"changes": done.changes, "last_insert_rowid": done.last_insert_rowid}))
+        return
+    if columns:
+        print_table(None, columns, rows)
+    if done is not None:
+        console.print(f"{done.changes} row(s) changed, last rowid {done.last_insert_rowid}")
+
+
+def _param(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _load_groups() -> None:
+    for name in ("channels", "locks", "jobs", "demo"):
+        try:
+            module = __import__(f"{__package__}.{name}", fromlist=["register"])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{name}":
+                raise
+            continue
+        module.register(main)
+
+
+_load_groups()

@@ -1,0 +1,1 @@
+"""The SDK: :class:`~tinystore.client.store.Store` and one module per engine."""

@@ -1,0 +1,234 @@
+"""SQL databases in the SDK: :class:`Database` and :class:`SqlTx`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import math
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import msgspec
+
+from ..errors import ClosedError, InvalidError
+from ..names import check_name
+from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
+
+if TYPE_CHECKING:
+    from .store import Store
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_active: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.ContextVar("tinystore_tx", default=frozenset())
+
+
+def read_migrations(migrations: str | Path | list[tuple[str, str]] | None) -> list[Migration]:
+    """Migrations as (name, text): from a folder (its ``*.sql`` files, in name order) or a list of pairs.
+
+    Raises ``InvalidError`` when the folder does not exist.
+    """
+    if migrations is None:
+        return []
+    if isinstance(migrations, list | tuple):
+        return [Migration(str(n), str(t)) for n, t in migrations]
+    folder = Path(migrations)
+    if not folder.is_dir():
+        raise InvalidError(f"migrations: {folder} is not a folder of .sql files")
+    return [Migration(p.name, p.read_text()) for p in sorted(folder.glob("*.sql"))]
+
+
+def check_values(db: str, params: tuple[Any, ...]) -> list[Any]:
+    for i, v in enumerate(params):
+        if isinstance(v, float) and math.isnan(v):
+            raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
+        if isinstance(v, int) and not isinstance(v, bool) and not -(1 << 63) <= v < (1 << 63):
+            raise InvalidError(f"database {db}: parameter {i + 1}: {v} does not fit in 64 bits")
+    return list(params)
+
+
+def _split(name: str, args: tuple[Any, ...]) -> tuple[Any, str, tuple[Any, ...]]:
+    if not args:
+        raise InvalidError(f"database {name}: a SQL statement is needed")
+    first = args[0]
+    if isinstance(first, str):
+        return None, first, args[1:]
+    if len(args) < 2 or not isinstance(args[1], str):
+        raise InvalidError(f"database {name}: after a type comes the SQL text")
+    return first, args[1], args[2:]
+
+
+def _convert(rows: Rows, type_: Any) -> list[Any]:
+    cols = rows.columns
+    dicts = [dict(zip(cols, r, strict=False)) for r in rows.rows]
+    if type_ is None:
+        return dicts
+    return [msgspec.convert(d, type_, strict=False) for d in dicts]
+
+
+class _Runner:
+    """Shared by Database and SqlTx: one(), all(), scalar() over ``_query``."""
+
+    name: str
+
+    async def _query(self, sql: str, params: list[Any], mode: str) -> Rows:
+        raise NotImplementedError
+
+    @overload
+    async def one(self, sql: str, /, *params: Any) -> dict[str, Any] | None: ...
+    @overload
+    async def one(self, type_: type[T], sql: str, /, *params: Any) -> T | None: ...
+    async def one(self, *args: Any) -> Any:
+        """The first row as a dict (or as ``type_``: a dataclass, msgspec Struct or TypedDict), or ``None``.
+
+        Raises ``InvalidError`` with SQLite's message for bad SQL or a statement that writes.
+        """
+        type_, sql, params = _split(self.name, args)
+        rows = await self._query(sql, check_values(self.name, params), "one")
+        out = _convert(rows, type_)
+        return out[0] if out else None
+
+    @overload
+    async def all(self, sql: str, /, *params: Any) -> list[dict[str, Any]]: ...
+    @overload
+    async def all(self, type_: type[T], sql: str, /, *params: Any) -> list[T]: ...
+    async def all(self, *args: Any) -> Any:
+        """Every row, as dicts (or as ``type_``). Results are limited to 64 MiB (``LimitError``)."""
+        type_, sql, params = _split(self.name, args)
+        rows = await self._query(sql, check_values(self.name, params), "all")
+        return _convert(rows, type_)
+
+    async def scalar(self, sql: str, /, *params: Any) -> Any:
+        """The first column of the first row, or ``None`` when there is no row."""
+        rows = await self._query(sql, check_values(self.name, params), "scalar")
+        return rows.rows[0][0] if rows.rows and rows.rows[0] else None
+
+
+class Database(_Runner):
+    """A SQL database of the store (``DIR/sql/<name>.db``). Get one with ``await store.database(name)``."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self.name = name
+        self._key = (id(store), name)
+
+    def _no_tx(self, what: str) -> None:
+        if self._key in _active.get():
+            raise InvalidError(
+                f"database {self.name}: {what} inside a transaction of the same database would wait for itself; "
+                "use the transaction's own calls (tx.exec, tx.one, ...)"
+            )
+
+    async def _open(self, migrations: list[Migration]) -> Opened:
+        result: Opened = await self.store._call("sql.open", OpenDb(db=self.name, migrations=migrations), Opened)
+        return result
+
+    async def exec(self, sql: str, /, *params: Any) -> Done:
+        """Run one statement that may write; it is committed (on disk, with ``durability="full"``) before
+        this returns. Returns ``Done``: ``changes``, ``last_insert_rowid``, ``rows`` (from ``returning``).
+
+        Raises ``InvalidError`` (SQLite's message; a value SQLite cannot hold), ``ConflictError`` (a
+        constraint), ``OutcomeUnknownError`` (the answer was lost: it may have committed). Concurrent
+        ``exec`` calls share commits (group commit). A cancel after sending leaves the write to happen.
+        """
+        self._no_tx("exec")
+        done: Done = await self.store._call(
+            "sql.exec", Exec(self.name, sql, check_values(self.name, params)), Done, write=True
+        )
+        return done
+
+    async def _query(self, sql: str, params: list[Any], mode: str) -> Rows:
+        rows: Rows = await self.store._call("sql.query", Query(self.name, sql, params, mode), Rows)
+        return rows
+
+    async def tx(self, fn: Callable[[SqlTx], Awaitable[R] | R], *, read_only: bool = False) -> R:
+        """Run ``fn(tx)`` in a transaction and return what it returns.
+
+        The transaction takes the writer at its start (``BEGIN IMMEDIATE``), so read-then-write never fails
+        with "database is locked"; with ``read_only=True`` it runs on a reader's snapshot instead. It commits
+        when ``fn`` returns and rolls back when ``fn`` raises or is cancelled (the error or the cancel goes
+        on), when it stays idle past ``tx_idle`` or runs past ``tx_max`` (``TimeoutError_``), or when the
+        connection drops (``ClosedError``). A commit whose answer was lost raises ``OutcomeUnknownError``.
+        Calling ``db.tx`` or ``db.exec`` on the same database inside ``fn`` raises ``InvalidError``.
+        """
+        self._no_tx("tx")
+        tx_id: int = await self.store._call("sql.begin", Begin(self.name, read_only), int)
+        tx = SqlTx(self, tx_id, read_only)
+        token = _active.set(_active.get() | {self._key})
+        try:
+            result = fn(tx)
+            if inspect.isawaitable(result):
+                result = await result
+        except BaseException:
+            _active.reset(token)
+            await tx._rollback()
+            raise
+        _active.reset(token)
+        await tx._commit()
+        return result  # type: ignore[return-value]
+
+
+class SqlTx(_Runner):
+    """An open transaction, handed to the function given to :meth:`Database.tx`.
+
+    Its calls see its own writes. ``with_(channel)`` / ``with_(queue)`` bind a channel or a queue to it:
+    what they publish or add happens only when the transaction commits.
+    """
+
+    def __init__(self, db: Database, tx_id: int, read_only: bool) -> None:
+        self.db = db
+        self.name = db.name
+        self.id = tx_id
+        self.read_only = read_only
+        self.ended = False
+        self.on_commit: list[Callable[[], Any]] = []
+
+    async def exec(self, sql: str, /, *params: Any) -> Done:
+        """Run a statement inside the transaction. Errors as :meth:`Database.exec`; a failed statement leaves
+        the transaction usable (SQL-06)."""
+        self._check()
+        done: Done = await self.db.store._call(
+            "sql.exec", Exec(self.name, sql, check_values(self.name, params), self.id), Done, write=False, retry=False
+        )
+        return done
+
+    async def _query(self, sql: str, params: list[Any], mode: str) -> Rows:
+        self._check()
+        rows: Rows = await self.db.store._call(
+            "sql.query", Query(self.name, sql, params, mode, self.id), Rows, retry=False
+        )
+        return rows
+
+    def with_(self, thing: Any) -> Any:
+        """``thing`` (a channel or a queue) bound to this transaction."""
+        bind = getattr(thing, "_bind_tx", None)
+        if bind is None:
+            raise InvalidError(f"tx.with_: a {type(thing).__name__} cannot take part in a transaction")
+        return bind(self)
+
+    def _check(self) -> None:
+        if self.ended:
+            raise ClosedError(f"database {self.name}: transaction {self.id} has ended")
+
+    async def _commit(self) -> None:
+        self._check()
+        self.ended = True
+        await self.db.store._call("sql.commit", TxRef(self.id), Any, write=True)
+        for hook in self.on_commit:
+            r = hook()
+            if inspect.isawaitable(r):
+                await r
+
+    async def _rollback(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        try:
+            await asyncio.shield(self.db.store._call("sql.rollback", TxRef(self.id), Any, retry=False))
+        except Exception:  # noqa: BLE001
+            pass  # the server rolls back on its own when the connection is gone or the tx timed out
+
+
+__all__ = ["Database", "SqlTx", "check_name"]

@@ -1,0 +1,335 @@
+"""Opening a store: :func:`open` (sidecar, private, embedded) and :func:`connect` (TCP/TLS)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlparse
+
+from ..clock import Clock
+from ..durations import Duration, format_seconds, seconds
+from ..errors import ClosedError, InUseError, InvalidError, UnavailableError, error_from
+from ..limits import Limits
+from ..names import check_name
+from ..protocol.store import Advance, Empty, Stop
+from ..server import paths
+from .sql import Database, read_migrations
+from .transport import LocalTransport, RemoteTransport, Transport
+
+
+class StoreClock:
+    """The store's clock as the SDK sees it. ``advance`` works on a test clock only
+    (``open(..., clock=datetime)``); it returns an awaitable (embedded: already applied)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def advance(self, by: Duration) -> asyncio.Future[float]:
+        """Move every engine's time forward by ``by``. Raises ``InvalidError`` on a real clock."""
+        secs = seconds(by, "clock advance")
+        loop = asyncio.get_running_loop()
+        core = self._store._core
+        if core is not None:
+            core.clock.advance(secs)
+            fut: asyncio.Future[float] = loop.create_future()
+            fut.set_result(core.clock.now())
+            return fut
+        return asyncio.ensure_future(self._store._call("clock.advance", Advance(secs), float, write=True))
+
+    async def now(self) -> float:
+        """The store's time: seconds since the Unix epoch."""
+        now: float = await self._store._call("clock.now", Empty(), float)
+        return now
+
+
+class Store:
+    """An open store. Get one with :func:`open` or :func:`connect`; close it with :meth:`close` or
+    ``async with``. ``mode`` is ``"embedded"``, ``"private"``, ``"sidecar"`` or ``"remote"``."""
+
+    def __init__(self, transport: Transport, *, mode: str, directory: Path | None, core: Any = None,
+                 child: subprocess.Popen[bytes] | None = None, limits: Limits | None = None) -> None:
+        self.transport = transport
+        self.mode = mode
+        self.directory = directory
+        self.limits = limits or Limits()
+        self._core = core
+        self._child = child
+        self._closed = False
+        self.clock = StoreClock(self)
+        self._databases: dict[str, Database] = {}
+        self._close_hooks: list[Any] = []
+
+    async def _call(self, method: str, request: Any, response_type: Any = Any, *, write: bool = False,
+                    retry: bool = True) -> Any:
+        return await self.transport.call(method, request, response_type, write=write, retry=retry)
+
+    @property
+    def epoch(self) -> int:
+        return self.transport.epoch
+
+    async def database(self, name: str, migrations: str | Path | list[tuple[str, str]] | None = None) -> Database:
+        """Open (creating) the SQL database ``name`` (``DIR/sql/<name>.db``) and apply ``migrations``: a
+        folder whose ``*.sql`` files apply in name order, once, each in its own transaction (SQL-05).
+
+        Raises ``InvalidError`` (a bad name, a migration that fails), ``ConflictError`` (an applied migration
+        whose text changed), ``PermissionDeniedError`` (a ``data`` token that would run migrations).
+        """
+        check_name("database", name)
+        db = self._databases.get(name) or Database(self, name)
+        await db._open(read_migrations(migrations))
+        self._databases[name] = db
+        return db
+
+    async def status(self) -> dict[str, Any]:
+        """Version, connections, databases and what each engine holds, as a dict."""
+        status: dict[str, Any] = await self._call("store.status", Empty(), Any)
+        status["mode"] = self.mode
+        return status
+
+    async def stop_server(self, grace: float = 10.0) -> None:
+        """Ask the server to stop gracefully (needs the admin capability)."""
+        await self._call("store.stop", Stop(grace), Any, write=True)
+
+    async def close(self) -> None:
+        """Close the store: stop what this SDK runs (subscriptions, leases, workers), then the connection.
+        A private server stops; an embedded store stops its engines and lets the directory go. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for hook in reversed(self._close_hooks):
+            with contextlib.suppress(Exception):
+                await hook()
+        if self._child is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._call("store.stop", Stop(5.0), Any, write=True, retry=False), 5)
+        await self.transport.close()
+        if self._core is not None:
+            await self._core.stop()
+        if self._child is not None:
+            await asyncio.to_thread(_reap, self._child, 10.0)
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<tinystore.Store {self.mode} {self.transport.description}>"
+
+
+def _reap(child: subprocess.Popen[bytes], timeout: float) -> None:
+    try:
+        child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def _server_cmd(directory: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tinystore", "serve", str(directory), *extra]
+
+
+async def _unix_endpoint(path: Path) -> tuple[str, Any]:
+    return "unix", str(path)
+
+
+async def open(
+    directory: str | os.PathLike[str],
+    *,
+    private: bool = False,
+    embedded: bool = False,
+    idle: Duration = "30s",
+    durability: str = "full",
+    clock: datetime | None = None,
+    limits: Limits | None = None,
+    serve: bool = True,
+) -> Store:
+    """Open the store in ``directory``.
+
+    - default: connect to the directory's server, or start one (a detached sidecar that exits after
+      ``idle`` without connections; ``"0s"`` for never) and connect (STORE-02);
+    - ``private=True``: start a server that is this process's child, stopped by :meth:`Store.close`;
+    - ``embedded=True``: run the engines inside this process; with ``serve`` (default) also listen on the
+      directory's socket so other processes and the command line can reach it.
+
+    ``durability``: ``"full"`` (each commit on disk before it returns) or ``"os"``. ``clock``: a datetime
+    to start a test clock at (private and embedded only; then ``await store.clock.advance("1h")``).
+    ``limits``: :class:`~tinystore.Limits` (private and embedded, or a sidecar this call starts).
+
+    Raises ``InUseError`` (private/embedded: another process owns the directory), ``UnavailableError``
+    (the server could not be started or reached), ``InvalidError`` (bad options).
+    """
+    path = Path(directory).resolve()
+    if private and embedded:
+        raise InvalidError("open: private and embedded cannot both be set")
+    if durability not in ("full", "os"):
+        raise InvalidError(f'open: durability {durability!r}: use "full" or "os"')
+    if clock is not None and not (private or embedded):
+        raise InvalidError("open: a test clock is only for private=True or embedded=True stores")
+    idle_s = seconds(idle, "idle")
+    path.mkdir(parents=True, exist_ok=True)
+    if embedded:
+        return await _open_embedded(path, durability, clock, limits, serve)
+    if private:
+        return await _open_private(path, durability, clock, limits)
+    return await _open_sidecar(path, durability, limits, idle_s)
+
+
+async def _open_embedded(path: Path, durability: str, clock: datetime | None, limits: Limits | None,
+                         serve: bool) -> Store:
+    from ..server.core import Core
+    from ..server.main import ServeOptions, start_listeners
+
+    core = Core(path, clock=Clock(clock) if clock is not None else None, limits=limits, durability=durability)
+    await core.start()
+    try:
+        if serve:
+            await start_listeners(core, ServeOptions(directory=path, mode="embedded"))
+        transport = LocalTransport(core)
+    except BaseException:
+        await core.stop()
+        raise
+    return Store(transport, mode="embedded", directory=path, core=core, limits=core.limits)
+
+
+def _limits_args(limits: Limits | None) -> list[str]:
+    return ["--limits", limits.to_json()] if limits is not None else []
+
+
+async def _open_private(path: Path, durability: str, clock: datetime | None, limits: Limits | None) -> Store:
+    cmd = _server_cmd(path, "--private", "--parent-pid", str(os.getpid()), "--durability", durability,
+                      *_limits_args(limits))
+    if clock is not None:
+        cmd += ["--clock", clock.isoformat()]
+    child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = await asyncio.to_thread(_read_ready, child)
+    if not line.startswith("ready"):
+        err = await asyncio.to_thread(_child_error, child)
+        raise err
+    sock = paths.socket_path(path)
+    transport = RemoteTransport(lambda: _unix_endpoint(sock), description=f"private:{path}")
+    try:
+        await transport.connect()
+    except BaseException:
+        child.terminate()
+        await asyncio.to_thread(_reap, child, 10.0)
+        raise
+    threading.Thread(target=_drain_stderr, args=(child,), daemon=True).start()
+    return Store(transport, mode="private", directory=path, child=child, limits=limits)
+
+
+def _read_ready(child: subprocess.Popen[bytes]) -> str:
+    assert child.stdout is not None
+    return child.stdout.readline().decode(errors="replace").strip()
+
+
+def _drain_stderr(child: subprocess.Popen[bytes]) -> None:
+    assert child.stderr is not None
+    for line in child.stderr:
+        sys.stderr.write(line.decode(errors="replace"))
+
+
+def _child_error(child: subprocess.Popen[bytes]) -> Exception:
+    try:
+        _, err = child.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        _, err = child.communicate()
+    text = err.decode(errors="replace").strip()
+    last = text.splitlines()[-1] if text else f"exit status {child.returncode}"
+    if last.startswith("error[") and "]" in last:
+        code, _, msg = last[6:].partition("] ")
+        return error_from(code, msg)
+    return UnavailableError(f"the store server did not start: {last}")
+
+
+async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle: float) -> Store:
+    sock = paths.socket_path(path)
+    extra = ["--sidecar", "--idle", format_seconds(idle), "--durability", durability, *_limits_args(limits)]
+
+    async def endpoint() -> tuple[str, Any]:
+        await ensure_server(path, sock, extra)
+        return "unix", str(sock)
+
+    transport = RemoteTransport(endpoint, description=f"sidecar:{path}")
+    await transport.connect()
+    return Store(transport, mode="sidecar", directory=path, limits=limits)
+
+
+def _can_connect(sock: Path) -> bool:
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(str(sock))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: float = 20.0) -> None:
+    """Make sure someone serves ``directory``: connect, or start a detached sidecar and wait for it.
+    Many processes racing here end on one server: only one sidecar gets the directory lock."""
+    if await asyncio.to_thread(_can_connect, sock):
+        return
+    deadline = time.monotonic() + timeout
+    next_spawn = 0.0
+    log_path = paths.server_dir(directory) / "sidecar.log"
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if now >= next_spawn:
+            with log_path.open("ab") as log:
+                child = subprocess.Popen(
+                    _server_cmd(directory, *extra),
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                    start_new_session=True, close_fds=True,
+                )
+            threading.Thread(target=child.wait, daemon=True).start()  # reap it when it exits
+            next_spawn = now + 2.0
+        await asyncio.sleep(0.02)
+        if await asyncio.to_thread(_can_connect, sock):
+            return
+    tail = ""
+    with contextlib.suppress(OSError):
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-1]
+    raise UnavailableError(f"store {directory}: the sidecar did not start within {timeout:g}s ({tail})")
+
+
+async def connect(address: str, *, token: str = "", ssl_context: ssl.SSLContext | None = None,
+                  reconnect_timeout: float = 30.0) -> Store:
+    """Connect to a server over TCP (``tcp://host:port``) or TLS (``tls://host:port``, verified with
+    ``ssl_context`` or the system's CAs before the token is sent) with ``token``.
+
+    Raises ``UnauthenticatedError`` (token refused), ``UnavailableError`` (cannot reach), ``InvalidError``.
+    """
+    u = urlparse(address)
+    if u.scheme not in ("tcp", "tls") or not u.hostname or u.port is None:
+        raise InvalidError(f"connect: address {address!r}: use tcp://HOST:PORT or tls://HOST:PORT")
+    ctx = None
+    if u.scheme == "tls":
+        ctx = ssl_context or ssl.create_default_context()
+    host, port = u.hostname, u.port
+
+    async def endpoint() -> tuple[str, Any]:
+        return "tcp", (host, port, ctx)
+
+    transport = RemoteTransport(endpoint, token=token, description=address, reconnect_timeout=reconnect_timeout)
+    await transport.connect()
+    return Store(transport, mode="remote", directory=None)
+
+
+__all__ = ["ClosedError", "InUseError", "Store", "connect", "open"]

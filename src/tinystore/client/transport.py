@@ -1,0 +1,388 @@
+"""How the SDK reaches a store: in this process (:class:`LocalTransport`) or over a socket
+(:class:`RemoteTransport`, with reconnects).
+
+Both offer ``call(method, request, response_type, write=...)`` and push handlers. Over a socket, a dropped
+connection is re-made by itself with exponential backoff and full jitter (STORE-06); a read whose answer was
+lost is sent again; a write whose answer was lost raises ``OutcomeUnknownError`` and is never sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import itertools
+import logging
+import os
+import random
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..errors import (
+    ClosedError,
+    OutcomeUnknownError,
+    ProtocolError,
+    TinystoreError,
+    UnauthenticatedError,
+    UnavailableError,
+    error_from,
+)
+from ..protocol import frames
+from ..protocol.frames import CLOSED, NEED_DATA, Frame, Kind
+from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, encode
+
+log = logging.getLogger("tinystore.client")
+
+PushHandler = Callable[[Any], None]
+ReconnectHook = Callable[[int, int], Awaitable[None]]  # (old epoch, new epoch)
+
+
+class Transport:
+    """What the engine clients need of a way to reach the store."""
+
+    local = False
+    epoch = 0
+    test_clock = False
+    description = ""
+
+    def __init__(self) -> None:
+        self.push_handlers: dict[str, tuple[PushHandler, Any]] = {}
+        self.reconnect_hooks: list[ReconnectHook] = []
+        self.closed = False
+
+    def on_push(self, method: str, handler: PushHandler, body_type: Any = Any) -> None:
+        """Call ``handler(body)`` for each push of ``method`` (``body`` decoded as ``body_type``)."""
+        self.push_handlers[method] = (handler, body_type)
+
+    async def call(self, method: str, request: Any, response_type: Any = Any, *, write: bool = False,
+                   retry: bool = True) -> Any:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class LocalTransport(Transport):
+    """The engines of this process (embedded): calls go straight to the core, nothing is encoded."""
+
+    local = True
+
+    def __init__(self, core: Any) -> None:
+        super().__init__()
+        self.core = core
+        self.session = core.new_session(self._push, local=True, name="embedded")
+        self.epoch = core.epoch
+        self.test_clock = core.clock.is_test
+        self.description = f"embedded:{core.directory}"
+
+    def _push(self, method: str, body: Any) -> None:
+        entry = self.push_handlers.get(method)
+        if entry is not None:
+            entry[0](body)
+
+    async def call(self, method: str, request: Any, response_type: Any = Any, *, write: bool = False,
+                   retry: bool = True) -> Any:
+        if self.closed:
+            raise ClosedError(f"store {self.core.directory} is closed")
+        result = self.core.invoke(self.session, method, request)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.session.close()
+
+
+class _Lost(Exception):
+    """The connection dropped before the answer came."""
+
+
+class _ClientConn(asyncio.Protocol):
+    def __init__(self, owner: RemoteTransport) -> None:
+        self.owner = owner
+        self.conn = frames.Connection("client")
+        self.transport: asyncio.Transport | None = None
+        self.pending: dict[int, asyncio.Future[bytes]] = {}
+        self.chunks: dict[int, list[bytes]] = {}
+        self.welcome: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
+        self.goaway: str | None = None
+        self.lost = False
+        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def release(self) -> None:
+        """A request ended: hand its credit to the next waiting caller."""
+        while self.waiters:
+            w = self.waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.receive_data(data)
+        try:
+            while True:
+                ev = self.conn.next_event()
+                if ev is NEED_DATA or ev is CLOSED:
+                    return
+                assert isinstance(ev, Frame)
+                self.on_frame(ev)
+        except ProtocolError as exc:
+            self.goaway = f"protocol error from the server: {exc.message}"
+            if self.transport is not None:
+                self.transport.close()
+
+    def on_frame(self, f: Frame) -> None:
+        kind = f.kind
+        if kind is Kind.RESPONSE:
+            if f.flags & frames.MORE:
+                self.chunks.setdefault(f.stream, []).append(f.body)
+                return
+            body = f.body
+            parts = self.chunks.pop(f.stream, None)
+            if parts is not None:
+                parts.append(body)
+                body = b"".join(parts)
+            fut = self.pending.pop(f.stream, None)
+            if self.waiters:
+                self.release()
+            if fut is not None and not fut.done():
+                fut.set_result(body)
+        elif kind is Kind.PUSH:
+            self.owner._dispatch_push(f.method, f.body)
+        elif kind is Kind.ERROR:
+            err = decode(f.body, ErrorBody)
+            exc = error_from(err.code, err.message, err.extra)
+            if f.stream == 0:
+                if not self.welcome.done():
+                    self.welcome.set_exception(exc)
+                return
+            self.chunks.pop(f.stream, None)
+            fut = self.pending.pop(f.stream, None)
+            if self.waiters:
+                self.release()
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+        elif kind is Kind.WELCOME:
+            self.conn.handshaken = True
+            if not self.welcome.done():
+                self.welcome.set_result(decode(f.body, Welcome))
+        elif kind is Kind.GOAWAY:
+            try:
+                self.goaway = decode(f.body, GoAway).reason
+            except Exception:  # noqa: BLE001
+                self.goaway = "the server closed the connection"
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if not self.welcome.done():
+            self.welcome.set_exception(UnavailableError(self.goaway or f"the connection closed during the handshake: {exc}"))
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(_Lost(self.goaway or str(exc or "connection closed")))
+        for w in self.waiters:
+            if not w.done():
+                w.set_result(None)
+        self.owner._on_lost(self)
+
+
+Endpoint = Callable[[], Awaitable[tuple[str, Any]]]  # () -> ("unix", path) | ("tcp", (host, port, ssl))
+
+
+class RemoteTransport(Transport):
+    """A connection to a server, made again by itself when it drops.
+
+    ``endpoint``: an async function giving where to connect (it may start a sidecar first).
+    ``reconnect_timeout``: how long a call waits for the store to come back before ``UnavailableError``.
+    """
+
+    def __init__(self, endpoint: Endpoint, *, token: str = "", name: str = "", description: str = "",
+                 reconnect_timeout: float = 30.0) -> None:
+        super().__init__()
+        self.endpoint = endpoint
+        self.token = token
+        self.name = name or f"pid {os.getpid()}"
+        self.description = description
+        self.reconnect_timeout = reconnect_timeout
+        self._conn: _ClientConn | None = None
+        self._up = asyncio.Event()
+        self._ids = itertools.count(1)
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._hook_tasks: set[asyncio.Task[Any]] = set()
+        self.last_error: BaseException | None = None
+        self.welcome: Welcome | None = None
+        self.reconnects = 0
+
+    async def connect(self) -> None:
+        """Make the first connection; raises ``UnavailableError`` / ``UnauthenticatedError``."""
+        self._conn = await self._connect_once()
+        self._up.set()
+
+    async def _connect_once(self) -> _ClientConn:
+        loop = asyncio.get_running_loop()
+        kind, where = await self.endpoint()
+        try:
+            if kind == "unix":
+                _, proto = await loop.create_unix_connection(lambda: _ClientConn(self), where)
+            else:
+                host, port, ctx = where
+                _, proto = await loop.create_connection(
+                    lambda: _ClientConn(self), host, port, ssl=ctx, server_hostname=host if ctx else None
+                )
+        except (OSError, ssl.SSLError) as exc:
+            raise UnavailableError(f"cannot reach the store at {self.description or where}: {exc}") from None
+        assert proto.transport is not None
+        proto.transport.write(proto.conn.send_hello(encode(
+            Hello(version=frames.PROTOCOL_VERSION, token=self.token, client=self.name, pid=os.getpid())
+        )))
+        try:
+            welcome = await asyncio.wait_for(proto.welcome, 15.0)
+        except TimeoutError:
+            proto.transport.close()
+            raise UnavailableError(f"the store at {self.description or where} did not answer the handshake") from None
+        except TinystoreError:
+            proto.transport.close()
+            raise
+        self.welcome = welcome
+        self.epoch = welcome.epoch
+        self.test_clock = welcome.test_clock
+        proto.conn.max_inflight = welcome.max_inflight
+        return proto
+
+    def _dispatch_push(self, method: str, body: bytes) -> None:
+        entry = self.push_handlers.get(method)
+        if entry is None:
+            return
+        handler, body_type = entry
+        try:
+            handler(decode(body, body_type))
+        except Exception:  # noqa: BLE001
+            log.exception("push handler for %s failed", method)
+
+    def _on_lost(self, conn: _ClientConn) -> None:
+        if conn is not self._conn:
+            return
+        self._conn = None
+        self._up.clear()
+        if self.closed:
+            return
+        self.last_error = UnavailableError(conn.goaway or "the connection to the store dropped")
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.ensure_future(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        old_epoch = self.epoch
+        attempt = 0
+        while not self.closed:
+            # exponential backoff with full jitter: 50 ms doubling to a 2 s cap, times uniform(0.5, 1)
+            delay = min(2.0, 0.05 * (2**attempt)) * random.uniform(0.5, 1.0)
+            attempt += 1
+            await asyncio.sleep(delay)
+            try:
+                conn = await self._connect_once()
+            except UnauthenticatedError as exc:
+                self.last_error = exc
+                continue
+            except (TinystoreError, OSError) as exc:
+                self.last_error = exc
+                continue
+            if self.closed:
+                if conn.transport is not None:
+                    conn.transport.close()
+                return
+            self._conn = conn
+            self.reconnects += 1
+            self._up.set()
+            log.info("reconnected to the store (epoch %s → %s)", old_epoch, self.epoch)
+            for hook in list(self.reconnect_hooks):
+                try:
+                    await hook(old_epoch, self.epoch)
+                except Exception:  # noqa: BLE001
+                    log.exception("a reconnect hook failed")
+            return
+
+    async def _wait_up(self) -> _ClientConn:
+        if self.closed:
+            raise ClosedError("the store is closed")
+        try:
+            await asyncio.wait_for(self._up.wait(), self.reconnect_timeout)
+        except TimeoutError:
+            raise UnavailableError(
+                f"the store at {self.description} could not be reached for {self.reconnect_timeout:g}s: {self.last_error}"
+            ) from None
+        if self.closed:
+            raise ClosedError("the store is closed")
+        conn = self._conn
+        if conn is None:
+            return await self._wait_up()
+        return conn
+
+    async def call(self, method: str, request: Any, response_type: Any = Any, *, write: bool = False,
+                   retry: bool = True) -> Any:
+        body = encode(request)
+        while True:
+            conn = self._conn
+            if conn is None or self.closed:
+                conn = await self._wait_up()
+            if len(conn.pending) >= conn.conn.max_inflight:
+                # request credit used up: wait for an answer before sending more
+                w: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                conn.waiters.append(w)
+                await w
+                continue
+            stream = next(self._ids)
+            fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            conn.pending[stream] = fut
+            assert conn.transport is not None
+            conn.transport.write(conn.conn.send_request(stream, method, body))
+            try:
+                raw = await fut
+            except _Lost as exc:
+                if write:
+                    raise OutcomeUnknownError(
+                        f"{method}: the connection dropped before the answer came ({exc}); "
+                        "the write may or may not have taken effect"
+                    ) from None
+                if not retry:
+                    raise ClosedError(f"{method}: the connection to the store dropped ({exc})") from None
+                continue
+            except asyncio.CancelledError:
+                if conn.pending.pop(stream, None) is not None and not conn.lost and conn.transport is not None:
+                    conn.transport.write(conn.conn.send_cancel(stream))
+                    conn.release()
+                raise
+            if response_type is Any:
+                return decode(raw)
+            return decode(raw, response_type)
+
+    def abort(self) -> None:
+        """Drop the connection now, as a network fault would (tests of reconnects use this)."""
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.abort()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._up.set()
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reconnecting
+        conn = self._conn
+        self._conn = None
+        if conn is not None and conn.transport is not None:
+            with contextlib.suppress(Exception):
+                conn.transport.write(conn.conn.send_goaway(encode(GoAway(reason="client closed"))))
+            conn.transport.close()
+            pending, conn.pending = conn.pending, {}
+            for fut in pending.values():
+                if not fut.done():
+                    fut.set_exception(ClosedError("the store was closed"))

@@ -1,0 +1,157 @@
+"""The one clock every engine reads.
+
+``Clock()`` follows the wall clock. ``Clock(start)`` is a test clock: it starts at ``start`` and then moves
+with real time plus whatever :meth:`Clock.advance` adds, so tests of ttls and backoffs need not sleep.
+Timers set with :meth:`Clock.call_at` fire when the clock reaches their deadline, whether real time or an
+``advance`` got it there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from .durations import Duration, seconds
+from .errors import InvalidError
+
+
+class Timer:
+    """A timer set by :meth:`Clock.call_at`; :meth:`cancel` stops it (idempotent)."""
+
+    __slots__ = ("callback", "cancelled", "when")
+
+    def __init__(self, when: float, callback: Callable[[], object]) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Clock:
+    """Seconds since the Unix epoch, real or under test control."""
+
+    def __init__(self, start: datetime | float | None = None) -> None:
+        self.is_test = start is not None
+        if start is None:
+            self._base = time.time()
+        elif isinstance(start, datetime):
+            if start.tzinfo is None:
+                start = start.replace(tzinfo=UTC)
+            self._base = start.timestamp()
+        else:
+            self._base = float(start)
+        self._mono0 = time.monotonic()
+        self._offset = 0.0
+        self._heap: list[tuple[float, int, Timer]] = []
+        self._seq = itertools.count()
+        self._handle: asyncio.TimerHandle | None = None
+        self._handle_when: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def now(self) -> float:
+        """Seconds since the Unix epoch, as a float."""
+        if not self.is_test:
+            return time.time()
+        return self._base + (time.monotonic() - self._mono0) + self._offset
+
+    def now_ms(self) -> int:
+        """Milliseconds since the Unix epoch, as an int."""
+        return int(self.now() * 1000)
+
+    def datetime(self, when: float | None = None) -> datetime:
+        """``when`` (default now) as an aware UTC datetime."""
+        return datetime.fromtimestamp(self.now() if when is None else when, UTC)
+
+    def advance(self, by: Duration) -> None:
+        """Move a test clock forward by ``by``; timers now due fire. Raises ``InvalidError`` on a real clock."""
+        if not self.is_test:
+            raise InvalidError("clock: only a test clock (open(..., clock=datetime)) can be advanced")
+        self._offset += seconds(by, "clock advance")
+        self._fire()
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
+        """Call ``callback()`` in the running loop once the clock reaches ``when`` (seconds since the epoch)."""
+        timer = Timer(when, callback)
+        heapq.heappush(self._heap, (when, next(self._seq), timer))
+        self._schedule()
+        return timer
+
+    def call_later(self, delay: float, callback: Callable[[], object]) -> Timer:
+        """Call ``callback()`` after ``delay`` seconds of this clock."""
+        return self.call_at(self.now() + delay, callback)
+
+    async def sleep_until(self, when: float) -> None:
+        """Wait until the clock reaches ``when``. A cancel leaves no timer behind."""
+        if when <= self.now():
+            await asyncio.sleep(0)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        timer = self.call_at(when, wake)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+
+    async def sleep(self, delay: float) -> None:
+        """Wait ``delay`` seconds of this clock."""
+        await self.sleep_until(self.now() + delay)
+
+    def close(self) -> None:
+        """Drop every timer."""
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = None
+        self._heap.clear()
+
+    def _schedule(self) -> None:
+        while self._heap and self._heap[0][2].cancelled:
+            heapq.heappop(self._heap)
+        if not self._heap:
+            return
+        when = self._heap[0][0]
+        if self._handle is not None and self._handle_when is not None and self._handle_when <= when:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = self._loop
+            if loop is None:
+                return
+        self._loop = loop
+        if self._handle is not None:
+            self._handle.cancel()
+        delay = max(0.0, when - self.now())
+        self._handle_when = when
+        self._handle = loop.call_later(delay, self._on_handle)
+
+    def _on_handle(self) -> None:
+        self._handle = None
+        self._handle_when = None
+        self._fire()
+
+    def _fire(self) -> None:
+        now = self.now()
+        due: list[Timer] = []
+        while self._heap and (self._heap[0][0] <= now or self._heap[0][2].cancelled):
+            _, _, timer = heapq.heappop(self._heap)
+            if not timer.cancelled:
+                due.append(timer)
+        for timer in due:
+            timer.cancelled = True
+            timer.callback()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+            self._handle_when = None
+        self._schedule()

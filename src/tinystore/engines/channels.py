@@ -1,0 +1,714 @@
+"""The channels engine: live messages in memory, one bounded log per branch, a position per subscriber.
+
+A *branch* is ``(channel, parts)``: a channel name and a tuple of strs (``()`` is the channel's root branch).
+Each branch has one log of its recent messages, bounded by ``Limits.channel_log`` messages and
+``Limits.channel_log_bytes`` bytes of payload; all logs together hold at most ``Limits.channel_total_bytes``.
+A subscription keeps only its position in the log of each branch it hears (the next seq to send), never a
+copy of a message, so a publish costs O(1) plus, once per loop turn, O(subscribers of the branch).
+
+Delivery is pushed to the subscriber's :class:`~tinystore.engines.base.Peer` as
+``peer.push("channels.deliver", Delivery(sub, items))`` (see :mod:`tinystore.protocol.channels`), at most
+once per subscription per loop turn (publishes of one turn are coalesced by ``loop.call_soon``), and never
+more messages than the subscription's credit. When the log dropped messages a subscription had not been
+sent, its next delivery starts with ``MissedItem("behind", n)``, n exact: for every subscription, messages
+delivered + missed counts == messages published to its branches after it subscribed (CHAN-02).
+
+A branch keeps its log while someone listens and for ``Limits.channel_linger`` seconds after the last
+listener left; a branch nobody listened to within that time keeps no payload. The state of a branch idle
+that long (no listener, no publish) is forgotten, so memory stays bounded (CHAN-06, CHAN-08). Message seqs
+grow by one per message of a branch; a branch made again after it was forgotten starts above every seq any
+forgotten branch reached, so an id ``"<epoch>-<seq>"`` never repeats on a branch within an epoch.
+
+Without a running asyncio loop (plain synchronous use, as in property tests) every call that makes
+something deliverable flushes before it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..clock import Clock, Timer
+from ..errors import ClosedError, InvalidError, LimitError
+from ..limits import Limits
+from ..names import check_name
+from ..protocol.channels import (
+    BEHIND,
+    DELIVER,
+    Delivery,
+    DeliveryItem,
+    MessageItem,
+    MissedItem,
+    Published,
+    Subscribed,
+)
+from .base import Peer
+
+__all__ = ["Branch", "ChannelsEngine"]
+
+log = logging.getLogger("tinystore.channels")
+
+Branch = tuple[str, ...]
+"""A branch path under a channel: ``()`` is the channel's root, ``("7",)`` is ``under(7)``."""
+
+MAX_PART = 256
+_NEVER = -math.inf
+_GONE = MessageItem(0, "", [], b"")  # fills the slots of dropped messages until the log list is compacted
+
+
+class _Branch:
+    """One branch: its log (``log[head:]`` holds seqs ``next_seq - held .. next_seq - 1``) and listeners."""
+
+    __slots__ = (
+        "base",
+        "channel",
+        "dirty",
+        "forgotten",
+        "head",
+        "heard_until",
+        "idle_token",
+        "key",
+        "last_pub",
+        "log",
+        "nbytes",
+        "next_seq",
+        "parts",
+        "subs",
+        "wire",
+    )
+
+    def __init__(self, channel: str, parts: Branch, base: int) -> None:
+        self.channel = channel
+        self.parts = parts
+        self.key = (channel, parts)
+        self.wire = list(parts)
+        self.base = base  # the first seq of this incarnation
+        self.next_seq = base
+        self.log: list[MessageItem] = []
+        self.head = 0
+        self.nbytes = 0
+        self.subs: dict[_Sub, None] = {}  # every subscription that hears it (direct or recursive)
+        self.heard_until = _NEVER  # keeps its log until then when nobody listens
+        self.last_pub = _NEVER
+        self.idle_token = 0
+        self.dirty = False  # published to in this loop turn, not flushed yet
+        self.forgotten = False
+
+    def first_held(self) -> int:
+        return self.next_seq - (len(self.log) - self.head)
+
+
+class _Sub:
+    """One subscription: its credit and, per branch it hears, the next seq to send it."""
+
+    __slots__ = ("channel", "closed", "credit", "dirty", "id", "parts", "peer", "pending", "pos", "recursive")
+
+    def __init__(self, sub_id: int, peer: Peer, channel: str, parts: Branch, recursive: bool, credit: int):
+        self.id = sub_id
+        self.peer = peer
+        self.channel = channel
+        self.parts = parts
+        self.recursive = recursive
+        self.credit = credit
+        self.pos: dict[_Branch, int] = {}
+        self.pending: dict[_Branch, None] = {}  # branches that may hold messages not sent yet, fairness order
+        self.dirty = False  # queued for the next flush
+        self.closed = False
+
+
+class ChannelsEngine:
+    """Channels in memory: publish, subscribe with credit, resume after an id, bounded logs.
+
+    ``clock`` drives the linger timers; ``limits`` gives the bounds (``channel_*``, ``subscriptions``);
+    ``epoch`` is this server run's epoch (an int), the first part of every message id.
+    """
+
+    def __init__(self, clock: Clock, limits: Limits, epoch: int) -> None:
+        self._clock = clock
+        self._limits = limits
+        self._epoch = epoch
+        self._prefix = f"{epoch}-"
+        self._max_message = limits.channel_message_bytes
+        self._log_max = limits.channel_log
+        self._log_bytes = limits.channel_log_bytes
+        self._total_max = limits.channel_total_bytes
+        self._linger = limits.channel_linger
+        self._branches: dict[tuple[str, Branch], _Branch] = {}
+        self._by_channel: dict[str, dict[Branch, _Branch]] = {}
+        self._recursive: dict[str, dict[Branch, dict[_Sub, None]]] = {}
+        self._subs: dict[int, _Sub] = {}
+        self._by_peer: dict[int, dict[int, _Sub]] = {}
+        self._sub_ids = itertools.count(1)
+        self._floor = 0  # the highest seq any forgotten branch reached
+        self._total_bytes = 0
+        self._held = 0
+        self._dirty_branches: list[_Branch] = []
+        self._dirty_subs: list[_Sub] = []
+        self._flush_pending = False
+        self._flush_now = False
+        self._flush_handle: asyncio.Handle | None = None
+        self._ticket = itertools.count()
+        self._idle_heap: list[tuple[float, int, int, _Branch]] = []  # (deadline, ticket, idle_token, branch)
+        self._timer: Timer | None = None
+        self._timer_when = math.inf
+        self._pressure = False  # past half the total bound: keep _size_heap up to date
+        self._watch = self._total_max // 2
+        self._size_heap: list[tuple[int, int, _Branch]] = []  # (-nbytes, ticket, branch), lazily exact
+        self._closed = False
+
+    # ------------------------------------------------------------------ publish
+
+    def publish(self, channel: str, branch: Branch, payload: bytes) -> Published:
+        """Publish ``payload`` (bytes) on ``branch`` of ``channel``; never waits for any subscriber.
+
+        Returns ``Published(seq, id)``: the message's seq in its branch and its id ``"<epoch>-<seq>"``.
+        Raises ``InvalidError`` for a bad channel name or branch part (a branch part is a non-empty str of
+        at most 256 characters) or a payload that is not bytes, ``LimitError`` (``limit``, ``wanted`` in
+        bytes) for a payload over ``channel_message_bytes``, ``ClosedError`` after :meth:`close`. Nothing is
+        published when it raises.
+        """
+        if self._closed:
+            raise ClosedError("channels: the store is closed")
+        if type(branch) is not tuple:
+            branch = tuple(branch)
+        b = self._branches.get((channel, branch))
+        if b is None:
+            self._check_branch(channel, branch)
+        if type(payload) is not bytes:
+            payload = _as_bytes(channel, payload)
+        size = len(payload)
+        if size > self._max_message:
+            raise self._too_big(channel, size)
+        if b is None:
+            b = self._make_branch(channel, branch, idle=True)
+        out = self._append(b, payload, size)
+        if self._flush_now:
+            self.flush()
+        return out
+
+    def publish_many(self, items: Sequence[tuple[str, Branch, bytes]]) -> list[Published]:
+        """Publish ``(channel, branch, payload)`` items in order, all or none (a transaction's at its commit).
+
+        Returns one ``Published`` per item. Raises as :meth:`publish` does, before publishing any item.
+        """
+        if self._closed:
+            raise ClosedError("channels: the store is closed")
+        checked: list[tuple[str, Branch, bytes]] = []
+        for channel, branch, payload in items:
+            parts = branch if type(branch) is tuple else tuple(branch)
+            if (channel, parts) not in self._branches:
+                self._check_branch(channel, parts)
+            data = payload if type(payload) is bytes else _as_bytes(channel, payload)
+            if len(data) > self._max_message:
+                raise self._too_big(channel, len(data))
+            checked.append((channel, parts, data))
+        out: list[Published] = []
+        for channel, parts, data in checked:
+            b = self._branches.get((channel, parts))
+            if b is None:
+                b = self._make_branch(channel, parts, idle=True)
+            out.append(self._append(b, data, len(data)))
+        if self._flush_now:
+            self.flush()
+        return out
+
+    def _append(self, b: _Branch, payload: bytes, size: int) -> Published:
+        seq = b.next_seq
+        b.next_seq = seq + 1
+        mid = self._prefix + str(seq)
+        if not b.subs:
+            now = self._clock.now()
+            b.last_pub = now
+            if now >= b.heard_until:  # nobody listened within the linger: keep nothing
+                if b.head < len(b.log):
+                    self._clear_log(b)
+                return Published(seq, mid)
+        b.log.append(MessageItem(seq, mid, b.wire, payload))
+        b.nbytes += size
+        self._total_bytes += size
+        self._held += 1
+        if len(b.log) - b.head > self._log_max or b.nbytes > self._log_bytes:
+            self._trim_branch(b)
+        if self._pressure and b.nbytes:
+            heapq.heappush(self._size_heap, (-b.nbytes, next(self._ticket), b))
+            if len(self._size_heap) > 4 * len(self._branches) + 1024:
+                self._rebuild_sizes()
+        if self._total_bytes > self._watch:
+            self._over_watch()
+        if b.subs and not b.dirty:
+            b.dirty = True
+            self._dirty_branches.append(b)
+            if not self._flush_pending:
+                self._schedule_flush()
+        return Published(seq, mid)
+
+    # ------------------------------------------------------------------ subscribe
+
+    def subscribe(
+        self,
+        peer: Peer,
+        channel: str,
+        branch: Branch = (),
+        *,
+        recursive: bool = False,
+        after: str | Mapping[Branch, str] | None = None,
+        credit: int | None = None,
+    ) -> Subscribed:
+        """Subscribe ``peer`` to ``branch`` of ``channel`` (and every branch below it when ``recursive``).
+
+        Without ``after`` the subscription hears every message published after this call returns (CHAN-01).
+        With ``after`` (a message id ``"<epoch>-<seq>"`` of ``branch``) it resumes after that message: the
+        messages the log still holds are delivered, and ``Subscribed.missed`` is the exact number published
+        after it that the log no longer holds; ``missed`` is ``None`` (delivery starts at the current end)
+        when ``after`` is from another epoch or the branch was forgotten since. For a recursive subscription
+        ``after`` may be a mapping ``{branch: id}`` of the last id handled per branch (a str stands for
+        ``branch`` itself); ``missed`` is then the sum over the branches, or ``None`` when any branch below
+        cannot tell (a listed one forgotten, or one not listed that has messages).
+
+        ``credit``: messages the server may send before a :meth:`grant` (default ``channel_prefetch``).
+        Returns ``Subscribed(sub, missed, last_id)``; ``last_id`` is ``branch``'s newest message id or None.
+        Raises ``InvalidError`` (bad name, branch part, id or credit), ``LimitError`` (past
+        ``Limits.subscriptions`` subscriptions in the store), ``ClosedError`` (engine or peer closed).
+        """
+        if self._closed:
+            raise ClosedError("channels: the store is closed")
+        if peer.closed:
+            raise ClosedError(f"channel {channel}: the connection is closed")
+        parts = branch if type(branch) is tuple else tuple(branch)
+        self._check_branch(channel, parts)
+        if credit is None:
+            credit = self._limits.channel_prefetch
+        elif type(credit) is not int or credit < 0:
+            raise InvalidError(f"channel {channel}: credit {credit!r}: a credit is an int >= 0")
+        if len(self._subs) >= self._limits.subscriptions:
+            raise LimitError(
+                f"channel {channel}: the store has {len(self._subs)} subscriptions, its limit",
+                limit=self._limits.subscriptions,
+                wanted=len(self._subs) + 1,
+            )
+        resume = self._parse_after(channel, parts, recursive, after)
+
+        root = self._branches.get((channel, parts))
+        if root is None:
+            root = self._make_branch(channel, parts, idle=False)
+        sub = _Sub(next(self._sub_ids), peer, channel, parts, recursive, credit)
+        self._subs[sub.id] = sub
+        self._by_peer.setdefault(peer.id, {})[sub.id] = sub
+
+        missed: int | None = 0
+        if not recursive:
+            missed = self._attach(sub, root, after is not None, resume.get(parts))
+        else:
+            self._recursive.setdefault(channel, {}).setdefault(parts, {})[sub] = None
+            depth = len(parts)
+            for bparts, b in self._by_channel[channel].items():
+                if bparts[:depth] != parts:
+                    continue
+                if after is not None and bparts not in resume:
+                    self._attach(sub, b, False, None)
+                    if b.next_seq > b.base:
+                        missed = None  # a branch with messages it never heard from: cannot tell how many
+                    continue
+                m = self._attach(sub, b, after is not None, resume.get(bparts))
+                missed = None if m is None or missed is None else missed + m
+            if any(key not in self._by_channel[channel] for key in resume):
+                missed = None  # a listed branch was forgotten since
+        if sub.pending and sub.credit > 0:
+            sub.dirty = True
+            self._dirty_subs.append(sub)
+            if not self._flush_pending:
+                self._schedule_flush()
+        if self._flush_now:
+            self.flush()
+        return Subscribed(sub.id, missed if after is not None else None, self._newest(root))
+
+    def _parse_after(
+        self, channel: str, parts: Branch, recursive: bool, after: str | Mapping[Branch, str] | None
+    ) -> dict[Branch, int | None]:
+        """``after`` as ``{branch: seq to resume after, or None when from another epoch}``."""
+        if after is None:
+            return {}
+        if isinstance(after, str):
+            return {parts: self._parse_id(channel, after)}
+        if not recursive:
+            raise InvalidError(f"channel {channel}: after: a mapping of ids needs recursive=True")
+        out: dict[Branch, int | None] = {}
+        depth = len(parts)
+        for key, mid in after.items():
+            bparts = key if type(key) is tuple else tuple(key)
+            if bparts[:depth] != parts:
+                raise InvalidError(
+                    f"channel {channel}: after: branch {list(bparts)} is not under {list(parts)}"
+                )
+            self._check_branch(channel, bparts)
+            out[bparts] = self._parse_id(channel, mid)
+        return out
+
+    def _parse_id(self, channel: str, mid: object) -> int | None:
+        if isinstance(mid, str):
+            epoch, sep, seq = mid.partition("-")
+            if sep and epoch.isascii() and epoch.isdigit() and seq.isascii() and seq.isdigit():
+                return int(seq) if int(epoch) == self._epoch else None
+        raise InvalidError(f"channel {channel}: after {mid!r}: a message id is '<epoch>-<seq>'")
+
+    def _attach(self, sub: _Sub, b: _Branch, resuming: bool, after_seq: int | None) -> int | None:
+        """Make ``sub`` hear ``b``; return the exact count the log lost after ``after_seq`` (None: unsure)."""
+        b.subs[sub] = None
+        missed: int | None = 0
+        pos = b.next_seq
+        if resuming:
+            if after_seq is not None and b.base <= after_seq < b.next_seq:
+                pos = after_seq + 1
+                first = b.first_held()
+                if pos < first:
+                    missed = first - pos
+                    pos = first
+            else:
+                missed = None
+        sub.pos[b] = pos
+        if pos < b.next_seq:
+            sub.pending[b] = None
+        return missed
+
+    # ------------------------------------------------------------------ credit and ending
+
+    def grant(self, peer: Peer, sub: int, n: int) -> None:
+        """Add ``n`` (an int >= 0) messages of credit to subscription ``sub`` of ``peer``.
+
+        A grant for a subscription that is gone or is not ``peer``'s is ignored. Raises ``InvalidError``
+        for a bad ``n``.
+        """
+        if type(n) is not int or n < 0:
+            raise InvalidError(f"channels: subscription {sub}: grant {n!r}: credit is an int >= 0")
+        s = self._subs.get(sub)
+        if s is None or s.peer.id != peer.id:
+            return
+        s.credit += n
+        if s.pending and not s.dirty and s.credit > 0:
+            s.dirty = True
+            self._dirty_subs.append(s)
+            if not self._flush_pending:
+                self._schedule_flush()
+            if self._flush_now:
+                self.flush()
+
+    def unsubscribe(self, peer: Peer, sub: int) -> bool:
+        """End subscription ``sub`` of ``peer``, freeing what it held; False when gone or not ``peer``'s.
+
+        Its branches keep their logs for ``channel_linger`` when it was their last listener.
+        """
+        s = self._subs.get(sub)
+        if s is None or s.peer.id != peer.id:
+            return False
+        self._remove(s)
+        return True
+
+    def drop_peer(self, peer: Peer) -> None:
+        """End every subscription of ``peer`` (its connection went away). Idempotent."""
+        subs = self._by_peer.get(peer.id)
+        if subs:
+            for s in list(subs.values()):
+                self._remove(s)
+
+    def _remove(self, s: _Sub) -> None:
+        s.closed = True
+        del self._subs[s.id]
+        peer_subs = self._by_peer.get(s.peer.id)
+        if peer_subs is not None:
+            peer_subs.pop(s.id, None)
+            if not peer_subs:
+                del self._by_peer[s.peer.id]
+        if s.recursive:
+            rec = self._recursive.get(s.channel)
+            if rec is not None:
+                subs = rec.get(s.parts)
+                if subs is not None:
+                    subs.pop(s, None)
+                    if not subs:
+                        del rec[s.parts]
+                if not rec:
+                    del self._recursive[s.channel]
+        for b in s.pos:
+            del b.subs[s]
+            if not b.subs:
+                self._go_idle(b)
+        s.pos.clear()
+        s.pending.clear()
+
+    # ------------------------------------------------------------------ reading
+
+    def newest_id(self, channel: str, branch: Branch) -> str | None:
+        """The id of the newest message of ``branch`` of ``channel`` this run knows of, or None."""
+        parts = branch if type(branch) is tuple else tuple(branch)
+        b = self._branches.get((channel, parts))
+        return None if b is None else self._newest(b)
+
+    def _newest(self, b: _Branch) -> str | None:
+        return None if b.next_seq == b.base else self._prefix + str(b.next_seq - 1)
+
+    def status(self) -> dict[str, Any]:
+        """Counts: ``branches`` known, ``subscriptions``, ``peers`` with one, ``bytes`` of payload and
+        ``messages`` held in all logs, ``bytes_limit`` (``channel_total_bytes``)."""
+        return {
+            "branches": len(self._branches),
+            "subscriptions": len(self._subs),
+            "peers": len(self._by_peer),
+            "bytes": self._total_bytes,
+            "messages": self._held,
+            "bytes_limit": self._total_max,
+        }
+
+    def close(self) -> None:
+        """Drop every branch and subscription and stop the timers; later calls raise ``ClosedError``."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        for s in self._subs.values():
+            s.closed = True
+        for b in self._branches.values():
+            b.forgotten = True
+        self._subs.clear()
+        self._by_peer.clear()
+        self._branches.clear()
+        self._by_channel.clear()
+        self._recursive.clear()
+        self._dirty_branches.clear()
+        self._dirty_subs.clear()
+        self._idle_heap.clear()
+        self._size_heap.clear()
+        self._total_bytes = 0
+        self._held = 0
+
+    # ------------------------------------------------------------------ delivery
+
+    def _schedule_flush(self) -> None:
+        self._flush_pending = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._flush_now = True  # no loop: the public call flushes before it returns
+            return
+        self._flush_handle = loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Push every subscription what it may be sent now. Called by the loop once per turn; idempotent."""
+        self._flush_pending = False
+        self._flush_now = False
+        self._flush_handle = None
+        subs = self._dirty_subs
+        branches = self._dirty_branches
+        if branches:
+            self._dirty_branches = []
+            for b in branches:
+                b.dirty = False
+                for s in b.subs:
+                    s.pending[b] = None
+                    if not s.dirty and s.credit > 0:
+                        s.dirty = True
+                        subs.append(s)
+        if not subs:
+            return
+        self._dirty_subs = []
+        for s in subs:
+            s.dirty = False
+            if s.closed:
+                continue
+            if s.peer.closed:
+                self.drop_peer(s.peer)
+                continue
+            self._deliver(s)
+
+    def _deliver(self, s: _Sub) -> None:
+        credit = s.credit
+        if credit <= 0:
+            return
+        pending = s.pending
+        positions = s.pos
+        items: list[DeliveryItem] = []
+        missed = 0
+        for b in list(pending):
+            if not credit:
+                break
+            pos = positions[b]
+            log_ = b.log
+            end = b.next_seq
+            first = end - (len(log_) - b.head)
+            if pos < first:
+                missed += first - pos
+                pos = first
+            n = end - pos
+            if n > credit:
+                n = credit
+            if n > 0:
+                start = b.head + pos - first
+                items.extend(log_[start : start + n])
+                pos += n
+                credit -= n
+            positions[b] = pos
+            del pending[b]
+            if pos < end:
+                pending[b] = None  # not done: to the back of the line, so other branches get their turn
+        if missed:
+            items.insert(0, MissedItem(BEHIND, missed))
+        if not items:
+            return
+        s.credit = credit
+        try:
+            s.peer.push(DELIVER, Delivery(s.id, items))
+        except Exception:  # a Peer must not raise; if one does, it must not stop the others' delivery
+            log.exception("channels: push to peer %s failed", s.peer.id)
+
+    # ------------------------------------------------------------------ logs and memory
+
+    def _check_branch(self, channel: str, parts: Branch) -> None:
+        check_name("channel", channel)
+        for part in parts:
+            if type(part) is not str or not part or len(part) > MAX_PART:
+                raise InvalidError(
+                    f"channel {channel}: branch {list(parts)!r}: a branch part is a str of 1 to {MAX_PART} "
+                    "characters"
+                )
+
+    def _too_big(self, channel: str, size: int) -> LimitError:
+        return LimitError(
+            f"channel {channel}: a message of {size} bytes is over the limit of {self._max_message} bytes "
+            "(channel_message_bytes)",
+            limit=self._max_message,
+            wanted=size,
+        )
+
+    def _make_branch(self, channel: str, parts: Branch, *, idle: bool) -> _Branch:
+        b = _Branch(channel, parts, self._floor + 1)
+        self._branches[b.key] = b
+        self._by_channel.setdefault(channel, {})[parts] = b
+        rec = self._recursive.get(channel)
+        if rec:
+            for depth in range(len(parts) + 1):
+                listeners = rec.get(parts[:depth])
+                if listeners:
+                    for s in listeners:
+                        b.subs[s] = None
+                        s.pos[b] = b.base
+        if idle and not b.subs:
+            self._go_idle(b, heard_until=_NEVER)
+        return b
+
+    def _go_idle(self, b: _Branch, heard_until: float | None = None) -> None:
+        """``b`` lost its last listener (or never had one): keep its log until ``heard_until``."""
+        now = self._clock.now()
+        b.heard_until = now + self._linger if heard_until is None else heard_until
+        b.idle_token += 1
+        deadline = max(b.heard_until, now + self._linger)
+        heapq.heappush(self._idle_heap, (deadline, next(self._ticket), b.idle_token, b))
+        self._arm(deadline)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            if self._timer_when <= when:
+                return
+            self._timer.cancel()
+        self._timer_when = when
+        self._timer = self._clock.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_when = math.inf
+        if self._closed:
+            return
+        now = self._clock.now()
+        heap = self._idle_heap
+        linger = self._linger
+        while heap and heap[0][0] <= now:
+            _, _, token, b = heapq.heappop(heap)
+            if b.forgotten or b.subs or token != b.idle_token:
+                continue
+            if now >= b.heard_until and b.head < len(b.log):
+                self._clear_log(b)
+            deadline = max(b.heard_until, b.last_pub + linger)
+            if deadline <= now:
+                self._forget(b)
+            else:
+                heapq.heappush(heap, (deadline, next(self._ticket), token, b))
+        if heap:
+            self._arm(heap[0][0])
+
+    def _forget(self, b: _Branch) -> None:
+        b.forgotten = True
+        if b.head < len(b.log):
+            self._clear_log(b)
+        del self._branches[b.key]
+        chan = self._by_channel[b.channel]
+        del chan[b.parts]
+        if not chan:
+            del self._by_channel[b.channel]
+        if b.next_seq - 1 > self._floor:
+            self._floor = b.next_seq - 1
+
+    def _drop_oldest(self, b: _Branch) -> None:
+        log_ = b.log
+        head = b.head
+        size = len(log_[head].payload)
+        log_[head] = _GONE
+        head += 1
+        b.nbytes -= size
+        self._total_bytes -= size
+        self._held -= 1
+        if head > 64 and head * 2 >= len(log_):
+            del log_[:head]
+            head = 0
+        b.head = head
+
+    def _trim_branch(self, b: _Branch) -> None:
+        while len(b.log) - b.head > self._log_max or b.nbytes > self._log_bytes:
+            self._drop_oldest(b)
+
+    def _clear_log(self, b: _Branch) -> None:
+        held = len(b.log) - b.head
+        self._total_bytes -= b.nbytes
+        self._held -= held
+        b.log = []
+        b.head = 0
+        b.nbytes = 0
+        if self._pressure and self._total_bytes < self._total_max // 4:
+            self._pressure = False
+            self._watch = self._total_max // 2
+            self._size_heap = []
+
+    def _over_watch(self) -> None:
+        """Past half the total bound: track log sizes; past the bound: drop from the longest logs."""
+        if not self._pressure:
+            self._pressure = True
+            self._watch = self._total_max
+            self._rebuild_sizes()
+        heap = self._size_heap
+        while self._total_bytes > self._total_max and heap:
+            negsize, _, b = heap[0]
+            if b.forgotten or not b.nbytes:
+                heapq.heappop(heap)
+            elif -negsize != b.nbytes:
+                heapq.heapreplace(heap, (-b.nbytes, next(self._ticket), b))
+            else:  # the log holding the most bytes: its oldest message goes
+                self._drop_oldest(b)
+                if b.nbytes:
+                    heapq.heapreplace(heap, (-b.nbytes, next(self._ticket), b))
+                else:
+                    heapq.heappop(heap)
+
+    def _rebuild_sizes(self) -> None:
+        self._size_heap = [(-b.nbytes, next(self._ticket), b) for b in self._branches.values() if b.nbytes]
+        heapq.heapify(self._size_heap)
+
+
+def _as_bytes(channel: str, payload: object) -> bytes:
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    raise InvalidError(f"channel {channel}: a payload is bytes, not {type(payload).__name__}")

@@ -1,0 +1,714 @@
+"""SQL databases: SQLite files in WAL mode, one writer thread each, a few reader threads, group commit.
+
+The event loop never waits on SQLite: every call returns an ``asyncio.Future`` that a thread resolves.
+
+- Writes (:meth:`SqlDatabase.write`) go to the writer thread. Independent single-statement writes that
+  are queued together share one transaction and one fsync (group commit), each inside its own savepoint so
+  one failure fails only its own statement.
+- Reads (:meth:`SqlDatabase.read`) go to reader threads on read-only connections; WAL gives each a snapshot
+  and the writer never blocks them.
+- Interactive transactions (:meth:`SqlDatabase.begin`) take the writer at their start (``BEGIN IMMEDIATE``)
+  and hold it until commit, rollback, or until they stay idle past ``tx_idle`` or run past ``tx_max``.
+  Read-only transactions hold one reader connection with a snapshot instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import (
+    ClosedError,
+    ConflictError,
+    InvalidError,
+    LimitError,
+    TimeoutError_,
+    TinystoreError,
+)
+from ..limits import Limits
+from ..names import check_name
+from ..protocol.sql import Done, Rows
+
+log = logging.getLogger("tinystore.sql")
+
+INT_MIN = -(1 << 63)
+INT_MAX = (1 << 63) - 1
+MIGRATIONS_TABLE = "_tinystore_migrations"
+
+
+def check_params(db: str, params: Sequence[Any]) -> list[Any]:
+    """Return ``params`` as a list of SQLite values; ``InvalidError`` for a value SQLite cannot hold."""
+    out = list(params)
+    for i, v in enumerate(out):
+        if v is None or isinstance(v, str | bytes):
+            continue
+        if isinstance(v, bool):
+            out[i] = int(v)
+        elif isinstance(v, int):
+            if not INT_MIN <= v <= INT_MAX:
+                raise InvalidError(f"database {db}: parameter {i + 1}: {v} does not fit in 64 bits")
+        elif isinstance(v, float):
+            if math.isnan(v):
+                raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
+        elif isinstance(v, bytearray | memoryview):
+            out[i] = bytes(v)
+        else:
+            raise InvalidError(
+                f"database {db}: parameter {i + 1}: a {type(v).__name__} is not a SQL value "
+                "(use None, int, float, str, bytes or bool)"
+            )
+    return out
+
+
+def sql_error(db: str, exc: BaseException) -> TinystoreError:
+    """Map a sqlite3 exception to a TinyStore error that keeps SQLite's message."""
+    if isinstance(exc, TinystoreError):
+        return exc
+    msg = str(exc)
+    if isinstance(exc, sqlite3.IntegrityError):
+        return ConflictError(f"database {db}: {msg}", sqlite_code=getattr(exc, "sqlite_errorname", ""))
+    if isinstance(exc, OverflowError):
+        return InvalidError(f"database {db}: {msg}")
+    if isinstance(exc, sqlite3.OperationalError) and msg == "interrupted":
+        return TimeoutError_(f"database {db}: the statement ran past its time limit and was stopped")
+    if isinstance(exc, sqlite3.OperationalError) and "readonly" in msg:
+        return InvalidError(f"database {db}: {msg} (this call reads; a statement that writes goes through exec)")
+    if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in msg or "not a database" in msg):
+        from ..errors import CorruptError
+
+        return CorruptError(f"database {db}: {msg}")
+    if isinstance(exc, sqlite3.Error | ValueError):
+        return InvalidError(f"database {db}: {msg}")
+    return TinystoreError(f"database {db}: {type(exc).__name__}: {msg}")
+
+
+class _Results:
+    """Futures resolved from threads, handed to the loop in batches (one wake-up per batch)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+
+    def put(self, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+        with self.lock:
+            self.pending.append((fut, value, exc))
+            first = len(self.pending) == 1
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # loop closed
+                pass
+
+    def _flush(self) -> None:
+        with self.lock:
+            items, self.pending = self.pending, []
+        for fut, value, exc in items:
+            if fut.done():
+                continue
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)
+
+
+@dataclass(slots=True)
+class _Write:
+    sql: str
+    params: list[Any]
+    fut: asyncio.Future[Done]
+
+
+@dataclass(slots=True)
+class _Read:
+    sql: str
+    params: list[Any]
+    mode: str
+    fut: asyncio.Future[Rows]
+
+
+@dataclass(slots=True)
+class _Call:
+    """A command for a transaction's connection."""
+
+    op: str  # "exec" | "query" | "commit" | "rollback"
+    sql: str
+    params: list[Any]
+    mode: str
+    fut: asyncio.Future[Any]
+
+
+@dataclass(eq=False)
+class SqlTx:
+    """An interactive transaction: the writer (or a reader, when ``read_only``) held for one client."""
+
+    id: int
+    db: SqlDatabase
+    read_only: bool
+    owner: object
+    calls: queue.SimpleQueue[_Call | None] = field(default_factory=queue.SimpleQueue)
+    started: float = field(default_factory=time.monotonic)
+    done: bool = False
+    error: TinystoreError | None = None
+    after_commit: list[Callable[[], None]] = field(default_factory=list)
+    busy: int = 0
+
+    def _call(self, op: str, sql: str = "", params: list[Any] | None = None, mode: str = "all") -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self.db.loop.create_future()
+        if self.done:
+            fut.set_exception(self.error or ClosedError(f"database {self.db.name}: transaction {self.id} has ended"))
+            return fut
+        self.busy += 1
+        fut.add_done_callback(self._idle)
+        self.calls.put(_Call(op, sql, params or [], mode, fut))
+        return fut
+
+    def _idle(self, _: object) -> None:
+        self.busy -= 1
+
+    def exec(self, sql: str, params: Sequence[Any]) -> asyncio.Future[Done]:
+        """Run a statement inside the transaction; it sees the transaction's own writes."""
+        if self.read_only:
+            fut: asyncio.Future[Done] = self.db.loop.create_future()
+            fut.set_exception(InvalidError(f"database {self.db.name}: exec inside a read-only transaction"))
+            return fut
+        return self._call("exec", sql, check_params(self.db.name, params))
+
+    def query(self, sql: str, params: Sequence[Any], mode: str = "all") -> asyncio.Future[Rows]:
+        return self._call("query", sql, check_params(self.db.name, params), mode)
+
+    def commit(self) -> asyncio.Future[None]:
+        """Commit; then the ``after_commit`` hooks run on the loop, in order, before the future resolves."""
+        return self._call("commit")
+
+    def rollback(self) -> asyncio.Future[None]:
+        """Roll back; idempotent (a transaction that already ended resolves at once)."""
+        if self.done:
+            fut: asyncio.Future[None] = self.db.loop.create_future()
+            fut.set_result(None)
+            return fut
+        return self._call("rollback")
+
+    def abort(self, reason: TinystoreError) -> None:
+        """Roll back from any state without waiting (a dropped connection, a stop)."""
+        if not self.done:
+            self.error = reason
+            self.calls.put(None)
+
+
+class SqlDatabase:
+    """One SQLite file with its writer thread and reader threads. Create with :meth:`SqlEngine.open`."""
+
+    def __init__(self, engine: SqlEngine, name: str, path: Path) -> None:
+        self.engine = engine
+        self.name = name
+        self.path = path
+        self.loop = engine.loop
+        self.limits = engine.limits
+        self.results = _Results(self.loop)
+        self._writes: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._reads: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self.active_tx: SqlTx | None = None
+        self.stats = {"writes": 0, "commits": 0, "reads": 0, "transactions": 0}
+        self._spare: list[sqlite3.Connection] = []
+        self._spare_lock = threading.Lock()
+
+    # -- connections -----------------------------------------------------------------------------
+
+    def connect(self, *, readonly: bool) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=60, cached_statements=256
+        )
+        conn.execute("pragma busy_timeout = 60000")
+        if readonly:
+            conn.execute("pragma query_only = 1")
+        else:
+            conn.execute("pragma journal_mode = wal")
+            sync = "full" if self.engine.durability == "full" else "normal"
+            conn.execute(f"pragma synchronous = {sync}")
+            conn.execute("pragma foreign_keys = on")
+        conn.execute("pragma foreign_keys = on")
+        return conn
+
+    def start(self, migrations: Sequence[tuple[str, str]]) -> list[str]:
+        """Open the file, apply migrations (in the calling thread), start the threads. Returns applied names."""
+        writer = self.connect(readonly=False)
+        try:
+            applied = self._migrate(writer, migrations)
+        except BaseException:
+            writer.close()
+            raise
+        t = threading.Thread(target=self._writer_main, args=(writer,), name=f"tinystore-sql-{self.name}-w", daemon=True)
+        self._threads.append(t)
+        t.start()
+        for i in range(max(1, self.limits.readers)):
+            r = threading.Thread(target=self._reader_main, name=f"tinystore-sql-{self.name}-r{i}", daemon=True)
+            self._threads.append(r)
+            r.start()
+        return applied
+
+    def _migrate(self, conn: sqlite3.Connection, migrations: Sequence[tuple[str, str]]) -> list[str]:
+        conn.execute(
+            f"create table if not exists {MIGRATIONS_TABLE} (name text primary key, text text not null, "
+            "applied_at integer not null)"
+        )
+        known = {r[0]: r[1] for r in conn.execute(f"select name, text from {MIGRATIONS_TABLE}")}
+        applied: list[str] = []
+        for name, text in sorted(migrations, key=lambda m: m[0]):
+            if name in known:
+                if known[name] != text:
+                    raise ConflictError(
+                        f"database {self.name}: migration {name} was applied with another text; "
+                        "an applied migration must not change (add a new one instead)"
+                    )
+                continue
+            try:
+                conn.execute("begin immediate")
+                for stmt in _split_sql(text):
+                    conn.execute(stmt)
+                conn.execute(
+                    f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
+                    (name, text, int(time.time() * 1000)),
+                )
+                conn.execute("commit")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("rollback")
+                raise InvalidError(f"database {self.name}: migration {name}: {exc}") from None
+            applied.append(name)
+        return applied
+
+    # -- calls from the loop ---------------------------------------------------------------------
+
+    def write(self, sql: str, params: Sequence[Any]) -> asyncio.Future[Done]:
+        """One statement that may write, committed before the future resolves (group commit)."""
+        fut: asyncio.Future[Done] = self.loop.create_future()
+        if self._closed:
+            fut.set_exception(ClosedError(f"database {self.name} is closed"))
+            return fut
+        self._writes.put(_Write(sql, check_params(self.name, params), fut))
+        return fut
+
+    def read(self, sql: str, params: Sequence[Any], mode: str = "all") -> asyncio.Future[Rows]:
+        """A read on a reader thread. ``mode``: "all", "one" (at most one row) or "scalar"."""
+        fut: asyncio.Future[Rows] = self.loop.create_future()
+        if self._closed:
+            fut.set_exception(ClosedError(f"database {self.name} is closed"))
+            return fut
+        self._reads.put(_Read(sql, check_params(self.name, params), mode, fut))
+        return fut
+
+    def begin(self, owner: object, read_only: bool = False) -> asyncio.Future[SqlTx]:
+        """Start an interactive transaction; resolves once it holds the writer (or a reader snapshot)."""
+        fut: asyncio.Future[SqlTx] = self.loop.create_future()
+        if self._closed:
+            fut.set_exception(ClosedError(f"database {self.name} is closed"))
+            return fut
+        tx = SqlTx(self.engine.next_tx_id(), self, read_only, owner)
+        self.engine.transactions[tx.id] = tx
+        if read_only:
+            t = threading.Thread(target=self._read_tx_main, args=(tx, fut), daemon=True, name=f"tinystore-sql-{self.name}-rtx")
+            t.start()
+        else:
+            self._writes.put((tx, fut))
+        return fut
+
+    # -- threads ---------------------------------------------------------------------------------
+
+    def _progress_guard(self, conn: sqlite3.Connection) -> Callable[[float], None]:
+        limit = self.limits.statement_timeout
+
+        def arm(start: float) -> None:
+            deadline = start + limit
+
+            def check() -> int:
+                return 1 if time.monotonic() > deadline else 0
+
+            conn.set_progress_handler(check, 10000)
+
+        return arm
+
+    def _writer_main(self, conn: sqlite3.Connection) -> None:
+        arm = self._progress_guard(conn)
+        put = self.results.put
+        carry: Any = None
+        while True:
+            item = carry if carry is not None else self._writes.get()
+            carry = None
+            if item is None:
+                break
+            if isinstance(item, _Write):
+                batch = [item]
+                while len(batch) < 512:
+                    try:
+                        nxt = self._writes.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(nxt, _Write):
+                        batch.append(nxt)
+                    else:
+                        carry = nxt
+                        break
+                self._group_commit(conn, batch, arm, put)
+            else:
+                tx, fut = item
+                self._run_tx(conn, tx, fut, arm)
+        try:
+            conn.execute("pragma wal_checkpoint(truncate)")
+        except sqlite3.Error:
+            pass
+        conn.close()
+
+    def _group_commit(self, conn: sqlite3.Connection, batch: list[_Write], arm: Callable[[float], None], put: Any) -> None:
+        results: list[tuple[_Write, Any, BaseException | None]] = []
+        try:
+            conn.execute("begin immediate")
+            if len(batch) == 1:
+                w = batch[0]
+                arm(time.monotonic())
+                try:
+                    results.append((w, self._exec(conn, w.sql, w.params), None))
+                except BaseException as exc:  # noqa: BLE001
+                    results.append((w, None, sql_error(self.name, exc)))
+            else:
+                for w in batch:
+                    arm(time.monotonic())
+                    conn.execute("savepoint g")
+                    try:
+                        done = self._exec(conn, w.sql, w.params)
+                        conn.execute("release g")
+                        results.append((w, done, None))
+                    except BaseException as exc:  # noqa: BLE001
+                        conn.execute("rollback to g")
+                        conn.execute("release g")
+                        results.append((w, None, sql_error(self.name, exc)))
+            conn.execute("commit")
+            self.stats["commits"] += 1
+            self.stats["writes"] += len(batch)
+        except BaseException as exc:  # noqa: BLE001
+            if conn.in_transaction:
+                try:
+                    conn.execute("rollback")
+                except sqlite3.Error:
+                    pass
+            err = sql_error(self.name, exc)
+            results = [(w, None, err) for w in batch]
+        for w, value, exc in results:
+            put(w.fut, value, exc)
+
+    def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
+        cur = conn.execute(sql, params)
+        rows = cur.fetchall() if cur.description else []
+        columns = [d[0] for d in cur.description] if cur.description else []
+        _check_size(self.name, rows, self.limits.sql_result_bytes)
+        return Done(max(cur.rowcount, 0), cur.lastrowid or 0, columns, rows)  # type: ignore[arg-type]
+
+    def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str) -> Rows:
+        cur = conn.execute(sql, params)
+        columns = [d[0] for d in cur.description] if cur.description else []
+        if mode == "all":
+            rows = cur.fetchall()
+            _check_size(self.name, rows, self.limits.sql_result_bytes)
+        else:
+            one = cur.fetchone()
+            rows = [one] if one is not None else []
+            cur.close()
+        return Rows(columns, rows)  # type: ignore[arg-type]
+
+    def _reader_main(self) -> None:
+        conn = self.connect(readonly=True)
+        arm = self._progress_guard(conn)
+        put = self.results.put
+        while True:
+            item = self._reads.get()
+            if item is None:
+                break
+            arm(time.monotonic())
+            try:
+                value = self._query(conn, item.sql, item.params, item.mode)
+                put(item.fut, value, None)
+            except BaseException as exc:  # noqa: BLE001
+                put(item.fut, None, sql_error(self.name, exc))
+        conn.close()
+
+    def _run_tx(self, conn: sqlite3.Connection, tx: SqlTx, fut: asyncio.Future[SqlTx], arm: Callable[[float], None]) -> None:
+        put = self.results.put
+        if tx.done:  # aborted before it started
+            put(fut, None, tx.error or ClosedError(f"database {self.name}: transaction ended"))
+            return
+        try:
+            conn.execute("begin immediate")
+        except BaseException as exc:  # noqa: BLE001
+            tx.done = True
+            put(fut, None, sql_error(self.name, exc))
+            return
+        self.active_tx = tx
+        self.stats["transactions"] += 1
+        put(fut, tx, None)
+        self._serve_tx(conn, tx, arm, writer=True)
+        self.active_tx = None
+
+    def _serve_tx(self, conn: sqlite3.Connection, tx: SqlTx, arm: Callable[[float], None], writer: bool) -> None:
+        put = self.results.put
+        limits = self.limits
+        started = time.monotonic()
+        end_reason: TinystoreError | None = None
+        while True:
+            now = time.monotonic()
+            wait = min(limits.tx_idle, started + limits.tx_max - now)
+            if wait <= 0:
+                end_reason = TimeoutError_(
+                    f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) and was rolled back"
+                )
+                break
+            try:
+                call = tx.calls.get(timeout=wait)
+            except queue.Empty:
+                if time.monotonic() - started >= limits.tx_max:
+                    end_reason = TimeoutError_(
+                        f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) and was rolled back"
+                    )
+                else:
+                    end_reason = TimeoutError_(
+                        f"database {self.name}: transaction {tx.id} stayed idle past tx_idle ({limits.tx_idle:g}s) "
+                        "and was rolled back"
+                    )
+                break
+            if call is None:
+                end_reason = tx.error or ClosedError(f"database {self.name}: transaction {tx.id} was rolled back")
+                break
+            if call.op == "commit":
+                try:
+                    if writer:
+                        conn.execute("commit")
+                        self.stats["commits"] += 1
+                    else:
+                        conn.execute("commit")
+                    tx.done = True
+                    put(call.fut, None, None)
+                except BaseException as exc:  # noqa: BLE001
+                    err = sql_error(self.name, exc)
+                    if conn.in_transaction:
+                        conn.execute("rollback")
+                    tx.done = True
+                    tx.error = err
+                    put(call.fut, None, err)
+                self._drain(tx)
+                return
+            if call.op == "rollback":
+                if conn.in_transaction:
+                    conn.execute("rollback")
+                tx.done = True
+                tx.error = ClosedError(f"database {self.name}: transaction {tx.id} was rolled back")
+                put(call.fut, None, None)
+                self._drain(tx)
+                return
+            arm(time.monotonic())
+            try:
+                if call.op == "exec":
+                    value: Any = self._exec(conn, call.sql, call.params)
+                else:
+                    value = self._query(conn, call.sql, call.params, call.mode)
+                put(call.fut, value, None)
+            except BaseException as exc:  # noqa: BLE001
+                put(call.fut, None, sql_error(self.name, exc))
+        # ended without commit
+        if conn.in_transaction:
+            try:
+                conn.execute("rollback")
+            except sqlite3.Error:
+                pass
+        tx.done = True
+        tx.error = end_reason
+        if end_reason is not None and not isinstance(end_reason, ClosedError):
+            log.warning("%s", end_reason.message)
+        self._drain(tx)
+
+    def _drain(self, tx: SqlTx) -> None:
+        err = tx.error or ClosedError(f"database {self.name}: transaction {tx.id} has ended")
+        while True:
+            try:
+                call = tx.calls.get_nowait()
+            except queue.Empty:
+                break
+            if call is not None:
+                if call.op == "rollback":
+                    self.results.put(call.fut, None, None)
+                else:
+                    self.results.put(call.fut, None, err)
+        self.loop.call_soon_threadsafe(self.engine.transactions.pop, tx.id, None)
+
+    def _read_tx_main(self, tx: SqlTx, fut: asyncio.Future[SqlTx]) -> None:
+        with self._spare_lock:
+            conn = self._spare.pop() if self._spare else None
+        if conn is None:
+            conn = self.connect(readonly=True)
+        arm = self._progress_guard(conn)
+        try:
+            conn.execute("begin")
+            conn.execute(f"select count(*) from {MIGRATIONS_TABLE}").fetchone()  # pin the snapshot now
+        except BaseException as exc:  # noqa: BLE001
+            tx.done = True
+            self.results.put(fut, None, sql_error(self.name, exc))
+            conn.close()
+            return
+        self.results.put(fut, tx, None)
+        self._serve_tx(conn, tx, arm, writer=False)
+        if conn.in_transaction:
+            conn.execute("rollback")
+        with self._spare_lock:
+            if len(self._spare) < 4 and not self._closed:
+                self._spare.append(conn)
+                conn = None  # type: ignore[assignment]
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        """Stop the threads once queued work is done; the writer checkpoints the WAL and closes the file."""
+        if self._closed:
+            return
+        self._closed = True
+        for tx in list(self.engine.transactions.values()):
+            if tx.db is self:
+                tx.abort(ClosedError(f"database {self.name}: the store is stopping"))
+        self._writes.put(None)
+        for _ in range(max(1, self.limits.readers)):
+            self._reads.put(None)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        with self._spare_lock:
+            for c in self._spare:
+                c.close()
+            self._spare.clear()
+
+
+def _check_size(db: str, rows: list[Any], limit: int) -> None:
+    if len(rows) < 1000:
+        return
+    total = 0
+    for row in rows:
+        for v in row:
+            total += len(v) + 8 if isinstance(v, str | bytes) else 9
+        if total > limit:
+            raise LimitError(f"database {db}: the result is over {limit} bytes", limit=limit, wanted=total)
+
+
+def _split_sql(text: str) -> list[str]:
+    """Split a migration script into statements (sqlite3.complete_statement decides where one ends)."""
+    out: list[str] = []
+    cur = ""
+    for line in text.splitlines(keepends=True):
+        cur += line
+        if sqlite3.complete_statement(cur):
+            if cur.strip().strip(";").strip():
+                out.append(cur)
+            cur = ""
+    if cur.strip():
+        out.append(cur)
+    return out
+
+
+class SqlEngine:
+    """The SQL databases of one store directory (``DIR/sql/<name>.db``)."""
+
+    def __init__(self, directory: Path, limits: Limits, durability: str = "full") -> None:
+        if durability not in ("full", "os"):
+            raise InvalidError(f'durability {durability!r}: use "full" or "os"')
+        self.directory = directory / "sql"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.limits = limits
+        self.durability = durability
+        self.loop = asyncio.get_running_loop()
+        self.databases: dict[str, SqlDatabase] = {}
+        self.transactions: dict[int, SqlTx] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+        self._tx_ids = 0
+
+    def next_tx_id(self) -> int:
+        self._tx_ids += 1
+        return self._tx_ids
+
+    async def open(self, name: str, migrations: Sequence[tuple[str, str]] = ()) -> tuple[SqlDatabase, list[str]]:
+        """Open (creating) database ``name`` and apply new migrations; returns it and the names applied.
+
+        Raises ``InvalidError`` (bad name, a migration that fails), ``ConflictError`` (an applied migration
+        whose text changed). A database already open gets only its new migrations applied.
+        """
+        check_name("database", name)
+        lock = self._opening.setdefault(name, asyncio.Lock())
+        async with lock:
+            db = self.databases.get(name)
+            if db is None:
+                db = SqlDatabase(self, name, self.directory / f"{name}.db")
+                applied = await asyncio.to_thread(db.start, migrations)
+                self.databases[name] = db
+                return db, applied
+            if not migrations:
+                return db, []
+            return db, await self._migrate_open(db, migrations)
+
+    async def _migrate_open(self, db: SqlDatabase, migrations: Sequence[tuple[str, str]]) -> list[str]:
+        tx = await db.begin(owner=None)
+        try:
+            rows = await tx.query(f"select name, text from {MIGRATIONS_TABLE}", [])
+            known = {r[0]: r[1] for r in rows.rows}
+            applied = []
+            for name, text in sorted(migrations, key=lambda m: m[0]):
+                if name in known:
+                    if known[name] != text:
+                        raise ConflictError(
+                            f"database {db.name}: migration {name} was applied with another text; "
+                            "an applied migration must not change (add a new one instead)"
+                        )
+                    continue
+                for stmt in _split_sql(text):
+                    try:
+                        await tx.exec(stmt, [])
+                    except TinystoreError as exc:
+                        raise InvalidError(f"database {db.name}: migration {name}: {exc.message}") from None
+                await tx.exec(
+                    f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
+                    [name, text, int(time.time() * 1000)],
+                )
+                applied.append(name)
+            await tx.commit()
+            return applied
+        except BaseException:
+            await tx.rollback()
+            raise
+
+    def get(self, name: str) -> SqlDatabase:
+        db = self.databases.get(name)
+        if db is None:
+            check_name("database", name)
+            raise InvalidError(f"database {name} is not open (call store.database({name!r}) first)")
+        return db
+
+    def status(self) -> dict[str, Any]:
+        return {
+            name: {"path": str(db.path), **db.stats, "open_transactions": sum(1 for t in self.transactions.values() if t.db is db)}
+            for name, db in self.databases.items()
+        }
+
+    async def close(self, timeout: float = 10.0) -> None:
+        for db in self.databases.values():
+            db.close()
+        await asyncio.to_thread(self._join, timeout)
+
+    def _join(self, timeout: float) -> None:
+        for db in self.databases.values():
+            db.join(timeout)

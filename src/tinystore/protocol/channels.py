@@ -1,0 +1,150 @@
+"""Bodies of the channels engine: what it returns and pushes, and the wire messages of its methods.
+
+Every body is a msgspec Struct of ints, strs, bytes and lists, so it encodes to MessagePack as is. The hot
+ones (:class:`Publish`, :class:`Published`, :class:`Delivery` and its items) are ``array_like``: they travel
+as MessagePack arrays in field order, not maps.
+
+Methods (request body → reply body):
+
+- ``channels.publish``: :class:`Publish` → :class:`Published`.
+- ``channels.publish_many``: :class:`PublishMany` → ``list[Published]`` (all or nothing: one bad item and
+  none is published).
+- ``channels.subscribe``: :class:`Subscribe` → :class:`Subscribed`.
+- ``channels.grant``: :class:`Grant` → nothing (``None``); a grant for an unknown subscription is ignored.
+- ``channels.unsubscribe``: :class:`Unsubscribe` → ``bool`` (false when it was already gone).
+- push ``channels.deliver``: :class:`Delivery`, to the peer that owns the subscription.
+
+Flow control (CHAN-01, CHAN-02): a subscription has a credit, a number of messages. The server sends it
+messages only while its credit is above 0, and each :class:`MessageItem` it sends takes one; a
+:class:`MissedItem` takes none. The subscriber gives credit back with ``channels.grant`` as its handler
+finishes messages. For every subscription, messages delivered + the counts of its missed notices equals the
+messages published to its branches after it subscribed, exactly.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PUBLISH = "channels.publish"
+PUBLISH_MANY = "channels.publish_many"
+SUBSCRIBE = "channels.subscribe"
+GRANT = "channels.grant"
+UNSUBSCRIBE = "channels.unsubscribe"
+DELIVER = "channels.deliver"
+"""The method name of the push that carries a :class:`Delivery`."""
+
+BEHIND = "behind"
+"""``MissedItem.reason``: the branch log dropped messages this subscription had not been sent yet."""
+
+
+class Published(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Reply of ``channels.publish``: the message's ``seq`` in its branch and ``id`` ``"<epoch>-<seq>"``."""
+
+    seq: int
+    id: str
+
+
+class Subscribed(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Reply of ``channels.subscribe``.
+
+    - ``sub``: the subscription's id, unique in the server run; grants, deliveries and unsubscribe name it.
+    - ``missed``: only when ``after`` was given: the exact number of messages published after ``after`` that
+      the server no longer holds (0 when none was lost; those it holds follow in deliveries). ``None`` when
+      it cannot tell: ``after`` is from another epoch (the server restarted) or the branch was forgotten.
+      Always ``None`` without ``after``.
+    - ``last_id``: the id of the branch's newest message, or ``None`` when it has none the server knows of.
+    """
+
+    sub: int
+    missed: int | None
+    last_id: str | None
+
+
+class MessageItem(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="msg"):
+    """One message in a :class:`Delivery` (encoded as ``["msg", seq, id, branch, payload]``).
+
+    ``seq`` grows by one per message of its branch; ``id`` is ``"<epoch>-<seq>"`` (unique within a branch
+    across server restarts); ``branch`` is the branch's path (``[]`` for the channel's root branch);
+    ``payload`` is the published bytes. One instance is shared by every subscriber: do not mutate
+    ``branch``.
+    """
+
+    seq: int
+    id: str
+    branch: list[str]
+    payload: bytes
+
+
+class MissedItem(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="missed"):
+    """A missed notice in a :class:`Delivery` (encoded as ``["missed", reason, count]``).
+
+    ``reason`` is :data:`BEHIND`; ``count`` is the exact number of messages lost since the subscription's
+    previous delivery. It always comes before the messages of the same delivery.
+    """
+
+    reason: str
+    count: int | None
+
+
+DeliveryItem = MessageItem | MissedItem
+
+
+class Delivery(msgspec.Struct, array_like=True, gc=False):
+    """Push ``channels.deliver``: items for subscription ``sub``, in order.
+
+    At most one :class:`MissedItem`, first; then at most the subscription's credit of
+    :class:`MessageItem`, in publish order within each branch.
+    """
+
+    sub: int
+    items: list[DeliveryItem]
+
+
+class Publish(msgspec.Struct, array_like=True):
+    """``channels.publish``: ``payload`` (at most ``channel_message_bytes``) on ``branch`` of ``channel``."""
+
+    channel: str
+    branch: list[str]
+    payload: bytes
+
+
+class PublishMany(msgspec.Struct, array_like=True):
+    """``channels.publish_many``: several messages at once, in order (a transaction's, at its commit)."""
+
+    items: list[Publish]
+
+
+class After(msgspec.Struct, array_like=True):
+    """A resume point of a recursive subscription: the last message ``id`` handled on ``branch``."""
+
+    branch: list[str]
+    id: str
+
+
+class Subscribe(msgspec.Struct, kw_only=True):
+    """``channels.subscribe``: listen to ``branch`` of ``channel`` (and below it when ``recursive``).
+
+    ``after``: resume after this message id of ``branch``. ``after_branches``: for a recursive subscription,
+    the last id handled per branch (``after`` then stands for ``branch`` itself). ``credit``: the initial
+    credit in messages (the prefetch window; ``None``: the store's ``channel_prefetch``).
+    """
+
+    channel: str
+    branch: list[str] = []
+    recursive: bool = False
+    after: str | None = None
+    after_branches: list[After] = []
+    credit: int | None = None
+
+
+class Grant(msgspec.Struct, array_like=True):
+    """``channels.grant``: add ``n`` messages of credit to subscription ``sub``."""
+
+    sub: int
+    n: int
+
+
+class Unsubscribe(msgspec.Struct, kw_only=True):
+    """``channels.unsubscribe``: end subscription ``sub``; what it held is freed."""
+
+    sub: int

@@ -1,0 +1,159 @@
+"""Bodies of the locks engine: what it returns and pushes, and the wire messages of its methods.
+
+Two layers:
+
+- :class:`Grant` is what :meth:`tinystore.engines.locks.LocksEngine.acquire` returns in-process: the fence
+  as a Python ``int`` (128 bits) and times as float seconds since the Unix epoch. MessagePack cannot carry a
+  128-bit int, so a ``Grant`` is never encoded as is: :meth:`Grant.to_wire` gives a :class:`Granted`.
+- The wire bodies follow the protocol's rules: times in integer milliseconds (since the Unix epoch for
+  instants), the fence as a decimal string (``Granted.fence``), "never" as ``None``.
+
+Methods (request body → reply body):
+
+- ``locks.acquire``: :class:`Acquire` → :class:`Granted`, or :class:`NotGranted` for a try that found the key
+  held. A hold whose wait ran out is an ``in_use`` error.
+- ``locks.renew``: :class:`Renew` → :class:`Renewed`; a ``lost`` error when the lease is gone.
+- ``locks.release``: :class:`Release` → :class:`Released`.
+- push ``locks.lost``: :class:`Lost`, to the peer that last renewed (or acquired) a lease that ran out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+ACQUIRE = "locks.acquire"
+RENEW = "locks.renew"
+RELEASE = "locks.release"
+LOST = "locks.lost"
+"""The method name of the push a holder gets when its lease ends without its release."""
+
+EXPIRED = "expired"
+"""``Lost.reason``: no renewal came within the ttl (LOCK-05)."""
+MAX_HOLD = "max_hold"
+"""``Lost.reason``: the lease reached ``max_hold`` from its grant (LOCK-06)."""
+
+
+def to_ms(when: float | None) -> int | None:
+    """Seconds (float, may be ``inf``) → integer ms, rounded down; ``None`` or ``inf`` → ``None``."""
+    if when is None or math.isinf(when):
+        return None
+    return math.floor(when * 1000)
+
+
+def from_ms(ms: int | None) -> float:
+    """Integer milliseconds → float seconds; ``None`` (never) → ``inf``."""
+    return math.inf if ms is None else ms / 1000
+
+
+class Grant(msgspec.Struct, kw_only=True, frozen=True):
+    """A lease the locks engine gave (in-process; see :meth:`to_wire` for the wire form).
+
+    - ``lease``: the lease id, an int in 1 .. 2**63-1, random and unique within a server run (and not
+      guessable), so an id from before a restart is unknown to the new run. Renew and release name it.
+    - ``fence``: ``epoch << 64 | counter``, 128 bits; larger than every fence given before (LOCK-02).
+    - ``expires_at``: seconds since the Unix epoch when the lease runs out unless renewed; ``inf`` for a lease
+      of the store's own process (``peer.local``) without ``max_hold``.
+    - ``max_hold_at``: seconds since the Unix epoch past which no renewal keeps it, or ``None``.
+    - ``ttl``: seconds a renewal extends it by (a non-local holder renews every ``ttl / 3``).
+    """
+
+    lease: int
+    fence: int
+    expires_at: float
+    max_hold_at: float | None
+    ttl: float
+
+    def to_wire(self) -> Granted:
+        """This grant as the reply body of ``locks.acquire``."""
+        return Granted(
+            lease=self.lease,
+            fence=str(self.fence),
+            expires_at_ms=to_ms(self.expires_at),
+            max_hold_at_ms=to_ms(self.max_hold_at),
+            ttl_ms=round(self.ttl * 1000),
+        )
+
+
+class Acquire(msgspec.Struct, kw_only=True):
+    """``locks.acquire``: a lease on ``key`` of ``lock``.
+
+    ``limit``: 1 for a lock, the number of permits for a semaphore. ``ttl_ms``: the lease's ttl.
+    ``max_hold_ms``: no lease lasts longer than this from its grant (``None``: no bound). ``wait_ms``:
+    ``None`` for a try (answered at once with :class:`NotGranted` when held); else wait in line at most
+    this long, then an ``in_use`` error (0: now or never).
+    """
+
+    lock: str
+    key: str
+    ttl_ms: int
+    limit: int = 1
+    max_hold_ms: int | None = None
+    wait_ms: int | None = None
+
+
+class Granted(msgspec.Struct, kw_only=True):
+    """Reply of ``locks.acquire``: the lease as in :class:`Grant`, times in ms, the fence as decimal text."""
+
+    lease: int
+    fence: str
+    expires_at_ms: int | None
+    max_hold_at_ms: int | None
+    ttl_ms: int
+
+    def to_grant(self) -> Grant:
+        """Back to a :class:`Grant` (fence as int, times as float seconds, never as ``inf``)."""
+        return Grant(
+            lease=self.lease,
+            fence=int(self.fence),
+            expires_at=from_ms(self.expires_at_ms),
+            max_hold_at=None if self.max_hold_at_ms is None else self.max_hold_at_ms / 1000,
+            ttl=self.ttl_ms / 1000,
+        )
+
+
+class NotGranted(msgspec.Struct, kw_only=True):
+    """Reply of a try (``wait_ms`` ``None``) that found the key held by ``limit`` live leases."""
+
+    held: bool = True
+
+
+class Renew(msgspec.Struct, kw_only=True):
+    """``locks.renew``: extend lease ``lease`` by its ttl from now. Any connection may renew by id."""
+
+    lease: int
+
+
+class Renewed(msgspec.Struct, kw_only=True):
+    """Reply of ``locks.renew``: the new deadline in ms since the Unix epoch (``None``: never by ttl)."""
+
+    expires_at_ms: int | None
+
+
+class Release(msgspec.Struct, kw_only=True):
+    """``locks.release``: let go of lease ``lease``. Any connection may release by id."""
+
+    lease: int
+
+
+class Released(msgspec.Struct, kw_only=True):
+    """Reply of ``locks.release``: ``released`` is false when the lease was gone (ran out, or unknown)."""
+
+    released: bool
+
+
+class Lost(msgspec.Struct, kw_only=True):
+    """Push ``locks.lost``: lease ``lease`` on ``key`` of ``lock`` ended without a release.
+
+    ``reason`` is :data:`EXPIRED` or :data:`MAX_HOLD` (read unknown reasons as lost all the same).
+    ``at_ms``: when it ended, ms since the Unix epoch. ``message``: the text of the ``LostError`` to raise,
+    e.g. ``lock summaries: key "7": the lease ran out at 2030-01-01T00:00:10.000+00:00``.
+    """
+
+    lease: int
+    reason: str
+    lock: str = ""
+    key: str = ""
+    at_ms: int = 0
+    message: str = ""

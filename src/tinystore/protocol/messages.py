@@ -1,0 +1,57 @@
+"""Bodies of the handshake and of errors, and the codec helpers every side uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Hello(msgspec.Struct, kw_only=True):
+    """Client → server, first frame: the protocol version it speaks and its token (TCP; empty on Unix)."""
+
+    version: int
+    token: str = ""
+    client: str = ""
+    pid: int = 0
+
+
+class Welcome(msgspec.Struct, kw_only=True):
+    """Server → client: accepted. ``epoch`` changes at each server start (ms)."""
+
+    version: int
+    server_version: str
+    epoch: int
+    capability: str
+    max_inflight: int
+    max_body: int
+    pid: int
+    test_clock: bool = False
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    """An error on the wire: a stable ``code``, a message naming the thing, extra fields."""
+
+    code: str
+    message: str
+    extra: dict[str, Any] = {}
+
+
+class GoAway(msgspec.Struct, kw_only=True):
+    """Either side: the connection is closing, and why."""
+
+    reason: str
+    code: str = "closed"
+
+
+encoder = msgspec.msgpack.Encoder()
+encode = encoder.encode
+_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+
+
+def decode(data: bytes, type: Any = Any) -> Any:
+    """Decode MessagePack ``data`` as ``type`` (a cached decoder per type)."""
+    dec = _decoders.get(type)
+    if dec is None:
+        dec = _decoders[type] = msgspec.msgpack.Decoder(type)
+    return dec.decode(data)

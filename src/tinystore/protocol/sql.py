@@ -1,0 +1,69 @@
+"""Wire bodies of the SQL engine's methods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+Value = None | int | float | str | bytes | bool
+
+
+class Migration(msgspec.Struct, array_like=True):
+    name: str
+    text: str
+
+
+class OpenDb(msgspec.Struct, kw_only=True):
+    """``sql.open``: open (create) database ``db`` and apply the migrations not applied yet."""
+
+    db: str
+    migrations: list[Migration] = []
+
+
+class Opened(msgspec.Struct, kw_only=True):
+    db: str
+    applied: list[str]
+    path: str
+
+
+class Exec(msgspec.Struct, array_like=True):
+    """``sql.exec``: one statement that may write. ``tx``: the transaction it runs in (0: its own)."""
+
+    db: str
+    sql: str
+    params: list[Any]
+    tx: int = 0
+
+
+class Query(msgspec.Struct, array_like=True):
+    """``sql.query``: a read on a reader (or inside transaction ``tx``). ``mode``: "all", "one" or "scalar"."""
+
+    db: str
+    sql: str
+    params: list[Any]
+    mode: str = "all"
+    tx: int = 0
+
+
+class Done(msgspec.Struct, array_like=True):
+    """What a write did: rows changed, the last rowid, and what a ``returning`` clause gave."""
+
+    changes: int
+    last_insert_rowid: int
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+class Rows(msgspec.Struct, array_like=True):
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+class Begin(msgspec.Struct, array_like=True):
+    db: str
+    read_only: bool = False
+
+
+class TxRef(msgspec.Struct, array_like=True):
+    tx: int

@@ -1,0 +1,237 @@
+"""The store without its sockets: the owned directory, the clock, the engines and the method table.
+
+A :class:`Core` is what a server process runs and what an embedded store runs inside the application.
+Each client is a :class:`Session` (the engines' :class:`~tinystore.engines.base.Peer`); the listeners turn
+frames into :meth:`Core.invoke` calls, and the embedded store calls it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..clock import Clock
+from ..engines.sql import SqlEngine
+from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError
+from ..limits import Limits
+from .dirlock import DirLock, next_epoch
+
+log = logging.getLogger("tinystore.server")
+
+Handler = Callable[["Session", Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One callable method: its request body type, its handler, whether it writes, and who may call it."""
+
+    name: str
+    request: Any
+    handler: Handler
+    write: bool = False
+    admin: bool = False
+
+
+@dataclass(eq=False)
+class Session:
+    """One client: a connection, or the embedded process itself. Implements the engines' ``Peer``."""
+
+    id: int
+    core: Core
+    local: bool
+    capability: str
+    push_fn: Callable[[str, Any], None]
+    name: str = ""
+    closed: bool = False
+    transactions: set[int] = field(default_factory=set)
+    started: float = field(default_factory=time.time)
+    calls: int = 0
+
+    def push(self, method: str, body: Any) -> None:
+        if not self.closed:
+            self.push_fn(method, body)
+
+    def close(self) -> None:
+        """The client is gone: roll back its transactions and let every engine drop what it held."""
+        if self.closed:
+            return
+        self.closed = True
+        self.core.sessions.pop(self.id, None)
+        for hook in self.core.session_close_hooks:
+            try:
+                hook(self)
+            except Exception:  # noqa: BLE001
+                log.exception("closing session %s", self.id)
+
+
+class Core:
+    """Everything a store is, minus the sockets.
+
+    ``directory``: the store's folder (created). ``clock``: the one clock every engine reads. ``limits``:
+    bounds and defaults. ``durability``: ``"full"`` (fsync at each commit) or ``"os"``.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
+        durability: str = "full",
+    ) -> None:
+        self.directory = Path(directory).resolve()
+        self.clock = clock or Clock()
+        self.limits = limits or Limits()
+        self.durability = durability
+        self.methods: dict[str, Method] = {}
+        self.sessions: dict[int, Session] = {}
+        self.session_close_hooks: list[Callable[[Session], None]] = []
+        self.status_hooks: dict[str, Callable[[], Any]] = {}
+        self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._ids = itertools.count(1)
+        self._lock = DirLock(self.directory)
+        self.epoch = 0
+        self.started = 0.0
+        self.running = False
+        self.stopping = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.stop_requested = asyncio.Event()
+        self.sql: SqlEngine
+        self.engines: dict[str, Any] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.listeners: list[Any] = []
+
+    async def start(self) -> None:
+        """Own the directory and start the engines. Raises ``InUseError`` when another process owns it."""
+        if durability_bad(self.durability):
+            raise InvalidError(f'durability {self.durability!r}: use "full" or "os"')
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            self.epoch = next_epoch(self.directory, self.clock.now_ms())
+            self.started = time.time()
+            self.sql = SqlEngine(self.directory, self.limits, self.durability)
+            from . import methods
+
+            methods.install(self)
+        except BaseException:
+            self._lock.release()
+            raise
+        self.running = True
+
+    def register(self, method: Method) -> None:
+        self.methods[method.name] = method
+
+    def new_session(self, push: Callable[[str, Any], None], *, local: bool, capability: str = "admin", name: str = "") -> Session:
+        if not self.running or self.stopping.is_set():
+            raise ClosedError(f"store {self.directory} is stopping")
+        s = Session(next(self._ids), self, local, capability, push, name)
+        self.sessions[s.id] = s
+        return s
+
+    def invoke(self, session: Session, name: str, request: Any) -> Any:
+        """Call method ``name`` for ``session``: returns a value, a future, or a coroutine to await.
+
+        Raises ``InvalidError`` (unknown method), ``PermissionDeniedError`` (capability), ``ClosedError``
+        (stopping), or whatever the method raises at once.
+        """
+        method = self.methods.get(name)
+        if method is None:
+            raise InvalidError(f"unknown method {name!r}")
+        if method.admin and session.capability != "admin":
+            raise PermissionDeniedError(f"{name}: needs the admin capability; this token has {session.capability!r}")
+        if method.write and session.capability == "read":
+            raise PermissionDeniedError(f"{name}: this token may only read")
+        if session.closed:
+            raise ClosedError("the session is closed")
+        session.calls += 1
+        return method.handler(session, request)
+
+    async def call(self, session: Session, name: str, request: Any) -> Any:
+        """:meth:`invoke` and await whatever it returned."""
+        result = self.invoke(session, name, request)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    def spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
+        """Start a task owned by the core: it is cancelled and awaited at stop."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "version": __version__,
+            "directory": str(self.directory),
+            "pid": os.getpid(),
+            "epoch": self.epoch,
+            "started": self.started,
+            "uptime": round(time.time() - self.started, 3),
+            "test_clock": self.clock.is_test,
+            "now": self.clock.now(),
+            "durability": self.durability,
+            "connections": [
+                {"id": s.id, "name": s.name, "local": s.local, "capability": s.capability, "calls": s.calls,
+                 "since": s.started}
+                for s in self.sessions.values()
+            ],
+            "databases": self.sql.status(),
+        }
+        for key, hook in self.status_hooks.items():
+            try:
+                out[key] = hook()
+            except Exception as exc:  # noqa: BLE001
+                out[key] = {"error": str(exc)}
+        return out
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop gracefully (STORE-05): no new calls; sessions closed (their transactions rolled back);
+        engines stopped; SQLite files checkpointed and closed; the directory lock let go. Idempotent."""
+        if self.stopping.is_set():
+            await self.stopped.wait()
+            return
+        self.stopping.set()
+        try:
+            for listener in list(self.listeners):
+                await listener.close(grace)
+            for s in list(self.sessions.values()):
+                s.close()
+            for hook in reversed(self.stop_hooks):
+                try:
+                    await hook()
+                except Exception:  # noqa: BLE001
+                    log.exception("stopping an engine")
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=grace)
+            if self.running:
+                await self.sql.close(grace)
+            self.clock.close()
+        finally:
+            self.running = False
+            self._lock.release()
+            self.stopped.set()
+
+
+def durability_bad(value: str) -> bool:
+    return value not in ("full", "os")
+
+
+def error_of(exc: BaseException) -> TinystoreError:
+    """Any exception as a TinyStore error (an unexpected one is logged and becomes ``internal``)."""
+    if isinstance(exc, TinystoreError):
+        return exc
+    log.error("internal error", exc_info=exc)
+    return TinystoreError(f"internal error: {type(exc).__name__}: {exc}")

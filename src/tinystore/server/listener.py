@@ -1,0 +1,330 @@
+"""Listeners: Unix and TCP/TLS sockets whose connections become sessions of a :class:`Core`.
+
+Each connection runs the sans-I/O :class:`~tinystore.protocol.frames.Connection`. Flow control: a client
+has at most ``max_inflight`` requests in flight (its request credit), and when the bytes waiting to be
+written to a client pass the high-water mark the server stops reading from it until they drain, so a client
+that stops reading cannot make the server buffer without bound. A broken frame closes that one connection
+with a reason (``GOAWAY``); other connections never notice (STORE-04).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import logging
+import os
+import socket
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .. import __version__
+from ..errors import ClosedError, InvalidError, ProtocolError, TinystoreError, UnauthenticatedError
+from ..protocol import frames
+from ..protocol.frames import CLOSED, NEED_DATA, Frame, Kind
+from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, encode
+from .core import Core, Session, error_of
+
+log = logging.getLogger("tinystore.server")
+
+HIGH_WATER = 8 * 1024 * 1024
+LOW_WATER = 1024 * 1024
+
+
+def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read a tokens file: one ``<capability> <token>`` a line (``admin`` or ``data``); ``#`` comments.
+
+    Returns token → capability. Raises ``InvalidError`` naming the line that is wrong.
+    """
+    tokens: dict[str, str] = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2 or parts[0] not in ("admin", "data"):
+            raise InvalidError(f"tokens file {path}: line {n}: expected '<admin|data> <token>'")
+        if len(parts[1]) < 16:
+            raise InvalidError(f"tokens file {path}: line {n}: a token needs at least 16 characters")
+        tokens[parts[1]] = parts[0]
+    return tokens
+
+
+class ServerConnection(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self.core = listener.core
+        self.conn = frames.Connection("server", max_body=self.core.limits.frame_body_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self.tasks: dict[int, asyncio.Task[Any]] = {}
+        self.futures: dict[int, asyncio.Future[Any]] = {}
+        self.closing = False
+        self.paused = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
+        self.listener.connections.add(self)
+        self.listener.touch()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.conn.receive_data(data)
+        try:
+            while True:
+                ev = self.conn.next_event()
+                if ev is NEED_DATA or ev is CLOSED:
+                    break
+                assert isinstance(ev, Frame)
+                self.on_frame(ev)
+                if self.closing:
+                    break
+        except ProtocolError as exc:
+            self.close(exc.message, "protocol")
+        except Exception as exc:  # noqa: BLE001
+            log.exception("connection error")
+            self.close(f"internal error: {exc}", "internal")
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.listener.connections.discard(self)
+        self.listener.touch()
+        for task in self.tasks.values():
+            task.cancel()
+        self.tasks.clear()
+        if self.session is not None:
+            self.session.close()
+
+    def pause_writing(self) -> None:
+        if self.transport is not None and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and self.paused:
+            self.paused = False
+            if not self.closing:
+                self.transport.resume_reading()
+
+    # -- frames ------------------------------------------------------------------------------------
+
+    def on_frame(self, f: Frame) -> None:
+        kind = f.kind
+        if kind is Kind.REQUEST:
+            self.on_request(f)
+        elif kind is Kind.HELLO:
+            self.on_hello(f)
+        elif kind is Kind.CANCEL:
+            task = self.tasks.pop(f.stream, None)
+            if task is not None:
+                task.cancel()
+            self.conn.finished(f.stream)
+        elif kind is Kind.GOAWAY:
+            self.close("the client said goodbye", "closed", notify=False)
+
+    def on_hello(self, f: Frame) -> None:
+        try:
+            hello = decode(f.body, Hello)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"bad HELLO: {exc}") from None
+        if hello.version != frames.PROTOCOL_VERSION:
+            self.refuse(
+                "unavailable",
+                f"protocol version {hello.version} is not served here (this server speaks "
+                f"{frames.PROTOCOL_VERSION}, tinystore {__version__})",
+            )
+            return
+        capability = "admin"
+        if self.listener.tokens is not None:
+            capability = ""
+            for token, cap in self.listener.tokens.items():
+                if hmac.compare_digest(token.encode(), hello.token.encode()):
+                    capability = cap
+            if not capability:
+                self.refuse(UnauthenticatedError.code, "the token is missing or wrong")
+                return
+        try:
+            self.session = self.core.new_session(self.push, local=False, capability=capability, name=hello.client)
+        except ClosedError as exc:
+            self.refuse("unavailable", exc.message)
+            return
+        body = encode(
+            Welcome(
+                version=frames.PROTOCOL_VERSION,
+                server_version=__version__,
+                epoch=self.core.epoch,
+                capability=capability,
+                max_inflight=self.conn.max_inflight,
+                max_body=self.conn.max_body,
+                pid=os.getpid(),
+                test_clock=self.core.clock.is_test,
+            )
+        )
+        self.write(self.conn.send_welcome(body))
+
+    def refuse(self, code: str, message: str) -> None:
+        self.write(self.conn.send_error(0, encode(ErrorBody(code=code, message=message))))
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def on_request(self, f: Frame) -> None:
+        stream = f.stream
+        session = self.session
+        assert session is not None
+        method = self.core.methods.get(f.method)
+        try:
+            if method is None:
+                raise InvalidError(f"unknown method {f.method!r}")
+            try:
+                req = decode(f.body, method.request)
+            except msgspec.ValidationError as exc:
+                raise InvalidError(f"{f.method}: {exc}") from None
+            except msgspec.DecodeError as exc:
+                raise InvalidError(f"{f.method}: the body is not valid MessagePack: {exc}") from None
+            result = self.core.invoke(session, f.method, req)
+        except BaseException as exc:  # noqa: BLE001
+            self.send_error(stream, exc)
+            return
+        if isinstance(result, asyncio.Future):
+            if result.done():
+                self.finish(stream, result)
+            else:
+                self.futures[stream] = result
+                result.add_done_callback(lambda fut, s=stream: self.finish(s, fut))  # type: ignore[misc]
+        elif inspect.iscoroutine(result):
+            task = asyncio.ensure_future(result)
+            self.tasks[stream] = task
+            task.add_done_callback(lambda t, s=stream: self.finish(s, t))  # type: ignore[misc]
+        else:
+            self.send_result(stream, result)
+
+    def finish(self, stream: int, fut: asyncio.Future[Any]) -> None:
+        self.tasks.pop(stream, None)
+        self.futures.pop(stream, None)
+        if self.closing:
+            return
+        if fut.cancelled():
+            self.send_error(stream, ClosedError("the call was cancelled"))
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self.send_error(stream, exc)
+        else:
+            self.send_result(stream, fut.result())
+
+    def send_result(self, stream: int, value: Any) -> None:
+        if self.closing:
+            return
+        try:
+            body = encode(value)
+        except (TypeError, OverflowError) as exc:
+            self.send_error(stream, TinystoreError(f"the answer could not be encoded: {exc}"))
+            return
+        self.write_many(self.conn.send_response(stream, body))
+
+    def send_error(self, stream: int, exc: BaseException) -> None:
+        if self.closing:
+            return
+        err = error_of(exc)
+        extra = {k: v for k, v in err.extra.items() if isinstance(v, str | int | float | bool | None)}
+        self.write(self.conn.send_error(stream, encode(ErrorBody(code=err.code, message=err.message, extra=extra))))
+
+    def push(self, method: str, body: Any) -> None:
+        if not self.closing:
+            self.write(self.conn.send_push(method, encode(body)))
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def write_many(self, parts: list[bytes]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            if len(parts) == 1:
+                self.transport.write(parts[0])
+            else:
+                self.transport.writelines(parts)
+
+    def close(self, reason: str, code: str = "closed", notify: bool = True) -> None:
+        """Close this connection, telling the client why (GOAWAY) unless ``notify`` is false."""
+        if self.closing:
+            return
+        if notify:
+            self.write(self.conn.send_goaway(encode(GoAway(reason=reason, code=code))))
+        self.closing = True
+        if code == "protocol":
+            log.warning("closing a connection: %s", reason)
+        if self.transport is not None:
+            self.transport.close()
+
+    async def drain_calls(self, timeout: float) -> None:
+        pending = [*self.tasks.values(), *self.futures.values()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+
+class Listener:
+    """A socket server feeding a core. ``tokens``: token → capability, or ``None`` (Unix: trusted)."""
+
+    def __init__(self, core: Core, tokens: dict[str, str] | None = None) -> None:
+        self.core = core
+        self.tokens = tokens
+        self.server: asyncio.AbstractServer | None = None
+        self.connections: set[ServerConnection] = set()
+        self.last_activity = time.monotonic()
+        self.description = ""
+        self.unix_path: Path | None = None
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    async def start_unix(self, path: Path) -> None:
+        loop = asyncio.get_running_loop()
+        if path.exists() or path.is_symlink():
+            path.unlink()
+        self.server = await loop.create_unix_server(lambda: ServerConnection(self), str(path))
+        os.chmod(path, 0o600)
+        self.unix_path = path
+        self.description = f"unix:{path}"
+        self.core.listeners.append(self)
+
+    async def start_tcp(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: ServerConnection(self), host, port, ssl=ssl_context, reuse_address=True
+        )
+        sock = self.server.sockets[0]
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        bound = int(sock.getsockname()[1])
+        self.description = f"{'tls' if ssl_context else 'tcp'}://{host}:{bound}"
+        self.core.listeners.append(self)
+        return bound
+
+    async def close(self, grace: float) -> None:
+        """Stop accepting; let calls under way finish (at most ``grace`` seconds); close every connection."""
+        if self.server is not None:
+            self.server.close()
+        conns = list(self.connections)
+        await asyncio.gather(*(c.drain_calls(grace) for c in conns), return_exceptions=True)
+        for c in conns:
+            c.close("the store is stopping", "unavailable")
+        if self.unix_path is not None:
+            try:
+                self.unix_path.unlink()
+            except OSError:
+                pass
+        if self in self.core.listeners:
+            self.core.listeners.remove(self)

@@ -1,0 +1,50 @@
+"""The method table: maps each wire method to its engine call."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidError
+from ..protocol.store import Advance, Empty, Stop
+from . import sql_methods
+
+if TYPE_CHECKING:
+    from .core import Core, Session
+
+
+def install(core: Core) -> None:
+    from .core import Method
+
+    def status(session: Session, req: Empty) -> dict[str, Any]:
+        return core.status()
+
+    def advance(session: Session, req: Advance) -> float:
+        if not core.clock.is_test:
+            raise InvalidError("clock.advance: this store runs on the real clock (open it with clock=datetime)")
+        core.clock.advance(req.seconds)
+        return core.clock.now()
+
+    def now(session: Session, req: Empty) -> float:
+        return core.clock.now()
+
+    def stop(session: Session, req: Stop) -> bool:
+        core.stop_requested.set()
+        return True
+
+    def ping(session: Session, req: Empty) -> bool:
+        return True
+
+    core.register(Method("store.status", Empty, status))
+    core.register(Method("store.ping", Empty, ping))
+    core.register(Method("clock.advance", Advance, advance, write=True, admin=True))
+    core.register(Method("clock.now", Empty, now))
+    core.register(Method("store.stop", Stop, stop, write=True, admin=True))
+    sql_methods.install(core)
+    for name in ("channel_methods", "lock_methods", "job_methods"):
+        try:
+            module = __import__(f"{__package__}.{name}", fromlist=["install"])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{name}":
+                raise
+            continue
+        module.install(core)

@@ -1,0 +1,94 @@
+"""SQL methods: ``sql.open``, ``sql.exec``, ``sql.query``, ``sql.begin``, ``sql.commit``, ``sql.rollback``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from ..engines.sql import SqlTx
+from ..errors import ClosedError, InvalidError, PermissionDeniedError
+from ..protocol.sql import Begin, Exec, OpenDb, Opened, Query, TxRef
+
+if TYPE_CHECKING:
+    from .core import Core, Session
+
+
+def install(core: Core) -> None:
+    from .core import Method
+
+    engine = core.sql
+
+    def own_tx(session: Session, tx_id: int) -> SqlTx:
+        tx = engine.transactions.get(tx_id)
+        if tx is None or tx_id not in session.transactions:
+            raise ClosedError(f"transaction {tx_id} is not open (it ended, timed out, or belongs to another client)")
+        return tx
+
+    async def open_db(session: Session, req: OpenDb) -> Opened:
+        migrations = [(m.name, m.text) for m in req.migrations]
+        if migrations and session.capability != "admin" and req.db in engine.databases:
+            pass  # the engine refuses below only when a migration would be applied
+        if migrations and session.capability != "admin":
+            db, applied = await engine.open(req.db, [])
+            known = {r[0]: r[1] for r in (await db.read("select name, text from _tinystore_migrations", [])).rows}
+            if any(name not in known or known[name] != text for name, text in migrations):
+                raise PermissionDeniedError(f"database {req.db}: running migrations needs the admin capability")
+            return Opened(db=req.db, applied=[], path=str(db.path))
+        db, applied = await engine.open(req.db, migrations)
+        return Opened(db=req.db, applied=applied, path=str(db.path))
+
+    def exec_(session: Session, req: Exec) -> Any:
+        if req.tx:
+            return own_tx(session, req.tx).exec(req.sql, req.params)
+        return engine.get(req.db).write(req.sql, req.params)
+
+    def query(session: Session, req: Query) -> Any:
+        if req.mode not in ("all", "one", "scalar"):
+            raise InvalidError(f"sql.query: mode {req.mode!r} is not all, one or scalar")
+        if req.tx:
+            return own_tx(session, req.tx).query(req.sql, req.params, req.mode)
+        return engine.get(req.db).read(req.sql, req.params, req.mode)
+
+    async def begin(session: Session, req: Begin) -> int:
+        db = engine.get(req.db)
+        fut = db.begin(session, req.read_only)
+        try:
+            tx = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(lambda f: f.exception() or f.result().rollback())
+            raise
+        if session.closed:
+            tx.rollback()
+            raise ClosedError("the session closed while the transaction began")
+        session.transactions.add(tx.id)
+        return tx.id
+
+    async def commit(session: Session, req: TxRef) -> None:
+        tx = own_tx(session, req.tx)
+        try:
+            await tx.commit()
+        finally:
+            session.transactions.discard(tx.id)
+        for hook in tx.after_commit:
+            hook()
+
+    async def rollback(session: Session, req: TxRef) -> None:
+        tx = engine.transactions.get(req.tx)
+        session.transactions.discard(req.tx)
+        if tx is not None and tx.owner is session:
+            await tx.rollback()
+
+    def on_close(session: Session) -> None:
+        for tx_id in list(session.transactions):
+            tx = engine.transactions.get(tx_id)
+            if tx is not None:
+                tx.abort(ClosedError(f"transaction {tx_id}: its client went away"))
+        session.transactions.clear()
+
+    core.session_close_hooks.append(on_close)
+    core.register(Method("sql.open", OpenDb, open_db))
+    core.register(Method("sql.exec", Exec, exec_, write=True))
+    core.register(Method("sql.query", Query, query))
+    core.register(Method("sql.begin", Begin, begin))
+    core.register(Method("sql.commit", TxRef, commit, write=True))
+    core.register(Method("sql.rollback", TxRef, rollback))
