@@ -37,12 +37,25 @@ from workloads import (
 SYSTEMS = ["tinystore_embedded", "tinystore_sidecar", "redis", "original_embedded", "original_sidecar"]
 GOAL = "sidecar delivery rate >= Redis's and >= original's, p99 no worse"
 CHECKS = [
-    (f"sidecar delivery ({n} sub) >= {peer}", "tinystore_sidecar", f"delivered_{n}", peer, f"delivered_{n}", 1.0)
+    (
+        f"sidecar delivery ({n} sub) >= {peer}",
+        "tinystore_sidecar",
+        f"delivered_{n}",
+        peer,
+        f"delivered_{n}",
+        1.0,
+    )
     for peer in ("redis", "original_sidecar")
     for n in SUBSCRIBERS
 ] + [
-    (f"sidecar p99 latency ({n} sub) <= {peer}", "tinystore_sidecar", f"latency_{n}_p99_us", peer,
-     f"latency_{n}_p99_us", 1.0)
+    (
+        f"sidecar p99 latency ({n} sub) <= {peer}",
+        "tinystore_sidecar",
+        f"latency_{n}_p99_us",
+        peer,
+        f"latency_{n}_p99_us",
+        1.0,
+    )
     for peer in ("redis", "original_sidecar")
     for n in SUBSCRIBERS
 ]
@@ -123,11 +136,19 @@ async def redis_load(server: RedisServer, sizes: Sizes) -> dict[str, Any]:
         await client.ping()
         await delivery(RedisBranch(client, "warmup"), 1, sizes.warmup)
         for n in SUBSCRIBERS:
-            await soft(results, f"delivered_{n}", delivery(RedisBranch(client, f"rate-{n}"), n, sizes.seconds),
-                       timeout)
+            await soft(
+                results,
+                f"delivered_{n}",
+                delivery(RedisBranch(client, f"rate-{n}"), n, sizes.seconds),
+                timeout,
+            )
         for n in SUBSCRIBERS:
-            await soft(results, f"latency_{n}", latency(RedisBranch(client, f"latency-{n}"), n, sizes.seconds),
-                       timeout)
+            await soft(
+                results,
+                f"latency_{n}",
+                latency(RedisBranch(client, f"latency-{n}"), n, sizes.seconds),
+                timeout,
+            )
         with temp_dir() as directory:
             async with aiosqlite.connect(directory / "live.db") as db:
                 for statement in ("pragma journal_mode=wal", "pragma synchronous=full", LIVE_TABLE):
@@ -136,14 +157,20 @@ async def redis_load(server: RedisServer, sizes: Sizes) -> dict[str, Any]:
                 for callers in LIVE_CALLERS:
                     name = f"live-{callers}"
 
-                    async def commit_and_publish(started_ns: int, name: str = name, chat_id: int = callers) -> None:
+                    async def commit_and_publish(
+                        started_ns: int, name: str = name, chat_id: int = callers
+                    ) -> None:
                         cursor = await db.execute(LIVE_INSERT, (chat_id, "hello"))
                         row_id = cursor.lastrowid or 0
                         await db.commit()
                         await client.publish(name, live_value(started_ns, row_id))
 
-                    await soft(results, f"live_{callers}",
-                               live_updates(RedisBranch(client, name), commit_and_publish, callers, sizes), timeout)
+                    await soft(
+                        results,
+                        f"live_{callers}",
+                        live_updates(RedisBranch(client, name), commit_and_publish, callers, sizes),
+                        timeout,
+                    )
     finally:
         await client.aclose()
     return results

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -62,12 +63,18 @@ class Sizes:
 def parse_args(description: str, systems: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="a short run for CI smoke (under ~60 s)")
-    parser.add_argument("--only", default="", help=f"comma-separated systems to run, of: {', '.join(systems)}")
+    parser.add_argument(
+        "--only", default="", help=f"comma-separated systems to run, of: {', '.join(systems)}"
+    )
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default: 1 with --quick, else 3)")
     parser.add_argument("--seconds", type=float, default=None, help="seconds of one timed phase")
     parser.add_argument("--out", default="", help="also write the JSON to this file")
-    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
-                        help="the event loop of every system (default: uvloop when installed)")
+    parser.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the event loop of every system (default: uvloop when installed)",
+    )
     args = parser.parse_args()
     chosen = [s for s in args.only.split(",") if s] or systems
     unknown = [s for s in chosen if s not in systems]
@@ -87,7 +94,7 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
 
 
 def use_uvloop(wanted: str | None = None) -> str:
-    """Runs every system of a benchmark on the same loop: uvloop when installed (tinystore uses it), else asyncio.
+    """Runs every system on the same loop: uvloop when installed (tinystore uses it), else asyncio.
 
     The choice goes to the original's subprocess through BENCH_LOOP.
     """
@@ -114,7 +121,9 @@ def machine() -> dict[str, Any]:
 # ---------------------------------------------------------------- timing
 
 
-async def rate(op: Callable[[int], Awaitable[object]], callers: int, seconds: float, warmup: float = 0.0) -> float:
+async def rate(
+    op: Callable[[int], Awaitable[object]], callers: int, seconds: float, warmup: float = 0.0
+) -> float:
     """Calls per second of `op(caller_index)`, run back to back by `callers` concurrent tasks.
 
     Warm-up calls are not counted. The rate is completed calls over the time until the last caller ended.
@@ -125,7 +134,9 @@ async def rate(op: Callable[[int], Awaitable[object]], callers: int, seconds: fl
     return count / elapsed if elapsed > 0 else 0.0
 
 
-async def _run_callers(op: Callable[[int], Awaitable[object]], callers: int, seconds: float) -> tuple[int, float]:
+async def _run_callers(
+    op: Callable[[int], Awaitable[object]], callers: int, seconds: float
+) -> tuple[int, float]:
     counts = [0] * callers
     start = time.perf_counter()
     deadline = start + seconds
@@ -138,6 +149,34 @@ async def _run_callers(op: Callable[[int], Awaitable[object]], callers: int, sec
         counts[i] = n
 
     await asyncio.gather(*(caller(i) for i in range(callers)))
+    return sum(counts), time.perf_counter() - start
+
+
+def thread_rate(fn: Callable[[int], object], threads: int, seconds: float, warmup: float = 0.0) -> float:
+    """Calls per second of the blocking `fn(thread_index)`, run back to back by `threads` threads."""
+    if warmup > 0:
+        _run_threads(fn, threads, warmup)
+    count, elapsed = _run_threads(fn, threads, seconds)
+    return count / elapsed if elapsed > 0 else 0.0
+
+
+def _run_threads(fn: Callable[[int], object], threads: int, seconds: float) -> tuple[int, float]:
+    counts = [0] * threads
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    def caller(i: int) -> None:
+        n = 0
+        while time.perf_counter() < deadline:
+            fn(i)
+            n += 1
+        counts[i] = n
+
+    pool = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
     return sum(counts), time.perf_counter() - start
 
 
@@ -162,10 +201,10 @@ def latency_summary(seconds: list[float], prefix: str) -> dict[str, float | None
 # ---------------------------------------------------------------- running systems softly
 
 
-async def soft(results: dict[str, Any], name: str, coro: Awaitable[Any], timeout: float) -> None:
+async def soft(results: dict[str, Any], name: str, coro: Awaitable[Any], within: float) -> None:
     """Awaits one measured case into results[name]; a failure or a hang is recorded, never raised."""
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within):
             value = await coro
     except Exception as exc:  # a peer or our own package not working yet: measure the rest
         log(f"  {name}: {error_text(exc)}")
@@ -173,7 +212,7 @@ async def soft(results: dict[str, Any], name: str, coro: Awaitable[Any], timeout
             traceback.print_exc(file=sys.stderr)
         results.setdefault("errors", {})[name] = error_text(exc)
         return
-    if isinstance(value, float):
+    if isinstance(value, float) and abs(value) >= 10:
         value = round(value, 1)
     if isinstance(value, dict):
         results.update(value)
@@ -192,7 +231,8 @@ def median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in rounds if key in r]
         numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
         if numbers and len(numbers) == len(values):
-            merged[key] = round(statistics.median(numbers), 1)
+            middle = statistics.median(numbers)
+            merged[key] = round(middle, 1) if abs(middle) >= 10 else middle
         elif key == "errors":
             errors: dict[str, str] = {}
             for v in values:
@@ -324,7 +364,7 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A redis-server of this run: 127.0.0.1 on a free port and a unix socket, no persistence; stop() ends it."""
+    """A redis-server of this run: 127.0.0.1 on a free port and a unix socket, no persistence."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -337,19 +377,30 @@ class RedisServer:
         exe = shutil.which("redis-server")
         if not exe:
             raise RuntimeError("redis-server is not installed: run bash bench/setup.sh")
-        self.version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+        self.version = subprocess.run(
+            [exe, "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip()
         self.process = subprocess.Popen(
             [
                 exe,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--unixsocket", self.unix_socket,
-                "--unixsocketperm", "700",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(self.directory),
-                "--daemonize", "no",
-                "--loglevel", "warning",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--unixsocket",
+                self.unix_socket,
+                "--unixsocketperm",
+                "700",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -382,7 +433,11 @@ class RedisServer:
             self.process.wait(5)
 
     def describe(self) -> dict[str, Any]:
-        return {"version": self.version, "transport": "unix socket", "persistence": "none (--save '' --appendonly no)"}
+        return {
+            "version": self.version,
+            "transport": "unix socket",
+            "persistence": "none (--save '' --appendonly no)",
+        }
 
 
 @contextlib.contextmanager
@@ -413,25 +468,32 @@ def import_ours() -> Any:
     return tinystore
 
 
-async def run_original(bench: str, mode: str, sizes: Sizes, timeout: float) -> dict[str, Any]:
+async def run_original(bench: str, mode: str, sizes: Sizes, within: float) -> dict[str, Any]:
     """Runs bench/peers/original.py under bench/.venv-orig for one mode; its JSON, or an error/unavailable."""
     if not ORIG_PYTHON.exists():
         return {"unavailable": f"{ORIG_PYTHON} is missing: run bash bench/setup.sh"}
     argv = [
-        str(ORIG_PYTHON), str(ORIG_SCRIPT), bench, "--mode", mode,
-        "--seconds", str(sizes.seconds), "--warmup", str(sizes.warmup),
+        str(ORIG_PYTHON),
+        str(ORIG_SCRIPT),
+        bench,
+        "--mode",
+        mode,
+        "--seconds",
+        str(sizes.seconds),
+        "--warmup",
+        str(sizes.warmup),
     ]
     if sizes.quick:
         argv.append("--quick")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=None, env=env)
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within):
             out, _ = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()
-        return {"error": f"original.py {bench} {mode} took over {timeout:.0f} s"}
+        return {"error": f"original.py {bench} {mode} took over {within:.0f} s"}
     try:
         result: dict[str, Any] = json.loads(out.decode() or "null")
     except json.JSONDecodeError:
@@ -443,7 +505,7 @@ async def run_original(bench: str, mode: str, sizes: Sizes, timeout: float) -> d
 
 @contextlib.asynccontextmanager
 async def open_store(ts: Any, mode: str, prefix: str = "tsb-") -> AsyncIterator[Any]:
-    """A store of tinystore module `ts` (ours or the original: same open()) in a fresh dir, closed and stopped after.
+    """A store of module `ts` (ours or the original: same open()) in a fresh dir, closed and stopped after.
 
     mode: "embedded" (`open(dir, embedded=True)`) or "sidecar" (`open(dir)`, its sidecar stopped at the end).
     """
@@ -492,8 +554,10 @@ def run_benchmark(
     loop = use_uvloop(args.loop)
     started = time.perf_counter()
 
-    async def rounds() -> dict[str, list[dict[str, Any]]]:
-        seen: dict[str, list[dict[str, Any]]] = {s: [] for s in args.systems}
+    seen: dict[str, list[dict[str, Any]]] = {s: [] for s in args.systems}
+    aborted = ""
+
+    async def rounds() -> None:
         for r in range(sizes.rounds):
             for system in args.systems:
                 if any("error" in x or "unavailable" in x for x in seen[system]):
@@ -507,10 +571,13 @@ def run_benchmark(
                         traceback.print_exc(file=sys.stderr)
                     result = {"error": error_text(exc)}
                 seen[system].append(result)
-        return seen
 
-    seen = asyncio.run(rounds())
-    results = {system: median_of_rounds(rs) for system, rs in seen.items()}
+    try:
+        asyncio.run(rounds())
+    except BaseException as exc:  # interrupted or broken: still print what was measured
+        traceback.print_exc(file=sys.stderr)
+        aborted = error_text(exc) or type(exc).__name__
+    results = {system: median_of_rounds(rs) for system, rs in seen.items() if rs}
     peers = [s for s in args.systems if s not in OURS]
     report = {
         "benchmark": name,
@@ -527,4 +594,8 @@ def run_benchmark(
         "note": "ratios are ours / peer (for *_us latencies, below 1 is better); absolute figures are of a "
         "shared, noisy machine: quote the ratios",
     }
+    if aborted:
+        report["aborted"] = aborted
     emit(report, args.out)
+    if aborted:
+        sys.exit(1)

@@ -22,21 +22,43 @@ from workloads import CONTENDERS, LOCK_CALLERS, case_timeout, handover, measure_
 SYSTEMS = ["tinystore_embedded", "tinystore_sidecar", "redis_lock", "original_embedded", "original_sidecar"]
 GOAL = "locks: >= 1.5x the original's rate and above Redis's"
 REDIS_SLEEP = 0.001
-CHECKS = [
-    (f"{mode} hold/release ({n} callers) >= 1.5x original {mode}", f"tinystore_{mode}", f"hold_release_{n}",
-     f"original_{mode}", f"hold_release_{n}", 1.5)
-    for mode in ("embedded", "sidecar")
-    for n in LOCK_CALLERS
-] + [
-    (f"{mode} hold/release ({n} callers) > redis Lock", f"tinystore_{mode}", f"hold_release_{n}", "redis_lock",
-     f"hold_release_{n}", 1.0)
-    for mode in ("embedded", "sidecar")
-    for n in LOCK_CALLERS
-] + [
-    (f"{mode} hand-overs/s >= 1.5x original {mode}", f"tinystore_{mode}", "handovers", f"original_{mode}",
-     "handovers", 1.5)
-    for mode in ("embedded", "sidecar")
-]
+CHECKS = (
+    [
+        (
+            f"{mode} hold/release ({n} callers) >= 1.5x original {mode}",
+            f"tinystore_{mode}",
+            f"hold_release_{n}",
+            f"original_{mode}",
+            f"hold_release_{n}",
+            1.5,
+        )
+        for mode in ("embedded", "sidecar")
+        for n in LOCK_CALLERS
+    ]
+    + [
+        (
+            f"{mode} hold/release ({n} callers) > redis Lock",
+            f"tinystore_{mode}",
+            f"hold_release_{n}",
+            "redis_lock",
+            f"hold_release_{n}",
+            1.0,
+        )
+        for mode in ("embedded", "sidecar")
+        for n in LOCK_CALLERS
+    ]
+    + [
+        (
+            f"{mode} hand-overs/s >= 1.5x original {mode}",
+            f"tinystore_{mode}",
+            "handovers",
+            f"original_{mode}",
+            "handovers",
+            1.5,
+        )
+        for mode in ("embedded", "sidecar")
+    ]
+)
 
 
 async def measure(system: str, sizes: Sizes) -> dict[str, Any]:
@@ -53,7 +75,7 @@ async def redis_lock_load(server: RedisServer, sizes: Sizes) -> dict[str, Any]:
     import redis
     import redis.asyncio as aioredis
 
-    results: dict[str, Any] = {"version": f"redis-py {redis.__version__}, {server.version}", "sleep": REDIS_SLEEP}
+    results: dict[str, Any] = {"version": f"redis-py {redis.__version__}, {server.version}"}
     client = aioredis.Redis(unix_socket_path=server.unix_socket)
     try:
         await client.ping()
@@ -63,8 +85,12 @@ async def redis_lock_load(server: RedisServer, sizes: Sizes) -> dict[str, Any]:
                 pass
 
         for callers in LOCK_CALLERS:
-            await soft(results, f"hold_release_{callers}", rate(cycle, callers, sizes.seconds, sizes.warmup),
-                       case_timeout(sizes))
+            await soft(
+                results,
+                f"hold_release_{callers}",
+                rate(cycle, callers, sizes.seconds, sizes.warmup),
+                case_timeout(sizes),
+            )
 
         def hold() -> Any:
             return client.lock("hot", timeout=30, sleep=REDIS_SLEEP, blocking_timeout=60)
@@ -90,6 +116,10 @@ if __name__ == "__main__":
             "handovers": "holds per second of one key taken in turn by 8 tasks",
             "handover_pXX_us": "a holder's block end to the next holder's block start, microseconds",
         },
-        params={"callers": list(LOCK_CALLERS), "contenders": CONTENDERS, "ttl": "30s",
-                "redis_lock": {"timeout": 30, "sleep": REDIS_SLEEP}},
+        params={
+            "callers": list(LOCK_CALLERS),
+            "contenders": CONTENDERS,
+            "ttl": "30s",
+            "redis_lock": {"timeout": 30, "sleep": REDIS_SLEEP},
+        },
     )

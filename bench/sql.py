@@ -30,22 +30,70 @@ GOAL = (
     "with 32 callers >= 2x aiosqlite and >= 2x original sidecar"
 )
 CHECKS = [
-    ("embedded point reads (1 caller) >= 3x aiosqlite", "tinystore_embedded", "point_read_1", "aiosqlite",
-     "point_read_1", 3.0),
-    ("embedded point reads (32 callers) >= 3x aiosqlite", "tinystore_embedded", "point_read_32", "aiosqlite",
-     "point_read_32", 3.0),
-    ("embedded point reads (1 caller) >= 3x original embedded", "tinystore_embedded", "point_read_1",
-     "original_embedded", "point_read_1", 3.0),
-    ("embedded point reads (32 callers) >= 3x original embedded", "tinystore_embedded", "point_read_32",
-     "original_embedded", "point_read_32", 3.0),
-    ("sidecar point reads (32 callers) >= 2x aiosqlite", "tinystore_sidecar", "point_read_32", "aiosqlite",
-     "point_read_32", 2.0),
-    ("sidecar inserts (32 callers) >= 2x aiosqlite", "tinystore_sidecar", "insert_32", "aiosqlite",
-     "insert_32", 2.0),
-    ("sidecar point reads (32 callers) >= 2x original sidecar", "tinystore_sidecar", "point_read_32",
-     "original_sidecar", "point_read_32", 2.0),
-    ("sidecar inserts (32 callers) >= 2x original sidecar", "tinystore_sidecar", "insert_32",
-     "original_sidecar", "insert_32", 2.0),
+    (
+        "embedded point reads (1 caller) >= 3x aiosqlite",
+        "tinystore_embedded",
+        "point_read_1",
+        "aiosqlite",
+        "point_read_1",
+        3.0,
+    ),
+    (
+        "embedded point reads (32 callers) >= 3x aiosqlite",
+        "tinystore_embedded",
+        "point_read_32",
+        "aiosqlite",
+        "point_read_32",
+        3.0,
+    ),
+    (
+        "embedded point reads (1 caller) >= 3x original embedded",
+        "tinystore_embedded",
+        "point_read_1",
+        "original_embedded",
+        "point_read_1",
+        3.0,
+    ),
+    (
+        "embedded point reads (32 callers) >= 3x original embedded",
+        "tinystore_embedded",
+        "point_read_32",
+        "original_embedded",
+        "point_read_32",
+        3.0,
+    ),
+    (
+        "sidecar point reads (32 callers) >= 2x aiosqlite",
+        "tinystore_sidecar",
+        "point_read_32",
+        "aiosqlite",
+        "point_read_32",
+        2.0,
+    ),
+    (
+        "sidecar inserts (32 callers) >= 2x aiosqlite",
+        "tinystore_sidecar",
+        "insert_32",
+        "aiosqlite",
+        "insert_32",
+        2.0,
+    ),
+    (
+        "sidecar point reads (32 callers) >= 2x original sidecar",
+        "tinystore_sidecar",
+        "point_read_32",
+        "original_sidecar",
+        "point_read_32",
+        2.0,
+    ),
+    (
+        "sidecar inserts (32 callers) >= 2x original sidecar",
+        "tinystore_sidecar",
+        "insert_32",
+        "original_sidecar",
+        "insert_32",
+        2.0,
+    ),
 ]
 PRAGMAS = ("pragma journal_mode=wal", "pragma synchronous=full")
 
@@ -115,11 +163,19 @@ async def sqlite3_load(sizes: Sizes) -> dict[str, Any]:
 
 async def run_cases(results: dict[str, Any], read: Any, insert: Any, sizes: Sizes) -> None:
     for callers in SQL_CALLERS:
-        await soft(results, f"point_read_{callers}", rate(read, callers, sizes.seconds, sizes.warmup),
-                   case_timeout(sizes))
+        await soft(
+            results,
+            f"point_read_{callers}",
+            rate(read, callers, sizes.seconds, sizes.warmup),
+            case_timeout(sizes),
+        )
     for callers in SQL_CALLERS:
-        await soft(results, f"insert_{callers}", rate(insert, callers, sizes.seconds, sizes.warmup),
-                   case_timeout(sizes))
+        await soft(
+            results,
+            f"insert_{callers}",
+            rate(insert, callers, sizes.seconds, sizes.warmup),
+            case_timeout(sizes),
+        )
 
 
 if __name__ == "__main__":
@@ -130,7 +186,10 @@ if __name__ == "__main__":
         measure,
         goal=GOAL,
         checks=CHECKS,
-        units={"point_read_N": "ops/s with N concurrent callers", "insert_N": "ops/s with N concurrent callers"},
+        units={
+            "point_read_N": "ops/s with N concurrent callers",
+            "insert_N": "ops/s with N concurrent callers",
+        },
         params={
             "rows": ROWS,
             "callers": list(SQL_CALLERS),

@@ -86,11 +86,19 @@ async def sql_load(store: Any, sizes: Sizes, flavor: Flavor) -> dict[str, Any]:
         await db.exec(INSERT, "row", i)
 
     for callers in SQL_CALLERS:
-        await soft(results, f"point_read_{callers}", rate(read, callers, sizes.seconds, sizes.warmup),
-                   case_timeout(sizes))
+        await soft(
+            results,
+            f"point_read_{callers}",
+            rate(read, callers, sizes.seconds, sizes.warmup),
+            case_timeout(sizes),
+        )
     for callers in SQL_CALLERS:
-        await soft(results, f"insert_{callers}", rate(insert, callers, sizes.seconds, sizes.warmup),
-                   case_timeout(sizes))
+        await soft(
+            results,
+            f"insert_{callers}",
+            rate(insert, callers, sizes.seconds, sizes.warmup),
+            case_timeout(sizes),
+        )
     return results
 
 
@@ -113,15 +121,15 @@ def sent_at(value: str) -> int:
 
 
 class Listeners:
-    """Counts what n subscribers got, and when the last delivery came."""
+    """Counts what n subscribers got, and when the last delivery came; wakes who waits for a level."""
 
     def __init__(self, n: int) -> None:
         self.got = [0] * n
         self.missed = [0] * n
         self.last = 0.0
         self.latencies: list[float] | None = None
-        self.waiting: asyncio.Event | None = None
-        self.target = 0
+        self.progress = asyncio.Event()
+        self.need: int | None = None  # the lowest level someone waits for
 
     def handler(self, i: int) -> Any:
         def on_message(m: Any) -> None:
@@ -129,27 +137,36 @@ class Listeners:
             self.last = time.perf_counter()
             if self.latencies is not None:
                 self.latencies.append((time.perf_counter_ns() - sent_at(m.value)) / 1e9)
-            if self.waiting is not None and self.handled_min() >= self.target:
-                self.waiting.set()
+            self._wake()
 
         return on_message
 
     def on_missed(self, i: int) -> Any:
         def missed(notice: Any) -> None:
             self.missed[i] += getattr(notice, "count", None) or 0
+            self._wake()
 
         return missed
 
     def handled_min(self) -> int:
+        """Messages every subscriber has had (handled or told missed)."""
         return min(g + m for g, m in zip(self.got, self.missed, strict=True))
 
-    async def until(self, target: int, timeout: float) -> None:
-        self.target = target
-        self.waiting = asyncio.Event()
-        if self.handled_min() < target:
-            async with asyncio.timeout(timeout):
-                await self.waiting.wait()
-        self.waiting = None
+    def _wake(self) -> None:
+        if self.need is not None and self.handled_min() >= self.need:
+            self.need = None
+            self.progress.set()
+
+    async def reach(self, level: int) -> None:
+        """Returns once every subscriber has had `level` messages."""
+        while self.handled_min() < level:
+            self.need = level if self.need is None else min(self.need, level)
+            self.progress.clear()
+            await self.progress.wait()
+
+    async def until(self, level: int, within: float) -> None:
+        async with asyncio.timeout(within):
+            await self.reach(level)
 
 
 async def subscribed(branch: Any, n: int) -> tuple[Listeners, list[Any]]:
@@ -159,7 +176,7 @@ async def subscribed(branch: Any, n: int) -> tuple[Listeners, list[Any]]:
 
 
 async def delivery(branch: Any, n: int, seconds: float) -> dict[str, Any]:
-    """Publishers publish 64-byte values for `seconds`, never more than WINDOW ahead of the slowest subscriber."""
+    """Publishers send 64-byte values for `seconds`, at most WINDOW ahead of the slowest subscriber."""
     listeners, subs = await subscribed(branch, n)
     published = 0
     start = time.perf_counter()
@@ -168,8 +185,7 @@ async def delivery(branch: Any, n: int, seconds: float) -> dict[str, Any]:
     async def publisher() -> None:
         nonlocal published
         while time.perf_counter() < deadline:
-            while published - listeners.handled_min() >= WINDOW:
-                await asyncio.sleep(0.0005)
+            await listeners.reach(published + 1 - WINDOW)
             published += 1
             await branch.publish(stamped())
 
@@ -219,7 +235,8 @@ async def channels_load(store: Any, sizes: Sizes, flavor: Flavor) -> dict[str, A
     events = store.channel("live")
     for callers in LIVE_CALLERS:
         commit = tinystore_commit_and_publish(db, events, callers)
-        await soft(results, f"live_{callers}", live_updates(events.under(callers), commit, callers, sizes), timeout)
+        live = live_updates(events.under(callers), commit, callers, sizes)
+        await soft(results, f"live_{callers}", live, timeout)
     return results
 
 
@@ -291,10 +308,18 @@ async def locks_load(store: Any, sizes: Sizes, flavor: Flavor) -> dict[str, Any]
                 raise RuntimeError("hold gave no lease")
 
     for callers in LOCK_CALLERS:
-        await soft(results, f"hold_release_{callers}", rate(cycle, callers, sizes.seconds, sizes.warmup),
-                   case_timeout(sizes))
-    await soft(results, "handover", handover(lambda: lock.hold("hot", wait="60s"), sizes.seconds),
-               case_timeout(sizes))
+        await soft(
+            results,
+            f"hold_release_{callers}",
+            rate(cycle, callers, sizes.seconds, sizes.warmup),
+            case_timeout(sizes),
+        )
+    await soft(
+        results,
+        "handover",
+        handover(lambda: lock.hold("hot", wait="60s"), sizes.seconds),
+        case_timeout(sizes),
+    )
     return results
 
 

@@ -12,8 +12,8 @@ which this script stops at the end (`tinystore stop DIR`, then by pid).
 from __future__ import annotations
 
 import argparse
-import json
 import asyncio
+import json
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -21,10 +21,10 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # bench/, after site-packages
 
-import tinystore  # noqa: E402  (the original's, from this venv)
-from common import Sizes, error_text, log, open_store, use_uvloop  # noqa: E402
-from workloads import LOADS, OriginalFlavor  # noqa: E402
+from common import Sizes, error_text, log, open_store, use_uvloop
+from workloads import LOADS, OriginalFlavor
 
+import tinystore
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -42,7 +42,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("bench", choices=sorted(LOADS))
     parser.add_argument("--mode", choices=("embedded", "sidecar"), required=True)
     parser.add_argument("--seconds", type=float, default=None)

@@ -50,8 +50,17 @@ class FakePeer:
         self.missed: dict[int, int] = {}
         self.notices: dict[int, list[int]] = {}
         self.granted: dict[int, int] = {}  # all credit ever given per subscription
+        self.errors: list[AssertionError] = []
 
     def push(self, method: str, body: Delivery) -> None:
+        # the engine logs and swallows what a push raises, so a broken rule is recorded and checked on read
+        try:
+            self._receive(method, body)
+        except AssertionError as exc:
+            self.errors.append(exc)
+            raise
+
+    def _receive(self, method: str, body: Delivery) -> None:
         assert method == DELIVER
         assert not self.closed, "a closed peer got a push"
         assert body.items, "an empty delivery"
@@ -90,13 +99,19 @@ class FakePeer:
         self.granted[sub] = self.granted.get(sub, 0) + n
         self.engine.grant(self, sub, n)
 
+    def check(self) -> None:
+        assert not self.errors, self.errors
+
     def payloads(self, sub: int) -> list[bytes]:
+        self.check()
         return [m.payload for m in self.messages.get(sub, [])]
 
     def seqs(self, sub: int) -> list[int]:
+        self.check()
         return [m.seq for m in self.messages.get(sub, [])]
 
     def count(self, sub: int) -> int:
+        self.check()
         return len(self.messages.get(sub, [])) + self.missed.get(sub, 0)
 
 
@@ -376,6 +391,33 @@ async def test_recursive_resume_per_branch() -> None:
     assert again.payloads(resumed.sub) == [b"a3", b"a4", b"a5"]
     unsure = again.subscribe("ch", ("t",), recursive=True, after={("t", "a"): a[-1]})
     assert unsure.missed is None  # ("t", "b") has messages and no resume point: cannot tell
+
+
+# contract: CHAN-08
+async def test_a_recursive_listener_does_not_keep_idle_branches_forever() -> None:
+    clock = Clock(START)
+    eng = engine(clock, channel_linger=10.0)
+    peer = FakePeer(eng, auto_grant=True)
+    rec = peer.subscribe("ch", (), recursive=True).sub
+    slow = FakePeer(eng)
+    behind = slow.subscribe("ch", ("late",), recursive=True, credit=0).sub
+    for i in range(200):
+        eng.publish("ch", ("chat", str(i)), b"%d" % i)
+        if i % 32 == 31:
+            await asyncio.sleep(0)
+    eng.publish("ch", ("late",), b"unread")
+    await turn()
+    assert eng.status()["branches"] == 202  # the root, 200 chats, "late"
+    clock.advance(10)
+    clock.advance(10)  # two sweeps: each branch went a whole linger without a publish
+    assert eng.status()["branches"] == 1  # only "late" stays: its recursive listener has not read it yet
+    eng.publish("ch", ("chat", "7"), b"again")  # made again: heard from its first message
+    await turn()
+    assert peer.payloads(rec)[-1] == b"again"
+    assert peer.count(rec) == 202
+    slow.grant(behind, 1)
+    await turn()
+    assert slow.payloads(behind) == [b"unread"]
 
 
 # contract: CHAN-06
@@ -702,6 +744,10 @@ def test_property_delivered_plus_missed_equals_published(ops: list[tuple[object,
             assert peer.count(s) <= published_after[s]
             assert len(peer.messages[s]) <= peer.granted[s]
     for peer, s, _, _ in live:
+        while peer.count(s) < published_after[s]:  # one credit at a time: each grant must bring something
+            before = peer.count(s)
+            peer.grant(s, 1)
+            assert peer.count(s) > before, "a grant with messages pending delivered nothing"
         peer.grant(s, 10_000)
     for peer, s, _, _ in live:
         assert peer.count(s) == published_after[s], (s, peer.messages[s], peer.missed.get(s))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import msgspec
 
 from ..errors import ClosedError, InvalidError
+from ..engines.sql import check_params
 from ..names import check_name
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
 
@@ -41,12 +41,8 @@ def read_migrations(migrations: str | Path | list[tuple[str, str]] | None) -> li
 
 
 def check_values(db: str, params: tuple[Any, ...]) -> list[Any]:
-    for i, v in enumerate(params):
-        if isinstance(v, float) and math.isnan(v):
-            raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
-        if isinstance(v, int) and not isinstance(v, bool) and not -(1 << 63) <= v < (1 << 63):
-            raise InvalidError(f"database {db}: parameter {i + 1}: {v} does not fit in 64 bits")
-    return list(params)
+    """Refuse, before anything is sent, a value SQLite cannot hold (``InvalidError`` naming the parameter)."""
+    return check_params(db, params)
 
 
 def _split(name: str, args: tuple[Any, ...]) -> tuple[Any, str, tuple[Any, ...]]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import (
     ClosedError,
+    InvalidError,
     OutcomeUnknownError,
     ProtocolError,
     TinystoreError,
@@ -326,7 +327,10 @@ class RemoteTransport(Transport):
 
     async def call(self, method: str, request: Any, response_type: Any = Any, *, write: bool = False,
                    retry: bool = True) -> Any:
-        body = encode(request)
+        try:
+            body = encode(request)
+        except (TypeError, OverflowError) as exc:
+            raise InvalidError(f"{method}: a value cannot be sent: {exc}") from None
         while True:
             conn = self._conn
             if conn is None or self.closed:

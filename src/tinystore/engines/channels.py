@@ -79,6 +79,7 @@ class _Branch:
         "next_seq",
         "parts",
         "subs",
+        "touched",
         "wire",
     )
 
@@ -97,6 +98,7 @@ class _Branch:
         self.last_pub = _NEVER
         self.idle_token = 0
         self.dirty = False  # published to in this loop turn, not flushed yet
+        self.touched = True  # published to since the last sweep of recursively heard branches
         self.forgotten = False
 
     def first_held(self) -> int:
@@ -156,6 +158,7 @@ class ChannelsEngine:
         self._idle_heap: list[tuple[float, int, int, _Branch]] = []  # (deadline, ticket, idle_token, branch)
         self._timer: Timer | None = None
         self._timer_when = math.inf
+        self._sweep_timer: Timer | None = None  # runs every linger while recursive subscriptions exist
         self._pressure = False  # past half the total bound: keep _size_heap up to date
         self._watch = self._total_max // 2
         self._size_heap: list[tuple[int, int, _Branch]] = []  # (-nbytes, ticket, branch), lazily exact
@@ -220,6 +223,7 @@ class ChannelsEngine:
     def _append(self, b: _Branch, payload: bytes, size: int) -> Published:
         seq = b.next_seq
         b.next_seq = seq + 1
+        b.touched = True
         mid = self._prefix + str(seq)
         if not b.subs:
             now = self._clock.now()
@@ -305,6 +309,8 @@ class ChannelsEngine:
             missed = self._attach(sub, root, after is not None, resume.get(parts))
         else:
             self._recursive.setdefault(channel, {}).setdefault(parts, {})[sub] = None
+            if self._sweep_timer is None:
+                self._sweep_timer = self._clock.call_later(self._linger, self._sweep_recursive)
             depth = len(parts)
             for bparts, b in self._by_channel[channel].items():
                 if bparts[:depth] != parts:
@@ -469,6 +475,9 @@ class ChannelsEngine:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -640,6 +649,30 @@ class ChannelsEngine:
                 heapq.heappush(heap, (deadline, next(self._ticket), token, b))
         if heap:
             self._arm(heap[0][0])
+
+    def _sweep_recursive(self) -> None:
+        """Forget branches heard only by recursive subscriptions, all caught up, unpublished for a linger.
+
+        Nothing is lost (every listener was sent everything); a publish makes the branch again and the
+        recursive subscriptions hear it from its first message. This bounds the branches a long-lived
+        recursive subscription keeps alive.
+        """
+        self._sweep_timer = None
+        if self._closed:
+            return
+        for channel in list(self._recursive):
+            for b in list(self._by_channel.get(channel, {}).values()):
+                if b.touched or not b.subs:
+                    b.touched = False
+                    continue
+                if all(s.recursive and s.pos[b] == b.next_seq for s in b.subs):
+                    for s in b.subs:
+                        del s.pos[b]
+                        s.pending.pop(b, None)
+                    b.subs.clear()
+                    self._forget(b)
+        if self._recursive:
+            self._sweep_timer = self._clock.call_later(self._linger, self._sweep_recursive)
 
     def _forget(self, b: _Branch) -> None:
         b.forgotten = True

@@ -1,0 +1,135 @@
+"""Shared test helpers: start and stop stores in every way of reaching them, and server processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import tinystore
+from tinystore.server import paths
+
+ALL_MODES = ("embedded", "private", "sidecar", "tcp")
+
+
+class ServerProcess:
+    """A ``tinystore serve DIR`` in a child process, for crash, restart and TCP tests."""
+
+    def __init__(self, directory: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.directory = directory
+        self.args = list(args)
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> ServerProcess:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        log = (self.directory / "serve.log").open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tinystore", "serve", str(self.directory), *self.args],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = paths.read_address(self.directory)
+            if info and info.get("pid") == self.proc.pid and Path(info["socket"]).exists():
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {(self.directory / 'serve.log').read_text()[-2000:]}")
+            time.sleep(0.02)
+        raise RuntimeError("server did not start")
+
+    @property
+    def tcp(self) -> str:
+        info = paths.read_address(self.directory) or {}
+        return str(info["tcp"][0])
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(20)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def write_tokens(directory: Path) -> tuple[Path, str, str]:
+    """A tokens file with one admin and one data token; returns (path, admin, data)."""
+    admin, data = secrets.token_hex(16), secrets.token_hex(16)
+    path = directory / "tokens"
+    path.write_text(f"admin {admin}\ndata {data}\n")
+    return path, admin, data
+
+
+async def stop_sidecar(directory: Path) -> None:
+    """Stop whatever server owns ``directory`` and wait until it let go."""
+    info = paths.read_address(directory)
+    if not info:
+        return
+    pid = int(info["pid"])
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGTERM)
+    for _ in range(400):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        await asyncio.sleep(0.025)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.asynccontextmanager
+async def open_store(mode: str, directory: Path, *, clock: datetime | None = None,
+                     limits: tinystore.Limits | None = None, **kw: Any) -> AsyncIterator[tinystore.Store]:
+    """Open a store in ``mode`` (embedded, private, sidecar, tcp) and stop every server it started."""
+    server: ServerProcess | None = None
+    if mode == "embedded":
+        store = await tinystore.open(directory, embedded=True, clock=clock, limits=limits, **kw)
+    elif mode == "private":
+        store = await tinystore.open(directory, private=True, clock=clock, limits=limits, **kw)
+    elif mode == "sidecar":
+        assert clock is None, "a sidecar has no test clock"
+        store = await tinystore.open(directory, idle="5s", limits=limits, **kw)
+    elif mode == "tcp":
+        assert clock is None
+        tokens, admin, _ = write_tokens(directory.parent)
+        args = ["--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)]
+        if limits is not None:
+            args += ["--limits", limits.to_json()]
+        server = ServerProcess(directory, *args).start()
+        store = await tinystore.connect(server.tcp, token=admin)
+    else:
+        raise ValueError(mode)
+    try:
+        yield store
+    finally:
+        await store.close()
+        if mode == "sidecar":
+            await stop_sidecar(directory)
+        if server is not None:
+            server.stop()
+
+
+def drop_connection(store: tinystore.Store) -> None:
+    """Cut the store's connection as a network fault would (not for embedded stores)."""
+    abort = getattr(store.transport, "abort", None)
+    assert abort is not None, "an embedded store has no connection to drop"
+    abort()
