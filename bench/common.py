@@ -224,6 +224,7 @@ async def soft(results: dict[str, Any], name: str, coro: Awaitable[Any], within:
 def median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Merges one system's rounds: each numeric metric's median, errors and notes kept as seen."""
     merged: dict[str, Any] = {}
+    spread: dict[str, list[float]] = {}
     keys: list[str] = []
     for r in rounds:
         keys.extend(k for k in r if k not in keys)
@@ -233,6 +234,8 @@ def median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         if numbers and len(numbers) == len(values):
             middle = statistics.median(numbers)
             merged[key] = round(middle, 1) if abs(middle) >= 10 else middle
+            if len(numbers) > 1:
+                spread[key] = [min(numbers), max(numbers)]
         elif key == "errors":
             errors: dict[str, str] = {}
             for v in values:
@@ -242,6 +245,7 @@ def median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             merged[key] = values[-1]
     if len(rounds) > 1:
         merged["rounds"] = len(rounds)
+        merged["spread"] = spread  # each figure's lowest and highest of the rounds
     return merged
 
 
@@ -254,7 +258,7 @@ def ratios(results: dict[str, dict[str, Any]], peers: list[str]) -> dict[str, di
             shared = {}
             for key, value in a.items():
                 other = b.get(key)
-                if key == "rounds" or not _number(value) or not _number(other) or not other:
+                if key in ("rounds", "missed_1", "missed_16") or not _number(value) or not _number(other) or not other:
                     continue
                 shared[key] = round(value / other, 2)
             if shared:
@@ -559,7 +563,8 @@ def run_benchmark(
 
     async def rounds() -> None:
         for r in range(sizes.rounds):
-            for system in args.systems:
+            shift = r % len(args.systems)  # each round starts with another system
+            for system in args.systems[shift:] + args.systems[:shift]:
                 if any("error" in x or "unavailable" in x for x in seen[system]):
                     continue
                 log(f"[{name}] round {r + 1}/{sizes.rounds}: {system}")

@@ -25,7 +25,7 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 
 echo "setup: peer packages into $venv_python" >&2
-"$venv_python" -m pip install -q --disable-pip-version-check aiosqlite redis hiredis huey arq sse-starlette >&2
+"$venv_python" -m pip install -q --disable-pip-version-check aiosqlite redis hiredis huey arq sse-starlette uvloop >&2
 
 if [ ! -x "$py312" ]; then
     py312="$(command -v python3.12 || true)"

@@ -29,7 +29,9 @@ async def main(directory: str) -> None:
             chat = await tx.exec("insert into chats (title) values (?)", "hello")
             await tx.exec(
                 "insert into messages (chat_id, role, text, created_at) values (?, 'user', ?, ?)",
-                chat.last_insert_rowid, "Hi there!", time.time_ns() // 1_000_000,
+                chat.last_insert_rowid,
+                "Hi there!",
+                time.time_ns() // 1_000_000,
             )
             return chat.last_insert_rowid
 

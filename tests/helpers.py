@@ -35,7 +35,10 @@ class ServerProcess:
         log = (self.directory / "serve.log").open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tinystore", "serve", str(self.directory), *self.args],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=self.env,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -97,8 +100,9 @@ async def stop_sidecar(directory: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_store(mode: str, directory: Path, *, clock: datetime | None = None,
-                     limits: tinystore.Limits | None = None, **kw: Any) -> AsyncIterator[tinystore.Store]:
+async def open_store(
+    mode: str, directory: Path, *, clock: datetime | None = None, limits: tinystore.Limits | None = None, **kw: Any
+) -> AsyncIterator[tinystore.Store]:
     """Open a store in ``mode`` (embedded, private, sidecar, tcp) and stop every server it started."""
     server: ServerProcess | None = None
     if mode == "embedded":

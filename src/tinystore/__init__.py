@@ -8,8 +8,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .client.store import Store, connect, open
 from .client.sql import Database, SqlTx
+from .client.store import Store, connect, open
 from .errors import (
     ClosedError,
     ConflictError,

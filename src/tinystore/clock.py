@@ -122,12 +122,13 @@ class Clock:
         when = self._heap[0][0]
         if self._handle is not None and self._handle_when is not None and self._handle_when <= when:
             return
+        loop: asyncio.AbstractEventLoop | None
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = self._loop
-            if loop is None:
-                return
+        if loop is None:
+            return
         self._loop = loop
         if self._handle is not None:
             self._handle.cancel()

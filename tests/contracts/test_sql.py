@@ -16,7 +16,14 @@ from tinystore import ConflictError, InvalidError
 
 from ..helpers import open_store
 
-SCHEMA = [("001_init.sql", "create table t (id integer primary key, v);\ncreate table acct (id integer primary key, balance integer not null);\ninsert into acct values (1, 0);")]
+SCHEMA = [
+    (
+        "001_init.sql",
+        "create table t (id integer primary key, v);\n"
+        "create table acct (id integer primary key, balance integer not null);\n"
+        "insert into acct values (1, 0);",
+    )
+]
 
 
 async def db_of(store: tinystore.Store) -> tinystore.Database:
@@ -224,7 +231,9 @@ async def test_migrations_apply_once_in_order_and_refuse_changes(store: tinystor
     mig = tmp_path / "migrations"
     mig.mkdir()
     (mig / "002_b.sql").write_text("insert into log (step) values ('b');")
-    (mig / "001_a.sql").write_text("create table log (n integer primary key, step text);\ninsert into log (step) values ('a');")
+    (mig / "001_a.sql").write_text(
+        "create table log (n integer primary key, step text);\ninsert into log (step) values ('a');"
+    )
     db = await store.database("m", migrations=mig)
     assert [r["step"] for r in await db.all("select step from log order by n")] == ["a", "b"]
     await store.database("m", migrations=mig)  # again: nothing applied twice
@@ -241,7 +250,9 @@ async def test_migrations_apply_once_in_order_and_refuse_changes(store: tinystor
 # contract: SQL-05
 async def test_a_failing_migration_applies_nothing_of_itself(store: tinystore.Store) -> None:
     with pytest.raises(InvalidError) as info:
-        await store.database("m2", migrations=[("001.sql", "create table a (x);"), ("002.sql", "create table b (x);\nnot sql at all;")])
+        await store.database(
+            "m2", migrations=[("001.sql", "create table a (x);"), ("002.sql", "create table b (x);\nnot sql at all;")]
+        )
     assert "002.sql" in str(info.value)
     db = await store.database("m2")
     assert await db.scalar("select count(*) from sqlite_master where name = 'b'") == 0

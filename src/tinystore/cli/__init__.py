@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -21,20 +21,20 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+def run_async(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run ``fn()`` on uvloop when available; a TinyStore error prints ``error[code] message`` and exits 1."""
     try:
         try:
             import uvloop
 
-            return uvloop.run(fn())  # type: ignore[no-any-return]
+            return uvloop.run(fn())
         except ImportError:  # pragma: no cover
-            return asyncio.run(fn())  # type: ignore[arg-type]
+            return asyncio.run(fn())
     except TinystoreError as exc:
-        fail(exc)
+        return fail(exc)
 
 
-def fail(exc: TinystoreError) -> Any:
+def fail(exc: TinystoreError) -> NoReturn:
     err_console.print(f"[red]error[/red]: {exc.message}", highlight=False)
     sys.stderr.write(f"error[{exc.code}] {exc.message}\n")
     sys.exit(1)
@@ -79,9 +79,20 @@ def main() -> None:
 @click.option("--parent-pid", type=int, default=None, hidden=True)
 @click.option("--clock", default=None, hidden=True, help="Start a test clock at this ISO datetime.")
 @click.option("--limits", default=None, hidden=True, help="Limits as JSON.")
-def serve(directory: Path, listen: tuple[str, ...], tokens: str | None, tls_cert: str | None, tls_key: str | None,
-          durability: str, idle: str | None, sidecar: bool, private: bool, parent_pid: int | None,
-          clock: str | None, limits: str | None) -> None:
+def serve(
+    directory: Path,
+    listen: tuple[str, ...],
+    tokens: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    durability: str,
+    idle: str | None,
+    sidecar: bool,
+    private: bool,
+    parent_pid: int | None,
+    clock: str | None,
+    limits: str | None,
+) -> None:
     """Own DIRECTORY and serve it on its Unix socket (and on --listen addresses) until SIGTERM or `tinystore stop`."""
     import logging
 
@@ -138,7 +149,9 @@ async def _connect_dir(directory: Path) -> Any:
     try:
         await transport.connect()
     except UnavailableError:
-        raise UnavailableError(f"store {directory}: no server is running there (start one with `tinystore serve`)") from None
+        raise UnavailableError(
+            f"store {directory}: no server is running there (start one with `tinystore serve`)"
+        ) from None
     return Store(transport, mode="cli", directory=directory.resolve())
 
 
@@ -203,14 +216,23 @@ def status(directory: Path, as_json: bool) -> None:
     if as_json:
         click.echo(to_json(st))
         return
-    console.print(f"[bold]tinystore {st['version']}[/bold]  {st['directory']}  pid {st['pid']}  mode {st['mode']}  "
-                  f"up {st['uptime']:.1f}s  durability {st['durability']}", highlight=False)
+    console.print(
+        f"[bold]tinystore {st['version']}[/bold]  {st['directory']}  pid {st['pid']}  mode {st['mode']}  "
+        f"up {st['uptime']:.1f}s  durability {st['durability']}",
+        highlight=False,
+    )
     conns = st.get("connections", [])
-    print_table("connections", ["id", "name", "local", "capability", "calls"],
-                [[c["id"], c["name"], c["local"], c["capability"], c["calls"]] for c in conns])
+    print_table(
+        "connections",
+        ["id", "name", "local", "capability", "calls"],
+        [[c["id"], c["name"], c["local"], c["capability"], c["calls"]] for c in conns],
+    )
     dbs = st.get("databases", {})
-    print_table("databases", ["name", "path", "writes", "commits", "reads", "transactions"],
-                [[n, d["path"], d["writes"], d["commits"], d["reads"], d["transactions"]] for n, d in dbs.items()])
+    print_table(
+        "databases",
+        ["name", "path", "writes", "commits", "reads", "transactions"],
+        [[n, d["path"], d["writes"], d["commits"], d["reads"], d["transactions"]] for n, d in dbs.items()],
+    )
     for key in ("channels", "locks", "jobs"):
         if key in st:
             _print_engine(key, st[key])

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import msgspec
 
-from ..errors import ClosedError, InvalidError
 from ..engines.sql import check_params
+from ..errors import ClosedError, InvalidError
 from ..names import check_name
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
 
@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 R = TypeVar("R")
 
-_active: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.ContextVar("tinystore_tx", default=frozenset())
+_active: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.ContextVar(
+    "tinystore_tx", default=frozenset()
+)
 
 
 def read_migrations(migrations: str | Path | list[tuple[str, str]] | None) -> list[Migration]:
@@ -163,7 +165,7 @@ class Database(_Runner):
             raise
         _active.reset(token)
         await tx._commit()
-        return result  # type: ignore[return-value]
+        return result
 
 
 class SqlTx(_Runner):
@@ -223,7 +225,7 @@ class SqlTx(_Runner):
         self.ended = True
         try:
             await asyncio.shield(self.db.store._call("sql.rollback", TxRef(self.id), Any, retry=False))
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass  # the server rolls back on its own when the connection is gone or the tx timed out
 
 

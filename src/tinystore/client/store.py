@@ -13,7 +13,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from ..clock import Clock
@@ -24,6 +24,11 @@ from ..names import check_name
 from ..protocol.store import Advance, Empty, Stop
 from ..server import paths
 from .sql import Database, read_migrations
+
+if TYPE_CHECKING:
+    from .channels import Channel
+    from .jobs import Queue
+    from .locks import Lock, Semaphore
 from .transport import LocalTransport, RemoteTransport, Transport
 
 
@@ -56,8 +61,16 @@ class Store:
     """An open store. Get one with :func:`open` or :func:`connect`; close it with :meth:`close` or
     ``async with``. ``mode`` is ``"embedded"``, ``"private"``, ``"sidecar"`` or ``"remote"``."""
 
-    def __init__(self, transport: Transport, *, mode: str, directory: Path | None, core: Any = None,
-                 child: subprocess.Popen[bytes] | None = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        mode: str,
+        directory: Path | None,
+        core: Any = None,
+        child: subprocess.Popen[bytes] | None = None,
+        limits: Limits | None = None,
+    ) -> None:
         self.transport = transport
         self.mode = mode
         self.directory = directory
@@ -69,8 +82,9 @@ class Store:
         self._databases: dict[str, Database] = {}
         self._close_hooks: list[Any] = []
 
-    async def _call(self, method: str, request: Any, response_type: Any = Any, *, write: bool = False,
-                    retry: bool = True) -> Any:
+    async def _call(
+        self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
+    ) -> Any:
         return await self.transport.call(method, request, response_type, write=write, retry=retry)
 
     @property
@@ -89,6 +103,34 @@ class Store:
         await db._open(read_migrations(migrations))
         self._databases[name] = db
         return db
+
+    def channel(self, name: str, type: Any = None) -> Channel[Any]:
+        """The channel ``name`` carrying values of ``type`` (a dataclass, msgspec Struct, TypedDict, or a
+        plain JSON type; ``None`` for any JSON value). Raises ``InvalidError`` for a bad name."""
+        from .channels import Channel
+
+        return Channel(self, name, type)
+
+    def lock(self, name: str, ttl: Duration | None = None, max_hold: Duration | None = None) -> Lock:
+        """The lock ``name``: one holder of a key at a time (leases with fences). ``ttl``: 1 s .. 1 h,
+        10 s unless given. Raises ``InvalidError`` for a bad name or ttl."""
+        from .locks import Lock
+
+        return Lock(self, name, ttl=ttl, max_hold=max_hold)
+
+    def semaphore(
+        self, name: str, limit: int, ttl: Duration | None = None, max_hold: Duration | None = None
+    ) -> Semaphore:
+        """The semaphore ``name``: at most ``limit`` holders of a key at a time. Raises ``InvalidError``."""
+        from .locks import Semaphore
+
+        return Semaphore(self, name, limit=limit, ttl=ttl, max_hold=max_hold)
+
+    def queue(self, name: str, type: Any = None, **options: Any) -> Queue[Any]:
+        """The job queue ``name`` (see :class:`~tinystore.client.jobs.Queue` for the options)."""
+        from .jobs import Queue
+
+        return Queue(self, name, type, **options)
 
     async def status(self) -> dict[str, Any]:
         """Version, connections, databases and what each engine holds, as a dict."""
@@ -121,7 +163,9 @@ class Store:
     async def __aenter__(self) -> Store:
         return self
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
     def __repr__(self) -> str:
@@ -186,8 +230,9 @@ async def open(
     return await _open_sidecar(path, durability, limits, idle_s)
 
 
-async def _open_embedded(path: Path, durability: str, clock: datetime | None, limits: Limits | None,
-                         serve: bool) -> Store:
+async def _open_embedded(
+    path: Path, durability: str, clock: datetime | None, limits: Limits | None, serve: bool
+) -> Store:
     from ..server.core import Core
     from ..server.main import ServeOptions, start_listeners
 
@@ -208,8 +253,9 @@ def _limits_args(limits: Limits | None) -> list[str]:
 
 
 async def _open_private(path: Path, durability: str, clock: datetime | None, limits: Limits | None) -> Store:
-    cmd = _server_cmd(path, "--private", "--parent-pid", str(os.getpid()), "--durability", durability,
-                      *_limits_args(limits))
+    cmd = _server_cmd(
+        path, "--private", "--parent-pid", str(os.getpid()), "--durability", durability, *_limits_args(limits)
+    )
     if clock is not None:
         cmd += ["--clock", clock.isoformat()]
     child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -295,8 +341,11 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
             with log_path.open("ab") as log:
                 child = subprocess.Popen(
                     _server_cmd(directory, *extra),
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                    start_new_session=True, close_fds=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    start_new_session=True,
+                    close_fds=True,
                 )
             threading.Thread(target=child.wait, daemon=True).start()  # reap it when it exits
             next_spawn = now + 2.0
@@ -309,8 +358,9 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
     raise UnavailableError(f"store {directory}: the sidecar did not start within {timeout:g}s ({tail})")
 
 
-async def connect(address: str, *, token: str = "", ssl_context: ssl.SSLContext | None = None,
-                  reconnect_timeout: float = 30.0) -> Store:
+async def connect(
+    address: str, *, token: str = "", ssl_context: ssl.SSLContext | None = None, reconnect_timeout: float = 30.0
+) -> Store:
     """Connect to a server over TCP (``tcp://host:port``) or TLS (``tls://host:port``, verified with
     ``ssl_context`` or the system's CAs before the token is sent) with ``token``.
 

@@ -57,8 +57,9 @@ class Transport:
         """Call ``handler(body)`` for each push of ``method`` (``body`` decoded as ``body_type``)."""
         self.push_handlers[method] = (handler, body_type)
 
-    async def call(self, method: str, request: Any, response_type: Any = Any, *, write: bool = False,
-                   retry: bool = True) -> Any:
+    async def call(
+        self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
+    ) -> Any:
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -83,8 +84,9 @@ class LocalTransport(Transport):
         if entry is not None:
             entry[0](body)
 
-    async def call(self, method: str, request: Any, response_type: Any = Any, *, write: bool = False,
-                   retry: bool = True) -> Any:
+    async def call(
+        self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
+    ) -> Any:
         if self.closed:
             raise ClosedError(f"store {self.core.directory} is closed")
         result = self.core.invoke(self.session, method, request)
@@ -177,13 +179,15 @@ class _ClientConn(asyncio.Protocol):
         elif kind is Kind.GOAWAY:
             try:
                 self.goaway = decode(f.body, GoAway).reason
-            except Exception:  # noqa: BLE001
+            except Exception:
                 self.goaway = "the server closed the connection"
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         if not self.welcome.done():
-            self.welcome.set_exception(UnavailableError(self.goaway or f"the connection closed during the handshake: {exc}"))
+            self.welcome.set_exception(
+                UnavailableError(self.goaway or f"the connection closed during the handshake: {exc}")
+            )
         pending, self.pending = self.pending, {}
         for fut in pending.values():
             if not fut.done():
@@ -204,8 +208,15 @@ class RemoteTransport(Transport):
     ``reconnect_timeout``: how long a call waits for the store to come back before ``UnavailableError``.
     """
 
-    def __init__(self, endpoint: Endpoint, *, token: str = "", name: str = "", description: str = "",
-                 reconnect_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        token: str = "",
+        name: str = "",
+        description: str = "",
+        reconnect_timeout: float = 30.0,
+    ) -> None:
         super().__init__()
         self.endpoint = endpoint
         self.token = token
@@ -240,9 +251,11 @@ class RemoteTransport(Transport):
         except (OSError, ssl.SSLError) as exc:
             raise UnavailableError(f"cannot reach the store at {self.description or where}: {exc}") from None
         assert proto.transport is not None
-        proto.transport.write(proto.conn.send_hello(encode(
-            Hello(version=frames.PROTOCOL_VERSION, token=self.token, client=self.name, pid=os.getpid())
-        )))
+        proto.transport.write(
+            proto.conn.send_hello(
+                encode(Hello(version=frames.PROTOCOL_VERSION, token=self.token, client=self.name, pid=os.getpid()))
+            )
+        )
         try:
             welcome = await asyncio.wait_for(proto.welcome, 15.0)
         except TimeoutError:
@@ -264,7 +277,7 @@ class RemoteTransport(Transport):
         handler, body_type = entry
         try:
             handler(decode(body, body_type))
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("push handler for %s failed", method)
 
     def _on_lost(self, conn: _ClientConn) -> None:
@@ -305,7 +318,7 @@ class RemoteTransport(Transport):
             for hook in list(self.reconnect_hooks):
                 try:
                     await hook(old_epoch, self.epoch)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("a reconnect hook failed")
             return
 
@@ -316,7 +329,8 @@ class RemoteTransport(Transport):
             await asyncio.wait_for(self._up.wait(), self.reconnect_timeout)
         except TimeoutError:
             raise UnavailableError(
-                f"the store at {self.description} could not be reached for {self.reconnect_timeout:g}s: {self.last_error}"
+                f"the store at {self.description} could not be reached for {self.reconnect_timeout:g}s: "
+                f"{self.last_error}"
             ) from None
         if self.closed:
             raise ClosedError("the store is closed")
@@ -325,8 +339,9 @@ class RemoteTransport(Transport):
             return await self._wait_up()
         return conn
 
-    async def call(self, method: str, request: Any, response_type: Any = Any, *, write: bool = False,
-                   retry: bool = True) -> Any:
+    async def call(
+        self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
+    ) -> Any:
         try:
             body = encode(request)
         except (TypeError, OverflowError) as exc:

@@ -15,9 +15,11 @@ delivered + missed counts == messages published to its branches after it subscri
 
 A branch keeps its log while someone listens and for ``Limits.channel_linger`` seconds after the last
 listener left; a branch nobody listened to within that time keeps no payload. The state of a branch idle
-that long (no listener, no publish) is forgotten, so memory stays bounded (CHAN-06, CHAN-08). Message seqs
-grow by one per message of a branch; a branch made again after it was forgotten starts above every seq any
-forgotten branch reached, so an id ``"<epoch>-<seq>"`` never repeats on a branch within an epoch.
+that long (no listener, no publish) is forgotten, and so is a branch heard only by recursive subscriptions
+that were sent all of it, after a linger without a publish: memory stays bounded (CHAN-06, CHAN-08). The byte
+bounds count payload bytes. Message seqs grow by one per message of a branch; a branch made again after it
+was forgotten starts above every seq any forgotten branch reached, so an id ``"<epoch>-<seq>"`` never repeats
+on a branch within an epoch (ids of different branches may be equal; a seq jump is not a loss).
 
 Without a running asyncio loop (plain synchronous use, as in property tests) every call that makes
 something deliverable flushes before it returns.
@@ -178,8 +180,11 @@ class ChannelsEngine:
         if self._closed:
             raise ClosedError("channels: the store is closed")
         if type(branch) is not tuple:
-            branch = tuple(branch)
-        b = self._branches.get((channel, branch))
+            branch = _as_branch(channel, branch)
+        try:
+            b = self._branches.get((channel, branch))
+        except TypeError:  # an unhashable part: not a str
+            b = None
         if b is None:
             self._check_branch(channel, branch)
         if type(payload) is not bytes:
@@ -194,6 +199,20 @@ class ChannelsEngine:
             self.flush()
         return out
 
+    def check(self, channel: str, branch: Branch, payload: bytes) -> None:
+        """Raise what :meth:`publish` would raise for these arguments, publishing nothing.
+
+        For a message that will be published later (a transaction's, at its commit): ``InvalidError`` (bad
+        name, branch part or payload type), ``LimitError`` (over ``channel_message_bytes``), ``ClosedError``.
+        """
+        if self._closed:
+            raise ClosedError("channels: the store is closed")
+        parts = branch if type(branch) is tuple else _as_branch(channel, branch)
+        self._check_branch(channel, parts)
+        data = payload if type(payload) is bytes else _as_bytes(channel, payload)
+        if len(data) > self._max_message:
+            raise self._too_big(channel, len(data))
+
     def publish_many(self, items: Sequence[tuple[str, Branch, bytes]]) -> list[Published]:
         """Publish ``(channel, branch, payload)`` items in order, all or none (a transaction's at its commit).
 
@@ -203,9 +222,8 @@ class ChannelsEngine:
             raise ClosedError("channels: the store is closed")
         checked: list[tuple[str, Branch, bytes]] = []
         for channel, branch, payload in items:
-            parts = branch if type(branch) is tuple else tuple(branch)
-            if (channel, parts) not in self._branches:
-                self._check_branch(channel, parts)
+            parts = branch if type(branch) is tuple else _as_branch(channel, branch)
+            self._check_branch(channel, parts)
             data = payload if type(payload) is bytes else _as_bytes(channel, payload)
             if len(data) > self._max_message:
                 raise self._too_big(channel, len(data))
@@ -275,7 +293,9 @@ class ChannelsEngine:
         cannot tell (a listed one forgotten, or one not listed that has messages).
 
         ``credit``: messages the server may send before a :meth:`grant` (default ``channel_prefetch``).
-        Returns ``Subscribed(sub, missed, last_id)``; ``last_id`` is ``branch``'s newest message id or None.
+        Returns ``Subscribed(sub, missed, last_id, start)``; ``last_id`` is ``branch``'s newest message id or
+        None; ``start`` (not recursive) is the id just before the first message the subscription will be sent,
+        which ``after`` accepts even when it names no message (the seq before a branch's first).
         Raises ``InvalidError`` (bad name, branch part, id or credit), ``LimitError`` (past
         ``Limits.subscriptions`` subscriptions in the store), ``ClosedError`` (engine or peer closed).
         """
@@ -283,7 +303,7 @@ class ChannelsEngine:
             raise ClosedError("channels: the store is closed")
         if peer.closed:
             raise ClosedError(f"channel {channel}: the connection is closed")
-        parts = branch if type(branch) is tuple else tuple(branch)
+        parts = branch if type(branch) is tuple else _as_branch(channel, branch)
         self._check_branch(channel, parts)
         if credit is None:
             credit = self._limits.channel_prefetch
@@ -331,7 +351,8 @@ class ChannelsEngine:
                 self._schedule_flush()
         if self._flush_now:
             self.flush()
-        return Subscribed(sub.id, missed if after is not None else None, self._newest(root))
+        start = None if recursive else self._prefix + str(sub.pos[root] - 1)
+        return Subscribed(sub.id, missed if after is not None else None, self._newest(root), start)
 
     def _parse_after(
         self, channel: str, parts: Branch, recursive: bool, after: str | Mapping[Branch, str] | None
@@ -346,11 +367,9 @@ class ChannelsEngine:
         out: dict[Branch, int | None] = {}
         depth = len(parts)
         for key, mid in after.items():
-            bparts = key if type(key) is tuple else tuple(key)
+            bparts = key if type(key) is tuple else _as_branch(channel, key)
             if bparts[:depth] != parts:
-                raise InvalidError(
-                    f"channel {channel}: after: branch {list(bparts)} is not under {list(parts)}"
-                )
+                raise InvalidError(f"channel {channel}: after: branch {list(bparts)} is not under {list(parts)}")
             self._check_branch(channel, bparts)
             out[bparts] = self._parse_id(channel, mid)
         return out
@@ -368,7 +387,7 @@ class ChannelsEngine:
         missed: int | None = 0
         pos = b.next_seq
         if resuming:
-            if after_seq is not None and b.base <= after_seq < b.next_seq:
+            if after_seq is not None and b.base - 1 <= after_seq < b.next_seq:  # base - 1: before the first
                 pos = after_seq + 1
                 first = b.first_held()
                 if pos < first:
@@ -450,7 +469,7 @@ class ChannelsEngine:
 
     def newest_id(self, channel: str, branch: Branch) -> str | None:
         """The id of the newest message of ``branch`` of ``channel`` this run knows of, or None."""
-        parts = branch if type(branch) is tuple else tuple(branch)
+        parts = branch if type(branch) is tuple else _as_branch(channel, branch)
         b = self._branches.get((channel, parts))
         return None if b is None else self._newest(b)
 
@@ -583,8 +602,7 @@ class ChannelsEngine:
         for part in parts:
             if type(part) is not str or not part or len(part) > MAX_PART:
                 raise InvalidError(
-                    f"channel {channel}: branch {list(parts)!r}: a branch part is a str of 1 to {MAX_PART} "
-                    "characters"
+                    f"channel {channel}: branch {list(parts)!r}: a branch part is a str of 1 to {MAX_PART} characters"
                 )
 
     def _too_big(self, channel: str, size: int) -> LimitError:
@@ -739,6 +757,12 @@ class ChannelsEngine:
     def _rebuild_sizes(self) -> None:
         self._size_heap = [(-b.nbytes, next(self._ticket), b) for b in self._branches.values() if b.nbytes]
         heapq.heapify(self._size_heap)
+
+
+def _as_branch(channel: str, branch: object) -> Branch:
+    if isinstance(branch, list | tuple):
+        return tuple(branch)
+    raise InvalidError(f"channel {channel}: branch {branch!r}: a branch is a tuple (or list) of strs")
 
 
 def _as_bytes(channel: str, payload: object) -> bytes:

@@ -274,9 +274,7 @@ class LocksEngine:
         slot = waiter.slot
         self._leave(waiter)
         waiter.future.set_exception(
-            InUseError(
-                f"{_where(slot.lock.name, slot.key)}: held for all of the {fmt_seconds(waiter.wait)} wait"
-            )
+            InUseError(f"{_where(slot.lock.name, slot.key)}: held for all of the {fmt_seconds(waiter.wait)} wait")
         )
 
     def _leave(self, waiter: _Waiter) -> None:
@@ -303,9 +301,7 @@ class LocksEngine:
     ) -> NoReturn:
         check_name("lock", lock)
         if type(key) is not str:
-            raise InvalidError(
-                f"lock {lock}: key {key!r}: the engine takes a key as text, not {type(key).__name__}"
-            )
+            raise InvalidError(f"lock {lock}: key {key!r}: the engine takes a key as text, not {type(key).__name__}")
         where = _where(str(lock), key)
         if not key or len(key) > KEY_MAX:
             raise InvalidError(f"{_where(str(lock), key[:40])}: a key is 1 to {KEY_MAX} characters")
@@ -316,9 +312,7 @@ class LocksEngine:
             raise InvalidError(f"{where}: ttl {ttl!r} must be a number of seconds in {lo} .. {hi}")
         if not self._ttl_min <= ttl <= self._ttl_max:
             raise InvalidError(f"{where}: ttl {fmt_seconds(ttl)} is outside {lo} .. {hi}")
-        if wait is not None and (
-            isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0
-        ):
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0):
             raise InvalidError(f"{where}: wait {wait!r} must be a number of seconds, 0 or more")
         raise InvalidError(f"{where}: max_hold {max_hold!r} must be a finite number of seconds above 0")
 
@@ -418,9 +412,7 @@ class LocksEngine:
         slot = lease.slot
         del self._leases[lease.id]
         del slot.leases[lease.id]
-        reason = (
-            MAX_HOLD if lease.max_hold_at is not None and lease.deadline >= lease.max_hold_at else EXPIRED
-        )
+        reason = MAX_HOLD if lease.max_hold_at is not None and lease.deadline >= lease.max_hold_at else EXPIRED
         at = lease.deadline
         ended = self._ended
         ended[lease.id] = (slot.lock.name, slot.key, reason, at, lease.max_hold)

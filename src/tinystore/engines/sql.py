@@ -318,7 +318,9 @@ class SqlDatabase:
         tx = SqlTx(self.engine.next_tx_id(), self, read_only, owner)
         self.engine.transactions[tx.id] = tx
         if read_only:
-            t = threading.Thread(target=self._read_tx_main, args=(tx, fut), daemon=True, name=f"tinystore-sql-{self.name}-rtx")
+            t = threading.Thread(
+                target=self._read_tx_main, args=(tx, fut), daemon=True, name=f"tinystore-sql-{self.name}-rtx"
+            )
             t.start()
         else:
             self._writes.put((tx, fut))
@@ -370,7 +372,9 @@ class SqlDatabase:
             pass
         conn.close()
 
-    def _group_commit(self, conn: sqlite3.Connection, batch: list[_Write], arm: Callable[[float], None], put: Any) -> None:
+    def _group_commit(
+        self, conn: sqlite3.Connection, batch: list[_Write], arm: Callable[[float], None], put: Any
+    ) -> None:
         results: list[tuple[_Write, Any, BaseException | None]] = []
         try:
             conn.execute("begin immediate")
@@ -379,7 +383,7 @@ class SqlDatabase:
                 arm(time.monotonic())
                 try:
                     results.append((w, self._exec(conn, w.sql, w.params), None))
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     results.append((w, None, sql_error(self.name, exc)))
             else:
                 for w in batch:
@@ -389,14 +393,14 @@ class SqlDatabase:
                         done = self._exec(conn, w.sql, w.params)
                         conn.execute("release g")
                         results.append((w, done, None))
-                    except BaseException as exc:  # noqa: BLE001
+                    except BaseException as exc:
                         conn.execute("rollback to g")
                         conn.execute("release g")
                         results.append((w, None, sql_error(self.name, exc)))
             conn.execute("commit")
             self.stats["commits"] += 1
             self.stats["writes"] += len(batch)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             if conn.in_transaction:
                 try:
                     conn.execute("rollback")
@@ -404,15 +408,15 @@ class SqlDatabase:
                     pass
             err = sql_error(self.name, exc)
             results = [(w, None, err) for w in batch]
-        for w, value, exc in results:
-            put(w.fut, value, exc)
+        for w, value, error in results:
+            put(w.fut, value, error)
 
     def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
         cur = conn.execute(sql, params)
         rows = cur.fetchall() if cur.description else []
         columns = [d[0] for d in cur.description] if cur.description else []
         _check_size(self.name, rows, self.limits.sql_result_bytes)
-        return Done(max(cur.rowcount, 0), cur.lastrowid or 0, columns, rows)  # type: ignore[arg-type]
+        return Done(max(cur.rowcount, 0), cur.lastrowid or 0, columns, rows)
 
     def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str) -> Rows:
         cur = conn.execute(sql, params)
@@ -424,7 +428,7 @@ class SqlDatabase:
             one = cur.fetchone()
             rows = [one] if one is not None else []
             cur.close()
-        return Rows(columns, rows)  # type: ignore[arg-type]
+        return Rows(columns, rows)
 
     def _reader_main(self) -> None:
         conn = self.connect(readonly=True)
@@ -438,18 +442,20 @@ class SqlDatabase:
             try:
                 value = self._query(conn, item.sql, item.params, item.mode)
                 put(item.fut, value, None)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 put(item.fut, None, sql_error(self.name, exc))
         conn.close()
 
-    def _run_tx(self, conn: sqlite3.Connection, tx: SqlTx, fut: asyncio.Future[SqlTx], arm: Callable[[float], None]) -> None:
+    def _run_tx(
+        self, conn: sqlite3.Connection, tx: SqlTx, fut: asyncio.Future[SqlTx], arm: Callable[[float], None]
+    ) -> None:
         put = self.results.put
         if tx.done:  # aborted before it started
             put(fut, None, tx.error or ClosedError(f"database {self.name}: transaction ended"))
             return
         try:
             conn.execute("begin immediate")
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             tx.done = True
             put(fut, None, sql_error(self.name, exc))
             return
@@ -469,7 +475,8 @@ class SqlDatabase:
             wait = min(limits.tx_idle, started + limits.tx_max - now)
             if wait <= 0:
                 end_reason = TimeoutError_(
-                    f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) and was rolled back"
+                    f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) "
+                    "and was rolled back"
                 )
                 break
             try:
@@ -477,7 +484,8 @@ class SqlDatabase:
             except queue.Empty:
                 if time.monotonic() - started >= limits.tx_max:
                     end_reason = TimeoutError_(
-                        f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) and was rolled back"
+                        f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) "
+                        "and was rolled back"
                     )
                 else:
                     end_reason = TimeoutError_(
@@ -497,7 +505,7 @@ class SqlDatabase:
                         conn.execute("commit")
                     tx.done = True
                     put(call.fut, None, None)
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     err = sql_error(self.name, exc)
                     if conn.in_transaction:
                         conn.execute("rollback")
@@ -521,7 +529,7 @@ class SqlDatabase:
                 else:
                     value = self._query(conn, call.sql, call.params, call.mode)
                 put(call.fut, value, None)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 put(call.fut, None, sql_error(self.name, exc))
         # ended without commit
         if conn.in_transaction:
@@ -558,7 +566,7 @@ class SqlDatabase:
         try:
             conn.execute("begin")
             conn.execute(f"select count(*) from {MIGRATIONS_TABLE}").fetchone()  # pin the snapshot now
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             tx.done = True
             self.results.put(fut, None, sql_error(self.name, exc))
             conn.close()
@@ -570,9 +578,8 @@ class SqlDatabase:
         with self._spare_lock:
             if len(self._spare) < 4 and not self._closed:
                 self._spare.append(conn)
-                conn = None  # type: ignore[assignment]
-        if conn is not None:
-            conn.close()
+                return
+        conn.close()
 
     def close(self) -> None:
         """Stop the threads once queued work is done; the writer checkpoints the WAL and closes the file."""
@@ -608,17 +615,20 @@ def _check_size(db: str, rows: list[Any], limit: int) -> None:
 
 
 def _split_sql(text: str) -> list[str]:
-    """Split a migration script into statements (sqlite3.complete_statement decides where one ends)."""
+    """Split a migration script into statements (``sqlite3.complete_statement`` decides where one ends, so
+    a ``;`` inside a string, a comment or a trigger body does not)."""
     out: list[str] = []
-    cur = ""
-    for line in text.splitlines(keepends=True):
-        cur += line
-        if sqlite3.complete_statement(cur):
-            if cur.strip().strip(";").strip():
-                out.append(cur)
-            cur = ""
-    if cur.strip():
-        out.append(cur)
+    start = 0
+    for i, ch in enumerate(text):
+        if ch == ";":
+            chunk = text[start : i + 1]
+            if sqlite3.complete_statement(chunk):
+                if chunk.strip().strip(";").strip():
+                    out.append(chunk)
+                start = i + 1
+    rest = text[start:]
+    if rest.strip():
+        out.append(rest)
     return out
 
 
@@ -700,7 +710,11 @@ class SqlEngine:
 
     def status(self) -> dict[str, Any]:
         return {
-            name: {"path": str(db.path), **db.stats, "open_transactions": sum(1 for t in self.transactions.values() if t.db is db)}
+            name: {
+                "path": str(db.path),
+                **db.stats,
+                "open_transactions": sum(1 for t in self.transactions.values() if t.db is db),
+            }
             for name, db in self.databases.items()
         }
 

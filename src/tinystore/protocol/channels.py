@@ -53,11 +53,16 @@ class Subscribed(msgspec.Struct, array_like=True, frozen=True, gc=False):
       it cannot tell: ``after`` is from another epoch (the server restarted) or the branch was forgotten.
       Always ``None`` without ``after``.
     - ``last_id``: the id of the branch's newest message, or ``None`` when it has none the server knows of.
+    - ``start``: for a subscription that is not recursive, its position: the id ``"<epoch>-<seq>"`` just
+      before the first message it will be sent (it may name no message: ``seq`` may be one below the
+      branch's first). Subscribing again with ``after=start`` resumes exactly there (the SDK does so on a
+      reconnect when it handled nothing yet). ``None`` for a recursive subscription.
     """
 
     sub: int
     missed: int | None
     last_id: str | None
+    start: str | None = None
 
 
 class MessageItem(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="msg"):
@@ -101,11 +106,17 @@ class Delivery(msgspec.Struct, array_like=True, gc=False):
 
 
 class Publish(msgspec.Struct, array_like=True):
-    """``channels.publish``: ``payload`` (at most ``channel_message_bytes``) on ``branch`` of ``channel``."""
+    """``channels.publish``: ``payload`` (at most ``channel_message_bytes``) on ``branch`` of ``channel``.
+
+    ``tx``: 0, or the id of an open SQL transaction of the same client: the message is then checked now
+    and handed over only when that transaction commits, never when it rolls back (CHAN-03); the reply is
+    ``None`` instead of :class:`Published`. Ignored on the items of :class:`PublishMany`.
+    """
 
     channel: str
     branch: list[str]
     payload: bytes
+    tx: int = 0
 
 
 class PublishMany(msgspec.Struct, array_like=True):
@@ -126,7 +137,9 @@ class Subscribe(msgspec.Struct, kw_only=True):
 
     ``after``: resume after this message id of ``branch``. ``after_branches``: for a recursive subscription,
     the last id handled per branch (``after`` then stands for ``branch`` itself). ``credit``: the initial
-    credit in messages (the prefetch window; ``None``: the store's ``channel_prefetch``).
+    credit in messages (the prefetch window; ``None``: the store's ``channel_prefetch``). ``resume``: resume
+    even when ``after`` and ``after_branches`` are empty (a recursive subscription that handled nothing yet:
+    every branch below with messages then makes ``missed`` ``None``).
     """
 
     channel: str
@@ -135,6 +148,7 @@ class Subscribe(msgspec.Struct, kw_only=True):
     after: str | None = None
     after_branches: list[After] = []
     credit: int | None = None
+    resume: bool = False
 
 
 class Grant(msgspec.Struct, array_like=True):

@@ -107,7 +107,8 @@ class Connection:
         self._pos = 0
         self._eof = False
         self.handshaken = False
-        self.closed_reason: str | None = None
+        self._hello_seen = False
+        self.closed_reason: str | None = None  # set once a ProtocolError broke the connection
         self._allowed = CLIENT_KINDS if role == "server" else SERVER_KINDS
         self.inflight: set[int] = set()
 
@@ -124,7 +125,17 @@ class Connection:
         self._buf += data
 
     def next_event(self) -> Frame | NeedData | Closed:
-        """The next whole frame, ``NEED_DATA``, or ``CLOSED``. Raises ``ProtocolError`` on a broken frame."""
+        """The next whole frame, ``NEED_DATA``, or ``CLOSED``. Raises ``ProtocolError`` on a broken frame;
+        after that the connection is broken and every later call raises the same error."""
+        if self.closed_reason is not None:
+            raise ProtocolError(self.closed_reason)
+        try:
+            return self._next_event()
+        except ProtocolError as exc:
+            self.closed_reason = exc.message
+            raise
+
+    def _next_event(self) -> Frame | NeedData | Closed:
         buf = self._buf
         pos = self._pos
         avail = len(buf) - pos
@@ -140,6 +151,13 @@ class Connection:
             raise ProtocolError(f"frame length {length} is shorter than its header")
         if body_len > self.max_body:
             raise ProtocolError(f"frame body of {body_len} bytes is over the limit of {self.max_body} bytes")
+        # the kind is known from the header: refuse a bad one before buffering its body
+        try:
+            k = Kind(kind)
+        except ValueError:
+            raise ProtocolError(f"unknown frame kind {kind}") from None
+        if k not in self._allowed:
+            raise ProtocolError(f"a {self.role} does not accept {k.name} frames")
         if avail < length + 4:
             if self._eof:
                 raise ProtocolError("connection closed in the middle of a frame")
@@ -154,12 +172,6 @@ class Connection:
         if self._pos > 1 << 20 and self._pos * 2 > len(buf):
             del buf[: self._pos]
             self._pos = 0
-        try:
-            k = Kind(kind)
-        except ValueError:
-            raise ProtocolError(f"unknown frame kind {kind}") from None
-        if k not in self._allowed:
-            raise ProtocolError(f"a {self.role} does not accept {k.name} frames")
         self._check_order(k, stream)
         return Frame(k, flags, stream, method, body)
 
@@ -168,8 +180,13 @@ class Connection:
             if self.role == "server":
                 if kind is not Kind.HELLO:
                     raise ProtocolError(f"expected HELLO first, got {kind.name}")
+                if self._hello_seen:
+                    raise ProtocolError("a second HELLO before the handshake ended")
+                self._hello_seen = True
             elif kind not in (Kind.WELCOME, Kind.ERROR, Kind.GOAWAY):
                 raise ProtocolError(f"expected WELCOME first, got {kind.name}")
+            elif kind is Kind.WELCOME:
+                self.handshaken = True
             return
         if kind is Kind.HELLO or kind is Kind.WELCOME:
             raise ProtocolError(f"{kind.name} after the handshake")

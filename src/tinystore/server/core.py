@@ -69,7 +69,7 @@ class Session:
         for hook in self.core.session_close_hooks:
             try:
                 hook(self)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("closing session %s", self.id)
 
 
@@ -131,7 +131,9 @@ class Core:
     def register(self, method: Method) -> None:
         self.methods[method.name] = method
 
-    def new_session(self, push: Callable[[str, Any], None], *, local: bool, capability: str = "admin", name: str = "") -> Session:
+    def new_session(
+        self, push: Callable[[str, Any], None], *, local: bool, capability: str = "admin", name: str = ""
+    ) -> Session:
         if not self.running or self.stopping.is_set():
             raise ClosedError(f"store {self.directory} is stopping")
         s = Session(next(self._ids), self, local, capability, push, name)
@@ -182,8 +184,14 @@ class Core:
             "now": self.clock.now(),
             "durability": self.durability,
             "connections": [
-                {"id": s.id, "name": s.name, "local": s.local, "capability": s.capability, "calls": s.calls,
-                 "since": s.started}
+                {
+                    "id": s.id,
+                    "name": s.name,
+                    "local": s.local,
+                    "capability": s.capability,
+                    "calls": s.calls,
+                    "since": s.started,
+                }
                 for s in self.sessions.values()
             ],
             "databases": self.sql.status(),
@@ -191,7 +199,7 @@ class Core:
         for key, hook in self.status_hooks.items():
             try:
                 out[key] = hook()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 out[key] = {"error": str(exc)}
         return out
 
@@ -210,7 +218,7 @@ class Core:
             for hook in reversed(self.stop_hooks):
                 try:
                     await hook()
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("stopping an engine")
             for task in list(self._tasks):
                 task.cancel()

@@ -72,7 +72,7 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
+        transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)  # type: ignore[attr-defined]
         self.listener.connections.add(self)
         self.listener.touch()
 
@@ -91,7 +91,7 @@ class ServerConnection(asyncio.Protocol):
                     break
         except ProtocolError as exc:
             self.close(exc.message, "protocol")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.exception("connection error")
             self.close(f"internal error: {exc}", "internal")
 
@@ -196,7 +196,7 @@ class ServerConnection(asyncio.Protocol):
             except msgspec.DecodeError as exc:
                 raise InvalidError(f"{f.method}: the body is not valid MessagePack: {exc}") from None
             result = self.core.invoke(session, f.method, req)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             self.send_error(stream, exc)
             return
         if isinstance(result, asyncio.Future):

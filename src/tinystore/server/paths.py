@@ -33,7 +33,11 @@ def socket_path(directory: Path) -> Path:
         return p
     digest = hashlib.sha256(os.fsencode(directory)).hexdigest()[:24]
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) / "tinystore" if runtime and os.path.isdir(runtime) else Path(tempfile.gettempdir()) / f"tinystore-{os.getuid()}"
+    base = (
+        Path(runtime) / "tinystore"
+        if runtime and os.path.isdir(runtime)
+        else Path(tempfile.gettempdir()) / f"tinystore-{os.getuid()}"
+    )
     return base / f"{digest}.sock"
 
 

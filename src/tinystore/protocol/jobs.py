@@ -1,0 +1,273 @@
+"""Bodies of the jobs engine's methods and pushes.
+
+Times on the wire are integer milliseconds since the Unix epoch; durations are integer milliseconds. Values,
+results, progress and step results travel as JSON text (the queue's type is the SDK's business; the server
+stores and returns the text as is). The fence is a plain int (it fits in 63 bits: it counts the claims of one
+job).
+
+Methods (request body → reply body):
+
+- ``jobs.open``: :class:`OpenQueue` → :class:`QueueInfo` (the options the store keeps for the queue).
+- ``jobs.add``: :class:`Add` → ``list[str]`` (one id per item, in order; an existing job's id for a known key).
+- ``jobs.claim``: :class:`Claim` → ``list[Claimed]`` (waits up to ``Claim.wait_ms`` for due jobs).
+- ``jobs.unwait``: :class:`Unwait` → ``int`` (how many waiting claims of that worker were ended empty).
+- ``jobs.renew``: :class:`Renew` → ``list[str]`` (the ids whose attempt is no longer this fence's: lost).
+- ``jobs.report``: :class:`Report` → ``bool`` (whether the report changed the job; a stale fence: ``False``).
+- ``jobs.release``: :class:`Release` → ``int`` (claimed jobs handed back unstarted: not counted as attempts).
+- ``jobs.progress``: :class:`Progress` → ``bool``.
+- ``jobs.step``: :class:`Step` → ``bool``.
+- ``jobs.get``: :class:`Get` → :class:`JobRow` or ``None``.
+- ``jobs.list``: :class:`List` → :class:`Page`.
+- ``jobs.cancel``: :class:`Get` → ``bool``; ``jobs.retry``: :class:`Get` → ``bool``.
+- ``jobs.wait``: :class:`Wait` → :class:`JobRow` or ``None`` (once the job differs from what the caller saw).
+- ``jobs.queues``: :class:`Empty` → ``list[QueueInfo]``; ``jobs.find``: :class:`Find` → :class:`JobRow` or ``None``.
+- push ``jobs.cancel``: :class:`CancelRun`, to the client running an attempt that was cancelled or lost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+CANCEL_PUSH = "jobs.cancel"
+EVENTS_CHANNEL = "tinystore-jobs"
+"""The channel job events are published on, under ``(queue, job_id)``."""
+
+STATES = ("queued", "running", "succeeded", "failed", "dead", "cancelled")
+ENDED = ("succeeded", "dead", "cancelled")
+
+
+class Options(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A queue's options. In :class:`OpenQueue` only the ones the caller gave are set (``None``: not given);
+    in :class:`QueueInfo` every one is set. Durations in ms; ``max_running*``: 0 means no limit."""
+
+    database: str | None = None
+    attempts: int | None = None
+    backoff_first_ms: int | None = None
+    backoff_cap_ms: int | None = None
+    lease_ms: int | None = None
+    timeout_ms: int | None = None
+    expected_ms: int | None = None
+    max_running: int | None = None
+    max_running_per_tenant: int | None = None
+    keep_ms: int | None = None
+
+
+class OpenQueue(msgspec.Struct, kw_only=True):
+    queue: str
+    options: Options = msgspec.field(default_factory=Options)
+
+
+class QueueInfo(msgspec.Struct, kw_only=True):
+    """A queue as the store keeps it: its options (all set) and counts by state (those it knows)."""
+
+    queue: str
+    options: Options
+    counts: dict[str, int] = {}
+    stuck: int = 0
+
+
+class NewJob(msgspec.Struct, array_like=True):
+    """One job to add. ``value``: JSON text. ``delay_ms`` / ``at_ms``: when it is due (neither: now)."""
+
+    value: str
+    key: str | None = None
+    tenant: str = ""
+    user: str | None = None
+    type: str | None = None
+    priority: int = 0
+    delay_ms: int | None = None
+    at_ms: int | None = None
+
+
+class Add(msgspec.Struct, kw_only=True):
+    """``jobs.add``: add ``jobs`` to ``queue``, all or none; inside transaction ``tx`` when not 0."""
+
+    queue: str
+    jobs: list[NewJob]
+    tx: int = 0
+
+
+class Claim(msgspec.Struct, kw_only=True):
+    """``jobs.claim``: up to ``n`` due jobs, waiting up to ``wait_ms`` for one. ``worker``: the caller's worker
+    id (for ``jobs.unwait``). ``due_before_ms``: only jobs due at or before it (``run_due``); 0: any due."""
+
+    queue: str
+    n: int = 1
+    wait_ms: int = 0
+    worker: str = ""
+    due_before_ms: int = 0
+    exclude: list[str] = []
+
+
+class Claimed(msgspec.Struct, kw_only=True):
+    """A claimed attempt: run it, renew it every third of ``lease_ms``, report it with ``fence``."""
+
+    id: str
+    fence: int
+    attempt: int
+    value: str
+    steps: dict[str, Any]
+    lease_ms: int
+    timeout_ms: int
+    tenant: str = ""
+    key: str | None = None
+    type: str | None = None
+    user: str | None = None
+    priority: int = 0
+    progress: Any = None
+
+
+class Unwait(msgspec.Struct, kw_only=True):
+    queue: str
+    worker: str
+
+
+class Attempt(msgspec.Struct, array_like=True):
+    id: str
+    fence: int
+
+
+class Renew(msgspec.Struct, kw_only=True):
+    queue: str
+    attempts: list[Attempt]
+
+
+class Release(msgspec.Struct, kw_only=True):
+    queue: str
+    attempts: list[Attempt]
+
+
+class Report(msgspec.Struct, kw_only=True):
+    """``jobs.report``: how attempt ``fence`` of job ``id`` ended.
+
+    ``outcome``: ``"succeeded"`` (``result``: JSON text or ``None``), ``"error"`` (a failed attempt: retried
+    after the backoff, or after ``after_ms`` when set), ``"fail"`` (dead at once), ``"snooze"`` (queued again
+    after ``after_ms``; the attempt is not counted). ``progress``: the last progress not yet sent (JSON text).
+    """
+
+    queue: str
+    id: str
+    fence: int
+    outcome: str
+    result: str | None = None
+    error: str | None = None
+    after_ms: int | None = None
+    progress: str | None = None
+
+
+class Progress(msgspec.Struct, kw_only=True):
+    queue: str
+    id: str
+    fence: int
+    progress: str
+
+
+class Step(msgspec.Struct, kw_only=True):
+    queue: str
+    id: str
+    fence: int
+    name: str
+    result: str
+
+
+class Get(msgspec.Struct, kw_only=True):
+    queue: str
+    id: str
+
+
+class Find(msgspec.Struct, kw_only=True):
+    id: str
+
+
+class List(msgspec.Struct, kw_only=True):
+    """``jobs.list``: jobs of ``queue`` (every queue when empty), newest first, ``limit`` at most, after cursor
+    ``after`` (a job id), filtered by ``state`` (``"stuck"``: running past expected), ``tenant``, ``type``."""
+
+    queue: str = ""
+    state: str | None = None
+    tenant: str | None = None
+    type: str | None = None
+    limit: int = 50
+    after: str | None = None
+
+
+class ErrorEntry(msgspec.Struct, kw_only=True):
+    attempt: int
+    error: str
+    at_ms: int
+
+
+class JobRow(msgspec.Struct, kw_only=True):
+    """A job as stored. Times in ms since the Unix epoch; ``value``/``result``: JSON text; ``progress``: the
+    decoded JSON value."""
+
+    id: str
+    queue: str
+    state: str
+    attempts: int
+    max_attempts: int
+    fence: int
+    value: str
+    key: str | None = None
+    tenant: str = ""
+    user: str | None = None
+    type: str | None = None
+    priority: int = 0
+    progress: Any = None
+    result: str | None = None
+    error: str | None = None
+    errors: list[ErrorEntry] = []
+    steps: dict[str, Any] = {}
+    run_at_ms: int = 0
+    created_at_ms: int = 0
+    started_at_ms: int | None = None
+    finished_at_ms: int | None = None
+    stuck: bool = False
+
+
+class Page(msgspec.Struct, kw_only=True):
+    jobs: list[JobRow]
+    next: str | None = None
+
+
+class Wait(msgspec.Struct, kw_only=True):
+    """``jobs.wait``: the job once it differs from ``seen`` (state, attempts, fence, progress JSON), or after
+    ``wait_ms`` as it is then."""
+
+    queue: str
+    id: str
+    seen: str = ""
+    wait_ms: int = 30_000
+
+
+class CancelRun(msgspec.Struct, kw_only=True):
+    """Push ``jobs.cancel``: stop running attempt ``fence`` of job ``id``. ``reason``: ``"cancelled"`` (the job
+    was cancelled) or ``"lost"`` (its lease ran out and the attempt no longer counts)."""
+
+    queue: str
+    id: str
+    fence: int
+    reason: str
+
+
+class JobEvent(msgspec.Struct, kw_only=True):
+    """A job event, published on the channel ``tinystore-jobs`` under ``(queue, job_id)``.
+
+    ``kind``: ``"state"`` (the job changed state), ``"progress"`` (the handler reported progress) or
+    ``"stuck"`` (the job runs past its expected time). ``state``, ``progress``, ``attempts`` and ``error`` are
+    the job's at that moment.
+    """
+
+    kind: str
+    job_id: str
+    state: str
+    progress: Any = None
+    attempts: int = 0
+    error: str | None = None
+
+
+def snapshot(row: JobRow) -> str:
+    """What ``jobs.wait`` compares: a change of state, attempts, fence or progress is a change."""
+    return msgspec.json.encode([row.state, row.attempts, row.fence, row.progress, row.stuck]).decode()

@@ -1,0 +1,127 @@
+"""Channel methods: ``channels.publish``, ``channels.publish_many``, ``channels.subscribe``, ``channels.grant``,
+``channels.unsubscribe``; deliveries go out as ``channels.deliver`` pushes (see :mod:`tinystore.protocol.channels`).
+
+The engine (:class:`~tinystore.engines.channels.ChannelsEngine`) is created here as ``core.channels``. A
+session's subscriptions end when the session closes (its connection went away, or the embedded store closed),
+so a subscriber that vanishes holds nothing in the store. A publish that names a SQL transaction of the same
+session (``Publish.tx``) is checked at once and handed to the engine only after that transaction commits, in
+the order published; a rollback (or a transaction that times out or loses its connection) drops it (CHAN-03).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..engines.channels import Branch, ChannelsEngine
+from ..errors import ClosedError, InvalidError
+from ..protocol.channels import (
+    GRANT,
+    PUBLISH,
+    PUBLISH_MANY,
+    SUBSCRIBE,
+    UNSUBSCRIBE,
+    Grant,
+    Publish,
+    Published,
+    PublishMany,
+    Subscribe,
+    Subscribed,
+    Unsubscribe,
+)
+
+if TYPE_CHECKING:
+    from .core import Core, Session
+
+log = logging.getLogger("tinystore.channels")
+
+
+class _TxPublishes:
+    """The messages one SQL transaction published, handed to the engine after its commit (an after_commit hook).
+
+    Published on a later loop turn than the commit's own, so the commit's answer is written before the
+    deliveries its messages cause: nobody hears a message before its transaction's commit returned.
+    """
+
+    __slots__ = ("engine", "items")
+
+    def __init__(self, engine: ChannelsEngine) -> None:
+        self.engine = engine
+        self.items: list[tuple[str, Branch, bytes]] = []
+
+    def __call__(self) -> None:
+        if self.items:
+            asyncio.get_running_loop().call_soon(self._publish)
+
+    def _publish(self) -> None:
+        items, self.items = self.items, []
+        try:
+            self.engine.publish_many(items)
+        except ClosedError:
+            pass  # the store stopped between the commit and this turn
+        except Exception:
+            log.exception("channels: publishing the messages of a committed transaction failed")
+
+
+def install(core: Core) -> None:
+    from .core import Method
+
+    engine = ChannelsEngine(core.clock, core.limits, core.epoch)
+    core.channels = engine  # type: ignore[attr-defined]
+    core.engines["channels"] = engine
+    sql = core.sql
+
+    def publish(session: Session, req: Publish) -> Published | None:
+        branch = tuple(req.branch)
+        if not req.tx:
+            return engine.publish(req.channel, branch, req.payload)
+        tx = sql.transactions.get(req.tx)
+        if tx is None or req.tx not in session.transactions or tx.done:
+            raise ClosedError(
+                f"channel {req.channel}: transaction {req.tx} is not open "
+                "(it ended, timed out, or belongs to another client)"
+            )
+        if tx.read_only:
+            raise InvalidError(f"channel {req.channel}: a read-only transaction cannot publish")
+        # check now (name, branch, size) so the error surfaces at publish; nothing is kept when it raises
+        engine.check(req.channel, branch, req.payload)
+        hook = next((h for h in tx.after_commit if isinstance(h, _TxPublishes)), None)
+        if hook is None:
+            hook = _TxPublishes(engine)
+            tx.after_commit.append(hook)
+        hook.items.append((req.channel, branch, req.payload))
+        return None
+
+    def publish_many(session: Session, req: PublishMany) -> list[Published]:
+        return engine.publish_many([(p.channel, tuple(p.branch), p.payload) for p in req.items])
+
+    def subscribe(session: Session, req: Subscribe) -> Subscribed:
+        after: str | Mapping[Branch, str] | None = req.after
+        if req.after_branches or (req.resume and req.recursive):
+            mapping = {tuple(a.branch): a.id for a in req.after_branches}
+            if req.after is not None:
+                mapping[tuple(req.branch)] = req.after
+            after = mapping
+        return engine.subscribe(
+            session, req.channel, tuple(req.branch), recursive=req.recursive, after=after, credit=req.credit
+        )
+
+    def grant(session: Session, req: Grant) -> None:
+        engine.grant(session, req.sub, req.n)
+
+    def unsubscribe(session: Session, req: Unsubscribe) -> bool:
+        return engine.unsubscribe(session, req.sub)
+
+    async def stop() -> None:
+        engine.close()
+
+    core.session_close_hooks.append(engine.drop_peer)
+    core.status_hooks["channels"] = engine.status
+    core.stop_hooks.append(stop)
+    core.register(Method(PUBLISH, Publish, publish, write=True))
+    core.register(Method(PUBLISH_MANY, PublishMany, publish_many, write=True))
+    core.register(Method(SUBSCRIBE, Subscribe, subscribe))
+    core.register(Method(GRANT, Grant, grant))
+    core.register(Method(UNSUBSCRIBE, Unsubscribe, unsubscribe))

@@ -1,0 +1,176 @@
+"""STORE-02: open(dir) finds the directory's server or starts one; many at once end up on one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import tinystore
+from tinystore.server import paths
+
+from ..helpers import stop_sidecar
+
+CLIENT = """
+import asyncio, sys, tinystore
+async def main():
+    store = await tinystore.open(sys.argv[1], idle="1s")
+    db = await store.database("app")
+    await db.exec("create table if not exists t (who)")
+    await db.exec("insert into t values (?)", sys.argv[2])
+    print((await store.status())["pid"], flush=True)
+    sys.stdin.read()   # stay connected until the test lets go
+    await store.close()
+asyncio.run(main())
+"""
+
+
+def serving(directory: Path) -> set[int]:
+    """Pids of the live `tinystore serve` processes for ``directory`` (zombies excluded)."""
+    want = str(directory.resolve())
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if "tinystore" in args and "serve" in args and want in args:
+            out.add(int(entry))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+async def wait_for(cond: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+# contract: STORE-02
+async def test_many_processes_open_at_once_end_on_one_server(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    d.mkdir()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLIENT, str(d), str(i)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(8)
+    ]
+    server_pid = None
+    try:
+        lines = await asyncio.gather(*(asyncio.to_thread(p.stdout.readline) for p in procs))  # type: ignore[union-attr]
+        pids = set()
+        for p, line in zip(procs, lines, strict=True):
+            assert line.strip(), f"a client failed: {p.stderr.read().decode()[-2000:]}"  # type: ignore[union-attr]
+            pids.add(int(line))
+        assert len(pids) == 1, pids
+        server_pid = pids.pop()
+        info = paths.read_address(d)
+        assert info is not None and info["pid"] == server_pid and info["mode"] == "sidecar"
+        # the sidecars that lost the race have gone: exactly one server process for the directory
+        await wait_for(lambda: serving(d) == {server_pid}, 10, f"one server only (have {serving(d)})")
+        # nobody but the server opened the SQLite files: every client's row is there, once
+        store = await tinystore.open(d, idle="1s")
+        try:
+            assert (await store.status())["pid"] == server_pid
+            db = await store.database("app")
+            rows = await db.all("select who from t order by who")
+            assert [r["who"] for r in rows] == [str(i) for i in range(8)]
+        finally:
+            await store.close()
+        # everyone lets go: the sidecar exits after its idle time
+        for p in procs:
+            p.stdin.close()  # type: ignore[union-attr]
+        for p in procs:
+            assert await asyncio.to_thread(p.wait, 20) == 0, p.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+        t = time.monotonic()
+        await wait_for(lambda: not alive(server_pid), 8, "the idle sidecar to exit")
+        assert time.monotonic() - t >= 0.3  # it waited for its idle time, it did not exit with the clients
+        assert paths.read_address(d) is None
+        assert not paths.socket_path(d).exists()
+        # open() after that starts a new one
+        store = await tinystore.open(d, idle="1s")
+        try:
+            new_pid = (await store.status())["pid"]
+            assert new_pid != server_pid and alive(new_pid)
+            db = await store.database("app")
+            assert await db.scalar("select count(*) from t") == 8
+        finally:
+            await store.close()
+            await stop_sidecar(d)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for pid in serving(d):
+            os.kill(pid, 9)
+
+
+# contract: STORE-02
+async def test_a_running_server_is_found_not_replaced(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    first = await tinystore.open(d, idle="1s")
+    try:
+        pid = (await first.status())["pid"]
+        second = await tinystore.open(d, idle="1s")
+        try:
+            assert (await second.status())["pid"] == pid
+            st = await second.status()
+            assert len(st["connections"]) == 2
+        finally:
+            await second.close()
+    finally:
+        await first.close()
+        await stop_sidecar(d)
+
+
+# contract: STORE-02
+async def test_socket_path_too_long_falls_back_to_a_short_path(tmp_path: Path) -> None:
+    d = tmp_path / ("n" * 60) / ("e" * 40) / "store"
+    long_path = d.resolve() / "server" / "sock"
+    assert len(os.fsencode(long_path)) > 100
+    store = await tinystore.open(d, idle="1s")
+    try:
+        info = paths.read_address(d)
+        assert info is not None
+        sock = Path(info["socket"])
+        assert sock == paths.socket_path(d)
+        assert sock != long_path and not long_path.exists()
+        assert len(os.fsencode(sock)) <= 100
+        assert sock.exists()
+        assert (sock.parent.stat().st_mode & 0o777) == 0o700
+        db = await store.database("app")
+        await db.exec("create table t (a)")
+        await db.exec("insert into t values (1)")
+        assert await db.scalar("select count(*) from t") == 1
+        # another client finds it too
+        other = await tinystore.open(d, idle="1s")
+        try:
+            assert (await other.status())["pid"] == info["pid"]
+        finally:
+            await other.close()
+    finally:
+        await store.close()
+        await stop_sidecar(d)
+    assert not sock.exists()

@@ -1,0 +1,326 @@
+"""STORE-03: who may connect — a 0700 socket directory, tokens on TCP, TLS that checks the server first."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tinystore.errors import PermissionDeniedError, UnauthenticatedError, UnavailableError
+from tinystore.protocol.frames import Kind
+from tinystore.protocol.messages import encode
+from tinystore.protocol.sql import Exec
+from tinystore.protocol.store import Stop
+from tinystore.server import paths
+
+from ..helpers import ServerProcess, open_store, write_tokens
+from .raw import RawClient, error_of, goaway_of
+
+MIGRATIONS = [("001_t.sql", "create table t (id integer primary key, a text);")]
+
+
+def tcp_where(address: str) -> tuple[str, tuple[str, int]]:
+    host, port = address.split("://", 1)[1].rsplit(":", 1)
+    return "tcp", (host, int(port))
+
+
+@pytest.fixture
+def tcp_server(tmp_path: Path) -> Iterator[tuple[ServerProcess, str, str]]:
+    """A TCP server with tokens: (server, admin token, data token)."""
+    tokens, admin, data = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    try:
+        yield server, admin, data
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def admin_store(tcp_server: tuple[ServerProcess, str, str]) -> AsyncIterator[tinystore.Store]:
+    server, admin, _ = tcp_server
+    store = await tinystore.connect(server.tcp, token=admin)
+    try:
+        db = await store.database("app", migrations=MIGRATIONS)
+        await db.exec("insert into t (a) values ('kept')")
+        yield store
+    finally:
+        await store.close()
+
+
+def server_alive(server: ServerProcess) -> bool:
+    return server.proc is not None and server.proc.poll() is None
+
+
+# contract: STORE-03
+@pytest.mark.parametrize("mode", ["embedded", "private", "sidecar", "tcp"])
+async def test_socket_directory_is_the_owners_only(tmp_path: Path, mode: str) -> None:
+    d = tmp_path / "store"
+    async with open_store(mode, d):
+        server_dir = d / "server"
+        assert (server_dir.stat().st_mode & 0o777) == 0o700
+        sock = paths.socket_path(d)
+        assert sock.parent == server_dir
+        assert (sock.stat().st_mode & 0o777) == 0o600
+        assert sock.stat().st_uid == server_dir.stat().st_uid
+
+
+# contract: STORE-03
+async def test_tcp_refuses_no_token_and_a_wrong_token(tcp_server: tuple[ServerProcess, str, str]) -> None:
+    server, admin, data = tcp_server
+    for token in ("", "x" * 32, admin[:-1] + ("0" if admin[-1] != "0" else "1"), admin.upper() + "!"):
+        with pytest.raises(UnauthenticatedError) as info:
+            await tinystore.connect(server.tcp, token=token)
+        assert info.value.code == "unauthenticated"
+    for token in (admin, data):
+        store = await tinystore.connect(server.tcp, token=token)
+        try:
+            assert (await store.status())["pid"] == server.proc.pid  # type: ignore[union-attr]
+        finally:
+            await store.close()
+
+
+# contract: STORE-03
+async def test_nothing_is_reachable_before_the_handshake(
+    tcp_server: tuple[ServerProcess, str, str], admin_store: tinystore.Store
+) -> None:
+    server, _, _ = tcp_server
+    where = tcp_where(server.tcp)
+    db = await admin_store.database("app")
+    insert = encode(Exec("app", "insert into t (a) values ('sneaked in')", []))
+
+    # a REQUEST before any HELLO: closed with a reason; no method runs
+    raw = await RawClient.open(where)
+    raw.send(raw.conn.send_request(1, "sql.exec", insert) + raw.conn.send_request(2, "store.stop", encode(Stop())))
+    got = await raw.frames_until_closed()
+    await raw.close()
+    assert [f.kind for f in got] == [Kind.GOAWAY]
+    bye = goaway_of(got)
+    assert bye.code == "protocol" and "HELLO" in bye.reason
+
+    # a HELLO without a token, with requests right behind it: refused, and the requests are not run
+    raw = await RawClient.open(where)
+    raw.send(
+        raw.conn.send_hello(encode({"version": 1, "token": ""}))
+        + raw.conn.send_request(1, "sql.exec", insert)
+        + raw.conn.send_request(2, "store.stop", encode(Stop()))
+    )
+    got = await raw.frames_until_closed()
+    await raw.close()
+    assert [f.kind for f in got] == [Kind.ERROR]
+    assert error_of(got[0]).code == "unauthenticated"
+
+    # a wrong token, then requests one by one as if refused meant nothing
+    raw = await RawClient.open(where)
+    f = await raw.hello("w" * 32)
+    assert error_of(f).code == "unauthenticated"
+    raw.send(raw.conn.send_request(1, "store.stop", encode(Stop())))
+    assert await raw.frames_until_closed() == []
+    await raw.close()
+
+    await asyncio.sleep(0.2)
+    assert server_alive(server)
+    assert [r["a"] for r in await db.all("select a from t")] == ["kept"]
+    assert (await admin_store.status())["pid"] == server.proc.pid  # type: ignore[union-attr]
+
+
+# contract: STORE-03
+async def test_data_token_reads_and_writes_but_cannot_stop_or_migrate(
+    tcp_server: tuple[ServerProcess, str, str], admin_store: tinystore.Store
+) -> None:
+    server, _, data = tcp_server
+    store = await tinystore.connect(server.tcp, token=data)
+    try:
+        # reads and writes
+        db = await store.database("app", migrations=MIGRATIONS)  # already applied: nothing to run
+        done = await db.exec("insert into t (a) values (?) returning id", "by data")
+        assert done.changes == 1 and done.rows
+        assert await db.scalar("select count(*) from t") == 2
+
+        async def work(tx: tinystore.SqlTx) -> int:
+            await tx.exec("insert into t (a) values ('in a tx')")
+            n: int = await tx.scalar("select count(*) from t")
+            return n
+
+        assert await db.tx(work) == 3
+        # no stopping
+        with pytest.raises(PermissionDeniedError):
+            await store.stop_server()
+        # no new migrations, nor a changed one
+        with pytest.raises(PermissionDeniedError):
+            await store.database("app", migrations=[*MIGRATIONS, ("002_u.sql", "create table u (a);")])
+        with pytest.raises(PermissionDeniedError):
+            await store.database("app", migrations=[("001_t.sql", "create table t (id integer primary key);")])
+        # still connected and working after the refusals
+        assert await db.scalar("select count(*) from t") == 3
+    finally:
+        await store.close()
+    assert server_alive(server)
+    admin_db = await admin_store.database("app")
+    assert await admin_db.scalar("select count(*) from sqlite_master where name = 'u'") == 0
+
+
+# contract: STORE-03
+async def test_data_token_cannot_migrate_a_new_database(
+    tcp_server: tuple[ServerProcess, str, str],
+) -> None:
+    server, _, data = tcp_server
+    store = await tinystore.connect(server.tcp, token=data)
+    try:
+        with pytest.raises(PermissionDeniedError):
+            await store.database("fresh", migrations=MIGRATIONS)
+    finally:
+        await store.close()
+
+
+# -- TLS ------------------------------------------------------------------------------------------
+
+
+def make_cert(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (the `cryptography` package if there, else `openssl`)."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    try:
+        import datetime
+
+        from cryptography import x509  # type: ignore[import-not-found]
+        from cryptography.hazmat.primitives import hashes, serialization  # type: ignore[import-not-found]
+        from cryptography.hazmat.primitives.asymmetric import ec  # type: ignore[import-not-found]
+        from cryptography.x509.oid import NameOID  # type: ignore[import-not-found]
+    except ImportError:
+        if shutil.which("openssl") is None:
+            pytest.skip("neither the cryptography package nor the openssl command is available")
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+                "-days",
+                "2",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        return cert, key
+    import ipaddress
+
+    pkey = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    c = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(pkey.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .sign(pkey, hashes.SHA256())
+    )
+    cert.write_bytes(c.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(
+        pkey.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert, key
+
+
+# contract: STORE-03
+async def test_tls_checks_the_server_before_the_token_leaves(tmp_path: Path) -> None:
+    cert, key = make_cert(tmp_path)
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(
+        tmp_path / "store",
+        "--listen",
+        "tls://127.0.0.1:0",
+        "--tokens",
+        str(tokens),
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+    ).start()
+    try:
+        address = server.tcp
+        assert address.startswith("tls://127.0.0.1:")
+        trusting = ssl.create_default_context(cafile=str(cert))
+        store = await tinystore.connect(address, token=admin, ssl_context=trusting)
+        try:
+            db = await store.database("app", migrations=MIGRATIONS)
+            await db.exec("insert into t (a) values ('over tls')")
+            assert await db.scalar("select a from t") == "over tls"
+        finally:
+            await store.close()
+        # a context that does not trust the certificate: refused by the client, before any HELLO
+        with pytest.raises(UnavailableError):
+            await tinystore.connect(address, token=admin, ssl_context=ssl.create_default_context())
+        # the right certificate but a wrong token is still refused
+        with pytest.raises(UnauthenticatedError):
+            await tinystore.connect(address, token="z" * 32, ssl_context=trusting)
+        # plain TCP to the TLS port gets nothing of the store
+        with pytest.raises(UnavailableError):
+            await tinystore.connect(address.replace("tls://", "tcp://"), token=admin, reconnect_timeout=1)
+        assert server_alive(server)
+    finally:
+        server.stop()
+
+
+class _Recorder(asyncio.Protocol):
+    """A TLS server's protocol that records whatever a client sends after the handshake, then hangs up."""
+
+    def __init__(self, got: list[bytes]) -> None:
+        self.got = got
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.got.append(data)
+        assert self.transport is not None
+        self.transport.close()
+
+
+# contract: STORE-03
+async def test_an_untrusted_server_never_sees_the_token(tmp_path: Path) -> None:
+    cert, key = make_cert(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(str(cert), str(key))
+    got: list[bytes] = []
+    loop = asyncio.get_running_loop()
+    srv = await loop.create_server(lambda: _Recorder(got), "127.0.0.1", 0, ssl=server_ctx)
+    try:
+        port = srv.sockets[0].getsockname()[1]
+        token = "s3cret-" + "t" * 24
+        # the client does not trust this server: the handshake fails and nothing is sent
+        with pytest.raises(UnavailableError):
+            await tinystore.connect(f"tls://127.0.0.1:{port}", token=token, ssl_context=ssl.create_default_context())
+        await asyncio.sleep(0.1)
+        assert got == []
+        # the control: a client that trusts it sends its HELLO, token included, over TLS
+        with pytest.raises(UnavailableError):
+            await tinystore.connect(
+                f"tls://127.0.0.1:{port}", token=token, ssl_context=ssl.create_default_context(cafile=str(cert))
+            )
+        assert token.encode() in b"".join(got)
+    finally:
+        srv.close()
+        await srv.wait_closed()

@@ -1,0 +1,150 @@
+"""STORE-05: SIGTERM or `tinystore stop DIR` stops a server gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tinystore.errors import TinystoreError
+from tinystore.server import paths
+
+from ..helpers import ServerProcess, write_tokens
+
+MIGRATIONS = [("001_t.sql", "create table t (id integer primary key, a text);")]
+STOP_BOUND = 5.0  # seconds from the request to stop to the process being gone
+SLOW = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 400000) select count(*) from c"
+
+
+# contract: STORE-05
+@pytest.mark.parametrize("how", ["sigterm", "cli"])
+async def test_graceful_stop(tmp_path: Path, how: str) -> None:
+    d = tmp_path / "store"
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(d, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    sock = paths.socket_path(d)
+    store = await tinystore.connect(server.tcp, token=admin, reconnect_timeout=1.0)
+    in_tx = asyncio.Event()
+    release = asyncio.Event()
+    try:
+        db = await store.database("app", migrations=MIGRATIONS)
+        for i in range(50):
+            await db.exec("insert into t (a) values (?)", f"committed {i}")
+
+        async def stalled(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values ('never committed')")
+            in_tx.set()
+            await release.wait()
+
+        tx_task = asyncio.ensure_future(db.tx(stalled))
+        await asyncio.wait_for(in_tx.wait(), 5)
+        # a read under way when the stop comes: it finishes (or fails cleanly), it is not left hanging
+        slow = asyncio.ensure_future(db.scalar(SLOW))
+        await asyncio.sleep(0.05)
+
+        t = time.monotonic()
+        cli_run = None
+        if how == "sigterm":
+            server.proc.send_signal(signal.SIGTERM)
+        else:
+            # the CLI waits for the server to be gone; reap it meanwhile (as its real parent would), or it
+            # would linger as a zombie that `kill -0` still finds
+            cli_run = asyncio.ensure_future(
+                asyncio.to_thread(
+                    subprocess.run,
+                    [sys.executable, "-m", "tinystore", "stop", str(d), "--grace", "2"],
+                    capture_output=True,
+                    timeout=30,
+                )
+            )
+        code = await asyncio.to_thread(server.proc.wait, 20)
+        took = time.monotonic() - t
+        assert code == 0, (d / "serve.log").read_text()[-2000:]
+        assert took < STOP_BOUND, took
+        if cli_run is not None:
+            cli = await cli_run
+            assert cli.returncode == 0, cli.stderr.decode()
+            assert time.monotonic() - t < STOP_BOUND + 1
+
+        # the read under way was let finish: its answer came back
+        assert await asyncio.wait_for(slow, 5) == 400000
+        # the stalled transaction was rolled back: its commit cannot succeed
+        release.set()
+        with pytest.raises(TinystoreError):
+            await asyncio.wait_for(tx_task, 10)
+
+        # the socket and the address file are gone
+        assert not sock.exists()
+        assert paths.read_address(d) is None
+        # the WAL was checkpointed into the database (empty or gone)
+        wal = d / "sql" / "app.db-wal"
+        assert not wal.exists() or wal.stat().st_size == 0
+        # the lock was let go: a new owner opens at once; committed rows are there, the stalled one is not
+        t = time.monotonic()
+        owner = await tinystore.open(d, embedded=True, serve=False)
+        assert time.monotonic() - t < 2
+        try:
+            db2 = await owner.database("app")
+            assert await db2.scalar("select count(*) from t where a like 'committed %'") == 50
+            assert await db2.scalar("select count(*) from t where a = 'never committed'") == 0
+            assert await db2.scalar("pragma integrity_check") == "ok"
+        finally:
+            await owner.close()
+    finally:
+        release.set()
+        await store.close()
+        server.stop()
+
+
+# contract: STORE-05
+async def test_no_new_calls_once_stopping(tmp_path: Path) -> None:
+    """A client connected over the socket sees the stop; new connections are refused once it is gone."""
+    d = tmp_path / "store"
+    server = ServerProcess(d).start()
+    assert server.proc is not None
+    try:
+        store = await tinystore.open(d, private=False, idle="1s")
+        # the directory's server is the ServerProcess: open() found it instead of starting one
+        assert (await store.status())["pid"] == server.proc.pid
+        db = await store.database("app", migrations=MIGRATIONS)
+        await db.exec("insert into t (a) values ('x')")
+        await store.close()
+        server.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(server.proc.wait, 20) == 0
+        # nobody listens any more: a raw connect to the old socket fails
+        with pytest.raises(OSError):
+            await asyncio.open_unix_connection(str(paths.socket_path(d)))
+    finally:
+        server.stop()
+    # `tinystore stop` on a directory nobody serves says so and fails
+    cli = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "tinystore", "stop", str(d)], capture_output=True, timeout=30
+    )
+    assert cli.returncode == 1
+    assert b"unavailable" in cli.stderr
+
+
+# contract: STORE-05
+async def test_sigint_is_a_graceful_stop_too(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    server = ServerProcess(d).start()
+    assert server.proc is not None
+    try:
+        server.proc.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(server.proc.wait, 20) == 0
+        assert paths.read_address(d) is None
+        with contextlib.suppress(FileNotFoundError):
+            assert os.path.getsize(d / "LOCK") >= 0
+        owner = await tinystore.open(d, embedded=True, serve=False)
+        await owner.close()
+    finally:
+        server.stop()
