@@ -8,6 +8,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .client.channels import Channel, Message, Missed, Subscription
+from .client.jobs import Job, JobEvent, JobPage, Outcome, Queue, Run, Worker
 from .client.sql import Database, SqlTx
 from .client.store import Store, connect, open
 from .errors import (
@@ -29,6 +31,7 @@ from .limits import Limits
 from .protocol.sql import Done
 
 __all__ = [
+    "Channel",
     "ClosedError",
     "ConflictError",
     "CorruptError",
@@ -36,17 +39,27 @@ __all__ = [
     "Done",
     "InUseError",
     "InvalidError",
+    "Job",
+    "JobEvent",
+    "JobPage",
     "LimitError",
     "Limits",
     "LostError",
+    "Message",
+    "Missed",
+    "Outcome",
     "OutcomeUnknownError",
     "PermanentError",
     "PermissionDeniedError",
+    "Queue",
+    "Run",
     "SqlTx",
     "Store",
+    "Subscription",
     "TinystoreError",
     "UnauthenticatedError",
     "UnavailableError",
+    "Worker",
     "__version__",
     "connect",
     "open",

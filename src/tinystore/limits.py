@@ -39,6 +39,9 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     frame_body_bytes: int = 16 * 1024 * 1024
     sidecar_idle: float = 30.0
     readers: int = 4
+    #: a read first runs on the event loop for at most this long (seconds); past it SQLite interrupts it and it
+    #: runs again on a reader thread. 0 sends every read to a reader thread.
+    inline_read: float = 0.0005
 
     def to_json(self) -> str:
         return msgspec.json.encode(self).decode()

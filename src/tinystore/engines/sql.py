@@ -5,8 +5,11 @@ The event loop never waits on SQLite: every call returns an ``asyncio.Future`` t
 - Writes (:meth:`SqlDatabase.write`) go to the writer thread. Independent single-statement writes that
   are queued together share one transaction and one fsync (group commit), each inside its own savepoint so
   one failure fails only its own statement.
-- Reads (:meth:`SqlDatabase.read`) go to reader threads on read-only connections; WAL gives each a snapshot
-  and the writer never blocks them.
+- Reads (:meth:`SqlDatabase.read`) run on read-only connections; WAL gives each a snapshot and the writer
+  never blocks them. A read first runs on the loop's own connection under a time budget
+  (``Limits.inline_read``, 0.5 ms): SQLite's progress handler interrupts it past the budget and it runs
+  again on a reader thread. A point read so costs no thread hop, and the loop is never held longer than
+  the budget.
 - Interactive transactions (:meth:`SqlDatabase.begin`) take the writer at their start (``BEGIN IMMEDIATE``)
   and hold it until commit, rollback, or until they stay idle past ``tx_idle`` or run past ``tx_max``.
   Read-only transactions hold one reader connection with a snapshot instead.
@@ -223,6 +226,9 @@ class SqlDatabase:
         self.stats = {"writes": 0, "commits": 0, "reads": 0, "transactions": 0}
         self._spare: list[sqlite3.Connection] = []
         self._spare_lock = threading.Lock()
+        self._inline: sqlite3.Connection | None = None
+        self._inline_deadline = 0.0
+        self.inline_budget = self.limits.inline_read
 
     # -- connections -----------------------------------------------------------------------------
 
@@ -249,6 +255,9 @@ class SqlDatabase:
         except BaseException:
             writer.close()
             raise
+        if self.inline_budget > 0:
+            self._inline = self.connect(readonly=True)
+            self._inline.set_progress_handler(self._inline_check, 500)
         t = threading.Thread(target=self._writer_main, args=(writer,), name=f"tinystore-sql-{self.name}-w", daemon=True)
         self._threads.append(t)
         t.start()
@@ -300,13 +309,33 @@ class SqlDatabase:
         self._writes.put(_Write(sql, check_params(self.name, params), fut))
         return fut
 
+    def _inline_check(self) -> int:
+        return 1 if time.monotonic() > self._inline_deadline else 0
+
     def read(self, sql: str, params: Sequence[Any], mode: str = "all") -> asyncio.Future[Rows]:
-        """A read on a reader thread. ``mode``: "all", "one" (at most one row) or "scalar"."""
+        """A read. ``mode``: "all", "one" (at most one row) or "scalar". It runs on the loop when it fits the
+        inline budget (the future is then already resolved), else on a reader thread."""
         fut: asyncio.Future[Rows] = self.loop.create_future()
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
             return fut
-        self._reads.put(_Read(sql, check_params(self.name, params), mode, fut))
+        values = check_params(self.name, params)
+        conn = self._inline
+        if conn is not None:
+            self._inline_deadline = time.monotonic() + self.inline_budget
+            try:
+                fut.set_result(self._query(conn, sql, values, mode))
+                self.stats["reads"] += 1
+                return fut
+            except sqlite3.OperationalError as exc:
+                if str(exc) != "interrupted":
+                    fut.set_exception(sql_error(self.name, exc))
+                    return fut
+                self.stats["reads_moved"] = self.stats.get("reads_moved", 0) + 1
+            except BaseException as exc:
+                fut.set_exception(sql_error(self.name, exc))
+                return fut
+        self._reads.put(_Read(sql, values, mode, fut))
         return fut
 
     def begin(self, owner: object, read_only: bool = False) -> asyncio.Future[SqlTx]:
@@ -601,6 +630,9 @@ class SqlDatabase:
             for c in self._spare:
                 c.close()
             self._spare.clear()
+        if self._inline is not None:
+            self._inline.close()
+            self._inline = None
 
 
 def _check_size(db: str, rows: list[Any], limit: int) -> None:

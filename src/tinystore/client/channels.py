@@ -1,0 +1,846 @@
+"""Channels in the SDK: :class:`Channel`, :class:`Subscription`, :class:`Message` and :class:`Missed`.
+
+A channel is a name that values of one type are published on; ``under(*owners)`` picks a branch of it.
+Publishing encodes the value as MessagePack (as the channel's type encodes it) and hands it to the store;
+subscribing registers a position in the branch's log with the store, which then pushes what lies past it,
+never more than the subscription's credit (the prefetch window, ``Limits.channel_prefetch``, 64 messages).
+The SDK gives credit back in batches as the handler finishes messages, so a slow handler never makes the
+store or this process buffer more than the window; what the store's bounded log dropped meanwhile is told
+as ``Missed("behind", n)`` with the exact n (CHAN-02).
+
+When the connection drops, every live subscription subscribes again by itself after the last message it
+handled, and the next thing it hears is ``Missed("reconnect", n)``: n is exact (0 when nothing was lost)
+while the store still holds what was published meanwhile, ``None`` when it restarted (CHAN-04).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import msgspec
+
+from ..errors import ClosedError, InvalidError, LimitError, TinystoreError
+from ..names import check_name, key_text
+from ..protocol.channels import (
+    DELIVER,
+    GRANT,
+    PUBLISH,
+    PUBLISH_MANY,
+    SUBSCRIBE,
+    UNSUBSCRIBE,
+    After,
+    Delivery,
+    DeliveryItem,
+    Grant,
+    MessageItem,
+    MissedItem,
+    Publish,
+    Published,
+    PublishMany,
+    Subscribe,
+    Subscribed,
+    Unsubscribe,
+)
+
+if TYPE_CHECKING:
+    from .sql import SqlTx
+    from .store import Store
+    from .transport import Transport
+
+__all__ = ["Channel", "Message", "Missed", "Subscription", "TxChannel"]
+
+log = logging.getLogger("tinystore.channels")
+
+T = TypeVar("T")
+
+Handler = Callable[["Message[T]"], Any]
+"""A message handler: a plain function or a coroutine function of one :class:`Message`."""
+MissedHandler = Callable[["Missed"], Any]
+ErrorHandler = Callable[[Exception], Any]
+AfterArg = str | Mapping[Sequence[str | int] | str | int, str] | None
+
+BATCH_BYTES = 1024 * 1024
+"""Publishes of one loop turn go in one call up to this many payload bytes (then a new call starts)."""
+BATCH_ITEMS = 1024
+
+WARN_EVERY = 10.0
+"""Seconds between two warnings of one kind from one subscription (the ones in between are counted)."""
+
+
+class Message(msgspec.Struct, Generic[T], frozen=True):
+    """One message of a channel.
+
+    ``value``: the published value, decoded as the channel's type. ``branch``: the branch it was published on,
+    as a list of str (``[]`` for the channel itself; ``under(7)`` gives ``["7"]``). ``seq``: its place in its
+    branch, one more than the message before it. ``id``: ``"<epoch>-<seq>"``, unique on its branch across
+    server restarts; ``subscribe(after=id)`` resumes after it.
+    """
+
+    value: T
+    branch: list[str]
+    seq: int
+    id: str
+
+
+class Missed(msgspec.Struct, frozen=True):
+    """Messages a subscription did not get. ``reason``: ``"behind"`` (the branch log dropped them before they
+    could be sent: the subscription fell behind, or ``after=`` named a message the log no longer holds) or
+    ``"reconnect"`` (the connection dropped and the subscription was made again). ``count``: the exact number
+    of messages lost, ``0`` when none was (a reconnect is always told), ``None`` when the store cannot tell
+    (it restarted, or the branch was forgotten)."""
+
+    reason: str
+    count: int | None
+
+
+class _Codec:
+    """Encodes and checks values of one channel's type; decodes its payloads."""
+
+    __slots__ = ("check", "decode", "encoder", "limit", "name", "type")
+
+    def __init__(self, name: str, type_: Any, limit: int) -> None:
+        self.name = name
+        self.type = type_
+        self.limit = limit
+        self.encoder = msgspec.msgpack.Encoder()
+        try:
+            decoder = msgspec.msgpack.Decoder(Any if type_ is None else type_)
+        except TypeError as exc:
+            raise InvalidError(f"channel {name}: type {type_!r} cannot be carried: {exc}") from None
+        self.decode = decoder.decode
+        self.check = type_ is not None
+
+    def encode(self, value: Any) -> bytes:
+        try:
+            data = self.encoder.encode(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidError(f"channel {self.name}: the value does not encode: {exc}") from None
+        if self.check:
+            try:
+                self.decode(data)
+            except msgspec.ValidationError as exc:
+                raise InvalidError(f"channel {self.name}: the value is not a {_type_name(self.type)}: {exc}") from None
+        if len(data) > self.limit:
+            raise LimitError(
+                f"channel {self.name}: a message of {len(data)} bytes is over the limit of {self.limit} bytes",
+                limit=self.limit,
+                wanted=len(data),
+            )
+        return data
+
+
+def _type_name(t: Any) -> str:
+    return getattr(t, "__name__", None) or repr(t)
+
+
+def _branch_parts(name: str, owners: Sequence[object]) -> tuple[str, ...]:
+    return tuple(key_text("channel", name, o) for o in owners)
+
+
+class Channel(Generic[T]):
+    """A channel (or one of its branches) of a store. Get one with ``store.channel(name, type)``.
+
+    ``name`` matches ``[a-z0-9][a-z0-9_-]{0,63}``; ``type`` is a dataclass, msgspec Struct, TypedDict or plain
+    JSON type (``None``: any JSON value); ``branch`` is the tuple of str this object publishes and listens on.
+    Creating one raises ``InvalidError`` for a bad name or a type msgspec cannot carry; it sends nothing.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        type: Any = None,
+        *,
+        _branch: tuple[str, ...] = (),
+        _codec: _Codec | None = None,
+    ) -> None:
+        check_name("channel", name)
+        self.store = store
+        self.name = name
+        self.type = type
+        self.branch = _branch
+        self._wire_branch = list(_branch)
+        self._codec = _codec or _Codec(name, type, store.limits.channel_message_bytes)
+
+    def under(self, *owners: str | int) -> Channel[T]:
+        """The branch ``owners`` below this one: ``under(7)`` and ``under("7")`` are one branch, and
+        ``ch.under("org-1").under(7)`` is ``ch.under("org-1", 7)``. Each owner is a str or an int, 1 to 256
+        characters as text; anything else raises ``InvalidError``. Sends nothing."""
+        parts = self.branch + _branch_parts(self.name, owners)
+        return Channel(self.store, self.name, self.type, _branch=parts, _codec=self._codec)
+
+    async def publish(self, value: T) -> str:
+        """Publish ``value`` on this branch; returns its message id (``"<epoch>-<seq>"``) once the store has it.
+
+        Never waits for any subscriber (CHAN-02); many publishes may be in flight at once, and those of one
+        task are delivered in the order published. Raises ``InvalidError`` (the value does not encode as the
+        channel's type), ``LimitError`` (its encoding is over ``channel_message_bytes``, 64 KiB: ``limit`` and
+        ``wanted`` in bytes) — in both cases nothing is published —, ``OutcomeUnknownError`` (the connection
+        dropped before the answer: it may have been published), ``ClosedError`` (the store is closed). A
+        cancel after the message was sent may leave it published.
+        """
+        data = self._codec.encode(value)
+        req = Publish(self.name, self._wire_branch, data)
+        hub = _hub(self.store)
+        if hub.local:
+            got: Published = await self.store._call(PUBLISH, req, Published, write=True)
+            return got.id
+        got = await hub.publish(req, len(data))
+        return got.id
+
+    def _bind_tx(self, tx: SqlTx) -> TxChannel[T]:
+        if tx.db.store is not self.store:
+            raise InvalidError(f"channel {self.name}: the transaction belongs to another store")
+        return TxChannel(self, tx)
+
+    async def subscribe(
+        self,
+        handler: Callable[[Message[T]], Any],
+        *,
+        on_missed: MissedHandler | None = None,
+        on_error: ErrorHandler | None = None,
+        recursive: bool = False,
+        after: AfterArg = None,
+    ) -> Subscription[T]:
+        """Listen to this branch (and, with ``recursive=True``, every branch below it); returns once the store
+        has the subscription: every message published after that reaches ``handler`` in publish order per
+        branch, unless told missed (CHAN-01).
+
+        ``handler(message)`` is called with one :class:`Message` at a time, never two at once; it may be a
+        coroutine function (awaited before the next message). When it raises, the exception goes to
+        ``on_error(exc)`` (or a warning in the log, at most one every 10 s) and the subscription goes on.
+        ``on_missed(Missed(reason, count))`` is called, in line with the messages, before the first message
+        after a gap; without it a gap is a warning in the log. ``after``: resume after this message id (for a
+        recursive subscription also a mapping ``{branch: id}`` with branches as tuples of owners): what the
+        store still holds after it is delivered, preceded by ``Missed("behind", n)`` when some was lost
+        (``count`` ``None`` when the store cannot tell, e.g. the id is from before a restart).
+
+        Raises ``InvalidError`` (bad ``after``), ``LimitError`` (the store has 100,000 subscriptions),
+        ``ClosedError``, ``UnavailableError``. A cancel while subscribing leaves at most a subscription in the
+        store that the SDK ends when it hears from it (or the connection ends).
+        """
+        hub = _hub(self.store)
+        sub: Subscription[T] = Subscription(hub, self, recursive, on_missed, on_error)
+        await sub._subscribe(after)
+        sub._task = asyncio.get_running_loop().create_task(
+            sub._run(handler), name=f"tinystore channel {self.name} subscription"
+        )
+        return sub
+
+    async def each(
+        self, *, on_missed: MissedHandler | None = None, recursive: bool = False, after: AfterArg = None
+    ) -> AsyncIterator[Message[T]]:
+        """The messages of this branch as an async iterator: ``async for m in ch.each(): ...``.
+
+        It subscribes at its first turn (as :meth:`subscribe`, with the same errors); the loop's body is the
+        handler: credit goes back to the store as the body asks for the next message. ``on_missed`` is called
+        before the first message after a gap (a warning in the log without it). Leaving the loop (``break``,
+        an exception, a cancel) stops the subscription once the iterator is closed — at once with
+        ``contextlib.aclosing(ch.each())``, else when it is garbage collected. The loop ends when the store
+        closes.
+        """
+        hub = _hub(self.store)
+        sub: Subscription[T] = Subscription(hub, self, recursive, on_missed, None)
+        await sub._subscribe(after)
+        try:
+            while True:
+                item = await sub._next()
+                if item is None:
+                    return
+                if isinstance(item, Missed):
+                    await sub._tell_missed(item)
+                    continue
+                sub.handled += 1
+                yield item
+        finally:
+            await sub.stop()
+
+    def __repr__(self) -> str:
+        where = "/".join((self.name, *self.branch))
+        return f"<tinystore.Channel {where} {_type_name(self.type) if self.type is not None else 'JSON'}>"
+
+
+class TxChannel(Generic[T]):
+    """A channel bound to a SQL transaction (``tx.with_(channel)``): what it publishes is handed over only
+    when the transaction commits, and never if it rolls back (CHAN-03)."""
+
+    def __init__(self, channel: Channel[T], tx: SqlTx) -> None:
+        self.channel = channel
+        self.tx = tx
+
+    def under(self, *owners: str | int) -> TxChannel[T]:
+        """The branch ``owners`` below this one, still bound to the transaction (see :meth:`Channel.under`)."""
+        return TxChannel(self.channel.under(*owners), self.tx)
+
+    async def publish(self, value: T) -> None:
+        """Publish ``value`` when the transaction commits; returns once the store has it, checked.
+
+        Subscribers hear it only after the commit returned, and a subscriber that hears it can read the
+        committed rows; a rollback (a raise, a cancel, a timeout, a dropped connection) drops it, and nobody
+        hears of it. Raises ``InvalidError`` (the value does not encode as the channel's type; a read-only
+        transaction), ``LimitError`` (over 64 KiB encoded), ``ClosedError`` (the transaction ended, or the
+        connection dropped: the transaction is then rolled back). Nothing is kept when it raises.
+        """
+        self.tx._check()
+        ch = self.channel
+        data = ch._codec.encode(value)
+        await ch.store._call(PUBLISH, Publish(ch.name, ch._wire_branch, data, self.tx.id), Any, retry=False)
+
+    def __repr__(self) -> str:
+        return f"<tinystore.TxChannel {'/'.join((self.channel.name, *self.channel.branch))} tx {self.tx.id}>"
+
+
+class _Warner:
+    """At most one warning every :data:`WARN_EVERY` seconds; the ones in between are counted."""
+
+    __slots__ = ("next_at", "suppressed")
+
+    def __init__(self) -> None:
+        self.next_at = 0.0
+        self.suppressed = 0
+
+    def warn(self, msg: str, *args: object, exc: BaseException | None = None) -> None:
+        now = time.monotonic()
+        if now < self.next_at:
+            self.suppressed += 1
+            return
+        if self.suppressed:
+            msg += f" ({self.suppressed} more like it in the last {WARN_EVERY:g}s)"
+        self.suppressed = 0
+        self.next_at = now + WARN_EVERY
+        log.warning(msg, *args, exc_info=exc)
+
+
+class Subscription(Generic[T]):
+    """A live subscription, as :meth:`Channel.subscribe` returns it. End it with :meth:`stop`.
+
+    ``channel`` is the branch it listens to, ``recursive`` whether it hears the branches below too.
+    ``handled`` counts the messages handed to the handler, ``missed`` the messages told missed (the counts of
+    the ``Missed`` notices that had one), ``reconnects`` the times it was made again after a dropped
+    connection: for every subscription, ``handled + missed`` is the number of messages published to its
+    branches since it subscribed (whenever no reconnect had count ``None``).
+    """
+
+    def __init__(
+        self,
+        hub: _Hub,
+        channel: Channel[T],
+        recursive: bool,
+        on_missed: MissedHandler | None,
+        on_error: ErrorHandler | None,
+    ) -> None:
+        self.channel = channel
+        self.recursive = recursive
+        self.handled = 0
+        self.missed = 0
+        self.reconnects = 0
+        self.errors = 0
+        self._hub = hub
+        self._decode = channel._codec.decode
+        self._on_missed = on_missed
+        self._on_error = on_error
+        self._sid = 0  # the store's id of this subscription; 0 while there is none
+        self._conn_gen = -1  # the connection it was made on (hub.conn_gen at the time)
+        self._buf: collections.deque[DeliveryItem | Missed] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._stopped = False
+        self._task: asyncio.Task[None] | None = None
+        self._grant_task: asyncio.Task[None] | None = None
+        self._in_hand = False  # the message last handed out took a credit of the current subscription
+        self._owed = 0  # credit earned by finished messages, not granted yet
+        prefetch = hub.prefetch
+        self._prefetch = prefetch
+        # credit goes back once a quarter of the window is finished: the store never has less than 3/4 of
+        # the window minus what is buffered here, so it never stalls, and grants cost one call per batch
+        self._batch = max(1, prefetch // 4)
+        self._pos: str | None = None  # not recursive: the id just before the next message to handle
+        self._last: dict[tuple[str, ...], str] = {}  # recursive: the last id handled per branch
+        self._unsure = False  # recursive: a "behind" notice was handled since it last subscribed
+        self._copy_branch = hub.local
+        self._warner = _Warner()
+
+    # ------------------------------------------------------------------ public
+
+    async def stop(self) -> None:
+        """End the subscription: the store forgets it, nothing more is delivered, and messages received but
+        not handled yet are dropped. A handler running when ``stop`` is called from elsewhere is cancelled
+        (called from inside the handler, the handler finishes and nothing follows). Idempotent; never raises
+        for a connection that is gone (the store ends the subscription with the connection anyway). A cancel
+        of ``stop`` itself leaves the subscription ended on this side and, at worst, in the store until the
+        connection closes."""
+        if self._stopped:
+            return
+        sid = self._stop_local()
+        task = self._task
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        if sid and not self._hub.closed:
+            await self._hub.unsubscribe(sid)
+
+    @property
+    def active(self) -> bool:
+        """True until :meth:`stop` (or the store's close) ended it."""
+        return not self._stopped
+
+    def statistics(self) -> dict[str, Any]:
+        """Counts: ``handled``, ``missed``, ``reconnects``, ``errors`` (handler exceptions), ``buffered``
+        (messages received and not handled yet, at most the prefetch window), ``credit_owed`` (finished
+        messages whose credit was not granted yet)."""
+        return {
+            "handled": self.handled,
+            "missed": self.missed,
+            "reconnects": self.reconnects,
+            "errors": self.errors,
+            "buffered": sum(1 for i in self._buf if type(i) is MessageItem),
+            "credit_owed": self._owed,
+        }
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else f"sub {self._sid}"
+        return f"<tinystore.Subscription {self.channel!r} {state} handled {self.handled} missed {self.missed}>"
+
+    # ------------------------------------------------------------------ subscribing
+
+    def _request(self, after: AfterArg, resume: bool) -> Subscribe:
+        ch = self.channel
+        req = Subscribe(
+            channel=ch.name,
+            branch=ch._wire_branch,
+            recursive=self.recursive,
+            credit=self._prefetch,
+            resume=resume,
+        )
+        if after is None:
+            return req
+        if isinstance(after, str):
+            req.after = after
+            if self.recursive:
+                self._last[ch.branch] = after
+            return req
+        if not self.recursive:
+            raise InvalidError(f"channel {ch.name}: after: a mapping of ids needs recursive=True")
+        for key, mid in after.items():
+            owners = key if isinstance(key, list | tuple) else (key,)
+            parts = _branch_parts(ch.name, owners)
+            if not isinstance(mid, str):
+                raise InvalidError(f"channel {ch.name}: after {mid!r}: a message id is '<epoch>-<seq>'")
+            req.after_branches.append(After(list(parts), mid))
+            self._last[parts] = mid
+        req.resume = True
+        return req
+
+    async def _call_subscribe(self, req: Subscribe, *, retry: bool) -> Subscribed:
+        hub = self._hub
+        hub.subscribing += 1
+        try:
+            got: Subscribed = await hub.transport.call(SUBSCRIBE, req, Subscribed, retry=retry)
+        finally:
+            hub.subscribing -= 1
+        return got
+
+    async def _subscribe(self, after: AfterArg) -> None:
+        hub = self._hub
+        if hub.closed:
+            raise ClosedError(f"channel {self.channel.name}: the store is closed")
+        req = self._request(after, False)
+        gen = hub.conn_gen
+        got = await self._call_subscribe(req, retry=True)
+        early = hub.take_early(got.sub)
+        if hub.closed:
+            self._stopped = True
+            raise ClosedError(f"channel {self.channel.name}: the store closed while subscribing")
+        self._install(got, gen)
+        if after is not None and (got.missed is None or got.missed > 0):
+            self._buf.append(Missed("behind", got.missed))
+        if early:
+            self._buf.extend(early)
+        hub.live[self] = None
+
+    def _install(self, got: Subscribed, gen: int) -> None:
+        self._sid = got.sub
+        self._conn_gen = gen
+        self._hub.subs[got.sub] = self
+        if not self.recursive:
+            self._pos = got.start
+
+    async def _resubscribe(self, gen: int) -> None:
+        """Subscribe again after a reconnect, after the last message handled; tell ``Missed("reconnect", n)``."""
+        hub = self._hub
+        # what was received and not handled is dropped: the store sends it again (or counts it as missed)
+        old = self._sid
+        if old:
+            hub.subs.pop(old, None)
+        self._sid = 0
+        self._buf.clear()
+        self._in_hand = False
+        self._owed = 0
+        if self.recursive:
+            ch = self.channel
+            req = Subscribe(
+                channel=ch.name,
+                branch=ch._wire_branch,
+                recursive=True,
+                credit=self._prefetch,
+                after_branches=[After(list(b), mid) for b, mid in self._last.items()],
+                resume=True,
+            )
+        else:
+            req = self._request(self._pos, True)
+        got = await self._call_subscribe(req, retry=False)
+        early = hub.take_early(got.sub)
+        if self._stopped or hub.closed:
+            if not hub.closed:
+                await hub.unsubscribe(got.sub)
+            return
+        self._install(got, gen)
+        count = got.missed
+        if self.recursive and self._unsure:
+            count = None  # a "behind" notice moved it past ids it cannot name: the store would count twice
+        self._unsure = False
+        self.reconnects += 1
+        self._buf.append(Missed("reconnect", count))
+        if early:
+            self._buf.extend(early)
+        self._wake()
+        if old and old != got.sub:
+            hub.spawn(hub.unsubscribe(old))  # in case the old one lives on this connection; else ignored
+
+    # ------------------------------------------------------------------ delivery
+
+    def _feed(self, items: list[DeliveryItem]) -> None:
+        self._buf.extend(items)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _next(self) -> Message[T] | Missed | None:
+        """The next message or missed notice; the message handed out before it counts as finished.
+        ``None`` once the subscription stopped."""
+        if self._in_hand:
+            self._in_hand = False
+            self._owed += 1
+            if self._owed >= self._batch:
+                self._grant()
+        buf = self._buf
+        while True:
+            if self._stopped:
+                return None
+            if not buf:
+                fut = self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await fut
+                finally:
+                    self._waiter = None
+                continue
+            item = buf.popleft()
+            if type(item) is MessageItem:
+                if self._sid:
+                    self._in_hand = True
+                if self.recursive:
+                    self._last[tuple(item.branch)] = item.id
+                else:
+                    self._pos = item.id
+                try:
+                    value = self._decode(item.payload)
+                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                    self.errors += 1
+                    await self._report(
+                        InvalidError(f"channel {self.channel.name}: message {item.id} does not decode: {exc}")
+                    )
+                    if self._in_hand:
+                        self._in_hand = False
+                        self._owed += 1
+                    continue
+                branch = list(item.branch) if self._copy_branch else item.branch
+                return Message(value, branch, item.seq, item.id)
+            if type(item) is MissedItem:
+                if item.count:
+                    if self.recursive:
+                        self._unsure = True
+                    elif self._pos is not None:
+                        self._pos = _advance(self._pos, item.count)
+                return Missed(item.reason, item.count)
+            assert isinstance(item, Missed)
+            return item
+
+    def _grant(self) -> None:
+        n = self._owed
+        sid = self._sid
+        if not n or not sid or self._stopped:
+            return
+        hub = self._hub
+        if hub.local:
+            self._owed = 0
+            hub.grant_now(sid, n)
+            return
+        if self._grant_task is not None:
+            return  # one grant in flight at a time; the rest is sent when it returns
+        self._owed = 0
+        self._grant_task = asyncio.get_running_loop().create_task(self._send_grants(sid, n))
+
+    async def _send_grants(self, sid: int, n: int) -> None:
+        try:
+            while True:
+                try:
+                    await self._hub.transport.call(GRANT, Grant(sid, n), Any, retry=False)
+                except TinystoreError:
+                    return  # the connection is gone: a new subscription starts with fresh credit
+                if self._stopped or sid != self._sid:
+                    return
+                n = self._owed
+                if n < self._batch:
+                    return
+                self._owed = 0
+        finally:
+            self._grant_task = None
+
+    async def _run(self, handler: Callable[[Message[T]], Any]) -> None:
+        isawaitable = inspect.isawaitable
+        while True:
+            item = await self._next()
+            if item is None:
+                return
+            if isinstance(item, Missed):
+                await self._tell_missed(item)
+                continue
+            self.handled += 1
+            try:
+                r = handler(item)
+                if r is not None and isawaitable(r):
+                    await r
+            except Exception as exc:
+                self.errors += 1
+                await self._report(exc)
+
+    async def _tell_missed(self, m: Missed) -> None:
+        if m.count:
+            self.missed += m.count
+        cb = self._on_missed
+        if cb is None:
+            self._warner.warn("%r: missed %s messages (%s); pass on_missed= to handle it", self, m.count, m.reason)
+            return
+        try:
+            r = cb(m)
+            if inspect.isawaitable(r):
+                await r
+        except Exception as exc:
+            await self._report(exc)
+
+    async def _report(self, exc: Exception) -> None:
+        cb = self._on_error
+        if cb is None:
+            self._warner.warn("%r: the handler raised %r; the subscription goes on", self, exc, exc=exc)
+            return
+        try:
+            r = cb(exc)
+            if inspect.isawaitable(r):
+                await r
+        except Exception as again:
+            self._warner.warn("%r: on_error raised %r", self, again, exc=again)
+
+    def _stop_local(self) -> int:
+        """Mark stopped, leave the hub, wake the reader; returns the store's id to unsubscribe (or 0)."""
+        self._stopped = True
+        hub = self._hub
+        hub.live.pop(self, None)
+        sid = self._sid
+        if sid:
+            hub.subs.pop(sid, None)
+        self._sid = 0
+        self._buf.clear()
+        if self._grant_task is not None:
+            self._grant_task.cancel()
+        self._wake()
+        return sid
+
+
+def _advance(pos: str, n: int) -> str:
+    epoch, _, seq = pos.partition("-")
+    return f"{epoch}-{int(seq) + n}"
+
+
+class _Hub:
+    """The channels side of one store's connection: routes deliveries to subscriptions by the store's id,
+    subscribes them again after a reconnect, and stops them when the store closes."""
+
+    def __init__(self, store: Store) -> None:
+        self.transport: Transport = store.transport
+        self.local = bool(self.transport.local)
+        self.prefetch = store.limits.channel_prefetch
+        self.subs: dict[int, Subscription[Any]] = {}
+        self.live: dict[Subscription[Any], None] = {}
+        self.early: dict[int, list[DeliveryItem]] = {}
+        self.subscribing = 0
+        self.conn_gen = 0
+        self.closed = False
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.resub_task: asyncio.Task[None] | None = None
+        self.orphans: set[int] = set()
+        self.batch: list[tuple[Publish, asyncio.Future[Published]]] | None = None
+        self.batch_bytes = 0
+        self.transport.on_push(DELIVER, self._deliver, Delivery)
+        self.transport.reconnect_hooks.append(self._on_reconnect)
+        store._close_hooks.append(self.close)
+
+    def _deliver(self, body: Delivery) -> None:
+        s = self.subs.get(body.sub)
+        if s is not None:
+            s._feed(body.items)
+        elif self.subscribing:
+            # the answer to a subscribe in flight may come after its first delivery is read
+            self.early.setdefault(body.sub, []).extend(body.items)
+        elif not self.closed and body.sub not in self.orphans and len(self.orphans) < 10_000:
+            self.orphans.add(body.sub)  # a subscription whose subscribe was cancelled: end it
+            self.spawn(self.unsubscribe(body.sub))
+
+    def publish(self, req: Publish, size: int) -> asyncio.Future[Published]:
+        """Send ``req`` with the other publishes of this loop turn: one ``channels.publish_many`` call for
+        them all (all or none), in the order they were made."""
+        fut: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
+        batch = self.batch
+        if batch is None or self.batch_bytes + size > BATCH_BYTES or len(batch) >= BATCH_ITEMS:
+            batch = self.batch = []
+            self.batch_bytes = 0
+            self.spawn(self._send_batch(batch))
+        batch.append((req, fut))
+        self.batch_bytes += size
+        return fut
+
+    async def _send_batch(self, batch: list[tuple[Publish, asyncio.Future[Published]]]) -> None:
+        # runs one loop turn after the batch's first publish: what came in that turn is in it
+        if self.batch is batch:
+            self.batch = None
+        try:
+            if len(batch) == 1:
+                got = [await self.transport.call(PUBLISH, batch[0][0], Published, write=True)]
+            else:
+                got = await self.transport.call(
+                    PUBLISH_MANY, PublishMany([r for r, _ in batch]), list[Published], write=True
+                )
+        except TinystoreError as exc:
+            if len(batch) > 1 and exc.code not in ("outcome_unknown", "closed", "unavailable"):
+                # refused as a whole (nothing of it was published): each on its own, so only the bad one fails
+                for req, fut in batch:
+                    if not fut.done():
+                        self.spawn(self._send_one(req, fut))
+                return
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        except BaseException as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(ClosedError(f"channels: the publish was interrupted: {exc!r}"))
+            raise
+        for (_, fut), published in zip(batch, got, strict=True):
+            if not fut.done():
+                fut.set_result(published)
+
+    async def _send_one(self, req: Publish, fut: asyncio.Future[Published]) -> None:
+        try:
+            got: Published = await self.transport.call(PUBLISH, req, Published, write=True)
+        except BaseException as exc:
+            if not fut.done():
+                fut.set_exception(exc if isinstance(exc, TinystoreError) else ClosedError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if not fut.done():
+            fut.set_result(got)
+
+    def take_early(self, sid: int) -> list[DeliveryItem] | None:
+        early = self.early.pop(sid, None)
+        if not self.subscribing:
+            self.early.clear()
+        return early
+
+    def grant_now(self, sid: int, n: int) -> None:
+        t: Any = self.transport
+        try:
+            t.core.invoke(t.session, GRANT, Grant(sid, n))
+        except TinystoreError:
+            pass
+
+    async def unsubscribe(self, sid: int) -> None:
+        with contextlib.suppress(TinystoreError):
+            await self.transport.call(UNSUBSCRIBE, Unsubscribe(sub=sid), Any, retry=False)
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _on_reconnect(self, old_epoch: int, new_epoch: int) -> None:
+        self.conn_gen += 1
+        self.orphans.clear()
+        if self.live and not self.closed and (self.resub_task is None or self.resub_task.done()):
+            self.resub_task = asyncio.ensure_future(self._resubscribe_all())
+
+    async def _resubscribe_all(self) -> None:
+        """Make every live subscription again on the current connection (run after each reconnect)."""
+        while not self.closed and not self.transport.closed:
+            gen = self.conn_gen
+            todo = [s for s in self.live if s._conn_gen != gen]
+            if not todo:
+                return
+            for s in todo:
+                if s._stopped or self.closed:
+                    continue
+                try:
+                    await s._resubscribe(gen)
+                except TinystoreError as exc:
+                    if self.transport.closed or self.closed:
+                        return
+                    if exc.code in ("closed", "unavailable", "outcome_unknown"):
+                        break  # the connection dropped again: the next pass (or reconnect) does it
+                    log.error("%r: could not subscribe again after a reconnect: %s", s, exc)
+                    s.errors += 1
+                    await s._report(exc)
+                    s._stop_local()
+                    if s._task is not None:
+                        s._task.cancel()
+
+    async def close(self) -> None:
+        """The store is closing: stop every subscription here (the store ends them with the connection)."""
+        if self.closed:
+            return
+        self.closed = True
+        tasks: list[asyncio.Task[Any]] = []
+        for s in list(self.live):
+            s._stop_local()
+            if s._task is not None and not s._task.done():
+                s._task.cancel()
+                tasks.append(s._task)
+        if self.resub_task is not None:
+            self.resub_task.cancel()
+            tasks.append(self.resub_task)
+        for t in list(self.tasks):
+            t.cancel()
+            tasks.append(t)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+
+
+_hubs: weakref.WeakKeyDictionary[Store, _Hub] = weakref.WeakKeyDictionary()
+
+
+def _hub(store: Store) -> _Hub:
+    hub = _hubs.get(store)
+    if hub is None:
+        hub = _hubs[store] = _Hub(store)
+    return hub

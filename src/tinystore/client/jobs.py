@@ -1,0 +1,1150 @@
+"""Job queues in the SDK: :class:`Queue`, :class:`Job`, :class:`JobPage`, :class:`Run`, :class:`Outcome`,
+:class:`Worker`.
+
+A queue is opened lazily: its first awaited call sends its options to the store, which keeps the options of
+every queue (the first open decides; a later open with other options raises ``InvalidError`` naming the
+option). Values travel as JSON of the queue's type (a dataclass, msgspec Struct, TypedDict, or plain JSON).
+
+Workers claim jobs from the store (the server decides which job goes where: priority, then the tenant served
+least recently, within ``max_running`` and ``max_running_per_tenant``), run the handler, renew the attempt's
+lease every third of it, and report how it ended with the attempt's fence: a report of an attempt that is no
+longer current changes nothing (JOB-08).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import inspect
+import logging
+import math
+import os
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import msgspec
+
+from ..durations import Duration, seconds
+from ..errors import (
+    ClosedError,
+    InvalidError,
+    LimitError,
+    LostError,
+    OutcomeUnknownError,
+    PermanentError,
+    TinystoreError,
+    UnavailableError,
+)
+from ..names import check_name
+from ..protocol.jobs import (
+    CANCEL_PUSH,
+    ENDED,
+    Add,
+    Attempt,
+    CancelRun,
+    Claim,
+    Claimed,
+    ErrorEntry,
+    Find,
+    Get,
+    JobEvent,
+    JobRow,
+    NewJob,
+    OpenQueue,
+    Options,
+    Page,
+    Progress,
+    QueueInfo,
+    Release,
+    Renew,
+    Report,
+    Step,
+    Unwait,
+    Wait,
+    snapshot,
+)
+from ..protocol.jobs import List as ListRequest
+from ..protocol.store import Empty
+
+if TYPE_CHECKING:
+    from .sql import Database, SqlTx
+    from .store import Store
+
+__all__ = ["Job", "JobError", "JobEvent", "JobPage", "Outcome", "Queue", "Run", "Worker"]
+
+log = logging.getLogger("tinystore.jobs")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+PROGRESS_INTERVAL = 0.1
+"""Seconds between two progress sends of one attempt (at most 10 a second)."""
+CLAIM_WAIT = 30.0
+"""Seconds a worker's claim waits in the store for a job before it asks again."""
+
+_encoder = msgspec.json.Encoder()
+
+
+def _json(value: Any, what: str) -> str:
+    try:
+        return _encoder.encode(value).decode()
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        raise InvalidError(f"{what} does not encode as JSON: {exc}") from None
+
+
+def _when(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _ms(value: Duration) -> int:
+    return round(seconds(value) * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a handler returns to end its attempt otherwise than with a result: made by :meth:`Run.retry`,
+    :meth:`Run.snooze` and :meth:`Run.fail`. ``kind``: ``"retry"``, ``"snooze"`` or ``"fail"``; ``after``:
+    seconds or ``None``; ``reason``: the error kept on the job."""
+
+    kind: str
+    after: float | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobError:
+    """One failed attempt of a job: its number, the error, and when (aware UTC datetime)."""
+
+    attempt: int
+    error: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Job(Generic[T]):
+    """A job as the store keeps it (JOB-02). Times are aware UTC datetimes (``None`` when not yet).
+
+    ``state``: ``queued``, ``running``, ``succeeded``, ``failed`` (a retry is due at ``run_at``), ``dead`` or
+    ``cancelled``. ``attempts``: attempts started (counted at each claim); ``max_attempts``: the queue's
+    ``attempts``. ``progress``: the last progress (JSON value); ``result``: what the handler returned (JSON
+    value); ``error``: the last error; ``errors``: the failed attempts, oldest first; ``steps``: the results of
+    finished steps; ``fence``: the current (or last) attempt's fence; ``stuck``: running past ``expected``.
+    """
+
+    id: str
+    queue: str
+    state: str
+    value: T
+    attempts: int
+    max_attempts: int
+    fence: int
+    key: str | None
+    tenant: str
+    user: str | None
+    type: str | None
+    priority: int
+    progress: Any
+    result: Any
+    error: str | None
+    errors: list[JobError]
+    steps: dict[str, Any]
+    run_at: datetime | None
+    created_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    stuck: bool = False
+
+    @property
+    def ended(self) -> bool:
+        """``True`` once the job is ``succeeded``, ``dead`` or ``cancelled``."""
+        return self.state in ENDED
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage(Generic[T]):
+    """A page of jobs, newest first; ``next`` is the cursor for the next page (``after=``), or ``None``."""
+
+    jobs: list[Job[T]]
+    next: str | None
+
+
+class Run:
+    """What a handler gets beside the value: the attempt, and ways to report on it.
+
+    ``job_id`` (str), ``attempt`` (1 for the first run), ``fence`` (int; grows with each attempt of the job:
+    write it beside the job's effects and refuse a write whose fence is below the one stored, so a late attempt
+    cannot overwrite a newer one), ``cancelled`` (an ``asyncio.Event`` set when the job was cancelled or the
+    attempt lost; the handler's task is cancelled too), ``tenant``, ``key``, ``type``, ``user``, ``priority``.
+    """
+
+    def __init__(self, attempt: _Attempt) -> None:
+        self._a = attempt
+        c = attempt.claimed
+        self.job_id = c.id
+        self.attempt = c.attempt
+        self.fence = c.fence
+        self.tenant = c.tenant
+        self.key = c.key
+        self.type = c.type
+        self.user = c.user
+        self.priority = c.priority
+        self.queue = attempt.runner.queue.name
+        self.cancelled = asyncio.Event()
+        self._steps = dict(c.steps)
+
+    def set_progress(self, progress: Any) -> None:
+        """Keep ``progress`` (any JSON value, such as ``{"done": 120, "total": 300}``, at most 4 KiB) on the job
+        and publish it (JOB-10). Sent at most 10 times a second: a newer value replaces one not yet sent; the
+        last one goes with the attempt's end. Raises ``InvalidError`` (not JSON), ``LimitError`` (too big)."""
+        text = _json(progress, f"queue {self.queue}: job {self.job_id}: the progress")
+        limit = self._a.runner.queue.store.limits.job_progress_bytes
+        if len(text.encode()) > limit:
+            raise LimitError(
+                f"queue {self.queue}: job {self.job_id}: the progress is {len(text.encode())} bytes of JSON, "
+                f"over the {limit} bytes allowed",
+                limit=limit,
+                wanted=len(text.encode()),
+            )
+        self._a.set_progress(text)
+
+    async def step(self, name: str, fn: Callable[[], Awaitable[R] | R], *, type: Any = None) -> Any:
+        """Run step ``name`` once across the job's attempts (JOB-12): when an earlier attempt finished it, return
+        its kept result without calling ``fn``; otherwise call ``fn()`` (awaiting what is awaitable), keep its
+        result (JSON, at most 1 MiB) on the job, and return it. The result comes back as JSON decodes it (or as
+        ``type`` when given), the same on the first run and on a resumed one.
+
+        Raises what ``fn`` raises (nothing is kept then), ``InvalidError`` (a result that is not JSON, a bad
+        name), ``LimitError``, ``LostError`` (the attempt is no longer current: the job was cancelled or taken
+        by another worker; the step's result was not kept). A cancel while ``fn`` runs keeps nothing.
+        """
+        if name in self._steps:
+            kept = self._steps[name]
+            return msgspec.convert(kept, type, strict=False) if type is not None else kept
+        result = fn()
+        if inspect.isawaitable(result):
+            result = await result
+        text = _json(result, f"queue {self.queue}: job {self.job_id}: the result of step {name!r}")
+        ok = await self._a.runner.call(
+            "jobs.step",
+            Step(queue=self.queue, id=self.job_id, fence=self.fence, name=name, result=text),
+            bool,
+        )
+        if not ok:
+            raise LostError(
+                f"queue {self.queue}: job {self.job_id}: attempt {self.attempt} is no longer current "
+                f"(cancelled, or its lease ran out); step {name!r} was not kept"
+            )
+        value = msgspec.json.decode(text)
+        self._steps[name] = value
+        return msgspec.convert(value, type, strict=False) if type is not None else value
+
+    def retry(self, after: Duration | None = None) -> Outcome:
+        """Return this from the handler to fail this attempt and retry the job after ``after`` (default: the
+        queue's backoff). It counts as a failed attempt: past ``attempts`` the job is ``dead``."""
+        return Outcome("retry", None if after is None else seconds(after, "retry after"), "retry asked by the handler")
+
+    def snooze(self, after: Duration) -> Outcome:
+        """Return this from the handler to run the job again after ``after``; the attempt is not counted."""
+        return Outcome("snooze", seconds(after, "snooze after"))
+
+    def fail(self, reason: str) -> Outcome:
+        """Return this from the handler to end the job ``dead`` at once, with ``reason`` kept (JOB-04)."""
+        return Outcome("fail", None, str(reason))
+
+
+Handler = Callable[[Any, Run], Any]
+
+
+class _Attempt:
+    """One claimed attempt being run by a :class:`_Runner`."""
+
+    def __init__(self, runner: _Runner, claimed: Claimed) -> None:
+        self.runner = runner
+        self.claimed = claimed
+        self.key = (claimed.id, claimed.fence)
+        self.task: asyncio.Task[None] | None = None
+        self.why: str | None = None  # why the task was cancelled: lost, cancelled, stopping
+        self.reporting = False
+        self.renewed_at = time.monotonic()
+        self.lease = claimed.lease_ms / 1000
+        self.pending_progress: str | None = None
+        self.progress_sent_at = 0.0
+        self.progress_handle: asyncio.TimerHandle | None = None
+        self.run = Run(self)
+
+    def stop(self, why: str) -> None:
+        """Cancel the handler (unless it is already reporting its end)."""
+        if self.why is None:
+            self.why = why
+        if why in ("lost", "cancelled"):
+            self.run.cancelled.set()
+        if self.task is not None and not self.task.done() and not self.reporting:
+            self.task.cancel()
+
+    def set_progress(self, text: str) -> None:
+        self.pending_progress = text
+        if self.progress_handle is not None or self.reporting:
+            return
+        wait = self.progress_sent_at + PROGRESS_INTERVAL - time.monotonic()
+        loop = asyncio.get_running_loop()
+        self.progress_handle = loop.call_later(max(0.0, wait), self._send_progress)
+
+    def _send_progress(self) -> None:
+        self.progress_handle = None
+        text, self.pending_progress = self.pending_progress, None
+        if text is None or self.reporting:
+            return
+        self.progress_sent_at = time.monotonic()
+        c = self.claimed
+        self.runner.spawn(
+            self.runner.call_quiet(
+                "jobs.progress", Progress(queue=self.runner.queue.name, id=c.id, fence=c.fence, progress=text), bool
+            )
+        )
+
+    def take_progress(self) -> str | None:
+        if self.progress_handle is not None:
+            self.progress_handle.cancel()
+            self.progress_handle = None
+        text, self.pending_progress = self.pending_progress, None
+        return text
+
+
+_registries: weakref.WeakKeyDictionary[Store, dict[tuple[str, str, int], _Attempt]] = weakref.WeakKeyDictionary()
+
+
+def _registry(store: Store) -> dict[tuple[str, str, int], _Attempt]:
+    """The attempts this SDK runs, by (queue, job id, fence), and the push handler that cancels them."""
+    reg = _registries.get(store)
+    if reg is None:
+        reg = _registries[store] = {}
+        table = reg
+
+        def on_cancel(body: CancelRun) -> None:
+            a = table.get((body.queue, body.id, body.fence))
+            if a is not None:
+                a.stop(body.reason)
+
+        store.transport.on_push(CANCEL_PUSH, on_cancel, CancelRun)
+    return reg
+
+
+class _Runner:
+    """Runs claimed attempts of one queue with one handler: renews their leases, sends progress, reports."""
+
+    def __init__(self, queue: Queue[Any], handler: Handler, worker: str) -> None:
+        self.queue = queue
+        self.handler = handler
+        self.worker = worker
+        self.attempts: dict[tuple[str, int], _Attempt] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.renewer: asyncio.Task[None] | None = None
+        self.registry = _registry(queue.store)
+        self.finished = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def call(self, method: str, request: Any, response_type: Any = Any) -> Any:
+        return await self.queue.store._call(method, request, response_type, write=False, retry=True)
+
+    async def call_quiet(self, method: str, request: Any, response_type: Any = Any) -> Any:
+        try:
+            return await self.call(method, request, response_type)
+        except (TinystoreError, OSError) as exc:
+            log.debug("queue %s: %s failed: %s", self.queue.name, method, exc)
+            return None
+
+    def start(self, claimed: Claimed) -> _Attempt:
+        a = _Attempt(self, claimed)
+        self.attempts[a.key] = a
+        self.registry[(self.queue.name, claimed.id, claimed.fence)] = a
+        self.idle.clear()
+        a.task = asyncio.ensure_future(self._execute(a))
+        a.task.add_done_callback(lambda _: self._done(a))
+        if self.renewer is None or self.renewer.done():
+            self.renewer = asyncio.ensure_future(self._renew_loop())
+        return a
+
+    def _done(self, a: _Attempt) -> None:
+        self.attempts.pop(a.key, None)
+        self.registry.pop((self.queue.name, a.claimed.id, a.claimed.fence), None)
+        self.finished += 1
+        if not self.attempts:
+            self.idle.set()
+
+    async def _renew_loop(self) -> None:
+        while self.attempts:
+            lease = min(a.lease for a in self.attempts.values())
+            await asyncio.sleep(lease / 3)
+            current = list(self.attempts.values())
+            if not current:
+                return
+            sent = time.monotonic()
+            try:
+                lost = await self.call(
+                    "jobs.renew",
+                    Renew(queue=self.queue.name, attempts=[Attempt(a.claimed.id, a.claimed.fence) for a in current]),
+                    builtins.list[str],
+                )
+            except (TinystoreError, OSError) as exc:
+                log.debug("queue %s: renewal failed: %s", self.queue.name, exc)
+                for a in current:
+                    if not self.queue.store.transport.local and time.monotonic() - a.renewed_at > a.lease:
+                        log.warning("queue %s: job %s: no renewal for the whole lease: lost", self.queue.name, a.key[0])
+                        a.stop("lost")
+                continue
+            gone = set(lost)
+            for a in current:
+                if a.claimed.id in gone:
+                    a.stop("lost")
+                else:
+                    a.renewed_at = sent
+
+    async def _report(self, a: _Attempt, outcome: str, **kw: Any) -> None:
+        a.reporting = True
+        c = a.claimed
+        report = Report(
+            queue=self.queue.name, id=c.id, fence=c.fence, outcome=outcome, progress=a.take_progress(), **kw
+        )
+        for _ in range(3):
+            try:
+                await self.call("jobs.report", report, bool)
+                return
+            except (UnavailableError, OutcomeUnknownError, ClosedError) as exc:
+                if self.queue.store._closed:
+                    return
+                log.warning("queue %s: job %s: report failed (%s); trying again", self.queue.name, c.id, exc)
+                await asyncio.sleep(0.2)
+            except (InvalidError, LimitError) as exc:
+                report = Report(
+                    queue=self.queue.name,
+                    id=c.id,
+                    fence=c.fence,
+                    outcome="error",
+                    error=f"the attempt's report was refused: {exc.message}",
+                )
+
+    async def _execute(self, a: _Attempt) -> None:
+        q = self.queue
+        c = a.claimed
+        run = a.run
+        try:
+            value = q._decode(c.value)
+        except InvalidError as exc:
+            await self._report(a, "fail", error=exc.message)
+            return
+        timeout = c.timeout_ms / 1000
+        timed_out = False
+        try:
+            try:
+                async with asyncio.timeout(timeout) as cm:
+                    result = self.handler(value, run)
+                    if inspect.isawaitable(result):
+                        result = await result
+            except TimeoutError:
+                if not cm.expired():
+                    raise
+                timed_out = True
+        except asyncio.CancelledError:
+            if a.why in ("lost", "cancelled"):
+                return  # the store already decided this attempt's end
+            # stopped with its worker: hand the job back, this attempt not counted
+            a.reporting = True
+            with contextlib.suppress(TinystoreError, OSError):
+                await self.call("jobs.release", Release(queue=q.name, attempts=[Attempt(c.id, c.fence)]), int)
+            if a.why is None:
+                raise
+            return
+        except PermanentError as exc:
+            await self._report(a, "fail", error=exc.message or type(exc).__name__)
+            return
+        except LostError as exc:
+            if a.why is None:
+                await self._report(a, "error", error=f"LostError: {exc.message}")
+            return
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text)
+            await self._report(a, "error", error=text)
+            return
+        if timed_out:
+            await self._report(a, "error", error=f"timed out after {timeout:g}s")
+            return
+        if a.why in ("lost", "cancelled"):
+            return
+        if isinstance(result, Outcome):
+            after = None if result.after is None else round(result.after * 1000)
+            if result.kind == "retry":
+                await self._report(a, "error", error=result.reason or "retry", after_ms=after)
+            elif result.kind == "snooze":
+                await self._report(a, "snooze", after_ms=after or 0)
+            else:
+                await self._report(a, "fail", error=result.reason or "failed")
+            return
+        try:
+            text = _json(result, f"queue {q.name}: job {c.id}: the result")
+            limit = q.store.limits.job_value_bytes
+            if len(text.encode()) > limit:
+                raise LimitError(
+                    f"queue {q.name}: job {c.id}: the result is {len(text.encode())} bytes of JSON, over the "
+                    f"{limit} bytes allowed",
+                    limit=limit,
+                    wanted=len(text.encode()),
+                )
+        except (InvalidError, LimitError) as exc:
+            log.error("%s", exc.message)
+            await self._report(a, "error", error=exc.message)
+            return
+        await self._report(a, "succeeded", result=text)
+
+    async def stop(self, grace: float) -> None:
+        """Let running attempts finish for ``grace`` seconds, then cancel them (their jobs are handed back)."""
+        if self.attempts and grace > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.idle.wait(), grace)
+        for a in list(self.attempts.values()):
+            a.stop("stopping")
+        running = [a.task for a in self.attempts.values() if a.task is not None]
+        if running:
+            await asyncio.wait(running, timeout=10)
+        if self.renewer is not None:
+            self.renewer.cancel()
+            with contextlib.suppress(BaseException):
+                await self.renewer
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=5)
+
+
+class Worker:
+    """Runs a queue's jobs with a handler, ``concurrency`` at a time, until :meth:`stop` or the store closes.
+
+    Made by :meth:`Queue.work`. ``ran``: attempts finished so far (any outcome). ``running``: attempts now.
+    """
+
+    def __init__(self, queue: Queue[Any], handler: Handler, concurrency: int) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
+            raise InvalidError(f"queue {queue.name}: work: concurrency {concurrency!r} is not between 1 and 1000")
+        self.queue = queue
+        self.concurrency = concurrency
+        self.id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self._runner = _Runner(queue, handler, self.id)
+        self._stopping = False
+        self._stopped = asyncio.Event()
+        self._slot = asyncio.Event()
+        self._task = asyncio.ensure_future(self._loop())
+        queue.store._close_hooks.append(self.stop)
+
+    @property
+    def ran(self) -> int:
+        return self._runner.finished
+
+    @property
+    def running(self) -> int:
+        return len(self._runner.attempts)
+
+    async def _loop(self) -> None:
+        q = self.queue
+        runner = self._runner
+        failures = 0
+        try:
+            await q._ensure()
+        except TinystoreError as exc:
+            log.error("queue %s: the worker could not open the queue: %s", q.name, exc.message)
+            raise
+        while not self._stopping:
+            free = self.concurrency - len(runner.attempts)
+            if free <= 0:
+                self._slot.clear()
+                done = asyncio.ensure_future(runner_wait_slot(runner, self.concurrency))
+                stop = asyncio.ensure_future(self._stopped.wait())
+                await asyncio.wait([done, stop], return_when=asyncio.FIRST_COMPLETED)
+                done.cancel()
+                stop.cancel()
+                continue
+            try:
+                got: builtins.list[Claimed] = await q.store._call(
+                    "jobs.claim",
+                    Claim(queue=q.name, n=free, wait_ms=round(CLAIM_WAIT * 1000), worker=self.id),
+                    builtins.list[Claimed],
+                    write=True,
+                    retry=False,
+                )
+                failures = 0
+            except ClosedError:
+                if q.store._closed or q.store.transport.closed:
+                    return
+                failures += 1
+                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+                continue
+            except (TinystoreError, OSError) as exc:
+                failures += 1
+                if failures in (1, 10):
+                    log.warning("queue %s: claim failed: %s", q.name, exc)
+                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+                continue
+            if self._stopping:
+                if got:
+                    with contextlib.suppress(TinystoreError, OSError):
+                        await runner.call(
+                            "jobs.release", Release(queue=q.name, attempts=[Attempt(c.id, c.fence) for c in got]), int
+                        )
+                return
+            for c in got:
+                runner.start(c)
+
+    async def stop(self, grace: Duration = "10s") -> None:
+        """Stop claiming; let running handlers finish for ``grace`` (10 s), then cancel them: their jobs are
+        handed back to the queue, due now, the cancelled attempt not counted. Idempotent; also run when the store
+        closes. Raises nothing: a store that is gone leaves the attempts to their leases."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        self._stopped.set()
+        q = self.queue
+        with contextlib.suppress(TinystoreError, OSError):
+            await q.store._call("jobs.unwait", Unwait(queue=q.name, worker=self.id), int, retry=False)
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(self._task), 5)
+        if not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        await self._runner.stop(seconds(grace, "grace"))
+        with contextlib.suppress(ValueError):
+            q.store._close_hooks.remove(self.stop)
+
+    def __repr__(self) -> str:
+        return f"<tinystore.Worker queue={self.queue.name} running={self.running} ran={self.ran}>"
+
+
+async def runner_wait_slot(runner: _Runner, concurrency: int) -> None:
+    """Wait until fewer than ``concurrency`` attempts run."""
+    while len(runner.attempts) >= concurrency:
+        tasks = [a.task for a in runner.attempts.values() if a.task is not None]
+        if not tasks:
+            return
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.sleep(0)
+
+
+_opened: weakref.WeakKeyDictionary[Store, dict[str, tuple[Options, QueueInfo]]] = weakref.WeakKeyDictionary()
+
+
+class Queue(Generic[T]):
+    """A durable job queue of the store. Get one with ``store.queue(name, Type, **options)``.
+
+    Options (``None``: what the store keeps for the queue, or the default for a new queue):
+
+    - ``database``: a :class:`~tinystore.Database` (or its name) whose file holds the jobs, so that
+      ``tx.with_(queue).add(...)`` commits with the application's rows (JOB-06); default: the store's own
+      jobs database.
+    - ``attempts`` (5): attempts before ``dead``. ``backoff``: ``(first, cap)`` durations (10 s, 270 s): a failed
+      attempt ``n`` is retried after ``min(cap, first × 3^(n-1)) × uniform(0.8, 1.0)``.
+    - ``lease`` (30 s, 1 s .. 1 h): an attempt not renewed for this long is lost and retried ("worker lost").
+    - ``timeout`` (1 min): a handler running longer is cancelled; a failed attempt. ``expected`` (30 s): a job
+      running longer is reported once as stuck (JOB-11).
+    - ``max_running``, ``max_running_per_tenant``: how many jobs run at once, over every worker of the store.
+    - ``keep`` (7 d): ended jobs are deleted this long after they ended, their keys with them.
+
+    The options are the store's: the first open of a queue keeps them, and an open whose options differ from
+    the kept ones raises ``InvalidError`` naming the option (at the queue's first awaited call).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        type: Any = None,
+        *,
+        database: Database | str | None = None,
+        attempts: int | None = None,
+        backoff: tuple[Duration, Duration] | Duration | None = None,
+        lease: Duration | None = None,
+        timeout: Duration | None = None,
+        expected: Duration | None = None,
+        max_running: int | None = None,
+        max_running_per_tenant: int | None = None,
+        keep: Duration | None = None,
+    ) -> None:
+        check_name("queue", name)
+        self.store = store
+        self.name = name
+        self.type = type
+        db_name = database if isinstance(database, str) or database is None else database.name
+        first = cap = None
+        if backoff is not None:
+            if isinstance(backoff, tuple):
+                if len(backoff) != 2:
+                    raise InvalidError(f"queue {name}: backoff is (first, cap), two durations")
+                first, cap = _ms(backoff[0]), _ms(backoff[1])
+            else:
+                first = _ms(backoff)
+        for label, v in (("attempts", attempts), ("max_running", max_running), ("max_running_per_tenant", max_running_per_tenant)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise InvalidError(f"queue {name}: option {label}: {v!r} is not an int")
+        self._given = Options(
+            database=db_name,
+            attempts=attempts,
+            backoff_first_ms=first,
+            backoff_cap_ms=cap,
+            lease_ms=None if lease is None else _ms(lease),
+            timeout_ms=None if timeout is None else _ms(timeout),
+            expected_ms=None if expected is None else _ms(expected),
+            max_running=max_running,
+            max_running_per_tenant=max_running_per_tenant,
+            keep_ms=None if keep is None else _ms(keep),
+        )
+        self._info: QueueInfo | None = None
+        self._opening: asyncio.Future[QueueInfo] | None = None
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(type if type is not None else Any)
+        self._plain = type is None or type is Any
+
+    # -- opening -------------------------------------------------------------------------------
+
+    async def _ensure(self) -> QueueInfo:
+        if self._info is not None:
+            return self._info
+        cache = _opened.setdefault(self.store, {})
+        hit = cache.get(self.name)
+        if hit is not None and hit[0] == self._given:
+            self._info = hit[1]
+            return hit[1]
+        if self._opening is None or (self._opening.done() and self._opening.exception() is not None):
+            self._opening = asyncio.ensure_future(
+                self.store._call("jobs.open", OpenQueue(queue=self.name, options=self._given), QueueInfo, write=False)
+            )
+        info: QueueInfo = await asyncio.shield(self._opening)
+        self._info = info
+        cache[self.name] = (self._given, info)
+        return info
+
+    async def options(self) -> dict[str, Any]:
+        """The options the store keeps for this queue: durations in seconds, ``max_running*`` ``None`` for none.
+        Raises ``InvalidError`` when this queue's options differ from them."""
+        o = (await self._ensure()).options
+
+        def s(ms: int | None) -> float | None:
+            return None if ms is None else ms / 1000
+
+        return {
+            "database": o.database,
+            "attempts": o.attempts,
+            "backoff": (s(o.backoff_first_ms), s(o.backoff_cap_ms)),
+            "lease": s(o.lease_ms),
+            "timeout": s(o.timeout_ms),
+            "expected": s(o.expected_ms),
+            "max_running": o.max_running or None,
+            "max_running_per_tenant": o.max_running_per_tenant or None,
+            "keep": s(o.keep_ms),
+        }
+
+    # -- values --------------------------------------------------------------------------------
+
+    def _encode(self, value: Any, what: str) -> str:
+        text = _json(value, f"queue {self.name}: {what}: the value")
+        if not self._plain and not (isinstance(self.type, type) and isinstance(value, self.type)):
+            try:
+                self._decoder.decode(text)
+            except msgspec.ValidationError as exc:
+                raise InvalidError(
+                    f"queue {self.name}: {what}: the value does not encode as {getattr(self.type, '__name__', self.type)}: "
+                    f"{exc}"
+                ) from None
+        limit = self.store.limits.job_value_bytes
+        size = len(text.encode()) if not text.isascii() else len(text)
+        if size > limit:
+            raise LimitError(
+                f"queue {self.name}: {what}: the value is {size} bytes of JSON, over the {limit} bytes allowed",
+                limit=limit,
+                wanted=size,
+            )
+        return text
+
+    def _decode(self, text: str) -> Any:
+        try:
+            return self._decoder.decode(text)
+        except msgspec.DecodeError as exc:
+            raise InvalidError(
+                f"queue {self.name}: the job's value does not decode as "
+                f"{getattr(self.type, '__name__', self.type)}: {exc}"
+            ) from None
+
+    def _new(
+        self,
+        value: Any,
+        what: str,
+        key: str | None,
+        tenant: str | None,
+        user: str | None,
+        type: str | None,
+        priority: int,
+        delay: Duration | None,
+        at: datetime | float | None,
+    ) -> NewJob:
+        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 512):
+            raise InvalidError(f"queue {self.name}: {what}: key {key!r}: an idempotency key is 1 to 512 characters")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidError(f"queue {self.name}: {what}: priority {priority!r} is not an int")
+        for label, v in (("tenant", tenant), ("user", user), ("type", type)):
+            if v is not None and not isinstance(v, str):
+                raise InvalidError(f"queue {self.name}: {what}: {label} {v!r} is not a str")
+        delay_ms = at_ms = None
+        if delay is not None:
+            if isinstance(delay, int | float) and not isinstance(delay, bool) and delay < 0:
+                raise InvalidError(f"queue {self.name}: {what}: delay {delay!r} is negative")
+            if isinstance(delay, timedelta) and delay.total_seconds() < 0:
+                raise InvalidError(f"queue {self.name}: {what}: delay {delay} is negative")
+            delay_ms = round(seconds(delay, f"queue {self.name}: {what}: delay") * 1000)
+        if at is not None:
+            if delay is not None:
+                raise InvalidError(f"queue {self.name}: {what}: give delay or at, not both")
+            if isinstance(at, datetime):
+                if at.tzinfo is None:
+                    at = at.replace(tzinfo=UTC)
+                at_ms = math.floor(at.timestamp() * 1000)
+            elif isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at):
+                at_ms = math.floor(at * 1000)
+            else:
+                raise InvalidError(f"queue {self.name}: {what}: at {at!r} is not a datetime or epoch seconds")
+        return NewJob(
+            value=self._encode(value, what),
+            key=key,
+            tenant=tenant or "",
+            user=user,
+            type=type,
+            priority=priority,
+            delay_ms=delay_ms,
+            at_ms=at_ms,
+        )
+
+    def _job(self, row: JobRow) -> Job[T]:
+        try:
+            value = self._decoder.decode(row.value)
+        except msgspec.DecodeError:
+            value = msgspec.json.decode(row.value)
+        return _job_of(row, value)
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def add(
+        self,
+        value: T,
+        *,
+        key: str | None = None,
+        tenant: str | None = None,
+        user: str | None = None,
+        type: str | None = None,
+        priority: int = 0,
+        delay: Duration | None = None,
+        at: datetime | float | None = None,
+    ) -> str:
+        """Add a job; returns its id (str). With ``key``, a job of the queue that holds the key (its row still
+        kept) makes this add nothing and return that job's id (JOB-05). ``tenant``/``user``: who owns it (fair
+        scheduling uses the tenant); ``type``: a label such as ``"ingest_file"``; ``priority``: higher runs
+        first; ``delay`` (a duration) or ``at`` (a datetime, or epoch seconds): when it is due (default: now).
+
+        Raises ``InvalidError`` (a value that does not encode as the queue's type, a key of 0 or over 512
+        characters, a negative delay, options differing from the store's), ``LimitError`` (a value over 1 MiB
+        of JSON), ``OutcomeUnknownError`` (the answer was lost: it may have been added; adding again with the
+        same key is safe). A cancel after the request was sent may leave the job added.
+        """
+        job = self._new(value, "add", key, tenant, user, type, priority, delay, at)
+        await self._ensure()
+        ids: builtins.list[str] = await self.store._call(
+            "jobs.add", Add(queue=self.name, jobs=[job]), builtins.list[str], write=True
+        )
+        return ids[0]
+
+    async def add_many(
+        self,
+        values: Sequence[T],
+        *,
+        keys: Sequence[str | None] | None = None,
+        tenant: str | None = None,
+        user: str | None = None,
+        type: str | None = None,
+        priority: int = 0,
+        delay: Duration | None = None,
+        at: datetime | float | None = None,
+    ) -> builtins.list[str]:
+        """Add many jobs in one write, all or none; returns their ids in order (``keys``: one per value, or
+        ``None``). Otherwise as :meth:`add`."""
+        jobs = self._many(values, keys, tenant, user, type, priority, delay, at)
+        await self._ensure()
+        ids: builtins.list[str] = await self.store._call(
+            "jobs.add", Add(queue=self.name, jobs=jobs), builtins.list[str], write=True
+        )
+        return ids
+
+    def _many(
+        self,
+        values: Sequence[Any],
+        keys: Sequence[str | None] | None,
+        tenant: str | None,
+        user: str | None,
+        type: str | None,
+        priority: int,
+        delay: Duration | None,
+        at: datetime | float | None,
+    ) -> builtins.list[NewJob]:
+        values = builtins.list(values)
+        if keys is not None and len(keys) != len(values):
+            raise InvalidError(f"queue {self.name}: add_many: {len(keys)} keys for {len(values)} values")
+        return [
+            self._new(v, f"job {i + 1}", keys[i] if keys is not None else None, tenant, user, type, priority, delay, at)
+            for i, v in enumerate(values)
+        ]
+
+    async def get(self, job_id: str) -> Job[T] | None:
+        """The job ``job_id`` as the store keeps it, or ``None`` (unknown, or deleted after ``keep``)."""
+        await self._ensure()
+        row: JobRow | None = await self.store._call("jobs.get", Get(queue=self.name, id=job_id), JobRow | None)
+        return None if row is None else self._job(row)
+
+    async def list(
+        self,
+        state: str | None = None,
+        tenant: str | None = None,
+        type: str | None = None,
+        limit: int = 50,
+        after: str | None = None,
+    ) -> JobPage[T]:
+        """Jobs of this queue, newest first, at most ``limit`` (1..1000), after the cursor ``after`` (a page's
+        ``next``), filtered by ``state`` (one of the states, or ``"stuck"``), ``tenant`` and ``type``.
+        Raises ``InvalidError`` for a bad state or limit."""
+        await self._ensure()
+        page: Page = await self.store._call(
+            "jobs.list",
+            ListRequest(queue=self.name, state=state, tenant=tenant, type=type, limit=limit, after=after),
+            Page,
+        )
+        return JobPage([self._job(r) for r in page.jobs], page.next)
+
+    async def cancel(self, job_id: str) -> bool:
+        """Cancel a job (JOB-09): a waiting job never runs; a running job's handler is cancelled (its
+        ``run.cancelled`` set) and the job ends ``cancelled``, not retried. Returns ``True`` when it changed the
+        job to ``cancelled``; ``False`` when it had already ended or the id is unknown (nothing changes)."""
+        await self._ensure()
+        ok: bool = await self.store._call("jobs.cancel", Get(queue=self.name, id=job_id), bool, write=True)
+        return ok
+
+    async def retry(self, job_id: str) -> bool:
+        """Put a ``dead`` or ``cancelled`` job back to ``queued``, due now, attempts from 0 (its finished steps
+        stay). Returns ``False`` for a job in another state or an unknown id."""
+        await self._ensure()
+        ok: bool = await self.store._call("jobs.retry", Get(queue=self.name, id=job_id), bool, write=True)
+        return ok
+
+    async def watch(self, job_id: str) -> AsyncIterator[Job[T]]:
+        """Yield the job now, then again at each change (state, attempts, progress, stuck) until it ends; nothing
+        for an unknown id. Waits in the store (no polling); ``break`` stops it."""
+        await self._ensure()
+        row: JobRow | None = await self.store._call("jobs.get", Get(queue=self.name, id=job_id), JobRow | None)
+        while row is not None:
+            yield self._job(row)
+            if row.state in ENDED:
+                return
+            seen = snapshot(row)
+            while True:
+                nxt: JobRow | None = await self.store._call(
+                    "jobs.wait", Wait(queue=self.name, id=job_id, seen=seen, wait_ms=30_000), JobRow | None
+                )
+                if nxt is None or snapshot(nxt) != seen:
+                    row = nxt
+                    break
+
+    def work(self, handler: Handler, concurrency: int = 1) -> Worker:
+        """Run this queue's jobs with ``handler(value, run)`` (a function or a coroutine function),
+        ``concurrency`` at a time, in the background until ``await worker.stop()`` or the store closes.
+
+        What the handler returns ends the attempt: a value (JSON, at most 1 MiB; ``None`` is fine) → ``succeeded``
+        with it as the result; ``run.retry(after)`` or a raise or a timeout → a failed attempt, retried with
+        backoff until ``attempts``, then ``dead``; ``run.fail(reason)`` or ``PermanentError`` → ``dead`` at once;
+        ``run.snooze(after)`` → again after ``after``, not counted. Raises ``InvalidError`` for a bad concurrency.
+        """
+        return Worker(self, handler, concurrency)
+
+    async def run_due(self, handler: Handler, concurrency: int = 1) -> int:
+        """Run the jobs due now (due at the store's time when this is called) with ``handler``, ``concurrency``
+        at a time, and return how many attempts ran. A job made due again by its own run waits for the next call.
+        A cancel stops the handlers running (their jobs are handed back, not counted)."""
+        if not 1 <= concurrency <= 1000:
+            raise InvalidError(f"queue {self.name}: run_due: concurrency {concurrency} is not between 1 and 1000")
+        await self._ensure()
+        now = await self.store.clock.now()
+        runner = _Runner(self, handler, f"{os.getpid()}-due-{uuid.uuid4().hex[:8]}")
+        ran = 0
+        try:
+            while True:
+                got: builtins.list[Claimed] = await self.store._call(
+                    "jobs.claim",
+                    Claim(queue=self.name, n=concurrency, wait_ms=0, worker=runner.worker, due_before_ms=math.floor(now * 1000)),
+                    builtins.list[Claimed],
+                    write=True,
+                    retry=False,
+                )
+                if not got:
+                    return ran
+                attempts = [runner.start(c) for c in got]
+                await asyncio.wait([a.task for a in attempts if a.task is not None])
+                ran += len(got)
+        finally:
+            await runner.stop(0)
+
+    def _bind_tx(self, tx: SqlTx) -> TxQueue[T]:
+        return TxQueue(self, tx)
+
+    def __repr__(self) -> str:
+        return f"<tinystore.Queue {self.name}>"
+
+
+class TxQueue(Generic[T]):
+    """A queue bound to an open transaction (``tx.with_(queue)``): its adds commit with the transaction and the
+    jobs run only once it commits, never if it rolls back (JOB-06). The queue must live in the transaction's
+    database (``database=`` of the queue), else ``InvalidError``."""
+
+    def __init__(self, queue: Queue[T], tx: SqlTx) -> None:
+        self.queue = queue
+        self.tx = tx
+
+    async def _check(self) -> None:
+        info = await self.queue._ensure()
+        if info.options.database != self.tx.name:
+            raise InvalidError(
+                f"queue {self.queue.name}: its jobs live in database {info.options.database}; a transaction of "
+                f"database {self.tx.name} cannot add to it (open the queue with database=that database)"
+            )
+        self.tx._check()
+
+    async def add(
+        self,
+        value: T,
+        *,
+        key: str | None = None,
+        tenant: str | None = None,
+        user: str | None = None,
+        type: str | None = None,
+        priority: int = 0,
+        delay: Duration | None = None,
+        at: datetime | float | None = None,
+    ) -> str:
+        """As :meth:`Queue.add`, inside the transaction. The id is returned at once; the job exists for others
+        once the transaction commits."""
+        job = self.queue._new(value, "add", key, tenant, user, type, priority, delay, at)
+        await self._check()
+        ids: builtins.list[str] = await self.queue.store._call(
+            "jobs.add", Add(queue=self.queue.name, jobs=[job], tx=self.tx.id), builtins.list[str], retry=False
+        )
+        return ids[0]
+
+    async def add_many(
+        self,
+        values: Sequence[T],
+        *,
+        keys: Sequence[str | None] | None = None,
+        tenant: str | None = None,
+        user: str | None = None,
+        type: str | None = None,
+        priority: int = 0,
+        delay: Duration | None = None,
+        at: datetime | float | None = None,
+    ) -> builtins.list[str]:
+        """As :meth:`Queue.add_many`, inside the transaction."""
+        jobs = self.queue._many(values, keys, tenant, user, type, priority, delay, at)
+        await self._check()
+        ids: builtins.list[str] = await self.queue.store._call(
+            "jobs.add", Add(queue=self.queue.name, jobs=jobs, tx=self.tx.id), builtins.list[str], retry=False
+        )
+        return ids
+
+
+def _job_of(row: JobRow, value: Any) -> Job[Any]:
+    return Job(
+        id=row.id,
+        queue=row.queue,
+        state=row.state,
+        value=value,
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        fence=row.fence,
+        key=row.key,
+        tenant=row.tenant,
+        user=row.user,
+        type=row.type,
+        priority=row.priority,
+        progress=row.progress,
+        result=None if row.result is None else msgspec.json.decode(row.result),
+        error=row.error,
+        errors=[_error_of(e) for e in row.errors],
+        steps=dict(row.steps),
+        run_at=_when(row.run_at_ms),
+        created_at=_when(row.created_at_ms),
+        started_at=_when(row.started_at_ms),
+        finished_at=_when(row.finished_at_ms),
+        stuck=row.stuck,
+    )
+
+
+def _error_of(e: ErrorEntry) -> JobError:
+    at = _when(e.at_ms)
+    assert at is not None
+    return JobError(e.attempt, e.error, at)
+
+
+# -- store-wide helpers (the command line) ---------------------------------------------------------
+
+
+async def queues(store: Store) -> builtins.list[QueueInfo]:
+    """Every queue the store knows, with its options and its jobs counted by state."""
+    out: builtins.list[QueueInfo] = await store._call("jobs.queues", Empty(), builtins.list[QueueInfo])
+    return out
+
+
+async def find(store: Store, job_id: str) -> Job[Any] | None:
+    """Job ``job_id`` in whichever queue holds it (its value as plain JSON), or ``None``."""
+    row: JobRow | None = await store._call("jobs.find", Find(id=job_id), JobRow | None)
+    return None if row is None else _job_of(row, msgspec.json.decode(row.value))
+
+
+async def list_jobs(
+    store: Store,
+    queue: str = "",
+    state: str | None = None,
+    tenant: str | None = None,
+    type: str | None = None,
+    limit: int = 50,
+    after: str | None = None,
+) -> JobPage[Any]:
+    """Jobs of ``queue`` (every queue when empty), newest first, values as plain JSON."""
+    page: Page = await store._call(
+        "jobs.list",
+        ListRequest(queue=queue, state=state, tenant=tenant, type=type, limit=limit, after=after),
+        Page,
+    )
+    return JobPage([_job_of(r, msgspec.json.decode(r.value)) for r in page.jobs], page.next)
+
+
+async def cancel_job(store: Store, queue: str, job_id: str) -> bool:
+    ok: bool = await store._call("jobs.cancel", Get(queue=queue, id=job_id), bool, write=True)
+    return ok
+
+
+async def retry_job(store: Store, queue: str, job_id: str) -> bool:
+    ok: bool = await store._call("jobs.retry", Get(queue=queue, id=job_id), bool, write=True)
+    return ok
+

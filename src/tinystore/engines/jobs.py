@@ -1,0 +1,1538 @@
+"""The jobs engine: durable job queues whose jobs are rows in SQLite.
+
+A job is a row of ``_tinystore_jobs``, in the store's own jobs database (``DIR/sql/tinystore-jobs.db``) or in
+an application database, so that adding a job can commit with the application's own rows (JOB-06). The
+options of every queue are kept in the jobs database (``_tinystore_queues``), so every process that opens a
+queue runs it with the same options.
+
+The server is the one place that claims, so the engine keeps, for each queue it has loaded, an index in
+memory of the jobs that have not ended: the due ones per tenant and priority (first in, first out), the
+delayed ones in a heap by due time, the running ones with their lease. Scheduling decisions (which job goes
+to which waiting worker, fairness, ``max_running`` and ``max_running_per_tenant``) are taken in memory; every
+change of state is one ``UPDATE … RETURNING`` on the database's writer, guarded by the job's state and its
+attempt fence, so a late or repeated report never changes a job twice (JOB-08).
+
+Nothing polls. A worker's claim waits in the queue's line of waiters; the engine hands it jobs when one is
+added, comes due (a clock timer at the earliest due time), or when a running job ends and frees a slot.
+
+- Claim: the chosen jobs become ``running`` with ``attempts + 1`` (the attempt counts before the handler
+  runs, JOB-03) and ``fence + 1`` in one write; the lease starts then. A lease runs out ``lease`` after the
+  claim or the last renewal; then the attempt failed with "worker lost" and the job is retried (or dead)
+  (JOB-01). Attempts claimed by the store's own process (an embedded store's workers) have no lease: that
+  process cannot die apart from the store, and a store restart finds them running and gives them a lease.
+- Fairness (JOB-07): a higher priority first; among the tenants whose best due job has that priority, the
+  tenant served least recently (a counter per tenant, bumped at each claim); tenants at
+  ``max_running_per_tenant`` are skipped, and nobody is served while ``max_running`` jobs run.
+- Backoff (JOB-03): ``min(cap, first × 3^(n-1)) × uniform(0.8, 1.0)`` after failed attempt ``n``.
+- Events (JOB-10, JOB-11): each state change, progress and stuck report is published on the channel
+  ``tinystore-jobs`` under ``(queue, job_id)`` through the ``publish`` function given to the engine.
+
+Time is the store's :class:`~tinystore.clock.Clock` (seconds since the Unix epoch; the rows keep integer
+milliseconds), so tests move backoffs, leases, stuck reports and ``keep`` with a test clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ..clock import Clock, Timer
+from ..errors import ClosedError, InvalidError, LimitError, TinystoreError
+from ..limits import Limits
+from ..names import check_name
+from ..protocol.jobs import (
+    CANCEL_PUSH,
+    ENDED,
+    EVENTS_CHANNEL,
+    STATES,
+    Attempt,
+    CancelRun,
+    Claim,
+    Claimed,
+    ErrorEntry,
+    JobEvent,
+    JobRow,
+    NewJob,
+    Options,
+    Page,
+    QueueInfo,
+    Report,
+)
+from ..protocol.jobs import (
+    List as ListRequest,
+)
+from .base import Peer
+from .sql import SqlDatabase, SqlEngine, SqlTx
+
+__all__ = ["JOBS_DB", "JobsEngine", "QueueOptions", "backoff_delay"]
+
+log = logging.getLogger("tinystore.jobs")
+
+JOBS_DB = "tinystore-jobs"
+"""The store's own jobs database (``DIR/sql/tinystore-jobs.db``)."""
+TABLE = "_tinystore_jobs"
+QUEUES = "_tinystore_queues"
+KEY_MAX = 512
+"""The longest idempotency key, in characters."""
+TEXT_MAX = 256
+"""The longest tenant, user, type or step name, in characters."""
+ERROR_MAX = 2000
+"""Longer error texts are cut to this many characters."""
+ERRORS_KEPT = 50
+"""How many failed attempts a job's history keeps (the newest)."""
+LEASE_MIN = 1.0
+LEASE_MAX = 3600.0
+CHUNK = 400
+"""Jobs per INSERT statement (13 parameters each stays far below SQLite's bound)."""
+INT_MAX = (1 << 63) - 1
+
+SCHEMA = (
+    f"""create table if not exists {TABLE} (
+        id text primary key,
+        queue text not null,
+        key text,
+        tenant text not null default '',
+        user text,
+        type text,
+        priority integer not null default 0,
+        state text not null,
+        attempts integer not null default 0,
+        fence integer not null default 0,
+        value text not null,
+        progress text,
+        result text,
+        error text,
+        errors text,
+        steps text,
+        run_at integer not null,
+        created_at integer not null,
+        started_at integer,
+        finished_at integer,
+        lease_until integer
+    ) without rowid""",
+    f"create unique index if not exists {TABLE}_key on {TABLE} (queue, key) where key is not null",
+    f"create index if not exists {TABLE}_state on {TABLE} (queue, state, id)",
+    f"create index if not exists {TABLE}_queue on {TABLE} (queue, id)",
+    f"create index if not exists {TABLE}_ended on {TABLE} (queue, finished_at) "
+    "where state in ('succeeded', 'dead', 'cancelled')",
+)
+QUEUES_SCHEMA = (
+    f"create table if not exists {QUEUES} (name text primary key, options text not null, created_at integer not null)",
+)
+COLUMNS = (
+    "id, queue, state, attempts, fence, value, key, tenant, user, type, priority, progress, result, error, "
+    "errors, steps, run_at, created_at, started_at, finished_at"
+)
+
+# where an entry of the in-memory index is
+READY, DELAYED, CLAIMING, RUNNING, ENDING, GONE = range(6)
+
+_json_encode = msgspec.json.encode
+_json_decode = msgspec.json.decode
+_msgpack = msgspec.msgpack.Encoder()
+
+
+def backoff_delay(attempt: int, first: float, cap: float, rand: Callable[[], float] = random.random) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (1-based): ``min(cap, first × 3^(n-1))`` times a random
+    factor in ``[0.8, 1.0)``, so never above the cap and still random at it (JOB-03)."""
+    exp = min(attempt - 1, 64)
+    base = min(cap, first * (3.0**exp))
+    return base * (0.8 + 0.2 * rand())
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOptions:
+    """A queue's options, all set. Durations in seconds; ``max_running*``: 0 means no limit."""
+
+    database: str
+    attempts: int
+    backoff_first: float
+    backoff_cap: float
+    lease: float
+    timeout: float
+    expected: float
+    max_running: int
+    max_running_per_tenant: int
+    keep: float
+
+    def to_wire(self) -> Options:
+        return Options(
+            database=self.database,
+            attempts=self.attempts,
+            backoff_first_ms=round(self.backoff_first * 1000),
+            backoff_cap_ms=round(self.backoff_cap * 1000),
+            lease_ms=round(self.lease * 1000),
+            timeout_ms=round(self.timeout * 1000),
+            expected_ms=round(self.expected * 1000),
+            max_running=self.max_running,
+            max_running_per_tenant=self.max_running_per_tenant,
+            keep_ms=round(self.keep * 1000),
+        )
+
+
+_OPTION_NAMES = {
+    "database": "database",
+    "attempts": "attempts",
+    "backoff_first_ms": "backoff (first)",
+    "backoff_cap_ms": "backoff (cap)",
+    "lease_ms": "lease",
+    "timeout_ms": "timeout",
+    "expected_ms": "expected",
+    "max_running": "max_running",
+    "max_running_per_tenant": "max_running_per_tenant",
+    "keep_ms": "keep",
+}
+
+
+def _check_options(queue: str, o: Options) -> None:
+    """Refuse options out of their bounds (``InvalidError`` naming the queue and the option)."""
+
+    def bad(what: str, why: str) -> InvalidError:
+        return InvalidError(f"queue {queue}: option {what}: {why}")
+
+    if o.database is not None:
+        check_name("database", o.database)
+    if o.attempts is not None and not 1 <= o.attempts <= 1000:
+        raise bad("attempts", f"{o.attempts} is not between 1 and 1000")
+    for name in ("backoff_first_ms", "backoff_cap_ms", "timeout_ms", "expected_ms"):
+        v = getattr(o, name)
+        if v is not None and not 0 < v <= 366 * 86400 * 1000:
+            raise bad(_OPTION_NAMES[name], f"{v / 1000:g}s is not above 0 and at most a year")
+    if o.backoff_first_ms is not None and o.backoff_cap_ms is not None and o.backoff_first_ms > o.backoff_cap_ms:
+        raise bad("backoff", "the first delay is above the cap")
+    if o.lease_ms is not None and not LEASE_MIN * 1000 <= o.lease_ms <= LEASE_MAX * 1000:
+        raise bad("lease", f"{o.lease_ms / 1000:g}s is not between {LEASE_MIN:g}s and {LEASE_MAX:g}s")
+    if o.keep_ms is not None and not 0 <= o.keep_ms <= 3660 * 86400 * 1000:
+        raise bad("keep", f"{o.keep_ms / 1000:g}s is not between 0 and ten years")
+    for name in ("max_running", "max_running_per_tenant"):
+        v = getattr(o, name)
+        if v is not None and not 0 <= v <= 1_000_000:
+            raise bad(name, f"{v} is not between 0 (no limit) and 1,000,000")
+
+
+def _merge(limits: Limits, o: Options) -> QueueOptions:
+    def secs(ms: int | None, default: float) -> float:
+        return default if ms is None else ms / 1000
+
+    return QueueOptions(
+        database=o.database or JOBS_DB,
+        attempts=o.attempts if o.attempts is not None else limits.job_attempts,
+        backoff_first=secs(o.backoff_first_ms, limits.job_backoff_first),
+        backoff_cap=secs(o.backoff_cap_ms, limits.job_backoff_cap),
+        lease=secs(o.lease_ms, limits.job_lease),
+        timeout=secs(o.timeout_ms, limits.job_timeout),
+        expected=secs(o.expected_ms, limits.job_expected),
+        max_running=o.max_running or 0,
+        max_running_per_tenant=o.max_running_per_tenant or 0,
+        keep=secs(o.keep_ms, limits.job_keep),
+    )
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    """A job that has not ended, as the index knows it."""
+
+    id: str
+    tenant: str
+    priority: int
+    run_at: float
+    where: int = READY
+    attempts: int = 0
+    fence: int = 0
+    lease_until: float = math.inf
+    started_at: float = 0.0
+    peer: Peer | None = None
+    counted: bool = False  # counted in the running totals (claiming or running)
+    stuck: bool = False
+    cancel_queued: bool = False  # a cancel write waits behind this job's claim write
+    busy: asyncio.Future[None] | None = None  # a write changing this job is in flight
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """A claim waiting for jobs."""
+
+    peer: Peer
+    n: int
+    worker: str
+    due_before: float
+    fut: asyncio.Future[list[Claimed]]
+    claiming: bool = False
+
+
+class _Deadlines:
+    """A heap of ``(when, item)`` with one clock timer at its earliest; ``on_due(item)`` for each due item."""
+
+    def __init__(self, clock: Clock, on_due: Callable[[Any], None]) -> None:
+        self.clock = clock
+        self.on_due = on_due
+        self.heap: list[tuple[float, int, Any]] = []
+        self.seq = itertools.count()
+        self.timer: Timer | None = None
+        self.when = math.inf
+        self.closed = False
+
+    def push(self, when: float, item: Any) -> None:
+        if self.closed or math.isinf(when):
+            return
+        heapq.heappush(self.heap, (when, next(self.seq), item))
+        if when < self.when:
+            self._arm(when)
+
+    def _arm(self, when: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.when = when
+        self.timer = self.clock.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        self.when = math.inf
+        if self.closed:
+            return
+        now = self.clock.now()
+        due = []
+        while self.heap and self.heap[0][0] <= now:
+            due.append(heapq.heappop(self.heap)[2])
+        for item in due:
+            try:
+                self.on_due(item)
+            except Exception:
+                log.exception("a jobs timer failed")
+        if self.heap and self.timer is None:
+            self._arm(self.heap[0][0])
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.heap.clear()
+
+
+class _Queue:
+    """One loaded queue: its options, its database and the index of its jobs that have not ended."""
+
+    def __init__(self, engine: JobsEngine, name: str, options: QueueOptions, db: SqlDatabase) -> None:
+        self.name = name
+        self.options = options
+        self.db = db
+        self.entries: dict[str, _Entry] = {}
+        self.ready: dict[str, dict[int, deque[_Entry]]] = {}
+        self.running: dict[str, int] = {}
+        self.running_total = 0
+        self.served: dict[str, int] = {}
+        self.serve_count = 0
+        self.waiters: deque[_Waiter] = deque()
+        self.watchers: dict[str, list[asyncio.Future[None]]] = {}
+        self.delayed = _Deadlines(engine.clock, lambda e: engine._on_due(self, e))
+        self.leases = _Deadlines(engine.clock, lambda item: engine._on_lease(self, *item))
+        self.stuck_at = _Deadlines(engine.clock, lambda item: engine._on_stuck(self, *item))
+        self.sweep_timer: Timer | None = None
+        self.sweep_when = math.inf
+        self.stuck_reports = 0
+
+    def close(self) -> None:
+        for d in (self.delayed, self.leases, self.stuck_at):
+            d.close()
+        if self.sweep_timer is not None:
+            self.sweep_timer.cancel()
+
+
+def _now_ms(clock: Clock) -> int:
+    return clock.now_ms()
+
+
+def _ms(when: float) -> int:
+    return math.floor(when * 1000)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= ERROR_MAX else text[: ERROR_MAX - 1] + "…"
+
+
+class _Ids:
+    """Job ids: 26 characters of Crockford base32, 48 bits of milliseconds then 80 random bits, so they sort by
+    creation time and never repeat in practice (ids stay unique across the queues and databases of a store)."""
+
+    ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+
+    def __init__(self) -> None:
+        self.last_ms = -1
+        self.last_rand = 0
+
+    def new(self, ms: int) -> str:
+        if ms <= self.last_ms:
+            ms = self.last_ms
+            rand = self.last_rand + 1
+        else:
+            rand = random.getrandbits(80)
+        self.last_ms, self.last_rand = ms, rand
+        n = ((ms & ((1 << 48) - 1)) << 80) | (rand & ((1 << 80) - 1))
+        out = []
+        for _ in range(26):
+            out.append(self.ALPHABET[n & 31])
+            n >>= 5
+        return "".join(reversed(out))
+
+
+class JobsEngine:
+    """The job queues of one store.
+
+    ``sql``: the store's SQL engine (the jobs live in its databases). ``clock``: the one clock. ``limits``:
+    defaults and bounds (``job_*``). ``publish(channel, branch, payload)``: hands a job event (MessagePack of a
+    :class:`~tinystore.protocol.jobs.JobEvent`) to the channels engine, or ``None`` while there is none.
+    ``spawn(coro)``: starts a task the store owns.
+    """
+
+    def __init__(
+        self,
+        sql: SqlEngine,
+        clock: Clock,
+        limits: Limits,
+        *,
+        publish: Callable[[str, tuple[str, ...], bytes], object] | None = None,
+        spawn: Callable[[Any], asyncio.Task[Any]] | None = None,
+    ) -> None:
+        self.sql = sql
+        self.clock = clock
+        self.limits = limits
+        self.publish = publish
+        self._spawn = spawn or asyncio.ensure_future
+        self.queues: dict[str, _Queue] = {}
+        self._loading: dict[str, asyncio.Future[_Queue]] = {}
+        self._options: dict[str, QueueOptions] = {}
+        self._jobs_db: asyncio.Future[SqlDatabase] | None = None
+        self._ids = _Ids()
+        self.closed = False
+        self.stuck_reports = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------------------------------------- setup
+
+    async def jobs_db(self) -> SqlDatabase:
+        """The store's jobs database, opened (and its tables made) at first use."""
+        if self._jobs_db is None:
+            self._jobs_db = asyncio.ensure_future(self._open_jobs_db())
+        try:
+            return await asyncio.shield(self._jobs_db)
+        except BaseException:
+            if self._jobs_db.done() and self._jobs_db.exception() is not None:
+                self._jobs_db = None
+            raise
+
+    async def _open_jobs_db(self) -> SqlDatabase:
+        db, _ = await self.sql.open(JOBS_DB)
+        for stmt in QUEUES_SCHEMA + SCHEMA:
+            await db.write(stmt, [])
+        return db
+
+    async def start(self) -> None:
+        """Load every queue the store knows, so that leases, due times and ``keep`` run before anyone asks."""
+        if not (self.sql.directory / f"{JOBS_DB}.db").exists():
+            return
+        try:
+            db = await self.jobs_db()
+            rows = (await db.read(f"select name from {QUEUES}", [])).rows
+            for (name,) in rows:
+                if self.closed:
+                    return
+                try:
+                    await self._queue(name)
+                except TinystoreError as exc:
+                    log.warning("queue %s: not loaded: %s", name, exc.message)
+        except ClosedError:
+            pass
+
+    def _track(self, coro: Any) -> None:
+        task = self._spawn(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _stored_options(self, name: str) -> QueueOptions | None:
+        opts = self._options.get(name)
+        if opts is not None:
+            return opts
+        db = await self.jobs_db()
+        row = (await db.read(f"select options from {QUEUES} where name = ?", [name], "one")).rows
+        if not row:
+            return None
+        given = _json_decode(row[0][0], type=Options)
+        opts = _merge(self.limits, given)
+        self._options[name] = opts
+        return opts
+
+    async def open_queue(self, name: str, given: Options) -> QueueInfo:
+        """Open queue ``name`` with the options the caller gave (``None`` fields: not given).
+
+        The first open of a queue keeps its options (given ones, the rest from the limits) in the jobs
+        database; a later open whose given options differ from the kept ones raises ``InvalidError`` naming the
+        option. Also ``InvalidError`` for a bad name or an option out of bounds.
+        """
+        self._check_open()
+        check_name("queue", name)
+        _check_options(name, given)
+        stored = await self._stored_options(name)
+        if stored is None:
+            merged = _merge(self.limits, given)
+            if merged.backoff_first > merged.backoff_cap:
+                raise InvalidError(f"queue {name}: option backoff: the first delay is above the cap")
+            db = await self.jobs_db()
+            await db.write(
+                f"insert into {QUEUES} (name, options, created_at) values (?, ?, ?) on conflict (name) do nothing",
+                [name, _json_encode(merged.to_wire()).decode(), _now_ms(self.clock)],
+            )
+            self._options.pop(name, None)
+            stored = await self._stored_options(name)
+            assert stored is not None
+        kept = stored.to_wire()
+        for fname in Options.__struct_fields__:
+            want = getattr(given, fname)
+            if want is not None and want != getattr(kept, fname):
+                have = getattr(kept, fname)
+                label = _OPTION_NAMES[fname]
+                if fname.endswith("_ms"):
+                    want, have = f"{want / 1000:g}s", f"{have / 1000:g}s"
+                raise InvalidError(
+                    f"queue {name}: option {label} is {want} here but the store keeps {have} for this queue "
+                    "(every process must open a queue with the same options)"
+                )
+        q = await self._queue(name)
+        return self._info(q)
+
+    async def _queue(self, name: str) -> _Queue:
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        self._check_open()
+        fut = self._loading.get(name)
+        if fut is None:
+            fut = asyncio.ensure_future(self._load(name))
+            self._loading[name] = fut
+        try:
+            return await asyncio.shield(fut)
+        finally:
+            if fut.done() and self._loading.get(name) is fut:
+                del self._loading[name]
+
+    async def _load(self, name: str) -> _Queue:
+        opts = await self._stored_options(name)
+        if opts is None:
+            check_name("queue", name)
+            raise InvalidError(f"queue {name} does not exist (open it with store.queue({name!r}, ...) first)")
+        if opts.database == JOBS_DB:
+            db = await self.jobs_db()
+        else:
+            db, _ = await self.sql.open(opts.database)
+            for stmt in SCHEMA:
+                await db.write(stmt, [])
+        q = _Queue(self, name, opts, db)
+        rows = (
+            await db.read(
+                f"select id, tenant, priority, run_at, state, attempts, fence, started_at, lease_until from {TABLE} "
+                "where queue = ? and state in ('queued', 'failed', 'running') order by id",
+                [name],
+            )
+        ).rows
+        now = self.clock.now()
+        for jid, tenant, priority, run_at, state, attempts, fence, started_at, lease_until in rows:
+            e = _Entry(jid, tenant, priority, run_at / 1000, attempts=attempts, fence=fence)
+            q.entries[jid] = e
+            if state == "running":
+                e.where = RUNNING
+                e.counted = True
+                e.started_at = (started_at or 0) / 1000
+                e.lease_until = max((lease_until or 0) / 1000, now + opts.lease)
+                q.running[tenant] = q.running.get(tenant, 0) + 1
+                q.running_total += 1
+                q.leases.push(e.lease_until, (e, fence))
+                q.stuck_at.push(e.started_at + opts.expected, (e, fence))
+            else:
+                self._place(q, e)
+        if self.closed:
+            raise ClosedError("jobs: the store is stopping")
+        self.queues[name] = q
+        oldest = await db.read(
+            f"select min(finished_at) from {TABLE} where queue = ? and state in ('succeeded', 'dead', 'cancelled')",
+            [name],
+            "scalar",
+        )
+        if oldest.rows and oldest.rows[0][0] is not None:
+            self._arm_sweep(q, oldest.rows[0][0] / 1000 + opts.keep)
+        return q
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError("jobs: the store is stopping")
+
+    # ------------------------------------------------------------------------------------------- index
+
+    def _place(self, q: _Queue, e: _Entry, front: bool = False) -> None:
+        """Put a waiting job where it belongs: due (ready, by tenant and priority) or delayed (a timer)."""
+        if e.run_at <= self.clock.now():
+            e.where = READY
+            prios = q.ready.get(e.tenant)
+            if prios is None:
+                prios = q.ready[e.tenant] = {}
+            line = prios.get(e.priority)
+            if line is None:
+                line = prios[e.priority] = deque()
+            if front:
+                line.appendleft(e)
+            else:
+                line.append(e)
+        else:
+            e.where = DELAYED
+            q.delayed.push(e.run_at, e)
+
+    def _on_due(self, q: _Queue, e: _Entry) -> None:
+        if e.where == DELAYED and q.entries.get(e.id) is e:
+            if e.run_at > self.clock.now():
+                q.delayed.push(e.run_at, e)
+                return
+            self._place(q, e)
+            self._pump(q)
+
+    def _pick(self, q: _Queue, due_before: float) -> _Entry | None:
+        """The next job to run: a higher priority first; within it, the tenant served least recently."""
+        opts = q.options
+        if opts.max_running and q.running_total >= opts.max_running:
+            return None
+        per_tenant = opts.max_running_per_tenant
+        best: _Entry | None = None
+        best_key: tuple[int, int] = (0, 0)
+        empty: list[str] = []
+        for tenant, prios in q.ready.items():
+            if per_tenant and q.running.get(tenant, 0) >= per_tenant:
+                continue
+            head: _Entry | None = None
+            for p in sorted(prios, reverse=True):
+                line = prios[p]
+                while line and (line[0].where != READY or q.entries.get(line[0].id) is not line[0]):
+                    line.popleft()
+                if not line:
+                    del prios[p]
+                    continue
+                head = line[0]
+                break
+            if head is None:
+                empty.append(tenant)
+                continue
+            if due_before and head.run_at > due_before:
+                continue
+            key = (-head.priority, q.served.get(tenant, 0))
+            if best is None or key < best_key:
+                best, best_key = head, key
+        for tenant in empty:
+            if not q.ready.get(tenant):
+                q.ready.pop(tenant, None)
+        if best is not None:
+            q.ready[best.tenant][best.priority].popleft()
+        return best
+
+    def _count(self, q: _Queue, e: _Entry, delta: int) -> None:
+        n = q.running.get(e.tenant, 0) + delta
+        if n > 0:
+            q.running[e.tenant] = n
+        else:
+            q.running.pop(e.tenant, None)
+        q.running_total += delta
+
+    def _pump(self, q: _Queue) -> None:
+        """Hand due jobs to waiting claims, first come first served, as far as the limits allow."""
+        while q.waiters:
+            w = q.waiters[0]
+            if w.fut.done():
+                q.waiters.popleft()
+                continue
+            picked: list[_Entry] = []
+            while len(picked) < w.n:
+                e = self._pick(q, w.due_before)
+                if e is None:
+                    break
+                e.where = CLAIMING
+                e.counted = True
+                self._count(q, e, 1)
+                q.serve_count += 1
+                q.served[e.tenant] = q.serve_count
+                picked.append(e)
+            if not picked:
+                return
+            q.waiters.popleft()
+            w.claiming = True
+            self._claim(q, w, picked)
+
+    # ------------------------------------------------------------------------------------------- claims
+
+    def _claim(self, q: _Queue, w: _Waiter, picked: list[_Entry]) -> None:
+        now = self.clock.now()
+        local = bool(getattr(w.peer, "local", False))
+        lease_until = math.inf if local else now + q.options.lease
+        marks = ", ".join("?" for _ in picked)
+        fut = q.db.write(
+            f"update {TABLE} set state = 'running', attempts = attempts + 1, fence = fence + 1, started_at = ?, "
+            f"lease_until = ? where id in ({marks}) and state in ('queued', 'failed') "
+            "returning id, fence, attempts, value, steps, tenant, key, type, user, priority, progress",
+            [_ms(now), None if local else _ms(lease_until), *(e.id for e in picked)],
+        )
+        fut.add_done_callback(lambda f: self._claimed(q, w, picked, now, lease_until, f))
+
+    def _claimed(
+        self,
+        q: _Queue,
+        w: _Waiter,
+        picked: list[_Entry],
+        now: float,
+        lease_until: float,
+        f: asyncio.Future[Any],
+    ) -> None:
+        if f.cancelled() or f.exception() is not None:
+            err = ClosedError("jobs: the claim was cancelled") if f.cancelled() else f.exception()
+            for e in picked:
+                if e.where == CLAIMING:
+                    e.counted = False
+                    self._count(q, e, -1)
+                    self._place(q, e, front=True)
+            if not w.fut.done():
+                w.fut.set_exception(err or ClosedError("jobs: the claim failed"))
+            self._pump(q)
+            return
+        done = f.result()
+        got: list[Claimed] = []
+        by_id = {e.id: e for e in picked}
+        for jid, fence, attempts, value, steps, tenant, key, type_, user, priority, progress in done.rows:
+            e = by_id.pop(jid)
+            e.where = RUNNING
+            e.fence = fence
+            e.attempts = attempts
+            e.started_at = now
+            e.lease_until = lease_until
+            e.peer = w.peer
+            e.stuck = False
+            q.leases.push(lease_until, (e, fence))
+            q.stuck_at.push(now + q.options.expected, (e, fence))
+            self._event(q, "state", jid, "running", None, attempts, None)
+            self._notify(q, jid)
+            if e.cancel_queued:
+                continue  # its cancel is already on its way: nobody runs it
+            got.append(
+                Claimed(
+                    id=jid,
+                    fence=fence,
+                    attempt=attempts,
+                    value=value,
+                    steps=_json_decode(steps) if steps else {},
+                    lease_ms=round(q.options.lease * 1000),
+                    timeout_ms=round(q.options.timeout * 1000),
+                    tenant=tenant,
+                    key=key,
+                    type=type_,
+                    user=user,
+                    priority=priority,
+                    progress=_json_decode(progress) if progress else None,
+                )
+            )
+        for e in by_id.values():  # the row was not claimable after all: forget it
+            if e.counted:
+                e.counted = False
+                self._count(q, e, -1)
+            e.where = GONE
+            q.entries.pop(e.id, None)
+        if w.fut.done():  # the claim was given up meanwhile: hand the jobs back
+            if got:
+                self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got]))
+        else:
+            w.fut.set_result(got)
+        self._pump(q)
+
+    async def claim(self, peer: Peer, req: Claim) -> list[Claimed]:
+        """Claim up to ``req.n`` due jobs of ``req.queue`` for ``peer``, waiting up to ``req.wait_ms`` (real time)
+        for one. Returns the attempts (possibly none). Each is ``running``, its attempt counted.
+
+        A cancel of this call (or :meth:`unwait`) gives the jobs back, unstarted and not counted, when the claim
+        was already under way. Raises ``InvalidError`` (bad queue or n), ``ClosedError`` (stopping).
+        """
+        q = await self._queue(req.queue)
+        if not 1 <= req.n <= 1000:
+            raise InvalidError(f"queue {req.queue}: claim: n = {req.n} is not between 1 and 1000")
+        loop = asyncio.get_running_loop()
+        w = _Waiter(peer, req.n, req.worker, req.due_before_ms / 1000, loop.create_future())
+        q.waiters.append(w)
+        self._pump(q)
+        handle: asyncio.TimerHandle | None = None
+        if not w.fut.done() and not w.claiming:
+            if req.wait_ms <= 0:
+                w.fut.set_result([])
+            else:
+
+                def timeout() -> None:
+                    if not w.fut.done() and not w.claiming:
+                        w.fut.set_result([])
+
+                handle = loop.call_later(req.wait_ms / 1000, timeout)
+        try:
+            return await w.fut
+        except asyncio.CancelledError:
+            if w.fut.done() and not w.fut.cancelled() and w.fut.exception() is None:
+                got = w.fut.result()
+                if got:
+                    self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got]))
+            raise
+        finally:
+            if handle is not None:
+                handle.cancel()
+            if not w.claiming:
+                try:
+                    q.waiters.remove(w)
+                except ValueError:
+                    pass
+
+    def unwait(self, queue: str, worker: str) -> int:
+        """End the waiting (not yet claiming) claims of ``worker`` on ``queue`` with no jobs; returns how many."""
+        q = self.queues.get(queue)
+        if q is None:
+            return 0
+        n = 0
+        for w in list(q.waiters):
+            if w.worker == worker and not w.claiming and not w.fut.done():
+                w.fut.set_result([])
+                n += 1
+        return n
+
+    def drop_peer(self, peer: Peer) -> None:
+        """A client went away: its waiting claims end (its running attempts keep their lease)."""
+        for q in self.queues.values():
+            for w in list(q.waiters):
+                if w.peer is peer and not w.claiming and not w.fut.done():
+                    w.fut.set_exception(ClosedError("jobs: the client went away"))
+
+    def renew(self, peer: Peer, queue: str, attempts: Sequence[Attempt]) -> list[str]:
+        """Renew the leases of ``attempts`` held by ``peer``: each lasts ``lease`` from now. Returns the ids whose
+        attempt is no longer current (its lease ran out, it was cancelled, or it ended): those are lost."""
+        q = self.queues.get(queue)
+        lost: list[str] = []
+        now = self.clock.now()
+        for a in attempts:
+            e = q.entries.get(a.id) if q is not None else None
+            if q is None or e is None or e.where not in (RUNNING, CLAIMING) or e.fence != a.fence or e.cancel_queued:
+                lost.append(a.id)
+                continue
+            e.peer = peer
+            was = e.lease_until
+            e.lease_until = math.inf if peer.local else now + q.options.lease
+            if math.isinf(was) and e.where == RUNNING:
+                q.leases.push(e.lease_until, (e, e.fence))
+        return lost
+
+    def _on_lease(self, q: _Queue, e: _Entry, fence: int) -> None:
+        if e.where != RUNNING or e.fence != fence or q.entries.get(e.id) is not e:
+            return
+        if e.lease_until > self.clock.now():
+            q.leases.push(e.lease_until, (e, fence))
+            return
+        log.info("queue %s: job %s: attempt %d: the lease ran out (worker lost)", q.name, e.id, e.attempts)
+        peer = e.peer
+        if peer is not None:
+            peer.push(CANCEL_PUSH, CancelRun(queue=q.name, id=e.id, fence=fence, reason="lost"))
+        self._track(self._fail_attempt(q, e, "worker lost", None))
+
+    def _on_stuck(self, q: _Queue, e: _Entry, fence: int) -> None:
+        if e.where != RUNNING or e.fence != fence or e.stuck or q.entries.get(e.id) is not e:
+            return
+        e.stuck = True
+        q.stuck_reports += 1
+        self.stuck_reports += 1
+        ran = self.clock.now() - e.started_at
+        log.warning(
+            "queue %s: job %s is stuck: attempt %d has run %.0fs, past its expected %gs",
+            q.name,
+            e.id,
+            e.attempts,
+            ran,
+            q.options.expected,
+        )
+        self._event(q, "stuck", e.id, "running", None, e.attempts, None)
+        self._notify(q, e.id)
+
+    # ------------------------------------------------------------------------------------------- ends
+
+    def _begin_write(self, e: _Entry) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        e.busy = fut
+        return fut
+
+    def _end_write(self, e: _Entry, fut: asyncio.Future[None]) -> None:
+        if e.busy is fut:
+            e.busy = None
+        if not fut.done():
+            fut.set_result(None)
+
+    def _settle(self, q: _Queue, e: _Entry, state: str, run_at: float | None) -> None:
+        """The row of ``e`` is now ``state``: move the index with it."""
+        if e.counted:
+            e.counted = False
+            self._count(q, e, -1)
+        e.peer = None
+        if state in ENDED:
+            e.where = GONE
+            if q.entries.get(e.id) is e:
+                del q.entries[e.id]
+            self._arm_sweep(q, self.clock.now() + q.options.keep)
+        else:
+            if run_at is not None:
+                e.run_at = run_at
+            self._place(q, e)
+        self._pump(q)
+
+    async def _fail_attempt(self, q: _Queue, e: _Entry, error: str, after: float | None) -> bool:
+        """A failed attempt (a raise, a timeout, a lost worker, ``run.retry``): retried after the backoff (or
+        ``after``), or ``dead`` when it was the last attempt."""
+        fence = e.fence
+        if e.attempts >= q.options.attempts:
+            return await self._write_end(q, e, fence, "dead", error=error)
+        delay = after if after is not None else backoff_delay(e.attempts, q.options.backoff_first, q.options.backoff_cap)
+        return await self._write_end(q, e, fence, "failed", error=error, run_at=self.clock.now() + delay)
+
+    async def _write_end(
+        self,
+        q: _Queue,
+        e: _Entry,
+        fence: int,
+        state: str,
+        *,
+        error: str | None = None,
+        run_at: float | None = None,
+        result: str | None = None,
+        progress: str | None = None,
+        uncount: bool = False,
+    ) -> bool:
+        """End attempt ``fence`` of ``e`` as ``state`` (one guarded write), then move the index."""
+        if e.where != RUNNING or e.fence != fence:
+            return False
+        e.where = ENDING
+        busy = self._begin_write(e)
+        now = self.clock.now()
+        entry = None
+        if error is not None:
+            error = _cut(error)
+            entry = _json_encode(ErrorEntry(attempt=e.attempts, error=error, at_ms=_ms(now))).decode()
+        ended = state in ENDED
+        try:
+            done = await q.db.write(
+                f"update {TABLE} set state = ?, run_at = coalesce(?, run_at), error = coalesce(?, error), "
+                "errors = case when ? is null then errors else "
+                f"json_insert(coalesce(errors, '[]'), '$[#]', json(?)) end, result = coalesce(?, result), "
+                "progress = coalesce(?, progress), finished_at = ?, attempts = attempts - ?, lease_until = null "
+                "where id = ? and fence = ? and state = 'running' returning attempts, progress, errors",
+                [
+                    state,
+                    None if run_at is None else _ms(run_at),
+                    error,
+                    entry,
+                    entry,
+                    result,
+                    progress,
+                    _ms(now) if ended else None,
+                    1 if uncount else 0,
+                    e.id,
+                    fence,
+                ],
+            )
+        except BaseException:
+            if e.where == ENDING:
+                e.where = RUNNING
+            self._end_write(e, busy)
+            raise
+        self._end_write(e, busy)
+        if not done.rows:
+            if e.where == ENDING:
+                e.where = RUNNING
+            return False
+        attempts, prog, errors = done.rows[0]
+        e.attempts = attempts
+        if errors and entry is not None and len(errors) > 64 * 1024:
+            self._track(self._trim_errors(q, e.id))
+        self._settle(q, e, state, run_at)
+        self._event(q, "state", e.id, state, _json_decode(prog) if prog else None, attempts, error)
+        self._notify(q, e.id)
+        return True
+
+    async def _trim_errors(self, q: _Queue, jid: str) -> None:
+        rows = (await q.db.read(f"select errors from {TABLE} where id = ?", [jid], "one")).rows
+        if rows and rows[0][0]:
+            kept = _json_decode(rows[0][0])[-ERRORS_KEPT:]
+            await q.db.write(f"update {TABLE} set errors = ? where id = ?", [_json_encode(kept).decode(), jid])
+
+    async def report(self, peer: Peer, r: Report) -> bool:
+        """How an attempt ended (see :class:`~tinystore.protocol.jobs.Report`). Returns ``True`` when it changed
+        the job; ``False`` when attempt ``r.fence`` is no longer the job's current running attempt (it was lost,
+        cancelled or already reported): nothing changes then (JOB-08).
+
+        Raises ``InvalidError`` (an unknown outcome, a result or progress that is not JSON), ``LimitError`` (a
+        result over ``job_value_bytes`` or progress over ``job_progress_bytes``).
+        """
+        q = await self._queue(r.queue)
+        e = q.entries.get(r.id)
+        if r.result is not None:
+            self._check_json(q.name, r.id, "result", r.result, self.limits.job_value_bytes)
+        if r.progress is not None:
+            self._check_json(q.name, r.id, "progress", r.progress, self.limits.job_progress_bytes)
+        if e is None or e.where != RUNNING or e.fence != r.fence:
+            return False
+        after = None if r.after_ms is None else max(0.0, r.after_ms / 1000)
+        if r.outcome == "succeeded":
+            return await self._write_end(
+                q, e, r.fence, "succeeded", result=r.result if r.result is not None else "null", progress=r.progress
+            )
+        if r.outcome == "error":
+            return await self._fail_attempt(q, e, r.error or "failed", after)
+        if r.outcome == "fail":
+            return await self._write_end(q, e, r.fence, "dead", error=r.error or "failed", progress=r.progress)
+        if r.outcome == "snooze":
+            return await self._write_end(
+                q, e, r.fence, "queued", run_at=self.clock.now() + (after or 0.0), progress=r.progress, uncount=True
+            )
+        raise InvalidError(f"queue {q.name}: job {r.id}: outcome {r.outcome!r} is not succeeded, error, fail or snooze")
+
+    async def release(self, queue: str, attempts: Sequence[Attempt]) -> int:
+        """Hand back claimed attempts that did not run (or were stopped with their worker): each job is queued
+        again, due now, and the attempt is not counted. Returns how many were handed back."""
+        q = await self._queue(queue)
+        n = 0
+        for a in attempts:
+            e = q.entries.get(a.id)
+            if e is None:
+                continue
+            if await self._write_end(q, e, a.fence, "queued", uncount=True):
+                n += 1
+        return n
+
+    def _check_json(self, queue: str, jid: str, what: str, text: str, limit: int) -> None:
+        size = len(text.encode()) if not text.isascii() else len(text)
+        if size > limit:
+            raise LimitError(
+                f"queue {queue}: job {jid}: the {what} is {size} bytes of JSON, over the {limit} bytes allowed",
+                limit=limit,
+                wanted=size,
+            )
+        try:
+            _json_decode(text)
+        except msgspec.DecodeError as exc:
+            raise InvalidError(f"queue {queue}: job {jid}: the {what} is not JSON: {exc}") from None
+
+    async def progress(self, queue: str, jid: str, fence: int, progress: str) -> bool:
+        """Store the progress (JSON text, at most ``job_progress_bytes``) of running attempt ``fence`` and publish
+        it. ``False`` when the attempt is not current. Raises ``InvalidError``, ``LimitError``."""
+        q = await self._queue(queue)
+        self._check_json(queue, jid, "progress", progress, self.limits.job_progress_bytes)
+        e = q.entries.get(jid)
+        if e is None or e.where != RUNNING or e.fence != fence:
+            return False
+        done = await q.db.write(
+            f"update {TABLE} set progress = ? where id = ? and fence = ? and state = 'running' returning attempts",
+            [progress, jid, fence],
+        )
+        if not done.rows:
+            return False
+        self._event(q, "progress", jid, "running", _json_decode(progress), done.rows[0][0], None)
+        self._notify(q, jid)
+        return True
+
+    async def step(self, queue: str, jid: str, fence: int, name: str, result: str) -> bool:
+        """Keep the result (JSON text) of step ``name`` of running attempt ``fence`` on the job, for its later
+        attempts (JOB-12). ``False`` when the attempt is not current. Raises ``InvalidError``, ``LimitError``."""
+        q = await self._queue(queue)
+        if not isinstance(name, str) or not 0 < len(name) <= TEXT_MAX or '"' in name or "\\" in name:
+            raise InvalidError(
+                f"queue {queue}: job {jid}: step name {name!r}: 1 to {TEXT_MAX} characters, without quotes or "
+                "backslashes"
+            )
+        self._check_json(queue, jid, f"result of step {name!r}", result, self.limits.job_value_bytes)
+        e = q.entries.get(jid)
+        if e is None or e.where != RUNNING or e.fence != fence:
+            return False
+        done = await q.db.write(
+            f"update {TABLE} set steps = json_set(coalesce(steps, '{{}}'), ?, json(?)) "
+            "where id = ? and fence = ? and state = 'running' returning id",
+            [f'$."{name}"', result, jid, fence],
+        )
+        return bool(done.rows)
+
+    # ------------------------------------------------------------------------------------------- adds
+
+    def _new_rows(self, queue: str, jobs: Sequence[NewJob]) -> list[list[Any]]:
+        now = self.clock.now()
+        now_ms = _ms(now)
+        out: list[list[Any]] = []
+        for i, j in enumerate(jobs):
+            what = f"queue {queue}: job {i + 1} of {len(jobs)}" if len(jobs) > 1 else f"queue {queue}: the job"
+            if not isinstance(j.value, str):
+                raise InvalidError(f"{what}: the value must be JSON text")
+            self._check_json(queue, "(new)", "value", j.value, self.limits.job_value_bytes)
+            if j.key is not None and not 0 < len(j.key) <= KEY_MAX:
+                raise InvalidError(f"{what}: key {j.key[:40]!r}: an idempotency key is 1 to {KEY_MAX} characters")
+            for label, v in (("tenant", j.tenant), ("user", j.user), ("type", j.type)):
+                if v is not None and len(v) > TEXT_MAX:
+                    raise InvalidError(f"{what}: {label} {v[:40]!r}…: at most {TEXT_MAX} characters")
+            if not -INT_MAX <= j.priority <= INT_MAX:
+                raise InvalidError(f"{what}: priority {j.priority} does not fit in 64 bits")
+            if j.delay_ms is not None and j.at_ms is not None:
+                raise InvalidError(f"{what}: give delay or at, not both")
+            if j.delay_ms is not None and j.delay_ms < 0:
+                raise InvalidError(f"{what}: delay {j.delay_ms / 1000:g}s is negative")
+            run_at = now_ms
+            if j.delay_ms is not None:
+                run_at = now_ms + j.delay_ms
+            elif j.at_ms is not None:
+                run_at = j.at_ms
+            jid = self._ids.new(now_ms)
+            out.append([jid, queue, j.key, j.tenant or "", j.user, j.type, j.priority, j.value, run_at, now_ms])
+        return out
+
+    async def add(self, queue: str, jobs: Sequence[NewJob], tx: SqlTx | None = None) -> list[str]:
+        """Add ``jobs`` to ``queue``, all or none; returns their ids in order. A job whose idempotency key a job
+        of the queue holds adds nothing and gets that job's id (JOB-05), also when many add at once (a unique
+        index decides). With ``tx`` (an open transaction of the queue's database), the rows are written inside
+        it and become runnable only once it commits (JOB-06).
+
+        Raises ``InvalidError`` (a value that is not JSON, a bad key, tenant, priority or delay, a transaction
+        of another database), ``LimitError`` (a value over ``job_value_bytes``), ``ClosedError``.
+        A cancel after the write was handed to the writer leaves the jobs added.
+        """
+        q = await self._queue(queue)
+        if not jobs:
+            return []
+        if len(jobs) > 100_000:
+            raise LimitError(
+                f"queue {queue}: {len(jobs)} jobs in one add; at most 100,000", limit=100_000, wanted=len(jobs)
+            )
+        rows = self._new_rows(queue, jobs)
+        if tx is not None:
+            if tx.db is not q.db:
+                raise InvalidError(
+                    f"queue {queue}: its jobs live in database {q.db.name}; a transaction of database {tx.db.name} "
+                    "cannot add to it"
+                )
+            found: dict[str, str] = {}
+            for i in range(0, len(rows), CHUNK):
+                done = await tx.exec(*self._insert(rows[i : i + CHUNK]))
+                found.update(self._returned(done.rows))
+            ids, new = self._ids_of(rows, found)
+            tx.after_commit.append(lambda: self._added(q, new))
+            return ids
+        if len(rows) <= CHUNK:
+            done = await q.db.write(*self._insert(rows))
+            found = self._returned(done.rows)
+        else:
+            own = await q.db.begin(owner=None)
+            found = {}
+            try:
+                for i in range(0, len(rows), CHUNK):
+                    done = await own.exec(*self._insert(rows[i : i + CHUNK]))
+                    found.update(self._returned(done.rows))
+                await own.commit()
+            except BaseException:
+                await asyncio.shield(own.rollback())
+                raise
+        ids, new = self._ids_of(rows, found)
+        self._added(q, new)
+        return ids
+
+    @staticmethod
+    def _insert(rows: list[list[Any]]) -> tuple[str, list[Any]]:
+        values = ", ".join("(?, ?, ?, ?, ?, ?, ?, 'queued', 0, 0, ?, ?, ?)" for _ in rows)
+        params = [v for r in rows for v in r]
+        return (
+            f"insert into {TABLE} (id, queue, key, tenant, user, type, priority, state, attempts, fence, value, "
+            f"run_at, created_at) values {values} on conflict (queue, key) where key is not null "
+            "do update set key = excluded.key returning id, key",
+            params,
+        )
+
+    @staticmethod
+    def _returned(rows: Iterable[Sequence[Any]]) -> dict[str, str]:
+        """key (or id, for jobs without a key) → the id the row has."""
+        out: dict[str, str] = {}
+        for jid, key in rows:
+            out["k:" + key if key is not None else "i:" + jid] = jid
+        return out
+
+    @staticmethod
+    def _ids_of(rows: list[list[Any]], found: dict[str, str]) -> tuple[list[str], list[list[Any]]]:
+        ids: list[str] = []
+        new: list[list[Any]] = []
+        for r in rows:
+            jid, key = r[0], r[2]
+            got = found.get("k:" + key) if key is not None else jid
+            if got is None:
+                got = jid
+            if got == jid:
+                new.append(r)
+            ids.append(got)
+        return ids, new
+
+    def _added(self, q: _Queue, rows: list[list[Any]]) -> None:
+        if self.closed or self.queues.get(q.name) is not q:
+            return
+        for jid, _, _, tenant, _, _, priority, _, run_at, _ in rows:
+            if jid in q.entries:
+                continue
+            e = _Entry(jid, tenant, priority, run_at / 1000)
+            q.entries[jid] = e
+            self._place(q, e)
+            self._event(q, "state", jid, "queued", None, 0, None)
+        self._pump(q)
+
+    # ------------------------------------------------------------------------------------------- cancel, retry
+
+    async def cancel(self, queue: str, jid: str) -> bool:
+        """Cancel job ``jid``: a waiting job never runs; a running one's handler is told (push ``jobs.cancel``)
+        and the job ends ``cancelled``, never retried (JOB-09). Returns ``True`` when it changed the job;
+        ``False`` when it had already ended or is unknown (nothing is written then)."""
+        q = await self._queue(queue)
+        while True:
+            e = q.entries.get(jid)
+            if e is None:
+                return False
+            if e.busy is not None:
+                await asyncio.shield(e.busy)
+                continue
+            break
+        now_ms = _now_ms(self.clock)
+        if e.where == RUNNING:
+            fence = e.fence
+            peer = e.peer
+            ok = await self._write_end(q, e, fence, "cancelled")
+            if ok and peer is not None:
+                peer.push(CANCEL_PUSH, CancelRun(queue=queue, id=jid, fence=fence, reason="cancelled"))
+            return ok
+        if e.where == CLAIMING:
+            e.cancel_queued = True
+            sql_state = "('queued', 'failed', 'running')"
+        else:
+            e.where = ENDING
+            sql_state = "('queued', 'failed')"
+        busy = self._begin_write(e)
+        try:
+            done = await q.db.write(
+                f"update {TABLE} set state = 'cancelled', finished_at = ?, lease_until = null "
+                f"where id = ? and state in {sql_state} returning attempts, progress, fence",
+                [now_ms, jid],
+            )
+        except BaseException:
+            if e.where == ENDING:
+                self._place(q, e)
+            e.cancel_queued = False
+            self._end_write(e, busy)
+            raise
+        self._end_write(e, busy)
+        if not done.rows:
+            if e.where == ENDING:
+                self._place(q, e)
+            return False
+        attempts, prog, fence = done.rows[0]
+        peer = e.peer
+        self._settle(q, e, "cancelled", None)
+        if peer is not None:
+            peer.push(CANCEL_PUSH, CancelRun(queue=queue, id=jid, fence=fence, reason="cancelled"))
+        self._event(q, "state", jid, "cancelled", _json_decode(prog) if prog else None, attempts, None)
+        self._notify(q, jid)
+        return True
+
+    async def retry(self, queue: str, jid: str) -> bool:
+        """Put a ``dead`` or ``cancelled`` job back to ``queued``, due now, attempts from 0 (its steps and its
+        error history stay). Returns ``False`` for a job in another state or an unknown id."""
+        q = await self._queue(queue)
+        if jid in q.entries:
+            return False
+        now_ms = _now_ms(self.clock)
+        done = await q.db.write(
+            f"update {TABLE} set state = 'queued', attempts = 0, run_at = ?, finished_at = null, result = null "
+            "where id = ? and queue = ? and state in ('dead', 'cancelled') returning tenant, priority, progress",
+            [now_ms, jid, queue],
+        )
+        if not done.rows or jid in q.entries:
+            return bool(done.rows)
+        tenant, priority, prog = done.rows[0]
+        e = _Entry(jid, tenant, priority, now_ms / 1000)
+        q.entries[jid] = e
+        self._place(q, e)
+        self._event(q, "state", jid, "queued", _json_decode(prog) if prog else None, 0, None)
+        self._notify(q, jid)
+        self._pump(q)
+        return True
+
+    # ------------------------------------------------------------------------------------------- reads
+
+    def _row(self, q: _Queue | None, r: Sequence[Any]) -> JobRow:
+        (
+            jid,
+            queue,
+            state,
+            attempts,
+            fence,
+            value,
+            key,
+            tenant,
+            user,
+            type_,
+            priority,
+            progress,
+            result,
+            error,
+            errors,
+            steps,
+            run_at,
+            created_at,
+            started_at,
+            finished_at,
+        ) = r
+        opts = q.options if q is not None else self._options.get(queue) or _merge(self.limits, Options())
+        stuck = False
+        if state == "running" and started_at is not None:
+            e = q.entries.get(jid) if q is not None else None
+            stuck = (e is not None and e.stuck) or self.clock.now() - started_at / 1000 > opts.expected
+        return JobRow(
+            id=jid,
+            queue=queue,
+            state=state,
+            attempts=attempts,
+            max_attempts=opts.attempts,
+            fence=fence,
+            value=value,
+            key=key,
+            tenant=tenant,
+            user=user,
+            type=type_,
+            priority=priority,
+            progress=_json_decode(progress) if progress else None,
+            result=result,
+            error=error,
+            errors=_json_decode(errors, type=list[ErrorEntry]) if errors else [],
+            steps=_json_decode(steps) if steps else {},
+            run_at_ms=run_at,
+            created_at_ms=created_at,
+            started_at_ms=started_at,
+            finished_at_ms=finished_at,
+            stuck=stuck,
+        )
+
+    async def get(self, queue: str, jid: str) -> JobRow | None:
+        """Job ``jid`` of ``queue`` as stored, or ``None``."""
+        q = await self._queue(queue)
+        rows = (
+            await q.db.read(f"select {COLUMNS} from {TABLE} where id = ? and queue = ?", [jid, queue], "one")
+        ).rows
+        return self._row(q, rows[0]) if rows else None
+
+    async def find(self, jid: str) -> JobRow | None:
+        """Job ``jid`` in whichever queue holds it, or ``None``."""
+        for name in await self.queue_names():
+            row = await self.get(name, jid)
+            if row is not None:
+                return row
+        return None
+
+    async def queue_names(self) -> list[str]:
+        db = await self.jobs_db()
+        return [r[0] for r in (await db.read(f"select name from {QUEUES} order by name", [])).rows]
+
+    async def list(self, req: ListRequest) -> Page:
+        """Jobs newest first (by id), ``req.limit`` (1..1000) at most, after cursor ``req.after``; ``state``
+        ``"stuck"`` lists running jobs past their expected time. Raises ``InvalidError`` for a bad filter."""
+        if not 1 <= req.limit <= 1000:
+            raise InvalidError(f"jobs list: limit {req.limit} is not between 1 and 1000")
+        if req.state is not None and req.state not in (*STATES, "stuck"):
+            raise InvalidError(f"jobs list: state {req.state!r} is not one of {', '.join((*STATES, 'stuck'))}")
+        names = [req.queue] if req.queue else await self.queue_names()
+        out: list[JobRow] = []
+        for name in names:
+            q = await self._queue(name)
+            where = ["queue = ?"]
+            params: list[Any] = [name]
+            if req.state == "stuck":
+                where.append("state = 'running' and started_at < ?")
+                params.append(_ms(self.clock.now() - q.options.expected))
+            elif req.state is not None:
+                where.append("state = ?")
+                params.append(req.state)
+            if req.tenant is not None:
+                where.append("tenant = ?")
+                params.append(req.tenant)
+            if req.type is not None:
+                where.append("type = ?")
+                params.append(req.type)
+            if req.after is not None:
+                where.append("id < ?")
+                params.append(req.after)
+            rows = (
+                await q.db.read(
+                    f"select {COLUMNS} from {TABLE} where {' and '.join(where)} order by id desc limit ?",
+                    [*params, req.limit + 1],
+                )
+            ).rows
+            out.extend(self._row(q, r) for r in rows)
+        out.sort(key=lambda j: j.id, reverse=True)
+        more = len(out) > req.limit
+        out = out[: req.limit]
+        return Page(jobs=out, next=out[-1].id if more and out else None)
+
+    async def wait(self, queue: str, jid: str, seen: str, wait_ms: int) -> JobRow | None:
+        """Job ``jid`` once it differs from snapshot ``seen`` (see :func:`~tinystore.protocol.jobs.snapshot`),
+        or as it is after ``wait_ms`` (real time, at most 5 minutes); ``None`` for an unknown job."""
+        from ..protocol.jobs import snapshot
+
+        q = await self._queue(queue)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        q.watchers.setdefault(jid, []).append(fut)
+        try:
+            row = await self.get(queue, jid)
+            if row is None or snapshot(row) != seen or row.state in ENDED:
+                return row
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), min(max(wait_ms, 0), 300_000) / 1000)
+            except TimeoutError:
+                pass
+            return await self.get(queue, jid)
+        finally:
+            lst = q.watchers.get(jid)
+            if lst is not None:
+                try:
+                    lst.remove(fut)
+                except ValueError:
+                    pass
+                if not lst:
+                    del q.watchers[jid]
+
+    def _notify(self, q: _Queue, jid: str) -> None:
+        for fut in q.watchers.pop(jid, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    # ------------------------------------------------------------------------------------------- events, keep
+
+    def _event(
+        self, q: _Queue, kind: str, jid: str, state: str, progress: Any, attempts: int, error: str | None
+    ) -> None:
+        """Publish a job event on ``tinystore-jobs`` under ``(queue, job id)`` when channels are there."""
+        if self.publish is None:
+            return
+        try:
+            payload = _msgpack.encode(
+                JobEvent(kind=kind, job_id=jid, state=state, progress=progress, attempts=attempts, error=error)
+            )
+            self.publish(EVENTS_CHANNEL, (q.name, jid), payload)
+        except Exception as exc:  # an event that cannot go out never harms the job
+            log.debug("queue %s: job %s: event not published: %s", q.name, jid, exc)
+
+    def _arm_sweep(self, q: _Queue, when: float) -> None:
+        if when >= q.sweep_when or self.closed:
+            return
+        if q.sweep_timer is not None:
+            q.sweep_timer.cancel()
+        q.sweep_when = when
+        q.sweep_timer = self.clock.call_at(when, lambda: self._track(self._sweep(q)))
+
+    async def _sweep(self, q: _Queue) -> None:
+        """Delete ended jobs older than ``keep`` (their keys go with them), then wait for the next to come due."""
+        q.sweep_timer = None
+        q.sweep_when = math.inf
+        if self.closed:
+            return
+        try:
+            while True:
+                cutoff = _ms(self.clock.now() - q.options.keep)
+                done = await q.db.write(
+                    f"delete from {TABLE} where id in (select id from {TABLE} where queue = ? and state in "
+                    "('succeeded', 'dead', 'cancelled') and finished_at <= ? limit 1000)",
+                    [q.name, cutoff],
+                )
+                if done.changes < 1000:
+                    break
+            oldest = await q.db.read(
+                f"select min(finished_at) from {TABLE} where queue = ? and state in ('succeeded', 'dead', 'cancelled')",
+                [q.name],
+                "scalar",
+            )
+        except ClosedError:
+            return
+        if oldest.rows and oldest.rows[0][0] is not None:
+            self._arm_sweep(q, max(oldest.rows[0][0] / 1000 + q.options.keep, self.clock.now() + 0.001))
+
+    # ------------------------------------------------------------------------------------------- status, close
+
+    def _info(self, q: _Queue) -> QueueInfo:
+        counts = {"queued": 0, "delayed": 0, "running": q.running_total}
+        stuck = 0
+        for e in q.entries.values():
+            if e.where == READY:
+                counts["queued"] += 1
+            elif e.where == DELAYED:
+                counts["delayed"] += 1
+            elif e.where == RUNNING and e.stuck:
+                stuck += 1
+        return QueueInfo(queue=q.name, options=q.options.to_wire(), counts=counts, stuck=stuck)
+
+    async def queues_info(self) -> list[QueueInfo]:
+        """Every queue the store knows, with its options and the counts of its jobs by state (from the rows)."""
+        out = []
+        for name in await self.queue_names():
+            q = await self._queue(name)
+            info = self._info(q)
+            rows = (
+                await q.db.read(f"select state, count(*) from {TABLE} where queue = ? group by state", [name])
+            ).rows
+            info.counts = {s: 0 for s in STATES} | {s: n for s, n in rows}
+            out.append(info)
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """What ``store.status()["jobs"]`` shows: the loaded queues and the stuck reports so far."""
+        queues = []
+        for q in self.queues.values():
+            info = self._info(q)
+            queues.append(
+                {
+                    "queue": q.name,
+                    "database": q.db.name,
+                    "queued": info.counts["queued"],
+                    "delayed": info.counts["delayed"],
+                    "running": info.counts["running"],
+                    "stuck": info.stuck,
+                    "waiting_claims": sum(1 for w in q.waiters if not w.fut.done()),
+                    "stuck_reports": q.stuck_reports,
+                }
+            )
+        return {"stuck_reports": self.stuck_reports, "queues": queues}
+
+    async def close(self) -> None:
+        """Stop: timers stop, waiting claims and watches end with ``ClosedError``; running attempts stay running
+        in their rows (the next start gives them a lease to renew, or retries them)."""
+        if self.closed:
+            return
+        self.closed = True
+        for q in self.queues.values():
+            q.close()
+            for w in q.waiters:
+                if not w.fut.done():
+                    w.fut.set_exception(ClosedError("jobs: the store is stopping"))
+            for lst in q.watchers.values():
+                for fut in lst:
+                    if not fut.done():
+                        fut.set_result(None)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)

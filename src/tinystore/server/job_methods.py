@@ -1,0 +1,137 @@
+"""Jobs methods: ``jobs.open``, ``jobs.add``, ``jobs.claim``, ``jobs.renew``, ``jobs.report`` and the rest
+(see :mod:`tinystore.protocol.jobs`), mapped onto the :class:`~tinystore.engines.jobs.JobsEngine`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..engines.jobs import JobsEngine
+from ..engines.sql import SqlTx
+from ..errors import ClosedError
+from ..protocol.jobs import (
+    Add,
+    Claim,
+    Claimed,
+    Find,
+    Get,
+    JobRow,
+    OpenQueue,
+    Page,
+    Progress,
+    QueueInfo,
+    Release,
+    Renew,
+    Report,
+    Step,
+    Unwait,
+    Wait,
+)
+from ..protocol.jobs import List as ListRequest
+from ..protocol.store import Empty
+
+if TYPE_CHECKING:
+    from .core import Core, Session
+
+
+def engine_of(core: Core) -> JobsEngine:
+    """The store's jobs engine (installed by :func:`install`)."""
+    engine: JobsEngine = core.engines["jobs"]
+    return engine
+
+
+def install(core: Core) -> None:
+    from .core import Method
+
+    def publish(channel: str, branch: tuple[str, ...], payload: bytes) -> object:
+        channels = getattr(core, "channels", None)
+        if channels is None:
+            return None
+        return channels.publish(channel, branch, payload)
+
+    engine = JobsEngine(core.sql, core.clock, core.limits, publish=publish, spawn=core.spawn)
+    core.engines["jobs"] = engine
+
+    def own_tx(session: Session, tx_id: int) -> SqlTx:
+        tx = core.sql.transactions.get(tx_id)
+        if tx is None or tx_id not in session.transactions:
+            raise ClosedError(f"transaction {tx_id} is not open (it ended, timed out, or belongs to another client)")
+        return tx
+
+    async def open_(session: Session, req: OpenQueue) -> QueueInfo:
+        return await engine.open_queue(req.queue, req.options)
+
+    async def add(session: Session, req: Add) -> list[str]:
+        tx = own_tx(session, req.tx) if req.tx else None
+        return await engine.add(req.queue, req.jobs, tx)
+
+    async def claim(session: Session, req: Claim) -> list[Claimed]:
+        return await engine.claim(session, req)
+
+    def unwait(session: Session, req: Unwait) -> int:
+        return engine.unwait(req.queue, req.worker)
+
+    def renew(session: Session, req: Renew) -> list[str]:
+        return engine.renew(session, req.queue, req.attempts)
+
+    async def report(session: Session, req: Report) -> bool:
+        return await engine.report(session, req)
+
+    async def release(session: Session, req: Release) -> int:
+        return await engine.release(req.queue, req.attempts)
+
+    async def progress(session: Session, req: Progress) -> bool:
+        return await engine.progress(req.queue, req.id, req.fence, req.progress)
+
+    async def step(session: Session, req: Step) -> bool:
+        return await engine.step(req.queue, req.id, req.fence, req.name, req.result)
+
+    async def get(session: Session, req: Get) -> JobRow | None:
+        return await engine.get(req.queue, req.id)
+
+    async def find(session: Session, req: Find) -> JobRow | None:
+        return await engine.find(req.id)
+
+    async def list_(session: Session, req: ListRequest) -> Page:
+        return await engine.list(req)
+
+    async def cancel(session: Session, req: Get) -> bool:
+        return await engine.cancel(req.queue, req.id)
+
+    async def retry(session: Session, req: Get) -> bool:
+        return await engine.retry(req.queue, req.id)
+
+    async def wait(session: Session, req: Wait) -> JobRow | None:
+        return await engine.wait(req.queue, req.id, req.seen, req.wait_ms)
+
+    async def queues(session: Session, req: Empty) -> list[QueueInfo]:
+        return await engine.queues_info()
+
+    def on_close(session: Session) -> None:
+        engine.drop_peer(session)
+
+    async def stop() -> None:
+        await engine.close()
+
+    def status() -> Any:
+        return engine.status()
+
+    core.session_close_hooks.append(on_close)
+    core.stop_hooks.append(stop)
+    core.status_hooks["jobs"] = status
+    core.register(Method("jobs.open", OpenQueue, open_, write=True))
+    core.register(Method("jobs.add", Add, add, write=True))
+    core.register(Method("jobs.claim", Claim, claim, write=True))
+    core.register(Method("jobs.unwait", Unwait, unwait))
+    core.register(Method("jobs.renew", Renew, renew, write=True))
+    core.register(Method("jobs.report", Report, report, write=True))
+    core.register(Method("jobs.release", Release, release, write=True))
+    core.register(Method("jobs.progress", Progress, progress, write=True))
+    core.register(Method("jobs.step", Step, step, write=True))
+    core.register(Method("jobs.get", Get, get))
+    core.register(Method("jobs.find", Find, find))
+    core.register(Method("jobs.list", ListRequest, list_))
+    core.register(Method("jobs.cancel", Get, cancel, write=True))
+    core.register(Method("jobs.retry", Get, retry, write=True))
+    core.register(Method("jobs.wait", Wait, wait))
+    core.register(Method("jobs.queues", Empty, queues))
+    core.spawn(engine.start(), name="jobs-start")
