@@ -157,9 +157,7 @@ async def redis_load(server: RedisServer, sizes: Sizes) -> dict[str, Any]:
                 for callers in LIVE_CALLERS:
                     name = f"live-{callers}"
 
-                    async def commit_and_publish(
-                        started_ns: int, name: str = name, chat_id: int = callers
-                    ) -> None:
+                    async def commit_and_publish(started_ns: int, name: str = name, chat_id: int = callers) -> None:
                         cursor = await db.execute(LIVE_INSERT, (chat_id, "hello"))
                         row_id = cursor.lastrowid or 0
                         await db.commit()

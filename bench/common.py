@@ -63,9 +63,7 @@ class Sizes:
 def parse_args(description: str, systems: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="a short run for CI smoke (under ~60 s)")
-    parser.add_argument(
-        "--only", default="", help=f"comma-separated systems to run, of: {', '.join(systems)}"
-    )
+    parser.add_argument("--only", default="", help=f"comma-separated systems to run, of: {', '.join(systems)}")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default: 1 with --quick, else 3)")
     parser.add_argument("--seconds", type=float, default=None, help="seconds of one timed phase")
     parser.add_argument("--out", default="", help="also write the JSON to this file")
@@ -121,9 +119,7 @@ def machine() -> dict[str, Any]:
 # ---------------------------------------------------------------- timing
 
 
-async def rate(
-    op: Callable[[int], Awaitable[object]], callers: int, seconds: float, warmup: float = 0.0
-) -> float:
+async def rate(op: Callable[[int], Awaitable[object]], callers: int, seconds: float, warmup: float = 0.0) -> float:
     """Calls per second of `op(caller_index)`, run back to back by `callers` concurrent tasks.
 
     Warm-up calls are not counted. The rate is completed calls over the time until the last caller ended.
@@ -134,9 +130,7 @@ async def rate(
     return count / elapsed if elapsed > 0 else 0.0
 
 
-async def _run_callers(
-    op: Callable[[int], Awaitable[object]], callers: int, seconds: float
-) -> tuple[int, float]:
+async def _run_callers(op: Callable[[int], Awaitable[object]], callers: int, seconds: float) -> tuple[int, float]:
     counts = [0] * callers
     start = time.perf_counter()
     deadline = start + seconds
@@ -381,9 +375,7 @@ class RedisServer:
         exe = shutil.which("redis-server")
         if not exe:
             raise RuntimeError("redis-server is not installed: run bash bench/setup.sh")
-        self.version = subprocess.run(
-            [exe, "--version"], capture_output=True, text=True, check=False
-        ).stdout.strip()
+        self.version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False).stdout.strip()
         self.process = subprocess.Popen(
             [
                 exe,

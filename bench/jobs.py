@@ -38,9 +38,7 @@ from workloads import (
 )
 
 SYSTEMS = ["tinystore_embedded", "tinystore_sidecar", "huey", "arq", "original_embedded", "original_sidecar"]
-GOAL = (
-    "jobs: end-to-end >= 3x Huey's, >= the Redis-based queue's (arq), >= 2x original's, with durable commits"
-)
+GOAL = "jobs: end-to-end >= 3x Huey's, >= the Redis-based queue's (arq), >= 2x original's, with durable commits"
 CHECKS = [
     check
     for mode in ("embedded", "sidecar")
@@ -91,8 +89,7 @@ async def huey_load(sizes: Sizes) -> dict[str, Any]:
     results: dict[str, Any] = {
         "version": huey.__version__,
         f"add_many_{BATCH}": {
-            "unavailable": "Huey enqueues one task per call: no documented API adds "
-            "several in one transaction"
+            "unavailable": "Huey enqueues one task per call: no documented API adds several in one transaction"
         },
         f"add_tx_{BATCH}": {
             "unavailable": "Huey keeps its tasks in its own storage: it cannot add a task "

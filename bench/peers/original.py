@@ -42,9 +42,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bench", choices=sorted(LOADS))
     parser.add_argument("--mode", choices=("embedded", "sidecar"), required=True)
     parser.add_argument("--seconds", type=float, default=None)

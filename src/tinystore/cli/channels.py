@@ -74,7 +74,8 @@ def register(main: click.Group) -> None:
             name, parts = split_target(target)
             store = await open_for_cli(directory)
             try:
-                sub = await store.channel(name).under(*parts).subscribe(
+                branch = store.channel(name).under(*parts)
+                sub = await branch.subscribe(
                     lambda m: out({"id": m.id, "seq": m.seq, "branch": m.branch, "value": m.value}),
                     on_missed=lambda m: out({"missed": {"reason": m.reason, "count": m.count}}),
                     recursive=recursive,

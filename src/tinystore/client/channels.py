@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
+import msgspec.inspect
 
 from ..errors import ClosedError, InvalidError, LimitError, TinystoreError
 from ..names import check_name, key_text
@@ -113,8 +114,14 @@ class _Codec:
         self.encoder = msgspec.msgpack.Encoder()
         try:
             decoder = msgspec.msgpack.Decoder(Any if type_ is None else type_)
+            custom = type_ is not None and isinstance(msgspec.inspect.type_info(type_), msgspec.inspect.CustomType)
         except TypeError as exc:
             raise InvalidError(f"channel {name}: type {type_!r} cannot be carried: {exc}") from None
+        if custom:
+            raise InvalidError(
+                f"channel {name}: type {_type_name(type_)} cannot be carried: use a dataclass, a msgspec Struct, "
+                "a TypedDict or a JSON type"
+            )
         self.decode = decoder.decode
         self.check = type_ is not None
 
@@ -193,7 +200,14 @@ class Channel(Generic[T]):
         if hub.local:
             got: Published = await self.store._call(PUBLISH, req, Published, write=True)
             return got.id
-        got = await hub.publish(req, len(data))
+        if hub.inflight or hub.batch is not None:
+            got = await hub.publish(req, len(data))  # under load: with the others of this loop turn
+            return got.id
+        hub.inflight += 1  # alone: at once, from this task
+        try:
+            got = await hub.transport.call(PUBLISH, req, Published, write=True)
+        finally:
+            hub.inflight -= 1
         return got.id
 
     def _bind_tx(self, tx: SqlTx) -> TxChannel[T]:
@@ -692,6 +706,7 @@ class _Hub:
         self.orphans: set[int] = set()
         self.batch: list[tuple[Publish, asyncio.Future[Published]]] | None = None
         self.batch_bytes = 0
+        self.inflight = 0  # publish calls sent and not answered
         self.transport.on_push(DELIVER, self._deliver, Delivery)
         self.transport.reconnect_hooks.append(self._on_reconnect)
         store._close_hooks.append(self.close)
@@ -709,7 +724,8 @@ class _Hub:
 
     def publish(self, req: Publish, size: int) -> asyncio.Future[Published]:
         """Send ``req`` with the other publishes of this loop turn: one ``channels.publish_many`` call for
-        them all (all or none), in the order they were made."""
+        them all (all or none), in the order they were made. (A publish made while no other is in flight is
+        sent at once instead, by :meth:`Channel.publish`.)"""
         fut: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
         batch = self.batch
         if batch is None or self.batch_bytes + size > BATCH_BYTES or len(batch) >= BATCH_ITEMS:
@@ -724,6 +740,7 @@ class _Hub:
         # runs one loop turn after the batch's first publish: what came in that turn is in it
         if self.batch is batch:
             self.batch = None
+        self.inflight += 1
         try:
             if len(batch) == 1:
                 got = [await self.transport.call(PUBLISH, batch[0][0], Published, write=True)]
@@ -747,6 +764,8 @@ class _Hub:
                 if not fut.done():
                     fut.set_exception(ClosedError(f"channels: the publish was interrupted: {exc!r}"))
             raise
+        finally:
+            self.inflight -= 1
         for (_, fut), published in zip(batch, got, strict=True):
             if not fut.done():
                 fut.set_result(published)

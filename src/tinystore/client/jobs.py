@@ -694,7 +694,11 @@ class Queue(Generic[T]):
                 first, cap = _ms(backoff[0]), _ms(backoff[1])
             else:
                 first = _ms(backoff)
-        for label, v in (("attempts", attempts), ("max_running", max_running), ("max_running_per_tenant", max_running_per_tenant)):
+        for label, v in (
+            ("attempts", attempts),
+            ("max_running", max_running),
+            ("max_running_per_tenant", max_running_per_tenant),
+        ):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise InvalidError(f"queue {name}: option {label}: {v!r} is not an int")
         self._given = Options(
@@ -761,10 +765,8 @@ class Queue(Generic[T]):
             try:
                 self._decoder.decode(text)
             except msgspec.ValidationError as exc:
-                raise InvalidError(
-                    f"queue {self.name}: {what}: the value does not encode as {getattr(self.type, '__name__', self.type)}: "
-                    f"{exc}"
-                ) from None
+                kind = getattr(self.type, "__name__", self.type)
+                raise InvalidError(f"queue {self.name}: {what}: the value does not encode as {kind}: {exc}") from None
         limit = self.store.limits.job_value_bytes
         size = len(text.encode()) if not text.isascii() else len(text)
         if size > limit:
@@ -993,7 +995,13 @@ class Queue(Generic[T]):
             while True:
                 got: builtins.list[Claimed] = await self.store._call(
                     "jobs.claim",
-                    Claim(queue=self.name, n=concurrency, wait_ms=0, worker=runner.worker, due_before_ms=math.floor(now * 1000)),
+                    Claim(
+                        queue=self.name,
+                        n=concurrency,
+                        wait_ms=0,
+                        worker=runner.worker,
+                        due_before_ms=math.floor(now * 1000),
+                    ),
                     builtins.list[Claimed],
                     write=True,
                     retry=False,
@@ -1147,4 +1155,3 @@ async def cancel_job(store: Store, queue: str, job_id: str) -> bool:
 async def retry_job(store: Store, queue: str, job_id: str) -> bool:
     ok: bool = await store._call("jobs.retry", Get(queue=queue, id=job_id), bool, write=True)
     return ok
-

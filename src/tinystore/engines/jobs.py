@@ -902,7 +902,9 @@ class JobsEngine:
         fence = e.fence
         if e.attempts >= q.options.attempts:
             return await self._write_end(q, e, fence, "dead", error=error)
-        delay = after if after is not None else backoff_delay(e.attempts, q.options.backoff_first, q.options.backoff_cap)
+        delay = (
+            after if after is not None else backoff_delay(e.attempts, q.options.backoff_first, q.options.backoff_cap)
+        )
         return await self._write_end(q, e, fence, "failed", error=error, run_at=self.clock.now() + delay)
 
     async def _write_end(
@@ -1332,9 +1334,7 @@ class JobsEngine:
     async def get(self, queue: str, jid: str) -> JobRow | None:
         """Job ``jid`` of ``queue`` as stored, or ``None``."""
         q = await self._queue(queue)
-        rows = (
-            await q.db.read(f"select {COLUMNS} from {TABLE} where id = ? and queue = ?", [jid, queue], "one")
-        ).rows
+        rows = (await q.db.read(f"select {COLUMNS} from {TABLE} where id = ? and queue = ?", [jid, queue], "one")).rows
         return self._row(q, rows[0]) if rows else None
 
     async def find(self, jid: str) -> JobRow | None:
@@ -1349,7 +1349,7 @@ class JobsEngine:
         db = await self.jobs_db()
         return [r[0] for r in (await db.read(f"select name from {QUEUES} order by name", [])).rows]
 
-    async def list(self, req: ListRequest) -> Page:
+    async def list_jobs(self, req: ListRequest) -> Page:
         """Jobs newest first (by id), ``req.limit`` (1..1000) at most, after cursor ``req.after``; ``state``
         ``"stuck"`` lists running jobs past their expected time. Raises ``InvalidError`` for a bad filter."""
         if not 1 <= req.limit <= 1000:
@@ -1491,9 +1491,7 @@ class JobsEngine:
         for name in await self.queue_names():
             q = await self._queue(name)
             info = self._info(q)
-            rows = (
-                await q.db.read(f"select state, count(*) from {TABLE} where queue = ? group by state", [name])
-            ).rows
+            rows = (await q.db.read(f"select state, count(*) from {TABLE} where queue = ? group by state", [name])).rows
             info.counts = {s: 0 for s in STATES} | {s: n for s, n in rows}
             out.append(info)
         return out

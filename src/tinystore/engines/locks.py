@@ -247,7 +247,7 @@ class LocksEngine:
         if wait is None:
             return None
         if wait == 0:
-            raise InUseError(f"{_where(lock, key)}: held, and the wait is 0s")
+            raise InUseError(f"{_where(lock, key)}: held for all of the 0s wait")
         return await self._wait(slot, peer, ttl, max_hold, wait)
 
     async def _wait(self, slot: _Key, peer: Peer, ttl: float, max_hold: float | None, wait: float) -> Grant:

@@ -92,7 +92,7 @@ def install(core: Core) -> None:
         return await engine.find(req.id)
 
     async def list_(session: Session, req: ListRequest) -> Page:
-        return await engine.list(req)
+        return await engine.list_jobs(req)
 
     async def cancel(session: Session, req: Get) -> bool:
         return await engine.cancel(req.queue, req.id)

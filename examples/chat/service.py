@@ -1,0 +1,239 @@
+"""The chat of the seeds, on one store: chats and messages in SQL, events on a channel, replies and
+summaries as jobs, one summary writer per chat under a lock with a fence.
+
+Posting a message saves it, tells the chat's open tabs, and adds the reply job, in one transaction. The
+reply worker asks the model, streams its tokens to the tabs as ``token`` events, then saves the reply and
+publishes ``{"kind": "message", "id": ...}`` in one transaction (the seed's ``save``). Past a hundred
+messages, a summary job writes the chat's summary under ``store.lock("summaries", ttl="30s")`` with the
+seed's fenced update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import tinystore
+
+from .model import Model, OfflineModel, Turn
+
+log = logging.getLogger("chat")
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+MAX_TEXT = 4000
+"""Characters a message may have."""
+SUMMARY_AFTER = 100
+"""A chat past this many messages gets a summary (again every SUMMARY_EVERY messages)."""
+SUMMARY_EVERY = 20
+HISTORY = 40
+"""Messages of a chat the model sees (the summary stands for the older ones)."""
+
+
+@dataclasses.dataclass
+class ChatEvent:
+    """What the chat's channel carries, one branch per chat (``events.under(chat_id)``).
+
+    ``kind``: ``"message"`` (message ``id`` was saved: read it), ``"token"`` (a piece ``text`` of the reply
+    to message ``id``, as the model streams it), ``"done"`` (the reply to message ``id`` is complete),
+    ``"failed"`` (the model failed answering message ``id``; the job retries), ``"summary"`` (chat ``id``'s
+    summary changed).
+    """
+
+    kind: str
+    id: int
+    text: str = ""
+
+
+@dataclasses.dataclass
+class Ask:
+    """The reply job: answer message ``message_id`` of chat ``chat_id``."""
+
+    chat_id: int
+    message_id: int
+
+
+@dataclasses.dataclass
+class Summarize:
+    """The summary job of chat ``chat_id``."""
+
+    chat_id: int
+
+
+class NotFound(Exception):
+    pass
+
+
+class BadInput(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Chat:
+    """The chat's data and work on a store. ``await chat.open()`` before anything else."""
+
+    def __init__(self, store: tinystore.Store, model: Model | None = None, *, summary_after: int = SUMMARY_AFTER):
+        self.store = store
+        self.model: Model = model or OfflineModel()
+        self.summary_after = summary_after
+        self.workers: list[tinystore.Worker] = []
+
+    async def open(self) -> Chat:
+        store = self.store
+        self.db = await store.database("chat", migrations=MIGRATIONS)
+        self.events = store.channel("chat-events", ChatEvent)
+        self.summaries = store.lock("summaries", ttl="30s")
+        self.replies = store.queue(
+            "replies", Ask, database=self.db, attempts=5, backoff=("2s", "60s"), timeout="2m", expected="1m"
+        )
+        self.summary_jobs = store.queue(
+            "summaries", Summarize, database=self.db, attempts=3, backoff=("5s", "2m"), timeout="5m"
+        )
+        return self
+
+    # ------------------------------------------------------------------------------------ workers
+
+    def start_workers(self, replies: int = 4, summaries: int = 2) -> None:
+        """Run the reply and summary jobs in this process until :meth:`stop_workers` (or the store closes)."""
+        self.workers = [self.replies.work(self.reply, concurrency=replies)]
+        self.workers.append(self.summary_jobs.work(self.summarize, concurrency=summaries))
+
+    async def stop_workers(self) -> None:
+        for w in self.workers:
+            await w.stop("5s")
+        self.workers = []
+
+    # ------------------------------------------------------------------------------------ reads
+
+    async def list_chats(self) -> list[dict[str, Any]]:
+        return await self.db.all("select id, title, created_at from chats order by id desc limit 200")
+
+    async def get_chat(self, chat_id: int) -> dict[str, Any]:
+        row = await self.db.one(
+            "select id, title, summary, created_at, (select count(*) from messages where chat_id = chats.id)"
+            " as messages from chats where id = ?",
+            chat_id,
+        )
+        if row is None:
+            raise NotFound(f"chat {chat_id} does not exist")
+        return row
+
+    async def messages(self, chat_id: int, after: int = 0, limit: int = 500) -> list[dict[str, Any]]:
+        return await self.db.all(
+            "select id, chat_id, role, text, created_at, reply_to from messages"
+            " where chat_id = ? and id > ? order by id limit ?",
+            chat_id,
+            after,
+            limit,
+        )
+
+    async def history(self, chat_id: int, upto: int | None = None) -> list[Turn]:
+        """The turns the model sees: the chat's summary (when it has one), then its last messages."""
+        rows = await self.db.all(
+            "select role, text from (select id, role, text from messages where chat_id = ? and id <= ?"
+            " order by id desc limit ?) order by id",
+            chat_id,
+            upto if upto is not None else 2**62,
+            HISTORY,
+        )
+        turns = [Turn(r["role"], r["text"]) for r in rows]
+        summary = await self.db.scalar("select summary from chats where id = ?", chat_id)
+        if summary:
+            turns.insert(0, Turn("system", f"Summary of the conversation so far: {summary}"))
+        return turns
+
+    # ------------------------------------------------------------------------------------ writes
+
+    async def create_chat(self, title: str) -> dict[str, Any]:
+        title = title.strip()[:200] or "New chat"
+        done = await self.db.exec(
+            "insert into chats (title, created_at) values (?, ?) returning id, title, created_at",
+            title,
+            time.time_ns() // 1_000_000,
+        )
+        row = dict(zip(done.columns, done.rows[0], strict=True))
+        return row
+
+    async def post(self, chat_id: int, text: str) -> dict[str, Any]:
+        """Save a user's message, tell the tabs, and add the reply job: one transaction."""
+        if not isinstance(text, str) or not text.strip():
+            raise BadInput("a message needs some text")
+        if len(text) > MAX_TEXT:
+            raise BadInput(f"a message has at most {MAX_TEXT} characters, this one has {len(text)}", 413)
+        events, replies = self.events, self.replies
+
+        async def post(tx: tinystore.SqlTx) -> dict[str, Any]:
+            if await tx.scalar("select id from chats where id = ?", chat_id) is None:
+                raise NotFound(f"chat {chat_id} does not exist")
+            done = await tx.exec(
+                "insert into messages (chat_id, role, text, created_at) values (?, 'user', ?, ?)"
+                " returning id, chat_id, role, text, created_at, reply_to",
+                chat_id,
+                text,
+                time.time_ns() // 1_000_000,
+            )
+            message = dict(zip(done.columns, done.rows[0], strict=True))
+            await tx.with_(events).under(chat_id).publish(ChatEvent(kind="message", id=message["id"]))
+            await tx.with_(replies).add(Ask(chat_id=chat_id, message_id=message["id"]), key=f"reply/{message['id']}")
+            return message
+
+        return await self.db.tx(post)
+
+    # ------------------------------------------------------------------------------------ jobs
+
+    async def reply(self, ask: Ask, run: tinystore.Run) -> dict[str, Any]:
+        """The reply job: stream the model's answer to the tabs, then save it and tell them (the seed's save)."""
+        db, events, model = self.db, self.events, self.model
+        chat_id, message_id = ask.chat_id, ask.message_id
+        saved = await db.scalar("select id from messages where reply_to = ?", message_id)
+        if saved is not None:  # an earlier attempt saved it: jobs run at least once
+            return {"reply": saved}
+        branch = events.under(chat_id)
+        pieces: list[str] = []
+        try:
+            async for token in model.stream(await self.history(chat_id, upto=message_id)):
+                pieces.append(token)
+                await branch.publish(ChatEvent(kind="token", id=message_id, text=token))
+                run.set_progress({"tokens": len(pieces)})
+        except Exception as exc:
+            log.warning("chat %s: the model failed answering message %s: %r", chat_id, message_id, exc)
+            await branch.publish(ChatEvent(kind="failed", id=message_id, text=str(exc)[:200]))
+            raise
+        answer = "".join(pieces).strip() or "(no answer)"
+        await branch.publish(ChatEvent(kind="done", id=message_id))
+
+        async def save(tx: tinystore.SqlTx) -> None:
+            reply = await tx.exec(
+                "insert into messages (chat_id, role, text, created_at, reply_to) values (?, 'assistant', ?, ?, ?)",
+                chat_id, answer, time.time_ns() // 1_000_000, message_id,
+            )  # fmt: skip
+            await tx.with_(events).under(chat_id).publish(ChatEvent(kind="message", id=reply.last_insert_rowid))
+
+        await db.tx(save)
+
+        count = await db.scalar("select count(*) from messages where chat_id = ?", chat_id)
+        if count > self.summary_after:
+            window = (count - self.summary_after - 1) // SUMMARY_EVERY
+            await self.summary_jobs.add(Summarize(chat_id), key=f"summary/{chat_id}/{window}")
+        return {"tokens": len(pieces)}
+
+    async def summarize(self, job: Summarize, run: tinystore.Run) -> None:
+        """The summary job: one writer per chat at a time (the lock), a late one harmless (the fence)."""
+        chat_id = job.chat_id
+        summaries, model, db, history = self.summaries, self.model, self.db, self.history
+
+        # the seed's code, as written ("One summary per chat at a time")
+        async with summaries.try_hold(chat_id) as lease:
+            if lease is None:
+                return  # another worker is writing this chat's summary
+            summary = await model.summarize(await history(chat_id))
+            fence = f"{lease.fence:040d}"
+            await db.exec(
+                "update chats set summary = ?, summary_fence = ? where id = ? and summary_fence < ?",
+                summary, fence, chat_id, fence,
+            )  # fmt: skip
+
+        await self.events.under(chat_id).publish(ChatEvent(kind="summary", id=chat_id))

@@ -1,0 +1,280 @@
+// The chat page: plain JavaScript, no build step. Live updates come from one EventSource per page
+// (server-sent events); messages are read from the database through the JSON API, so an event only
+// says "look again" and a missed one costs one refetch, never a wrong screen.
+"use strict";
+
+const state = {
+  chatId: null,
+  lastId: 0, // the newest message id read in order from the API
+  rendered: new Map(), // message id -> its <li>
+  answered: new Set(), // ids of user messages whose reply is saved
+  streaming: new Map(), // id of a user message -> the <li> its reply streams into
+  source: null, // the EventSource
+};
+
+const $ = (id) => document.getElementById(id);
+
+async function api(path, options = {}) {
+  const res = await fetch(path, { headers: { "content-type": "application/json" }, ...options });
+  const body = await res.json().catch(() => null);
+  if (!res.ok) throw new Error(body && body.error ? body.error : `${res.status} ${res.statusText}`);
+  return body;
+}
+
+function showError(text) {
+  $("error").textContent = text || "";
+  $("error").hidden = !text;
+}
+
+function setStatus(s) {
+  $("status").dataset.state = s;
+  $("status").textContent = s;
+}
+
+function scrollDown() {
+  const list = $("messages");
+  list.scrollTop = list.scrollHeight;
+}
+
+function bubble(role, text) {
+  const li = document.createElement("li");
+  li.className = `msg ${role}`;
+  li.textContent = text;
+  return li;
+}
+
+// A saved message, in id order (before the replies still streaming).
+function render(msg) {
+  if (state.rendered.has(msg.id)) return;
+  const li = bubble(msg.role, msg.text);
+  li.dataset.id = msg.id;
+  if (msg.reply_to) {
+    li.dataset.replyTo = msg.reply_to;
+    state.answered.add(msg.reply_to);
+    const live = state.streaming.get(msg.reply_to);
+    if (live) {
+      live.remove();
+      state.streaming.delete(msg.reply_to);
+    }
+  }
+  const list = $("messages");
+  let before = null;
+  for (const child of list.children) {
+    if (!child.dataset.id || +child.dataset.id > msg.id) {
+      before = child;
+      break;
+    }
+  }
+  list.insertBefore(li, before);
+  state.rendered.set(msg.id, li);
+  scrollDown();
+}
+
+// Read the messages after the newest one read; calls while one runs make it go once more.
+let fetching = false;
+let again = false;
+async function refresh() {
+  if (fetching) {
+    again = true;
+    return;
+  }
+  fetching = true;
+  try {
+    do {
+      again = false;
+      const chatId = state.chatId;
+      const messages = await api(`/api/chats/${chatId}/messages?after=${state.lastId}`);
+      if (chatId !== state.chatId) return;
+      for (const m of messages) {
+        render(m);
+        state.lastId = Math.max(state.lastId, m.id);
+      }
+      if (messages.length === 500) again = true;
+    } while (again);
+    showError("");
+  } catch (err) {
+    showError(err.message);
+  } finally {
+    fetching = false;
+  }
+}
+
+function streamingBubble(messageId) {
+  let li = state.streaming.get(messageId);
+  if (!li) {
+    li = bubble("assistant", "");
+    li.classList.add("streaming");
+    li.dataset.streamFor = messageId;
+    $("messages").appendChild(li);
+    state.streaming.set(messageId, li);
+  }
+  return li;
+}
+
+function onToken(ev) {
+  if (state.answered.has(ev.id)) return; // already saved: a replay after a reconnect
+  const li = streamingBubble(ev.id);
+  if (li.classList.contains("failed")) {
+    li.classList.remove("failed");
+    li.textContent = "";
+  }
+  li.classList.add("streaming");
+  li.textContent += ev.text;
+  scrollDown();
+}
+
+function onDone(ev) {
+  const li = state.streaming.get(ev.id);
+  if (li) li.classList.remove("streaming");
+}
+
+function onFailed(ev) {
+  if (state.answered.has(ev.id)) return;
+  const li = streamingBubble(ev.id);
+  li.classList.remove("streaming");
+  li.classList.add("failed");
+  li.textContent = "The model failed to answer; trying again shortly…";
+}
+
+function connect() {
+  if (state.source) state.source.close();
+  const es = new EventSource(`/api/chats/${state.chatId}/events`);
+  state.source = es;
+  es.onopen = () => {
+    setStatus("live");
+    refresh(); // whatever was saved while the stream was down
+  };
+  es.addEventListener("message", () => refresh());
+  es.addEventListener("token", (e) => onToken(JSON.parse(e.data)));
+  es.addEventListener("done", (e) => onDone(JSON.parse(e.data)));
+  es.addEventListener("failed", (e) => onFailed(JSON.parse(e.data)));
+  es.addEventListener("summary", () => loadChat());
+  es.addEventListener("reload", () => {
+    refresh();
+    loadChat();
+  });
+  es.onerror = () => {
+    if (es !== state.source) return;
+    if (es.readyState === EventSource.CLOSED) {
+      // refused (the server is at its stream limit, or gone): try again once in a while
+      setStatus("offline");
+      setTimeout(() => es === state.source && connect(), 3000);
+    } else {
+      setStatus("reconnecting"); // the browser reconnects by itself, with Last-Event-ID
+    }
+  };
+}
+
+async function loadChat() {
+  const chatId = state.chatId;
+  try {
+    const chat = await api(`/api/chats/${chatId}`);
+    if (chatId !== state.chatId) return;
+    $("chat-title").textContent = chat.title;
+    document.title = `${chat.title} · TinyStore chat`;
+    $("summary").textContent = chat.summary ? `Summary: ${chat.summary}` : "";
+    $("summary").hidden = !chat.summary;
+  } catch (err) {
+    showError(err.message);
+  }
+}
+
+function renderChats(chats) {
+  const nav = $("chats");
+  nav.replaceChildren();
+  for (const c of chats) {
+    const a = document.createElement("a");
+    a.href = `/chats/${c.id}`;
+    a.textContent = c.title;
+    a.dataset.id = c.id;
+    if (c.id === state.chatId) a.className = "current";
+    a.addEventListener("click", (e) => {
+      e.preventDefault();
+      history.pushState(null, "", a.href);
+      openChat(c.id);
+    });
+    nav.appendChild(a);
+  }
+}
+
+function markCurrent() {
+  for (const a of $("chats").children) a.classList.toggle("current", +a.dataset.id === state.chatId);
+}
+
+async function openChat(id) {
+  state.chatId = id;
+  state.lastId = 0;
+  state.rendered.clear();
+  state.answered.clear();
+  state.streaming.clear();
+  $("messages").replaceChildren();
+  markCurrent();
+  loadChat();
+  refresh();
+  connect();
+}
+
+async function start() {
+  const match = location.pathname.match(/^\/chats\/(\d+)/);
+  let chats = await api("/api/chats");
+  let id = match ? +match[1] : null;
+  if (id === null) {
+    if (!chats.length) {
+      chats = [await api("/api/chats", { method: "POST", body: JSON.stringify({ title: "First chat" }) })];
+    }
+    id = chats[0].id;
+    history.replaceState(null, "", `/chats/${id}`);
+  }
+  state.chatId = id;
+  renderChats(chats);
+  openChat(id);
+}
+
+$("composer").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const box = $("text");
+  const text = box.value;
+  if (!text.trim()) return;
+  box.value = "";
+  try {
+    const message = await api(`/api/chats/${state.chatId}/messages`, {
+      method: "POST",
+      body: JSON.stringify({ text }),
+    });
+    render(message);
+    showError("");
+  } catch (err) {
+    box.value = text;
+    showError(err.message);
+  }
+});
+
+$("text").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey) {
+    e.preventDefault();
+    $("composer").requestSubmit();
+  }
+});
+
+$("new-chat").addEventListener("click", async () => {
+  try {
+    const chat = await api("/api/chats", { method: "POST", body: JSON.stringify({ title: `Chat ${new Date().toLocaleString()}` }) });
+    history.pushState(null, "", `/chats/${chat.id}`);
+    state.chatId = chat.id;
+    renderChats(await api("/api/chats"));
+    openChat(chat.id);
+  } catch (err) {
+    showError(err.message);
+  }
+});
+
+window.addEventListener("popstate", () => {
+  const match = location.pathname.match(/^\/chats\/(\d+)/);
+  if (match) openChat(+match[1]);
+});
+
+window.addEventListener("online", () => {
+  if (state.source && state.source.readyState === EventSource.CLOSED) connect();
+});
+
+start().catch((err) => showError(err.message));

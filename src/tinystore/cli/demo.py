@@ -1,0 +1,341 @@
+"""``tinystore demo``: the live chat of the seeds (``examples/chat``), on a store in ``./data``.
+
+- ``tinystore demo [DIR]``: one process: the engines embedded (serving ``DIR``'s socket, so ``tinystore
+  status DIR`` works meanwhile), the web app, and the reply and summary workers.
+- ``tinystore demo [DIR] --web-processes N``: N web processes (on ports PORT, PORT+1, ...) and one worker
+  process, all reaching one store through the directory's server (a sidecar, started when none runs). A
+  message posted through one process reaches the tabs connected to another.
+
+The chat's code lives in the source tree's ``examples/chat``; ``$TINYSTORE_CHAT_EXAMPLE`` names another
+folder. The model is the offline one unless ``--model-url`` names an OpenAI-compatible endpoint (the key
+comes from ``$OPENAI_API_KEY``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import click
+
+PACKAGE = "tinystore_chat_example"
+READY = "ready "
+"""The first line a child process prints on stdout once it serves: ``ready <address>``."""
+START_WITHIN = 60.0
+"""Seconds a child process has to print that it is ready."""
+
+
+def find_example() -> Path:
+    """The chat example's folder: ``$TINYSTORE_CHAT_EXAMPLE``, the source tree's ``examples/chat``, or
+    ``./examples/chat``. Raises ``click.ClickException`` when none holds ``app.py``."""
+    candidates = [
+        os.environ.get("TINYSTORE_CHAT_EXAMPLE"),
+        Path(__file__).resolve().parents[3] / "examples" / "chat",
+        Path.cwd() / "examples" / "chat",
+    ]
+    for c in candidates:
+        if c and (Path(c) / "app.py").is_file():
+            return Path(c).resolve()
+    raise click.ClickException(
+        "the chat example (examples/chat) was not found: run from a checkout of TinyStore, or set "
+        "TINYSTORE_CHAT_EXAMPLE to its folder"
+    )
+
+
+def load_example(folder: Path | None = None) -> ModuleType:
+    """Import the chat example as the package ``tinystore_chat_example``; returns its ``app`` module."""
+    if PACKAGE not in sys.modules:
+        folder = folder or find_example()
+        spec = importlib.util.spec_from_file_location(
+            PACKAGE, folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+        if spec is None or spec.loader is None:
+            raise click.ClickException(f"cannot load the chat example from {folder}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[PACKAGE] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[PACKAGE]
+            raise
+    return importlib.import_module(f"{PACKAGE}.app")
+
+
+def make_model(url: str | None, name: str, token_delay: float = 0.03) -> Any:
+    """The offline model (``token_delay`` seconds a token), or the OpenAI-compatible endpoint at ``url``."""
+    model = importlib.import_module(f"{PACKAGE}.model")
+    if url:
+        return model.OpenAICompatibleModel(url, model=name)
+    return model.OfflineModel(delay=token_delay)
+
+
+def _uvicorn_server(app: Any, host: str, port: int) -> Any:
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
+    return uvicorn.Server(config)
+
+
+def _address(server: Any, host: str) -> str:
+    sock = server.servers[0].sockets[0]
+    port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+async def _serve(server: Any, host: str, on_ready: Any) -> None:
+    """Run a uvicorn server until it stops (Ctrl-C, SIGTERM); call ``on_ready(address)`` once it serves."""
+    task = asyncio.ensure_future(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                break
+            await asyncio.sleep(0.02)
+        if server.started:
+            on_ready(_address(server, host))
+        await task
+    finally:
+        if not task.done():
+            server.should_exit = True
+            with contextlib.suppress(BaseException):
+                await task
+    if not server.started:
+        raise click.ClickException(f"the web server could not start on {host}:{server.config.port}")
+
+
+def _run(coro_fn: Any) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro_fn())
+    except ImportError:  # pragma: no cover
+        asyncio.run(coro_fn())
+
+
+# ------------------------------------------------------------------------------------------ roles
+
+
+def run_single(
+    directory: Path, host: str, port: int, model_url: str | None, model_name: str, token_delay: float
+) -> None:
+    """Everything in this process, on an embedded store (or on the directory's server when one runs)."""
+    app_module = load_example()
+    model = make_model(model_url, model_name, token_delay)
+
+    async def main() -> None:
+        import tinystore
+
+        try:
+            store = await tinystore.open(directory, embedded=True)
+            how = "embedded"
+        except tinystore.InUseError:
+            store = await tinystore.open(directory)
+            how = "through the directory's running server"
+        try:
+            app = app_module.create_app(store=store, workers=True, model=model)
+            server = _uvicorn_server(app, host, port)
+
+            def ready(address: str) -> None:
+                click.echo(f"TinyStore chat: {address}  (store {directory}, {how}; Ctrl-C stops)")
+                click.echo(f"  open it in two tabs, or on a phone; `tinystore status {directory}` shows the store")
+                sys.stdout.flush()
+
+            await _serve(server, host, ready)
+        finally:
+            await store.close()
+
+    _run(main)
+
+
+def run_web(directory: Path, host: str, port: int, model_url: str | None, model_name: str, token_delay: float) -> None:
+    """A web process of ``--web-processes``: the app on the directory's shared store, no workers."""
+    app_module = load_example()
+    app = app_module.create_app(
+        directory=directory, embedded=False, workers=False, model=make_model(model_url, model_name, token_delay)
+    )
+    server = _uvicorn_server(app, host, port)
+
+    def ready(address: str) -> None:
+        sys.stdout.write(f"{READY}{address}\n")
+        sys.stdout.flush()
+
+    _run(lambda: _serve(server, host, ready))
+
+
+def run_worker(directory: Path, model_url: str | None, model_name: str, token_delay: float) -> None:
+    """The worker process of ``--web-processes``: the reply and summary jobs, until SIGTERM or SIGINT."""
+    load_example()
+    service = importlib.import_module(f"{PACKAGE}.service")
+
+    async def main() -> None:
+        import tinystore
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        store = await tinystore.open(directory)
+        try:
+            chat = await service.Chat(store, make_model(model_url, model_name, token_delay)).open()
+            chat.start_workers()
+            sys.stdout.write(f"{READY}worker {os.getpid()}\n")
+            sys.stdout.flush()
+            try:
+                await stop.wait()
+            finally:
+                await chat.stop_workers()
+        finally:
+            await store.close()
+
+    _run(main)
+
+
+def run_many(
+    directory: Path, host: str, port: int, processes: int, model_url: str | None, model_name: str, token_delay: float
+) -> None:
+    """N web processes and a worker process on the directory's server; stops them all on Ctrl-C / SIGTERM."""
+    load_example()  # fail here, not in every child
+
+    async def main() -> None:
+        import tinystore
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        # the store's server (a sidecar), kept up while the demo runs; migrations applied once, here
+        store = await tinystore.open(directory)
+        service = importlib.import_module(f"{PACKAGE}.service")
+        await service.Chat(store).open()
+        children: list[asyncio.subprocess.Process] = []
+        base = [sys.executable, "-m", "tinystore", "demo", str(directory), "--host", host]
+        base += ["--token-delay", repr(token_delay)]
+        if model_url:
+            base += ["--model-url", model_url, "--model-name", model_name]
+        try:
+            addresses = []
+            for i in range(processes):
+                p = 0 if port == 0 else port + i
+                addresses.append(await _start_child(children, [*base, "--port", str(p), "--role", "web"]))
+            await _start_child(children, [*base, "--role", "worker"])
+            click.echo(
+                f"TinyStore chat: {processes} web processes and a worker share the store {directory} "
+                "(through its server); Ctrl-C stops"
+            )
+            for i, address in enumerate(addresses, 1):
+                click.echo(f"  web process {i}: {address}")
+            sys.stdout.flush()
+            waits = [asyncio.ensure_future(c.wait()) for c in children]
+            stopping = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait([*waits, stopping], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in [*waits, stopping]:
+                    w.cancel()
+                await asyncio.gather(*waits, stopping, return_exceptions=True)
+            if not stop.is_set():
+                click.echo("a demo process exited; stopping the others", err=True)
+        finally:
+            await _stop_children(children)
+            await store.close()
+
+    _run(main)
+
+
+async def _start_child(children: list[asyncio.subprocess.Process], argv: list[str]) -> str:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    children.append(proc)
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(START_WITHIN):
+            line = (await proc.stdout.readline()).decode(errors="replace").strip()
+    except TimeoutError:
+        raise click.ClickException(f"a demo process did not start within {START_WITHIN:g}s: {argv}") from None
+    if not line.startswith(READY):
+        raise click.ClickException(f"a demo process exited before it served (exit {await proc.wait()}): {argv}")
+    return line[len(READY) :]
+
+
+async def _stop_children(children: list[asyncio.subprocess.Process]) -> None:
+    for c in children:
+        if c.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                c.send_signal(signal.SIGTERM)
+    for c in children:
+        try:
+            async with asyncio.timeout(10):
+                await c.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                c.kill()
+            await c.wait()
+
+
+# ------------------------------------------------------------------------------------------ the command
+
+
+def register(main: click.Group) -> None:
+    """Add ``tinystore demo`` to the command group ``main``."""
+
+    @main.command()
+    @click.argument("directory", default="./data", type=click.Path(file_okay=False, path_type=Path))
+    @click.option("--port", default=8000, show_default=True, help="The web port (0: any free one).")
+    @click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+    @click.option(
+        "--web-processes",
+        default=0,
+        show_default=True,
+        type=click.IntRange(0, 64),
+        help="Run N web processes (ports PORT..PORT+N-1) and a worker process on the directory's server, "
+        "instead of one process on an embedded store.",
+    )
+    @click.option("--model-url", default=None, help="An OpenAI-compatible API (e.g. http://localhost:11434/v1).")
+    @click.option("--model-name", default="gpt-4o-mini", show_default=True, help="The model at --model-url.")
+    @click.option(
+        "--token-delay",
+        default=0.03,
+        show_default=True,
+        type=click.FloatRange(0, 10),
+        help="Seconds between the offline model's tokens.",
+    )
+    @click.option("--role", type=click.Choice(["web", "worker"]), default=None, hidden=True)
+    def demo(
+        directory: Path,
+        port: int,
+        host: str,
+        web_processes: int,
+        model_url: str | None,
+        model_name: str,
+        token_delay: float,
+        role: str | None,
+    ) -> None:
+        """Run the live chat on a store in DIRECTORY (./data): open the address it prints in two tabs."""
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        directory = directory.resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        if role == "web":
+            run_web(directory, host, port, model_url, model_name, token_delay)
+        elif role == "worker":
+            run_worker(directory, model_url, model_name, token_delay)
+        elif web_processes:
+            run_many(directory, host, port, web_processes, model_url, model_name, token_delay)
+        else:
+            run_single(directory, host, port, model_url, model_name, token_delay)

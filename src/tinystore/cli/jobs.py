@@ -1,0 +1,242 @@
+"""``tinystore jobs DIR …``: list, show, retry and cancel jobs, and list the queues."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import console, open_for_cli, print_table, run_async, to_json
+
+
+def _at(when: datetime | None) -> str:
+    if when is None:
+        return ""
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _state(job: Any) -> str:
+    return f"{job.state} (stuck)" if job.stuck else str(job.state)
+
+
+def _short(value: Any, width: int = 40) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else to_json(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _as_dict(job: Any) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "queue": job.queue,
+        "state": job.state,
+        "stuck": job.stuck,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "fence": job.fence,
+        "key": job.key,
+        "tenant": job.tenant,
+        "user": job.user,
+        "type": job.type,
+        "priority": job.priority,
+        "progress": job.progress,
+        "result": job.result,
+        "error": job.error,
+        "errors": [{"attempt": e.attempt, "error": e.error, "at": e.at} for e in job.errors],
+        "steps": job.steps,
+        "value": job.value,
+        "run_at": job.run_at,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }
+
+
+def register(main: click.Group) -> None:
+    """Add the ``jobs`` group to the ``tinystore`` command."""
+
+    @main.group()
+    @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+    @click.pass_context
+    def jobs(ctx: click.Context, directory: Path) -> None:
+        """Jobs of the store in DIRECTORY: list, show, retry, cancel, queues."""
+        ctx.obj = directory
+
+    @jobs.command("list")
+    @click.option("--queue", default="", help="Only this queue (default: every queue).")
+    @click.option(
+        "--state",
+        type=click.Choice(["queued", "running", "succeeded", "failed", "dead", "cancelled", "stuck"]),
+        default=None,
+        help="Only jobs in this state (stuck: running past their expected time).",
+    )
+    @click.option("--tenant", default=None, help="Only this tenant's jobs.")
+    @click.option("--type", "type_", default=None, help="Only jobs of this type.")
+    @click.option("--limit", default=50, show_default=True, help="At most this many jobs (1..1000).")
+    @click.option("--after", default=None, help="The cursor a previous page printed.")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")
+    @click.pass_obj
+    def list_(
+        directory: Path,
+        queue: str,
+        state: str | None,
+        tenant: str | None,
+        type_: str | None,
+        limit: int,
+        after: str | None,
+        as_json: bool,
+    ) -> None:
+        """List jobs, newest first."""
+        from ..client.jobs import list_jobs
+
+        async def go() -> Any:
+            store = await open_for_cli(directory)
+            try:
+                return await list_jobs(store, queue, state, tenant, type_, limit, after)
+            finally:
+                await store.close()
+
+        page = run_async(go)
+        if as_json:
+            for job in page.jobs:
+                click.echo(to_json(_as_dict(job)))
+            return
+        print_table(
+            None,
+            ["id", "queue", "state", "attempts", "tenant", "type", "progress", "error", "created", "finished"],
+            [
+                [
+                    j.id,
+                    j.queue,
+                    _state(j),
+                    f"{j.attempts}/{j.max_attempts}",
+                    j.tenant,
+                    j.type or "",
+                    _short(j.progress, 24),
+                    _short(j.error),
+                    _at(j.created_at),
+                    _at(j.finished_at),
+                ]
+                for j in page.jobs
+            ],
+        )
+        if page.next:
+            console.print(f"more: --after {page.next}", highlight=False)
+
+    @jobs.command()
+    @click.argument("job_id")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    @click.pass_obj
+    def show(directory: Path, job_id: str, as_json: bool) -> None:
+        """Show one job, with its attempts and errors."""
+        from ..client.jobs import find
+        from ..errors import InvalidError
+
+        async def go() -> Any:
+            store = await open_for_cli(directory)
+            try:
+                job = await find(store, job_id)
+                if job is None:
+                    raise InvalidError(f"job {job_id}: no queue of {directory} has it")
+                return job
+            finally:
+                await store.close()
+
+        job = run_async(go)
+        d = _as_dict(job)
+        if as_json:
+            click.echo(to_json(d))
+            return
+        rows = [
+            [k, _short(v, 100) if k not in ("run_at", "created_at", "started_at", "finished_at") else _at(v)]
+            for k, v in d.items()
+            if k != "errors"
+        ]
+        print_table(f"job {job.id}", ["field", "value"], rows)
+        if job.errors:
+            print_table(
+                "failed attempts", ["attempt", "at", "error"], [[e.attempt, _at(e.at), e.error] for e in job.errors]
+            )
+
+    def _change(directory: Path, job_id: str, what: str) -> None:
+        from ..client.jobs import cancel_job, find, retry_job
+        from ..errors import InvalidError
+
+        async def go() -> tuple[bool, str]:
+            store = await open_for_cli(directory)
+            try:
+                job = await find(store, job_id)
+                if job is None:
+                    raise InvalidError(f"job {job_id}: no queue of {directory} has it")
+                fn = cancel_job if what == "cancel" else retry_job
+                return await fn(store, job.queue, job_id), job.state
+            finally:
+                await store.close()
+
+        ok, state = run_async(go)
+        if ok:
+            console.print(f"job {job_id}: {'cancelled' if what == 'cancel' else 'queued again'}", highlight=False)
+        else:
+            console.print(f"job {job_id}: unchanged (it is {state})", highlight=False)
+            raise SystemExit(1)
+
+    @jobs.command()
+    @click.argument("job_id")
+    @click.pass_obj
+    def retry(directory: Path, job_id: str) -> None:
+        """Put a dead or cancelled job back to queued, attempts from 0."""
+        _change(directory, job_id, "retry")
+
+    @jobs.command()
+    @click.argument("job_id")
+    @click.pass_obj
+    def cancel(directory: Path, job_id: str) -> None:
+        """Cancel a job: a waiting one never runs; a running one's handler is cancelled."""
+        _change(directory, job_id, "cancel")
+
+    @jobs.command("queues")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")
+    @click.pass_obj
+    def queues_(directory: Path, as_json: bool) -> None:
+        """List the queues with their options and their jobs counted by state."""
+        from ..client.jobs import queues
+
+        async def go() -> Any:
+            store = await open_for_cli(directory)
+            try:
+                return await queues(store)
+            finally:
+                await store.close()
+
+        infos = run_async(go)
+        if as_json:
+            for i in infos:
+                click.echo(to_json({"queue": i.queue, "counts": i.counts, "options": _opts(i.options)}))
+            return
+        states = ["queued", "running", "failed", "succeeded", "dead", "cancelled"]
+        print_table(
+            None,
+            ["queue", "database", *states, "attempts", "lease", "timeout", "expected"],
+            [
+                [
+                    i.queue,
+                    i.options.database,
+                    *[i.counts.get(s, 0) for s in states],
+                    i.options.attempts,
+                    f"{(i.options.lease_ms or 0) / 1000:g}s",
+                    f"{(i.options.timeout_ms or 0) / 1000:g}s",
+                    f"{(i.options.expected_ms or 0) / 1000:g}s",
+                ]
+                for i in infos
+            ],
+        )
+
+
+def _opts(o: Any) -> dict[str, Any]:
+    import msgspec
+
+    out: dict[str, Any] = msgspec.to_builtins(o)
+    return out

@@ -1,0 +1,562 @@
+"""Live updates to a browser: server-sent events over ASGI (Starlette, FastAPI, any ASGI server).
+
+Two ways in, both ASGI responses (Starlette and FastAPI return them as they are):
+
+- :func:`event_stream` serves a channel branch: each message is an event whose ``id`` is the message's id,
+  a browser that reconnects with ``Last-Event-ID`` resumes after it while the branch's log holds it, and
+  anything the stream cannot deliver (a gap, an id the log no longer holds, a malformed id) becomes one
+  event ``reload`` (SSE-03).
+- :func:`sse_response` serves any producer given ``send`` and ``closed``, such as the seed's
+  ``stream(chat_id, send, closed)``.
+
+Framing follows the WHATWG HTML Living Standard, section "Server-sent events" (9.2, the
+``text/event-stream`` format and its parsing rules): :func:`encode_event` writes one ``data:`` line per line
+of the data (CR LF, CR and LF are all line breaks), ``event:`` and ``id:`` fields that cannot hold a line
+break (nor, for ``id``, a NUL, which makes browsers ignore the field), ``retry:`` in milliseconds, and ends
+every event with a blank line. An idle stream sends a comment line (``: keep-alive``) every ``keepalive``.
+Responses carry ``Content-Type: text/event-stream``, ``Cache-Control: no-cache`` and
+``X-Accel-Buffering: no`` (nginx), no ``Content-Length``, no compression (Starlette's ``GZipMiddleware``
+passes ``text/event-stream`` through), and every event is handed to the server as soon as it is produced.
+
+The response races its body against the client's disconnect, as Starlette's ``StreamingResponse`` does: a
+task reads the ASGI ``receive`` channel, and on ``http.disconnect`` the stream stops writing, sets
+``closed``, and gives the producer :data:`STOP_WITHIN` seconds to return before cancelling it; the channel
+subscription of :func:`event_stream` is stopped within that bound too (SSE-04). Nothing is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+from starlette.requests import HTTPConnection
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from .durations import Duration, seconds
+from .errors import InvalidError, LimitError, TinystoreError
+
+if TYPE_CHECKING:
+    from .client.channels import Channel, Message, Missed, Subscription
+
+__all__ = [
+    "KEEPALIVE",
+    "MAX_PENDING",
+    "STOP_WITHIN",
+    "EventSourceResponse",
+    "SendEvent",
+    "encode_comment",
+    "encode_event",
+    "event_stream",
+    "sse_response",
+]
+
+log = logging.getLogger("tinystore.sse")
+
+KEEPALIVE = 15.0
+"""Seconds of silence after which a stream sends a comment line, so proxies and load balancers keep it open."""
+
+STOP_WITHIN = 5.0
+"""Seconds a producer (or a channel subscription) is given to end after the browser went away; then it is
+cancelled."""
+
+MAX_PENDING = 1024 * 1024
+"""Bytes of events a stream holds for a browser that does not read them; past it the stream ends (the
+browser reconnects). Only a producer that does not await ``send`` can get that far ahead."""
+
+FIRST_CHUNK = b": ok\n\n"
+"""Written right after the headers, so that the browser's ``EventSource`` opens at once."""
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_MESSAGE_ID = re.compile(r"[0-9]{1,30}-[0-9]{1,30}")
+
+
+# ---------------------------------------------------------------------------------------------- framing
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: what a browser decoding it would show, U+FFFD
+        return _SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+def _check_field(name: str, value: str) -> None:
+    if "\n" in value or "\r" in value:
+        raise InvalidError(f"sse: the {name} field {value[:40]!r} holds a line break, which would end the field")
+    if name == "id" and "\x00" in value:
+        raise InvalidError(f"sse: the id {value[:40]!r} holds a NUL; browsers ignore such an id")
+
+
+def encode_event(
+    data: str | None = None,
+    *,
+    event: str | None = None,
+    id: str | None = None,
+    retry: Duration | None = None,
+) -> bytes:
+    """One server-sent event as UTF-8 bytes, per WHATWG HTML "Server-sent events" (the event stream format).
+
+    - ``data``: text; every line of it (CR LF, CR and LF are all line breaks, as the spec parses them) becomes
+      one ``data: <line>`` line, so any text, including lines that start with ``data:``, ``id:`` or ``:``,
+      arrives as one event whose ``data`` is the text with each line break turned into LF (the format has no
+      other). ``None``: no ``data`` line; browsers then dispatch nothing, but still take ``id`` as the stream's
+      last event id. Lone surrogates become U+FFFD, as a browser would decode them.
+    - ``event``: the event type (``addEventListener(type)`` in the browser); ``None`` or ``""``: ``message``.
+    - ``id``: the id the browser sends back as ``Last-Event-ID`` when it reconnects; ``""`` resets it.
+    - ``retry``: the browser's reconnection delay (a duration; written in milliseconds).
+
+    Returns the bytes of the event, ending with a blank line. Raises ``InvalidError`` for an ``event`` or
+    ``id`` holding a line break, an ``id`` holding a NUL, or a bad ``retry``.
+    """
+    out: list[str] = []
+    if event:
+        _check_field("event", event)
+        out.append(f"event: {event}\n")
+    if id is not None:
+        _check_field("id", id)
+        out.append(f"id: {id}\n" if id else "id\n")
+    if retry is not None:
+        out.append(f"retry: {round(seconds(retry, 'sse retry') * 1000)}\n")
+    if data is not None:
+        for line in _LINE_BREAK.split(data):
+            out.append(f"data: {line}\n")
+    out.append("\n")
+    return _utf8("".join(out))
+
+
+def encode_comment(text: str = "") -> bytes:
+    """A comment line (``: text``), which browsers ignore: keeps an idle connection open. Each line of ``text``
+    becomes its own comment line. Returns UTF-8 bytes ending with a blank line."""
+    return _utf8("".join(f": {line}\n" for line in _LINE_BREAK.split(text)) + "\n")
+
+
+_json_encode = msgspec.json.Encoder().encode
+
+
+def encode_json(value: Any) -> str:
+    """``value`` as JSON text for a ``data`` field: dicts, lists, str, numbers, bools, None, dataclasses,
+    msgspec Structs, TypedDicts, datetimes, UUIDs. JSON escapes line breaks, so the text is one ``data`` line
+    and comes back exactly with ``JSON.parse`` (lone surrogates as ``\\udxxx`` escapes). Raises
+    ``InvalidError`` for a value JSON cannot hold."""
+    try:
+        return _json_encode(value).decode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(msgspec.to_builtins(value), ensure_ascii=True, separators=(",", ":"))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidError(f"sse: the data does not encode as JSON: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------- the outbox
+
+
+class _Outbox:
+    """Encoded events waiting for the writer, and the futures of the calls that sent them."""
+
+    __slots__ = ("closed", "event", "futures", "limit", "overflowed", "parts", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.futures: list[asyncio.Future[None]] = []
+        self.event = asyncio.Event()
+        self.closed = False
+        self.overflowed = False
+        self.limit = limit
+
+    def put(self, chunk: bytes) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.closed:
+            fut.set_result(None)
+            return fut
+        self.parts.append(chunk)
+        self.size += len(chunk)
+        self.futures.append(fut)
+        if self.size > self.limit:
+            self.overflowed = True
+        self.event.set()
+        return fut
+
+    def take(self) -> tuple[bytes, list[asyncio.Future[None]]]:
+        chunk = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+        futures = self.futures
+        self.parts = []
+        self.futures = []
+        self.size = 0
+        return chunk, futures
+
+    def close(self) -> None:
+        """No more writes: what is queued is dropped and every sender is let go."""
+        self.closed = True
+        self.parts = []
+        self.size = 0
+        futures, self.futures = self.futures, []
+        _resolve(futures)
+        self.event.set()
+
+
+def _resolve(futures: list[asyncio.Future[None]]) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(None)
+
+
+class SendEvent(Protocol):
+    """The ``send`` a producer gets: ``send(data, event=None, id=None)``.
+
+    ``data`` is any JSON-encodable value (dicts, lists, str, numbers, dataclasses, msgspec Structs), written as
+    one ``data:`` line of JSON; ``event`` the event type; ``id`` the event's id (no line break, no NUL). It
+    queues the event at once and returns an awaitable that completes when the event was handed to the server
+    (or the stream ended); awaiting it makes the producer go at the browser's pace, and not awaiting it is fine
+    too. After the stream ended, ``send`` does nothing. Raises ``InvalidError`` (data that is not JSON, a bad
+    ``event`` or ``id``) before anything is queued.
+    """
+
+    def __call__(self, data: Any, event: str | None = None, id: str | None = None) -> asyncio.Future[None]: ...
+
+
+Producer = Callable[[SendEvent, asyncio.Event], Awaitable[Any] | Any]
+
+
+def _sender(outbox: _Outbox) -> SendEvent:
+    def send(data: Any, event: str | None = None, id: str | None = None) -> asyncio.Future[None]:
+        return outbox.put(encode_event(encode_json(data), event=event, id=id))
+
+    return send
+
+
+# ---------------------------------------------------------------------------------------------- the response
+
+
+class EventSourceResponse(Response):
+    """An ASGI response that streams server-sent events from a producer (see :func:`sse_response`).
+
+    A ``starlette.responses.Response``, so Starlette and FastAPI endpoints return it as it is. ``producer(send,
+    closed)`` runs once the headers are sent; the stream ends when it returns (or raises: logged) or when the
+    browser goes away (``closed`` is then set and the producer has :data:`STOP_WITHIN` seconds to return before
+    it is cancelled). ``keepalive``: seconds (a duration) of silence before a comment line; ``retry``: the
+    browser's reconnection delay, sent first; ``headers``: extra response headers; ``max_pending``: bytes of
+    unsent events past which the stream ends. A cancel of the response (the server shutting down) cancels the
+    producer and waits for it; nothing keeps running after the response returns.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        producer: Producer | None = None,
+        *,
+        keepalive: Duration = KEEPALIVE,
+        retry: Duration | None = None,
+        headers: Mapping[str, str] | None = None,
+        status_code: int = 200,
+        max_pending: int = MAX_PENDING,
+    ) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.keepalive = seconds(keepalive, "sse keepalive")
+        if self.keepalive <= 0:
+            raise InvalidError("sse: keepalive must be above 0 seconds")
+        self.retry = retry
+        self.first_chunk = FIRST_CHUNK + (encode_event(retry=retry) if retry is not None else b"")
+        self.max_pending = max_pending
+        self._producer = producer
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
+
+    async def _open(self, send: SendEvent, outbox: _Outbox) -> Producer:
+        """Called before the headers go out; returns the producer. A ``TinystoreError`` here becomes a 503."""
+        if self._producer is None:
+            raise InvalidError("sse: no producer")
+        return self._producer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            raise RuntimeError(f"sse: an event stream answers HTTP requests, not {scope['type']}")
+        outbox = _Outbox(self.max_pending)
+        send_event = _sender(outbox)
+        try:
+            producer = await self._open(send_event, outbox)
+        except TinystoreError as exc:
+            outbox.close()
+            status = 503 if isinstance(exc, LimitError) or exc.code in ("closed", "unavailable") else 500
+            log.warning("sse: cannot open the stream: %s", exc)
+            await _plain(send, status, f"event stream unavailable: {exc.message}\n")
+            return
+        await self._stream(producer, send_event, outbox, receive, send)
+
+    async def _stream(
+        self, producer: Producer, send_event: SendEvent, outbox: _Outbox, receive: Receive, send: Send
+    ) -> None:
+        closed = asyncio.Event()
+        wake = outbox.event
+
+        async def listen() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    closed.set()
+                    wake.set()
+                    return
+
+        async def produce() -> None:
+            result = producer(send_event, closed)
+            if inspect.isawaitable(result):
+                await result
+
+        listener = asyncio.ensure_future(listen())
+        task: asyncio.Task[None] | None = None
+        ended_by_us = False
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.first_chunk, "more_body": True})
+            task = asyncio.ensure_future(produce())
+            task.add_done_callback(lambda _: wake.set())
+            timeout = self.keepalive
+            while not closed.is_set():
+                if outbox.parts:
+                    if outbox.overflowed:
+                        log.warning(
+                            "sse: over %d bytes of events the browser did not take; ending the stream",
+                            self.max_pending,
+                        )
+                        ended_by_us = True
+                        break
+                    chunk, futures = outbox.take()
+                    wake.clear()
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    _resolve(futures)
+                    continue
+                if task.done():
+                    ended_by_us = True
+                    break
+                wake.clear()
+                try:
+                    async with asyncio.timeout(timeout):
+                        await wake.wait()
+                except TimeoutError:
+                    await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
+            if ended_by_us and not closed.is_set():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the server could not write: the client is gone
+            pass
+        finally:
+            closed.set()
+            outbox.close()
+            listener.cancel()
+            if task is not None:
+                await _finish(task)
+            with contextlib.suppress(BaseException):
+                await listener
+
+
+async def _finish(task: asyncio.Task[None]) -> None:
+    """Give the producer :data:`STOP_WITHIN` seconds to return, then cancel it; log what it raised."""
+    if not task.done():
+        done, _ = await asyncio.wait([task], timeout=STOP_WITHIN)
+        if not done:
+            log.warning("sse: the producer did not end within %gs of the browser leaving; cancelling it", STOP_WITHIN)
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            return
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("sse: the producer raised %r; the stream ended", exc, exc_info=exc)
+
+
+async def _plain(send: Send, status: int, text: str) -> None:
+    body = text.encode("utf-8")
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-cache"),
+    ]
+    if status == 503:
+        headers.append((b"retry-after", b"5"))
+    with contextlib.suppress(OSError):
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def sse_response(
+    request: HTTPConnection,
+    producer: Producer,
+    *,
+    keepalive: Duration = KEEPALIVE,
+    retry: Duration | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> EventSourceResponse:
+    """Serve ``producer(send, closed)`` as a stream of server-sent events (WHATWG HTML "Server-sent events").
+
+    ``send(data, event=None, id=None)``: ``data`` is anything JSON-encodable (dataclasses and msgspec Structs
+    included), written as one ``data:`` line of JSON; see :class:`SendEvent`. ``closed``: an
+    ``asyncio.Event`` set when the browser goes away (or the stream ends for another reason). The producer
+    may be a coroutine function or return an awaitable: the stream lasts until it returns. For the seed's
+    ``stream(chat_id, send, closed)``::
+
+        return sse_response(request, lambda send, closed: stream(chat_id, send, closed))
+
+    ``keepalive`` (a duration, 15 s): a comment line after that much silence. ``retry``: the browser's
+    reconnection delay, sent first. ``headers``: extra response headers. Raises ``InvalidError`` for a bad
+    ``keepalive`` or ``retry``. After the browser went away the producer has :data:`STOP_WITHIN` seconds to
+    return, then it is cancelled; an exception it raises is logged and ends the stream. ``request`` is the
+    request being answered (its headers, such as ``Last-Event-ID``, are the producer's to read).
+    """
+    del request  # the response reads the disconnect from the ASGI receive channel it is called with
+    return EventSourceResponse(producer, keepalive=keepalive, retry=retry, headers=headers)
+
+
+# ---------------------------------------------------------------------------------------------- channels
+
+
+EventName = str | Callable[["Message[Any]"], "str | None"] | None
+
+
+class _ChannelStream(EventSourceResponse):
+    """The response of :func:`event_stream`: subscribes before the headers go out."""
+
+    def __init__(
+        self,
+        branch: Channel[Any],
+        last_event_id: str | None,
+        event: EventName,
+        data: Callable[[Message[Any]], Any] | None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(None, **kw)
+        self.branch = branch
+        self.last_event_id = last_event_id
+        self.event = event
+        self.data = data
+        self.subscription: Subscription[Any] | None = None
+
+    async def _open(self, send: SendEvent, outbox: _Outbox) -> Producer:
+        branch = self.branch
+        event = self.event
+        data = self.data
+        holder: list[Subscription[Any]] = []
+
+        def reload(reason: str, missed: int | None = None) -> asyncio.Future[None]:
+            position = _position(holder[0]) if holder else None
+            payload = {"kind": "reload", "reason": reason, "missed": missed}
+            return outbox.put(encode_event(encode_json(payload), event="reload", id=position))
+
+        def on_message(m: Message[Any]) -> asyncio.Future[None]:
+            try:
+                name = event if event is None or isinstance(event, str) else event(m)
+                text = encode_json(m.value if data is None else data(m))
+                chunk = encode_event(text, event=name, id=m.id)
+            except Exception as exc:
+                log.error("sse: channel %s: message %s cannot be sent (%r); sending reload", branch.name, m.id, exc)
+                return reload("error")
+            return outbox.put(chunk)
+
+        def on_missed(missed: Missed) -> asyncio.Future[None] | None:
+            if missed.reason == "reconnect" and missed.count == 0:
+                return None  # the store's connection came back and nothing was lost
+            return reload(missed.reason, missed.count)
+
+        after, malformed = _parse_last_event_id(self.last_event_id)
+        try:
+            sub = await branch.subscribe(on_message, on_missed=on_missed, after=after)
+        except InvalidError:
+            if after is None:
+                raise
+            sub = await branch.subscribe(on_message, on_missed=on_missed)
+            malformed = True
+        holder.append(sub)
+        self.subscription = sub
+        if malformed:  # first in line: the subscription's task has not run yet
+            reload("malformed id")
+
+        async def produce(send: SendEvent, closed: asyncio.Event) -> None:
+            try:
+                while sub.active:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.keepalive):
+                            await closed.wait()
+                    if closed.is_set():
+                        return
+                # the store closed: end the stream, the browser reconnects (to a process that has a store)
+            finally:
+                async with asyncio.timeout(STOP_WITHIN):
+                    await sub.stop()
+
+        return produce
+
+
+def _parse_last_event_id(value: str | None) -> tuple[str | None, bool]:
+    """``(after, malformed)``: the message id to resume after, or None; malformed when an id was sent that is
+    not ``"<epoch>-<seq>"``."""
+    if value is None:
+        return None, False
+    value = value.strip()
+    if not value:
+        return None, False
+    if _MESSAGE_ID.fullmatch(value):
+        return value, False
+    return None, True
+
+
+def _position(sub: Subscription[Any]) -> str | None:
+    """The id just before the next message ``sub`` will be sent: where a browser that reloads resumes."""
+    pos = getattr(sub, "position", None)
+    if pos is None:
+        pos = getattr(sub, "_pos", None)
+    return pos if isinstance(pos, str) else None
+
+
+def event_stream(
+    branch: Channel[Any],
+    request: HTTPConnection,
+    keepalive: Duration = KEEPALIVE,
+    event: EventName = None,
+    *,
+    data: Callable[[Message[Any]], Any] | None = None,
+    retry: Duration | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> EventSourceResponse:
+    """Serve a channel branch as server-sent events (WHATWG HTML "Server-sent events"), for ``EventSource``.
+
+    ``branch``: a channel or one of its branches (``events.under(chat_id)``). ``request``: the request being
+    answered (its ``Last-Event-ID`` header is read). ``event``: the event type of each message, a str or a
+    function of the :class:`~tinystore.Message` (``lambda m: m.value.kind``); ``None``: ``message``.
+    ``data``: a function of the message giving what to send (default ``m.value``), written as one ``data:``
+    line of JSON. ``keepalive`` (15 s): a comment line after that much silence. ``retry``: the browser's
+    reconnection delay, sent first.
+
+    Each message becomes an event whose ``id`` is the message's id (``"<epoch>-<seq>"``). The subscription is
+    made before the headers go out (a store that is closed, unreachable or at its subscription limit gives a
+    503). A request with ``Last-Event-ID`` resumes after that message: what the branch's log still holds is
+    sent (SSE-03). When it cannot be (the log dropped messages, the store restarted, the id is malformed),
+    and whenever the stream misses messages later (the browser fell behind and the log dropped what it had
+    not taken; the store's connection dropped and messages may be lost), the browser gets one event
+    ``reload`` with data ``{"kind": "reload", "reason": ..., "missed": n | null}`` and, as its id, the
+    position after which the stream goes on, so the next reconnect resumes there. A message whose ``event``
+    or ``data`` function raises is logged and sent as a ``reload`` too. A slow browser never slows a
+    publisher: the subscription takes the next message once the server took the previous event.
+
+    When the browser goes away the subscription is stopped within :data:`STOP_WITHIN` seconds and holds
+    nothing in the store (SSE-04); when the store closes, the stream ends and the browser reconnects.
+    Raises ``InvalidError`` for a bad ``keepalive`` or ``retry``; an ``event`` name or ``id`` with a line
+    break is reported as a ``reload``.
+    """
+    return _ChannelStream(
+        branch,
+        request.headers.get("last-event-id"),
+        event,
+        data,
+        keepalive=keepalive,
+        retry=retry,
+        headers=headers,
+    )

@@ -1,0 +1,270 @@
+"""SSE-01..04 over a real uvicorn server and httpx, with the store embedded and behind its sidecar."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import tinystore
+
+from ..helpers import open_store
+from .app import ChatEvent, make_app
+from .harness import client, open_sse, serve
+from .parser import EventStreamParser
+
+MODES = ["embedded", "sidecar"]
+
+
+@pytest.fixture(params=MODES)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tinystore.Store]:
+    async with open_store(request.param, tmp_path / "store", limits=tinystore.Limits(channel_log=8)) as s:
+        yield s
+
+
+@pytest.fixture
+async def web(store: tinystore.Store) -> AsyncIterator[str]:
+    async with serve(make_app(store)) as url:
+        yield url
+
+
+async def subscriptions(store: tinystore.Store) -> int:
+    status = await store.status()
+    return int(status["channels"]["subscriptions"])
+
+
+async def wait_subscriptions(store: tinystore.Store, n: int, within: float = 5.0) -> float:
+    """Seconds until the store holds exactly n subscriptions (fails after ``within``)."""
+    start = time.monotonic()
+    while (got := await subscriptions(store)) != n:
+        if time.monotonic() - start > within:
+            raise AssertionError(f"the store holds {got} subscriptions, not {n}, after {within}s")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - start
+
+
+def events_of(store: tinystore.Store) -> tinystore.Channel[ChatEvent]:
+    return store.channel("chat-events", ChatEvent)
+
+
+TRICKY = "line one\ndata: injected\nid: 99-99\n: not a comment\r\n\r\nevent: evil\rretry: 1\n\u2028 ünï 🎉 \x00 end"
+
+
+# contract: SSE-01
+async def test_tricky_text_arrives_as_one_event_with_its_id_and_type(store: tinystore.Store, web: str) -> None:
+    events = events_of(store)
+    async with client() as http, open_sse(http, f"{web}/events/7") as sse:
+        await wait_subscriptions(store, 1)
+        mid = await events.under(7).publish(ChatEvent("token", 3, TRICKY))
+        ev = await sse.next()
+        assert ev.type == "token"
+        assert ev.last_event_id == mid
+        assert json.loads(ev.data) == {"kind": "token", "id": 3, "text": TRICKY}  # exactly, \r and NUL too
+        # one data line, as JSON escapes the line breaks
+        assert sse.raw.count(b"\ndata: ") == 1
+
+
+# contract: SSE-02
+async def test_headers_no_buffering_no_compression(store: tinystore.Store, web: str) -> None:
+    async with client() as http, open_sse(http, f"{web}/events/1", {"accept-encoding": "gzip, br"}) as sse:
+        h = sse.response.headers
+        assert sse.response.status_code == 200
+        assert h["content-type"].split(";")[0] == "text/event-stream"
+        assert h["cache-control"] == "no-cache"
+        assert h["x-accel-buffering"] == "no"
+        assert "content-length" not in h
+        assert "content-encoding" not in h  # even behind GZipMiddleware with a client that takes gzip
+
+
+# contract: SSE-02
+async def test_each_event_is_flushed_as_produced(store: tinystore.Store, web: str) -> None:
+    events = events_of(store)
+    async with client() as http, open_sse(http, f"{web}/events/2") as sse:
+        await wait_subscriptions(store, 1)
+        for i in range(5):
+            start = time.monotonic()
+            await events.under(2).publish(ChatEvent("message", i))
+            ev = await sse.next(timeout=2)
+            assert json.loads(ev.data)["id"] == i
+            assert time.monotonic() - start < 1.0  # each one on its own, not held back for the next
+
+
+# contract: SSE-02
+async def test_an_idle_stream_sends_keep_alive_comments(store: tinystore.Store, web: str) -> None:
+    async with client() as http, open_sse(http, f"{web}/events/3?keepalive=0.2s") as sse:
+        await sse.none_within(0.9)
+        assert sse.comments.count(" keep-alive") >= 3
+        # and the default is 15 s: a stream without the option stays quiet for a second
+    async with client() as http, open_sse(http, f"{web}/events/3") as sse:
+        await sse.none_within(1.0)
+        assert " keep-alive" not in sse.comments
+
+
+# contract: SSE-03
+async def test_reconnect_with_last_event_id_gets_exactly_what_it_missed(store: tinystore.Store, web: str) -> None:
+    events = events_of(store).under(4)
+    async with client() as http:
+        async with open_sse(http, f"{web}/events/4") as sse:
+            await wait_subscriptions(store, 1)
+            await events.publish(ChatEvent("message", 1))
+            first = await sse.next()
+        # the tab lost its connection; a message is published meanwhile
+        await wait_subscriptions(store, 0)
+        await events.publish(ChatEvent("message", 2))
+        async with open_sse(http, f"{web}/events/4", {"last-event-id": first.last_event_id}) as sse:
+            ev = await sse.next()
+            assert ev.type == "message"
+            assert json.loads(ev.data)["id"] == 2
+            await sse.none_within(0.3)  # exactly once, and no reload
+            # and the stream goes on live
+            await events.publish(ChatEvent("message", 3))
+            assert json.loads((await sse.next()).data)["id"] == 3
+
+
+# contract: SSE-03
+async def test_reload_when_more_was_published_than_the_log_holds(store: tinystore.Store, web: str) -> None:
+    events = events_of(store).under(5)
+    async with client() as http:
+        async with open_sse(http, f"{web}/events/5") as sse:
+            await wait_subscriptions(store, 1)
+            await events.publish(ChatEvent("message", 0))
+            first = await sse.next()
+        await wait_subscriptions(store, 0)
+        ids = [await events.publish(ChatEvent("message", i)) for i in range(1, 21)]  # the log holds 8
+        async with open_sse(http, f"{web}/events/5", {"last-event-id": first.last_event_id}) as sse:
+            ev = await sse.next()
+            assert ev.type == "reload"
+            assert json.loads(ev.data) == {"kind": "reload", "reason": "behind", "missed": 12}
+            # what the log held follows: the page reloads anyway, and these are harmless "look again"s
+            rest = [await sse.next() for _ in range(8)]
+            assert [e.last_event_id for e in rest] == ids[12:]
+        # the reload's id is where this stream went on, so a reconnect with it resumes there
+        async with open_sse(http, f"{web}/events/5", {"last-event-id": ev.last_event_id}) as sse:
+            got = [await sse.next() for _ in range(8)]
+            assert [e.last_event_id for e in got] == ids[12:]
+            await sse.none_within(0.2)
+
+
+# contract: SSE-03
+@pytest.mark.parametrize(
+    "bad", ["garbage", "1-", "-1", "1-2-3", "x" * 5000, "9" * 5000 + "-1", "1-" + "9" * 5000, "0-0", "77-1"]
+)
+async def test_a_malformed_or_foreign_last_event_id_gets_reload_never_a_crash(
+    store: tinystore.Store, web: str, bad: str
+) -> None:
+    events = events_of(store).under(6)
+    async with client() as http, open_sse(http, f"{web}/events/6", {"last-event-id": bad}) as sse:
+        ev = await sse.next()
+        assert ev.type == "reload"
+        assert json.loads(ev.data)["kind"] == "reload"
+        assert ev.last_event_id  # the position to resume from
+        await wait_subscriptions(store, 1)
+        mid = await events.publish(ChatEvent("message", 1))
+        ev2 = await sse.next()
+        assert (ev2.type, ev2.last_event_id) == ("message", mid)
+
+
+# contract: SSE-03
+async def test_a_browser_that_falls_behind_gets_reload_and_never_stalls_the_publisher(
+    store: tinystore.Store, web: str
+) -> None:
+    events = events_of(store).under(8)
+    big = "x" * 60_000
+    async with client() as http, http.stream("GET", f"{web}/events/8") as response:
+        # the tab reads nothing: socket buffers fill, then the server's writes wait
+        await wait_subscriptions(store, 1)
+        start = time.monotonic()
+        for i in range(400):  # 24 MB, far more than the socket buffers and the branch log (8 messages)
+            await events.publish(ChatEvent("token", i, big))
+        assert time.monotonic() - start < 10  # the publisher never waited for the tab
+        # the tab reads again: after what the buffers held comes a reload, then the newest messages
+        parser = EventStreamParser()
+        seen = []
+        async with asyncio.timeout(20):
+            async for chunk in response.aiter_raw():
+                seen += parser.feed(chunk)
+                if any(e.type == "reload" for e in seen):
+                    break
+        reload = next(e for e in seen if e.type == "reload")
+        body = json.loads(reload.data)
+        assert body["reason"] == "behind" and body["missed"] > 0
+        ids = [json.loads(e.data)["id"] for e in seen if e.type == "token"]
+        assert ids == list(range(len(ids)))  # in order, nothing out of place before the gap
+        assert len(ids) < 400
+
+
+# contract: SSE-04
+async def test_the_subscription_stops_when_the_browser_goes_away(store: tinystore.Store, web: str) -> None:
+    async with client() as http:
+        for _ in range(3):
+            async with open_sse(http, f"{web}/events/9"):
+                await wait_subscriptions(store, 1)
+            took = await wait_subscriptions(store, 0, within=5.0)
+            assert took < 2.0
+        # many at once, gone at once
+        async with contextlib_all([open_sse(http, f"{web}/events/{i}") for i in range(50)]):
+            await wait_subscriptions(store, 50)
+        assert await wait_subscriptions(store, 0) < 2.0
+
+
+# contract: SSE-04
+async def test_the_seed_stream_as_written_behind_sse_response(store: tinystore.Store, web: str) -> None:
+    """The seed's stream(chat_id, send, closed) served by sse_response: events, reload, and clean-up."""
+    events = events_of(store)
+    db = await store.database(
+        "chat",
+        migrations=[
+            (
+                "001.sql",
+                "create table messages (id integer primary key, chat_id integer, role text, text text,"
+                " created_at integer, reply_to integer);",
+            )
+        ],
+    )
+    chat_id, answer, message_id = 11, "hello\nthere", 1
+    async with client() as http, open_sse(http, f"{web}/seed/{chat_id}") as sse:
+        await wait_subscriptions(store, 1)
+
+        # the seed's save, as written
+        async def save(tx: tinystore.SqlTx) -> None:
+            reply = await tx.exec(
+                "insert into messages (chat_id, role, text, created_at, reply_to) values (?, 'assistant', ?, ?, ?)",
+                chat_id,
+                answer,
+                time.time_ns() // 1_000_000,
+                message_id,
+            )
+            await tx.with_(events).under(chat_id).publish(ChatEvent(kind="message", id=reply.last_insert_rowid))
+
+        await db.tx(save)
+        ev = await sse.next()
+        assert ev.type == "message"
+        row_id = json.loads(ev.data)["id"]
+        assert json.loads(ev.data) == {"kind": "message", "id": row_id, "text": ""}
+        assert await db.scalar("select text from messages where id = ?", row_id) == answer
+    await wait_subscriptions(store, 0)
+
+
+class contextlib_all:  # noqa: N801 - an async context manager over many
+    def __init__(self, cms: list) -> None:  # type: ignore[type-arg]
+        self.cms = cms
+        self.stack: object = None
+
+    async def __aenter__(self) -> None:
+        import contextlib
+
+        self.stack = contextlib.AsyncExitStack()
+        await self.stack.__aenter__()  # type: ignore[attr-defined]
+        for cm in self.cms:
+            await self.stack.enter_async_context(cm)  # type: ignore[attr-defined]
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stack.__aexit__(*exc)  # type: ignore[attr-defined]
+
+
+_ = httpx
