@@ -175,8 +175,19 @@ def serve_main(argv: list[str]) -> None:
         timeout_graceful_shutdown=1,
     )
     server = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+
+    def stop() -> None:
+        if args.system.startswith("tinystore"):
+            from tinystore.sse import end_streams
+
+            end_streams()
+        server.should_exit = True
 
     async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        loop.add_signal_handler(signal.SIGINT, stop)
         task = asyncio.ensure_future(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
@@ -187,7 +198,27 @@ def serve_main(argv: list[str]) -> None:
 
     import uvloop
 
-    uvloop.run(main())
+    if os.environ.get("BENCH_SSE_GC_LOG"):  # report slow garbage collections of the web process
+        import gc
+
+        started: list[float] = []
+
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                started[:] = [time.perf_counter()]
+            elif started and (took := time.perf_counter() - started[0]) > 0.005:
+                log(f"gc generation {info['generation']}: {took * 1000:.1f} ms, {info['collected']} collected")
+
+        gc.callbacks.append(on_gc)
+    profile = os.environ.get("BENCH_SSE_PROFILE")
+    if profile:  # a cProfile of the web process, written at its end
+        import cProfile
+
+        with cProfile.Profile() as prof:
+            uvloop.run(main())
+        prof.dump_stats(profile)
+    else:
+        uvloop.run(main())
 
 
 # ------------------------------------------------------------------------------------------ the clients
@@ -234,9 +265,8 @@ class Client(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(self.request)
+        self.transport = transport  # type: ignore[assignment]
+        transport.write(self.request)  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         now = time.monotonic()

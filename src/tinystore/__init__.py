@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 from .client.channels import Channel, Message, Missed, Subscription
 from .client.jobs import Job, JobEvent, JobPage, Outcome, Queue, Run, Worker
+from .client.locks import Lease, Lock, Permit, Semaphore
 from .client.sql import Database, SqlTx
 from .client.store import Store, connect, open
 from .errors import (
@@ -42,8 +43,10 @@ __all__ = [
     "Job",
     "JobEvent",
     "JobPage",
+    "Lease",
     "LimitError",
     "Limits",
+    "Lock",
     "LostError",
     "Message",
     "Missed",
@@ -51,8 +54,10 @@ __all__ = [
     "OutcomeUnknownError",
     "PermanentError",
     "PermissionDeniedError",
+    "Permit",
     "Queue",
     "Run",
+    "Semaphore",
     "SqlTx",
     "Store",
     "Subscription",

@@ -32,6 +32,7 @@ import inspect
 import json
 import logging
 import re
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,6 +55,7 @@ __all__ = [
     "SendEvent",
     "encode_comment",
     "encode_event",
+    "end_streams",
     "event_stream",
     "sse_response",
 ]
@@ -70,6 +72,12 @@ cancelled."""
 MAX_PENDING = 1024 * 1024
 """Bytes of events a stream holds for a browser that does not read them; past it the stream ends (the
 browser reconnects). Only a producer that does not await ``send`` can get that far ahead."""
+
+BACKLOG = 64 * 1024
+"""Bytes of events waiting for a browser past which a channel stream stops taking messages from its
+subscription (so the branch's log, not this process, holds the backlog, and drops it into a ``reload``)."""
+
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
 
 FIRST_CHUNK = b": ok\n\n"
 """Written right after the headers, so that the browser's ``EventSource`` opens at once."""
@@ -159,9 +167,24 @@ def encode_json(value: Any) -> str:
 
 
 class _Outbox:
-    """Encoded events waiting for the writer, and the futures of the calls that sent them."""
+    """Encoded events waiting for the writer, and the futures of the senders that wait for them to be written.
 
-    __slots__ = ("closed", "event", "futures", "limit", "overflowed", "parts", "size")
+    One writer (the response) takes everything queued at once and hands it to the server as one chunk.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "closed",
+        "ending",
+        "event",
+        "futures",
+        "keepalive_due",
+        "limit",
+        "loop",
+        "overflowed",
+        "parts",
+        "size",
+    )
 
     def __init__(self, limit: int) -> None:
         self.parts: list[bytes] = []
@@ -169,21 +192,40 @@ class _Outbox:
         self.futures: list[asyncio.Future[None]] = []
         self.event = asyncio.Event()
         self.closed = False
+        self.ending = False
+        self.keepalive_due = False
         self.overflowed = False
         self.limit = limit
+        self.loop = asyncio.get_running_loop()
 
-    def put(self, chunk: bytes) -> asyncio.Future[None]:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def end(self) -> None:
+        """Finish the response once what is queued is written (the server is shutting down)."""
+        self.ending = True
+        self.event.set()
+
+    def push(self, chunk: bytes) -> bool:
+        """Queue ``chunk``; True when the browser is behind (over :data:`BACKLOG` bytes wait)."""
         if self.closed:
-            fut.set_result(None)
-            return fut
+            return False
         self.parts.append(chunk)
         self.size += len(chunk)
-        self.futures.append(fut)
         if self.size > self.limit:
             self.overflowed = True
         self.event.set()
+        return self.size > BACKLOG
+
+    def written(self) -> asyncio.Future[None]:
+        """A future that completes once what is queued now was handed to the server (or the stream ended)."""
+        fut: asyncio.Future[None] = self.loop.create_future()
+        if self.closed or not self.parts:
+            fut.set_result(None)
+        else:
+            self.futures.append(fut)
         return fut
+
+    def put(self, chunk: bytes) -> asyncio.Future[None]:
+        self.push(chunk)
+        return self.written()
 
     def take(self) -> tuple[bytes, list[asyncio.Future[None]]]:
         chunk = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
@@ -201,6 +243,31 @@ class _Outbox:
         futures, self.futures = self.futures, []
         _resolve(futures)
         self.event.set()
+
+
+_open: weakref.WeakSet[_Outbox] = weakref.WeakSet()
+
+
+def end_streams() -> int:
+    """End every event stream this process serves: each writes what it holds, then finishes its response, so
+    the browsers reconnect (after their ``retry`` delay) to whichever server answers then. Returns how many
+    streams were told. Safe to call from a signal handler or another thread.
+
+    Call it when the server starts shutting down: an ASGI server waits for open responses to finish before it
+    stops (uvicorn for ``timeout_graceful_shutdown``, then it cancels them and logs each). With uvicorn::
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig, frame):
+                tinystore.sse.end_streams()
+                super().handle_exit(sig, frame)
+    """
+    told = 0
+    for outbox in list(_open):
+        if not outbox.closed:
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                outbox.loop.call_soon_threadsafe(outbox.end)
+                told += 1
+    return told
 
 
 def _resolve(futures: list[asyncio.Future[None]]) -> None:
@@ -271,30 +338,42 @@ class EventSourceResponse(Response):
         self._producer = producer
         self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
 
-    async def _open(self, send: SendEvent, outbox: _Outbox) -> Producer:
-        """Called before the headers go out; returns the producer. A ``TinystoreError`` here becomes a 503."""
+    async def _open(self, outbox: _Outbox) -> Producer | None:
+        """Called before the headers go out; returns the producer to run (None: none, the subclass writes
+        to ``outbox`` itself). A ``TinystoreError`` raised here becomes a 503 (500 for other codes)."""
         if self._producer is None:
             raise InvalidError("sse: no producer")
         return self._producer
+
+    def _alive(self) -> bool:
+        """Checked at each keep-alive tick: False ends the stream."""
+        return True
+
+    async def _close(self) -> None:
+        """Called once the stream ended, whatever ended it (bounded by :data:`STOP_WITHIN` by the caller)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             raise RuntimeError(f"sse: an event stream answers HTTP requests, not {scope['type']}")
         outbox = _Outbox(self.max_pending)
-        send_event = _sender(outbox)
         try:
-            producer = await self._open(send_event, outbox)
+            producer = await self._open(outbox)
         except TinystoreError as exc:
             outbox.close()
             status = 503 if isinstance(exc, LimitError) or exc.code in ("closed", "unavailable") else 500
             log.warning("sse: cannot open the stream: %s", exc)
             await _plain(send, status, f"event stream unavailable: {exc.message}\n")
             return
-        await self._stream(producer, send_event, outbox, receive, send)
+        try:
+            await self._stream(producer, outbox, receive, send)
+        finally:
+            try:
+                async with asyncio.timeout(STOP_WITHIN):
+                    await self._close()
+            except TimeoutError:
+                log.warning("sse: the stream's subscription did not stop within %gs", STOP_WITHIN)
 
-    async def _stream(
-        self, producer: Producer, send_event: SendEvent, outbox: _Outbox, receive: Receive, send: Send
-    ) -> None:
+    async def _stream(self, producer: Producer | None, outbox: _Outbox, receive: Receive, send: Send) -> None:
         closed = asyncio.Event()
         wake = outbox.event
 
@@ -306,20 +385,35 @@ class EventSourceResponse(Response):
                     wake.set()
                     return
 
-        async def produce() -> None:
-            result = producer(send_event, closed)
-            if inspect.isawaitable(result):
-                await result
-
         listener = asyncio.ensure_future(listen())
+        _open.add(outbox)
         task: asyncio.Task[None] | None = None
         ended_by_us = False
+        loop = outbox.loop
+        keepalive = self.keepalive
+        last_write = loop.time()
+        timer: asyncio.TimerHandle | None = None
+
+        def tick() -> None:  # one timer per stream, re-armed; never one per event
+            nonlocal timer
+            if not self._alive():
+                outbox.end()
+                return
+            idle = loop.time() - last_write
+            if idle >= keepalive * 0.999:
+                outbox.keepalive_due = True
+                wake.set()
+                idle = 0.0
+            timer = loop.call_later(keepalive - idle, tick)
+
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": self.first_chunk, "more_body": True})
-            task = asyncio.ensure_future(produce())
-            task.add_done_callback(lambda _: wake.set())
-            timeout = self.keepalive
+            last_write = loop.time()
+            timer = loop.call_later(keepalive, tick)
+            if producer is not None:
+                task = asyncio.ensure_future(_produce(producer, _sender(outbox), closed))
+                task.add_done_callback(lambda _: wake.set())
             while not closed.is_set():
                 if outbox.parts:
                     if outbox.overflowed:
@@ -331,23 +425,29 @@ class EventSourceResponse(Response):
                         break
                     chunk, futures = outbox.take()
                     wake.clear()
+                    outbox.keepalive_due = False
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    _resolve(futures)
+                    last_write = loop.time()
+                    if futures:
+                        _resolve(futures)
                     continue
-                if task.done():
+                if outbox.ending or (task is not None and task.done()):
                     ended_by_us = True
                     break
+                if outbox.keepalive_due:
+                    outbox.keepalive_due = False
+                    await send({"type": "http.response.body", "body": KEEPALIVE_COMMENT, "more_body": True})
+                    last_write = loop.time()
+                    continue
                 wake.clear()
-                try:
-                    async with asyncio.timeout(timeout):
-                        await wake.wait()
-                except TimeoutError:
-                    await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
+                await wake.wait()
             if ended_by_us and not closed.is_set():
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the server could not write: the client is gone
             pass
         finally:
+            if timer is not None:
+                timer.cancel()
             closed.set()
             outbox.close()
             listener.cancel()
@@ -355,6 +455,12 @@ class EventSourceResponse(Response):
                 await _finish(task)
             with contextlib.suppress(BaseException):
                 await listener
+
+
+async def _produce(producer: Producer, send: SendEvent, closed: asyncio.Event) -> None:
+    result = producer(send, closed)
+    if inspect.isawaitable(result):
+        await result
 
 
 async def _finish(task: asyncio.Task[None]) -> None:
@@ -440,7 +546,7 @@ class _ChannelStream(EventSourceResponse):
         self.data = data
         self.subscription: Subscription[Any] | None = None
 
-    async def _open(self, send: SendEvent, outbox: _Outbox) -> Producer:
+    async def _open(self, outbox: _Outbox) -> Producer | None:
         branch = self.branch
         event = self.event
         data = self.data
@@ -451,7 +557,7 @@ class _ChannelStream(EventSourceResponse):
             payload = {"kind": "reload", "reason": reason, "missed": missed}
             return outbox.put(encode_event(encode_json(payload), event="reload", id=position))
 
-        def on_message(m: Message[Any]) -> asyncio.Future[None]:
+        def on_message(m: Message[Any]) -> asyncio.Future[None] | None:
             try:
                 name = event if event is None or isinstance(event, str) else event(m)
                 text = encode_json(m.value if data is None else data(m))
@@ -459,7 +565,9 @@ class _ChannelStream(EventSourceResponse):
             except Exception as exc:
                 log.error("sse: channel %s: message %s cannot be sent (%r); sending reload", branch.name, m.id, exc)
                 return reload("error")
-            return outbox.put(chunk)
+            if outbox.push(chunk):
+                return outbox.written()  # the browser is behind: take the next message once this one is out
+            return None
 
         def on_missed(missed: Missed) -> asyncio.Future[None] | None:
             if missed.reason == "reconnect" and missed.count == 0:
@@ -479,20 +587,15 @@ class _ChannelStream(EventSourceResponse):
         if malformed:  # first in line: the subscription's task has not run yet
             reload("malformed id")
 
-        async def produce(send: SendEvent, closed: asyncio.Event) -> None:
-            try:
-                while sub.active:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self.keepalive):
-                            await closed.wait()
-                    if closed.is_set():
-                        return
-                # the store closed: end the stream, the browser reconnects (to a process that has a store)
-            finally:
-                async with asyncio.timeout(STOP_WITHIN):
-                    await sub.stop()
+        return None
 
-        return produce
+    def _alive(self) -> bool:
+        # the store closed: end the stream, and the browser reconnects (to a process that has a store)
+        return self.subscription is not None and self.subscription.active
+
+    async def _close(self) -> None:
+        if self.subscription is not None:
+            await self.subscription.stop()
 
 
 def _parse_last_event_id(value: str | None) -> tuple[str | None, bool]:

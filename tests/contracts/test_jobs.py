@@ -422,7 +422,12 @@ async def test_a_late_attempt_changes_nothing(clocked: tinystore.Store) -> None:
         assert not await report(other, "fenced", late, "succeeded", result='{"by": "late"}')
         assert not await report(other, "fenced", late, "fail", error="late failure")
         job = await q.get(jid)
-        assert job is not None and (job.state, job.fence, job.progress, job.steps) == ("running", current.fence, None, {})
+        assert job is not None and (job.state, job.fence, job.progress, job.steps) == (
+            "running",
+            current.fence,
+            None,
+            {},
+        )
         assert await progress(other, "fenced", current, '{"done": 1}')
         assert await report(other, "fenced", current, "succeeded", result='{"by": "current"}')
         assert not await report(other, "fenced", current, "succeeded", result='{"by": "twice"}')
@@ -504,8 +509,10 @@ async def test_cancel_queued_running_and_ended_jobs(store: tinystore.Store) -> N
 async def test_progress_is_stored_and_pushed_with_every_state_change(store: tinystore.Store) -> None:
     q = store.queue("uploads")
     events: list[tinystore.JobEvent] = []
-    sub = await store.channel("tinystore-jobs", tinystore.JobEvent).under("uploads").subscribe(
-        lambda m: events.append(m.value), recursive=True
+    sub = (
+        await store.channel("tinystore-jobs", tinystore.JobEvent)
+        .under("uploads")
+        .subscribe(lambda m: events.append(m.value), recursive=True)
     )
     step_done = asyncio.Event()
     finish = asyncio.Event()
@@ -529,7 +536,7 @@ async def test_progress_is_stored_and_pushed_with_every_state_change(store: tiny
     worker = q.work(handler)
     try:
         await asyncio.wait_for(step_done.wait(), 5)
-        await wait_until(lambda: (q.get(jid)), what="job")
+        await wait_until(lambda: q.get(jid), what="job")
         await wait_until(
             lambda: any(e.kind == "progress" and e.progress == {"done": 3, "total": 3} for e in events),
             what="the last progress event",
@@ -557,8 +564,10 @@ async def test_a_job_running_past_expected_is_reported_once(
 ) -> None:
     q = clocked.queue("slow", expected="30s", timeout="1h", lease="1h")
     events: list[tinystore.JobEvent] = []
-    sub = await clocked.channel("tinystore-jobs", tinystore.JobEvent).under("slow").subscribe(
-        lambda m: events.append(m.value), recursive=True
+    sub = (
+        await clocked.channel("tinystore-jobs", tinystore.JobEvent)
+        .under("slow")
+        .subscribe(lambda m: events.append(m.value), recursive=True)
     )
     started = asyncio.Event()
     release = asyncio.Event()

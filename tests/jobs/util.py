@@ -60,9 +60,7 @@ async def renew(store: tinystore.Store, queue: str, c: Claimed) -> list[str]:
     return lost
 
 
-async def wait_state(
-    q: tinystore.Queue[Any], job_id: str, *states: str, timeout: float = 10.0
-) -> tinystore.Job[Any]:
+async def wait_state(q: tinystore.Queue[Any], job_id: str, *states: str, timeout: float = 10.0) -> tinystore.Job[Any]:
     """Poll until job ``job_id`` is in one of ``states`` (tests only: the SDK itself never polls)."""
     deadline = time.monotonic() + timeout
     while True:

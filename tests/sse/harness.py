@@ -23,9 +23,7 @@ async def serve(app: Any, *, lifespan: str = "off") -> AsyncIterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=1, access_log=False
-    )
+    config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=1, access_log=False)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -94,9 +92,7 @@ class SSE:
 
 
 @contextlib.asynccontextmanager
-async def open_sse(
-    client: httpx.AsyncClient, url: str, headers: dict[str, str] | None = None
-) -> AsyncIterator[SSE]:
+async def open_sse(client: httpx.AsyncClient, url: str, headers: dict[str, str] | None = None) -> AsyncIterator[SSE]:
     """GET ``url`` as an EventSource would (Accept: text/event-stream, Cache-Control: no-cache)."""
     h = {"accept": "text/event-stream", "cache-control": "no-cache", **(headers or {})}
     async with client.stream("GET", url, headers=h) as response:

@@ -250,7 +250,7 @@ async def test_the_seed_stream_as_written_behind_sse_response(store: tinystore.S
     await wait_subscriptions(store, 0)
 
 
-class contextlib_all:  # noqa: N801 - an async context manager over many
+class contextlib_all:
     def __init__(self, cms: list) -> None:  # type: ignore[type-arg]
         self.cms = cms
         self.stack: object = None

@@ -29,9 +29,7 @@ def no_surrogates(text: str) -> str:
     return re.sub("[\ud800-\udfff]", "\ufffd", text)
 
 
-lines_text = st.lists(
-    st.one_of(st.text(), st.sampled_from(TRICKY_LINES)), min_size=1, max_size=8
-).flatmap(
+lines_text = st.lists(st.one_of(st.text(), st.sampled_from(TRICKY_LINES)), min_size=1, max_size=8).flatmap(
     lambda lines: st.lists(st.sampled_from(BREAKS), min_size=len(lines) - 1, max_size=len(lines) - 1).map(
         lambda breaks: lines[0] + "".join(b + ln for b, ln in zip(breaks, lines[1:], strict=True))
     )
@@ -42,7 +40,11 @@ field_text = st.text().filter(lambda s: "\r" not in s and "\n" not in s)
 
 # contract: SSE-01
 @settings(max_examples=400)
-@given(data=any_text, event=st.one_of(st.none(), field_text), id=st.one_of(st.none(), field_text.filter(lambda s: "\x00" not in s)))
+@given(
+    data=any_text,
+    event=st.one_of(st.none(), field_text),
+    id=st.one_of(st.none(), field_text.filter(lambda s: "\x00" not in s)),
+)
 def test_any_text_is_one_event_whose_data_round_trips(data: str, event: str | None, id: str | None) -> None:
     raw = encode_event(data, event=event, id=id)
     raw.decode("utf-8")  # always valid UTF-8
@@ -56,11 +58,13 @@ def test_any_text_is_one_event_whose_data_round_trips(data: str, event: str | No
 
 # contract: SSE-01
 @settings(max_examples=300)
-@given(value=st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(), any_text),
-    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(), children, max_size=4)),
-    max_leaves=12,
-))
+@given(
+    value=st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(), any_text),
+        lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(), children, max_size=4)),
+        max_leaves=12,
+    )
+)
 def test_json_data_round_trips_exactly(value: object) -> None:
     """send() writes JSON: one data line, and JSON.parse gives back the value with its CRs and lone surrogates."""
     text = encode_json(value)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tinystore
-from tinystore.errors import TinystoreError
+from tinystore.errors import TinystoreError, UnavailableError
 from tinystore.server import paths
 
 from ..helpers import ServerProcess, write_tokens
@@ -103,6 +103,39 @@ async def test_graceful_stop(tmp_path: Path, how: str) -> None:
         release.set()
         await store.close()
         server.stop()
+
+
+# contract: STORE-05
+async def test_calls_arriving_while_stopping_are_not_run(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(d, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    busy = await tinystore.connect(server.tcp, token=admin, reconnect_timeout=1.0)
+    late = await tinystore.connect(server.tcp, token=admin, reconnect_timeout=1.0)
+    try:
+        db_busy = await busy.database("app", migrations=MIGRATIONS)
+        db_late = await late.database("app")
+        # a long read keeps the server draining for a while after SIGTERM
+        slow = asyncio.ensure_future(db_busy.scalar(SLOW.replace("400000", "2000000")))
+        await asyncio.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        # a new call now is not run: the SDK is told so and, the server being gone for good, gives up
+        with pytest.raises(UnavailableError):
+            await db_late.exec("insert into t (a) values ('too late')")
+        assert await asyncio.wait_for(slow, 10) == 2000000
+        assert await asyncio.to_thread(server.proc.wait, 20) == 0
+    finally:
+        await busy.close()
+        await late.close()
+        server.stop()
+    owner = await tinystore.open(d, embedded=True, serve=False)
+    try:
+        db = await owner.database("app")
+        assert await db.scalar("select count(*) from t") == 0
+    finally:
+        await owner.close()
 
 
 # contract: STORE-05

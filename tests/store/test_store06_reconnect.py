@@ -102,6 +102,21 @@ async def wait_for_count(db: Any, a: str, n: int, timeout: float = 5.0) -> None:
 
 
 # contract: STORE-06
+async def test_a_write_right_after_a_drop_goes_out_once_on_the_next_connection(
+    remote_store: tinystore.Store,
+) -> None:
+    store = remote_store
+    db = await store.database("app", migrations=MIGRATIONS)
+    for i in range(3):
+        # the connection is aborted but asyncio has not told the SDK yet: the write must not be written
+        # into the dying connection (it would be lost unsent, yet reported as outcome unknown)
+        drop_connection(store)
+        done = await db.exec("insert into t (a) values (?)", f"after drop {i}")
+        assert done.changes == 1
+        assert await count(db, f"after drop {i}") == 1
+
+
+# contract: STORE-06
 async def test_a_commit_cut_in_flight_is_outcome_unknown(remote_store: tinystore.Store) -> None:
     store = remote_store
     db = await store.database("app", migrations=MIGRATIONS)

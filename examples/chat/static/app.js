@@ -91,12 +91,26 @@ async function refresh() {
       }
       if (messages.length === 500) again = true;
     } while (again);
+    retryDelay = 1000;
     showError("");
   } catch (err) {
-    showError(err.message);
+    // offline, or the server is restarting: try again after a growing delay (only while it fails)
+    showError(`${err.message} (trying again)`);
+    retryLater();
   } finally {
     fetching = false;
   }
+}
+
+let retryDelay = 1000;
+let retryTimer = null;
+function retryLater() {
+  if (retryTimer) return;
+  retryTimer = setTimeout(() => {
+    retryTimer = null;
+    refresh();
+  }, retryDelay);
+  retryDelay = Math.min(retryDelay * 2, 30000);
 }
 
 function streamingBubble(messageId) {
@@ -275,6 +289,8 @@ window.addEventListener("popstate", () => {
 
 window.addEventListener("online", () => {
   if (state.source && state.source.readyState === EventSource.CLOSED) connect();
+  refresh(); // what was saved while this device was offline
+  loadChat();
 });
 
 start().catch((err) => showError(err.message));

@@ -22,8 +22,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any
 
 import click
@@ -82,6 +83,25 @@ def make_model(url: str | None, name: str, token_delay: float = 0.03) -> Any:
 def _uvicorn_server(app: Any, host: str, port: int) -> Any:
     import uvicorn
 
+    from ..sse import end_streams
+
+    class Server(uvicorn.Server):
+        """uvicorn, ending the open event streams as soon as it is told to stop (the browsers reconnect), and
+        not raising the signal again once it stopped, so the store closes cleanly after it."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            end_streams()
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
     config = uvicorn.Config(
         app,
         host=host,
@@ -91,7 +111,7 @@ def _uvicorn_server(app: Any, host: str, port: int) -> Any:
         access_log=False,
         timeout_graceful_shutdown=2,
     )
-    return uvicorn.Server(config)
+    return Server(config)
 
 
 def _address(server: Any, host: str) -> str:

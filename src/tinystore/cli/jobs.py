@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.table import Table
 
 from . import console, open_for_cli, print_table, run_async, to_json
 
@@ -77,6 +78,7 @@ def register(main: click.Group) -> None:
     @click.option("--type", "type_", default=None, help="Only jobs of this type.")
     @click.option("--limit", default=50, show_default=True, help="At most this many jobs (1..1000).")
     @click.option("--after", default=None, help="The cursor a previous page printed.")
+    @click.option("--wide", is_flag=True, help="Also show type, progress, created and finished.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")
     @click.pass_obj
     def list_(
@@ -87,9 +89,10 @@ def register(main: click.Group) -> None:
         type_: str | None,
         limit: int,
         after: str | None,
+        wide: bool,
         as_json: bool,
     ) -> None:
-        """List jobs, newest first."""
+        """List jobs, newest first (stuck ones show as "running (stuck)")."""
         from ..client.jobs import list_jobs
 
         async def go() -> Any:
@@ -104,25 +107,19 @@ def register(main: click.Group) -> None:
             for job in page.jobs:
                 click.echo(to_json(_as_dict(job)))
             return
-        print_table(
-            None,
-            ["id", "queue", "state", "attempts", "tenant", "type", "progress", "error", "created", "finished"],
-            [
-                [
-                    j.id,
-                    j.queue,
-                    _state(j),
-                    f"{j.attempts}/{j.max_attempts}",
-                    j.tenant,
-                    j.type or "",
-                    _short(j.progress, 24),
-                    _short(j.error),
-                    _at(j.created_at),
-                    _at(j.finished_at),
-                ]
-                for j in page.jobs
-            ],
-        )
+        table = Table(show_lines=False)
+        table.add_column("id", no_wrap=True, min_width=26)
+        names = ["queue", "state", "tries", "tenant"]
+        if wide:
+            names += ["type", "progress", "created", "finished"]
+        for name in [*names, "error"]:
+            table.add_column(name, overflow="fold")
+        for j in page.jobs:
+            cells = [j.queue, _state(j), f"{j.attempts}/{j.max_attempts}", j.tenant]
+            if wide:
+                cells += [j.type or "", _short(j.progress, 24), _at(j.created_at), _at(j.finished_at)]
+            table.add_row(j.id, *cells, _short(j.error, 60))
+        console.print(table)
         if page.next:
             console.print(f"more: --after {page.next}", highlight=False)
 

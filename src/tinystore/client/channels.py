@@ -188,10 +188,14 @@ class Channel(Generic[T]):
         """Publish ``value`` on this branch; returns its message id (``"<epoch>-<seq>"``) once the store has it.
 
         Never waits for any subscriber (CHAN-02); many publishes may be in flight at once, and those of one
-        task are delivered in the order published. Raises ``InvalidError`` (the value does not encode as the
-        channel's type), ``LimitError`` (its encoding is over ``channel_message_bytes``, 64 KiB: ``limit`` and
-        ``wanted`` in bytes) — in both cases nothing is published —, ``OutcomeUnknownError`` (the connection
-        dropped before the answer: it may have been published), ``ClosedError`` (the store is closed). A
+        task are delivered in the order published. Over a connection, a publish made while another is in
+        flight goes with the others of its loop turn in one call (at most 1 MiB or 1024 messages a call),
+        so concurrent publishers cost the store one request per turn, not one each.
+
+        Raises ``InvalidError`` (the value does not encode as the channel's type), ``LimitError`` (its
+        encoding is over ``channel_message_bytes``, 64 KiB: ``limit`` and ``wanted`` in bytes) — in both
+        cases nothing is published —, ``OutcomeUnknownError`` (the connection dropped before the answer: it
+        may have been published), ``ClosedError`` (the store is closed). A
         cancel after the message was sent may leave it published.
         """
         data = self._codec.encode(value)
@@ -301,7 +305,9 @@ class TxChannel(Generic[T]):
         committed rows; a rollback (a raise, a cancel, a timeout, a dropped connection) drops it, and nobody
         hears of it. Raises ``InvalidError`` (the value does not encode as the channel's type; a read-only
         transaction), ``LimitError`` (over 64 KiB encoded), ``ClosedError`` (the transaction ended, or the
-        connection dropped: the transaction is then rolled back). Nothing is kept when it raises.
+        connection dropped: the transaction is then rolled back). Nothing is kept when it raises. A cancel
+        after the call was sent may leave the message waiting for the commit; cancelling the transaction's
+        function rolls it back, and the message with it.
         """
         self.tx._check()
         ch = self.channel

@@ -104,6 +104,10 @@ class _Lost(Exception):
     """The connection dropped before the answer came."""
 
 
+class _Refused(Exception):
+    """The server refused the request without running it (it is stopping)."""
+
+
 class _ClientConn(asyncio.Protocol):
     def __init__(self, owner: RemoteTransport) -> None:
         self.owner = owner
@@ -114,7 +118,21 @@ class _ClientConn(asyncio.Protocol):
         self.welcome: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
         self.goaway: str | None = None
         self.lost = False
+        self.gone = asyncio.Event()  # set once the connection is lost
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def going(self) -> bool:
+        """Whether the connection is closing: a request written now would be lost unsent."""
+        return self.lost or self.goaway is not None or self.transport is None or self.transport.is_closing()
+
+    async def wait_gone(self) -> None:
+        """Wait until the connection is lost (aborting it when the server is slow to close it)."""
+        try:
+            await asyncio.wait_for(self.gone.wait(), 15.0)
+        except TimeoutError:
+            if self.transport is not None:
+                self.transport.abort()
+            await self.gone.wait()
 
     def release(self) -> None:
         """A request ended: hand its credit to the next waiting caller."""
@@ -161,7 +179,9 @@ class _ClientConn(asyncio.Protocol):
             self.owner._dispatch_push(f.method, f.body)
         elif kind is Kind.ERROR:
             err = decode(f.body, ErrorBody)
-            exc = error_from(err.code, err.message, err.extra)
+            exc: BaseException = error_from(err.code, err.message, err.extra)
+            if f.stream != 0 and err.code == UnavailableError.code and err.extra.get("refused"):
+                exc = _Refused(err.message)
             if f.stream == 0:
                 if not self.welcome.done():
                     self.welcome.set_exception(exc)
@@ -184,6 +204,7 @@ class _ClientConn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self.gone.set()
         if not self.welcome.done():
             self.welcome.set_exception(
                 UnavailableError(self.goaway or f"the connection closed during the handshake: {exc}")
@@ -350,6 +371,11 @@ class RemoteTransport(Transport):
             conn = self._conn
             if conn is None or self.closed:
                 conn = await self._wait_up()
+            if conn.going():
+                # aborted, or the server said goodbye, and not yet lost: wait for the next connection
+                # rather than write into this one (a write would be lost unsent, yet OutcomeUnknownError)
+                await conn.wait_gone()
+                continue
             if len(conn.pending) >= conn.conn.max_inflight:
                 # request credit used up: wait for an answer before sending more
                 w: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -371,6 +397,12 @@ class RemoteTransport(Transport):
                     ) from None
                 if not retry:
                     raise ClosedError(f"{method}: the connection to the store dropped ({exc})") from None
+                continue
+            except _Refused as exc:
+                if not retry:
+                    raise UnavailableError(f"{method}: {exc}") from None
+                # it was not run: safe to send again (a write too) once the next server is reached
+                await conn.wait_gone()
                 continue
             except asyncio.CancelledError:
                 if conn.pending.pop(stream, None) is not None and not conn.lost and conn.transport is not None:

@@ -343,6 +343,16 @@ class _Queue:
         self.sweep_timer: Timer | None = None
         self.sweep_when = math.inf
         self.stuck_reports = 0
+        self.schema: asyncio.Future[Any] | None = None  # the tables being made in an application database
+
+    def schema_ready(self) -> bool:
+        return self.schema is None or (
+            self.schema.done() and not self.schema.cancelled() and not self.schema.exception()
+        )
+
+    async def wait_schema(self) -> None:
+        if self.schema is not None and not self.schema_ready():
+            await asyncio.shield(self.schema)
 
     def close(self) -> None:
         for d in (self.delayed, self.leases, self.stuck_at):
@@ -532,20 +542,35 @@ class JobsEngine:
         if opts is None:
             check_name("queue", name)
             raise InvalidError(f"queue {name} does not exist (open it with store.queue({name!r}, ...) first)")
+        made = True
         if opts.database == JOBS_DB:
             db = await self.jobs_db()
         else:
             db, _ = await self.sql.open(opts.database)
-            for stmt in SCHEMA:
-                await db.write(stmt, [])
-        q = _Queue(self, name, opts, db)
-        rows = (
-            await db.read(
-                f"select id, tenant, priority, run_at, state, attempts, fence, started_at, lease_until from {TABLE} "
-                "where queue = ? and state in ('queued', 'failed', 'running') order by id",
-                [name],
+            # The tables are made without waiting for the writer: an application transaction may hold it, and
+            # may be the very one adding this queue's first job (it then makes them itself, see add()). Every
+            # later write of the engine queues behind these on the writer.
+            made = bool(
+                (
+                    await db.read(
+                        "select count(*) from sqlite_master where type = 'index' and name = ?",
+                        [f"{TABLE}_ended"],
+                        "scalar",
+                    )
+                ).rows[0][0]
             )
-        ).rows
+        q = _Queue(self, name, opts, db)
+        rows: list[list[Any]] = []
+        if not made:
+            q.schema = asyncio.gather(*(db.write(stmt, []) for stmt in SCHEMA))
+        else:
+            rows = (
+                await db.read(
+                    f"select id, tenant, priority, run_at, state, attempts, fence, started_at, lease_until "
+                    f"from {TABLE} where queue = ? and state in ('queued', 'failed', 'running') order by id",
+                    [name],
+                )
+            ).rows
         now = self.clock.now()
         for jid, tenant, priority, run_at, state, attempts, fence, started_at, lease_until in rows:
             e = _Entry(jid, tenant, priority, run_at / 1000, attempts=attempts, fence=fence)
@@ -564,6 +589,8 @@ class JobsEngine:
         if self.closed:
             raise ClosedError("jobs: the store is stopping")
         self.queues[name] = q
+        if not made:
+            return q
         oldest = await db.read(
             f"select min(finished_at) from {TABLE} where queue = ? and state in ('succeeded', 'dead', 'cancelled')",
             [name],
@@ -1127,6 +1154,9 @@ class JobsEngine:
                     f"queue {queue}: its jobs live in database {q.db.name}; a transaction of database {tx.db.name} "
                     "cannot add to it"
                 )
+            if not q.schema_ready():
+                for stmt in SCHEMA:
+                    await tx.exec(stmt, [])
             found: dict[str, str] = {}
             for i in range(0, len(rows), CHUNK):
                 done = await tx.exec(*self._insert(rows[i : i + CHUNK]))
@@ -1334,6 +1364,7 @@ class JobsEngine:
     async def get(self, queue: str, jid: str) -> JobRow | None:
         """Job ``jid`` of ``queue`` as stored, or ``None``."""
         q = await self._queue(queue)
+        await q.wait_schema()
         rows = (await q.db.read(f"select {COLUMNS} from {TABLE} where id = ? and queue = ?", [jid, queue], "one")).rows
         return self._row(q, rows[0]) if rows else None
 
@@ -1360,6 +1391,7 @@ class JobsEngine:
         out: list[JobRow] = []
         for name in names:
             q = await self._queue(name)
+            await q.wait_schema()
             where = ["queue = ?"]
             params: list[Any] = [name]
             if req.state == "stuck":
@@ -1490,6 +1522,7 @@ class JobsEngine:
         out = []
         for name in await self.queue_names():
             q = await self._queue(name)
+            await q.wait_schema()
             info = self._info(q)
             rows = (await q.db.read(f"select state, count(*) from {TABLE} where queue = ? group by state", [name])).rows
             info.counts = {s: 0 for s in STATES} | {s: n for s, n in rows}

@@ -205,6 +205,41 @@ class LocksEngine:
         closed or ``peer`` is dropped (:meth:`drop_peer`) while it waits. A cancel while waiting leaves the
         line and keeps nothing: a lease given in the same loop turn as the cancel is released at once.
         """
+        got = self._begin(peer, lock, key, limit, ttl, max_hold, wait)
+        if isinstance(got, _Key):
+            assert wait is not None
+            return await self._wait(got, peer, ttl, max_hold, wait)
+        return got
+
+    def acquire_nowait(
+        self,
+        peer: Peer,
+        lock: str,
+        key: str,
+        *,
+        limit: int = 1,
+        ttl: float,
+        max_hold: float | None,
+    ) -> Grant | None:
+        """A try without a coroutine: a lease on ``key`` of ``lock`` now, or ``None`` when it is held (or others
+        wait in line for it). Arguments, result and errors as :meth:`acquire` with ``wait=None``; never waits.
+        """
+        got = self._begin(peer, lock, key, limit, ttl, max_hold, None)
+        assert not isinstance(got, _Key)
+        return got
+
+    def _begin(
+        self,
+        peer: Peer,
+        lock: str,
+        key: str,
+        limit: int,
+        ttl: float,
+        max_hold: float | None,
+        wait: float | None,
+    ) -> Grant | _Key | None:
+        """Check the arguments and grant at once when a place is free: a :class:`Grant`; ``None`` for a try
+        that found the key held; the key's :class:`_Key` when the caller must wait in its line."""
         if self._closed:
             raise ClosedError(f"{_where(str(lock), str(key))}: the store is closed")
         try:
@@ -248,7 +283,7 @@ class LocksEngine:
             return None
         if wait == 0:
             raise InUseError(f"{_where(lock, key)}: held for all of the 0s wait")
-        return await self._wait(slot, peer, ttl, max_hold, wait)
+        return slot
 
     async def _wait(self, slot: _Key, peer: Peer, ttl: float, max_hold: float | None, wait: float) -> Grant:
         future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()

@@ -14,6 +14,8 @@ Methods (request body → reply body):
   held. A hold whose wait ran out is an ``in_use`` error.
 - ``locks.renew``: :class:`Renew` → :class:`Renewed`; a ``lost`` error when the lease is gone.
 - ``locks.release``: :class:`Release` → :class:`Released`.
+- ``locks.release_many``: :class:`ReleaseMany` → a list of bools, one per lease in order (``released``).
+  The SDK sends the releases of one loop turn in one call when others are in flight.
 - push ``locks.lost``: :class:`Lost`, to the peer that last renewed (or acquired) a lease that ran out.
 """
 
@@ -26,6 +28,7 @@ import msgspec
 ACQUIRE = "locks.acquire"
 RENEW = "locks.renew"
 RELEASE = "locks.release"
+RELEASE_MANY = "locks.release_many"
 LOST = "locks.lost"
 """The method name of the push a holder gets when its lease ends without its release."""
 
@@ -141,6 +144,12 @@ class Released(msgspec.Struct, kw_only=True):
     """Reply of ``locks.release``: ``released`` is false when the lease was gone (ran out, or unknown)."""
 
     released: bool
+
+
+class ReleaseMany(msgspec.Struct, kw_only=True):
+    """``locks.release_many``: let go of each lease of ``leases`` in order, as :class:`Release` does."""
+
+    leases: list[int]
 
 
 class Lost(msgspec.Struct, kw_only=True):

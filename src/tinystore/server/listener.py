@@ -23,7 +23,14 @@ from typing import Any
 import msgspec
 
 from .. import __version__
-from ..errors import ClosedError, InvalidError, ProtocolError, TinystoreError, UnauthenticatedError
+from ..errors import (
+    ClosedError,
+    InvalidError,
+    ProtocolError,
+    TinystoreError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 from ..protocol import frames
 from ..protocol.frames import CLOSED, NEED_DATA, Frame, Kind
 from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, encode
@@ -185,6 +192,14 @@ class ServerConnection(asyncio.Protocol):
         stream = f.stream
         session = self.session
         assert session is not None
+        if self.core.stopping.is_set() and f.method != "store.stop":
+            # no new calls once stopping (STORE-05); ``refused`` tells the SDK it was not run, so it may
+            # send it again to the next server
+            self.send_error(
+                stream,
+                UnavailableError(f"store {self.core.directory} is stopping: {f.method} was not run", refused=True),
+            )
+            return
         method = self.core.methods.get(f.method)
         try:
             if method is None:

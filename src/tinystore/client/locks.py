@@ -1,0 +1,839 @@
+"""Locks and semaphores in the SDK: :class:`Lock`, :class:`Semaphore`, :class:`Lease`, :class:`Permit`.
+
+```python
+summaries = store.lock("summaries", ttl="30s")
+async with summaries.try_hold(chat_id) as lease:    # None at once when someone holds the key
+    if lease is None:
+        return
+    fence = f"{lease.fence:040d}"                   # 128 bits; 40 digits sort as text
+async with summaries.hold(chat_id, wait="10s") as lease:   # waits in line; InUseError after the wait
+    ...
+```
+
+How a lease lives (LOCK-04..07):
+
+- Over a connection a lease lasts its ttl from its last renewal. A task owned by the lease renews it every
+  ``ttl / 3``; when no renewal succeeded for ``ttl`` minus a margin of a tenth of it (the connection is down,
+  or this process's loop was frozen), the SDK declares the lease lost itself, before the store gives the key
+  to another.
+- A lost lease (a refused renewal, a ``locks.lost`` push, ``max_hold``, a restart of the store, the store
+  closed under it) sets ``lease.lost``, cancels the task running the block, and :class:`LostError` comes out
+  of the ``async with`` — also when the block had already ended and its release found the lease gone. A
+  cancel from elsewhere stays a ``CancelledError``.
+- The key is let go when the block returns, raises or is cancelled (LOCK-04). After a reconnect each live
+  lease is renewed at once by its id (LOCK-07); after a restart of the store (its fence epoch changed) every
+  lease is lost.
+- In embedded mode a lease of this process never runs out by ttl (the store freezes with the process); it
+  ends with its block or at ``max_hold`` (LOCK-05, LOCK-06). Nothing renews it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import weakref
+from collections import OrderedDict
+from contextvars import ContextVar, Token
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+import msgspec
+
+from ..durations import Duration, format_seconds, seconds
+from ..errors import (
+    ClosedError,
+    InvalidError,
+    LostError,
+    OutcomeUnknownError,
+    TinystoreError,
+    UnavailableError,
+)
+from ..names import check_name
+from ..protocol.locks import (
+    ACQUIRE,
+    LOST,
+    RELEASE,
+    RELEASE_MANY,
+    RENEW,
+    Acquire,
+    Grant,
+    Lost,
+    Release,
+    Released,
+    ReleaseMany,
+    Renew,
+    Renewed,
+)
+
+if TYPE_CHECKING:
+    from .store import Store
+    from .transport import Transport
+
+__all__ = ["NEVER", "Lease", "Lock", "Permit", "Semaphore"]
+
+R = TypeVar("R", covariant=True)
+
+log = logging.getLogger("tinystore.locks")
+
+NEVER = datetime.max.replace(tzinfo=UTC)
+"""``Lease.expires_at`` of a lease that never runs out by ttl (the embedded process's own, without max_hold)."""
+MARGIN = 0.1
+"""The SDK declares a lease lost itself when no renewal succeeded for ``ttl * (1 - MARGIN)``."""
+KEY_MAX = 256
+
+_HELD, _LOST, _DONE = 0, 1, 2
+
+# The leases whose blocks run in this context (a task, and the tasks it starts): holding one of their keys
+# again would wait for itself.
+_held: ContextVar[tuple[Lease, ...]] = ContextVar("tinystore_locks_held", default=())
+
+
+class _Reply(msgspec.Struct, kw_only=True):
+    """The reply of ``locks.acquire`` over a connection, read in one pass: a ``Granted`` or a ``NotGranted``."""
+
+    lease: int = 0
+    fence: str = ""
+    expires_at_ms: int | None = None
+    max_hold_at_ms: int | None = None
+    ttl_ms: int = 0
+    held: bool = False
+
+
+def _where(kind: str, name: str, key: str) -> str:
+    return f"{kind} {name}: key {json.dumps(key, ensure_ascii=False)}"
+
+
+def _key_text(kind: str, name: str, key: object) -> str:
+    """``key`` as the store's text: ``7`` and ``"7"`` are one key. Raises ``InvalidError`` naming lock and key."""
+    if type(key) is str:
+        text = key
+    elif type(key) is int:
+        text = str(key)
+    elif isinstance(key, str):
+        text = str.__str__(key)
+    elif isinstance(key, int) and not isinstance(key, bool):
+        text = int.__repr__(key)
+    else:
+        raise InvalidError(f"{kind} {name}: key {key!r}: a key is a str or an int, not {type(key).__name__}")
+    if not text or len(text) > KEY_MAX:
+        raise InvalidError(f"{_where(kind, name, text[:40])}: a key is 1 to {KEY_MAX} characters as text")
+    return text
+
+
+class Lease:
+    """A lease on one key of a lock, live while its ``async with`` block runs.
+
+    - ``fence``: an ``int`` of up to 128 bits, larger than every fence the store gave before, across restarts
+      too (LOCK-02). ``f"{lease.fence:040d}"`` is 40 digits that sort as text in the same order.
+    - ``expires_at``: an aware UTC ``datetime``: when the lease runs out unless renewed (the store's clock);
+      it moves on with each renewal. ``NEVER`` (``datetime.max``, UTC) for a lease of the embedded store's
+      own process without ``max_hold``.
+    - ``max_hold_at``: the aware UTC ``datetime`` past which no renewal keeps it, or ``None``.
+    - ``lost``: an ``asyncio.Event`` set when the lease is lost, for code that cannot be cancelled.
+    - ``lock``, ``key``: the lock's name and the key as text; ``id``: the store's id of the lease (an int).
+
+    A lease is made by :meth:`Lock.hold` / :meth:`Lock.try_hold`; it has no public methods.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_base",
+        "_cancel_requested",
+        "_cancelling",
+        "_doom_at",
+        "_end_at",
+        "_epoch",
+        "_expires",
+        "_handle",
+        "_hub",
+        "_in_block",
+        "_kind",
+        "_max_hold_at",
+        "_message",
+        "_releasing",
+        "_renewing",
+        "_state",
+        "_task",
+        "_token",
+        "_ttl",
+        "fence",
+        "id",
+        "key",
+        "lock",
+        "lost",
+    )
+
+    def __init__(
+        self,
+        hub: _Hub,
+        kind: str,
+        lock: str,
+        key: str,
+        lease_id: int,
+        fence: int,
+        expires: float,
+        max_hold_at: float | None,
+        ttl: float,
+    ) -> None:
+        self._hub = hub
+        self._kind = kind
+        self.lock = lock
+        self.key = key
+        self.id = lease_id
+        self.fence = fence
+        self._expires = expires
+        self._max_hold_at = max_hold_at
+        self._ttl = ttl
+        self._epoch = hub.transport.epoch
+        self.lost = asyncio.Event()
+        self._state = _HELD
+        self._message = ""
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._cancel_requested = False
+        self._in_block = False
+        self._token: Token[tuple[Lease, ...]] | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._renewing: asyncio.Task[None] | None = None
+        self._releasing: asyncio.Future[bool] | None = None
+        self._base = 0.0
+        self._doom_at = math.inf
+        self._end_at = math.inf
+
+    @property
+    def expires_at(self) -> datetime:
+        if math.isinf(self._expires):
+            return NEVER
+        return datetime.fromtimestamp(self._expires, UTC)
+
+    @property
+    def max_hold_at(self) -> datetime | None:
+        return None if self._max_hold_at is None else datetime.fromtimestamp(self._max_hold_at, UTC)
+
+    def __repr__(self) -> str:
+        state = ("held", "lost", "ended")[self._state]
+        return f"<{type(self).__name__} {_where(self._kind, self.lock, self.key)} fence {self.fence} {state}>"
+
+    def _where(self) -> str:
+        return _where(self._kind, self.lock, self.key)
+
+    # -- renewals (over a connection only) ----------------------------------------------------------------
+
+    def _start_renewals(self, now: float, max_hold: float | None) -> None:
+        self._base = now
+        if max_hold is not None:
+            self._end_at = now + max_hold
+        self._schedule()
+
+    def _schedule(self) -> None:
+        ttl = self._ttl
+        self._doom_at = min(self._base + ttl * (1 - MARGIN), self._end_at)
+        loop = self._hub.loop
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = loop.call_at(min(self._base + ttl / 3, self._doom_at), self._tick)
+
+    def _tick(self) -> None:
+        self._handle = None
+        if self._state != _HELD:
+            return
+        now = self._hub.loop.time()
+        if now >= self._doom_at:
+            if now >= self._end_at:
+                self._lose(f"{self._where()}: the lease reached its max_hold")
+            else:
+                self._lose(
+                    f"{self._where()}: no renewal succeeded for {format_seconds(now - self._base)} of its "
+                    f"{format_seconds(self._ttl)} ttl (the connection is down, or this process froze); "
+                    "the lease may have run out and the key may be another's"
+                )
+            return
+        self._kick()
+        self._handle = self._hub.loop.call_at(self._doom_at, self._tick)
+
+    def _kick(self) -> None:
+        """Renew now, unless a renewal is on its way."""
+        if self._state == _HELD and self._renewing is None and not self._hub.local:
+            self._renewing = self._hub.spawn(self._renew())
+
+    async def _renew(self) -> None:
+        hub = self._hub
+        loop = hub.loop
+        try:
+            while self._state == _HELD:
+                if hub.transport.epoch != self._epoch:
+                    self._lose(self._restarted_message(self._epoch, hub.transport.epoch))
+                    return
+                sent = loop.time()
+                try:
+                    got: Renewed = await hub.transport.call(
+                        RENEW, Renew(lease=self.id), Renewed, write=False, retry=False
+                    )
+                except LostError as exc:
+                    self._lose(exc.message)
+                    return
+                except (ClosedError, UnavailableError, OutcomeUnknownError):
+                    if hub.closed or hub.transport.closed:
+                        return
+                    await asyncio.sleep(min(0.05, self._ttl / 30))  # the next call waits for the reconnection
+                    continue
+                if self._state != _HELD:
+                    return
+                self._base = sent
+                if got.expires_at_ms is not None:
+                    self._expires = got.expires_at_ms / 1000
+                self._renewing = None
+                self._schedule()
+                return
+        except TinystoreError as exc:
+            log.warning("%s: renewing the lease failed: %s", self._where(), exc)
+            self._lose(f"{self._where()}: renewing the lease failed: {exc}")
+        finally:
+            if self._renewing is asyncio.current_task():
+                self._renewing = None
+
+    def _restarted_message(self, old: int, new: int) -> str:
+        return (
+            f"{self._where()}: the store restarted (fence epoch {old} → {new}); after a restart nobody holds anything"
+        )
+
+    def _stop_timers(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        task = self._renewing
+        if task is not None:
+            self._renewing = None
+            if task is not asyncio.current_task():
+                task.cancel()
+
+    # -- loss ----------------------------------------------------------------------------------------------
+
+    def _lose(self, message: str) -> None:
+        """The lease is lost: set ``lost``, stop renewing, cancel the block's task (once)."""
+        if self._state != _HELD:
+            return
+        self._state = _LOST
+        self._message = message or f"{self._where()}: the lease was lost"
+        self._stop_timers()
+        self.lost.set()
+        task = self._task
+        if self._in_block and task is not None and not task.done() and not self._cancel_requested:
+            self._cancel_requested = True
+            task.cancel(self._message)
+
+    def _error(self) -> LostError:
+        if self._message:
+            return LostError(self._message)
+        early = self._hub.early_lost.pop(self.id, None)
+        if early:
+            return LostError(early)
+        return LostError(
+            f"{self._where()}: the lease was gone when the block ended: it ran out (or reached max_hold) "
+            "and the key may be another's"
+        )
+
+    # -- the block -----------------------------------------------------------------------------------------
+
+    def _enter(self) -> None:
+        task = asyncio.current_task()
+        self._task = task
+        self._cancelling = task.cancelling() if task is not None else 0
+        self._in_block = True
+        self._token = _held.set((*_held.get(), self))
+
+    async def _exit(self, et: type[BaseException] | None, exc: BaseException | None) -> bool:
+        self._in_block = False
+        token, self._token = self._token, None
+        if token is not None:
+            with contextlib.suppress(ValueError):  # exited in another context than entered
+                _held.reset(token)
+        mine = self._cancel_requested
+        cancelled = et is not None and issubclass(et, asyncio.CancelledError)
+        if mine and not cancelled:
+            # our cancel may not have reached the block yet (the loss was seen by this very task): take it here
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0)
+        try:
+            released = await self._let_go()
+        except asyncio.CancelledError:
+            if mine and self._task is not None:
+                self._task.uncancel()
+            raise
+        if mine:
+            task = self._task
+            if task is not None and task.uncancel() > self._cancelling:
+                if cancelled:
+                    return False  # a cancel from elsewhere came too: it stays a cancel
+                raise asyncio.CancelledError
+            if exc is not None and not cancelled:
+                raise self._error() from exc
+            raise self._error() from None
+        if self._state == _LOST or not released:
+            err = self._error()
+            if et is None:
+                raise err
+            if exc is not None and not cancelled:
+                exc.add_note(f"and the lease was lost: {err.message}")
+        return False
+
+    async def _let_go(self) -> bool:
+        """Release at the store once (a second caller waits for the first's answer); True when it let go of a
+        live lease."""
+        fut = self._releasing
+        if fut is not None:
+            return await asyncio.shield(fut)
+        fut = self._releasing = self._hub.loop.create_future()
+        was_held = self._state == _HELD
+        self._stop_timers()
+        if self._state == _HELD:
+            self._state = _DONE
+        try:
+            released = await self._hub.release(self)
+        except BaseException:
+            fut.set_result(False)
+            raise
+        if not released and was_held and self._state != _LOST:
+            self._state = _LOST
+            self.lost.set()
+        self._hub.leases.pop(self.id, None)
+        fut.set_result(released)
+        return released
+
+
+class Permit(Lease):
+    """A permit of a :class:`Semaphore`: a lease on one of its ``limit`` places for a key; the same fields
+    (``fence``, ``expires_at``, ``max_hold_at``, ``lost``, ``lock`` — the semaphore's name —, ``key``)."""
+
+    __slots__ = ()
+
+
+class _Hold(Generic[R]):
+    """The async context manager of :meth:`Lock.hold` (a :class:`Lease`) and :meth:`Lock.try_hold` (a
+    :class:`Lease` or ``None``)."""
+
+    __slots__ = ("_key", "_lease", "_lock", "_wait")
+
+    def __init__(self, lock: Lock, key: str, wait: float | None) -> None:
+        self._lock = lock
+        self._key = key
+        self._wait = wait
+        self._lease: Lease | None = None
+
+    async def __aenter__(self) -> R:
+        lock = self._lock
+        key = self._key
+        hub = lock._hub or lock._get_hub()
+        for other in _held.get():
+            if other._in_block and other.key == key and other.lock == lock.name and other._hub is hub:
+                raise InvalidError(
+                    f"{_where(lock._kind, lock.name, key)}: already held by this task (or the task that started "
+                    "it); holding it again inside its own hold would wait for itself"
+                )
+        lease = await hub.acquire(lock, key, self._wait)
+        if lease is None:
+            return cast(R, None)
+        self._lease = lease
+        if lease._state != _HELD:  # lost before the block began (a push that came with the grant)
+            await lease._let_go()
+            raise lease._error()
+        lease._enter()
+        return cast(R, lease)
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        lease = self._lease
+        if lease is None:
+            return False
+        self._lease = None
+        return await lease._exit(et, exc)
+
+
+class Lock:
+    """A lock of the store: one holder of a key at a time (LOCK-01). Get one with ``store.lock(name, ttl=,
+    max_hold=)``; making it sends nothing.
+
+    ``ttl``: how long a lease lasts from its last renewal when its holder stops renewing (1 s .. 1 h; the
+    store's ``lock_ttl``, 10 s, unless given). ``max_hold``: no lease lasts longer than this from its grant,
+    renewals or not (``None``: no bound). Both take a ``timedelta``, seconds, or text (``"30s"``).
+    Raises ``InvalidError`` for a bad name, ttl or max_hold.
+    """
+
+    _kind = "lock"
+    _lease_type: type[Lease] = Lease
+
+    def __init__(
+        self, store: Store, name: str, *, ttl: Duration | None = None, max_hold: Duration | None = None
+    ) -> None:
+        self._init(store, name, 1, ttl, max_hold)
+
+    def _init(self, store: Store, name: str, limit: int, ttl: Duration | None, max_hold: Duration | None) -> None:
+        check_name(self._kind, name)
+        self.store = store
+        self.name = name
+        self.limit = limit
+        limits = store.limits
+        what = f"{self._kind} {name}"
+        ttl_s = limits.lock_ttl if ttl is None else seconds(ttl, f"{what}: ttl")
+        lo, hi = limits.lock_ttl_min, limits.lock_ttl_max
+        if not lo <= ttl_s <= hi:
+            raise InvalidError(
+                f"{what}: ttl {format_seconds(ttl_s)} is outside {format_seconds(lo)} .. {format_seconds(hi)}"
+            )
+        self.ttl = ttl_s
+        self.max_hold = None if max_hold is None else seconds(max_hold, f"{what}: max_hold")
+        if self.max_hold is not None and self.max_hold <= 0:
+            raise InvalidError(f"{what}: max_hold must be above 0 seconds")
+        self._default_wait = limits.hold_wait
+        self._hub: _Hub | None = None
+        self._ttl_ms = round(ttl_s * 1000)
+        self._max_hold_ms = None if self.max_hold is None else max(1, round(self.max_hold * 1000))
+
+    def _get_hub(self) -> _Hub:
+        hub = self._hub = _hub(self.store)
+        return hub
+
+    def try_hold(self, key: str | int) -> _Hold[Lease | None]:
+        """``async with lock.try_hold(key) as lease``: the lease when nobody holds ``key`` (or waits for it),
+        else ``None`` at once (LOCK-03). The key is let go when the block ends (LOCK-04).
+
+        ``key``: a str or an int (``7`` and ``"7"`` are one key), 1 to 256 characters as text. Raises
+        ``InvalidError`` (a bad key — at once —, or the key is already held by this task or the task that
+        started it), ``LostError`` out of the block (the lease was lost: see :class:`Lease`), ``ClosedError``
+        (the store is closed), ``UnavailableError`` (the store cannot be reached). A cancel while asking
+        keeps nothing: a lease given meanwhile is released.
+        """
+        return _Hold(self, _key_text(self._kind, self.name, key), None)
+
+    def hold(self, key: str | int, wait: Duration | None = None) -> _Hold[Lease]:
+        """``async with lock.hold(key, wait="10s") as lease``: wait in line for ``key``, first come first served,
+        at most ``wait`` (the store's ``hold_wait``, 10 s, unless given; 0: now or never); then ``InUseError``
+        (LOCK-03). A lease given after a wait has its full ttl from the moment it is given. The key is let go
+        when the block ends, and the next waiter gets it at once (LOCK-04).
+
+        Raises ``InvalidError`` (a bad key or wait — at once —, or the key is already held by this task or the
+        task that started it), ``InUseError`` (held for all of the wait), ``LostError`` out of the block (see
+        :class:`Lease`), ``ClosedError``, ``UnavailableError``. A cancel while waiting leaves the line and keeps
+        nothing. When the connection drops while waiting, the SDK asks again for the rest of the wait.
+        """
+        text = _key_text(self._kind, self.name, key)
+        if wait is None:
+            wait_s = self._default_wait
+        else:
+            try:
+                wait_s = seconds(wait, "wait")
+            except InvalidError as exc:
+                raise InvalidError(f"{_where(self._kind, self.name, text)}: {exc.message}") from None
+        return _Hold(self, text, wait_s)
+
+    def __repr__(self) -> str:
+        return f"<tinystore.{type(self).__name__} {self.name} ttl {format_seconds(self.ttl)}>"
+
+
+class Semaphore(Lock):
+    """A semaphore of the store: at most ``limit`` holders of a key at a time (LOCK-01). Get one with
+    ``store.semaphore(name, limit=3, ttl=, max_hold=)``; ``hold`` and ``try_hold`` give :class:`Permit`\\ s.
+    Every process must give one limit for a name. Raises ``InvalidError`` for a bad name, limit (an int of at
+    least 1), ttl or max_hold.
+    """
+
+    _kind = "semaphore"
+    _lease_type = Permit
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        *,
+        limit: int,
+        ttl: Duration | None = None,
+        max_hold: Duration | None = None,
+    ) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidError(f"semaphore {name}: limit {limit!r} must be an int of at least 1")
+        self._init(store, name, limit, ttl, max_hold)
+
+    def try_hold(self, key: str | int) -> _Hold[Permit | None]:
+        """As :meth:`Lock.try_hold`, with a :class:`Permit`: ``None`` at once when ``limit`` others hold ``key``."""
+        return cast("_Hold[Permit | None]", super().try_hold(key))
+
+    def hold(self, key: str | int, wait: Duration | None = None) -> _Hold[Permit]:
+        """As :meth:`Lock.hold`, with a :class:`Permit`: waits in line while ``limit`` others hold ``key``."""
+        return cast("_Hold[Permit]", super().hold(key, wait))
+
+
+class _Hub:
+    """The locks side of one store: acquires and releases, renewals after a reconnect, ``locks.lost`` pushes
+    routed to their leases, and every lease let go when the store closes."""
+
+    def __init__(self, store: Store) -> None:
+        self.transport: Transport = store.transport
+        self.local = bool(self.transport.local)
+        self.loop = asyncio.get_running_loop()
+        self.leases: dict[int, Lease] = {}
+        self.early_lost: OrderedDict[int, str] = OrderedDict()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.releasing = 0  # release calls in flight
+        self.release_batch: list[tuple[Lease, asyncio.Future[bool]]] | None = None
+        self.closed = False
+        self.transport.on_push(LOST, self._on_lost, Lost)
+        self.transport.reconnect_hooks.append(self._on_reconnect)
+        store._close_hooks.append(self.close)
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    # -- acquire and release -------------------------------------------------------------------------------
+
+    async def acquire(self, lock: Lock, key: str, wait: float | None) -> Lease | None:
+        if self.closed:
+            raise ClosedError(f"{_where(lock._kind, lock.name, key)}: the store is closed")
+        if self.local:
+            return await self._acquire_local(lock, key, wait)
+        return await self._acquire_remote(lock, key, wait)
+
+    async def _acquire_local(self, lock: Lock, key: str, wait: float | None) -> Lease | None:
+        req = Acquire(
+            lock=lock.name,
+            key=key,
+            ttl_ms=lock._ttl_ms,
+            limit=lock.limit,
+            max_hold_ms=lock._max_hold_ms,
+            wait_ms=None if wait is None else round(wait * 1000),
+        )
+        try:
+            grant: Grant | None = await self.transport.call(ACQUIRE, req, write=True)
+        except TinystoreError as exc:
+            raise _named(exc, lock, key) from None
+        if grant is None:
+            return None
+        lease = lock._lease_type(
+            self, lock._kind, lock.name, key, grant.lease, grant.fence, grant.expires_at, grant.max_hold_at, grant.ttl
+        )
+        self._register(lease)
+        return lease
+
+    async def _acquire_remote(self, lock: Lock, key: str, wait: float | None) -> Lease | None:
+        loop = self.loop
+        deadline = None if wait is None else loop.time() + wait
+        transport = self.transport
+        while True:
+            wait_ms = None if deadline is None else max(0, round((deadline - loop.time()) * 1000))
+            req = Acquire(
+                lock=lock.name,
+                key=key,
+                ttl_ms=lock._ttl_ms,
+                limit=lock.limit,
+                max_hold_ms=lock._max_hold_ms,
+                wait_ms=wait_ms,
+            )
+            # The call runs in a task of its own, shielded: when this task is cancelled, a grant that was
+            # already on its way is released rather than lost; a hold still waiting is cancelled at the store.
+            try:
+                reply: _Reply = await transport.call(ACQUIRE, req, _Reply, write=False, retry=False)
+            except ClosedError as exc:
+                if self.closed or transport.closed:
+                    raise _named(exc, lock, key) from None
+                continue  # the connection dropped while asking: ask again (for the rest of the wait)
+            except TinystoreError as exc:
+                raise _named(exc, lock, key) from None
+            if reply.held or not reply.lease:
+                return None
+            lease = lock._lease_type(
+                self,
+                lock._kind,
+                lock.name,
+                key,
+                reply.lease,
+                int(reply.fence),
+                math.inf if reply.expires_at_ms is None else reply.expires_at_ms / 1000,
+                None if reply.max_hold_at_ms is None else reply.max_hold_at_ms / 1000,
+                reply.ttl_ms / 1000,
+            )
+            self._register(lease)
+            if lease._state == _HELD:
+                lease._start_renewals(loop.time(), lock.max_hold)
+            return lease
+
+    def _register(self, lease: Lease) -> None:
+        self.leases[lease.id] = lease
+        if self.early_lost:
+            early = self.early_lost.pop(lease.id, None)
+            if early is not None:
+                lease._lose(early)
+
+    def _release_orphan(self, call: asyncio.Task[Any]) -> None:
+        """An acquire whose caller was cancelled: let go of the lease it was given, if any."""
+        if call.cancelled() or call.exception() is not None:
+            return
+        reply = call.result()
+        if isinstance(reply, _Reply) and reply.lease and not reply.held and not self.closed:
+            self.spawn(self._release_id(reply.lease))
+
+    async def _release_id(self, lease_id: int) -> None:
+        with contextlib.suppress(TinystoreError):
+            await self.transport.call(RELEASE, Release(lease=lease_id), Released, write=False, retry=False)
+
+    async def release(self, lease: Lease) -> bool:
+        """Let go of ``lease`` at the store; True when it let go of a live lease. Never raises a TinyStore
+        error: a store that cannot be reached lets the lease run out by its ttl.
+
+        Over a connection, a release made while others are in flight goes with the others of its loop turn
+        in one ``locks.release_many`` call (sent by a task of the hub, so a cancel of the caller leaves the
+        release to happen)."""
+        transport = self.transport
+        if self.local:
+            try:
+                return bool(await transport.call(RELEASE, Release(lease=lease.id), write=True))
+            except TinystoreError:
+                return False
+        if self.releasing or self.release_batch is not None:
+            batch = self.release_batch
+            if batch is None:
+                batch = self.release_batch = []
+                self.spawn(self._send_releases(batch))
+            fut: asyncio.Future[bool] = self.loop.create_future()
+            batch.append((lease, fut))
+            return await fut
+        self.releasing += 1
+        try:
+            return await self._release_one(lease)
+        finally:
+            self.releasing -= 1
+
+    async def _send_releases(self, batch: list[tuple[Lease, asyncio.Future[bool]]]) -> None:
+        # runs a loop turn after the batch's first release: the releases of that turn are in it
+        if self.release_batch is batch:
+            self.release_batch = None
+        self.releasing += 1
+        try:
+            if len(batch) == 1:
+                got = [await self._release_one(batch[0][0])]
+            else:
+                got = await self._release_many([lease for lease, _ in batch])
+            for (_, fut), ok in zip(batch, got, strict=True):
+                if not fut.done():
+                    fut.set_result(ok)
+        finally:
+            self.releasing -= 1
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_result(False)
+
+    async def _release_many(self, leases: list[Lease]) -> list[bool]:
+        transport = self.transport
+        asked = False
+        req = ReleaseMany(leases=[lease.id for lease in leases])
+        while True:
+            try:
+                got: list[bool] = await transport.call(RELEASE_MANY, req, list[bool], write=False, retry=False)
+            except ClosedError:
+                if transport.closed:
+                    return [False] * len(leases)
+                asked = True  # the connection dropped after asking: ask again (releasing twice is harmless)
+                continue
+            except TinystoreError:
+                return [False] * len(leases)
+            now = self.loop.time()
+            return [ok or (asked and now < lease._doom_at) for ok, lease in zip(got, leases, strict=True)]
+
+    async def _release_one(self, lease: Lease) -> bool:
+        transport = self.transport
+        asked = False
+        while True:
+            try:
+                got: Released = await transport.call(
+                    RELEASE, Release(lease=lease.id), Released, write=False, retry=False
+                )
+            except ClosedError:
+                if transport.closed:
+                    return False
+                asked = True  # the connection dropped after asking: ask again (releasing twice is harmless)
+                continue
+            except TinystoreError:
+                return False
+            if got.released:
+                return True
+            # an earlier ask whose answer was lost may have let it go already: trust the lease's own deadline
+            return asked and self.loop.time() < lease._doom_at
+
+    # -- pushes, reconnects, close -------------------------------------------------------------------------
+
+    def _on_lost(self, body: Lost) -> None:
+        message = body.message or (
+            f"{_where('lock', body.lock, body.key)}: the lease was lost ({body.reason})"
+            if body.lock
+            else f"lock: lease {body.lease} was lost ({body.reason})"
+        )
+        lease = self.leases.get(body.lease)
+        if lease is None:
+            self.early_lost[body.lease] = message
+            while len(self.early_lost) > 256:
+                self.early_lost.popitem(last=False)
+            return
+        if lease._kind != "lock" and body.message.startswith("lock "):
+            message = lease._kind + body.message[4:]
+        lease._lose(message)
+
+    async def _on_reconnect(self, old_epoch: int, new_epoch: int) -> None:
+        for lease in list(self.leases.values()):
+            if lease._state != _HELD:
+                continue
+            if new_epoch != lease._epoch:
+                lease._lose(lease._restarted_message(lease._epoch, new_epoch))
+            else:
+                lease._kick()
+
+    async def close(self) -> None:
+        """The store is closing: every lease still held is lost (its block cancelled) and let go at the store;
+        renewals stop. Waits at most 5 s for the store's answers."""
+        if self.closed:
+            return
+        live = [x for x in self.leases.values() if x._releasing is None]
+        for lease in live:
+            lease._lose(f"{lease._where()}: the store was closed while the lease was held")
+        if live:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await asyncio.gather(*(x._let_go() for x in live), return_exceptions=True)
+        self.closed = True
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        self.leases.clear()
+
+
+def _named(exc: TinystoreError, lock: Lock, key: str) -> TinystoreError:
+    """``exc`` with a message that names the lock and key (the engine's already do)."""
+    where = _where(lock._kind, lock.name, key)
+    message = exc.message
+    if message.startswith(_where("lock", lock.name, key)):
+        message = where + message[len(_where("lock", lock.name, key)) :]
+    elif not message.startswith(where):
+        message = f"{where}: {message}"
+    else:
+        return exc
+    out = type(exc)(message)
+    out.code = exc.code
+    out.extra = exc.extra
+    return out
+
+
+_hubs: weakref.WeakKeyDictionary[Store, _Hub] = weakref.WeakKeyDictionary()
+
+
+def _hub(store: Store) -> _Hub:
+    hub = _hubs.get(store)
+    if hub is None:
+        hub = _hubs[store] = _Hub(store)
+    return hub

@@ -1,0 +1,166 @@
+"""The live chat in a real browser: two tabs (a laptop and a phone) see a reply at once, without polling; a tab
+that goes offline and back shows every message; a tab on one web process hears a post made through another."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..chat.demo_proc import run_demo
+
+pytestmark = pytest.mark.browser
+
+LAPTOP = {"viewport": {"width": 1280, "height": 800}}
+PHONE = {
+    "viewport": {"width": 412, "height": 860},
+    "device_scale_factor": 2,
+    "is_mobile": True,
+    "has_touch": True,
+    "user_agent": "Mozilla/5.0 (Linux; Android 14; Pixel 7) AppleWebKit/537.36 (KHTML, like Gecko) "
+    "Chrome/150.0.0.0 Mobile Safari/537.36",
+}
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "live-chat.png"
+
+# records, in the page, that a reply was seen streaming (a bubble filling token by token) before it was saved
+WATCH_STREAMING = """
+window.__streamed = 0;
+new MutationObserver(() => {
+  for (const li of document.querySelectorAll('li.msg[data-stream-for]')) {
+    window.__streamed = Math.max(window.__streamed, li.textContent.length);
+  }
+}).observe(document, {subtree: true, childList: true, characterData: true});
+"""
+
+
+class Tab:
+    """A page with its request log."""
+
+    def __init__(self, page: Any) -> None:
+        self.page = page
+        self.requests: list[tuple[float, str, str]] = []
+        page.on("request", lambda r: self.requests.append((time.monotonic(), r.method, r.url)))
+
+    async def open(self, url: str) -> None:
+        await self.page.goto(url)
+        await self.page.wait_for_selector('#status[data-state="live"]', timeout=10_000)
+
+    async def saved(self) -> list[tuple[str, str]]:
+        return await self.page.eval_on_selector_all(
+            "#messages li.msg[data-id]", "els => els.map(e => [e.dataset.id, e.className])"
+        )
+
+    async def wait_saved(self, n: int, timeout: float = 10.0) -> None:
+        await self.page.wait_for_function(
+            f"document.querySelectorAll('#messages li.msg[data-id]').length >= {n}", timeout=timeout * 1000
+        )
+
+    async def post(self, text: str) -> None:
+        await self.page.fill("#text", text)
+        await self.page.press("#text", "Enter")
+
+
+@pytest.fixture
+async def tabs(browser: Any) -> AsyncIterator[tuple[Tab, Tab]]:
+    laptop = await browser.new_context(**LAPTOP)
+    phone = await browser.new_context(**PHONE)
+    try:
+        for ctx in (laptop, phone):
+            await ctx.add_init_script(WATCH_STREAMING)
+        yield Tab(await laptop.new_page()), Tab(await phone.new_page())
+    finally:
+        await laptop.close()
+        await phone.close()
+
+
+async def test_laptop_and_phone_see_the_streamed_reply_within_two_seconds_without_polling(
+    tmp_path: Path, tabs: tuple[Tab, Tab], browser: Any
+) -> None:
+    laptop, phone = tabs
+    async with run_demo(tmp_path / "data", "--token-delay", "0.02") as demo:
+        (url,) = demo.urls
+        await laptop.open(url)  # makes the first chat and goes to it
+        chat_url = laptop.page.url
+        assert "/chats/" in chat_url
+        await phone.open(chat_url)
+
+        start = time.monotonic()
+        await laptop.post("How do both of my screens get the reply at once?")
+        await asyncio.gather(laptop.wait_saved(2, timeout=2.0), phone.wait_saved(2, timeout=2.0))
+        took = time.monotonic() - start
+        assert took < 2.0, f"the saved reply reached both tabs after {took:.2f}s"
+        for tab in (laptop, phone):
+            saved = await tab.saved()
+            assert [c for _, c in saved] == ["msg user", "msg assistant"]
+            assert await tab.page.evaluate("window.__streamed") > 20  # the reply streamed in before it was saved
+            assert await tab.page.locator("li.msg[data-stream-for]").count() == 0  # and was replaced by it
+
+        # no request is repeated on a timer: a quiet page asks for nothing
+        mark = time.monotonic()
+        await asyncio.sleep(3.0)
+        for tab in (laptop, phone):
+            late = [r for r in tab.requests if r[0] > mark]
+            assert late == [], late
+            streams = [r for r in tab.requests if r[2].endswith("/events")]
+            assert len(streams) == 1, streams  # one EventSource, never reopened
+
+        await screenshot(browser, laptop, phone)
+
+
+async def screenshot(browser: Any, laptop: Tab, phone: Tab) -> None:
+    """The two tabs side by side, for the README (docs/images/live-chat.png)."""
+    shots = [base64.b64encode(await t.page.screenshot()).decode() for t in (laptop, phone)]
+    board = await browser.new_page(viewport={"width": 1720, "height": 960}, device_scale_factor=1)
+    try:
+        await board.set_content(
+            "<body style='margin:0;padding:24px 24px 40px;background:#e9ebf0;font:600 15px system-ui;"
+            "display:flex;gap:24px;align-items:flex-start'>"
+            f"<figure style='margin:0'><figcaption>Laptop</figcaption><img width=1200 src='data:image/png;base64,"
+            f"{shots[0]}' style='border:1px solid #bbb;border-radius:8px;margin-top:8px'></figure>"
+            f"<figure style='margin:0'><figcaption>Phone</figcaption><img width=412 src='data:image/png;base64,"
+            f"{shots[1]}' style='border:1px solid #bbb;border-radius:18px;margin-top:8px'></figure></body>"
+        )
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        await board.screenshot(path=str(SCREENSHOT), full_page=True)
+    finally:
+        await board.close()
+
+
+async def test_a_tab_taken_offline_and_back_shows_every_message(tmp_path: Path, tabs: tuple[Tab, Tab]) -> None:
+    laptop, phone = tabs
+    async with run_demo(tmp_path / "data", "--token-delay", "0.005") as demo:
+        (url,) = demo.urls
+        await laptop.open(url)
+        await phone.open(laptop.page.url)
+        await phone.page.context.set_offline(True)
+        for i in range(2):
+            await laptop.post(f"question {i} while the phone is offline")
+            await laptop.wait_saved(2 * (i + 1))
+        await phone.page.context.set_offline(False)
+        await phone.wait_saved(4, timeout=15.0)
+        assert await phone.saved() == await laptop.saved()
+        await phone.page.wait_for_selector('#status[data-state="live"]', timeout=10_000)
+        # and it is live again: the next message arrives without a reload
+        await laptop.post("and one after it came back")
+        await phone.wait_saved(6, timeout=5.0)
+        assert await phone.saved() == await laptop.saved()
+
+
+async def test_a_tab_on_one_web_process_sees_a_post_made_through_the_other(
+    tmp_path: Path, tabs: tuple[Tab, Tab]
+) -> None:
+    laptop, phone = tabs
+    async with run_demo(tmp_path / "data", "--web-processes", "2", "--token-delay", "0.005", urls=2) as demo:
+        one, two = demo.urls
+        await laptop.open(one)
+        path = laptop.page.url.split("/", 3)[3]
+        await phone.open(f"{two}/{path}")
+        await laptop.post("posted through web process one")
+        await asyncio.gather(laptop.wait_saved(2, timeout=5.0), phone.wait_saved(2, timeout=5.0))
+        assert await phone.saved() == await laptop.saved()
+        assert await phone.page.evaluate("window.__streamed") > 20  # the tokens crossed processes too

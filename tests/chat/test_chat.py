@@ -1,0 +1,266 @@
+"""The chat of the seeds: posting, streamed replies, saved replies, bad input, summaries under a fenced lock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import tinystore
+
+from ..helpers import open_store
+from ..sse.harness import client, open_sse, serve
+from .example import app as app_module
+from .example import fast_model, model, service
+
+
+@pytest.fixture(params=["embedded", "sidecar"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tinystore.Store]:
+    async with open_store(request.param, tmp_path / "store") as s:
+        yield s
+
+
+@pytest.fixture
+async def web(store: tinystore.Store) -> AsyncIterator[str]:
+    async with serve(app_module.create_app(store=store, model=fast_model()), lifespan="on") as url:
+        yield url
+
+
+async def new_chat(http: httpx.AsyncClient, web: str) -> int:
+    r = await http.post(f"{web}/api/chats", json={"title": "test"})
+    assert r.status_code == 201
+    return int(r.json()["id"])
+
+
+async def test_a_post_streams_the_reply_then_saves_it(store: tinystore.Store, web: str) -> None:
+    async with client() as http:
+        chat_id = await new_chat(http, web)
+        async with (
+            open_sse(http, f"{web}/api/chats/{chat_id}/events") as tab1,
+            open_sse(http, f"{web}/api/chats/{chat_id}/events") as tab2,
+        ):
+            r = await http.post(f"{web}/api/chats/{chat_id}/messages", json={"text": "How do live updates work?"})
+            assert r.status_code == 201
+            asked = r.json()
+            assert asked["role"] == "user"
+            for tab in (tab1, tab2):
+                first = await tab.next()
+                assert (first.type, json.loads(first.data)) == (
+                    "message",
+                    {"kind": "message", "id": asked["id"], "text": ""},
+                )
+                tokens = []
+                while (ev := await tab.next()).type == "token":
+                    tokens.append(json.loads(ev.data)["text"])
+                assert ev.type == "done"
+                saved = await tab.next()
+                assert saved.type == "message"
+                reply_id = json.loads(saved.data)["id"]
+                assert len(tokens) > 5
+        rows = (await http.get(f"{web}/api/chats/{chat_id}/messages", params={"after": asked["id"]})).json()
+        assert [(m["id"], m["role"], m["reply_to"]) for m in rows] == [(reply_id, "assistant", asked["id"])]
+        assert rows[0]["text"] == "".join(tokens).strip()  # what streamed is what was saved
+
+
+async def test_bad_input_gets_clear_http_errors(store: tinystore.Store, web: str) -> None:
+    async with client() as http:
+        chat_id = await new_chat(http, web)
+        url = f"{web}/api/chats/{chat_id}/messages"
+        cases = [
+            ({"text": ""}, 400),
+            ({"text": "   \n"}, 400),
+            ({"text": "x" * 4001}, 413),
+            ({"text": 7}, 400),
+            ({}, 400),
+            ([1, 2], 400),
+        ]
+        for body, status in cases:
+            r = await http.post(url, json=body)
+            assert r.status_code == status, (body, r.text)
+            assert r.json()["error"]
+        r = await http.post(url, content=b"{not json")
+        assert r.status_code == 400
+        r = await http.post(url, content=b"x" * 70_000)
+        assert r.status_code == 413
+        assert (await http.post(f"{web}/api/chats/999/messages", json={"text": "hi"})).status_code == 404
+        assert (await http.get(f"{web}/api/chats/999/events")).status_code == 404
+        assert (await http.get(f"{web}/api/chats/999/messages")).status_code == 404
+        assert (await http.get(f"{web}/api/chats/{chat_id}/messages?after=x")).status_code == 400
+        # nothing of the refused posts was saved, and the chat still works
+        assert (await http.get(url)).json() == []
+        assert (await http.post(url, json={"text": "ünïcödé \r\n data: x\n: y"})).status_code == 201
+        assert (await http.get(url)).json()[0]["text"] == "ünïcödé \r\n data: x\n: y"
+
+
+async def test_the_message_and_its_reply_job_commit_together(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        chat = await service.Chat(store, fast_model()).open()
+        created = await chat.create_chat("t")
+        message = await chat.post(created["id"], "hello")
+        job = await chat.replies.get(
+            await chat.replies.add(service.Ask(created["id"], message["id"]), key=f"reply/{message['id']}")
+        )
+        assert job is not None and job.key == f"reply/{message['id']}"  # the post's own job: the key holds
+        with pytest.raises(service.NotFound):
+            await chat.post(12345, "nobody here")
+        assert await chat.db.scalar("select count(*) from messages") == 1
+        page = await chat.replies.list()
+        assert len(page.jobs) == 1
+
+
+class Flaky:
+    """A model that fails its first answer, as a rate-limited endpoint would."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.inner = fast_model()
+
+    async def stream(self, history: Sequence[Any]) -> AsyncIterator[str]:
+        self.calls += 1
+        if self.calls == 1:
+            yield "partial "
+            raise model.ModelError("429 rate limited")
+        async for t in self.inner.stream(history):
+            yield t
+
+    async def summarize(self, history: Sequence[Any]) -> str:
+        return await self.inner.summarize(history)
+
+
+async def test_a_failed_reply_is_retried_with_backoff_and_saved_once(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s", clock=datetime.now(UTC)) as store:
+        flaky = Flaky()
+        chat = await service.Chat(store, flaky).open()
+        chat_id = (await chat.create_chat("t"))["id"]
+        seen: list[Any] = []
+        sub = await chat.events.under(chat_id).subscribe(lambda m: seen.append(m.value))
+        message = await chat.post(chat_id, "hi")
+        assert await chat.replies.run_due(chat.reply) == 1  # fails
+        assert await chat.db.scalar("select count(*) from messages where reply_to = ?", message["id"]) == 0
+        assert await chat.replies.run_due(chat.reply) == 0  # not due yet: backoff
+        await store.clock.advance("3s")
+        assert await chat.replies.run_due(chat.reply) == 1
+        assert await chat.db.scalar("select count(*) from messages where reply_to = ?", message["id"]) == 1
+        # a duplicate run (jobs run at least once) saves nothing more
+        await chat.reply(service.Ask(chat_id, message["id"]), None)
+        assert await chat.db.scalar("select count(*) from messages where reply_to = ?", message["id"]) == 1
+        await asyncio.sleep(0.05)
+        await sub.stop()
+        kinds = [e.kind for e in seen]
+        assert kinds[0] == "message" and "failed" in kinds and kinds[-1] == "message"
+        assert kinds.index("failed") < kinds.index("done")
+
+
+async def test_a_long_chat_gets_its_summary_from_one_fenced_writer(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        chat = await service.Chat(store, fast_model(), summary_after=3).open()
+        chat_id = (await chat.create_chat("t"))["id"]
+        for text in ("tell me about channels", "and about locks"):
+            await chat.post(chat_id, text)
+            assert await chat.replies.run_due(chat.reply) == 1
+        # 4 messages, past 3: a summary job was added; run it
+        assert await chat.summary_jobs.run_due(chat.summarize) == 1
+        row = await chat.db.one("select summary, summary_fence from chats where id = ?", chat_id)
+        assert row["summary"] and "channels" in row["summary"]
+        assert len(row["summary_fence"]) == 40 and row["summary_fence"].isdigit()
+        first_fence = row["summary_fence"]
+
+        # another worker holds the chat's key: this one writes nothing
+        await chat.db.exec("update chats set summary = 'kept' where id = ?", chat_id)
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def other_worker() -> None:
+            async with chat.summaries.try_hold(chat_id) as lease:
+                assert lease is not None
+                held.set()
+                await release.wait()
+
+        other = asyncio.ensure_future(other_worker())
+        try:
+            await held.wait()
+            await chat.summarize(service.Summarize(chat_id), None)
+        finally:
+            release.set()
+            await other
+        assert await chat.db.scalar("select summary from chats where id = ?", chat_id) == "kept"
+
+        # a later fence wins; a writer whose fence is older than the stored one is refused by the where clause
+        await chat.summarize(service.Summarize(chat_id), None)
+        fence = await chat.db.scalar("select summary_fence from chats where id = ?", chat_id)
+        assert fence > first_fence
+        await chat.db.exec("update chats set summary = 'newest', summary_fence = ? where id = ?", "9" * 40, chat_id)
+        await chat.summarize(service.Summarize(chat_id), None)
+        assert await chat.db.scalar("select summary from chats where id = ?", chat_id) == "newest"
+
+
+async def test_the_page_and_its_script_are_served(store: tinystore.Store, web: str) -> None:
+    async with client() as http:
+        for path in ("/", "/chats/3"):
+            r = await http.get(f"{web}{path}")
+            assert r.status_code == 200 and "EventSource" not in r.text and "/static/app.js" in r.text
+        js = await http.get(f"{web}/static/app.js")
+        assert js.status_code == 200 and "new EventSource(" in js.text
+        assert (await http.get(f"{web}/healthz")).json()["ok"] is True
+
+
+# --------------------------------------------------------------------------------------------- the model
+
+
+async def fake_completions(request: Any) -> Any:
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    body = await request.json()
+    if request.headers.get("authorization") != "Bearer k-1":
+        return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
+    if body["model"] == "busy":
+        return JSONResponse({"error": {"message": "slow down"}}, status_code=429)
+    assert body["messages"][-1]["role"] in ("user", "assistant")
+    if body["stream"]:
+
+        async def gen() -> AsyncIterator[str]:
+            yield ": a comment line\n\n"
+            yield 'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
+            for piece in ["Hel", "lo,", " wor", "ld"]:
+                yield f"data: {json.dumps({'choices': [{'delta': {'content': piece}}]})}\n\n"
+                await asyncio.sleep(0.01)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+    return JSONResponse({"choices": [{"message": {"role": "assistant", "content": " A summary. "}}]})
+
+
+async def test_the_openai_compatible_adapter(tmp_path: Path) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    Turn = model.Turn
+    fake = Starlette(routes=[Route("/v1/chat/completions", fake_completions, methods=["POST"])])
+    async with serve(fake) as url:
+        m = model.OpenAICompatibleModel(f"{url}/v1", model="m", api_key="k-1")
+        assert [t async for t in m.stream([Turn("user", "hi")])] == ["Hel", "lo,", " wor", "ld"]
+        assert await m.summarize([Turn("user", "hi")]) == "A summary."
+        with pytest.raises(model.ModelError, match="429"):
+            [
+                t
+                async for t in model.OpenAICompatibleModel(
+                    f"{url}/v1/chat/completions", model="busy", api_key="k-1"
+                ).stream([])
+            ]
+        with pytest.raises(tinystore.PermanentError, match="401"):
+            [t async for t in model.OpenAICompatibleModel(url + "/v1", api_key="wrong").stream([])]
+        with pytest.raises(model.ModelError, match="could not be reached"):
+            [t async for t in model.OpenAICompatibleModel("http://127.0.0.1:9/v1", api_key="k-1").stream([])]
+
+        # through the chat: the reply job streams and saves what the endpoint said
+        async with open_store("embedded", tmp_path / "s") as store:
+            chat = await service.Chat(store, m).open()
+            chat_id = (await chat.create_chat("t"))["id"]
+            message = await chat.post(chat_id, "hi")
+            assert await chat.replies.run_due(chat.reply) == 1
+            assert await chat.db.scalar("select text from messages where reply_to = ?", message["id"]) == "Hello, world"

@@ -1,0 +1,55 @@
+"""``tinystore demo``: one process on an embedded store, and N web processes plus a worker on the sidecar."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from ..sse.harness import client, open_sse
+from .demo_proc import run_demo
+
+
+async def post_and_hear_the_reply(http: httpx.AsyncClient, post_to: str, listen_to: str) -> None:
+    """Post through ``post_to``; a tab on ``listen_to`` gets the user's message, the tokens, and the reply."""
+    chat = (await http.post(f"{post_to}/api/chats", json={"title": "demo"})).json()
+    async with open_sse(http, f"{listen_to}/api/chats/{chat['id']}/events") as tab:
+        r = await http.post(f"{post_to}/api/chats/{chat['id']}/messages", json={"text": "hello from a test"})
+        assert r.status_code == 201, r.text
+        asked = r.json()["id"]
+        kinds = []
+        while True:
+            ev = await tab.next(timeout=15)
+            kinds.append(ev.type)
+            if ev.type == "message" and json.loads(ev.data)["id"] != asked:
+                reply_id = json.loads(ev.data)["id"]
+                break
+        assert kinds[0] == "message" and "token" in kinds and "done" in kinds
+    rows = (await http.get(f"{listen_to}/api/chats/{chat['id']}/messages")).json()
+    assert [m["id"] for m in rows] == [asked, reply_id]
+
+
+async def test_demo_runs_the_chat_on_an_embedded_store_and_stops_cleanly(tmp_path: Path) -> None:
+    async with run_demo(tmp_path / "data", "--token-delay", "0.002") as demo, client() as http:
+        (url,) = demo.urls
+        assert "embedded" in demo.output[0]
+        await post_and_hear_the_reply(http, url, url)
+        # SIGTERM with a tab open: the stream is ended for the browser to reconnect, and the process exits 0
+        async with open_sse(http, f"{url}/api/chats/1/events") as tab:
+            assert await demo.stop() == 0
+            assert await tab.ended(timeout=5)
+    assert (tmp_path / "data" / "sql" / "chat.db").exists()
+
+
+async def test_two_web_processes_and_a_worker_share_one_store(tmp_path: Path) -> None:
+    async with (
+        run_demo(tmp_path / "data", "--web-processes", "2", "--token-delay", "0.002", urls=2) as demo,
+        client() as http,
+    ):
+        one, two = demo.urls
+        pids = {(await http.get(f"{u}/healthz")).json()["pid"] for u in (one, two)}
+        assert len(pids) == 2
+        await post_and_hear_the_reply(http, one, two)  # posted through one, heard on the other
+        await post_and_hear_the_reply(http, two, one)
+        assert await demo.stop() == 0

@@ -1,0 +1,101 @@
+"""``tinystore jobs DIR list|show|retry|cancel|queues`` (JOB-02, JOB-11): rich tables and ``--json``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+import tinystore
+from tinystore.cli import main
+
+from .util import claim, other_client
+
+
+def make_store(d: Path) -> dict[str, str]:
+    """A store with a succeeded, a dead, a queued job and one left running for ten minutes (stuck)."""
+
+    async def go() -> dict[str, str]:
+        store = await tinystore.open(d, embedded=True, clock=datetime.now(UTC) - timedelta(minutes=10))
+        try:
+            q = store.queue("mail", attempts=1, expected="1m")
+            ok = await q.add({"to": "a@x"}, tenant="org-1", type="send")
+            bad = await q.add({"to": "b@x", "fail": True}, tenant="org-2", type="send")
+
+            async def handler(value: Any, run: tinystore.Run) -> str:
+                if value.get("fail"):
+                    raise ConnectionError("smtp refused")
+                return "sent"
+
+            await q.run_due(handler)
+            stuck = await q.add({"to": "c@x"}, tenant="org-1")
+            async with other_client(store) as other:
+                await claim(other, "mail")  # a worker took it and never came back
+            queued = await q.add({"to": "d@x"}, tenant="org-2", delay="1d")
+            return {"ok": ok, "bad": bad, "stuck": stuck, "queued": queued}
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def cli(*args: str) -> Any:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result
+
+
+def test_list_show_retry_cancel(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    ids = make_store(d)
+    r = cli("jobs", str(d), "list", "--json")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.output.splitlines() if line.startswith("{")]
+    by_id = {row["id"]: row for row in rows}
+    assert set(by_id) == set(ids.values())
+    assert by_id[ids["bad"]]["state"] == "dead" and by_id[ids["bad"]]["error"] == "ConnectionError: smtp refused"
+    assert by_id[ids["stuck"]]["state"] == "running" and by_id[ids["stuck"]]["stuck"] is True
+
+    r = cli("jobs", str(d), "list", "--state", "dead", "--json")
+    assert [json.loads(line)["id"] for line in r.output.splitlines() if line.startswith("{")] == [ids["bad"]]
+    r = cli("jobs", str(d), "list", "--tenant", "org-2", "--json")
+    got = {json.loads(line)["id"] for line in r.output.splitlines() if line.startswith("{")}
+    assert got == {ids["bad"], ids["queued"]}
+    r = cli("jobs", str(d), "list", "--state", "stuck", "--json")
+    assert [json.loads(line)["id"] for line in r.output.splitlines() if line.startswith("{")] == [ids["stuck"]]
+
+    r = cli("jobs", str(d), "list")
+    assert r.exit_code == 0 and "stuck" in r.output and "mail" in r.output
+
+    r = cli("jobs", str(d), "show", ids["bad"], "--json")
+    shown = json.loads(r.output)
+    assert shown["attempts"] == 1 and [e["error"] for e in shown["errors"]] == ["ConnectionError: smtp refused"]
+    r = cli("jobs", str(d), "show", ids["bad"])
+    assert r.exit_code == 0 and "smtp refused" in r.output and "failed attempts" in r.output
+
+    r = cli("jobs", str(d), "retry", ids["bad"])
+    assert r.exit_code == 0 and "queued again" in r.output
+    r = cli("jobs", str(d), "retry", ids["ok"])
+    assert r.exit_code == 1 and "unchanged" in r.output
+    r = cli("jobs", str(d), "cancel", ids["queued"])
+    assert r.exit_code == 0 and "cancelled" in r.output
+    r = cli("jobs", str(d), "cancel", ids["queued"])
+    assert r.exit_code == 1
+
+    r = cli("jobs", str(d), "show", ids["bad"], "--json")
+    assert json.loads(r.output)["state"] == "queued" and json.loads(r.output)["attempts"] == 0
+    r = cli("jobs", str(d), "queues", "--json")
+    info = json.loads(r.output.splitlines()[0])
+    assert info["queue"] == "mail" and info["counts"]["cancelled"] == 1 and info["options"]["attempts"] == 1
+    r = cli("jobs", str(d), "queues")
+    assert r.exit_code == 0 and "mail" in r.output
+
+
+def test_an_unknown_job(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    make_store(d)
+    r = CliRunner().invoke(main, ["jobs", str(d), "show", "nope"])
+    assert r.exit_code == 1

@@ -1,0 +1,152 @@
+"""Workers killed with SIGKILL or frozen with SIGSTOP while they run a job (JOB-01, JOB-03, JOB-08).
+
+The store is a ``tinystore serve`` process; the workers are other processes (``tests/jobs/worker_proc.py``)
+with short leases (1 s) and backoffs (100 ms) so the tests run in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tinystore
+
+from ..helpers import ServerProcess
+from .procs import WorkerProcess, starts
+from .util import wait_state, wait_until
+
+OPTIONS: dict[str, Any] = {"attempts": 3, "lease": "1s", "backoff": ("100ms", "100ms")}
+EFFECTS = [("001.sql", "create table effects (job_id text primary key, fence integer not null, pid integer);")]
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[Path, tinystore.Store]]:
+    d = tmp_path / "store"
+    server = ServerProcess(d).start()
+    store = await tinystore.open(d)
+    try:
+        await store.database("app", migrations=EFFECTS)
+        yield d, store
+    finally:
+        await store.close()
+        server.stop()
+
+
+# contract: JOB-01
+async def test_a_job_of_a_killed_worker_runs_again_elsewhere(served: tuple[Path, tinystore.Store]) -> None:
+    d, store = served
+    q = store.queue("crash", **OPTIONS)
+    await q.add({"n": 1})  # opens the queue with its options
+    log = d.parent / "crash.log"
+    a = await WorkerProcess(d, "crash", "hang", log).start()
+    b: WorkerProcess | None = None
+    try:
+        jid = (await q.list()).jobs[0].id
+        await wait_until(lambda: len(starts(log)) == 1, what="worker A started the job")
+        await a.kill()  # SIGKILL while the handler runs
+        b = await WorkerProcess(d, "crash", "ok", log).start()
+        job = await wait_state(q, jid, "succeeded", timeout=15)
+    finally:
+        await a.stop()
+        if b is not None:
+            await b.stop()
+    assert [(s[1], s[3]) for s in starts(log)] == [(1, a.pid), (2, b.pid)]
+    assert (job.attempts, [e.error for e in job.errors], job.result) == (2, ["worker lost"], {"pid": b.pid})
+
+
+# contract: JOB-03
+async def test_a_handler_that_kills_its_worker_every_time_ends_dead_after_exactly_attempts(
+    served: tuple[Path, tinystore.Store],
+) -> None:
+    d, store = served
+    q = store.queue("killer", **OPTIONS)
+    jid = await q.add({"n": 1})
+    log = d.parent / "killer.log"
+    for _ in range(10):  # a supervisor that restarts the worker each time it dies
+        job = await q.get(jid)
+        assert job is not None
+        if job.state == "dead":
+            break
+        w = await WorkerProcess(d, "killer", "kill", log).start()
+        try:
+            await wait_until(lambda w=w: not w.alive(), timeout=15, what="the worker died")
+        finally:
+            await w.stop()
+        await wait_until(lambda: _settled(q, jid), timeout=15, what="the lease ran out")
+    job = await wait_state(q, jid, "dead", timeout=15)
+    assert (job.attempts, [e.error for e in job.errors]) == (3, ["worker lost"] * 3)
+    assert [s[1] for s in starts(log)] == [1, 2, 3]
+    # never redelivered: a worker that stays finds nothing to do
+    w = await WorkerProcess(d, "killer", "kill", log).start()
+    try:
+        await asyncio.sleep(1.5)
+        assert w.alive()
+    finally:
+        await w.stop()
+    assert len(starts(log)) == 3
+
+
+async def _settled(q: tinystore.Queue[Any], jid: str) -> bool:
+    job = await q.get(jid)
+    return job is not None and job.state in ("failed", "dead", "queued")
+
+
+# contract: JOB-08
+async def test_a_frozen_worker_loses_its_job_and_its_late_completion_is_refused(
+    served: tuple[Path, tinystore.Store],
+) -> None:
+    d, store = served
+    q = store.queue("freeze", **OPTIONS)
+    db = await store.database("app")
+    jid = await q.add({"sleep": 2.0})
+    log = d.parent / "freeze.log"
+    a = await WorkerProcess(d, "freeze", "effect", log).start()
+    b: WorkerProcess | None = None
+    try:
+        await wait_until(lambda: len(starts(log)) == 1, what="worker A started the job")
+        a.signal(signal.SIGSTOP)  # frozen: no renewal, no report
+        await wait_state(q, jid, "failed", "queued", timeout=10)
+        b = await WorkerProcess(d, "freeze", "effect", log).start()
+        job = await wait_state(q, jid, "succeeded", timeout=15)
+        a.signal(signal.SIGCONT)  # A wakes up past its lease: whatever it reports changes nothing
+        await asyncio.sleep(3.0)
+    finally:
+        await a.stop()
+        if b is not None:
+            await b.stop()
+    after = await q.get(jid)
+    assert after == job
+    assert (job.attempts, job.result, [e.error for e in job.errors]) == (2, {"pid": b.pid}, ["worker lost"])
+    rows = await db.all("select job_id, fence, pid from effects")
+    assert rows == [{"job_id": jid, "fence": job.fence, "pid": b.pid}]
+    late = [line for line in log.read_text().splitlines() if line.startswith("effect") and line.endswith(" 1")]
+    assert len(late) == 1  # only the current attempt's effect was applied
+
+
+# contract: JOB-08
+async def test_a_handler_that_keeps_renewing_is_never_taken(served: tuple[Path, tinystore.Store]) -> None:
+    d, store = served
+    q = store.queue("long", attempts=3, lease="1s", timeout="1m")
+    runs: list[int] = []
+
+    async def handler(value: Any, run: tinystore.Run) -> int:
+        runs.append(run.attempt)
+        await asyncio.sleep(4.0)  # four leases long, renewed every third of one
+        return os.getpid()
+
+    jid = await q.add({})
+    other = await tinystore.open(d)
+    workers = [q.work(handler), other.queue("long").work(handler)]
+    try:
+        job = await wait_state(q, jid, "succeeded", timeout=15)
+    finally:
+        for w in workers:
+            await w.stop()
+        await other.close()
+    assert runs == [1] and job.attempts == 1 and job.errors == []

@@ -1,0 +1,164 @@
+"""The ASGI response itself: how a stream ends (producer done or raising, server shutting down, a producer far
+ahead of its browser, a browser that left), and what a store that cannot serve gives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+import tinystore
+import tinystore.sse
+from tinystore.sse import EventSourceResponse, end_streams, event_stream, sse_response
+
+from ..helpers import open_store
+from .harness import client, open_sse, serve
+
+
+def app_of(producer: Any, **kw: Any) -> Starlette:
+    async def endpoint(request: Request) -> Response:
+        return sse_response(request, producer, **kw)
+
+    return Starlette(routes=[Route("/s", endpoint)])
+
+
+async def test_the_stream_ends_when_the_producer_returns() -> None:
+    async def producer(send: Any, closed: asyncio.Event) -> None:
+        await send({"n": 1}, event="a", id="x-1")
+        send("two\nlines")  # not awaited: still sent, in order
+        send([3], id="")
+
+    async with serve(app_of(producer, retry="2s")) as url, client() as http, open_sse(http, f"{url}/s") as sse:
+        assert await sse.ended()
+        events = []
+        while not sse.events.empty():
+            ev = sse.events.get_nowait()
+            if ev is not None:
+                events.append(ev)
+        assert [(e.type, json.loads(e.data), e.last_event_id) for e in events] == [
+            ("a", {"n": 1}, "x-1"),
+            ("message", "two\nlines", "x-1"),
+            ("message", [3], ""),
+        ]
+        assert sse.parser.retry == 2000
+        assert sse.raw.startswith(b": ok\n\nretry: 2000\n\n")
+
+
+async def test_a_producer_that_raises_ends_its_stream_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async def producer(send: Any, closed: asyncio.Event) -> None:
+        await send("before")
+        raise RuntimeError("boom")
+
+    async with serve(app_of(producer)) as url, client() as http:
+        for _ in range(2):  # and the server goes on serving
+            async with open_sse(http, f"{url}/s") as sse:
+                assert json.loads((await sse.next()).data) == "before"
+                assert await sse.ended()
+    assert any("boom" in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+
+
+async def test_closed_is_set_when_the_browser_leaves_and_a_deaf_producer_is_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tinystore.sse, "STOP_WITHIN", 0.3)
+    seen: dict[str, Any] = {}
+
+    async def polite(send: Any, closed: asyncio.Event) -> None:
+        await closed.wait()
+        seen["polite"] = "returned"
+
+    async def deaf(send: Any, closed: asyncio.Event) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            seen["deaf"] = "cancelled"
+            raise
+
+    for name, producer in (("polite", polite), ("deaf", deaf)):
+        async with serve(app_of(producer)) as url, client() as http:
+            async with open_sse(http, f"{url}/s"):
+                await asyncio.sleep(0.1)
+            for _ in range(100):
+                if name in seen:
+                    break
+                await asyncio.sleep(0.02)
+    assert seen == {"polite": "returned", "deaf": "cancelled"}
+
+
+async def test_a_producer_far_ahead_of_its_browser_has_its_stream_ended() -> None:
+    big = "x" * 10_000
+    sent = 0
+
+    async def flood(send: Any, closed: asyncio.Event) -> None:
+        nonlocal sent
+        while not closed.is_set():  # never awaits send: nothing holds it back but the limit
+            send(big)
+            sent += 1
+            if sent % 100 == 0:
+                await asyncio.sleep(0)
+
+    async def endpoint(request: Request) -> Response:
+        return EventSourceResponse(flood, max_pending=200_000)
+
+    app = Starlette(routes=[Route("/s", endpoint)])
+    async with serve(app) as url, client() as http, http.stream("GET", f"{url}/s") as response:
+        # this browser reads nothing; the stream is ended rather than holding an ever-growing backlog
+        await asyncio.sleep(1.0)
+        got = 0
+        async with asyncio.timeout(10):
+            async for chunk in response.aiter_raw():
+                got += len(chunk)
+        assert got < 50_000_000
+
+
+async def test_end_streams_finishes_every_open_stream(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        events = store.channel("e")
+
+        async def endpoint(request: Request) -> Response:
+            return event_stream(events.under(1), request)
+
+        app = Starlette(routes=[Route("/s", endpoint)])
+        async with serve(app) as url, client() as http:
+            async with open_sse(http, f"{url}/s") as a, open_sse(http, f"{url}/s") as b:
+                await events.under(1).publish({"last": True})
+                for s in (a, b):
+                    assert json.loads((await s.next()).data) == {"last": True}
+                assert end_streams() >= 2
+                assert await a.ended() and await b.ended()
+            assert (await store.status())["channels"]["subscriptions"] == 0
+
+
+async def test_a_store_at_its_subscription_limit_or_closed_gives_503(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s", limits=tinystore.Limits(subscriptions=2)) as store:
+        events = store.channel("e")
+
+        async def endpoint(request: Request) -> Response:
+            return event_stream(events.under(1), request)
+
+        app = Starlette(routes=[Route("/s", endpoint)])
+        async with serve(app) as url, client() as http:
+            async with open_sse(http, f"{url}/s"), open_sse(http, f"{url}/s"):
+                r = await http.get(f"{url}/s")
+                assert r.status_code == 503
+                assert "subscriptions" in r.text and r.headers["retry-after"]
+            await store.close()
+            r = await http.get(f"{url}/s")
+            assert r.status_code == 503 and "closed" in r.text
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(tinystore.InvalidError):
+        EventSourceResponse(lambda s, c: None, keepalive="0s")
+    with pytest.raises(tinystore.InvalidError):
+        EventSourceResponse(lambda s, c: None, keepalive="soon")
+    with pytest.raises(tinystore.InvalidError):
+        EventSourceResponse(lambda s, c: None, retry=-1)
