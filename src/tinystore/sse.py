@@ -304,15 +304,20 @@ def _sender(outbox: _Outbox) -> SendEvent:
 
 
 class EventSourceResponse(Response):
-    """An ASGI response that streams server-sent events from a producer (see :func:`sse_response`).
+    """An ASGI response that streams server-sent events (WHATWG HTML "Server-sent events") from a producer.
 
-    A ``starlette.responses.Response``, so Starlette and FastAPI endpoints return it as it is. ``producer(send,
-    closed)`` runs once the headers are sent; the stream ends when it returns (or raises: logged) or when the
-    browser goes away (``closed`` is then set and the producer has :data:`STOP_WITHIN` seconds to return before
-    it is cancelled). ``keepalive``: seconds (a duration) of silence before a comment line; ``retry``: the
-    browser's reconnection delay, sent first; ``headers``: extra response headers; ``max_pending``: bytes of
-    unsent events past which the stream ends. A cancel of the response (the server shutting down) cancels the
-    producer and waits for it; nothing keeps running after the response returns.
+    A ``starlette.responses.Response``, so Starlette and FastAPI endpoints return it as it is (see
+    :func:`sse_response` and :func:`event_stream`, which make one). ``producer(send, closed)`` runs once the
+    headers are sent; the stream ends when it returns (or raises: logged), when :func:`end_streams` is called,
+    when more than ``max_pending`` bytes wait for the browser, or when the browser goes away. However it ends,
+    ``closed`` is set and the producer has :data:`STOP_WITHIN` seconds to return before it is cancelled; what
+    was queued and not written is dropped.
+
+    ``keepalive``: a duration (seconds, or text such as ``"15s"``) of silence before a comment line; ``retry``:
+    the browser's reconnection delay, sent first; ``headers``: extra response headers; ``status_code``: 200;
+    ``max_pending``: bytes (1 MiB). Raises ``InvalidError`` for a ``keepalive`` that is not above 0 or a bad
+    ``retry``. A cancel of the response (an ASGI server past its graceful shutdown) also sets ``closed`` and
+    waits for the producer as above before the ``CancelledError`` goes on: no task of the stream is left.
     """
 
     media_type = "text/event-stream"

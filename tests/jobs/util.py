@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 import tinystore
-from tinystore.protocol.jobs import Attempt, Claim, Claimed, Progress, Report, Step
+from tinystore.protocol.jobs import Attempt, Claimed, Progress, Report, Step
 
 START = datetime(2030, 1, 1, 12, 0, 0)
 """Where the tests' test clocks start."""
@@ -30,10 +30,9 @@ async def other_client(store: tinystore.Store) -> AsyncIterator[tinystore.Store]
 
 async def claim(store: tinystore.Store, queue: str, n: int = 1, wait: float = 2.0) -> list[Claimed]:
     """Claim attempts as a worker would, without running anything (a worker that then freezes or dies)."""
-    got: list[Claimed] = await store._call(
-        "jobs.claim", Claim(queue=queue, n=n, wait_ms=round(wait * 1000), worker="test"), list[Claimed], write=True
-    )
-    return got
+    from tinystore.client.jobs import claim as sdk_claim
+
+    return await sdk_claim(store, queue, n, wait, "test")
 
 
 async def report(store: tinystore.Store, queue: str, c: Claimed, outcome: str = "succeeded", **kw: Any) -> bool:

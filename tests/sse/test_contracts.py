@@ -268,3 +268,22 @@ class contextlib_all:
 
 
 _ = httpx
+
+
+# contract: SSE-03
+async def test_the_seed_stream_tells_a_tab_that_fell_behind_to_reload(store: tinystore.Store, web: str) -> None:
+    events = events_of(store).under(12)
+    big = "y" * 60_000
+    async with client() as http, http.stream("GET", f"{web}/seed/12") as response:
+        await wait_subscriptions(store, 1)
+        for i in range(400):  # the tab reads nothing meanwhile
+            await events.publish(ChatEvent("token", i, big))
+        parser = EventStreamParser()
+        seen = []
+        async with asyncio.timeout(20):
+            async for chunk in response.aiter_raw():
+                seen += parser.feed(chunk)
+                if any(json.loads(e.data) == {"kind": "reload"} for e in seen):
+                    break
+        tokens = [json.loads(e.data)["id"] for e in seen if json.loads(e.data) != {"kind": "reload"}]
+        assert tokens == list(range(len(tokens))) and len(tokens) < 400

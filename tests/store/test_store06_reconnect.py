@@ -252,11 +252,6 @@ async def test_reconnects_by_itself_after_kill_9_and_restart(killable: Killable)
 
 
 # contract: STORE-06
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the SDK does not re-open its databases on a new server "
-    "(a Database handle gives InvalidError 'database app is not open')",
-)
 async def test_a_database_handle_survives_a_restart(killable: Killable) -> None:
     store = killable.store
     db = await store.database("app", migrations=MIGRATIONS)

@@ -185,12 +185,10 @@ def stop(directory: Path, grace: float) -> None:
         await store.stop_server(grace)
         await store.close()
         deadline = time.monotonic() + grace + 5
+        # the server removes DIR/server/address once it let the directory go (a zombie pid would fool kill 0)
         while pid and time.monotonic() < deadline:
-            try:
-                import os
-
-                os.kill(int(pid), 0)
-            except OSError:
+            info = paths.read_address(directory.resolve())
+            if not info or info.get("pid") != pid:
                 break
             await asyncio.sleep(0.05)
         err_console.print(f"stopped the server of {directory}")

@@ -62,6 +62,7 @@ from ..protocol.jobs import (
     Progress,
     QueueInfo,
     Release,
+    ReleaseClaim,
     Renew,
     Report,
     Step,
@@ -576,13 +577,7 @@ class Worker:
                 stop.cancel()
                 continue
             try:
-                got: builtins.list[Claimed] = await q.store._call(
-                    "jobs.claim",
-                    Claim(queue=q.name, n=free, wait_ms=round(CLAIM_WAIT * 1000), worker=self.id),
-                    builtins.list[Claimed],
-                    write=True,
-                    retry=False,
-                )
+                got = await claim(q.store, q.name, free, CLAIM_WAIT, self.id)
                 failures = 0
             except ClosedError:
                 if q.store._closed or q.store.transport.closed:
@@ -640,6 +635,46 @@ async def runner_wait_slot(runner: _Runner, concurrency: int) -> None:
             return
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         await asyncio.sleep(0)
+
+
+_handing_back: set[asyncio.Task[Any]] = set()
+
+
+async def claim(
+    store: Store, queue: str, n: int, wait: float, worker: str = "", due_before: float = 0.0
+) -> builtins.list[Claimed]:
+    """Claim up to ``n`` due attempts of ``queue``, waiting up to ``wait`` seconds in the store for one.
+
+    Cancel-safe: when this call is cancelled, or its answer is lost with the connection, what the store had
+    claimed for it is handed back (queued again, the attempt not counted) by a short call made after it; a
+    store that cannot be reached then leaves those attempts to their lease. Raises ``ClosedError``,
+    ``UnavailableError``, ``OutcomeUnknownError`` (the answer was lost; handed back as said), ``InvalidError``.
+    """
+    token = uuid.uuid4().hex
+    req = Claim(
+        queue=queue,
+        n=n,
+        wait_ms=round(wait * 1000),
+        worker=worker,
+        due_before_ms=math.floor(due_before * 1000),
+        token=token,
+    )
+    try:
+        got: builtins.list[Claimed] = await store._call(
+            "jobs.claim", req, builtins.list[Claimed], write=True, retry=False
+        )
+        return got
+    except (asyncio.CancelledError, OutcomeUnknownError, ClosedError):
+        if not store._closed:
+            task = asyncio.ensure_future(_hand_back(store, queue, token))
+            _handing_back.add(task)
+            task.add_done_callback(_handing_back.discard)
+        raise
+
+
+async def _hand_back(store: Store, queue: str, token: str) -> None:
+    with contextlib.suppress(TinystoreError, OSError):
+        await store._call("jobs.release_claim", ReleaseClaim(queue=queue, token=token), int, write=False, retry=True)
 
 
 _opened: weakref.WeakKeyDictionary[Store, dict[str, tuple[Options, QueueInfo]]] = weakref.WeakKeyDictionary()
@@ -954,7 +989,8 @@ class Queue(Generic[T]):
 
     async def watch(self, job_id: str) -> AsyncIterator[Job[T]]:
         """Yield the job now, then again at each change (state, attempts, progress, stuck) until it ends; nothing
-        for an unknown id. Waits in the store (no polling); ``break`` stops it."""
+        for an unknown id. Waits in the store (no polling), across reconnects; ``break`` stops it. Raises
+        ``ClosedError`` when the store is closed, ``UnavailableError`` when it stays unreachable."""
         await self._ensure()
         row: JobRow | None = await self.store._call("jobs.get", Get(queue=self.name, id=job_id), JobRow | None)
         while row is not None:
@@ -963,9 +999,15 @@ class Queue(Generic[T]):
                 return
             seen = snapshot(row)
             while True:
-                nxt: JobRow | None = await self.store._call(
-                    "jobs.wait", Wait(queue=self.name, id=job_id, seen=seen, wait_ms=30_000), JobRow | None
-                )
+                try:
+                    nxt: JobRow | None = await self.store._call(
+                        "jobs.wait", Wait(queue=self.name, id=job_id, seen=seen, wait_ms=30_000), JobRow | None
+                    )
+                except (UnavailableError, ClosedError):
+                    if self.store._closed or self.store.transport.closed:
+                        raise
+                    await asyncio.sleep(0.2)  # the store is stopping or restarting: wait for it to come back
+                    continue
                 if nxt is None or snapshot(nxt) != seen:
                     row = nxt
                     break
@@ -993,19 +1035,7 @@ class Queue(Generic[T]):
         ran = 0
         try:
             while True:
-                got: builtins.list[Claimed] = await self.store._call(
-                    "jobs.claim",
-                    Claim(
-                        queue=self.name,
-                        n=concurrency,
-                        wait_ms=0,
-                        worker=runner.worker,
-                        due_before_ms=math.floor(now * 1000),
-                    ),
-                    builtins.list[Claimed],
-                    write=True,
-                    retry=False,
-                )
+                got = await claim(self.store, self.name, concurrency, 0.0, runner.worker, now)
                 if not got:
                     return ran
                 attempts = [runner.start(c) for c in got]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -41,8 +42,6 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-import msgspec
-
 from ..durations import Duration, format_seconds, seconds
 from ..errors import (
     ClosedError,
@@ -51,15 +50,22 @@ from ..errors import (
     OutcomeUnknownError,
     TinystoreError,
     UnavailableError,
+    error_from,
 )
 from ..names import check_name
 from ..protocol.locks import (
+    ABANDON,
     ACQUIRE,
+    ACQUIRE_MANY,
     LOST,
     RELEASE,
     RELEASE_MANY,
     RENEW,
+    SETTLED,
+    Abandon,
     Acquire,
+    AcquireMany,
+    AcquireOutcome,
     Grant,
     Lost,
     Release,
@@ -86,21 +92,23 @@ MARGIN = 0.1
 KEY_MAX = 256
 
 _HELD, _LOST, _DONE = 0, 1, 2
+_NEW, _SENT, _QUEUED = 0, 1, 2  # and _DONE: the states of a batched ask
 
 # The leases whose blocks run in this context (a task, and the tasks it starts): holding one of their keys
 # again would wait for itself.
 _held: ContextVar[tuple[Lease, ...]] = ContextVar("tinystore_locks_held", default=())
 
 
-class _Reply(msgspec.Struct, kw_only=True):
-    """The reply of ``locks.acquire`` over a connection, read in one pass: a ``Granted`` or a ``NotGranted``."""
+class _Ask:
+    """One acquire of a ``locks.acquire_many`` batch: its request, the future its caller awaits, its ticket."""
 
-    lease: int = 0
-    fence: str = ""
-    expires_at_ms: int | None = None
-    max_hold_at_ms: int | None = None
-    ttl_ms: int = 0
-    held: bool = False
+    __slots__ = ("fut", "req", "state", "ticket")
+
+    def __init__(self, req: Acquire, fut: asyncio.Future[AcquireOutcome]) -> None:
+        self.req = req
+        self.fut = fut
+        self.ticket = 0
+        self.state = _NEW
 
 
 def _where(kind: str, name: str, key: str) -> str:
@@ -346,7 +354,10 @@ class Lease:
         self._in_block = True
         self._token = _held.set((*_held.get(), self))
 
-    async def _exit(self, et: type[BaseException] | None, exc: BaseException | None) -> bool:
+    async def _exit(self, et: type[BaseException] | None, exc: BaseException | None) -> None:
+        """The block ended (``et``/``exc``: how); let go of the key and raise what the lease's fate calls for:
+        ``LostError`` for a lost lease (the block's exception, if any, chained or noted), a cancel from
+        elsewhere as it was. Never swallows the block's exception."""
         self._in_block = False
         token, self._token = self._token, None
         if token is not None:
@@ -368,7 +379,7 @@ class Lease:
             task = self._task
             if task is not None and task.uncancel() > self._cancelling:
                 if cancelled:
-                    return False  # a cancel from elsewhere came too: it stays a cancel
+                    return  # a cancel from elsewhere came too: it stays a cancel
                 raise asyncio.CancelledError
             if exc is not None and not cancelled:
                 raise self._error() from exc
@@ -379,7 +390,6 @@ class Lease:
                 raise err
             if exc is not None and not cancelled:
                 exc.add_note(f"and the lease was lost: {err.message}")
-        return False
 
     async def _let_go(self) -> bool:
         """Release at the store once (a second caller waits for the first's answer); True when it let go of a
@@ -446,12 +456,12 @@ class _Hold(Generic[R]):
 
     async def __aexit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
+    ) -> None:
         lease = self._lease
         if lease is None:
-            return False
+            return
         self._lease = None
-        return await lease._exit(et, exc)
+        await lease._exit(et, exc)
 
 
 class Lock:
@@ -579,9 +589,14 @@ class _Hub:
         self.early_lost: OrderedDict[int, str] = OrderedDict()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.releasing = 0  # release calls in flight
+        self.acquiring = 0  # acquire calls in flight
+        self.acquire_batch: list[_Ask] | None = None
+        self.asks: dict[int, _Ask] = {}  # batched asks sent and not settled, by ticket
+        self.ticket_ids = itertools.count(1)
         self.release_batch: list[tuple[Lease, asyncio.Future[bool]]] | None = None
         self.closed = False
         self.transport.on_push(LOST, self._on_lost, Lost)
+        self.transport.on_push(SETTLED, self._on_settled, AcquireOutcome)
         self.transport.reconnect_hooks.append(self._on_reconnect)
         store._close_hooks.append(self.close)
 
@@ -635,10 +650,8 @@ class _Hub:
                 max_hold_ms=lock._max_hold_ms,
                 wait_ms=wait_ms,
             )
-            # The call runs in a task of its own, shielded: when this task is cancelled, a grant that was
-            # already on its way is released rather than lost; a hold still waiting is cancelled at the store.
             try:
-                reply: _Reply = await transport.call(ACQUIRE, req, _Reply, write=False, retry=False)
+                reply = await self._ask(req)
             except ClosedError as exc:
                 if self.closed or transport.closed:
                     raise _named(exc, lock, key) from None
@@ -663,20 +676,111 @@ class _Hub:
                 lease._start_renewals(loop.time(), lock.max_hold)
             return lease
 
+    async def _ask(self, req: Acquire) -> AcquireOutcome:
+        """One ``locks.acquire`` from this task when no other is in flight (the fastest answer for one
+        caller), else with the other acquires of this loop turn in one ``locks.acquire_many``.
+
+        A cancel of a batched ask never loses a grant: the hub's task reads the answer and lets go of what the
+        caller no longer waits for, and a queued ask is abandoned at the store. (A cancel of a lone
+        ``locks.acquire`` that comes in the very loop turn its answer arrives loses the answer; the lease it
+        gave is never renewed and runs out after its ttl.)
+        """
+        if self.acquiring or self.acquire_batch is not None:
+            ask = _Ask(req, self.loop.create_future())
+            batch = self.acquire_batch
+            if batch is None:
+                batch = self.acquire_batch = []
+                self.spawn(self._send_acquires(batch))
+            batch.append(ask)
+            try:
+                return await ask.fut
+            except asyncio.CancelledError:
+                if ask.state == _QUEUED:
+                    self.asks.pop(ask.ticket, None)
+                    self.spawn(self._abandon([ask.ticket]))
+                raise
+        self.acquiring += 1
+        try:
+            reply: AcquireOutcome = await self.transport.call(ACQUIRE, req, AcquireOutcome, write=False, retry=False)
+            return reply
+        finally:
+            self.acquiring -= 1
+
+    async def _send_acquires(self, batch: list[_Ask]) -> None:
+        # runs a loop turn after the batch's first ask: the asks of that turn are in it
+        if self.acquire_batch is batch:
+            self.acquire_batch = None
+        live = [ask for ask in batch if not ask.fut.done()]  # cancelled before it was sent: nothing to do
+        if not live:
+            return
+        for ask in live:
+            ask.ticket = next(self.ticket_ids)
+            ask.state = _SENT
+            self.asks[ask.ticket] = ask
+        self.acquiring += 1
+        try:
+            req = AcquireMany(items=[ask.req for ask in live], tickets=[ask.ticket for ask in live])
+            got: list[AcquireOutcome] = await self.transport.call(
+                ACQUIRE_MANY, req, list[AcquireOutcome], write=False, retry=False
+            )
+        except BaseException as exc:
+            for ask in live:
+                self.asks.pop(ask.ticket, None)
+                ask.state = _DONE
+                if not ask.fut.done():
+                    if isinstance(exc, TinystoreError):
+                        ask.fut.set_exception(exc)
+                    else:
+                        ask.fut.set_exception(ClosedError(f"{ACQUIRE_MANY}: the call was cancelled ({exc!r})"))
+            if not isinstance(exc, TinystoreError):
+                raise
+            return
+        finally:
+            self.acquiring -= 1
+        gone: list[int] = []
+        for ask, out in zip(live, got, strict=True):
+            if ask.state != _SENT:
+                continue  # settled by a push that came before this answer was read
+            if out.queued:
+                ask.state = _QUEUED
+                if ask.fut.done():  # the caller gave up before it was in line
+                    self.asks.pop(ask.ticket, None)
+                    gone.append(ask.ticket)
+                continue
+            self.asks.pop(ask.ticket, None)
+            self._settle(ask, out)
+        if gone:
+            await self._abandon(gone)
+
+    def _settle(self, ask: _Ask, out: AcquireOutcome) -> None:
+        ask.state = _DONE
+        if ask.fut.done():  # the caller gave up: let go of what it was given
+            if out.lease and not out.code and not self.closed:
+                self.spawn(self._release_id(out.lease))
+            return
+        if out.code:
+            ask.fut.set_exception(error_from(out.code, out.message))
+        else:
+            ask.fut.set_result(out)
+
+    def _on_settled(self, out: AcquireOutcome) -> None:
+        ask = self.asks.pop(out.ticket, None)
+        if ask is None:
+            if out.lease and not out.code and not self.closed:  # nobody waits for it any more
+                self.spawn(self._release_id(out.lease))
+            return
+        self._settle(ask, out)
+
+    async def _abandon(self, tickets: list[int]) -> None:
+        with contextlib.suppress(TinystoreError):
+            await self.transport.call(ABANDON, Abandon(tickets=tickets), Any, write=False, retry=False)
+
     def _register(self, lease: Lease) -> None:
         self.leases[lease.id] = lease
         if self.early_lost:
             early = self.early_lost.pop(lease.id, None)
             if early is not None:
                 lease._lose(early)
-
-    def _release_orphan(self, call: asyncio.Task[Any]) -> None:
-        """An acquire whose caller was cancelled: let go of the lease it was given, if any."""
-        if call.cancelled() or call.exception() is not None:
-            return
-        reply = call.result()
-        if isinstance(reply, _Reply) and reply.lease and not reply.held and not self.closed:
-            self.spawn(self._release_id(reply.lease))
 
     async def _release_id(self, lease_id: int) -> None:
         with contextlib.suppress(TinystoreError):
@@ -783,7 +887,17 @@ class _Hub:
             message = lease._kind + body.message[4:]
         lease._lose(message)
 
+    def _fail_asks(self, message: str) -> None:
+        """Queued asks hear nothing more (their connection is gone): their callers ask again, or give up."""
+        asks = [ask for ask in self.asks.values() if ask.state == _QUEUED]
+        for ask in asks:
+            self.asks.pop(ask.ticket, None)
+            ask.state = _DONE
+            if not ask.fut.done():
+                ask.fut.set_exception(ClosedError(message))
+
     async def _on_reconnect(self, old_epoch: int, new_epoch: int) -> None:
+        self._fail_asks("the connection to the store dropped while waiting in line")
         for lease in list(self.leases.values()):
             if lease._state != _HELD:
                 continue
@@ -805,6 +919,7 @@ class _Hub:
                 async with asyncio.timeout(5):
                     await asyncio.gather(*(x._let_go() for x in live), return_exceptions=True)
         self.closed = True
+        self._fail_asks("the store was closed while waiting in line")
         tasks = list(self.tasks)
         for task in tasks:
             task.cancel()

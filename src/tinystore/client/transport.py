@@ -341,6 +341,11 @@ class RemoteTransport(Transport):
                     await hook(old_epoch, self.epoch)
                 except Exception:
                     log.exception("a reconnect hook failed")
+            if self._conn is None and not self.closed:
+                # lost again while the hooks ran: _on_lost saw this loop still running, so go on here
+                old_epoch = self.epoch
+                attempt = 0
+                continue
             return
 
     async def _wait_up(self) -> _ClientConn:

@@ -39,7 +39,8 @@ import itertools
 import logging
 import math
 import random
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,7 @@ from typing import Any
 import msgspec
 
 from ..clock import Clock, Timer
-from ..errors import ClosedError, InvalidError, LimitError, TinystoreError
+from ..errors import ClosedError, InvalidError, LimitError, TinystoreError, UnavailableError
 from ..limits import Limits
 from ..names import check_name
 from ..protocol.jobs import (
@@ -95,6 +96,9 @@ LEASE_MAX = 3600.0
 CHUNK = 400
 """Jobs per INSERT statement (13 parameters each stays far below SQLite's bound)."""
 INT_MAX = (1 << 63) - 1
+CLAIMS_KEPT = 10_000
+CLAIM_KEPT_FOR = 300.0
+"""How many answered claims (at most), and for how long (seconds), ``jobs.release_claim`` can still hand back."""
 
 SCHEMA = (
     f"""create table if not exists {TABLE} (
@@ -267,6 +271,7 @@ class _Waiter:
     worker: str
     due_before: float
     fut: asyncio.Future[list[Claimed]]
+    token: str = ""
     claiming: bool = False
 
 
@@ -427,8 +432,10 @@ class JobsEngine:
         self._jobs_db: asyncio.Future[SqlDatabase] | None = None
         self._ids = _Ids()
         self.closed = False
+        self.stopping = False
         self.stuck_reports = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._claims: OrderedDict[str, tuple[float, list[Attempt]]] = OrderedDict()
 
     # ------------------------------------------------------------------------------------------- setup
 
@@ -782,20 +789,41 @@ class JobsEngine:
                 self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got]))
         else:
             w.fut.set_result(got)
+            if w.token and got:
+                self._remember(w.token, [Attempt(c.id, c.fence) for c in got])
         self._pump(q)
+
+    def _remember(self, token: str, attempts: list[Attempt]) -> None:
+        """Keep what claim ``token`` got for a while, in case its answer never reaches the caller."""
+        now = time.monotonic()
+        claims = self._claims
+        while claims and (len(claims) >= CLAIMS_KEPT or next(iter(claims.values()))[0] < now - CLAIM_KEPT_FOR):
+            claims.popitem(last=False)
+        claims[token] = (now, attempts)
+
+    async def release_claim(self, queue: str, token: str) -> int:
+        """Hand back the attempts that claim ``token`` got (those still unreported and current): for a caller whose
+        claim was cancelled, or whose answer was lost. Returns how many were handed back."""
+        entry = self._claims.pop(token, None)
+        if entry is None:
+            return 0
+        return await self.release(queue, entry[1])
 
     async def claim(self, peer: Peer, req: Claim) -> list[Claimed]:
         """Claim up to ``req.n`` due jobs of ``req.queue`` for ``peer``, waiting up to ``req.wait_ms`` (real time)
         for one. Returns the attempts (possibly none). Each is ``running``, its attempt counted.
 
         A cancel of this call (or :meth:`unwait`) gives the jobs back, unstarted and not counted, when the claim
-        was already under way. Raises ``InvalidError`` (bad queue or n), ``ClosedError`` (stopping).
+        was already under way. Raises ``InvalidError`` (bad queue or n), ``UnavailableError`` (the store is
+        stopping: waiting claims end with it at once), ``ClosedError`` (stopped).
         """
         q = await self._queue(req.queue)
+        if self.stopping:
+            raise UnavailableError("jobs: the store is stopping; claim again once it is back")
         if not 1 <= req.n <= 1000:
             raise InvalidError(f"queue {req.queue}: claim: n = {req.n} is not between 1 and 1000")
         loop = asyncio.get_running_loop()
-        w = _Waiter(peer, req.n, req.worker, req.due_before_ms / 1000, loop.create_future())
+        w = _Waiter(peer, req.n, req.worker, req.due_before_ms / 1000, loop.create_future(), req.token)
         q.waiters.append(w)
         self._pump(q)
         handle: asyncio.TimerHandle | None = None
@@ -1427,6 +1455,8 @@ class JobsEngine:
         from ..protocol.jobs import snapshot
 
         q = await self._queue(queue)
+        if self.stopping:
+            raise UnavailableError("jobs: the store is stopping; wait again once it is back")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         q.watchers.setdefault(jid, []).append(fut)
         try:
@@ -1547,6 +1577,20 @@ class JobsEngine:
                 }
             )
         return {"stuck_reports": self.stuck_reports, "queues": queues}
+
+    def begin_stop(self) -> None:
+        """The store begins to stop: waiting claims end at once (``UnavailableError``: the worker claims again
+        from the next server), waiting watches return, and new ones are refused, so a graceful stop does not
+        wait for long polls."""
+        self.stopping = True
+        for q in self.queues.values():
+            for w in q.waiters:
+                if not w.fut.done() and not w.claiming:
+                    w.fut.set_exception(UnavailableError("jobs: the store is stopping; claim again once it is back"))
+            for lst in q.watchers.values():
+                for fut in lst:
+                    if not fut.done():
+                        fut.set_result(None)
 
     async def close(self) -> None:
         """Stop: timers stop, waiting claims and watches end with ``ClosedError``; running attempts stay running

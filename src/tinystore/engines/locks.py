@@ -285,13 +285,46 @@ class LocksEngine:
             raise InUseError(f"{_where(lock, key)}: held for all of the 0s wait")
         return slot
 
-    async def _wait(self, slot: _Key, peer: Peer, ttl: float, max_hold: float | None, wait: float) -> Grant:
+    def acquire_start(
+        self,
+        peer: Peer,
+        lock: str,
+        key: str,
+        *,
+        limit: int = 1,
+        ttl: float,
+        max_hold: float | None,
+        wait: float | None,
+    ) -> Grant | asyncio.Future[Grant] | None:
+        """:meth:`acquire` without a coroutine, for callers that cannot await in place (the server's methods).
+
+        Returns a :class:`Grant` or ``None`` (a try that found the key held) at once, or — when the caller must
+        wait — a future that is already in the key's line (first come, first served from this call on). The
+        future gets the grant, or ``InUseError`` when the wait runs out, or ``ClosedError`` (the engine closed,
+        or ``peer`` dropped). Cancelling the future leaves the line and keeps nothing; a caller that gives up
+        on a future that already has its grant must :meth:`release` it. Raises as :meth:`acquire` does for
+        bad arguments, and ``InUseError`` at once for ``wait=0`` on a held key.
+        """
+        got = self._begin(peer, lock, key, limit, ttl, max_hold, wait)
+        if isinstance(got, _Key):
+            assert wait is not None
+            return self._enqueue(got, peer, ttl, max_hold, wait).future
+        return got
+
+    def _enqueue(self, slot: _Key, peer: Peer, ttl: float, max_hold: float | None, wait: float) -> _Waiter:
+        """Put a waiter at the end of ``slot``'s line; cancelling its future takes it out again."""
         future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(future, slot, peer, ttl, max_hold, wait)
         slot.waiters[waiter] = None
         self._peer_waiters.setdefault(peer.id, {})[waiter] = None
         if wait != _INF:
             waiter.timer = self._clock.call_later(wait, lambda: self._wait_ran_out(waiter))
+        future.add_done_callback(lambda f: self._leave(waiter) if f.cancelled() else None)
+        return waiter
+
+    async def _wait(self, slot: _Key, peer: Peer, ttl: float, max_hold: float | None, wait: float) -> Grant:
+        waiter = self._enqueue(slot, peer, ttl, max_hold, wait)
+        future = waiter.future
         try:
             return await future
         except asyncio.CancelledError:

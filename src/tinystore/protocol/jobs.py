@@ -14,6 +14,8 @@ Methods (request body → reply body):
 - ``jobs.renew``: :class:`Renew` → ``list[str]`` (the ids whose attempt is no longer this fence's: lost).
 - ``jobs.report``: :class:`Report` → ``bool`` (whether the report changed the job; a stale fence: ``False``).
 - ``jobs.release``: :class:`Release` → ``int`` (claimed jobs handed back unstarted: not counted as attempts).
+- ``jobs.release_claim``: :class:`ReleaseClaim` → ``int`` (the same, for the attempts of a claim whose answer
+  the caller never got: its call was cancelled, or the connection dropped).
 - ``jobs.progress``: :class:`Progress` → ``bool``.
 - ``jobs.step``: :class:`Step` → ``bool``.
 - ``jobs.get``: :class:`Get` → :class:`JobRow` or ``None``.
@@ -98,7 +100,7 @@ class Claim(msgspec.Struct, kw_only=True):
     wait_ms: int = 0
     worker: str = ""
     due_before_ms: int = 0
-    exclude: list[str] = []
+    token: str = ""
 
 
 class Claimed(msgspec.Struct, kw_only=True):
@@ -137,6 +139,13 @@ class Renew(msgspec.Struct, kw_only=True):
 class Release(msgspec.Struct, kw_only=True):
     queue: str
     attempts: list[Attempt]
+
+
+class ReleaseClaim(msgspec.Struct, kw_only=True):
+    """``jobs.release_claim``: hand back what the claim named ``token`` got, if its answer never arrived."""
+
+    queue: str
+    token: str
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -15,7 +15,14 @@ Methods (request body → reply body):
 - ``locks.renew``: :class:`Renew` → :class:`Renewed`; a ``lost`` error when the lease is gone.
 - ``locks.release``: :class:`Release` → :class:`Released`.
 - ``locks.release_many``: :class:`ReleaseMany` → a list of bools, one per lease in order (``released``).
-  The SDK sends the releases of one loop turn in one call when others are in flight.
+- ``locks.acquire_many``: :class:`AcquireMany` → a list of :class:`AcquireOutcome`, one per item in order:
+  granted, held (a try), an error, or ``queued``: the item is in the key's line from that moment and its
+  outcome comes later as a ``locks.settled`` push (an :class:`AcquireOutcome` with the item's ticket).
+- ``locks.abandon``: :class:`Abandon` → ``None``: queued items whose caller gave up leave their lines.
+- push ``locks.settled``: :class:`AcquireOutcome` of a queued item (granted, or an error such as ``in_use``).
+
+The SDK sends the acquires and releases of one loop turn in one ``*_many`` call when others are in flight,
+so that many callers cost one frame each way rather than one per caller.
 - push ``locks.lost``: :class:`Lost`, to the peer that last renewed (or acquired) a lease that ran out.
 """
 
@@ -29,6 +36,10 @@ ACQUIRE = "locks.acquire"
 RENEW = "locks.renew"
 RELEASE = "locks.release"
 RELEASE_MANY = "locks.release_many"
+ACQUIRE_MANY = "locks.acquire_many"
+ABANDON = "locks.abandon"
+SETTLED = "locks.settled"
+"""The method name of the push that settles a queued item of ``locks.acquire_many``."""
 LOST = "locks.lost"
 """The method name of the push a holder gets when its lease ends without its release."""
 
@@ -150,6 +161,50 @@ class ReleaseMany(msgspec.Struct, kw_only=True):
     """``locks.release_many``: let go of each lease of ``leases`` in order, as :class:`Release` does."""
 
     leases: list[int]
+
+
+class AcquireMany(msgspec.Struct, kw_only=True):
+    """``locks.acquire_many``: the :class:`Acquire` items in order, each with a ticket the client chose (unique
+    on its connection) that names it in the reply, in ``locks.settled`` and in ``locks.abandon``."""
+
+    items: list[Acquire]
+    tickets: list[int]
+
+
+class AcquireOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What became of one acquire. Exactly one of: a grant (``lease`` set, the fields of :class:`Granted`),
+    ``held`` (a try that found the key held), ``queued`` (in line; settled later by a push), or an error
+    (``code`` and ``message`` as in an error frame). The SDK also reads :class:`Granted` and
+    :class:`NotGranted` replies with it."""
+
+    ticket: int = 0
+    lease: int = 0
+    fence: str = ""
+    expires_at_ms: int | None = None
+    max_hold_at_ms: int | None = None
+    ttl_ms: int = 0
+    held: bool = False
+    queued: bool = False
+    code: str = ""
+    message: str = ""
+
+    @classmethod
+    def of(cls, grant: Grant, ticket: int) -> AcquireOutcome:
+        """The outcome of a grant."""
+        return cls(
+            ticket=ticket,
+            lease=grant.lease,
+            fence=str(grant.fence),
+            expires_at_ms=to_ms(grant.expires_at),
+            max_hold_at_ms=to_ms(grant.max_hold_at),
+            ttl_ms=round(grant.ttl * 1000),
+        )
+
+
+class Abandon(msgspec.Struct, kw_only=True):
+    """``locks.abandon``: the queued items of these tickets leave their lines (unknown or settled ones: nothing)."""
+
+    tickets: list[int]
 
 
 class Lost(msgspec.Struct, kw_only=True):

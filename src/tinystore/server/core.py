@@ -105,6 +105,7 @@ class Core:
         self.stopping = asyncio.Event()
         self.stopped = asyncio.Event()
         self.stop_requested = asyncio.Event()
+        self.stop_grace = 10.0
         self.sql: SqlEngine
         self.engines: dict[str, Any] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -211,8 +212,7 @@ class Core:
             return
         self.stopping.set()
         try:
-            for listener in list(self.listeners):
-                await listener.close(grace)
+            await asyncio.gather(*(lst.close(grace) for lst in list(self.listeners)), return_exceptions=True)
             for s in list(self.sessions.values()):
                 s.close()
             for hook in reversed(self.stop_hooks):

@@ -20,6 +20,7 @@ from ..protocol.jobs import (
     Progress,
     QueueInfo,
     Release,
+    ReleaseClaim,
     Renew,
     Report,
     Step,
@@ -43,8 +44,14 @@ def install(core: Core) -> None:
     from .core import Method
 
     def publish(channel: str, branch: tuple[str, ...], payload: bytes) -> object:
+        """Hand a job event to the channels engine, when the store has one. When the engine can tell that
+        nobody listens to the branch (``has_listeners``), the event is skipped: a busy queue would otherwise
+        leave one lingering branch per job in memory, for events that no subscriber could ever get."""
         channels = getattr(core, "channels", None)
         if channels is None:
+            return None
+        listened = getattr(channels, "has_listeners", None)
+        if listened is not None and not listened(channel, branch):
             return None
         return channels.publish(channel, branch, payload)
 
@@ -78,6 +85,9 @@ def install(core: Core) -> None:
 
     async def release(session: Session, req: Release) -> int:
         return await engine.release(req.queue, req.attempts)
+
+    async def release_claim(session: Session, req: ReleaseClaim) -> int:
+        return await engine.release_claim(req.queue, req.token)
 
     async def progress(session: Session, req: Progress) -> bool:
         return await engine.progress(req.queue, req.id, req.fence, req.progress)
@@ -125,6 +135,7 @@ def install(core: Core) -> None:
     core.register(Method("jobs.renew", Renew, renew, write=True))
     core.register(Method("jobs.report", Report, report, write=True))
     core.register(Method("jobs.release", Release, release, write=True))
+    core.register(Method("jobs.release_claim", ReleaseClaim, release_claim, write=True))
     core.register(Method("jobs.progress", Progress, progress, write=True))
     core.register(Method("jobs.step", Step, step, write=True))
     core.register(Method("jobs.get", Get, get))
@@ -135,3 +146,9 @@ def install(core: Core) -> None:
     core.register(Method("jobs.wait", Wait, wait))
     core.register(Method("jobs.queues", Empty, queues))
     core.spawn(engine.start(), name="jobs-start")
+
+    async def stopping() -> None:
+        await core.stopping.wait()
+        engine.begin_stop()
+
+    core.spawn(stopping(), name="jobs-stopping")

@@ -18,16 +18,26 @@ holds anything (LOCK-07).
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..engines.locks import LocksEngine
+from ..errors import InvalidError, TinystoreError
 from ..protocol.locks import (
+    ABANDON,
     ACQUIRE,
+    ACQUIRE_MANY,
     RELEASE,
     RELEASE_MANY,
     RENEW,
+    SETTLED,
+    Abandon,
     Acquire,
+    AcquireMany,
+    AcquireOutcome,
     Grant,
     Granted,
     NotGranted,
@@ -53,51 +63,154 @@ def install(core: Core) -> None:
     engine = LocksEngine(core.clock, core.limits, core.epoch)
     core.locks = engine  # type: ignore[attr-defined]
     core.engines["locks"] = engine
-    acquire_nowait = engine.acquire_nowait
+    start = engine.acquire_start
+    release_ = engine.release
+    # queued items of locks.acquire_many: session id -> ticket -> the engine's future (in the key's line)
+    queued: dict[int, dict[int, asyncio.Future[Grant]]] = {}
 
     def acquire(session: Session, req: Acquire) -> Any:
-        ttl = req.ttl_ms / 1000
-        max_hold = None if req.max_hold_ms is None else req.max_hold_ms / 1000
-        grant = acquire_nowait(session, req.lock, req.key, limit=req.limit, ttl=ttl, max_hold=max_hold)
-        if grant is not None:
-            return grant if session.local else grant.to_wire()
-        if req.wait_ms is None:
+        got = start(
+            session,
+            req.lock,
+            req.key,
+            limit=req.limit,
+            ttl=req.ttl_ms / 1000,
+            max_hold=None if req.max_hold_ms is None else req.max_hold_ms / 1000,
+            wait=None if req.wait_ms is None else req.wait_ms / 1000,
+        )
+        if got is None:
             return None if session.local else _NOT_GRANTED
-        return _wait(session, req, ttl, max_hold, req.wait_ms / 1000)
+        if isinstance(got, Grant):
+            return got if session.local else got.to_wire()
+        return _waiting(session, got)
 
-    def _wait(
-        session: Session, req: Acquire, ttl: float, max_hold: float | None, wait: float
-    ) -> Coroutine[Any, Any, Grant | Granted]:
+    def _waiting(session: Session, fut: asyncio.Future[Grant]) -> Coroutine[Any, Any, Grant | Granted]:
+        # ``fut`` is in the key's line already (first come, first served from the request's arrival).
+        started = [False]
+
         async def waiting() -> Grant | Granted:
-            grant = await engine.acquire(
-                session, req.lock, req.key, limit=req.limit, ttl=ttl, max_hold=max_hold, wait=wait
-            )
-            assert grant is not None
+            started[0] = True
+            try:
+                grant = await fut
+            except asyncio.CancelledError:  # a CANCEL from the client, or its connection closed
+                if fut.done() and not fut.cancelled() and fut.exception() is None:
+                    release_(session, fut.result().lease)  # granted in the same loop turn: nobody will hold it
+                raise
             return grant if session.local else grant.to_wire()
 
-        return waiting()
+        coro = waiting()
+        if not session.local:
+            # The listener runs the coroutine in a task; a CANCEL that comes before the task's first step
+            # throws into a coroutine that never started, so nothing in it runs: see to it after that step.
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, _never_started, session, coro, fut, started)
+        return coro
+
+    def _never_started(
+        session: Session, coro: Coroutine[Any, Any, Any], fut: asyncio.Future[Grant], started: list[bool]
+    ) -> None:
+        if started[0] or inspect.getcoroutinestate(coro) != inspect.CORO_CLOSED:
+            return
+        _give_up(session, fut)
+
+    def _give_up(session: Session, fut: asyncio.Future[Grant]) -> None:
+        if not fut.done():
+            fut.cancel()  # leaves the line
+        elif not fut.cancelled() and fut.exception() is None:
+            release_(session, fut.result().lease)
+
+    def acquire_many(session: Session, req: AcquireMany) -> list[AcquireOutcome]:
+        if len(req.tickets) != len(req.items):
+            raise InvalidError(f"locks.acquire_many: {len(req.items)} items but {len(req.tickets)} tickets")
+        out: list[AcquireOutcome] = []
+        mine: dict[int, asyncio.Future[Grant]] | None = None
+        for item, ticket in zip(req.items, req.tickets, strict=True):
+            try:
+                got = start(
+                    session,
+                    item.lock,
+                    item.key,
+                    limit=item.limit,
+                    ttl=item.ttl_ms / 1000,
+                    max_hold=None if item.max_hold_ms is None else item.max_hold_ms / 1000,
+                    wait=None if item.wait_ms is None else item.wait_ms / 1000,
+                )
+            except TinystoreError as exc:
+                out.append(AcquireOutcome(ticket=ticket, code=exc.code, message=exc.message))
+                continue
+            if got is None:
+                out.append(AcquireOutcome(ticket=ticket, held=True))
+            elif isinstance(got, Grant):
+                out.append(AcquireOutcome.of(got, ticket))
+            else:
+                if mine is None:
+                    mine = queued.setdefault(session.id, {})
+                old = mine.pop(ticket, None)
+                if old is not None:
+                    _give_up(session, old)  # a ticket used twice: the older item gives way
+                mine[ticket] = got
+                got.add_done_callback(functools.partial(_settled, session, ticket))
+                out.append(AcquireOutcome(ticket=ticket, queued=True))
+        return out
+
+    def _settled(session: Session, ticket: int, fut: asyncio.Future[Grant]) -> None:
+        mine = queued.get(session.id)
+        if mine is not None and mine.get(ticket) is fut:
+            del mine[ticket]
+            if not mine:
+                del queued[session.id]
+        if fut.cancelled():
+            return  # abandoned
+        exc = fut.exception()
+        if exc is not None:
+            err = exc if isinstance(exc, TinystoreError) else TinystoreError(str(exc))
+            session.push(SETTLED, AcquireOutcome(ticket=ticket, code=err.code, message=err.message))
+            return
+        grant = fut.result()
+        if session.closed:
+            release_(session, grant.lease)  # granted to a client that is gone and never heard of it
+            return
+        session.push(SETTLED, AcquireOutcome.of(grant, ticket))
+
+    def abandon(session: Session, req: Abandon) -> None:
+        mine = queued.get(session.id)
+        if mine is None:
+            return
+        for ticket in req.tickets:
+            fut = mine.pop(ticket, None)
+            if fut is not None and not fut.done():
+                fut.cancel()
+        if not mine:
+            queued.pop(session.id, None)
 
     def renew(session: Session, req: Renew) -> float | Renewed:
         deadline = engine.renew(session, req.lease)
         return deadline if session.local else Renewed(expires_at_ms=to_ms(deadline))
 
     def release(session: Session, req: Release) -> bool | Released:
-        released = engine.release(session, req.lease)
+        released = release_(session, req.lease)
         return released if session.local else Released(released=released)
 
     def release_many(session: Session, req: ReleaseMany) -> list[bool]:
-        return [engine.release(session, lease) for lease in req.leases]
+        return [release_(session, lease) for lease in req.leases]
 
     def status() -> dict[str, Any]:
         return lock_status(engine, core.clock.datetime)
 
+    def on_close(session: Session) -> None:
+        engine.drop_peer(session)  # its waiters leave their lines (queued items too); its leases stay
+        queued.pop(session.id, None)
+
     async def stop() -> None:
         engine.close()
+        queued.clear()
 
-    core.session_close_hooks.append(engine.drop_peer)
+    core.session_close_hooks.append(on_close)
     core.status_hooks["locks"] = status
     core.stop_hooks.append(stop)
     core.register(Method(ACQUIRE, Acquire, acquire, write=True))
+    core.register(Method(ACQUIRE_MANY, AcquireMany, acquire_many, write=True))
+    core.register(Method(ABANDON, Abandon, abandon, write=True))
     core.register(Method(RENEW, Renew, renew, write=True))
     core.register(Method(RELEASE, Release, release, write=True))
     core.register(Method(RELEASE_MANY, ReleaseMany, release_many, write=True))

@@ -126,7 +126,7 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
         for w in watchers:
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
-        await core.stop()
+        await core.stop(core.stop_grace)
         remove_address(core)
     return 0
 

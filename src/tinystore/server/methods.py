@@ -28,6 +28,7 @@ def install(core: Core) -> None:
         return core.clock.now()
 
     def stop(session: Session, req: Stop) -> bool:
+        core.stop_grace = req.grace
         core.stop_requested.set()
         return True
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from ..engines.sql import SqlTx
+from ..engines.sql import SqlDatabase, SqlTx
 from ..errors import ClosedError, InvalidError, PermissionDeniedError
 from ..protocol.sql import Begin, Exec, OpenDb, Opened, Query, TxRef
 
@@ -26,8 +26,6 @@ def install(core: Core) -> None:
 
     async def open_db(session: Session, req: OpenDb) -> Opened:
         migrations = [(m.name, m.text) for m in req.migrations]
-        if migrations and session.capability != "admin" and req.db in engine.databases:
-            pass  # the engine refuses below only when a migration would be applied
         if migrations and session.capability != "admin":
             db, applied = await engine.open(req.db, [])
             known = {r[0]: r[1] for r in (await db.read("select name, text from _tinystore_migrations", [])).rows}
@@ -37,20 +35,40 @@ def install(core: Core) -> None:
         db, applied = await engine.open(req.db, migrations)
         return Opened(db=req.db, applied=applied, path=str(db.path))
 
+    async def reopen(name: str) -> SqlDatabase:
+        # a database that exists on disk but was not opened since this server started (a client that
+        # reconnected after a restart): open it again, without migrations
+        if not (engine.directory / f"{name}.db").exists():
+            return engine.get(name)  # raises InvalidError: not open
+        db, _ = await engine.open(name, [])
+        return db
+
+    async def exec_later(req: Exec) -> Any:
+        return await (await reopen(req.db)).write(req.sql, req.params)
+
+    async def query_later(req: Query) -> Any:
+        return await (await reopen(req.db)).read(req.sql, req.params, req.mode)
+
     def exec_(session: Session, req: Exec) -> Any:
         if req.tx:
             return own_tx(session, req.tx).exec(req.sql, req.params)
-        return engine.get(req.db).write(req.sql, req.params)
+        db = engine.databases.get(req.db)
+        if db is None:
+            return exec_later(req)
+        return db.write(req.sql, req.params)
 
     def query(session: Session, req: Query) -> Any:
         if req.mode not in ("all", "one", "scalar"):
             raise InvalidError(f"sql.query: mode {req.mode!r} is not all, one or scalar")
         if req.tx:
             return own_tx(session, req.tx).query(req.sql, req.params, req.mode)
-        return engine.get(req.db).read(req.sql, req.params, req.mode)
+        db = engine.databases.get(req.db)
+        if db is None:
+            return query_later(req)
+        return db.read(req.sql, req.params, req.mode)
 
     async def begin(session: Session, req: Begin) -> int:
-        db = engine.get(req.db)
+        db = engine.databases.get(req.db) or await reopen(req.db)
         fut = db.begin(session, req.read_only)
         try:
             tx = await asyncio.shield(fut)

@@ -1,0 +1,128 @@
+"""``tinystore lock DIR hold LOCK KEY [--ttl 30s] [--wait 10s] -- COMMAND…``: run a command while holding a key.
+
+For a cron job that must never run twice at once. The command gets the lease's fence in ``TINYSTORE_FENCE``
+(decimal; ``TINYSTORE_FENCE_PADDED`` is the 40-digit text that sorts as text), and ``TINYSTORE_LOCK`` and
+``TINYSTORE_KEY``. When the lease is lost (its renewals failed for its ttl: this process froze, or the store
+went away; or the store restarted), the command is stopped: SIGTERM, then SIGKILL after ``--grace``.
+
+Exit status: the command's own (128 + N when a signal N ended it); 1 with ``error[code] message`` on stderr
+when the key stayed held for all of the wait (``in_use``), when the lease was lost (``lost``, after the command
+was stopped), or when the store could not be reached; 127 when the command cannot be started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from ..durations import seconds
+from ..errors import InvalidError
+from . import err_console, run_async
+
+
+async def stop_process(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """SIGTERM ``proc``, then SIGKILL it when it is still running after ``grace`` seconds; wait for it."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+def exit_status(returncode: int) -> int:
+    """A child's return code as a shell reports it: a signal N becomes 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+async def hold_and_run(
+    directory: Path, lock: str, key: str, command: list[str], ttl: float, wait: float, grace: float
+) -> int:
+    """Hold ``key`` of ``lock`` in the store of ``directory`` (its server, or a sidecar started for it) while
+    ``command`` runs; return its exit status. Raises ``InUseError`` (held for all of ``wait``), ``LostError``
+    (the lease was lost: the command was stopped first), ``InvalidError``, ``UnavailableError``."""
+    import tinystore
+
+    store = await tinystore.open(directory)
+    try:
+        async with store.lock(lock, ttl=ttl).hold(key, wait=wait) as lease:
+            env = dict(os.environ)
+            env["TINYSTORE_FENCE"] = str(lease.fence)
+            env["TINYSTORE_FENCE_PADDED"] = f"{lease.fence:040d}"
+            env["TINYSTORE_LOCK"] = lock
+            env["TINYSTORE_KEY"] = lease.key
+            try:
+                proc = await asyncio.create_subprocess_exec(*command, env=env)
+            except OSError as exc:
+                err_console.print(f"[red]error[/red]: cannot run {command[0]!r}: {exc}", highlight=False)
+                return 127
+            loop = asyncio.get_running_loop()
+            forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            for sig in forwarded:  # the command decides what a signal to this command means
+
+                def forward(sig: int = sig) -> None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(sig)
+
+                loop.add_signal_handler(sig, forward)
+            try:
+                return exit_status(await proc.wait())
+            except asyncio.CancelledError:  # the lease was lost (LostError follows), or this command is ending
+                await asyncio.shield(stop_process(proc, grace))
+                raise
+            finally:
+                for sig in forwarded:
+                    loop.remove_signal_handler(sig)
+    finally:
+        await store.close()
+
+
+def register(main: click.Group) -> None:
+    """Add the ``lock`` group to the ``tinystore`` command."""
+
+    @main.group()
+    @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+    @click.pass_context
+    def lock(ctx: click.Context, directory: Path) -> None:
+        """Hold a key of a lock of DIRECTORY (its server, or a sidecar started for it)."""
+        ctx.obj = directory
+
+    @lock.command(context_settings={"ignore_unknown_options": True})
+    @click.argument("name", metavar="LOCK")
+    @click.argument("key")
+    @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+    @click.option("--ttl", default="30s", show_default=True, help="The lease's ttl (1s .. 1h).")
+    @click.option("--wait", default="10s", show_default=True, help="How long to wait for the key (0: now or never).")
+    @click.option("--grace", default="10s", show_default=True, help="SIGTERM to SIGKILL when the lease is lost.")
+    @click.pass_obj
+    def hold(directory: Path, name: str, key: str, command: tuple[str, ...], ttl: str, wait: str, grace: str) -> None:
+        """Run COMMAND while holding KEY of LOCK: `tinystore lock DIR hold LOCK KEY -- COMMAND ARGS...`.
+
+        The command gets TINYSTORE_FENCE (the lease's fence, decimal), and is stopped when the lease is lost.
+        Exits with the command's status; 1 when the key stayed held for all of --wait or the lease was lost.
+        """
+        args = list(command)
+        if args and args[0] == "--":
+            args = args[1:]
+        if not args:
+            raise click.UsageError("a COMMAND to run is needed after --")
+
+        async def go() -> int:
+            try:
+                ttl_s, wait_s, grace_s = seconds(ttl, "--ttl"), seconds(wait, "--wait"), seconds(grace, "--grace")
+            except InvalidError as exc:
+                raise InvalidError(f"lock {name}: key {json.dumps(key)}: {exc.message}") from None
+            return await hold_and_run(directory.resolve(), name, key, args, ttl_s, wait_s, grace_s)
+
+        sys.exit(run_async(go))
