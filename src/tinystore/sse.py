@@ -27,6 +27,7 @@ subscription of :func:`event_stream` is stopped within that bound too (SSE-04). 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import json
@@ -174,6 +175,7 @@ class _Outbox:
 
     __slots__ = (
         "__weakref__",
+        "behind",
         "closed",
         "ending",
         "event",
@@ -181,6 +183,7 @@ class _Outbox:
         "keepalive_due",
         "limit",
         "loop",
+        "on_drained",
         "overflowed",
         "parts",
         "size",
@@ -195,6 +198,8 @@ class _Outbox:
         self.ending = False
         self.keepalive_due = False
         self.overflowed = False
+        self.behind = False  # a shared stream dropping messages until the browser caught up
+        self.on_drained: Callable[[], None] | None = None
         self.limit = limit
         self.loop = asyncio.get_running_loop()
 
@@ -435,6 +440,8 @@ class EventSourceResponse(Response):
                     last_write = loop.time()
                     if futures:
                         _resolve(futures)
+                    if outbox.behind and outbox.size <= BACKLOG // 2 and outbox.on_drained is not None:
+                        outbox.on_drained()
                     continue
                 if outbox.ending or (task is not None and task.done()):
                     ended_by_us = True
@@ -532,9 +539,88 @@ def sse_response(
 
 EventName = str | Callable[["Message[Any]"], "str | None"] | None
 
+RING = 256
+"""Messages a shared subscription keeps in this process, so that a browser reconnecting with a recent
+``Last-Event-ID`` resumes from them and joins it again."""
+
+
+class _Shared:
+    """One subscription to a branch, shared by every stream of this process that listens to the branch.
+
+    Each message is encoded for each stream and queued without waiting: a stream whose browser has more than
+    half its ``max_pending`` bytes waiting drops what follows and, once it caught up, gets one ``reload`` with
+    the exact count (so one slow browser never holds the others back, and the store sees one subscriber).
+    """
+
+    def __init__(self, key: tuple[Any, ...], registry: dict[tuple[Any, ...], _Shared]) -> None:
+        self.key = key
+        self.registry = registry
+        self.sub: Subscription[Any] | None = None
+        self.streams: dict[_ChannelStream, None] = {}
+        self.ring: collections.deque[Message[Any]] = collections.deque(maxlen=RING)
+        self.position: str | None = None  # the id just before the next message this subscription handles
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closing = False
+
+    async def open(self, branch: Channel[Any]) -> None:
+        try:
+            self.sub = await branch.subscribe(self.on_message, on_missed=self.on_missed)
+            self.position = _position(self.sub)
+        except BaseException as exc:
+            if self.registry.get(self.key) is self:
+                del self.registry[self.key]
+            if isinstance(exc, Exception):
+                self.ready.set_exception(exc)
+                self.ready.exception()  # retrieved: the streams waiting for it raise it themselves
+            else:
+                self.ready.cancel()
+            raise
+        self.ready.set_result(None)
+
+    @property
+    def active(self) -> bool:
+        return self.sub is not None and self.sub.active and not self.closing
+
+    def on_message(self, m: Message[Any]) -> None:
+        self.ring.append(m)
+        self.position = m.id
+        for stream in self.streams:
+            stream.deliver(m)
+
+    def on_missed(self, missed: Missed) -> None:
+        if missed.reason == "reconnect" and missed.count == 0:
+            return  # the store's connection came back and nothing was lost
+        self.ring.clear()
+        self.position = _position(self.sub) if self.sub is not None else self.position
+        for stream in self.streams:
+            stream.reload(missed.reason, missed.count, self.position)
+
+    def replay_after(self, last_id: str) -> list[Message[Any]] | None:
+        """The messages after ``last_id``, when this process still holds them all; None when it does not."""
+        if last_id == self.position:
+            return []
+        for i, m in enumerate(self.ring):
+            if m.id == last_id:
+                return list(self.ring)[i + 1 :]
+        return None
+
+    async def leave(self, stream: _ChannelStream) -> None:
+        self.streams.pop(stream, None)
+        if self.streams or self.closing:
+            return
+        self.closing = True  # streams that come now make a new one
+        if self.registry.get(self.key) is self:
+            del self.registry[self.key]
+        if self.sub is not None:
+            await self.sub.stop()
+
+
+_shared: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Shared]] = weakref.WeakKeyDictionary()
+
 
 class _ChannelStream(EventSourceResponse):
-    """The response of :func:`event_stream`: subscribes before the headers go out."""
+    """The response of :func:`event_stream`: subscribes (or joins this process's subscription to the branch)
+    before the headers go out."""
 
     def __init__(
         self,
@@ -542,6 +628,7 @@ class _ChannelStream(EventSourceResponse):
         last_event_id: str | None,
         event: EventName,
         data: Callable[[Message[Any]], Any] | None,
+        shared: bool,
         **kw: Any,
     ) -> None:
         super().__init__(None, **kw)
@@ -549,56 +636,141 @@ class _ChannelStream(EventSourceResponse):
         self.last_event_id = last_event_id
         self.event = event
         self.data = data
-        self.subscription: Subscription[Any] | None = None
+        self.shared = shared
+        self.subscription: Subscription[Any] | None = None  # a subscription of its own (a resumed stream)
+        self.hub: _Shared | None = None  # or the process's shared one
+        self.outbox: _Outbox | None = None
+        self.dropped = 0  # shared: messages dropped since the browser fell behind
+        self.last_dropped: str | None = None
+
+    # -- encoding, for both ways
+
+    def encode(self, m: Message[Any]) -> bytes | None:
+        event = self.event
+        try:
+            name = event if event is None or isinstance(event, str) else event(m)
+            return encode_event(encode_json(m.value if self.data is None else self.data(m)), event=name, id=m.id)
+        except Exception as exc:
+            log.error("sse: channel %s: message %s cannot be sent (%r); sending reload", self.branch.name, m.id, exc)
+            return None
+
+    def reload(self, reason: str, missed: int | None, position: str | None) -> asyncio.Future[None]:
+        assert self.outbox is not None
+        self.dropped = 0
+        self.outbox.behind = False
+        payload = {"kind": "reload", "reason": reason, "missed": missed}
+        return self.outbox.put(encode_event(encode_json(payload), event="reload", id=position))
+
+    # -- shared: called by the shared subscription, never waits
+
+    def deliver(self, m: Message[Any]) -> None:
+        outbox = self.outbox
+        assert outbox is not None
+        if outbox.behind:
+            self.dropped += 1
+            self.last_dropped = m.id
+            return
+        chunk = self.encode(m)
+        if chunk is None:
+            self.reload("error", None, m.id)
+            return
+        outbox.push(chunk)
+        if outbox.size > outbox.limit // 2:  # the browser fell behind: drop what follows until it caught up
+            outbox.behind = True
+            outbox.on_drained = self.caught_up
+
+    def caught_up(self) -> None:
+        if self.dropped:
+            self.reload("behind", self.dropped, self.last_dropped)
+        else:
+            assert self.outbox is not None
+            self.outbox.behind = False
+
+    # -- opening and closing
 
     async def _open(self, outbox: _Outbox) -> Producer | None:
-        branch = self.branch
-        event = self.event
-        data = self.data
-        holder: list[Subscription[Any]] = []
+        self.outbox = outbox
+        after, malformed = _parse_last_event_id(self.last_event_id)
+        if self.shared:
+            # a fresh stream makes (or joins) the shared subscription; a resumed one joins it only when this
+            # process still holds what it missed, else it resumes from the store's log on its own
+            hub = await self._hub() if after is None else self._existing_hub()
+            replay = None if hub is None else hub.replay_after(after) if after is not None else []
+            if hub is not None and replay is not None:
+                # from here to the join nothing waits, so no message of the hub falls in between
+                if malformed:
+                    self.reload("malformed id", None, hub.position)
+                for m in replay:
+                    self.deliver(m)
+                self.hub = hub
+                hub.streams[self] = None
+                return None
+        await self._subscribe(outbox, after, malformed)
+        return None
 
-        def reload(reason: str, missed: int | None = None) -> asyncio.Future[None]:
-            position = _position(holder[0]) if holder else None
-            payload = {"kind": "reload", "reason": reason, "missed": missed}
-            return outbox.put(encode_event(encode_json(payload), event="reload", id=position))
+    def _existing_hub(self) -> _Shared | None:
+        branch = self.branch
+        hub = _shared.get(branch.store, {}).get((branch.name, branch.branch, branch.type))
+        return hub if hub is not None and hub.ready.done() and hub.active else None
+
+    async def _hub(self) -> _Shared:
+        branch = self.branch
+        registry = _shared.setdefault(branch.store, {})
+        key = (branch.name, branch.branch, branch.type)
+        while True:
+            hub = registry.get(key)
+            if hub is None:
+                hub = registry[key] = _Shared(key, registry)
+                await hub.open(branch)
+                return hub
+            try:
+                await asyncio.shield(hub.ready)
+            except asyncio.CancelledError:
+                if not hub.ready.cancelled():
+                    raise  # this request was cancelled
+                continue  # the stream that was making it was cancelled: make another
+            if hub.active:
+                return hub
+            if registry.get(key) is hub:
+                del registry[key]
+
+    async def _subscribe(self, outbox: _Outbox, after: str | None, malformed: bool) -> None:
+        """A subscription of this stream's own, resuming after ``after``: the store's log has what it missed."""
 
         def on_message(m: Message[Any]) -> asyncio.Future[None] | None:
-            try:
-                name = event if event is None or isinstance(event, str) else event(m)
-                text = encode_json(m.value if data is None else data(m))
-                chunk = encode_event(text, event=name, id=m.id)
-            except Exception as exc:
-                log.error("sse: channel %s: message %s cannot be sent (%r); sending reload", branch.name, m.id, exc)
-                return reload("error")
+            chunk = self.encode(m)
+            if chunk is None:
+                return self.reload("error", None, m.id)
             if outbox.push(chunk):
                 return outbox.written()  # the browser is behind: take the next message once this one is out
             return None
 
         def on_missed(missed: Missed) -> asyncio.Future[None] | None:
             if missed.reason == "reconnect" and missed.count == 0:
-                return None  # the store's connection came back and nothing was lost
-            return reload(missed.reason, missed.count)
+                return None
+            return self.reload(missed.reason, missed.count, _position(sub) if sub is not None else None)
 
-        after, malformed = _parse_last_event_id(self.last_event_id)
+        sub: Subscription[Any] | None = None
         try:
-            sub = await branch.subscribe(on_message, on_missed=on_missed, after=after)
+            sub = await self.branch.subscribe(on_message, on_missed=on_missed, after=after)
         except InvalidError:
             if after is None:
                 raise
-            sub = await branch.subscribe(on_message, on_missed=on_missed)
+            sub = await self.branch.subscribe(on_message, on_missed=on_missed)
             malformed = True
-        holder.append(sub)
         self.subscription = sub
         if malformed:  # first in line: the subscription's task has not run yet
-            reload("malformed id")
-
-        return None
+            self.reload("malformed id", None, _position(sub))
 
     def _alive(self) -> bool:
         # the store closed: end the stream, and the browser reconnects (to a process that has a store)
+        if self.hub is not None:
+            return self.hub.active
         return self.subscription is not None and self.subscription.active
 
     async def _close(self) -> None:
+        if self.hub is not None:
+            await self.hub.leave(self)
         if self.subscription is not None:
             await self.subscription.stop()
 
@@ -633,6 +805,7 @@ def event_stream(
     data: Callable[[Message[Any]], Any] | None = None,
     retry: Duration | None = None,
     headers: Mapping[str, str] | None = None,
+    shared: bool = True,
 ) -> EventSourceResponse:
     """Serve a channel branch as server-sent events (WHATWG HTML "Server-sent events"), for ``EventSource``.
 
@@ -664,6 +837,7 @@ def event_stream(
         request.headers.get("last-event-id"),
         event,
         data,
+        shared,
         keepalive=keepalive,
         retry=retry,
         headers=headers,

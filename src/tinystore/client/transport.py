@@ -120,6 +120,8 @@ class _ClientConn(asyncio.Protocol):
         self.lost = False
         self.gone = asyncio.Event()  # set once the connection is lost
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.out: list[bytes] = []
+        self.flush_scheduled = False
 
     def going(self) -> bool:
         """Whether the connection is closing: a request written now would be lost unsent."""
@@ -133,6 +135,19 @@ class _ClientConn(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
             await self.gone.wait()
+
+    def send(self, data: bytes) -> None:
+        """Queue ``data``; what one loop turn queues goes out in one write."""
+        self.out.append(data)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        out, self.out = self.out, []
+        if out and self.transport is not None and not self.lost:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def release(self) -> None:
         """A request ended: hand its credit to the next waiting caller."""
@@ -391,7 +406,7 @@ class RemoteTransport(Transport):
             fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
             conn.pending[stream] = fut
             assert conn.transport is not None
-            conn.transport.write(conn.conn.send_request(stream, method, body))
+            conn.send(conn.conn.send_request(stream, method, body))
             try:
                 raw = await fut
             except _Lost as exc:
@@ -411,7 +426,7 @@ class RemoteTransport(Transport):
                 continue
             except asyncio.CancelledError:
                 if conn.pending.pop(stream, None) is not None and not conn.lost and conn.transport is not None:
-                    conn.transport.write(conn.conn.send_cancel(stream))
+                    conn.send(conn.conn.send_cancel(stream))
                     conn.release()
                 raise
             if response_type is Any:

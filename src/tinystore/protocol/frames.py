@@ -47,6 +47,9 @@ class Kind(IntEnum):
     GOAWAY = 8
 
 
+_KINDS: dict[int, Kind] = {int(k): k for k in Kind}
+_METHODS: dict[bytes, str] = {}
+
 CLIENT_KINDS = frozenset({Kind.HELLO, Kind.REQUEST, Kind.CANCEL, Kind.GOAWAY})
 SERVER_KINDS = frozenset({Kind.WELCOME, Kind.RESPONSE, Kind.ERROR, Kind.PUSH, Kind.GOAWAY})
 
@@ -152,10 +155,9 @@ class Connection:
         if body_len > self.max_body:
             raise ProtocolError(f"frame body of {body_len} bytes is over the limit of {self.max_body} bytes")
         # the kind is known from the header: refuse a bad one before buffering its body
-        try:
-            k = Kind(kind)
-        except ValueError:
-            raise ProtocolError(f"unknown frame kind {kind}") from None
+        k = _KINDS.get(kind)
+        if k is None:
+            raise ProtocolError(f"unknown frame kind {kind}")
         if k not in self._allowed:
             raise ProtocolError(f"a {self.role} does not accept {k.name} frames")
         if avail < length + 4:
@@ -163,10 +165,15 @@ class Connection:
                 raise ProtocolError("connection closed in the middle of a frame")
             return NEED_DATA
         start = pos + HEADER_SIZE
-        try:
-            method = bytes(buf[start : start + mlen]).decode("ascii")
-        except UnicodeDecodeError:
-            raise ProtocolError("method name is not ASCII") from None
+        raw = bytes(buf[start : start + mlen])
+        method = _METHODS.get(raw)
+        if method is None:
+            try:
+                method = raw.decode("ascii")
+            except UnicodeDecodeError:
+                raise ProtocolError("method name is not ASCII") from None
+            if len(_METHODS) < 1024:
+                _METHODS[raw] = method
         body = bytes(buf[start + mlen : pos + 4 + length])
         self._pos = pos + 4 + length
         if self._pos > 1 << 20 and self._pos * 2 > len(buf):

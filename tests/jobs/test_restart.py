@@ -1,0 +1,77 @@
+"""Server stops and restarts under working workers (JOB-01, JOB-02)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import tinystore
+
+from ..helpers import ServerProcess
+from .util import wait_state
+
+
+# contract: JOB-02
+async def test_a_graceful_stop_does_not_wait_for_waiting_workers_and_they_resume(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    server = ServerProcess(d).start()
+    store = await tinystore.open(d)
+    ran: list[int] = []
+
+    async def handler(value: dict[str, int], run: tinystore.Run) -> None:
+        ran.append(value["n"])
+
+    try:
+        q = store.queue("resume")
+        worker = q.work(handler, concurrency=2)
+        first = await q.add({"n": 1})
+        await wait_state(q, first, "succeeded")
+        await asyncio.sleep(0.2)  # the worker's claims now wait in the server
+        began = time.monotonic()
+        assert server.stop() == 0
+        assert time.monotonic() - began < 5
+        server = ServerProcess(d).start()
+        await store.status()  # a read is sent again once the SDK reconnected to the new server
+        second = await q.add({"n": 2})
+        await wait_state(q, second, "succeeded", timeout=15)
+        assert ran == [1, 2]
+        await worker.stop()
+    finally:
+        await store.close()
+        server.stop()
+
+
+# contract: JOB-01
+async def test_a_running_attempt_survives_a_server_restart_when_its_worker_lives(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    server = ServerProcess(d).start()
+    store = await tinystore.open(d)
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def handler(value: Any, run: tinystore.Run) -> int:
+        started.set()
+        await finish.wait()
+        return run.attempt
+
+    try:
+        q = store.queue("survive", lease="2s", attempts=3)
+        jid = await q.add({})
+        worker = q.work(handler)
+        await asyncio.wait_for(started.wait(), 5)
+        server.kill(signal.SIGKILL)
+        server = ServerProcess(d).start()
+        await asyncio.sleep(3.0)  # more than a lease: the worker reconnected and renewed
+        await store.status()
+        job = await q.get(jid)
+        assert job is not None and (job.state, job.attempts) == ("running", 1)
+        finish.set()
+        job = await wait_state(q, jid, "succeeded", timeout=10)
+        assert (job.attempts, job.result, job.errors) == (1, 1, [])
+        await worker.stop()
+    finally:
+        await store.close()
+        server.stop()
