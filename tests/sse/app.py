@@ -45,7 +45,10 @@ def make_app(store: tinystore.Store) -> Starlette:
     async def chat_events(request: Request) -> Response:
         chat_id = int(request.path_params["chat"])
         keepalive = request.query_params.get("keepalive", "15s")
-        return event_stream(channel.under(chat_id), request, keepalive=keepalive, event=lambda m: m.value.kind)
+        shared = request.query_params.get("own") != "1"
+        return event_stream(
+            channel.under(chat_id), request, keepalive=keepalive, event=lambda m: m.value.kind, shared=shared
+        )
 
     async def seed_events(request: Request) -> Response:
         chat_id = int(request.path_params["chat"])

@@ -43,10 +43,12 @@ def cut_right_after_sending(store: tinystore.Store, method: str) -> None:
             return await original(m, *args, **kw)
         transport.call = original  # type: ignore[method-assign]
         inner = asyncio.ensure_future(original(m, *args, **kw))
-        await asyncio.sleep(0)  # the inner call writes its request and waits for the answer
+        await asyncio.sleep(0)  # the inner call queues its request and waits for the answer
+        await asyncio.sleep(0)  # the queued writes of that loop turn go out
         assert not inner.done()
         conn = transport._conn  # type: ignore[attr-defined]
         assert conn is not None and len(conn.pending) == 1, "the request was not in flight"
+        assert not conn.unsent, "the request was not written yet"
         drop_connection(store)
         return await inner
 

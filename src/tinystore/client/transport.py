@@ -104,6 +104,10 @@ class _Lost(Exception):
     """The connection dropped before the answer came."""
 
 
+class _NotSent(Exception):
+    """The connection dropped before the request was written: it never reached the server."""
+
+
 class _Refused(Exception):
     """The server refused the request without running it (it is stopping)."""
 
@@ -121,6 +125,7 @@ class _ClientConn(asyncio.Protocol):
         self.gone = asyncio.Event()  # set once the connection is lost
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.out: list[bytes] = []
+        self.unsent: set[int] = set()  # requests queued but not yet written: safe to send again
         self.flush_scheduled = False
 
     def going(self) -> bool:
@@ -136,9 +141,11 @@ class _ClientConn(asyncio.Protocol):
                 self.transport.abort()
             await self.gone.wait()
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, stream: int = 0) -> None:
         """Queue ``data``; what one loop turn queues goes out in one write."""
         self.out.append(data)
+        if stream:
+            self.unsent.add(stream)
         if not self.flush_scheduled:
             self.flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -146,6 +153,7 @@ class _ClientConn(asyncio.Protocol):
     def flush(self) -> None:
         self.flush_scheduled = False
         out, self.out = self.out, []
+        self.unsent.clear()
         if out and self.transport is not None and not self.lost:
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
@@ -225,9 +233,12 @@ class _ClientConn(asyncio.Protocol):
                 UnavailableError(self.goaway or f"the connection closed during the handshake: {exc}")
             )
         pending, self.pending = self.pending, {}
-        for fut in pending.values():
+        for stream, fut in pending.items():
             if not fut.done():
-                fut.set_exception(_Lost(self.goaway or str(exc or "connection closed")))
+                if stream in self.unsent:
+                    fut.set_exception(_NotSent())
+                else:
+                    fut.set_exception(_Lost(self.goaway or str(exc or "connection closed")))
         for w in self.waiters:
             if not w.done():
                 w.set_result(None)
@@ -406,9 +417,11 @@ class RemoteTransport(Transport):
             fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
             conn.pending[stream] = fut
             assert conn.transport is not None
-            conn.send(conn.conn.send_request(stream, method, body))
+            conn.send(conn.conn.send_request(stream, method, body), stream)
             try:
                 raw = await fut
+            except _NotSent:
+                continue
             except _Lost as exc:
                 if write:
                     raise OutcomeUnknownError(
