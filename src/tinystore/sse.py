@@ -5,7 +5,8 @@ Two ways in, both ASGI responses (Starlette and FastAPI return them as they are)
 - :func:`event_stream` serves a channel branch: each message is an event whose ``id`` is the message's id,
   a browser that reconnects with ``Last-Event-ID`` resumes after it while the branch's log holds it, and
   anything the stream cannot deliver (a gap, an id the log no longer holds, a malformed id) becomes one
-  event ``reload`` (SSE-03).
+  event ``reload`` with the exact count (SSE-03). The streams of a branch in one process share one
+  subscription, so a thousand tabs of one chat cost the store one subscriber.
 - :func:`sse_response` serves any producer given ``send`` and ``closed``, such as the seed's
   ``stream(chat_id, send, closed)``.
 
@@ -22,6 +23,7 @@ The response races its body against the client's disconnect, as Starlette's ``St
 task reads the ASGI ``receive`` channel, and on ``http.disconnect`` the stream stops writing, sets
 ``closed``, and gives the producer :data:`STOP_WITHIN` seconds to return before cancelling it; the channel
 subscription of :func:`event_stream` is stopped within that bound too (SSE-04). Nothing is left running.
+:func:`end_streams` ends every stream of the process when its server shuts down.
 """
 
 from __future__ import annotations
@@ -813,24 +815,29 @@ def event_stream(
     answered (its ``Last-Event-ID`` header is read). ``event``: the event type of each message, a str or a
     function of the :class:`~tinystore.Message` (``lambda m: m.value.kind``); ``None``: ``message``.
     ``data``: a function of the message giving what to send (default ``m.value``), written as one ``data:``
-    line of JSON. ``keepalive`` (15 s): a comment line after that much silence. ``retry``: the browser's
-    reconnection delay, sent first.
+    line of JSON. ``keepalive`` (a duration, 15 s): a comment line after that much silence. ``retry``: the
+    browser's reconnection delay, sent first. ``headers``: extra response headers.
 
-    Each message becomes an event whose ``id`` is the message's id (``"<epoch>-<seq>"``). The subscription is
-    made before the headers go out (a store that is closed, unreachable or at its subscription limit gives a
-    503). A request with ``Last-Event-ID`` resumes after that message: what the branch's log still holds is
-    sent (SSE-03). When it cannot be (the log dropped messages, the store restarted, the id is malformed),
-    and whenever the stream misses messages later (the browser fell behind and the log dropped what it had
-    not taken; the store's connection dropped and messages may be lost), the browser gets one event
-    ``reload`` with data ``{"kind": "reload", "reason": ..., "missed": n | null}`` and, as its id, the
-    position after which the stream goes on, so the next reconnect resumes there. A message whose ``event``
-    or ``data`` function raises is logged and sent as a ``reload`` too. A slow browser never slows a
-    publisher: the subscription takes the next message once the server took the previous event.
+    Each message becomes an event whose ``id`` is the message's id (``"<epoch>-<seq>"``), in publish order.
+    The streams of one branch in this process share one subscription (``shared=False``: each its own); it
+    is made before the headers go out, and a store that is closed, unreachable or at its subscription limit
+    gives a 503 with ``Retry-After``. A request with ``Last-Event-ID`` resumes after that message (SSE-03):
+    from this process's last :data:`RING` messages of the branch, or else from the branch's log in the store,
+    with a subscription of its own. When it cannot be (the log dropped messages, the store restarted, the id
+    is malformed), and whenever the stream misses messages later, the browser gets one event ``reload`` with
+    data ``{"kind": "reload", "reason": ..., "missed": n | null}`` and, as its id, the position after which
+    the stream goes on, so the next reconnect resumes there. Messages are missed when the browser falls
+    behind (a shared stream with more than half of ``max_pending``, 512 KiB, waiting drops what follows, and
+    its reload comes once it caught up; a stream of its own stops taking messages past 64 KiB, and the branch
+    log drops them), or when the store's connection dropped and messages were lost meanwhile. ``n`` is
+    exact: for every stream, the events delivered plus the counts of its reloads is the number of messages
+    published after it opened. A slow browser never slows a publisher, nor the other streams. A message
+    whose ``event`` or ``data`` function raises is logged and sent as a ``reload``.
 
-    When the browser goes away the subscription is stopped within :data:`STOP_WITHIN` seconds and holds
-    nothing in the store (SSE-04); when the store closes, the stream ends and the browser reconnects.
-    Raises ``InvalidError`` for a bad ``keepalive`` or ``retry``; an ``event`` name or ``id`` with a line
-    break is reported as a ``reload``.
+    When the browser goes away, the stream leaves the shared subscription, which stops with its last stream,
+    within :data:`STOP_WITHIN` seconds; nothing of it is left in the store (SSE-04). When the store closes,
+    the stream ends at its next keep-alive tick and the browser reconnects. Raises ``InvalidError`` for a bad
+    ``keepalive`` or ``retry``.
     """
     return _ChannelStream(
         branch,

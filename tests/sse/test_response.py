@@ -142,16 +142,17 @@ async def test_a_store_at_its_subscription_limit_or_closed_gives_503(tmp_path: P
         events = store.channel("e")
 
         async def endpoint(request: Request) -> Response:
-            return event_stream(events.under(1), request)
+            return event_stream(events.under(request.path_params["n"]), request)
 
-        app = Starlette(routes=[Route("/s", endpoint)])
+        app = Starlette(routes=[Route("/s/{n}", endpoint)])
         async with serve(app) as url, client() as http:
-            async with open_sse(http, f"{url}/s"), open_sse(http, f"{url}/s"):
-                r = await http.get(f"{url}/s")
+            async with open_sse(http, f"{url}/s/1"), open_sse(http, f"{url}/s/2"), open_sse(http, f"{url}/s/2"):
+                # two branches, two subscriptions (the streams of one branch share one): the store's limit
+                r = await asyncio.wait_for(http.get(f"{url}/s/3"), 5)
                 assert r.status_code == 503
                 assert "subscriptions" in r.text and r.headers["retry-after"]
             await store.close()
-            r = await http.get(f"{url}/s")
+            r = await asyncio.wait_for(http.get(f"{url}/s/1"), 5)
             assert r.status_code == 503 and "closed" in r.text
 
 

@@ -92,7 +92,7 @@ MARGIN = 0.1
 KEY_MAX = 256
 
 _HELD, _LOST, _DONE = 0, 1, 2
-_NEW, _SENT, _QUEUED = 0, 1, 2  # and _DONE: the states of a batched ask
+_NEW, _SENT, _QUEUED, _SETTLED = 10, 11, 12, 13  # the states of a batched ask
 
 # The leases whose blocks run in this context (a task, and the tasks it starts): holding one of their keys
 # again would wait for itself.
@@ -589,7 +589,6 @@ class _Hub:
         self.early_lost: OrderedDict[int, str] = OrderedDict()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.releasing = 0  # release calls in flight
-        self.acquiring = 0  # acquire calls in flight
         self.acquire_batch: list[_Ask] | None = None
         self.asks: dict[int, _Ask] = {}  # batched asks sent and not settled, by ticket
         self.ticket_ids = itertools.count(1)
@@ -677,34 +676,33 @@ class _Hub:
             return lease
 
     async def _ask(self, req: Acquire) -> AcquireOutcome:
-        """One ``locks.acquire`` from this task when no other is in flight (the fastest answer for one
-        caller), else with the other acquires of this loop turn in one ``locks.acquire_many``.
+        """Send ``req`` with the other acquires of this loop turn in one ``locks.acquire_many``, from a task of
+        the hub, and wait for its outcome (a queued one comes later as a ``locks.settled`` push).
 
-        A cancel of a batched ask never loses a grant: the hub's task reads the answer and lets go of what the
-        caller no longer waits for, and a queued ask is abandoned at the store. (A cancel of a lone
-        ``locks.acquire`` that comes in the very loop turn its answer arrives loses the answer; the lease it
-        gave is never renewed and runs out after its ttl.)
+        A cancel never loses a grant: the hub reads every answer and lets go of what no caller waits for any
+        more, and a queued ask whose caller gave up is abandoned at the store (it leaves the line). That is
+        why even a lone acquire goes this way rather than as a ``locks.acquire`` awaited by its caller, whose
+        answer a cancel in the very loop turn it arrives would drop (the lease would stay held for its ttl).
         """
-        if self.acquiring or self.acquire_batch is not None:
-            ask = _Ask(req, self.loop.create_future())
-            batch = self.acquire_batch
-            if batch is None:
-                batch = self.acquire_batch = []
-                self.spawn(self._send_acquires(batch))
-            batch.append(ask)
-            try:
-                return await ask.fut
-            except asyncio.CancelledError:
-                if ask.state == _QUEUED:
-                    self.asks.pop(ask.ticket, None)
-                    self.spawn(self._abandon([ask.ticket]))
-                raise
-        self.acquiring += 1
+        ask = _Ask(req, self.loop.create_future())
+        batch = self.acquire_batch
+        if batch is None:
+            batch = self.acquire_batch = []
+            self.spawn(self._send_acquires(batch))
+        batch.append(ask)
         try:
-            reply: AcquireOutcome = await self.transport.call(ACQUIRE, req, AcquireOutcome, write=False, retry=False)
-            return reply
-        finally:
-            self.acquiring -= 1
+            return await ask.fut
+        except asyncio.CancelledError:
+            fut = ask.fut
+            if ask.state == _QUEUED:
+                self.asks.pop(ask.ticket, None)
+                self.spawn(self._abandon([ask.ticket]))
+            elif fut.done() and not fut.cancelled() and fut.exception() is None:
+                # answered in the loop turn of the cancel: nobody will hold what it was given
+                got = fut.result()
+                if got.lease and not got.held:
+                    self.spawn(self._release_id(got.lease))
+            raise
 
     async def _send_acquires(self, batch: list[_Ask]) -> None:
         # runs a loop turn after the batch's first ask: the asks of that turn are in it
@@ -717,7 +715,6 @@ class _Hub:
             ask.ticket = next(self.ticket_ids)
             ask.state = _SENT
             self.asks[ask.ticket] = ask
-        self.acquiring += 1
         try:
             req = AcquireMany(items=[ask.req for ask in live], tickets=[ask.ticket for ask in live])
             got: list[AcquireOutcome] = await self.transport.call(
@@ -726,7 +723,7 @@ class _Hub:
         except BaseException as exc:
             for ask in live:
                 self.asks.pop(ask.ticket, None)
-                ask.state = _DONE
+                ask.state = _SETTLED
                 if not ask.fut.done():
                     if isinstance(exc, TinystoreError):
                         ask.fut.set_exception(exc)
@@ -735,8 +732,6 @@ class _Hub:
             if not isinstance(exc, TinystoreError):
                 raise
             return
-        finally:
-            self.acquiring -= 1
         gone: list[int] = []
         for ask, out in zip(live, got, strict=True):
             if ask.state != _SENT:
@@ -753,7 +748,7 @@ class _Hub:
             await self._abandon(gone)
 
     def _settle(self, ask: _Ask, out: AcquireOutcome) -> None:
-        ask.state = _DONE
+        ask.state = _SETTLED
         if ask.fut.done():  # the caller gave up: let go of what it was given
             if out.lease and not out.code and not self.closed:
                 self.spawn(self._release_id(out.lease))
@@ -892,7 +887,7 @@ class _Hub:
         asks = [ask for ask in self.asks.values() if ask.state == _QUEUED]
         for ask in asks:
             self.asks.pop(ask.ticket, None)
-            ask.state = _DONE
+            ask.state = _SETTLED
             if not ask.fut.done():
                 ask.fut.set_exception(ClosedError(message))
 

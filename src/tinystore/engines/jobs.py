@@ -340,6 +340,9 @@ class _Queue:
         self.running_total = 0
         self.served: dict[str, int] = {}
         self.serve_count = 0
+        self.tenants: list[tuple[int, int, str]] = []  # heap of (-priority, last served, tenant), lazily exact
+        self.tenant_keys: dict[str, tuple[int, int]] = {}  # each tenant's current key in that heap
+        self.blocked: set[str] = set()  # tenants with due jobs at max_running_per_tenant
         self.waiters: deque[_Waiter] = deque()
         self.watchers: dict[str, list[asyncio.Future[None]]] = {}
         self.delayed = _Deadlines(engine.clock, lambda e: engine._on_due(self, e))
@@ -627,9 +630,41 @@ class JobsEngine:
                 line.appendleft(e)
             else:
                 line.append(e)
+            self._refresh(q, e.tenant)
         else:
             e.where = DELAYED
             q.delayed.push(e.run_at, e)
+
+    @staticmethod
+    def _head(q: _Queue, tenant: str) -> _Entry | None:
+        """The tenant's next due job (highest priority, first in), dropping what is no longer due in its lines."""
+        prios = q.ready.get(tenant)
+        if not prios:
+            q.ready.pop(tenant, None)
+            return None
+        for p in sorted(prios, reverse=True) if len(prios) > 1 else list(prios):
+            line = prios[p]
+            while line and (line[0].where != READY or q.entries.get(line[0].id) is not line[0]):
+                line.popleft()
+            if line:
+                return line[0]
+            del prios[p]
+        q.ready.pop(tenant, None)
+        return None
+
+    def _refresh(self, q: _Queue, tenant: str) -> None:
+        """Put the tenant in the heap of tenants with due jobs at its current key (-priority, last served);
+        a tenant at ``max_running_per_tenant`` waits aside until one of its jobs ends."""
+        if tenant in q.blocked:
+            return
+        head = self._head(q, tenant)
+        if head is None:
+            q.tenant_keys.pop(tenant, None)
+            return
+        key = (-head.priority, q.served.get(tenant, 0))
+        if q.tenant_keys.get(tenant) != key:
+            q.tenant_keys[tenant] = key
+            heapq.heappush(q.tenants, (key[0], key[1], tenant))
 
     def _on_due(self, q: _Queue, e: _Entry) -> None:
         if e.where == DELAYED and q.entries.get(e.id) is e:
@@ -640,41 +675,63 @@ class JobsEngine:
             self._pump(q)
 
     def _pick(self, q: _Queue, due_before: float) -> _Entry | None:
-        """The next job to run: a higher priority first; within it, the tenant served least recently."""
+        """The next job to run: a higher priority first; within it, the tenant served least recently; tenants at
+        ``max_running_per_tenant`` are passed over, and nothing runs past ``max_running``. O(log tenants)."""
         opts = q.options
         if opts.max_running and q.running_total >= opts.max_running:
             return None
+        if due_before:
+            return self._pick_due_before(q, due_before)
         per_tenant = opts.max_running_per_tenant
+        heap = q.tenants
+        while heap:
+            neg_prio, served, tenant = heap[0]
+            if q.tenant_keys.get(tenant) != (neg_prio, served):
+                heapq.heappop(heap)  # stale: the tenant was served or its best priority changed since
+                continue
+            if per_tenant and q.running.get(tenant, 0) >= per_tenant:
+                heapq.heappop(heap)
+                del q.tenant_keys[tenant]
+                q.blocked.add(tenant)
+                continue
+            head = self._head(q, tenant)
+            if head is None or head.priority != -neg_prio:
+                heapq.heappop(heap)
+                del q.tenant_keys[tenant]
+                self._refresh(q, tenant)
+                continue
+            q.ready[tenant][head.priority].popleft()
+            self._serve(q, head)
+            return head
+        return None
+
+    def _pick_due_before(self, q: _Queue, due_before: float) -> _Entry | None:
+        """:meth:`_pick` for ``run_due``: only jobs due at or before ``due_before`` (a scan of the tenants)."""
+        per_tenant = q.options.max_running_per_tenant
         best: _Entry | None = None
-        best_key: tuple[int, int] = (0, 0)
-        empty: list[str] = []
-        for tenant, prios in q.ready.items():
+        best_key = (0, 0)
+        for tenant in list(q.ready):
             if per_tenant and q.running.get(tenant, 0) >= per_tenant:
                 continue
-            head: _Entry | None = None
-            for p in sorted(prios, reverse=True):
-                line = prios[p]
-                while line and (line[0].where != READY or q.entries.get(line[0].id) is not line[0]):
-                    line.popleft()
-                if not line:
-                    del prios[p]
-                    continue
-                head = line[0]
-                break
-            if head is None:
-                empty.append(tenant)
-                continue
-            if due_before and head.run_at > due_before:
+            head = self._head(q, tenant)
+            if head is None or head.run_at > due_before:
                 continue
             key = (-head.priority, q.served.get(tenant, 0))
             if best is None or key < best_key:
                 best, best_key = head, key
-        for tenant in empty:
-            if not q.ready.get(tenant):
-                q.ready.pop(tenant, None)
         if best is not None:
             q.ready[best.tenant][best.priority].popleft()
+            self._serve(q, best)
         return best
+
+    def _serve(self, q: _Queue, e: _Entry) -> None:
+        """``e`` was picked: it counts as running from now, and its tenant moves back in the line."""
+        e.where = CLAIMING
+        e.counted = True
+        self._count(q, e, 1)
+        q.serve_count += 1
+        q.served[e.tenant] = q.serve_count
+        self._refresh(q, e.tenant)
 
     def _count(self, q: _Queue, e: _Entry, delta: int) -> None:
         n = q.running.get(e.tenant, 0) + delta
@@ -683,6 +740,9 @@ class JobsEngine:
         else:
             q.running.pop(e.tenant, None)
         q.running_total += delta
+        if delta < 0 and e.tenant in q.blocked:
+            q.blocked.discard(e.tenant)
+            self._refresh(q, e.tenant)
 
     def _pump(self, q: _Queue) -> None:
         """Hand due jobs to waiting claims, first come first served, as far as the limits allow."""
@@ -696,11 +756,6 @@ class JobsEngine:
                 e = self._pick(q, w.due_before)
                 if e is None:
                     break
-                e.where = CLAIMING
-                e.counted = True
-                self._count(q, e, 1)
-                q.serve_count += 1
-                q.served[e.tenant] = q.serve_count
                 picked.append(e)
             if not picked:
                 return
