@@ -144,6 +144,8 @@ async def test_the_state_lives_in_the_database_across_restarts(mode: str, tmp_pa
         assert [j.id for j in page.jobs] == sorted([ok, bad, waiting], reverse=True)
         assert [j.id for j in (await q.list(state="dead")).jobs] == [bad]
         assert [j.id for j in (await q.list(tenant="org-1")).jobs] == sorted([ok, waiting], reverse=True)
+        assert [j.id for j in (await q.list(user="u-1")).jobs] == [ok]
+        assert [j.id for j in (await q.list(type="ingest_file", state="succeeded")).jobs] == [ok]
         first = await q.list(limit=2)
         assert first.next is not None
         rest = await q.list(limit=2, after=first.next)
@@ -625,9 +627,13 @@ async def test_steps_resume_after_the_last_finished_step(store: tinystore.Store)
             raise ConnectionError("503")
         return 2
 
+    began_at: list[Any] = []
+
     async def handler(value: Any, run: tinystore.Run) -> Any:
+        began_at.append(run.progress)
         f = await run.step("fetch", fetch)
         chunks = await run.step("parse", parse)
+        run.set_progress({"parsed": len(chunks)})
         n = await run.step("embed", embed)
         return {"fetched": f["bytes"], "chunks": chunks, "embedded": n}
 
@@ -640,6 +646,7 @@ async def test_steps_resume_after_the_last_finished_step(store: tinystore.Store)
     assert job is not None and job.state == "succeeded" and job.attempts == 2
     assert job.result == {"fetched": 1024, "chunks": ["c1", "c2"], "embedded": 2}
     assert calls == {"fetch": 1, "parse": 1, "embed": 2}
+    assert began_at == [None, {"parsed": 2}]  # the failed attempt's last progress was kept too
 
 
 # ---------------------------------------------------------------------------------------------- options

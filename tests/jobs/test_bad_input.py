@@ -127,3 +127,26 @@ async def test_progress_and_steps_that_are_not_json_or_too_big(store: tinystore.
     assert await q.run_due(handler) == 1
     job = await q.get(jid)
     assert errors == ["checked"] and job is not None and job.state == "succeeded" and job.steps == {}
+
+
+async def test_a_step_inside_a_transaction_of_the_queues_database_is_refused(store: tinystore.Store) -> None:
+    db = await store.database("app", migrations=[("001.sql", "create table t (id integer primary key);")])
+    q = store.queue("in-tx", database=db)
+    jid = await q.add({})
+    seen: list[str] = []
+
+    async def handler(value: Any, run: tinystore.Run) -> str:
+        async def inside(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (id) values (1)")
+            with pytest.raises(InvalidError, match="would wait for itself"):
+                await run.step("s", lambda: 1)
+            seen.append("refused")
+
+        await db.tx(inside)
+        return str(await run.step("s", lambda: 2))  # outside the transaction it works
+
+    assert await q.run_due(handler) == 1
+    job = await q.get(jid)
+    assert (
+        seen == ["refused"] and job is not None and (job.state, job.result, job.steps) == ("succeeded", "2", {"s": 2})
+    )

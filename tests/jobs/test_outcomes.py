@@ -4,9 +4,11 @@ stopping a worker or cancelling a claim leaves behind."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+import msgspec
 import pytest
 
 import tinystore
@@ -195,3 +197,87 @@ async def test_watch_follows_a_job_to_its_end_without_polling(clocked: tinystore
     assert states[0] == ("queued", 0) and states[-1] == ("succeeded", 2)
     assert ("failed", 1) in states
     assert [s async for s in q.watch("unknown")] == []
+
+
+class Page(TypedDict):
+    url: str
+    depth: int
+
+
+class Chunk(msgspec.Struct):
+    doc_id: str
+    position: int
+
+
+@dataclasses.dataclass
+class Summary:
+    chat_id: int
+    words: list[str]
+
+
+async def test_typed_values_round_trip(store: tinystore.Store) -> None:
+    cases: list[tuple[str, Any, Any]] = [
+        ("typed-dict", Page, Page(url="https://wiki/x", depth=2)),
+        ("struct", Chunk, Chunk("d-1", 7)),
+        ("dataclass", Summary, Summary(3, ["a", "b"])),
+        ("plain", list[int], [1, 2, 3]),
+        ("any", None, {"nested": [1, {"ü": "😀"}]}),
+    ]
+    for name, type_, value in cases:
+        q = store.queue(name, type_)
+        jid = await q.add(value)
+        got: list[Any] = []
+        assert await q.run_due(lambda v, run, got=got: got.append(v)) == 1
+        job = await q.get(jid)
+        assert got == [value] and job is not None and job.value == value, name
+
+
+async def test_closing_the_store_stops_its_workers(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    async with open_store("embedded", d) as store:
+        q = store.queue("closing")
+        jid = await q.add({})
+        started = asyncio.Event()
+
+        async def handler(value: Any, run: tinystore.Run) -> str:
+            started.set()
+            await asyncio.sleep(0.3)
+            return "finished before the close"
+
+        worker = q.work(handler)
+        await asyncio.wait_for(started.wait(), 5)
+    assert worker.running == 0
+    async with open_store("embedded", d) as store:
+        job = await store.queue("closing").get(jid)
+        assert job is not None and (job.state, job.result) == ("succeeded", "finished before the close")
+
+
+# contract: JOB-10
+async def test_progress_is_sent_at_most_ten_times_a_second(store: tinystore.Store) -> None:
+    q = store.queue("chatty")
+    events: list[tinystore.JobEvent] = []
+    sub = await (
+        store.channel("tinystore-jobs", tinystore.JobEvent)
+        .under("chatty")
+        .subscribe(lambda m: events.append(m.value) if m.value.kind == "progress" else None, recursive=True)
+    )
+    jid = await q.add({})
+
+    async def handler(value: Any, run: tinystore.Run) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 0.5
+        n = 0
+        while loop.time() < end:
+            n += 1
+            run.set_progress({"done": n})
+            await asyncio.sleep(0.001)
+        run.set_progress({"done": "all"})
+
+    try:
+        assert await q.run_due(handler) == 1
+        job = await q.get(jid)
+        assert job is not None and job.progress == {"done": "all"}  # the last value went with the end
+        await asyncio.sleep(0.2)
+        assert 3 <= len(events) <= 7, [e.progress for e in events]
+    finally:
+        await sub.stop()

@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import tinystore
 
-from ..helpers import ServerProcess
+from ..helpers import ServerProcess, drop_connection, open_store
 from .util import wait_state
 
 
@@ -75,3 +77,35 @@ async def test_a_running_attempt_survives_a_server_restart_when_its_worker_lives
     finally:
         await store.close()
         server.stop()
+
+
+# contract: JOB-01
+@pytest.mark.parametrize("mode", ["private", "sidecar"])
+async def test_workers_ride_through_a_dropped_connection(tmp_path: Path, mode: str) -> None:
+    async with open_store(mode, tmp_path / "store") as store:
+        q = store.queue("drops", lease="2s")
+        started = asyncio.Event()
+        finish = asyncio.Event()
+
+        async def handler(value: dict[str, int], run: tinystore.Run) -> int:
+            if value["n"] == 1:
+                started.set()
+                await finish.wait()
+            return value["n"]
+
+        worker = q.work(handler, concurrency=2)
+        try:
+            first = await q.add({"n": 1})
+            await asyncio.wait_for(started.wait(), 5)
+            drop_connection(store)  # the claim waiting for a second job and the running attempt's lease
+            await asyncio.sleep(0.5)
+            finish.set()
+            job = await wait_state(q, first, "succeeded", timeout=10)
+            assert (job.attempts, job.result) == (1, 1)
+            drop_connection(store)  # an idle worker's waiting claim
+            await store.status()
+            second = await q.add({"n": 2})
+            job = await wait_state(q, second, "succeeded", timeout=10)
+            assert (job.attempts, job.result) == (1, 2)
+        finally:
+            await worker.stop()

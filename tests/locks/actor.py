@@ -77,19 +77,22 @@ async def fault(store: tinystore.Store, cfg: dict[str, Any]) -> None:
     until = cfg["until"]
     while time.time() < until:
         fence = ""
+        sent = False
         try:
             async with lock.hold("c", wait=cfg.get("wait", 3)) as lease:
                 fence = f"{lease.fence:040d}"
                 say(event="held", fence=fence)
-                await asyncio.sleep(random.uniform(0, 0.05))
+                await asyncio.sleep(random.uniform(0, 0.02))
+                time.sleep(random.uniform(0, 0.03))  # synchronous work: a freeze here writes right after waking
+                sent = True
                 done = await db.exec(
                     "update counter set value = value + 1, fence = ? where id = 1 and fence < ?", fence, fence
                 )
                 say(event="counter", fence=fence, accepted=done.changes == 1)
-        except tinystore.OutcomeUnknownError:
-            say(event="counter", fence=fence, accepted=None)
         except tinystore.TinystoreError as exc:
             say(event="error", code=exc.code, fence=fence, message=exc.message[:200])
+            if sent:
+                say(event="counter", fence=fence, accepted=None)  # sent, its outcome unheard
             await asyncio.sleep(0.05)
 
 

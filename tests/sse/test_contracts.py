@@ -347,3 +347,26 @@ async def test_a_slow_tab_never_holds_back_the_others_on_its_branch(store: tinys
             await asyncio.sleep(0)
             ev = await fast.next(timeout=5)  # the other gets each one at once, in order
             assert (ev.type, json.loads(ev.data)["id"]) == ("token", i)
+
+
+# contract: SSE-03
+async def test_a_dropped_store_connection_loses_no_event_of_an_open_stream(tmp_path: Path) -> None:
+    """The web process's connection to the sidecar drops while another process publishes: the stream still
+    gets every message (the SDK resubscribes after the last one it handled), and no reload."""
+    from ..helpers import drop_connection
+
+    async with open_store("sidecar", tmp_path / "store") as store, serve(make_app(store)) as web:
+        other = await tinystore.open(tmp_path / "store")
+        try:
+            events = events_of(other).under(16)
+            async with client() as http, open_sse(http, f"{web}/events/16") as tab:
+                await wait_subscriptions(store, 1)
+                ids = [await events.publish(ChatEvent("message", 1))]
+                assert (await tab.next()).last_event_id == ids[0]
+                drop_connection(store)
+                ids += [await events.publish(ChatEvent("message", i)) for i in (2, 3)]
+                got = [await tab.next(timeout=10), await tab.next(timeout=10)]
+                assert [(e.type, e.last_event_id) for e in got] == [("message", i) for i in ids[1:]]
+                await tab.none_within(0.3)
+        finally:
+            await other.close()

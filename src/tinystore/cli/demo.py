@@ -115,9 +115,10 @@ def _uvicorn_server(app: Any, host: str, port: int) -> Any:
 
 
 def _address(server: Any, host: str) -> str:
+    """The address to open: a wildcard host (0.0.0.0, ::) is shown as this machine's loopback address."""
     sock = server.servers[0].sockets[0]
     port = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
+    shown = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, f"[{host}]" if ":" in host else host)
     return f"http://{shown}:{port}"
 
 

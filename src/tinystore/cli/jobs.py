@@ -75,6 +75,7 @@ def register(main: click.Group) -> None:
         help="Only jobs in this state (stuck: running past their expected time).",
     )
     @click.option("--tenant", default=None, help="Only this tenant's jobs.")
+    @click.option("--user", default=None, help="Only this user's jobs.")
     @click.option("--type", "type_", default=None, help="Only jobs of this type.")
     @click.option("--limit", default=50, show_default=True, help="At most this many jobs (1..1000).")
     @click.option("--after", default=None, help="The cursor a previous page printed.")
@@ -86,6 +87,7 @@ def register(main: click.Group) -> None:
         queue: str,
         state: str | None,
         tenant: str | None,
+        user: str | None,
         type_: str | None,
         limit: int,
         after: str | None,
@@ -98,7 +100,7 @@ def register(main: click.Group) -> None:
         async def go() -> Any:
             store = await open_for_cli(directory)
             try:
-                return await list_jobs(store, queue, state, tenant, type_, limit, after)
+                return await list_jobs(store, queue, state, tenant, type_, limit, after, user)
             finally:
                 await store.close()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import inspect
 import logging
 import math
@@ -181,7 +182,8 @@ class Run:
     ``job_id`` (str), ``attempt`` (1 for the first run), ``fence`` (int; grows with each attempt of the job:
     write it beside the job's effects and refuse a write whose fence is below the one stored, so a late attempt
     cannot overwrite a newer one), ``cancelled`` (an ``asyncio.Event`` set when the job was cancelled or the
-    attempt lost; the handler's task is cancelled too), ``tenant``, ``key``, ``type``, ``user``, ``priority``.
+    attempt lost; the handler's task is cancelled too), ``tenant``, ``key``, ``type``, ``user``, ``priority``,
+    ``progress`` (the job's last progress when this attempt began: where an earlier attempt got to), ``queue``.
     """
 
     def __init__(self, attempt: _Attempt) -> None:
@@ -195,6 +197,7 @@ class Run:
         self.type = c.type
         self.user = c.user
         self.priority = c.priority
+        self.progress = c.progress
         self.queue = attempt.runner.queue.name
         self.cancelled = asyncio.Event()
         self._steps = dict(c.steps)
@@ -221,12 +224,14 @@ class Run:
         ``type`` when given), the same on the first run and on a resumed one.
 
         Raises what ``fn`` raises (nothing is kept then), ``InvalidError`` (a result that is not JSON, a bad
-        name), ``LimitError``, ``LostError`` (the attempt is no longer current: the job was cancelled or taken
-        by another worker; the step's result was not kept). A cancel while ``fn`` runs keeps nothing.
+        name, a call from inside a transaction of the queue's own database), ``LimitError``, ``LostError``
+        (the attempt is no longer current: the job was cancelled or taken by another worker; the step's result
+        was not kept). A cancel while ``fn`` runs keeps nothing.
         """
         if name in self._steps:
             kept = self._steps[name]
             return msgspec.convert(kept, type, strict=False) if type is not None else kept
+        self._a.runner.queue._not_in_own_tx(f"step {name!r}")
         result = fn()
         if inspect.isawaitable(result):
             result = await result
@@ -394,12 +399,17 @@ class _Runner:
                 return
             sent = time.monotonic()
             try:
-                lost = await self.call(
-                    "jobs.renew",
-                    Renew(queue=self.queue.name, attempts=[Attempt(a.claimed.id, a.claimed.fence) for a in current]),
-                    builtins.list[str],
+                lost = await asyncio.wait_for(
+                    self.call(
+                        "jobs.renew",
+                        Renew(
+                            queue=self.queue.name, attempts=[Attempt(a.claimed.id, a.claimed.fence) for a in current]
+                        ),
+                        builtins.list[str],
+                    ),
+                    max(lease / 3, 0.5),
                 )
-            except (TinystoreError, OSError) as exc:
+            except (TinystoreError, OSError, TimeoutError) as exc:
                 log.debug("queue %s: renewal failed: %s", self.queue.name, exc)
                 for a in current:
                     if not self.queue.store.transport.local and time.monotonic() - a.renewed_at > a.lease:
@@ -698,6 +708,11 @@ class Queue(Generic[T]):
 
     The options are the store's: the first open of a queue keeps them, and an open whose options differ from
     the kept ones raises ``InvalidError`` naming the option (at the queue's first awaited call).
+
+    Besides what each call lists, every awaited call may raise ``ClosedError`` (the store was closed) and
+    ``UnavailableError`` (the store stayed unreachable past the reconnect timeout); ``InvalidError`` for a bad
+    name or option comes at once, from ``store.queue``. Calls that read are sent again after a reconnect;
+    calls that write raise ``OutcomeUnknownError`` when their answer was lost.
     """
 
     def __init__(
@@ -752,6 +767,12 @@ class Queue(Generic[T]):
         self._opening: asyncio.Future[QueueInfo] | None = None
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(type if type is not None else Any)
         self._plain = type is None or type is Any
+        # a value already of a Struct or dataclass type encodes as that type: no need to check it
+        self._class: builtins.type[Any] | None = (
+            type
+            if isinstance(type, builtins.type) and (issubclass(type, msgspec.Struct) or dataclasses.is_dataclass(type))
+            else None
+        )
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -792,11 +813,23 @@ class Queue(Generic[T]):
             "keep": s(o.keep_ms),
         }
 
+    def _not_in_own_tx(self, what: str) -> None:
+        """Refuse a call that writes to this queue's database from inside a transaction of that database (it
+        would wait for the transaction, which waits for it)."""
+        from .sql import _active
+
+        info = self._info
+        if info is not None and info.options.database and (id(self.store), info.options.database) in _active.get():
+            raise InvalidError(
+                f"queue {self.name}: {what} inside a transaction of database {info.options.database}, where the "
+                "queue's jobs live, would wait for itself; call it outside the transaction"
+            )
+
     # -- values --------------------------------------------------------------------------------
 
     def _encode(self, value: Any, what: str) -> str:
         text = _json(value, f"queue {self.name}: {what}: the value")
-        if not self._plain and not (isinstance(self.type, type) and isinstance(value, self.type)):
+        if not self._plain and not (self._class is not None and isinstance(value, self._class)):
             try:
                 self._decoder.decode(text)
             except msgspec.ValidationError as exc:
@@ -920,7 +953,8 @@ class Queue(Generic[T]):
         at: datetime | float | None = None,
     ) -> builtins.list[str]:
         """Add many jobs in one write, all or none; returns their ids in order (``keys``: one per value, or
-        ``None``). Otherwise as :meth:`add`."""
+        ``None``; 100,000 jobs at most). Otherwise as :meth:`add`: a value that fails names its place
+        (``job 2``), and nothing is added then."""
         jobs = self._many(values, keys, tenant, user, type, priority, delay, at)
         await self._ensure()
         ids: builtins.list[str] = await self.store._call(
@@ -960,14 +994,16 @@ class Queue(Generic[T]):
         type: str | None = None,
         limit: int = 50,
         after: str | None = None,
+        user: str | None = None,
     ) -> JobPage[T]:
         """Jobs of this queue, newest first, at most ``limit`` (1..1000), after the cursor ``after`` (a page's
-        ``next``), filtered by ``state`` (one of the states, or ``"stuck"``), ``tenant`` and ``type``.
-        Raises ``InvalidError`` for a bad state or limit."""
+        ``next``), filtered by ``state`` (one of the states, or ``"stuck"``), ``tenant``, ``type`` and ``user``.
+        The list comes from the rows, so a page that is reopened finds every job. Raises ``InvalidError`` for a
+        bad state or limit."""
         await self._ensure()
         page: Page = await self.store._call(
             "jobs.list",
-            ListRequest(queue=self.name, state=state, tenant=tenant, type=type, limit=limit, after=after),
+            ListRequest(queue=self.name, state=state, tenant=tenant, type=type, limit=limit, after=after, user=user),
             Page,
         )
         return JobPage([self._job(r) for r in page.jobs], page.next)
@@ -975,14 +1011,17 @@ class Queue(Generic[T]):
     async def cancel(self, job_id: str) -> bool:
         """Cancel a job (JOB-09): a waiting job never runs; a running job's handler is cancelled (its
         ``run.cancelled`` set) and the job ends ``cancelled``, not retried. Returns ``True`` when it changed the
-        job to ``cancelled``; ``False`` when it had already ended or the id is unknown (nothing changes)."""
+        job to ``cancelled``; ``False`` when it had already ended or the id is unknown (nothing changes).
+        Raises ``OutcomeUnknownError`` when the answer was lost (cancelling again is safe); a cancel of this call
+        after it was sent may leave the job cancelled."""
         await self._ensure()
         ok: bool = await self.store._call("jobs.cancel", Get(queue=self.name, id=job_id), bool, write=True)
         return ok
 
     async def retry(self, job_id: str) -> bool:
         """Put a ``dead`` or ``cancelled`` job back to ``queued``, due now, attempts from 0 (its finished steps
-        stay). Returns ``False`` for a job in another state or an unknown id."""
+        stay). Returns ``False`` for a job in another state or an unknown id. Raises ``OutcomeUnknownError`` when
+        the answer was lost; a cancel of this call after it was sent may leave the job queued again."""
         await self._ensure()
         ok: bool = await self.store._call("jobs.retry", Get(queue=self.name, id=job_id), bool, write=True)
         return ok
@@ -1020,6 +1059,8 @@ class Queue(Generic[T]):
         with it as the result; ``run.retry(after)`` or a raise or a timeout → a failed attempt, retried with
         backoff until ``attempts``, then ``dead``; ``run.fail(reason)`` or ``PermanentError`` → ``dead`` at once;
         ``run.snooze(after)`` → again after ``after``, not counted. Raises ``InvalidError`` for a bad concurrency.
+        The worker opens the queue in the background: options that differ from the store's are logged as an
+        error and end the worker (``await queue.options()`` first to have that ``InvalidError`` raised here).
         """
         return Worker(self, handler, concurrency)
 
@@ -1167,11 +1208,12 @@ async def list_jobs(
     type: str | None = None,
     limit: int = 50,
     after: str | None = None,
+    user: str | None = None,
 ) -> JobPage[Any]:
     """Jobs of ``queue`` (every queue when empty), newest first, values as plain JSON."""
     page: Page = await store._call(
         "jobs.list",
-        ListRequest(queue=queue, state=state, tenant=tenant, type=type, limit=limit, after=after),
+        ListRequest(queue=queue, state=state, tenant=tenant, type=type, limit=limit, after=after, user=user),
         Page,
     )
     return JobPage([_job_of(r, msgspec.json.decode(r.value)) for r in page.jobs], page.next)

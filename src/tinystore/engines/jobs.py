@@ -12,6 +12,9 @@ to which waiting worker, fairness, ``max_running`` and ``max_running_per_tenant`
 change of state is one ``UPDATE … RETURNING`` on the database's writer, guarded by the job's state and its
 attempt fence, so a late or repeated report never changes a job twice (JOB-08).
 
+The index costs about 250 bytes of memory per job that has not ended (a queue's backlog of a million jobs is
+about 250 MB), and a queue loads it from its rows at its first use after a start (about 5 s per million).
+
 Nothing polls. A worker's claim waits in the queue's line of waiters; the engine hands it jobs when one is
 added, comes due (a clock timer at the earliest due time), or when a running job ends and frees a slot.
 
@@ -573,6 +576,7 @@ class JobsEngine:
         rows: list[list[Any]] = []
         if not made:
             q.schema = asyncio.gather(*(db.write(stmt, []) for stmt in SCHEMA))
+            q.schema.add_done_callback(lambda f: f.cancelled() or f.exception())
         else:
             rows = (
                 await db.read(
@@ -675,8 +679,9 @@ class JobsEngine:
             self._pump(q)
 
     def _pick(self, q: _Queue, due_before: float) -> _Entry | None:
-        """The next job to run: a higher priority first; within it, the tenant served least recently; tenants at
-        ``max_running_per_tenant`` are passed over, and nothing runs past ``max_running``. O(log tenants)."""
+        """The next job to run: a higher priority first; within it, the tenant served least recently (tenants never
+        served first, by name); tenants at ``max_running_per_tenant`` are passed over, and nothing runs past
+        ``max_running``. O(log tenants)."""
         opts = q.options
         if opts.max_running and q.running_total >= opts.max_running:
             return None
@@ -709,14 +714,14 @@ class JobsEngine:
         """:meth:`_pick` for ``run_due``: only jobs due at or before ``due_before`` (a scan of the tenants)."""
         per_tenant = q.options.max_running_per_tenant
         best: _Entry | None = None
-        best_key = (0, 0)
+        best_key: tuple[int, int, str] = (0, 0, "")
         for tenant in list(q.ready):
             if per_tenant and q.running.get(tenant, 0) >= per_tenant:
                 continue
             head = self._head(q, tenant)
             if head is None or head.run_at > due_before:
                 continue
-            key = (-head.priority, q.served.get(tenant, 0))
+            key = (-head.priority, q.served.get(tenant, 0), tenant)
             if best is None or key < best_key:
                 best, best_key = head, key
         if best is not None:
@@ -812,7 +817,8 @@ class JobsEngine:
             e.stuck = False
             q.leases.push(lease_until, (e, fence))
             q.stuck_at.push(now + q.options.expected, (e, fence))
-            self._event(q, "state", jid, "running", None, attempts, None)
+            prog = _json_decode(progress) if progress else None
+            self._event(q, "state", jid, "running", prog, attempts, None)
             self._notify(q, jid)
             if e.cancel_queued:
                 continue  # its cancel is already on its way: nobody runs it
@@ -830,7 +836,7 @@ class JobsEngine:
                     type=type_,
                     user=user,
                     priority=priority,
-                    progress=_json_decode(progress) if progress else None,
+                    progress=prog,
                 )
             )
         for e in by_id.values():  # the row was not claimable after all: forget it
@@ -1006,16 +1012,20 @@ class JobsEngine:
             self._place(q, e)
         self._pump(q)
 
-    async def _fail_attempt(self, q: _Queue, e: _Entry, error: str, after: float | None) -> bool:
+    async def _fail_attempt(
+        self, q: _Queue, e: _Entry, error: str, after: float | None, progress: str | None = None
+    ) -> bool:
         """A failed attempt (a raise, a timeout, a lost worker, ``run.retry``): retried after the backoff (or
         ``after``), or ``dead`` when it was the last attempt."""
         fence = e.fence
         if e.attempts >= q.options.attempts:
-            return await self._write_end(q, e, fence, "dead", error=error)
+            return await self._write_end(q, e, fence, "dead", error=error, progress=progress)
         delay = (
             after if after is not None else backoff_delay(e.attempts, q.options.backoff_first, q.options.backoff_cap)
         )
-        return await self._write_end(q, e, fence, "failed", error=error, run_at=self.clock.now() + delay)
+        return await self._write_end(
+            q, e, fence, "failed", error=error, run_at=self.clock.now() + delay, progress=progress
+        )
 
     async def _write_end(
         self,
@@ -1109,7 +1119,7 @@ class JobsEngine:
                 q, e, r.fence, "succeeded", result=r.result if r.result is not None else "null", progress=r.progress
             )
         if r.outcome == "error":
-            return await self._fail_attempt(q, e, r.error or "failed", after)
+            return await self._fail_attempt(q, e, r.error or "failed", after, r.progress)
         if r.outcome == "fail":
             return await self._write_end(q, e, r.fence, "dead", error=r.error or "failed", progress=r.progress)
         if r.outcome == "snooze":
@@ -1489,6 +1499,9 @@ class JobsEngine:
             if req.type is not None:
                 where.append("type = ?")
                 params.append(req.type)
+            if req.user is not None:
+                where.append("user = ?")
+                params.append(req.user)
             if req.after is not None:
                 where.append("id < ?")
                 params.append(req.after)

@@ -192,7 +192,8 @@ class Find(msgspec.Struct, kw_only=True):
 
 class List(msgspec.Struct, kw_only=True):
     """``jobs.list``: jobs of ``queue`` (every queue when empty), newest first, ``limit`` at most, after cursor
-    ``after`` (a job id), filtered by ``state`` (``"stuck"``: running past expected), ``tenant``, ``type``."""
+    ``after`` (a job id), filtered by ``state`` (``"stuck"``: running past expected), ``tenant``, ``type``,
+    ``user``."""
 
     queue: str = ""
     state: str | None = None
@@ -200,6 +201,7 @@ class List(msgspec.Struct, kw_only=True):
     type: str | None = None
     limit: int = 50
     after: str | None = None
+    user: str | None = None
 
 
 class ErrorEntry(msgspec.Struct, kw_only=True):

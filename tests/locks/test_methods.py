@@ -1,0 +1,75 @@
+"""The lock methods as any client may call them: ``locks.acquire`` waits in line and a CANCEL takes it out
+cleanly (also one that comes before the server began to wait); ``locks.acquire_many`` answers each item on
+its own; ``locks.abandon`` takes queued items out of their lines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tinystore
+from tinystore import InvalidError
+from tinystore.protocol.locks import Abandon, Acquire, AcquireMany, AcquireOutcome, Granted, Release, Released
+
+from ..helpers import open_store
+from .support import holders
+
+
+@pytest.fixture
+async def remote(tmp_path: Path) -> Any:
+    async with open_store("private", tmp_path / "store") as store:
+        yield store
+
+
+def acquire(key: str = "k", wait_ms: int | None = None, lock: str = "summaries") -> Acquire:
+    return Acquire(lock=lock, key=key, ttl_ms=30_000, wait_ms=wait_ms)
+
+
+async def waiting(store: tinystore.Store, n: int, key: str = "k") -> None:
+    deadline = time.monotonic() + 10
+    while holders(await store.status(), "summaries", key)[1] != n:
+        assert time.monotonic() < deadline, (await store.status())["locks"]
+        await asyncio.sleep(0.01)
+
+
+async def test_a_cancelled_acquire_leaves_the_line_and_keeps_nothing(remote: tinystore.Store) -> None:
+    held: Granted = await remote._call("locks.acquire", acquire(), Granted)
+    calls = [asyncio.ensure_future(remote._call("locks.acquire", acquire(wait_ms=20_000), Granted)) for _ in range(3)]
+    await waiting(remote, 3)
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+    await waiting(remote, 0)
+    # cancels that come right behind their request, before the server began to wait: nothing is kept
+    for _ in range(20):
+        call = asyncio.ensure_future(remote._call("locks.acquire", acquire(wait_ms=20_000), Granted))
+        await asyncio.sleep(0)
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+    await waiting(remote, 0)
+    released: Released = await remote._call("locks.release", Release(lease=held.lease), Released)
+    assert released.released
+    await asyncio.sleep(0.05)
+    assert holders(await remote.status(), "summaries", "k") == (0, 0)  # no cancelled caller got the key
+
+
+async def test_acquire_many_answers_each_item_on_its_own(remote: tinystore.Store) -> None:
+    items = [acquire("a"), acquire("a"), acquire("b", lock="Bad Name"), acquire("a", wait_ms=0), acquire("a", 5000)]
+    got: list[AcquireOutcome] = await remote._call(
+        "locks.acquire_many", AcquireMany(items=items, tickets=[1, 2, 3, 4, 5]), list[AcquireOutcome]
+    )
+    assert [o.ticket for o in got] == [1, 2, 3, 4, 5]
+    assert got[0].lease and int(got[0].fence) > 0
+    assert got[1].held and not got[1].lease  # a try that found it held
+    assert got[2].code == "invalid" and "lock name 'Bad Name'" in got[2].message
+    assert got[3].code == "in_use"
+    assert got[4].queued
+    await waiting(remote, 1, "a")
+    await remote._call("locks.abandon", Abandon(tickets=[5]), Any)
+    await waiting(remote, 0, "a")
+    with pytest.raises(InvalidError, match="1 items but 2 tickets"):
+        await remote._call("locks.acquire_many", AcquireMany(items=[acquire()], tickets=[1, 2]), Any)
