@@ -715,7 +715,8 @@ async def test_linger_keeps_a_branch_for_a_resume_then_keeps_nothing(mode: str, 
         sub = await ch.subscribe(late.on_message, on_missed=late.on_missed, after=id4)
         await ch.publish(7)
         await eventually(lambda: len(late.values) == 1)
-        assert late.shape() == [("missed", "behind", 2), ("m", 7)]
+        # nothing was kept of the branch (not even its seqs), so the store cannot tell how many were missed
+        assert late.shape() == [("missed", "behind", None), ("m", 7)]
         await sub.stop()
         # an id from another epoch cannot be counted
         other = Heard()

@@ -83,7 +83,7 @@ async def fault(store: tinystore.Store, cfg: dict[str, Any]) -> None:
                 fence = f"{lease.fence:040d}"
                 say(event="held", fence=fence)
                 await asyncio.sleep(random.uniform(0, 0.02))
-                time.sleep(random.uniform(0, 0.03))  # synchronous work: a freeze here writes right after waking
+                time.sleep(random.uniform(0, 0.03))  # noqa: ASYNC251 -- synchronous work: a freeze here writes at once
                 sent = True
                 done = await db.exec(
                     "update counter set value = value + 1, fence = ? where id = 1 and fence < ?", fence, fence

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import random
+import signal
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,7 +18,7 @@ import tinystore
 from tinystore import InvalidError, LostError
 from tinystore.protocol.locks import Release
 
-from ..helpers import open_store
+from ..helpers import ServerProcess, open_store
 from .support import holders, other_client
 
 START = datetime(2030, 1, 1, 12, 0, 0)
@@ -310,3 +311,37 @@ async def test_a_hold_waits_in_line_across_many_callers_and_hands_over_in_order(
     await asyncio.gather(*(fresh(contender(i)) for i in range(50)))
     assert sorted(order) == list(range(50))
     await status_is(any_mode, "summaries", "hot", (0, 0))
+
+
+async def test_a_blocked_loop_past_the_ttl_declares_the_lease_lost(tmp_path: Path) -> None:
+    """No renewal could succeed while this process's loop was blocked for longer than the ttl: the SDK declares
+    the lease lost itself (the store gave the key to another meanwhile, or soon will)."""
+    async with open_store("sidecar", tmp_path / "store") as store, other_client(store) as other:
+        t0 = time.monotonic()
+        with pytest.raises(LostError, match="no renewal succeeded for|the lease ran out at"):
+            async with store.lock("summaries", ttl="1s").hold("k") as lease:
+                time.sleep(1.2)  # noqa: ASYNC251 -- a loop blocked as a long GC pause would
+                await asyncio.sleep(5)
+        assert lease.lost.is_set() and time.monotonic() - t0 < 3
+        async with other.lock("summaries").try_hold("k") as theirs:
+            assert theirs is not None
+
+
+async def test_a_store_that_does_not_answer_renewals_makes_the_sdk_declare_the_lease_lost(tmp_path: Path) -> None:
+    """The store froze (or the network did): no renewal succeeds, so before the ttl is up the SDK declares the
+    lease lost itself rather than let the block run on past it."""
+    server = ServerProcess(tmp_path / "store").start()
+    try:
+        store = await tinystore.open(tmp_path / "store")
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(LostError, match="no renewal succeeded for"):
+                async with store.lock("summaries", ttl="1s").hold("k"):
+                    server.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+                    await asyncio.sleep(5)
+            assert 0.85 <= time.monotonic() - t0 < 1.5  # at ttl minus its margin, not later
+        finally:
+            server.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            await store.close()
+    finally:
+        server.stop()

@@ -37,15 +37,12 @@ async def _until(pred: Any, timeout: float = 10.0) -> None:
 
 
 # contract: LOCK-05
-@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
-async def test_a_holder_frozen_past_its_ttl_loses_the_key_and_its_wake_up_changes_nothing(
-    mode: str, tmp_path: Path
-) -> None:
+async def test_a_holder_frozen_past_its_ttl_loses_the_key_and_its_wake_up_changes_nothing(tmp_path: Path) -> None:
     """A holds with a 1 s ttl and is stopped (SIGSTOP) for 1.5 s; B takes the key; A wakes and releases: A's
     release changes nothing, a third client's try_hold gets None, B still holds and its release works; A's
     renewal after expiry fails and A is told (LostError)."""
     directory = tmp_path / "store"
-    async with open_store(mode, directory) as store, other_client(store) as third:
+    async with open_store("sidecar", directory) as store, other_client(store) as third:
         lock = store.lock("summaries", ttl="1s")
         async with actor(mode="freeze", dir=str(directory), lock="summaries", key="7", ttl="1s") as a:
             held = await a.event("held")

@@ -193,11 +193,34 @@ class ChannelsEngine:
         if size > self._max_message:
             raise self._too_big(channel, size)
         if b is None:
+            if not self._covered(channel, branch):
+                return self._unheard()
             b = self._make_branch(channel, branch, idle=True)
         out = self._append(b, payload, size)
         if self._flush_now:
             self.flush()
         return out
+
+    def _covered(self, channel: str, parts: Branch) -> bool:
+        """Whether a recursive subscription hears ``parts`` of ``channel`` (a branch with no state yet)."""
+        rec = self._recursive.get(channel)
+        if not rec:
+            return False
+        return any(parts[:depth] in rec for depth in range(len(parts) + 1))
+
+    def _unheard(self) -> Published:
+        """A message on a branch that has no state and no listener: nobody can ever get it, so it keeps
+        nothing (no branch is made). Its seq comes above every seq given so far, so its id is never
+        repeated, and a branch made later starts above it."""
+        self._floor += 1
+        return Published(self._floor, self._prefix + str(self._floor))
+
+    def has_listeners(self, channel: str, branch: Branch) -> bool:
+        """Whether a message published now on ``branch`` could reach anyone (a subscription, a resume
+        within the linger, or a recursive subscription above it)."""
+        if (channel, branch) in self._branches:
+            return True
+        return self._covered(channel, branch)
 
     def check(self, channel: str, branch: Branch, payload: bytes) -> None:
         """Raise what :meth:`publish` would raise for these arguments, publishing nothing.
@@ -232,6 +255,9 @@ class ChannelsEngine:
         for channel, parts, data in checked:
             b = self._branches.get((channel, parts))
             if b is None:
+                if not self._covered(channel, parts):
+                    out.append(self._unheard())
+                    continue
                 b = self._make_branch(channel, parts, idle=True)
             out.append(self._append(b, data, len(data)))
         if self._flush_now:
