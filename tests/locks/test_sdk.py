@@ -318,7 +318,7 @@ async def test_a_blocked_loop_past_the_ttl_declares_the_lease_lost(tmp_path: Pat
     the lease lost itself (the store gave the key to another meanwhile, or soon will)."""
     async with open_store("sidecar", tmp_path / "store") as store, other_client(store) as other:
         t0 = time.monotonic()
-        with pytest.raises(LostError, match="no renewal succeeded for|the lease ran out at"):
+        with pytest.raises(LostError, match=r"no renewal succeeded for|the lease ran out at"):
             async with store.lock("summaries", ttl="1s").hold("k") as lease:
                 time.sleep(1.2)  # noqa: ASYNC251 -- a loop blocked as a long GC pause would
                 await asyncio.sleep(5)

@@ -214,12 +214,14 @@ class Lease:
 
     @property
     def expires_at(self) -> datetime:
+        """When the lease runs out unless renewed (aware UTC, the store's clock); ``NEVER`` when it cannot."""
         if math.isinf(self._expires):
             return NEVER
         return datetime.fromtimestamp(self._expires, UTC)
 
     @property
     def max_hold_at(self) -> datetime | None:
+        """When ``max_hold`` ends the lease whatever its renewals (aware UTC), or ``None``."""
         return None if self._max_hold_at is None else datetime.fromtimestamp(self._max_hold_at, UTC)
 
     def __repr__(self) -> str:
@@ -233,8 +235,8 @@ class Lease:
 
     def _start_renewals(self, now: float, max_hold: float | None) -> None:
         self._base = now
-        if max_hold is not None:
-            self._end_at = now + max_hold
+        if max_hold is not None:  # the store's clock started it a little earlier: end a little early here
+            self._end_at = now + max_hold - min(max_hold * MARGIN, 1.0)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -402,8 +404,24 @@ class Lease:
         self._stop_timers()
         if self._state == _HELD:
             self._state = _DONE
+        hub = self._hub
         try:
-            released = await self._hub.release(self)
+            if hub.local:
+                released = await hub.release(self)
+            else:
+                # A store that does not answer lets the lease run out by its ttl: wait for the answer no longer
+                # than the lease could still be live (plus a third of its ttl), then count it lost.
+                bound = max(self._doom_at - hub.loop.time(), 0.0) + self._ttl / 3
+                try:
+                    async with asyncio.timeout(bound):
+                        released = await hub.release(self)
+                except TimeoutError:
+                    released = False
+                    if not self._message:
+                        self._message = (
+                            f"{self._where()}: the store did not answer the release within "
+                            f"{format_seconds(bound)}; the lease runs out by its ttl there"
+                        )
         except BaseException:
             fut.set_result(False)
             raise
@@ -593,6 +611,7 @@ class _Hub:
         self.asks: dict[int, _Ask] = {}  # batched asks sent and not settled, by ticket
         self.ticket_ids = itertools.count(1)
         self.release_batch: list[tuple[Lease, asyncio.Future[bool]]] | None = None
+        self.acquiring = 0  # lone acquire calls in flight
         self.closed = False
         self.transport.on_push(LOST, self._on_lost, Lost)
         self.transport.on_push(SETTLED, self._on_settled, AcquireOutcome)
@@ -676,33 +695,83 @@ class _Hub:
             return lease
 
     async def _ask(self, req: Acquire) -> AcquireOutcome:
-        """Send ``req`` with the other acquires of this loop turn in one ``locks.acquire_many``, from a task of
-        the hub, and wait for its outcome (a queued one comes later as a ``locks.settled`` push).
+        """Ask the store for ``req`` as one item of a ``locks.acquire_many`` with a ticket, and wait for its
+        outcome (a queued one comes later as a ``locks.settled`` push).
 
-        A cancel never loses a grant: the hub reads every answer and lets go of what no caller waits for any
-        more, and a queued ask whose caller gave up is abandoned at the store (it leaves the line). That is
-        why even a lone acquire goes this way rather than as a ``locks.acquire`` awaited by its caller, whose
-        answer a cancel in the very loop turn it arrives would drop (the lease would stay held for its ttl).
+        A lone ask (no other in flight) is sent by its caller at once; the asks made while others are in
+        flight go together, those of one loop turn in one call sent by a task of the hub. Either way a cancel
+        keeps nothing: an ask whose outcome its caller did not hear is abandoned at the store by its ticket
+        (a queued one leaves the line, a granted one's lease is let go), and a grant that came with the cancel
+        is released.
         """
+        if self.acquiring or self.acquire_batch is not None:
+            return await self._ask_batched(req)
+        ask = _Ask(req, self.loop.create_future())
+        ask.ticket = next(self.ticket_ids)
+        ask.state = _SENT
+        self.asks[ask.ticket] = ask  # its settled push, if it is queued, may come with the answer
+        self.acquiring += 1
+        try:
+            got: list[AcquireOutcome] = await self.transport.call(
+                ACQUIRE_MANY, AcquireMany(items=[req], tickets=[ask.ticket]), list[AcquireOutcome], retry=False
+            )
+        except asyncio.CancelledError:
+            self._gave_up(ask)
+            raise
+        except BaseException:
+            self.asks.pop(ask.ticket, None)
+            ask.state = _SETTLED
+            raise
+        finally:
+            self.acquiring -= 1
+        out = got[0]
+        if not out.queued:
+            self.asks.pop(ask.ticket, None)
+            ask.state = _SETTLED
+            if out.code:
+                raise error_from(out.code, out.message)
+            return out
+        if ask.state == _SENT:
+            ask.state = _QUEUED
+        return await self._outcome(ask)
+
+    async def _ask_batched(self, req: Acquire) -> AcquireOutcome:
         ask = _Ask(req, self.loop.create_future())
         batch = self.acquire_batch
         if batch is None:
             batch = self.acquire_batch = []
             self.spawn(self._send_acquires(batch))
         batch.append(ask)
+        return await self._outcome(ask)
+
+    async def _outcome(self, ask: _Ask) -> AcquireOutcome:
         try:
             return await ask.fut
         except asyncio.CancelledError:
             fut = ask.fut
             if ask.state == _QUEUED:
-                self.asks.pop(ask.ticket, None)
-                self.spawn(self._abandon([ask.ticket]))
+                self._gave_up(ask)
             elif fut.done() and not fut.cancelled() and fut.exception() is None:
                 # answered in the loop turn of the cancel: nobody will hold what it was given
                 got = fut.result()
-                if got.lease and not got.held:
+                if got.lease and not got.held and not self.closed:
                     self.spawn(self._release_id(got.lease))
             raise
+
+    def _gave_up(self, ask: _Ask) -> None:
+        """The caller of a sent ask was cancelled before it heard the outcome: abandon the ticket at the store,
+        and let go of a grant that a push brought meanwhile."""
+        self.asks.pop(ask.ticket, None)
+        fut = ask.fut
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            got = fut.result()
+            if got.lease and not got.held and not self.closed:
+                self.spawn(self._release_id(got.lease))
+        elif not fut.done():
+            fut.cancel()
+        ask.state = _SETTLED
+        if not self.closed:
+            self.spawn(self._abandon([ask.ticket]))
 
     async def _send_acquires(self, batch: list[_Ask]) -> None:
         # runs a loop turn after the batch's first ask: the asks of that turn are in it

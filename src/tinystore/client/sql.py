@@ -71,7 +71,8 @@ class _Runner:
 
     name: str
 
-    async def _query(self, sql: str, params: list[Any], mode: str) -> Rows:
+    def _query(self, sql: str, params: list[Any], mode: str) -> Awaitable[Rows]:
+        """The call that runs the read (awaited by the caller: no coroutine of its own in between)."""
         raise NotImplementedError
 
     @overload
@@ -83,6 +84,10 @@ class _Runner:
 
         Raises ``InvalidError`` with SQLite's message for bad SQL or a statement that writes.
         """
+        if args and type(args[0]) is str:
+            rows = await self._query(args[0], check_params(self.name, args[1:]), "one")
+            found = rows.rows
+            return dict(zip(rows.columns, found[0], strict=False)) if found else None
         type_, sql, params = _split(self.name, args)
         rows = await self._query(sql, check_values(self.name, params), "one")
         out = _convert(rows, type_)
@@ -100,8 +105,8 @@ class _Runner:
 
     async def scalar(self, sql: str, /, *params: Any) -> Any:
         """The first column of the first row, or ``None`` when there is no row."""
-        rows = await self._query(sql, check_values(self.name, params), "scalar")
-        return rows.rows[0][0] if rows.rows and rows.rows[0] else None
+        found = (await self._query(sql, check_params(self.name, params), "scalar")).rows
+        return found[0][0] if found and found[0] else None
 
 
 class Database(_Runner):
@@ -111,6 +116,7 @@ class Database(_Runner):
         self.store = store
         self.name = name
         self._key = (id(store), name)
+        self._transport = store.transport
 
     def _no_tx(self, what: str) -> None:
         if self._key in _active.get():
@@ -131,15 +137,14 @@ class Database(_Runner):
         constraint), ``OutcomeUnknownError`` (the answer was lost: it may have committed). Concurrent
         ``exec`` calls share commits (group commit). A cancel after sending leaves the write to happen.
         """
-        self._no_tx("exec")
-        done: Done = await self.store._call(
-            "sql.exec", Exec(self.name, sql, check_values(self.name, params)), Done, write=True
-        )
+        if self._key in _active.get():
+            self._no_tx("exec")
+        request = Exec(self.name, sql, check_params(self.name, params))
+        done: Done = await self._transport.call("sql.exec", request, Done, write=True)
         return done
 
-    async def _query(self, sql: str, params: list[Any], mode: str) -> Rows:
-        rows: Rows = await self.store._call("sql.query", Query(self.name, sql, params, mode), Rows)
-        return rows
+    def _query(self, sql: str, params: list[Any], mode: str) -> Awaitable[Rows]:
+        return self._transport.call("sql.query", Query(self.name, sql, params, mode), Rows)
 
     async def tx(self, fn: Callable[[SqlTx], Awaitable[R] | R], *, read_only: bool = False) -> R:
         """Run ``fn(tx)`` in a transaction and return what it returns.
@@ -182,22 +187,20 @@ class SqlTx(_Runner):
         self.read_only = read_only
         self.ended = False
         self.on_commit: list[Callable[[], Any]] = []
+        self._transport = db._transport
 
     async def exec(self, sql: str, /, *params: Any) -> Done:
         """Run a statement inside the transaction. Errors as :meth:`Database.exec`; a failed statement leaves
         the transaction usable (SQL-06)."""
         self._check()
-        done: Done = await self.db.store._call(
-            "sql.exec", Exec(self.name, sql, check_values(self.name, params), self.id), Done, write=False, retry=False
+        done: Done = await self._transport.call(
+            "sql.exec", Exec(self.name, sql, check_params(self.name, params), self.id), Done, retry=False
         )
         return done
 
-    async def _query(self, sql: str, params: list[Any], mode: str) -> Rows:
+    def _query(self, sql: str, params: list[Any], mode: str) -> Awaitable[Rows]:
         self._check()
-        rows: Rows = await self.db.store._call(
-            "sql.query", Query(self.name, sql, params, mode, self.id), Rows, retry=False
-        )
-        return rows
+        return self._transport.call("sql.query", Query(self.name, sql, params, mode, self.id), Rows, retry=False)
 
     def with_(self, thing: Any) -> Any:
         """``thing`` (a channel or a queue) bound to this transaction."""

@@ -18,7 +18,10 @@ import os
 import random
 import ssl
 from collections.abc import Awaitable, Callable
+from types import CoroutineType
 from typing import Any
+
+import msgspec
 
 from ..errors import (
     ClosedError,
@@ -31,8 +34,11 @@ from ..errors import (
     error_from,
 )
 from ..protocol import frames
-from ..protocol.frames import CLOSED, NEED_DATA, Frame, Kind
-from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, encode
+from ..protocol.frames import Kind, request_frame
+from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode
+
+_RESPONSE = Kind.RESPONSE
+_Future = asyncio.Future
 
 log = logging.getLogger("tinystore.client")
 
@@ -90,14 +96,19 @@ class LocalTransport(Transport):
         if self.closed:
             raise ClosedError(f"store {self.core.directory} is closed")
         result = self.core.invoke(self.session, method, request)
-        if inspect.isawaitable(result):
+        if isinstance(result, _Future) or type(result) is CoroutineType:
             return await result
-        return result
+        if isinstance(result, msgspec.Struct) or not inspect.isawaitable(result):
+            return result
+        return await result
 
     async def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.session.close()
+
+
+_DECODERS: dict[Any, Callable[[bytes], Any]] = {}
 
 
 class _Lost(Exception):
@@ -116,10 +127,11 @@ class _ClientConn(asyncio.Protocol):
     def __init__(self, owner: RemoteTransport) -> None:
         self.owner = owner
         self.conn = frames.Connection("client")
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, asyncio.Future[bytes]] = {}
         self.chunks: dict[int, list[bytes]] = {}
-        self.welcome: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
+        self.welcome: asyncio.Future[Welcome] = self.loop.create_future()
         self.goaway: str | None = None
         self.lost = False
         self.gone = asyncio.Event()  # set once the connection is lost
@@ -148,7 +160,7 @@ class _ClientConn(asyncio.Protocol):
             self.unsent.add(stream)
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self.loop.call_soon(self.flush)
 
     def flush(self) -> None:
         self.flush_scheduled = False
@@ -169,48 +181,56 @@ class _ClientConn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self.conn.receive_data(data)
+        conn = self.conn
+        conn.receive_data(data)
+        pending = self.pending
         try:
             while True:
-                ev = self.conn.next_event()
-                if ev is NEED_DATA or ev is CLOSED:
+                batch = conn.next_frames()
+                if not batch:
                     return
-                assert isinstance(ev, Frame)
-                self.on_frame(ev)
+                for kind, flags, stream, method, body in batch:
+                    if kind is _RESPONSE and not flags and not self.chunks:
+                        # the usual answer: one whole frame
+                        fut = pending.pop(stream, None)
+                        if self.waiters:
+                            self.release()
+                        if fut is not None and not fut.done():
+                            fut.set_result(body)
+                    else:
+                        self.on_frame(kind, flags, stream, method, body)
         except ProtocolError as exc:
             self.goaway = f"protocol error from the server: {exc.message}"
             if self.transport is not None:
                 self.transport.close()
 
-    def on_frame(self, f: Frame) -> None:
-        kind = f.kind
+    def on_frame(self, kind: Kind, flags: int, stream: int, method: str, body: bytes) -> None:
         if kind is Kind.RESPONSE:
-            if f.flags & frames.MORE:
-                self.chunks.setdefault(f.stream, []).append(f.body)
+            if flags & frames.MORE:
+                self.chunks.setdefault(stream, []).append(body)
                 return
-            body = f.body
-            parts = self.chunks.pop(f.stream, None)
+            parts = self.chunks.pop(stream, None)
             if parts is not None:
                 parts.append(body)
                 body = b"".join(parts)
-            fut = self.pending.pop(f.stream, None)
+            fut = self.pending.pop(stream, None)
             if self.waiters:
                 self.release()
             if fut is not None and not fut.done():
                 fut.set_result(body)
         elif kind is Kind.PUSH:
-            self.owner._dispatch_push(f.method, f.body)
+            self.owner._dispatch_push(method, body)
         elif kind is Kind.ERROR:
-            err = decode(f.body, ErrorBody)
+            err = decode(body, ErrorBody)
             exc: BaseException = error_from(err.code, err.message, err.extra)
-            if f.stream != 0 and err.code == UnavailableError.code and err.extra.get("refused"):
+            if stream != 0 and err.code == UnavailableError.code and err.extra.get("refused"):
                 exc = _Refused(err.message)
-            if f.stream == 0:
+            if stream == 0:
                 if not self.welcome.done():
                     self.welcome.set_exception(exc)
                 return
-            self.chunks.pop(f.stream, None)
-            fut = self.pending.pop(f.stream, None)
+            self.chunks.pop(stream, None)
+            fut = self.pending.pop(stream, None)
             if self.waiters:
                 self.release()
             if fut is not None and not fut.done():
@@ -218,10 +238,10 @@ class _ClientConn(asyncio.Protocol):
         elif kind is Kind.WELCOME:
             self.conn.handshaken = True
             if not self.welcome.done():
-                self.welcome.set_result(decode(f.body, Welcome))
+                self.welcome.set_result(decode(body, Welcome))
         elif kind is Kind.GOAWAY:
             try:
-                self.goaway = decode(f.body, GoAway).reason
+                self.goaway = decode(body, GoAway).reason
             except Exception:
                 self.goaway = "the server closed the connection"
 
@@ -402,22 +422,22 @@ class RemoteTransport(Transport):
             conn = self._conn
             if conn is None or self.closed:
                 conn = await self._wait_up()
-            if conn.going():
+            if conn.lost or conn.goaway is not None or conn.transport is None or conn.transport.is_closing():
                 # aborted, or the server said goodbye, and not yet lost: wait for the next connection
                 # rather than write into this one (a write would be lost unsent, yet OutcomeUnknownError)
                 await conn.wait_gone()
                 continue
-            if len(conn.pending) >= conn.conn.max_inflight:
+            pending = conn.pending
+            if len(pending) >= conn.conn.max_inflight:
                 # request credit used up: wait for an answer before sending more
-                w: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                w: asyncio.Future[None] = conn.loop.create_future()
                 conn.waiters.append(w)
                 await w
                 continue
             stream = next(self._ids)
-            fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-            conn.pending[stream] = fut
-            assert conn.transport is not None
-            conn.send(conn.conn.send_request(stream, method, body), stream)
+            fut: asyncio.Future[bytes] = conn.loop.create_future()
+            pending[stream] = fut
+            conn.send(request_frame(stream, method, body), stream)
             try:
                 raw = await fut
             except _NotSent:
@@ -442,9 +462,11 @@ class RemoteTransport(Transport):
                     conn.send(conn.conn.send_cancel(stream))
                     conn.release()
                 raise
-            if response_type is Any:
-                return decode(raw)
-            return decode(raw, response_type)
+            dec = _DECODERS.get(response_type)
+            if dec is None:
+                dec = decoder_for(response_type).decode
+                _DECODERS[response_type] = dec
+            return dec(raw)
 
     def abort(self) -> None:
         """Drop the connection now, as a network fault would (tests of reconnects use this)."""

@@ -26,6 +26,7 @@ import math
 import os
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ..clock import Clock, Timer
@@ -123,7 +124,7 @@ class _Lease:
 class _Waiter:
     """One acquire waiting in a key's line; ``future`` gets its :class:`Grant` or an error."""
 
-    __slots__ = ("future", "max_hold", "peer", "slot", "timer", "ttl", "wait")
+    __slots__ = ("future", "max_hold", "on_grant", "peer", "slot", "timer", "ttl", "wait")
 
     def __init__(
         self,
@@ -141,6 +142,7 @@ class _Waiter:
         self.max_hold = max_hold
         self.wait = wait
         self.timer: Timer | None = None
+        self.on_grant: Callable[[Grant], object] | None = None
 
 
 class LocksEngine:
@@ -295,6 +297,7 @@ class LocksEngine:
         ttl: float,
         max_hold: float | None,
         wait: float | None,
+        on_grant: Callable[[Grant], object] | None = None,
     ) -> Grant | asyncio.Future[Grant] | None:
         """:meth:`acquire` without a coroutine, for callers that cannot await in place (the server's methods).
 
@@ -302,13 +305,17 @@ class LocksEngine:
         wait — a future that is already in the key's line (first come, first served from this call on). The
         future gets the grant, or ``InUseError`` when the wait runs out, or ``ClosedError`` (the engine closed,
         or ``peer`` dropped). Cancelling the future leaves the line and keeps nothing; a caller that gives up
-        on a future that already has its grant must :meth:`release` it. Raises as :meth:`acquire` does for
-        bad arguments, and ``InUseError`` at once for ``wait=0`` on a held key.
+        on a future that already has its grant must :meth:`release` it. ``on_grant(grant)``, if given, is also
+        called at the very moment a waiting future gets its grant (in the call that let go of the key, before
+        the future's own callbacks run). Raises as :meth:`acquire` does for bad arguments, and ``InUseError``
+        at once for ``wait=0`` on a held key.
         """
         got = self._begin(peer, lock, key, limit, ttl, max_hold, wait)
         if isinstance(got, _Key):
             assert wait is not None
-            return self._enqueue(got, peer, ttl, max_hold, wait).future
+            waiter = self._enqueue(got, peer, ttl, max_hold, wait)
+            waiter.on_grant = on_grant
+            return waiter.future
         return got
 
     def _enqueue(self, slot: _Key, peer: Peer, ttl: float, max_hold: float | None, wait: float) -> _Waiter:
@@ -519,7 +526,13 @@ class LocksEngine:
                     ClosedError(f"{_where(slot.lock.name, slot.key)}: the connection closed while waiting")
                 )
                 continue
-            waiter.future.set_result(self._grant(slot, waiter.peer, waiter.ttl, waiter.max_hold))
+            grant = self._grant(slot, waiter.peer, waiter.ttl, waiter.max_hold)
+            waiter.future.set_result(grant)
+            if waiter.on_grant is not None:
+                try:
+                    waiter.on_grant(grant)
+                except Exception:  # the key is passed on whatever the hook does
+                    log.exception("locks: a grant hook failed")
         if not slot.leases and not waiters:
             self._drop_slot(slot)
 

@@ -48,8 +48,29 @@ INT_MAX = (1 << 63) - 1
 MIGRATIONS_TABLE = "_tinystore_migrations"
 
 
+_PLAIN = frozenset({str, bytes, type(None)})
+
+
 def check_params(db: str, params: Sequence[Any]) -> list[Any]:
-    """Return ``params`` as a list of SQLite values; ``InvalidError`` for a value SQLite cannot hold."""
+    """Return ``params`` as a list of SQLite values; ``InvalidError`` for a value SQLite cannot hold.
+
+    A list whose values are all fine already is returned as it is (not copied)."""
+    for v in params:
+        t = type(v)
+        if t is int:
+            if not INT_MIN <= v <= INT_MAX:
+                break
+        elif t is float:
+            if v != v:  # NaN
+                break
+        elif t not in _PLAIN:
+            break
+    else:
+        return params if type(params) is list else list(params)
+    return _check_params(db, params)
+
+
+def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
     out = list(params)
     for i, v in enumerate(out):
         if v is None or isinstance(v, str | bytes):
@@ -316,26 +337,49 @@ class SqlDatabase:
         """A read. ``mode``: "all", "one" (at most one row) or "scalar". It runs on the loop when it fits the
         inline budget (the future is then already resolved), else on a reader thread."""
         fut: asyncio.Future[Rows] = self.loop.create_future()
+        try:
+            values = check_params(self.name, params)
+            rows = self.read_now(sql, values, mode)
+        except TinystoreError as exc:
+            fut.set_exception(exc)
+            return fut
+        if rows is not None:
+            fut.set_result(rows)
+        else:
+            self._reads.put(_Read(sql, values, mode, fut))
+        return fut
+
+    def read_now(self, sql: str, values: list[Any], mode: str = "all") -> Rows | None:
+        """A read run here, on the loop, under the inline budget: its rows, or ``None`` when it did not fit
+        the budget (or reads never run inline): then :meth:`read_later` runs it on a reader thread.
+
+        ``values`` must have passed :func:`check_params`. Raises ``ClosedError`` (the database is closed) and
+        SQLite's errors as :func:`sql_error` maps them."""
+        if self._closed:
+            raise ClosedError(f"database {self.name} is closed")
+        conn = self._inline
+        if conn is None:
+            return None
+        self._inline_deadline = time.monotonic() + self.inline_budget
+        try:
+            rows = self._query(conn, sql, values, mode)
+        except sqlite3.OperationalError as exc:
+            if str(exc) != "interrupted":
+                raise sql_error(self.name, exc) from None
+            self.stats["reads_moved"] = self.stats.get("reads_moved", 0) + 1
+            return None
+        except BaseException as exc:
+            raise sql_error(self.name, exc) from None
+        self.stats["reads"] += 1
+        return rows
+
+    def read_later(self, sql: str, values: list[Any], mode: str = "all") -> asyncio.Future[Rows]:
+        """A read on a reader thread (``values`` checked already, see :meth:`read_now`)."""
+        fut: asyncio.Future[Rows] = self.loop.create_future()
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
-            return fut
-        values = check_params(self.name, params)
-        conn = self._inline
-        if conn is not None:
-            self._inline_deadline = time.monotonic() + self.inline_budget
-            try:
-                fut.set_result(self._query(conn, sql, values, mode))
-                self.stats["reads"] += 1
-                return fut
-            except sqlite3.OperationalError as exc:
-                if str(exc) != "interrupted":
-                    fut.set_exception(sql_error(self.name, exc))
-                    return fut
-                self.stats["reads_moved"] = self.stats.get("reads_moved", 0) + 1
-            except BaseException as exc:
-                fut.set_exception(sql_error(self.name, exc))
-                return fut
-        self._reads.put(_Read(sql, values, mode, fut))
+        else:
+            self._reads.put(_Read(sql, values, mode, fut))
         return fut
 
     def begin(self, owner: object, read_only: bool = False) -> asyncio.Future[SqlTx]:

@@ -31,6 +31,7 @@ from ..errors import ProtocolError
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">IBBIB")
 HEADER_SIZE = HEADER.size  # 11 bytes, the length included
+_pack = HEADER.pack
 MORE = 0x01
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT = 1024
@@ -79,12 +80,45 @@ class Closed:
 CLOSED = Closed()
 
 
+def _method_name(raw: bytes) -> str:
+    try:
+        method = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError("method name is not ASCII") from None
+    if len(_METHODS) < 1024:
+        _METHODS[raw] = method
+    return method
+
+
+_ENCODED: dict[str, bytes] = {}
+
+
+def _method_bytes(method: str) -> bytes:
+    m = _ENCODED.get(method)
+    if m is None:
+        m = method.encode("ascii")
+        if len(m) > 255:
+            raise ProtocolError(f"method name too long: {method[:40]!r}")
+        if len(_ENCODED) < 1024:
+            _ENCODED[method] = m
+    return m
+
+
 def encode_frame(kind: Kind, stream: int, method: str, body: bytes, flags: int = 0) -> bytes:
     """Bytes of one frame. ``method`` must be ASCII of at most 255 bytes."""
-    m = method.encode("ascii")
-    if len(m) > 255:
-        raise ProtocolError(f"method name too long: {method[:40]!r}")
-    return HEADER.pack(HEADER_SIZE - 4 + len(m) + len(body), kind, flags, stream, len(m)) + m + body
+    m = _method_bytes(method) if method else b""
+    return b"".join((_pack(7 + len(m) + len(body), kind, flags, stream, len(m)), m, body))
+
+
+def request_frame(stream: int, method: str, body: bytes) -> bytes:
+    """Bytes of one ``REQUEST`` frame (what :meth:`Connection.send_request` returns)."""
+    m = _ENCODED.get(method) or _method_bytes(method)
+    return b"".join((_pack(7 + len(m) + len(body), 3, 0, stream, len(m)), m, body))
+
+
+def response_frame(stream: int, body: bytes) -> bytes:
+    """Bytes of one ``RESPONSE`` frame, whole (no ``MORE``): for a body of at most the chunk size."""
+    return _pack(7 + len(body), 4, 0, stream, 0) + body
 
 
 class Connection:
@@ -92,6 +126,10 @@ class Connection:
 
     ``max_body``: the largest body accepted, in bytes. ``max_inflight``: on a server, the most requests a
     client may have in flight (its request credit); a client learns it from ``WELCOME``.
+
+    Two ways to take frames out: :meth:`next_event` (one :class:`Frame` at a time) and :meth:`next_frames`
+    (every whole frame buffered, as tuples, in one call: what the server and the SDK use on their hot path).
+    Both apply the same rules.
     """
 
     def __init__(
@@ -106,9 +144,12 @@ class Connection:
         self.role = role
         self.max_body = max_body
         self.max_inflight = max_inflight
-        self._buf = bytearray()
+        # what was received and not yet parsed: ``_buf[_pos:]``. ``_buf`` is the received ``bytes`` object
+        # itself while it is being parsed (no copy), a ``bytearray`` only while a frame is incomplete.
+        self._buf: bytes | bytearray = b""
         self._pos = 0
         self._eof = False
+        self._error: ProtocolError | None = None  # found by next_frames after frames it still returned
         self.handshaken = False
         self._hello_seen = False
         self.closed_reason: str | None = None  # set once a ProtocolError broke the connection
@@ -122,10 +163,22 @@ class Connection:
         if not data:
             self._eof = True
             return
-        if self._pos and self._pos == len(self._buf):
-            self._buf.clear()
+        buf = self._buf
+        pos = self._pos
+        if pos >= len(buf):
+            # nothing left over (the usual case): parse ``data`` where it lies
+            self._buf = data if type(data) is bytes else bytes(data)
             self._pos = 0
-        self._buf += data
+            return
+        if isinstance(buf, bytes):
+            buf = bytearray(memoryview(buf)[pos:])
+            pos = 0
+        elif pos > 1 << 16 and pos * 2 > len(buf):
+            del buf[:pos]
+            pos = 0
+        buf += data
+        self._buf = buf
+        self._pos = pos
 
     def next_event(self) -> Frame | NeedData | Closed:
         """The next whole frame, ``NEED_DATA``, or ``CLOSED``. Raises ``ProtocolError`` on a broken frame;
@@ -137,6 +190,99 @@ class Connection:
         except ProtocolError as exc:
             self.closed_reason = exc.message
             raise
+
+    def next_frames(self) -> list[tuple[Kind, int, int, str, bytes]]:
+        """Every whole frame buffered, as ``(kind, flags, stream, method, body)`` tuples, in order; ``[]``
+        when none is (more data is needed, or the peer closed: see :attr:`eof`).
+
+        It stops after a handshake frame, so that the caller acts on it before the frames after it are
+        checked: call it again until it returns ``[]``. A broken frame raises ``ProtocolError`` once the
+        frames before it were returned (at the next call); after that every call raises it.
+        """
+        if self.closed_reason is not None:
+            raise ProtocolError(self.closed_reason)
+        if self._error is not None:
+            self.closed_reason = self._error.message
+            raise self._error
+        if not self.handshaken:
+            ev = self.next_event()
+            if isinstance(ev, Frame):
+                return [(ev.kind, ev.flags, ev.stream, ev.method, ev.body)]
+            return []
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        if end - pos < HEADER_SIZE:
+            if self._eof and end > pos:
+                self.closed_reason = f"connection closed in the middle of a frame ({end - pos} bytes left over)"
+                raise ProtocolError(self.closed_reason)
+            return []
+        out: list[tuple[Kind, int, int, str, bytes]] = []
+        unpack = HEADER.unpack_from
+        kinds = _KINDS
+        allowed = self._allowed
+        server = self.role == "server"
+        inflight = self.inflight
+        try:
+            while end - pos >= HEADER_SIZE:
+                length, kind, flags, stream, mlen = unpack(buf, pos)
+                body_len = length - 7 - mlen
+                k = kinds.get(kind)
+                if body_len < 0 or body_len > self.max_body or k is None or k not in allowed:
+                    self._pos = pos
+                    self._next_event()  # raises the error this frame deserves
+                    raise AssertionError("unreachable")  # pragma: no cover
+                stop = pos + 4 + length
+                if stop > end:
+                    break
+                start = pos + HEADER_SIZE
+                if mlen:
+                    raw = bytes(buf[start : start + mlen])
+                    method = _METHODS.get(raw)
+                    if method is None:
+                        method = _method_name(raw)
+                    start += mlen
+                else:
+                    method = ""
+                body = bytes(buf[start:stop])  # no copy when ``buf`` is bytes: the slice is one already
+                pos = stop
+                if server:
+                    if k is Kind.REQUEST:
+                        if stream == 0:
+                            raise ProtocolError("a request needs a non-zero stream id")
+                        if stream in inflight:
+                            raise ProtocolError(f"stream {stream} is already in flight")
+                        if len(inflight) >= self.max_inflight:
+                            raise ProtocolError(f"more than {self.max_inflight} requests in flight")
+                        inflight.add(stream)
+                    elif k is Kind.HELLO:
+                        raise ProtocolError(f"{k.name} after the handshake")
+                elif k is Kind.WELCOME:
+                    raise ProtocolError(f"{k.name} after the handshake")
+                out.append((k, flags, stream, method, body))
+        except ProtocolError as exc:
+            self._pos = pos
+            if not out:
+                self.closed_reason = exc.message
+                raise
+            self._error = exc
+            return out
+        self._pos = pos
+        if pos == end:
+            self._buf = b""
+            self._pos = 0
+        elif self._eof:
+            broken = ProtocolError("connection closed in the middle of a frame")
+            if not out:
+                self.closed_reason = broken.message
+                raise broken
+            self._error = broken
+        return out
+
+    @property
+    def eof(self) -> bool:
+        """Whether the peer closed its side and every whole frame was taken out."""
+        return self._eof and self._pos >= len(self._buf)
 
     def _next_event(self) -> Frame | NeedData | Closed:
         buf = self._buf
@@ -168,16 +314,11 @@ class Connection:
         raw = bytes(buf[start : start + mlen])
         method = _METHODS.get(raw)
         if method is None:
-            try:
-                method = raw.decode("ascii")
-            except UnicodeDecodeError:
-                raise ProtocolError("method name is not ASCII") from None
-            if len(_METHODS) < 1024:
-                _METHODS[raw] = method
+            method = _method_name(raw)
         body = bytes(buf[start + mlen : pos + 4 + length])
         self._pos = pos + 4 + length
-        if self._pos > 1 << 20 and self._pos * 2 > len(buf):
-            del buf[: self._pos]
+        if self._pos >= len(buf):
+            self._buf = b""
             self._pos = 0
         self._check_order(k, stream)
         return Frame(k, flags, stream, method, body)
@@ -216,18 +357,23 @@ class Connection:
         return encode_frame(Kind.WELCOME, 0, "", body)
 
     def send_request(self, stream: int, method: str, body: bytes) -> bytes:
-        return encode_frame(Kind.REQUEST, stream, method, body)
+        return request_frame(stream, method, body)
 
     def send_response(self, stream: int, body: bytes, chunk: int = 1 << 20) -> list[bytes]:
         """The frames of one response; a body past ``chunk`` bytes is split (flag ``MORE`` on all but the last)."""
         self.inflight.discard(stream)
         if len(body) <= chunk:
-            return [encode_frame(Kind.RESPONSE, stream, "", body)]
+            return [response_frame(stream, body)]
         parts = []
         for i in range(0, len(body), chunk):
             last = i + chunk >= len(body)
             parts.append(encode_frame(Kind.RESPONSE, stream, "", body[i : i + chunk], 0 if last else MORE))
         return parts
+
+    def send_response_frame(self, stream: int, body: bytes) -> bytes:
+        """The one frame of a response whose body fits a frame (see :meth:`send_response`)."""
+        self.inflight.discard(stream)
+        return response_frame(stream, body)
 
     def send_error(self, stream: int, body: bytes) -> bytes:
         self.inflight.discard(stream)

@@ -18,7 +18,8 @@ Methods (request body → reply body):
 - ``locks.acquire_many``: :class:`AcquireMany` → a list of :class:`AcquireOutcome`, one per item in order:
   granted, held (a try), an error, or ``queued``: the item is in the key's line from that moment and its
   outcome comes later as a ``locks.settled`` push (an :class:`AcquireOutcome` with the item's ticket).
-- ``locks.abandon``: :class:`Abandon` → ``None``: queued items whose caller gave up leave their lines.
+- ``locks.abandon``: :class:`Abandon` → ``None``: items whose caller gave up without hearing their outcome:
+  a queued one leaves its line, a granted one's lease is let go.
 - push ``locks.settled``: :class:`AcquireOutcome` of a queued item (granted, or an error such as ``in_use``).
 
 The SDK sends the acquires and releases of one loop turn in one ``*_many`` call when others are in flight,
@@ -202,7 +203,9 @@ class AcquireOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class Abandon(msgspec.Struct, kw_only=True):
-    """``locks.abandon``: the queued items of these tickets leave their lines (unknown or settled ones: nothing)."""
+    """``locks.abandon``: the items of these tickets, whose outcome the client never heard: a queued one leaves
+    its line; a granted one's lease is let go (by its id: nothing if it was let go already). Unknown tickets:
+    nothing."""
 
     tickets: list[int]
 

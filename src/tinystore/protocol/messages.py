@@ -49,9 +49,17 @@ encode = encoder.encode
 _decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 
 
+def decoder_for(type: Any) -> msgspec.msgpack.Decoder[Any]:
+    """The (cached) MessagePack decoder of ``type``."""
+    dec = _decoders.get(type)
+    if dec is None:
+        dec = _decoders[type] = msgspec.msgpack.Decoder(type)
+    return dec
+
+
 def decode(data: bytes, type: Any = Any) -> Any:
     """Decode MessagePack ``data`` as ``type`` (a cached decoder per type)."""
     dec = _decoders.get(type)
     if dec is None:
-        dec = _decoders[type] = msgspec.msgpack.Decoder(type)
+        dec = decoder_for(type)
     return dec.decode(data)

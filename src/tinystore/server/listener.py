@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import inspect
 import logging
 import os
 import socket
 import ssl
 import time
+from functools import partial
 from pathlib import Path
+from types import CoroutineType
 from typing import Any
 
 import msgspec
@@ -32,14 +33,18 @@ from ..errors import (
     UnavailableError,
 )
 from ..protocol import frames
-from ..protocol.frames import CLOSED, NEED_DATA, Frame, Kind
-from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, encode
-from .core import Core, Session, error_of
+from ..protocol.frames import Kind
+from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode
+from .core import Core, Method, Session, error_of
 
 log = logging.getLogger("tinystore.server")
 
 HIGH_WATER = 8 * 1024 * 1024
 LOW_WATER = 1024 * 1024
+CHUNK = 1 << 20  # a response body past this many bytes goes out in several frames (flag MORE)
+
+_REQUEST = Kind.REQUEST
+_Future = asyncio.Future
 
 
 def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -68,6 +73,7 @@ class ServerConnection(asyncio.Protocol):
         self.listener = listener
         self.core = listener.core
         self.conn = frames.Connection("server", max_body=self.core.limits.frame_body_bytes)
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self.tasks: dict[int, asyncio.Task[Any]] = {}
@@ -76,6 +82,8 @@ class ServerConnection(asyncio.Protocol):
         self.paused = False
         self.out: list[bytes] = []
         self.flush_scheduled = False
+        self.receiving = False  # inside data_received: what is written goes out once it returns
+        self.decoders = listener.decoders
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -88,21 +96,31 @@ class ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        self.conn.receive_data(data)
+        conn = self.conn
+        conn.receive_data(data)
+        self.receiving = True
         try:
-            while True:
-                ev = self.conn.next_event()
-                if ev is NEED_DATA or ev is CLOSED:
+            while not self.closing:
+                batch = conn.next_frames()
+                if not batch:
                     break
-                assert isinstance(ev, Frame)
-                self.on_frame(ev)
-                if self.closing:
-                    break
+                for kind, _flags, stream, method, body in batch:
+                    if kind is _REQUEST:
+                        self.on_request(stream, method, body)
+                    else:
+                        self.on_frame(kind, stream, body)
+                    if self.closing:
+                        break
         except ProtocolError as exc:
             self.close(exc.message, "protocol")
         except Exception as exc:
             log.exception("connection error")
             self.close(f"internal error: {exc}", "internal")
+        finally:
+            self.receiving = False
+            # the answers of this read go out in one write, now (not a loop turn later)
+            if self.out:
+                self.flush()
 
     def eof_received(self) -> bool | None:
         return None
@@ -130,23 +148,20 @@ class ServerConnection(asyncio.Protocol):
 
     # -- frames ------------------------------------------------------------------------------------
 
-    def on_frame(self, f: Frame) -> None:
-        kind = f.kind
-        if kind is Kind.REQUEST:
-            self.on_request(f)
-        elif kind is Kind.HELLO:
-            self.on_hello(f)
+    def on_frame(self, kind: Kind, stream: int, body: bytes) -> None:
+        if kind is Kind.HELLO:
+            self.on_hello(body)
         elif kind is Kind.CANCEL:
-            task = self.tasks.pop(f.stream, None)
+            task = self.tasks.pop(stream, None)
             if task is not None:
                 task.cancel()
-            self.conn.finished(f.stream)
+            self.conn.finished(stream)
         elif kind is Kind.GOAWAY:
             self.close("the client said goodbye", "closed", notify=False)
 
-    def on_hello(self, f: Frame) -> None:
+    def on_hello(self, raw: bytes) -> None:
         try:
-            hello = decode(f.body, Hello)
+            hello = decode(raw, Hello)
         except msgspec.DecodeError as exc:
             raise ProtocolError(f"bad HELLO: {exc}") from None
         if hello.version != frames.PROTOCOL_VERSION:
@@ -191,47 +206,48 @@ class ServerConnection(asyncio.Protocol):
             self.flush()
             self.transport.close()
 
-    def on_request(self, f: Frame) -> None:
-        stream = f.stream
+    def on_request(self, stream: int, name: str, body: bytes) -> None:
         session = self.session
         assert session is not None
-        if self.core.stopping.is_set() and f.method != "store.stop":
+        core = self.core
+        if core.stopping.is_set() and name != "store.stop":
             # no new calls once stopping (STORE-05); ``refused`` tells the SDK it was not run, so it may
             # send it again to the next server
             self.send_error(
                 stream,
-                UnavailableError(f"store {self.core.directory} is stopping: {f.method} was not run", refused=True),
+                UnavailableError(f"store {core.directory} is stopping: {name} was not run", refused=True),
             )
             return
-        method = self.core.methods.get(f.method)
         try:
-            if method is None:
-                raise InvalidError(f"unknown method {f.method!r}")
+            entry = self.decoders.get(name)
+            if entry is None:
+                entry = self.listener.decoder(name)
             try:
-                req = decode(f.body, method.request)
+                req = entry[1](body)
             except msgspec.ValidationError as exc:
-                raise InvalidError(f"{f.method}: {exc}") from None
+                raise InvalidError(f"{name}: {exc}") from None
             except msgspec.DecodeError as exc:
-                raise InvalidError(f"{f.method}: the body is not valid MessagePack: {exc}") from None
-            result = self.core.invoke(session, f.method, req)
+                raise InvalidError(f"{name}: the body is not valid MessagePack: {exc}") from None
+            result = core.invoke(session, name, req)
         except BaseException as exc:
             self.send_error(stream, exc)
             return
-        if isinstance(result, asyncio.Future):
+        if isinstance(result, _Future):
             if result.done():
                 self.finish(stream, result)
             else:
                 self.futures[stream] = result
-                result.add_done_callback(lambda fut, s=stream: self.finish(s, fut))  # type: ignore[misc]
-        elif inspect.iscoroutine(result):
+                result.add_done_callback(partial(self.finish, stream))
+        elif type(result) is CoroutineType:
             task = asyncio.ensure_future(result)
             self.tasks[stream] = task
-            task.add_done_callback(lambda t, s=stream: self.finish(s, t))  # type: ignore[misc]
+            task.add_done_callback(partial(self.finish, stream))
         else:
             self.send_result(stream, result)
 
     def finish(self, stream: int, fut: asyncio.Future[Any]) -> None:
-        self.tasks.pop(stream, None)
+        if self.tasks:
+            self.tasks.pop(stream, None)
         self.futures.pop(stream, None)
         if self.closing:
             return
@@ -252,7 +268,10 @@ class ServerConnection(asyncio.Protocol):
         except (TypeError, OverflowError) as exc:
             self.send_error(stream, TinystoreError(f"the answer could not be encoded: {exc}"))
             return
-        self.write_many(self.conn.send_response(stream, body))
+        if len(body) <= CHUNK:
+            self.write(self.conn.send_response_frame(stream, body))
+        else:
+            self.write_many(self.conn.send_response(stream, body, CHUNK))
 
     def send_error(self, stream: int, exc: BaseException) -> None:
         if self.closing:
@@ -266,13 +285,15 @@ class ServerConnection(asyncio.Protocol):
             self.write(self.conn.send_push(method, encode(body)))
 
     def write(self, data: bytes) -> None:
-        """Queue ``data``; what one loop turn queues goes out in one write (fewer system calls under load)."""
-        if self.transport is None or self.transport.is_closing():
+        """Queue ``data``; what one read's requests answer at once, or one loop turn queues, goes out in one
+        write (fewer system calls under load)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
             return
         self.out.append(data)
-        if not self.flush_scheduled:
+        if not self.flush_scheduled and not self.receiving:
             self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self.loop.call_soon(self.flush)
 
     def write_many(self, parts: list[bytes]) -> None:
         for part in parts:
@@ -311,12 +332,24 @@ class Listener:
         self.tokens = tokens
         self.server: asyncio.AbstractServer | None = None
         self.connections: set[ServerConnection] = set()
+        # method name → (method, body decoder), filled as methods are first called
+        self.decoders: dict[str, tuple[Method, Any]] = {}
         self.last_activity = time.monotonic()
         self.description = ""
         self.unix_path: Path | None = None
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
+
+    def decoder(self, name: str) -> tuple[Method, Any]:
+        """The method ``name`` and the ``decode`` of its request body; ``InvalidError`` when unknown."""
+        method = self.core.methods.get(name)
+        if method is None:
+            raise InvalidError(f"unknown method {name!r}")
+        entry = (method, decoder_for(method.request).decode)
+        if len(self.decoders) < 4096:
+            self.decoders[name] = entry
+        return entry
 
     async def start_unix(self, path: Path) -> None:
         loop = asyncio.get_running_loop()

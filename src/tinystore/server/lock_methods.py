@@ -1,5 +1,6 @@
-"""Lock methods: ``locks.acquire``, ``locks.renew``, ``locks.release``; a lease that ends without its release
-is told to its holder with a ``locks.lost`` push (see :mod:`tinystore.protocol.locks`).
+"""Lock methods: ``locks.acquire``, ``locks.acquire_many``, ``locks.abandon``, ``locks.renew``, ``locks.release``,
+``locks.release_many``; pushes ``locks.lost`` (a lease ended without its release) and ``locks.settled`` (a
+queued item of ``locks.acquire_many`` got its outcome). Bodies: :mod:`tinystore.protocol.locks`.
 
 The engine (:class:`~tinystore.engines.locks.LocksEngine`) is created here as ``core.locks``, with the core's
 clock, limits and persisted fence epoch (LOCK-02). Everything it holds is in memory: after a restart nobody
@@ -7,13 +8,17 @@ holds anything (LOCK-07).
 
 - A session's waiters leave their lines when the session closes; its leases stay until their ttl runs out, so
   that a client whose connection dropped can reconnect and renew them by id (LOCK-07).
-- A try, and a hold whose key is free, is answered in the same loop turn without a coroutine. A hold that must
-  wait is a coroutine; a ``CANCEL`` from the client cancels it, which takes it out of the line and keeps
-  nothing (a lease given in the same loop turn as the cancel is released at once).
+- Every acquire is in the key's line from the moment its request is read (first come, first served), also
+  one that must wait: ``locks.acquire`` then answers from a coroutine, and a ``CANCEL`` from the client takes
+  it out of the line and keeps nothing (a lease given in the loop turn of the cancel is released at once),
+  also when the cancel comes before the coroutine ever ran. A queued item of ``locks.acquire_many`` waits
+  without a coroutine; ``locks.abandon`` takes it out of its line, or lets go of the lease its ticket was
+  given (of the session's last ``GRANTED_KEPT`` grants); one granted to a session that has gone is released.
 - The embedded store's own session (``session.local``) gets the engine's objects as they are: a
   :class:`~tinystore.protocol.locks.Grant` or ``None``, a float deadline, a bool. A connection gets the wire
   bodies: :class:`~tinystore.protocol.locks.Granted` or :class:`~tinystore.protocol.locks.NotGranted`,
   :class:`~tinystore.protocol.locks.Renewed`, :class:`~tinystore.protocol.locks.Released`.
+- ``status()["locks"]`` (see :func:`lock_status`) lists each key held or waited for.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +59,8 @@ if TYPE_CHECKING:
     from .core import Core, Session
 
 _NOT_GRANTED = NotGranted()
+GRANTED_KEPT = 4096
+"""How many granted tickets of ``locks.acquire_many`` each session's ``locks.abandon`` can still name."""
 
 
 def install(core: Core) -> None:
@@ -67,6 +75,17 @@ def install(core: Core) -> None:
     release_ = engine.release
     # queued items of locks.acquire_many: session id -> ticket -> the engine's future (in the key's line)
     queued: dict[int, dict[int, asyncio.Future[Grant]]] = {}
+    # the last GRANTED_KEPT tickets of each session that were granted: ticket -> lease id, so that a client that
+    # gave up on a ticket without hearing its outcome (a cancel) can abandon it and let go of what it got
+    granted: dict[int, OrderedDict[int, int]] = {}
+
+    def remember(session: Session, ticket: int, lease: int) -> None:
+        mine = granted.get(session.id)
+        if mine is None:
+            mine = granted[session.id] = OrderedDict()
+        mine[ticket] = lease
+        if len(mine) > GRANTED_KEPT:
+            mine.popitem(last=False)
 
     def acquire(session: Session, req: Acquire) -> Any:
         got = start(
@@ -134,6 +153,7 @@ def install(core: Core) -> None:
                     ttl=item.ttl_ms / 1000,
                     max_hold=None if item.max_hold_ms is None else item.max_hold_ms / 1000,
                     wait=None if item.wait_ms is None else item.wait_ms / 1000,
+                    on_grant=functools.partial(_granted, session, ticket),
                 )
             except TinystoreError as exc:
                 out.append(AcquireOutcome(ticket=ticket, code=exc.code, message=exc.message))
@@ -141,6 +161,7 @@ def install(core: Core) -> None:
             if got is None:
                 out.append(AcquireOutcome(ticket=ticket, held=True))
             elif isinstance(got, Grant):
+                remember(session, ticket, got.lease)
                 out.append(AcquireOutcome.of(got, ticket))
             else:
                 if mine is None:
@@ -153,34 +174,44 @@ def install(core: Core) -> None:
                 out.append(AcquireOutcome(ticket=ticket, queued=True))
         return out
 
+    def _granted(session: Session, ticket: int, grant: Grant) -> None:
+        # called by the engine as it passes the key on, before the answer to the release that let go of it is
+        # written: the next holder hears first
+        mine = queued.get(session.id)
+        if mine is not None:
+            mine.pop(ticket, None)
+            if not mine:
+                del queued[session.id]
+        if session.closed:
+            release_(session, grant.lease)  # granted to a client that is gone and never heard of it
+            return
+        remember(session, ticket, grant.lease)
+        session.push(SETTLED, AcquireOutcome.of(grant, ticket))
+
     def _settled(session: Session, ticket: int, fut: asyncio.Future[Grant]) -> None:
+        if fut.cancelled() or fut.exception() is None:
+            return  # abandoned, or granted (told by _granted)
         mine = queued.get(session.id)
         if mine is not None and mine.get(ticket) is fut:
             del mine[ticket]
             if not mine:
                 del queued[session.id]
-        if fut.cancelled():
-            return  # abandoned
         exc = fut.exception()
-        if exc is not None:
-            err = exc if isinstance(exc, TinystoreError) else TinystoreError(str(exc))
-            session.push(SETTLED, AcquireOutcome(ticket=ticket, code=err.code, message=err.message))
-            return
-        grant = fut.result()
-        if session.closed:
-            release_(session, grant.lease)  # granted to a client that is gone and never heard of it
-            return
-        session.push(SETTLED, AcquireOutcome.of(grant, ticket))
+        err = exc if isinstance(exc, TinystoreError) else TinystoreError(str(exc))
+        session.push(SETTLED, AcquireOutcome(ticket=ticket, code=err.code, message=err.message))
 
     def abandon(session: Session, req: Abandon) -> None:
-        mine = queued.get(session.id)
-        if mine is None:
-            return
+        waiting = queued.get(session.id)
+        given = granted.get(session.id)
         for ticket in req.tickets:
-            fut = mine.pop(ticket, None)
+            fut = None if waiting is None else waiting.pop(ticket, None)
             if fut is not None and not fut.done():
-                fut.cancel()
-        if not mine:
+                fut.cancel()  # leaves the line
+                continue
+            lease = None if given is None else given.pop(ticket, None)
+            if lease is not None:
+                release_(session, lease)  # nothing if it was let go already: releases go by lease id
+        if waiting is not None and not waiting:
             queued.pop(session.id, None)
 
     def renew(session: Session, req: Renew) -> float | Renewed:
@@ -200,10 +231,12 @@ def install(core: Core) -> None:
     def on_close(session: Session) -> None:
         engine.drop_peer(session)  # its waiters leave their lines (queued items too); its leases stay
         queued.pop(session.id, None)
+        granted.pop(session.id, None)
 
     async def stop() -> None:
         engine.close()
         queued.clear()
+        granted.clear()
 
     core.session_close_hooks.append(on_close)
     core.status_hooks["locks"] = status

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from ..engines.sql import SqlDatabase, SqlTx
+from ..engines.sql import SqlDatabase, SqlTx, check_params
 from ..errors import ClosedError, InvalidError, PermissionDeniedError
 from ..protocol.sql import Begin, Exec, OpenDb, Opened, Query, TxRef
 
 if TYPE_CHECKING:
     from .core import Core, Session
+
+_MODES = frozenset({"all", "one", "scalar"})
 
 
 def install(core: Core) -> None:
@@ -58,14 +60,20 @@ def install(core: Core) -> None:
         return db.write(req.sql, req.params)
 
     def query(session: Session, req: Query) -> Any:
-        if req.mode not in ("all", "one", "scalar"):
-            raise InvalidError(f"sql.query: mode {req.mode!r} is not all, one or scalar")
+        mode = req.mode
+        if mode not in _MODES:
+            raise InvalidError(f"sql.query: mode {mode!r} is not all, one or scalar")
         if req.tx:
-            return own_tx(session, req.tx).query(req.sql, req.params, req.mode)
+            return own_tx(session, req.tx).query(req.sql, req.params, mode)
         db = engine.databases.get(req.db)
         if db is None:
             return query_later(req)
-        return db.read(req.sql, req.params, req.mode)
+        values = check_params(db.name, req.params)
+        # the usual read fits the inline budget: its rows, at once (no future, no thread)
+        rows = db.read_now(req.sql, values, mode)
+        if rows is not None:
+            return rows
+        return db.read_later(req.sql, values, mode)
 
     async def begin(session: Session, req: Begin) -> int:
         db = engine.databases.get(req.db) or await reopen(req.db)
