@@ -35,7 +35,7 @@ def run_async(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 
 def fail(exc: TinystoreError) -> NoReturn:
-    err_console.print(f"[red]error[/red]: {exc.message}", highlight=False)
+    """Print ``error[code] message`` (one line: people read it, and a parent process parses it) and exit 1."""
     sys.stderr.write(f"error[{exc.code}] {exc.message}\n")
     sys.exit(1)
 
@@ -257,6 +257,14 @@ def sql(directory: Path, statement: str, params: tuple[str, ...], database: str,
     """Run STATEMENT on a database of DIRECTORY and print the rows (a table, or JSON with --json)."""
 
     async def go() -> tuple[list[str], list[list[Any]], Any]:
+        from ..errors import InvalidError
+
+        known = sorted(p.stem for p in (directory / "sql").glob("*.db"))
+        if database not in known and not write:
+            raise InvalidError(
+                f"store {directory}: no database {database!r} (databases: {', '.join(known) or 'none'}; "
+                "choose one with --db)"
+            )
         store = await open_for_cli(directory)
         try:
             db = await store.database(database)
@@ -264,7 +272,12 @@ def sql(directory: Path, statement: str, params: tuple[str, ...], database: str,
             if write:
                 done = await db.exec(statement, *values)
                 return done.columns, [list(r) for r in done.rows], done
-            rows = await db._query(statement, values, "all")
+            try:
+                rows = await db._query(statement, values, "all")
+            except InvalidError as exc:
+                if "readonly" in exc.message or "read-only" in exc.message:
+                    raise InvalidError(f"database {database}: this statement writes: add --write to run it") from None
+                raise
             return rows.columns, [list(r) for r in rows.rows], None
         finally:
             await store.close()

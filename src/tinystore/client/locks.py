@@ -90,6 +90,7 @@ NEVER = datetime.max.replace(tzinfo=UTC)
 MARGIN = 0.1
 """The SDK declares a lease lost itself when no renewal succeeded for ``ttl * (1 - MARGIN)``."""
 KEY_MAX = 256
+_WAITS: dict[str, float] = {}  # waits given as text ("10s"), read once each
 
 _HELD, _LOST, _DONE = 0, 1, 2
 _NEW, _SENT, _QUEUED, _SETTLED = 10, 11, 12, 13  # the states of a batched ask
@@ -160,8 +161,12 @@ class Lease:
         "_hub",
         "_in_block",
         "_kind",
+        "_lost",
         "_max_hold_at",
         "_message",
+        "_release_deadline",
+        "_release_task",
+        "_release_timed_out",
         "_releasing",
         "_renewing",
         "_state",
@@ -172,7 +177,6 @@ class Lease:
         "id",
         "key",
         "lock",
-        "lost",
     )
 
     def __init__(
@@ -197,7 +201,7 @@ class Lease:
         self._max_hold_at = max_hold_at
         self._ttl = ttl
         self._epoch = hub.transport.epoch
-        self.lost = asyncio.Event()
+        self._lost: asyncio.Event | None = None  # made when first asked for
         self._state = _HELD
         self._message = ""
         self._task: asyncio.Task[Any] | None = None
@@ -208,9 +212,22 @@ class Lease:
         self._handle: asyncio.TimerHandle | None = None
         self._renewing: asyncio.Task[None] | None = None
         self._releasing: asyncio.Future[bool] | None = None
+        self._release_task: asyncio.Task[Any] | None = None
+        self._release_deadline = 0.0
+        self._release_timed_out = False
         self._base = 0.0
         self._doom_at = math.inf
         self._end_at = math.inf
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """An ``asyncio.Event`` set when the lease is lost (for code that cannot be cancelled)."""
+        event = self._lost
+        if event is None:
+            event = self._lost = asyncio.Event()
+            if self._state == _LOST:
+                event.set()
+        return event
 
     @property
     def expires_at(self) -> datetime:
@@ -249,6 +266,14 @@ class Lease:
 
     def _tick(self) -> None:
         self._handle = None
+        waiting = self._release_task
+        if waiting is not None:  # releasing: bound the wait for the store's answer
+            if self._hub.loop.time() >= self._release_deadline:
+                self._release_timed_out = True
+                waiting.cancel()
+            else:
+                self._handle = self._hub.loop.call_at(self._release_deadline, self._tick)
+            return
         if self._state != _HELD:
             return
         now = self._hub.loop.time()
@@ -306,6 +331,38 @@ class Lease:
             if self._renewing is asyncio.current_task():
                 self._renewing = None
 
+    async def _release_bounded(self) -> bool:
+        """Release over a connection, waiting for the answer no longer than the lease could still be live plus a
+        third of its ttl (a store that does not answer lets the lease run out by its ttl); then it counts as
+        lost. The lease's own timer bounds the wait, as ``asyncio.timeout`` would, without a timer of its own."""
+        hub = self._hub
+        loop = hub.loop
+        task = asyncio.current_task()
+        assert task is not None
+        self._release_deadline = max(self._doom_at, loop.time()) + self._ttl / 3
+        self._release_task = task
+        self._release_timed_out = False
+        cancelling = task.cancelling()
+        if self._handle is None:
+            self._handle = loop.call_at(self._release_deadline, self._tick)
+        # else: the lease's timer comes at its renewal or its doom at the latest, and moves on to the deadline
+        try:
+            return await hub.release(self)
+        except asyncio.CancelledError:
+            if not self._release_timed_out or task.uncancel() > cancelling:
+                raise
+            if not self._message:
+                self._message = (
+                    f"{self._where()}: the store did not answer the release in time; the lease runs out by its "
+                    "ttl there"
+                )
+            return False
+        finally:
+            self._release_task = None
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
+
     def _restarted_message(self, old: int, new: int) -> str:
         return (
             f"{self._where()}: the store restarted (fence epoch {old} → {new}); after a restart nobody holds anything"
@@ -315,6 +372,9 @@ class Lease:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        self._stop_renewing()
+
+    def _stop_renewing(self) -> None:
         task = self._renewing
         if task is not None:
             self._renewing = None
@@ -330,7 +390,8 @@ class Lease:
         self._state = _LOST
         self._message = message or f"{self._where()}: the lease was lost"
         self._stop_timers()
-        self.lost.set()
+        if self._lost is not None:
+            self._lost.set()
         task = self._task
         if self._in_block and task is not None and not task.done() and not self._cancel_requested:
             self._cancel_requested = True
@@ -401,7 +462,7 @@ class Lease:
             return await asyncio.shield(fut)
         fut = self._releasing = self._hub.loop.create_future()
         was_held = self._state == _HELD
-        self._stop_timers()
+        self._stop_renewing()
         if self._state == _HELD:
             self._state = _DONE
         hub = self._hub
@@ -409,25 +470,14 @@ class Lease:
             if hub.local:
                 released = await hub.release(self)
             else:
-                # A store that does not answer lets the lease run out by its ttl: wait for the answer no longer
-                # than the lease could still be live (plus a third of its ttl), then count it lost.
-                bound = max(self._doom_at - hub.loop.time(), 0.0) + self._ttl / 3
-                try:
-                    async with asyncio.timeout(bound):
-                        released = await hub.release(self)
-                except TimeoutError:
-                    released = False
-                    if not self._message:
-                        self._message = (
-                            f"{self._where()}: the store did not answer the release within "
-                            f"{format_seconds(bound)}; the lease runs out by its ttl there"
-                        )
+                released = await self._release_bounded()
         except BaseException:
             fut.set_result(False)
             raise
         if not released and was_held and self._state != _LOST:
             self._state = _LOST
-            self.lost.set()
+            if self._lost is not None:
+                self._lost.set()
         self._hub.leases.pop(self.id, None)
         fut.set_result(released)
         return released
@@ -551,12 +601,16 @@ class Lock:
         """
         text = _key_text(self._kind, self.name, key)
         if wait is None:
-            wait_s = self._default_wait
-        else:
-            try:
-                wait_s = seconds(wait, "wait")
-            except InvalidError as exc:
-                raise InvalidError(f"{_where(self._kind, self.name, text)}: {exc.message}") from None
+            return _Hold(self, text, self._default_wait)
+        known = _WAITS.get(wait) if type(wait) is str else None
+        if known is not None:
+            return _Hold(self, text, known)
+        try:
+            wait_s = seconds(wait, "wait")
+        except InvalidError as exc:
+            raise InvalidError(f"{_where(self._kind, self.name, text)}: {exc.message}") from None
+        if type(wait) is str and len(_WAITS) < 256:
+            _WAITS[wait] = wait_s
         return _Hold(self, text, wait_s)
 
     def __repr__(self) -> str:
@@ -606,12 +660,14 @@ class _Hub:
         self.leases: dict[int, Lease] = {}
         self.early_lost: OrderedDict[int, str] = OrderedDict()
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.releasing = 0  # release calls in flight
+        # The first acquire and the first release of a loop turn go at once from their callers; the others of
+        # that turn go together in one call, sent by a task of the hub.
+        self.acquire_turn = False
+        self.release_turn = False
         self.acquire_batch: list[_Ask] | None = None
         self.asks: dict[int, _Ask] = {}  # batched asks sent and not settled, by ticket
         self.ticket_ids = itertools.count(1)
         self.release_batch: list[tuple[Lease, asyncio.Future[bool]]] | None = None
-        self.acquiring = 0  # lone acquire calls in flight
         self.closed = False
         self.transport.on_push(LOST, self._on_lost, Lost)
         self.transport.on_push(SETTLED, self._on_settled, AcquireOutcome)
@@ -698,19 +754,21 @@ class _Hub:
         """Ask the store for ``req`` as one item of a ``locks.acquire_many`` with a ticket, and wait for its
         outcome (a queued one comes later as a ``locks.settled`` push).
 
-        A lone ask (no other in flight) is sent by its caller at once; the asks made while others are in
-        flight go together, those of one loop turn in one call sent by a task of the hub. Either way a cancel
+        The first ask of a loop turn is sent by its caller at once; the other asks of that turn go together
+        in one call sent by a task of the hub (the first ask's frame and theirs leave in one write, the
+        transport's). Either way a cancel
         keeps nothing: an ask whose outcome its caller did not hear is abandoned at the store by its ticket
         (a queued one leaves the line, a granted one's lease is let go), and a grant that came with the cancel
         is released.
         """
-        if self.acquiring or self.acquire_batch is not None:
+        if self.acquire_turn:
             return await self._ask_batched(req)
+        self.acquire_turn = True
+        self.loop.call_soon(self._next_acquire_turn)
         ask = _Ask(req, self.loop.create_future())
         ask.ticket = next(self.ticket_ids)
         ask.state = _SENT
         self.asks[ask.ticket] = ask  # its settled push, if it is queued, may come with the answer
-        self.acquiring += 1
         try:
             got: list[AcquireOutcome] = await self.transport.call(
                 ACQUIRE_MANY, AcquireMany(items=[req], tickets=[ask.ticket]), list[AcquireOutcome], retry=False
@@ -722,8 +780,6 @@ class _Hub:
             self.asks.pop(ask.ticket, None)
             ask.state = _SETTLED
             raise
-        finally:
-            self.acquiring -= 1
         out = got[0]
         if not out.queued:
             self.asks.pop(ask.ticket, None)
@@ -854,7 +910,7 @@ class _Hub:
         """Let go of ``lease`` at the store; True when it let go of a live lease. Never raises a TinyStore
         error: a store that cannot be reached lets the lease run out by its ttl.
 
-        Over a connection, a release made while others are in flight goes with the others of its loop turn
+        Over a connection, the first release of a loop turn goes at once; the others of that turn go together
         in one ``locks.release_many`` call (sent by a task of the hub, so a cancel of the caller leaves the
         release to happen)."""
         transport = self.transport
@@ -863,7 +919,7 @@ class _Hub:
                 return bool(await transport.call(RELEASE, Release(lease=lease.id), write=True))
             except TinystoreError:
                 return False
-        if self.releasing or self.release_batch is not None:
+        if self.release_turn:
             batch = self.release_batch
             if batch is None:
                 batch = self.release_batch = []
@@ -871,17 +927,20 @@ class _Hub:
             fut: asyncio.Future[bool] = self.loop.create_future()
             batch.append((lease, fut))
             return await fut
-        self.releasing += 1
-        try:
-            return await self._release_one(lease)
-        finally:
-            self.releasing -= 1
+        self.release_turn = True
+        self.loop.call_soon(self._next_release_turn)
+        return await self._release_one(lease)
+
+    def _next_acquire_turn(self) -> None:
+        self.acquire_turn = False
+
+    def _next_release_turn(self) -> None:
+        self.release_turn = False
 
     async def _send_releases(self, batch: list[tuple[Lease, asyncio.Future[bool]]]) -> None:
         # runs a loop turn after the batch's first release: the releases of that turn are in it
         if self.release_batch is batch:
             self.release_batch = None
-        self.releasing += 1
         try:
             if len(batch) == 1:
                 got = [await self._release_one(batch[0][0])]
@@ -891,7 +950,6 @@ class _Hub:
                 if not fut.done():
                     fut.set_result(ok)
         finally:
-            self.releasing -= 1
             for _, fut in batch:
                 if not fut.done():
                     fut.set_result(False)

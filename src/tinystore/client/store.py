@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import ssl
 import subprocess
@@ -78,6 +79,10 @@ class Store:
         self._core = core
         self._child = child
         self._closed = False
+        self._dead: UnavailableError | None = None
+        self._child_cmd: list[str] = []
+        self._child_exits: list[float] = []
+        self._dead_task: asyncio.Future[None] | None = None
         self.clock = StoreClock(self)
         self._databases: dict[str, Database] = {}
         self._close_hooks: list[Any] = []
@@ -85,7 +90,41 @@ class Store:
     async def _call(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
     ) -> Any:
+        if self._dead is not None:
+            raise self._dead
         return await self.transport.call(method, request, response_type, write=write, retry=retry)
+
+    def _child_exited(self, child: subprocess.Popen[bytes], code: int) -> None:
+        """The private server (our child) exited while the store is open: start it again (the SDK then
+        reconnects by itself, STORE-06); after 5 exits within a minute, give up and fail every call at once."""
+        if self._closed or child is not self._child:
+            return
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        now = time.monotonic()
+        self._child_exits = [t for t in self._child_exits if now - t < 60.0] + [now]
+        if len(self._child_exits) > 5 or not self._child_cmd:
+            self._dead = UnavailableError(f"store {self.directory}: the private server exited ({how})")
+            self._dead_task = asyncio.ensure_future(self.transport.close())
+            return
+        logging.getLogger("tinystore.client").warning(
+            "store %s: the private server exited (%s); starting it again", self.directory, how
+        )
+        self._dead_task = asyncio.ensure_future(self._restart_child())
+
+    async def _restart_child(self) -> None:
+        try:
+            child = await _spawn_private(self._child_cmd)
+        except Exception as exc:  # someone else may own the directory now: reconnect to it
+            logging.getLogger("tinystore.client").warning(
+                "store %s: restarting the private server: %s", self.directory, exc
+            )
+            return
+        if self._closed:
+            child.terminate()
+            await asyncio.to_thread(_reap, child, 10.0)
+            return
+        self._child = child
+        _watch_child(self, child)
 
     @property
     def epoch(self) -> int:
@@ -135,7 +174,8 @@ class Store:
     async def status(self) -> dict[str, Any]:
         """Version, connections, databases and what each engine holds, as a dict."""
         status: dict[str, Any] = await self._call("store.status", Empty(), Any)
-        status["mode"] = self.mode
+        status.setdefault("mode", self.mode)
+        status["client"] = self.mode
         return status
 
     async def stop_server(self, grace: float = 10.0) -> None:
@@ -222,7 +262,12 @@ async def open(
     if clock is not None and not (private or embedded):
         raise InvalidError("open: a test clock is only for private=True or embedded=True stores")
     idle_s = seconds(idle, "idle")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InvalidError(f"open: {path} is not a directory") from None
+    except OSError as exc:
+        raise InvalidError(f"open: cannot make the store's directory {path}: {exc.strerror}") from None
     if embedded:
         return await _open_embedded(path, durability, clock, limits, serve)
     if private:
@@ -237,6 +282,7 @@ async def _open_embedded(
     from ..server.main import ServeOptions, start_listeners
 
     core = Core(path, clock=Clock(clock) if clock is not None else None, limits=limits, durability=durability)
+    core.mode = "embedded"
     await core.start()
     try:
         if serve:
@@ -252,17 +298,35 @@ def _limits_args(limits: Limits | None) -> list[str]:
     return ["--limits", limits.to_json()] if limits is not None else []
 
 
+async def _spawn_private(cmd: list[str]) -> subprocess.Popen[bytes]:
+    """Start a private server and wait for its ``ready`` line; raise the error it printed otherwise."""
+    child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = await asyncio.to_thread(_read_ready, child)
+    if not line.startswith("ready"):
+        raise await asyncio.to_thread(_child_error, child)
+    threading.Thread(target=_drain_stderr, args=(child,), daemon=True).start()
+    return child
+
+
+def _watch_child(store: Store, child: subprocess.Popen[bytes]) -> None:
+    """Tell ``store`` (on its loop) when ``child`` exits."""
+    loop = asyncio.get_running_loop()
+
+    def watch() -> None:
+        code = child.wait()
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
+            loop.call_soon_threadsafe(store._child_exited, child, code)
+
+    threading.Thread(target=watch, daemon=True, name="tinystore-private-watch").start()
+
+
 async def _open_private(path: Path, durability: str, clock: datetime | None, limits: Limits | None) -> Store:
     cmd = _server_cmd(
         path, "--private", "--parent-pid", str(os.getpid()), "--durability", durability, *_limits_args(limits)
     )
     if clock is not None:
         cmd += ["--clock", clock.isoformat()]
-    child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    line = await asyncio.to_thread(_read_ready, child)
-    if not line.startswith("ready"):
-        err = await asyncio.to_thread(_child_error, child)
-        raise err
+    child = await _spawn_private(cmd)
     sock = paths.socket_path(path)
     transport = RemoteTransport(lambda: _unix_endpoint(sock), description=f"private:{path}")
     try:
@@ -271,8 +335,10 @@ async def _open_private(path: Path, durability: str, clock: datetime | None, lim
         child.terminate()
         await asyncio.to_thread(_reap, child, 10.0)
         raise
-    threading.Thread(target=_drain_stderr, args=(child,), daemon=True).start()
-    return Store(transport, mode="private", directory=path, child=child, limits=limits)
+    store = Store(transport, mode="private", directory=path, child=child, limits=limits)
+    store._child_cmd = cmd
+    _watch_child(store, child)
+    return store
 
 
 def _read_ready(child: subprocess.Popen[bytes]) -> str:
@@ -296,7 +362,7 @@ def _child_error(child: subprocess.Popen[bytes]) -> Exception:
     last = text.splitlines()[-1] if text else f"exit status {child.returncode}"
     if last.startswith("error[") and "]" in last:
         code, _, msg = last[6:].partition("] ")
-        return error_from(code, msg)
+        return error_from(code, msg.lstrip(": "))
     return UnavailableError(f"the store server did not start: {last}")
 
 

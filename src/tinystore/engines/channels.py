@@ -48,6 +48,8 @@ from ..protocol.channels import (
     MissedItem,
     Published,
     Subscribed,
+    malformed_id,
+    parse_id,
 )
 from .base import Peer
 
@@ -401,11 +403,13 @@ class ChannelsEngine:
         return out
 
     def _parse_id(self, channel: str, mid: object) -> int | None:
-        if isinstance(mid, str):
-            epoch, sep, seq = mid.partition("-")
-            if sep and epoch.isascii() and epoch.isdigit() and seq.isascii() and seq.isdigit():
-                return int(seq) if int(epoch) == self._epoch else None
-        raise InvalidError(f"channel {channel}: after {mid!r}: a message id is '<epoch>-<seq>'")
+        """The seq of id ``mid`` when it is of this epoch, else None; ``InvalidError`` (naming the id, cut
+        short) for anything that is not ``"<epoch>-<seq>"`` of at most ``ID_DIGITS`` digits each."""
+        parsed = parse_id(mid)
+        if parsed is None:
+            raise InvalidError(malformed_id(channel, mid))
+        epoch, seq = parsed
+        return seq if epoch == self._epoch else None
 
     def _attach(self, sub: _Sub, b: _Branch, resuming: bool, after_seq: int | None) -> int | None:
         """Make ``sub`` hear ``b``; return the exact count the log lost after ``after_seq`` (None: unsure)."""
@@ -447,6 +451,33 @@ class ChannelsEngine:
                 self._schedule_flush()
             if self._flush_now:
                 self.flush()
+
+    def grant_many(self, peer: Peer, grants: Sequence[tuple[int, int]]) -> None:
+        """Apply several grants ``(sub, n)`` of ``peer`` at once, each as :meth:`grant` does (the SDK's
+        grants of one loop turn, for all the subscriptions of its connection).
+
+        Every ``n`` is checked first: one that is not an int >= 0 raises ``InvalidError`` and none is applied.
+        Grants for subscriptions that are gone or not ``peer``'s are ignored; one subscription may appear
+        more than once (its grants add up).
+        """
+        for sub, n in grants:
+            if type(n) is not int or n < 0:
+                raise InvalidError(f"channels: subscription {sub}: grant {n!r}: credit is an int >= 0")
+        subs = self._subs
+        dirty = self._dirty_subs
+        pid = peer.id
+        for sub, n in grants:
+            s = subs.get(sub)
+            if s is None or s.peer.id != pid:
+                continue
+            s.credit += n
+            if s.pending and not s.dirty and s.credit > 0:
+                s.dirty = True
+                dirty.append(s)
+        if dirty and not self._flush_pending:
+            self._schedule_flush()
+        if self._flush_now:
+            self.flush()
 
     def unsubscribe(self, peer: Peer, sub: int) -> bool:
         """End subscription ``sub`` of ``peer``, freeing what it held; False when gone or not ``peer``'s.

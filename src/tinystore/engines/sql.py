@@ -24,6 +24,7 @@ import queue
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,11 +94,53 @@ def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
     return out
 
 
+class _Conn(sqlite3.Connection):
+    """A connection whose statements may not control transactions (``BEGIN``, ``COMMIT``, ``ROLLBACK``,
+    ``END``, ``SAVEPOINT``, ``RELEASE``): the engine does, and a client's ``COMMIT`` in the middle of a group
+    commit, or a ``BEGIN`` left open on a reader, would break what it promises. SQLite's authorizer refuses
+    them when a statement is prepared, unless :func:`_ctl` runs it (the engine's own)."""
+
+    internal = False
+
+
+_TX_ACTIONS = frozenset({sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT})
+_DENIED = "not authorized"
+
+
+def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | None, str | None], int]:
+    ref = weakref.ref(conn)
+
+    def authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
+        if action in _TX_ACTIONS:
+            c = ref()
+            if c is None or not c.internal:
+                return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    return authorize
+
+
+def _ctl(conn: sqlite3.Connection, sql: str) -> None:
+    """Run one of the engine's own transaction statements on ``conn``. Their texts end in ``--ts`` so that a
+    client's statement of the same words is never the one SQLite prepared for the engine (and cached)."""
+    c: Any = conn
+    c.internal = True
+    try:
+        conn.execute(sql)
+    finally:
+        c.internal = False
+
+
 def sql_error(db: str, exc: BaseException) -> TinystoreError:
     """Map a sqlite3 exception to a TinyStore error that keeps SQLite's message."""
     if isinstance(exc, TinystoreError):
         return exc
     msg = str(exc)
+    if isinstance(exc, sqlite3.DatabaseError) and msg == _DENIED:
+        return InvalidError(
+            f"database {db}: BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE are run by the store (each exec "
+            "is a transaction of its own; db.tx runs several statements in one)"
+        )
     if isinstance(exc, sqlite3.IntegrityError):
         return ConflictError(f"database {db}: {msg}", sqlite_code=getattr(exc, "sqlite_errorname", ""))
     if isinstance(exc, OverflowError):
@@ -128,6 +171,17 @@ class _Results:
             self.pending.append((fut, value, exc))
             first = len(self.pending) == 1
         if first:
+            try:
+                self.loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # loop closed
+                pass
+
+    def put_many(self, items: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+        """:meth:`put` of each of ``items``, under one lock and at most one wake-up of the loop."""
+        with self.lock:
+            first = not self.pending
+            self.pending.extend(items)
+        if first and items:
             try:
                 self.loop.call_soon_threadsafe(self._flush)
             except RuntimeError:  # loop closed
@@ -255,8 +309,14 @@ class SqlDatabase:
 
     def connect(self, *, readonly: bool) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=60, cached_statements=256
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=60,
+            cached_statements=256,
+            factory=_Conn,
         )
+        conn.set_authorizer(_authorizer(conn))
         conn.execute("pragma busy_timeout = 60000")
         if readonly:
             conn.execute("pragma query_only = 1")
@@ -304,17 +364,17 @@ class SqlDatabase:
                     )
                 continue
             try:
-                conn.execute("begin immediate")
+                _ctl(conn, "begin immediate --ts")
                 for stmt in _split_sql(text):
                     conn.execute(stmt)
                 conn.execute(
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     (name, text, int(time.time() * 1000)),
                 )
-                conn.execute("commit")
+                _ctl(conn, "commit --ts")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
-                    conn.execute("rollback")
+                    _ctl(conn, "rollback --ts")
                 raise InvalidError(f"database {self.name}: migration {name}: {exc}") from None
             applied.append(name)
         return applied
@@ -402,21 +462,24 @@ class SqlDatabase:
     # -- threads ---------------------------------------------------------------------------------
 
     def _progress_guard(self, conn: sqlite3.Connection) -> Callable[[float], None]:
+        """Install on ``conn`` SQLite's progress handler; ``arm(start)`` gives the statements from now on
+        until ``start + statement_timeout`` before SQLite interrupts them."""
         limit = self.limits.statement_timeout
+        deadline = [time.monotonic() + limit]
+        monotonic = time.monotonic
+
+        def check() -> int:
+            return 1 if monotonic() > deadline[0] else 0
+
+        conn.set_progress_handler(check, 10000)
 
         def arm(start: float) -> None:
-            deadline = start + limit
-
-            def check() -> int:
-                return 1 if time.monotonic() > deadline else 0
-
-            conn.set_progress_handler(check, 10000)
+            deadline[0] = start + limit
 
         return arm
 
     def _writer_main(self, conn: sqlite3.Connection) -> None:
         arm = self._progress_guard(conn)
-        put = self.results.put
         carry: Any = None
         while True:
             item = carry if carry is not None else self._writes.get()
@@ -435,7 +498,7 @@ class SqlDatabase:
                     else:
                         carry = nxt
                         break
-                self._group_commit(conn, batch, arm, put)
+                self._group_commit(conn, batch, arm)
             else:
                 tx, fut = item
                 self._run_tx(conn, tx, fut, arm)
@@ -445,51 +508,94 @@ class SqlDatabase:
             pass
         conn.close()
 
-    def _group_commit(
-        self, conn: sqlite3.Connection, batch: list[_Write], arm: Callable[[float], None], put: Any
-    ) -> None:
-        results: list[tuple[_Write, Any, BaseException | None]] = []
+    def _group_commit(self, conn: sqlite3.Connection, batch: list[_Write], arm: Callable[[float], None]) -> None:
+        """Run ``batch`` in one transaction (one commit, one fsync); each write fails alone.
+
+        Optimistic first: the statements run one after another with no savepoint of their own (a savepoint
+        and its release cost two more statements each). Should one fail, the whole transaction is rolled
+        back (what the failed statement did before failing goes too) and the batch runs again, each
+        statement in its own savepoint, but for the failed one, whose error stands: the same outcome as
+        savepoints all along, for the price of a rollback, and only when a write fails.
+        """
+        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
         try:
-            conn.execute("begin immediate")
-            if len(batch) == 1:
-                w = batch[0]
-                arm(time.monotonic())
+            _ctl(conn, "begin immediate --ts")
+            done: list[Done] = []
+            exec_ = self._exec
+            monotonic = time.monotonic
+            failure: BaseException | None = None
+            for w in batch:
+                arm(monotonic())
                 try:
-                    results.append((w, self._exec(conn, w.sql, w.params), None))
+                    done.append(exec_(conn, w.sql, w.params))
                 except BaseException as exc:
-                    results.append((w, None, sql_error(self.name, exc)))
+                    failure = exc
+                    break
+            if failure is None:
+                results = [(w.fut, d, None) for w, d in zip(batch, done, strict=True)]
             else:
-                for w in batch:
-                    arm(time.monotonic())
-                    conn.execute("savepoint g")
-                    try:
-                        done = self._exec(conn, w.sql, w.params)
-                        conn.execute("release g")
-                        results.append((w, done, None))
-                    except BaseException as exc:
-                        conn.execute("rollback to g")
-                        conn.execute("release g")
-                        results.append((w, None, sql_error(self.name, exc)))
-            conn.execute("commit")
+                results = self._batch_again(conn, batch, len(done), failure, arm)
+            _ctl(conn, "commit --ts")
             self.stats["commits"] += 1
             self.stats["writes"] += len(batch)
         except BaseException as exc:
             if conn.in_transaction:
                 try:
-                    conn.execute("rollback")
+                    _ctl(conn, "rollback --ts")
                 except sqlite3.Error:
                     pass
             err = sql_error(self.name, exc)
-            results = [(w, None, err) for w in batch]
-        for w, value, error in results:
-            put(w.fut, value, error)
+            results = [(w.fut, None, err) for w in batch]
+        self.results.put_many(results)
+
+    def _batch_again(
+        self,
+        conn: sqlite3.Connection,
+        batch: list[_Write],
+        failed: int,
+        failure: BaseException,
+        arm: Callable[[float], None],
+    ) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
+        """After ``batch[failed]`` failed with ``failure``: roll back, begin again, run the others each in a
+        savepoint. A statement that takes the whole transaction with it (``raise(rollback)`` in a trigger,
+        an interrupt) fails alone too: the batch starts over without it. Raises what fails the transaction
+        itself (the caller fails the whole batch with it)."""
+        errors: dict[int, BaseException] = {failed: failure}
+        while True:
+            if conn.in_transaction:
+                _ctl(conn, "rollback --ts")
+            _ctl(conn, "begin immediate --ts")
+            results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+            for i, w in enumerate(batch):
+                error = errors.get(i)
+                if error is not None:
+                    results.append((w.fut, None, sql_error(self.name, error)))
+                    continue
+                arm(time.monotonic())
+                _ctl(conn, "savepoint g --ts")
+                try:
+                    value = self._exec(conn, w.sql, w.params)
+                except BaseException as exc:
+                    if not conn.in_transaction:
+                        errors[i] = exc
+                        break
+                    _ctl(conn, "rollback to g --ts")
+                    _ctl(conn, "release g --ts")
+                    results.append((w.fut, None, sql_error(self.name, exc)))
+                    continue
+                _ctl(conn, "release g --ts")
+                results.append((w.fut, value, None))
+            else:
+                return results
 
     def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
         cur = conn.execute(sql, params)
-        rows = cur.fetchall() if cur.description else []
-        columns = [d[0] for d in cur.description] if cur.description else []
+        desc = cur.description
+        if desc is None:
+            return Done(max(cur.rowcount, 0), cur.lastrowid or 0, [], [])
+        rows = cur.fetchall()
         _check_size(self.name, rows, self.limits.sql_result_bytes)
-        return Done(max(cur.rowcount, 0), cur.lastrowid or 0, columns, rows)
+        return Done(max(cur.rowcount, 0), cur.lastrowid or 0, [d[0] for d in desc], rows)
 
     def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str) -> Rows:
         cur = conn.execute(sql, params)
@@ -527,7 +633,7 @@ class SqlDatabase:
             put(fut, None, tx.error or ClosedError(f"database {self.name}: transaction ended"))
             return
         try:
-            conn.execute("begin immediate")
+            _ctl(conn, "begin immediate --ts")
         except BaseException as exc:
             tx.done = True
             put(fut, None, sql_error(self.name, exc))
@@ -572,16 +678,16 @@ class SqlDatabase:
             if call.op == "commit":
                 try:
                     if writer:
-                        conn.execute("commit")
+                        _ctl(conn, "commit --ts")
                         self.stats["commits"] += 1
                     else:
-                        conn.execute("commit")
+                        _ctl(conn, "commit --ts")
                     tx.done = True
                     put(call.fut, None, None)
                 except BaseException as exc:
                     err = sql_error(self.name, exc)
                     if conn.in_transaction:
-                        conn.execute("rollback")
+                        _ctl(conn, "rollback --ts")
                     tx.done = True
                     tx.error = err
                     put(call.fut, None, err)
@@ -589,7 +695,7 @@ class SqlDatabase:
                 return
             if call.op == "rollback":
                 if conn.in_transaction:
-                    conn.execute("rollback")
+                    _ctl(conn, "rollback --ts")
                 tx.done = True
                 tx.error = ClosedError(f"database {self.name}: transaction {tx.id} was rolled back")
                 put(call.fut, None, None)
@@ -607,7 +713,7 @@ class SqlDatabase:
         # ended without commit
         if conn.in_transaction:
             try:
-                conn.execute("rollback")
+                _ctl(conn, "rollback --ts")
             except sqlite3.Error:
                 pass
         tx.done = True
@@ -637,7 +743,7 @@ class SqlDatabase:
             conn = self.connect(readonly=True)
         arm = self._progress_guard(conn)
         try:
-            conn.execute("begin")
+            _ctl(conn, "begin --ts")
             conn.execute(f"select count(*) from {MIGRATIONS_TABLE}").fetchone()  # pin the snapshot now
         except BaseException as exc:
             tx.done = True
@@ -647,7 +753,7 @@ class SqlDatabase:
         self.results.put(fut, tx, None)
         self._serve_tx(conn, tx, arm, writer=False)
         if conn.in_transaction:
-            conn.execute("rollback")
+            _ctl(conn, "rollback --ts")
         with self._spare_lock:
             if len(self._spare) < 4 and not self._closed:
                 self._spare.append(conn)

@@ -11,17 +11,22 @@ Methods (request body → reply body):
   none is published).
 - ``channels.subscribe``: :class:`Subscribe` → :class:`Subscribed`.
 - ``channels.grant``: :class:`Grant` → nothing (``None``); a grant for an unknown subscription is ignored.
+- ``channels.grant_many``: :class:`GrantMany` → nothing (``None``): several grants in one call, each as
+  ``channels.grant`` would apply it (all checked first: one bad ``n`` and none is applied). The SDK sends one
+  per loop turn for every subscription of its connection that has credit to give back.
 - ``channels.unsubscribe``: :class:`Unsubscribe` → ``bool`` (false when it was already gone).
 - push ``channels.deliver``: :class:`Delivery`, to the peer that owns the subscription.
 
 Flow control (CHAN-01, CHAN-02): a subscription has a credit, a number of messages. The server sends it
 messages only while its credit is above 0, and each :class:`MessageItem` it sends takes one; a
-:class:`MissedItem` takes none. The subscriber gives credit back with ``channels.grant`` as its handler
-finishes messages. For every subscription, messages delivered + the counts of its missed notices equals the
+:class:`MissedItem` takes none. The subscriber gives credit back with ``channels.grant`` (or ``channels.grant_many``) as
+its handler finishes messages. For every subscription, messages delivered + the counts of its missed notices equals the
 messages published to its branches after it subscribed, exactly.
 """
 
 from __future__ import annotations
+
+import reprlib
 
 import msgspec
 
@@ -29,12 +34,53 @@ PUBLISH = "channels.publish"
 PUBLISH_MANY = "channels.publish_many"
 SUBSCRIBE = "channels.subscribe"
 GRANT = "channels.grant"
+GRANT_MANY = "channels.grant_many"
 UNSUBSCRIBE = "channels.unsubscribe"
 DELIVER = "channels.deliver"
 """The method name of the push that carries a :class:`Delivery`."""
 
 BEHIND = "behind"
 """``MissedItem.reason``: the branch log dropped messages this subscription had not been sent yet."""
+
+ID_DIGITS = 30
+"""A message id is ``"<epoch>-<seq>"``: two runs of 1 to this many ASCII digits (a longer one is malformed)."""
+
+_shown = reprlib.Repr()
+_shown.maxstring = 48
+_shown.maxother = 48
+_shown.maxlist = _shown.maxtuple = _shown.maxdict = 4
+
+
+def parse_id(mid: object) -> tuple[int, int] | None:
+    """``(epoch, seq)`` of a message id ``"<epoch>-<seq>"``; ``None`` for anything else (not a str, other
+    characters, a part empty or longer than :data:`ID_DIGITS` digits). Never raises, whatever ``mid`` is."""
+    if not isinstance(mid, str) or len(mid) > 2 * ID_DIGITS + 1:
+        return None
+    epoch, sep, seq = mid.partition("-")
+    if (
+        not sep
+        or not 0 < len(epoch) <= ID_DIGITS
+        or not 0 < len(seq) <= ID_DIGITS
+        or not (epoch.isascii() and epoch.isdigit() and seq.isascii() and seq.isdigit())
+    ):
+        return None
+    return int(epoch), int(seq)
+
+
+def show_id(mid: object) -> str:
+    """``mid`` for an error message: its ``repr``, cut in the middle past about 48 characters."""
+    text = _shown.repr(mid)
+    if isinstance(mid, str) and len(mid) > _shown.maxstring:
+        text += f" ({len(mid)} characters)"
+    return text
+
+
+def malformed_id(channel: str, mid: object) -> str:
+    """The message of the ``InvalidError`` for a malformed id given as ``after``."""
+    return (
+        f"channel {channel}: after {show_id(mid)}: a message id is '<epoch>-<seq>' "
+        f"(1 to {ID_DIGITS} digits each)"
+    )
 
 
 class Published(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -156,6 +202,12 @@ class Grant(msgspec.Struct, array_like=True):
 
     sub: int
     n: int
+
+
+class GrantMany(msgspec.Struct, array_like=True):
+    """``channels.grant_many``: the grants of one loop turn, in one call (``[[sub, n], ...]`` on the wire)."""
+
+    items: list[Grant]
 
 
 class Unsubscribe(msgspec.Struct, kw_only=True):

@@ -1,5 +1,5 @@
 """Channel methods: ``channels.publish``, ``channels.publish_many``, ``channels.subscribe``, ``channels.grant``,
-``channels.unsubscribe``; deliveries go out as ``channels.deliver`` pushes (see :mod:`tinystore.protocol.channels`).
+``channels.grant_many``, ``channels.unsubscribe``; deliveries go out as ``channels.deliver`` pushes (see :mod:`tinystore.protocol.channels`).
 
 The engine (:class:`~tinystore.engines.channels.ChannelsEngine`) is created here as ``core.channels``. A
 session's subscriptions end when the session closes (its connection went away, or the embedded store closed),
@@ -19,11 +19,13 @@ from ..engines.channels import Branch, ChannelsEngine
 from ..errors import ClosedError, InvalidError
 from ..protocol.channels import (
     GRANT,
+    GRANT_MANY,
     PUBLISH,
     PUBLISH_MANY,
     SUBSCRIBE,
     UNSUBSCRIBE,
     Grant,
+    GrantMany,
     Publish,
     Published,
     PublishMany,
@@ -111,6 +113,9 @@ def install(core: Core) -> None:
     def grant(session: Session, req: Grant) -> None:
         engine.grant(session, req.sub, req.n)
 
+    def grant_many(session: Session, req: GrantMany) -> None:
+        engine.grant_many(session, [(g.sub, g.n) for g in req.items])
+
     def unsubscribe(session: Session, req: Unsubscribe) -> bool:
         return engine.unsubscribe(session, req.sub)
 
@@ -124,4 +129,5 @@ def install(core: Core) -> None:
     core.register(Method(PUBLISH_MANY, PublishMany, publish_many, write=True))
     core.register(Method(SUBSCRIBE, Subscribe, subscribe))
     core.register(Method(GRANT, Grant, grant))
+    core.register(Method(GRANT_MANY, GrantMany, grant_many))
     core.register(Method(UNSUBSCRIBE, Unsubscribe, unsubscribe))

@@ -106,6 +106,7 @@ class Core:
         self.stopped = asyncio.Event()
         self.stop_requested = asyncio.Event()
         self.stop_grace = 10.0
+        self.mode = "serve"  # serve | sidecar | private | embedded
         self.sql: SqlEngine
         self.engines: dict[str, Any] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -184,6 +185,7 @@ class Core:
             "test_clock": self.clock.is_test,
             "now": self.clock.now(),
             "durability": self.durability,
+            "mode": self.mode,
             "connections": [
                 {
                     "id": s.id,

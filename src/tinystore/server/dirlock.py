@@ -26,6 +26,12 @@ class DirLock:
                 owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             finally:
                 os.close(fd)
+            if owner == str(os.getpid()):
+                raise InUseError(
+                    f"store {self.path.parent}: this process (pid {owner}) already owns the directory "
+                    "(another store opened with embedded=True, or a private server); use that store instead "
+                    "of opening it twice"
+                ) from None
             raise InUseError(
                 f"store {self.path.parent}: the directory is owned by another process (pid {owner}); "
                 "connect to it with tinystore.open() instead of owning it"

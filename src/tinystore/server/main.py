@@ -101,6 +101,7 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
     Raises ``InUseError`` when another process owns the directory.
     """
     core = Core(opts.directory, clock=opts.clock, limits=opts.limits, durability=opts.durability)
+    core.mode = opts.mode
     await core.start()
     try:
         listeners = await start_listeners(core, opts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidError
@@ -28,6 +29,11 @@ def install(core: Core) -> None:
         return core.clock.now()
 
     def stop(session: Session, req: Stop) -> bool:
+        if core.mode == "embedded":
+            raise InvalidError(
+                f"store {core.directory}: the store is embedded in process {os.getpid()}; "
+                "stop that program (or close its store) to stop it"
+            )
         core.stop_grace = req.grace
         core.stop_requested.set()
         return True
