@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from ..durations import seconds
-from ..errors import InvalidError
-from . import open_for_cli, run_async, to_json
+from ..errors import InvalidError, TinystoreError
+from . import fail, open_for_cli, run_async, to_json
 
 
 def split_target(target: str) -> tuple[str, list[str]]:
@@ -64,7 +64,10 @@ def register(main: click.Group) -> None:
     def subscribe(directory: Path, target: str, for_: str | None, recursive: bool, after: str | None) -> None:
         """Print each message of channel NAME (under BRANCH...) as one JSON line
         ({"id", "seq", "branch", "value"}), and each missed notice as {"missed": {"reason", "count"}}."""
-        limit = seconds(for_, "--for") if for_ else None
+        try:
+            limit = seconds(for_, "--for") if for_ else None
+        except TinystoreError as exc:
+            fail(exc)
 
         def out(obj: Any) -> None:
             sys.stdout.write(to_json(obj) + "\n")
