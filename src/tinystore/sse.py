@@ -792,10 +792,7 @@ def _parse_last_event_id(value: str | None) -> tuple[str | None, bool]:
 
 def _position(sub: Subscription[Any]) -> str | None:
     """The id just before the next message ``sub`` will be sent: where a browser that reloads resumes."""
-    pos = getattr(sub, "position", None)
-    if pos is None:
-        pos = getattr(sub, "_pos", None)
-    return pos if isinstance(pos, str) else None
+    return sub.position
 
 
 def event_stream(

@@ -97,6 +97,156 @@ async def test_every_committed_job_reaches_an_end(store: tinystore.Store) -> Non
     assert all(tries[n] == 2 for n in range(1, 30, 3))
 
 
+class OddEnd(BaseException):
+    """A BaseException that is not an Exception, as some libraries raise to unwind."""
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() fails")
+
+
+class UnprintableBase(BaseException):
+    def __str__(self) -> str:
+        raise OddEnd("str() fails too")
+
+
+# contract: JOB-01
+async def test_a_handler_that_raises_cancelled_error_itself_fails_its_attempts_until_dead(
+    clocked: tinystore.Store,
+) -> None:
+    q = clocked.queue("self-cancel", attempts=3, backoff=("1s", "1s"))
+    jid = await q.add({})
+    calls: list[int] = []
+
+    async def handler(value: Any, run: tinystore.Run) -> None:
+        calls.append(run.attempt)
+        raise asyncio.CancelledError()  # not a cancel of the attempt: the handler's own raise
+
+    for n in (1, 2, 3):
+        assert await asyncio.wait_for(q.run_due(handler), 10) == 1  # returns: the job is not handed back at once
+        job = await q.get(jid)
+        assert job is not None and job.attempts == n and job.state == ("failed" if n < 3 else "dead")
+        await clocked.clock.advance("2s")
+    assert await q.run_due(handler) == 0
+    job = await q.get(jid)
+    assert job is not None and calls == [1, 2, 3]
+    assert job.error == "CancelledError" and [e.error for e in job.errors] == ["CancelledError"] * 3
+
+
+# contract: JOB-01
+async def test_a_worker_whose_handler_raises_cancelled_error_ends_the_job_dead(store: tinystore.Store) -> None:
+    q = store.queue("self-cancel-worker", attempts=2, backoff=("10ms", "10ms"))
+    jid = await q.add({})
+    calls: list[int] = []
+
+    async def handler(value: Any, run: tinystore.Run) -> None:
+        calls.append(run.attempt)
+        task: asyncio.Future[None] = asyncio.ensure_future(asyncio.sleep(10))
+        task.cancel()
+        await task  # a cancelled task of its own: its CancelledError goes through the handler
+
+    worker = q.work(handler)
+    try:
+        job = await wait_state(q, jid, "dead", timeout=10)
+    finally:
+        await worker.stop()
+    assert (job.attempts, calls, job.error) == (2, [1, 2], "CancelledError")
+
+
+# contract: JOB-01
+@pytest.mark.parametrize(
+    ("raised", "error"),
+    [
+        (GeneratorExit(), "GeneratorExit"),
+        (OddEnd("unwinding"), "OddEnd: unwinding"),
+        (Unprintable(), "Unprintable"),
+        (UnprintableBase(), "UnprintableBase"),
+        (ValueError("bad \ud800 text"), "ValueError: bad \\ud800 text"),
+        (ValueError("x" * 100_000), "ValueError: " + "x" * 1987 + "…"),
+    ],
+    ids=["generator-exit", "base-exception", "str-fails", "base-str-fails", "lone-surrogate", "huge-text"],
+)
+async def test_every_way_a_handler_ends_ends_its_attempt(
+    clocked: tinystore.Store, raised: BaseException, error: str
+) -> None:
+    q = clocked.queue("odd-ends", attempts=2, backoff=("1s", "1s"))
+    jid = await q.add({})
+    failing = await q.add({"always": True})
+
+    async def handler(value: dict[str, Any], run: tinystore.Run) -> str:
+        if run.attempt == 1 or value.get("always"):
+            raise raised
+        return "ok"
+
+    assert await asyncio.wait_for(q.run_due(handler), 10) == 2
+    for j in (jid, failing):
+        job = await q.get(j)
+        assert job is not None and (job.state, job.attempts, job.error) == ("failed", 1, error)
+    await clocked.clock.advance("1h")  # an attempt left running would stay so: an embedded store has no lease
+    assert await asyncio.wait_for(q.run_due(handler), 10) == 2
+    job = await q.get(jid)
+    assert job is not None and (job.state, job.attempts, job.result) == ("succeeded", 2, "ok")
+    job = await q.get(failing)
+    assert job is not None and (job.state, job.attempts, job.error) == ("dead", 2, error)
+    assert (await clocked.status())["jobs"]["queues"][0]["running"] == 0
+
+
+@dataclasses.dataclass
+class Pages:
+    n: int
+
+    def __post_init__(self) -> None:
+        if self.n > 100:
+            raise RuntimeError(f"{self.n} pages is too many")
+
+
+# contract: JOB-01
+async def test_a_value_whose_type_refuses_it_ends_dead_instead_of_staying_running(clocked: tinystore.Store) -> None:
+    typed = clocked.queue("pages", Pages)
+    with pytest.raises(InvalidError, match=r"queue pages: add: the value does not encode as Pages: RuntimeError: 500"):
+        await typed.add({"n": 500})  # type: ignore[arg-type]
+    jid = await clocked.queue("pages").add({"n": 500})  # an untyped producer gets it in
+    ran: list[int] = []
+    assert await asyncio.wait_for(typed.run_due(lambda p, run: ran.append(p.n)), 10) == 1
+    job = await typed.get(jid)  # shown as plain JSON: it is not a Pages
+    assert job is not None and (job.state, job.attempts, job.value, ran) == ("dead", 1, {"n": 500}, [])
+    assert job.error == ("queue pages: the job's value does not decode as Pages: RuntimeError: 500 pages is too many")
+
+
+# contract: JOB-01
+@pytest.mark.parametrize("raised", ["SystemExit(3)", "KeyboardInterrupt()"])
+def test_a_handler_that_ends_the_program_still_ends_its_attempt(raised: str, tmp_path: Path) -> None:
+    """SystemExit and KeyboardInterrupt go on and end the program (they are meant to), after the attempt's end
+    is written: the job is failed, not left running."""
+    import subprocess
+    import sys
+
+    d = tmp_path / "store"
+    code = f"""
+import asyncio, tinystore
+async def main():
+    store = await tinystore.open({str(d)!r}, embedded=True)
+    q = store.queue("exits", attempts=2)
+    print(await q.add({{}}), flush=True)
+    async def handler(value, run):
+        raise {raised}
+    await q.run_due(handler)
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0, done.stderr
+    jid = done.stdout.split()[0]
+
+    async def check() -> None:
+        async with open_store("embedded", d) as s:
+            job = await s.queue("exits").get(jid)
+            assert job is not None and (job.state, job.attempts) == ("failed", 1)
+            assert job.error == raised.replace("(3)", ": 3").replace("()", "")
+
+    asyncio.run(check())
+
+
 # ---------------------------------------------------------------------------------------------- JOB-02
 
 

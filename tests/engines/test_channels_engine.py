@@ -767,3 +767,110 @@ def test_property_delivered_plus_missed_equals_published(ops: list[tuple[Any, ..
     assert eng.status()["branches"] == 0
     assert eng.status()["bytes"] == 0
     assert eng.status()["messages"] == 0
+
+
+# ---------------------------------------------------------------------------- grant_many, malformed ids
+
+
+async def test_grant_many_applies_each_grant_as_grant_does() -> None:
+    eng = engine()
+    a = FakePeer(eng)
+    other = FakePeer(eng)
+    s1 = a.subscribe("ch", ("1",), credit=0).sub
+    s2 = a.subscribe("ch", ("2",), credit=0).sub
+    s3 = a.subscribe("ch", ("3",), credit=0).sub
+    foreign = other.subscribe("ch", ("1",), credit=0).sub
+    for branch in ("1", "2", "3"):
+        for i in range(5):
+            eng.publish("ch", (branch,), str(i).encode())
+    await turn()
+    assert a.deliveries == [] and other.deliveries == []
+    # one call for several subscriptions; one listed twice adds up; unknown and foreign ones are ignored
+    grants = [(s1, 2), (s2, 5), (s1, 1), (999, 7), (foreign, 4)]
+    for sub, n in grants:
+        if sub in a.granted:
+            a.granted[sub] += n
+    eng.grant_many(a, grants)
+    await turn()
+    assert a.payloads(s1) == ints(range(3))
+    assert a.payloads(s2) == ints(range(5))
+    assert a.payloads(s3) == []
+    assert other.payloads(foreign) == []  # a's grant for other's subscription did nothing
+    assert len(a.deliveries) == 2  # one delivery per subscription
+
+
+async def test_grant_many_with_a_bad_credit_applies_none() -> None:
+    eng = engine()
+    peer = FakePeer(eng)
+    s1 = peer.subscribe("ch", ("1",), credit=0).sub
+    s2 = peer.subscribe("ch", ("2",), credit=0).sub
+    eng.publish("ch", ("1",), b"x")
+    eng.publish("ch", ("2",), b"y")
+    for bad in (-1, 1.5, "3", None):
+        with pytest.raises(InvalidError, match="credit is an int >= 0"):
+            eng.grant_many(peer, [(s1, 1), (s2, bad)])  # type: ignore[list-item]
+    await turn()
+    assert peer.deliveries == []  # nothing of the refused calls was applied
+    peer.granted[s1] += 1
+    eng.grant_many(peer, [(s1, 1)])
+    await turn()
+    assert peer.payloads(s1) == [b"x"] and peer.payloads(s2) == []
+
+
+def test_grant_many_without_a_loop_delivers_before_it_returns() -> None:
+    eng = engine()
+    peer = FakePeer(eng)
+    s = peer.subscribe("ch", credit=0).sub
+    eng.publish("ch", (), b"a")
+    peer.granted[s] += 1
+    eng.grant_many(peer, [(s, 1)])
+    assert peer.payloads(s) == [b"a"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "9" * 5000 + "-1",  # past Python's int-conversion digit limit: was a ValueError
+        "1-" + "9" * 5000,
+        "9" * 31 + "-1",  # one digit too many
+        "1-" + "9" * 31,
+        "-".join(["1"] * 3000),
+        "1-",
+        "-1",
+        "",
+        "x-1",
+        "١-٢",  # non-ASCII digits
+        "1_000-1",
+        " 1-1",
+        7,
+        ["1-1"],
+    ],
+)
+def test_a_malformed_or_huge_after_id_is_invalid_naming_channel_and_id(bad: object) -> None:
+    eng = engine()
+    peer = FakePeer(eng)
+    with pytest.raises(InvalidError) as err:
+        eng.subscribe(peer, "chat-events", ("7",), after=bad)  # type: ignore[arg-type]
+    text = err.value.message
+    assert "channel chat-events" in text and "after" in text
+    assert len(text) < 200, text  # the id is cut short, never copied whole into the message
+    if isinstance(bad, str) and len(bad) > 100:
+        assert f"({len(bad)} characters)" in text
+    with pytest.raises(InvalidError) as err:
+        eng.subscribe(peer, "chat-events", (), recursive=True, after={("7",): bad})  # type: ignore[dict-item]
+    assert "channel chat-events" in err.value.message and len(err.value.message) < 200
+    if not isinstance(bad, str):
+        with pytest.raises(InvalidError) as err:
+            eng.subscribe(peer, "chat-events", (), recursive=True, after=bad)  # type: ignore[arg-type]
+        assert "channel chat-events" in err.value.message
+    assert eng.status()["subscriptions"] == 0
+
+
+def test_well_formed_ids_up_to_30_digits_are_accepted() -> None:
+    eng = engine()
+    peer = FakePeer(eng)
+    eng.publish("ch", (), b"a")  # no listener: keeps nothing
+    other_epoch = peer.subscribe("ch", after="9" * 30 + "-" + "9" * 30)
+    assert other_epoch.missed is None  # from another epoch: cannot tell
+    far = peer.subscribe("ch", after=f"{EPOCH}-" + "0" * 29 + "1")
+    assert far.missed in (0, None)

@@ -22,7 +22,8 @@ import inspect
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
@@ -33,6 +34,7 @@ from ..names import check_name, key_text
 from ..protocol.channels import (
     DELIVER,
     GRANT,
+    GRANT_MANY,
     PUBLISH,
     PUBLISH_MANY,
     SUBSCRIBE,
@@ -41,6 +43,7 @@ from ..protocol.channels import (
     Delivery,
     DeliveryItem,
     Grant,
+    GrantMany,
     MessageItem,
     MissedItem,
     Publish,
@@ -49,6 +52,8 @@ from ..protocol.channels import (
     Subscribe,
     Subscribed,
     Unsubscribe,
+    malformed_id,
+    parse_id,
 )
 
 if TYPE_CHECKING:
@@ -56,7 +61,7 @@ if TYPE_CHECKING:
     from .store import Store
     from .transport import Transport
 
-__all__ = ["Channel", "Message", "Missed", "Subscription", "TxChannel"]
+__all__ = ["Channel", "ChannelIterator", "Message", "Missed", "Subscription", "TxChannel"]
 
 log = logging.getLogger("tinystore.channels")
 
@@ -253,33 +258,18 @@ class Channel(Generic[T]):
         )
         return sub
 
-    async def each(
+    def each(
         self, *, on_missed: MissedHandler | None = None, recursive: bool = False, after: AfterArg = None
-    ) -> AsyncIterator[Message[T]]:
+    ) -> ChannelIterator[T]:
         """The messages of this branch as an async iterator: ``async for m in ch.each(): ...``.
 
         It subscribes at its first turn (as :meth:`subscribe`, with the same errors); the loop's body is the
         handler: credit goes back to the store as the body asks for the next message. ``on_missed`` is called
-        before the first message after a gap (a warning in the log without it). Leaving the loop (``break``,
-        an exception, a cancel) stops the subscription once the iterator is closed — at once with
-        ``contextlib.aclosing(ch.each())``, else when it is garbage collected. The loop ends when the store
-        closes.
+        before the first message after a gap (a warning in the log without it). The loop ends when the store
+        closes. See :class:`ChannelIterator` for how the subscription ends: ``async with ch.each() as it:
+        async for m in it: ...`` ends it when the block ends, whatever way it is left.
         """
-        hub = _hub(self.store)
-        sub: Subscription[T] = Subscription(hub, self, recursive, on_missed, None)
-        await sub._subscribe(after)
-        try:
-            while True:
-                item = await sub._next()
-                if item is None:
-                    return
-                if isinstance(item, Missed):
-                    await sub._tell_missed(item)
-                    continue
-                sub.handled += 1
-                yield item
-        finally:
-            await sub.stop()
+        return ChannelIterator(self, on_missed, recursive, after)
 
     def __repr__(self) -> str:
         where = "/".join((self.name, *self.branch))
@@ -318,6 +308,116 @@ class TxChannel(Generic[T]):
         return f"<tinystore.TxChannel {'/'.join((self.channel.name, *self.channel.branch))} tx {self.tx.id}>"
 
 
+class ChannelIterator(Generic[T]):
+    """What :meth:`Channel.each` returns: an async iterator of the branch's messages, and an async context
+    manager that ends its subscription on exit.
+
+    The subscription is made at the first ``__anext__`` and ends with :meth:`aclose`, which ``async with``
+    calls on exit (``contextlib.aclosing`` works too); after that the loop ends. Written as
+    ``async for m in ch.each(): ...`` (the iterator held by nothing else), a ``break``, an exception or a
+    cancel that leaves the loop drops the iterator, and the subscription ends then, at once in CPython
+    (reference counting): it stops taking messages in this process at that moment and the store forgets it
+    a loop turn later. An iterator that something still holds (a variable, ``it = ch.each()``) keeps the
+    subscription alive after a ``break``, until it is closed or dropped: meanwhile up to the prefetch window
+    (``channel_prefetch``, 64) of messages wait in this process, the store keeps sending none past that
+    window, and what the branch log drops meanwhile is told as ``Missed("behind", n)`` at the next
+    ``__anext__``. Two tasks may not wait on one iterator at once (``RuntimeError``).
+    """
+
+    __slots__ = ("_after", "_channel", "_closed", "_on_missed", "_opening", "_recursive", "_sub")
+
+    def __init__(self, channel: Channel[T], on_missed: MissedHandler | None, recursive: bool, after: AfterArg) -> None:
+        self._channel = channel
+        self._on_missed = on_missed
+        self._recursive = recursive
+        self._after = after
+        self._sub: Subscription[T] | None = None
+        self._closed = False
+        self._opening = False
+
+    @property
+    def subscription(self) -> Subscription[T] | None:
+        """The subscription, once the first ``__anext__`` made it (its ``last_id``, ``position``, counts)."""
+        return self._sub
+
+    def __aiter__(self) -> ChannelIterator[T]:
+        return self
+
+    async def __anext__(self) -> Message[T]:
+        sub = self._sub
+        if sub is None:
+            if self._closed:
+                raise StopAsyncIteration
+            sub = await self._open()
+        while True:
+            item = sub._take()  # no await while messages are buffered
+            if type(item) is Message:
+                sub.handled += 1
+                return item
+            if item is _EMPTY:
+                await sub._wait()
+            elif item is None:
+                raise StopAsyncIteration
+            elif isinstance(item, Missed):
+                await sub._tell_missed(item)
+            else:
+                assert isinstance(item, InvalidError)
+                await sub._report(item)
+
+    async def _open(self) -> Subscription[T]:
+        if self._opening:
+            raise RuntimeError(f"{self!r}: another task is already waiting for its next message")
+        self._opening = True
+        ch = self._channel
+        sub: Subscription[T] = Subscription(_hub(ch.store), ch, self._recursive, self._on_missed, None)
+        try:
+            await sub._subscribe(self._after)
+        finally:
+            self._opening = False
+        if self._closed:  # closed from elsewhere while subscribing
+            await sub.stop()
+            raise StopAsyncIteration
+        self._sub = sub
+        return sub
+
+    async def aclose(self) -> None:
+        """End the subscription (the store forgets it; messages received and not handled are dropped) and
+        the loop: the next ``__anext__`` raises ``StopAsyncIteration``. Idempotent; never raises for a
+        connection that is gone."""
+        self._closed = True
+        sub = self._sub
+        if sub is not None:
+            await sub.stop()
+
+    async def __aenter__(self) -> ChannelIterator[T]:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        # dropped while its subscription lives (a break out of ``async for m in ch.each()``): end it now
+        sub = getattr(self, "_sub", None)
+        if sub is not None and not sub._stopped:
+            with contextlib.suppress(Exception):
+                sub._abandon()
+
+    def __repr__(self) -> str:
+        sub = self._sub
+        state = "closed" if self._closed else "not started" if sub is None else f"sub {sub._sid}"
+        return f"<tinystore.ChannelIterator {self._channel!r} {state}>"
+
+
+class _Empty:
+    """The type of :data:`_EMPTY`."""
+
+
+_EMPTY = _Empty()
+"""What :meth:`Subscription._take` returns when nothing is buffered."""
+
+
 class _Warner:
     """At most one warning every :data:`WARN_EVERY` seconds; the ones in between are counted."""
 
@@ -346,7 +446,8 @@ class Subscription(Generic[T]):
     ``handled`` counts the messages handed to the handler, ``missed`` the messages told missed (the counts of
     the ``Missed`` notices that had one), ``reconnects`` the times it was made again after a dropped
     connection: for every subscription, ``handled + missed`` is the number of messages published to its
-    branches since it subscribed (whenever no reconnect had count ``None``).
+    branches since it subscribed (whenever no reconnect had count ``None``). ``last_id`` and ``position``
+    (read-only) say where it is in its branch.
     """
 
     def __init__(
@@ -373,7 +474,6 @@ class Subscription(Generic[T]):
         self._waiter: asyncio.Future[None] | None = None
         self._stopped = False
         self._task: asyncio.Task[None] | None = None
-        self._grant_task: asyncio.Task[None] | None = None
         self._in_hand = False  # the message last handed out took a credit of the current subscription
         self._owed = 0  # credit earned by finished messages, not granted yet
         prefetch = hub.prefetch
@@ -382,6 +482,7 @@ class Subscription(Generic[T]):
         # the window minus what is buffered here, so it never stalls, and grants cost one call per batch
         self._batch = max(1, prefetch // 4)
         self._pos: str | None = None  # not recursive: the id just before the next message to handle
+        self._last_id: str | None = None  # the id of the last message handed out
         self._last: dict[tuple[str, ...], str] = {}  # recursive: the last id handled per branch
         self._unsure = False  # recursive: a "behind" notice was handled since it last subscribed
         self._copy_branch = hub.local
@@ -410,6 +511,28 @@ class Subscription(Generic[T]):
     def active(self) -> bool:
         """True until :meth:`stop` (or the store's close) ended it."""
         return not self._stopped
+
+    @property
+    def last_id(self) -> str | None:
+        """The id of the last message handed to the handler (or to the ``each()`` loop), from the moment it
+        is handed over; ``None`` before the first. A missed notice does not change it."""
+        return self._last_id
+
+    @property
+    def position(self) -> str | None:
+        """Where the subscription is in its branch: the id just before the next message it will handle, which
+        ``subscribe(after=position)`` resumes after. It is :attr:`last_id` once a message was handled, moved
+        past the messages a ``Missed("behind", n)`` notice counted, and made again by a reconnect; right after
+        subscribing, the id just before the first message it will be sent (``seq`` may be one below the
+        branch's first). ``None`` for a recursive subscription (it has one position per branch)."""
+        return self._pos
+
+    def _abandon(self) -> None:
+        """End it without waiting (its ``each()`` iterator was dropped): nothing more is handed out here, and
+        the store is told on the next loop turn (at once in embedded mode)."""
+        sid = self._stop_local()
+        if sid:
+            self._hub.unsubscribe_soon(sid)
 
     def statistics(self) -> dict[str, Any]:
         """Counts: ``handled``, ``missed``, ``reconnects``, ``errors`` (handler exceptions), ``buffered``
@@ -442,17 +565,21 @@ class Subscription(Generic[T]):
         if after is None:
             return req
         if isinstance(after, str):
+            if parse_id(after) is None:
+                raise InvalidError(malformed_id(ch.name, after))
             req.after = after
             if self.recursive:
                 self._last[ch.branch] = after
             return req
+        if not isinstance(after, Mapping):
+            raise InvalidError(malformed_id(ch.name, after))
         if not self.recursive:
             raise InvalidError(f"channel {ch.name}: after: a mapping of ids needs recursive=True")
         for key, mid in after.items():
             owners = key if isinstance(key, list | tuple) else (key,)
             parts = _branch_parts(ch.name, owners)
-            if not isinstance(mid, str):
-                raise InvalidError(f"channel {ch.name}: after {mid!r}: a message id is '<epoch>-<seq>'")
+            if parse_id(mid) is None:
+                raise InvalidError(malformed_id(ch.name, mid))
             req.after_branches.append(After(list(parts), mid))
             self._last[parts] = mid
         req.resume = True
@@ -499,6 +626,7 @@ class Subscription(Generic[T]):
         old = self._sid
         if old:
             hub.subs.pop(old, None)
+            hub.grants.pop(old, None)
         self._sid = 0
         self._buf.clear()
         self._in_hand = False
@@ -547,104 +675,121 @@ class Subscription(Generic[T]):
         if w is not None and not w.done():
             w.set_result(None)
 
-    async def _next(self) -> Message[T] | Missed | None:
-        """The next message or missed notice; the message handed out before it counts as finished.
-        ``None`` once the subscription stopped."""
+    def _take(self) -> Message[T] | Missed | InvalidError | _Empty | None:
+        """For ``each()``: the next buffered message or missed notice, without waiting; the message handed out
+        before it counts as finished. :data:`_EMPTY` when nothing is buffered, ``None`` once stopped, an
+        ``InvalidError`` to report for a message that does not decode."""
         if self._in_hand:
             self._in_hand = False
             self._owed += 1
             if self._owed >= self._batch:
                 self._grant()
+        if self._stopped:
+            return None
         buf = self._buf
-        while True:
-            if self._stopped:
-                return None
+        if not buf:
+            return _EMPTY
+        item = buf.popleft()
+        if type(item) is not MessageItem:
+            return self._missed(item)
+        mid = item.id
+        self._last_id = mid
+        if self.recursive:
+            self._last[tuple(item.branch)] = mid
+        else:
+            self._pos = mid
+        self._in_hand = self._sid != 0
+        try:
+            value = self._decode(item.payload)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            self.errors += 1
+            return InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}")
+        return Message(value, list(item.branch) if self._copy_branch else item.branch, item.seq, mid)
+
+    async def _wait(self) -> None:
+        """Wait until something is buffered or the subscription stopped (one waiter at a time)."""
+        if self._waiter is not None:
+            raise RuntimeError(f"{self!r}: another task is already waiting for its next message")
+        fut = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await fut
+        finally:
+            self._waiter = None
+
+    def _grant(self) -> None:
+        """Give the credit of the finished messages back: with the grants of the other subscriptions of this
+        loop turn, in one call (:meth:`_Hub.grant`)."""
+        n = self._owed
+        sid = self._sid
+        if not n or not sid or self._stopped:
+            return
+        self._owed = 0
+        self._hub.grant(sid, n)
+
+    async def _run(self, handler: Callable[[Message[T]], Any]) -> None:
+        """Hand each message to ``handler``, one at a time. The hot path: the buffered messages of a delivery
+        are handled in one go, without an await between them when the handler is a plain function."""
+        isawaitable = inspect.isawaitable
+        buf = self._buf
+        popleft = buf.popleft
+        decode = self._decode
+        recursive = self.recursive
+        copy_branch = self._copy_branch
+        batch = self._batch
+        last = self._last
+        message_item = MessageItem
+        loop = asyncio.get_running_loop()
+        while not self._stopped:
             if not buf:
-                fut = self._waiter = asyncio.get_running_loop().create_future()
+                fut = self._waiter = loop.create_future()
                 try:
                     await fut
                 finally:
                     self._waiter = None
                 continue
-            item = buf.popleft()
-            if type(item) is MessageItem:
-                if self._sid:
-                    self._in_hand = True
-                if self.recursive:
-                    self._last[tuple(item.branch)] = item.id
-                else:
-                    self._pos = item.id
-                try:
-                    value = self._decode(item.payload)
-                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    self.errors += 1
-                    await self._report(
-                        InvalidError(f"channel {self.channel.name}: message {item.id} does not decode: {exc}")
-                    )
-                    if self._in_hand:
-                        self._in_hand = False
-                        self._owed += 1
-                    continue
-                branch = list(item.branch) if self._copy_branch else item.branch
-                return Message(value, branch, item.seq, item.id)
-            if type(item) is MissedItem:
-                if item.count:
-                    if self.recursive:
-                        self._unsure = True
-                    elif self._pos is not None:
-                        self._pos = _advance(self._pos, item.count)
-                return Missed(item.reason, item.count)
-            assert isinstance(item, Missed)
-            return item
-
-    def _grant(self) -> None:
-        n = self._owed
-        sid = self._sid
-        if not n or not sid or self._stopped:
-            return
-        hub = self._hub
-        if hub.local:
-            self._owed = 0
-            hub.grant_now(sid, n)
-            return
-        if self._grant_task is not None:
-            return  # one grant in flight at a time; the rest is sent when it returns
-        self._owed = 0
-        self._grant_task = asyncio.get_running_loop().create_task(self._send_grants(sid, n))
-
-    async def _send_grants(self, sid: int, n: int) -> None:
-        try:
-            while True:
-                try:
-                    await self._hub.transport.call(GRANT, Grant(sid, n), Any, retry=False)
-                except TinystoreError:
-                    return  # the connection is gone: a new subscription starts with fresh credit
-                if self._stopped or sid != self._sid:
-                    return
-                n = self._owed
-                if n < self._batch:
-                    return
-                self._owed = 0
-        finally:
-            self._grant_task = None
-
-    async def _run(self, handler: Callable[[Message[T]], Any]) -> None:
-        isawaitable = inspect.isawaitable
-        while True:
-            item = await self._next()
-            if item is None:
-                return
-            if isinstance(item, Missed):
-                await self._tell_missed(item)
+            item = popleft()
+            if type(item) is not message_item:
+                await self._tell_missed(self._missed(item))
                 continue
-            self.handled += 1
+            mid = item.id
+            self._last_id = mid
+            if recursive:
+                last[tuple(item.branch)] = mid
+            else:
+                self._pos = mid
+            # its credit is the current subscription's (a reconnect in the handler clears _in_hand)
+            self._in_hand = self._sid != 0
             try:
-                r = handler(item)
-                if r is not None and isawaitable(r):
-                    await r
-            except Exception as exc:
+                value = decode(item.payload)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 self.errors += 1
-                await self._report(exc)
+                await self._report(InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}"))
+            else:
+                self.handled += 1
+                try:
+                    r = handler(Message(value, list(item.branch) if copy_branch else item.branch, item.seq, mid))
+                    if r is not None and isawaitable(r):
+                        await r
+                except Exception as exc:
+                    self.errors += 1
+                    await self._report(exc)
+            if self._in_hand:  # finished: its credit goes back, a batch at a time
+                self._in_hand = False
+                self._owed += 1
+                if self._owed >= batch:
+                    self._grant()
+
+    def _missed(self, item: DeliveryItem | Missed) -> Missed:
+        """A missed notice out of the buffer, as told: a "behind" one moves the position past what it counts."""
+        if type(item) is MissedItem:
+            if item.count:
+                if self.recursive:
+                    self._unsure = True
+                elif self._pos is not None:
+                    self._pos = _advance(self._pos, item.count)
+            return Missed(item.reason, item.count)
+        assert isinstance(item, Missed)
+        return item
 
     async def _tell_missed(self, m: Missed) -> None:
         if m.count:
@@ -680,10 +825,9 @@ class Subscription(Generic[T]):
         sid = self._sid
         if sid:
             hub.subs.pop(sid, None)
+            hub.grants.pop(sid, None)
         self._sid = 0
         self._buf.clear()
-        if self._grant_task is not None:
-            self._grant_task.cancel()
         self._wake()
         return sid
 
@@ -713,6 +857,12 @@ class _Hub:
         self.batch: list[tuple[Publish, asyncio.Future[Published]]] | None = None
         self.batch_bytes = 0
         self.inflight = 0  # publish calls sent and not answered
+        self.grants: dict[int, int] = {}  # credit to give back at the end of this loop turn, by the store's id
+        self.grant_many = True  # the server knows channels.grant_many (an older one refused it: one call each)
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
         self.transport.on_push(DELIVER, self._deliver, Delivery)
         self.transport.reconnect_hooks.append(self._on_reconnect)
         store._close_hooks.append(self.close)
@@ -794,16 +944,73 @@ class _Hub:
             self.early.clear()
         return early
 
-    def grant_now(self, sid: int, n: int) -> None:
-        t: Any = self.transport
+    def grant(self, sid: int, n: int) -> None:
+        """Give ``n`` messages of credit back to subscription ``sid``. Embedded: at once. Over a connection:
+        with the grants of every other subscription of this loop turn, in one ``channels.grant_many`` call
+        sent on the next turn (so 1,000 subscriptions finishing a batch in one turn cost one call, not 1,000).
+        """
+        if self.local:
+            t: Any = self.transport
+            with contextlib.suppress(TinystoreError):
+                t.core.invoke(t.session, GRANT, Grant(sid, n))
+            return
+        grants = self.grants
+        if not grants:
+            self.spawn(self._send_grants())  # its first step runs next turn: it takes what this turn added
+        grants[sid] = grants.get(sid, 0) + n
+
+    async def _send_grants(self) -> None:
+        grants, self.grants = self.grants, {}
+        if not grants or self.closed:
+            return
+        items = [Grant(sid, n) for sid, n in grants.items()]
         try:
-            t.core.invoke(t.session, GRANT, Grant(sid, n))
+            if len(items) == 1:
+                await self.transport.call(GRANT, items[0], Any, retry=False)
+            elif self.grant_many:
+                await self.transport.call(GRANT_MANY, GrantMany(items), Any, retry=False)
+            else:
+                await self._grant_each(items)
+        except InvalidError as exc:
+            if "unknown method" in exc.message and self.grant_many:
+                self.grant_many = False  # a server from before channels.grant_many: one call per subscription
+                await self._grant_each(items)
+            else:  # not expected: the subscriptions it was for may stall until they are made again
+                log.error("channels: the server refused a grant of credit: %s", exc)
         except TinystoreError:
-            pass
+            return  # the connection is gone: a subscription made again starts with fresh credit
+
+    async def _grant_each(self, items: list[Grant]) -> None:
+        calls = [self.transport.call(GRANT, g, Any, retry=False) for g in items]
+        for r in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(r, BaseException) and not isinstance(r, TinystoreError):
+                raise r
 
     async def unsubscribe(self, sid: int) -> None:
         with contextlib.suppress(TinystoreError):
             await self.transport.call(UNSUBSCRIBE, Unsubscribe(sub=sid), Any, retry=False)
+
+    def unsubscribe_soon(self, sid: int) -> None:
+        """End subscription ``sid`` in the store without waiting (from a finalizer too: never raises).
+        Embedded: at once; over a connection: the call goes out on the loop's next turn."""
+        if self.closed:
+            return
+        try:
+            if self.local:
+                t: Any = self.transport
+                with contextlib.suppress(TinystoreError):
+                    t.core.invoke(t.session, UNSUBSCRIBE, Unsubscribe(sub=sid))
+                return
+            loop = self.loop
+            if loop is None or loop.is_closed():
+                return
+            loop.call_soon_threadsafe(self._unsubscribe_later, sid)
+        except Exception:  # a loop shutting down: the store ends the subscription with the connection
+            pass
+
+    def _unsubscribe_later(self, sid: int) -> None:
+        if not self.closed:
+            self.spawn(self.unsubscribe(sid))
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)

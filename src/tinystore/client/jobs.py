@@ -69,6 +69,10 @@ from ..protocol.jobs import (
     Step,
     Unwait,
     Wait,
+    check_cursor,
+    check_job_id,
+    check_options,
+    json_problem,
     snapshot,
 )
 from ..protocol.jobs import List as ListRequest
@@ -93,11 +97,68 @@ CLAIM_WAIT = 30.0
 _encoder = msgspec.json.Encoder()
 
 
-def _json(value: Any, what: str) -> str:
+def _json(value: Any, what: str, keys: bool = True) -> str:
+    """``value`` as JSON text, or ``InvalidError`` (``what`` does not encode as JSON: why) for a value that would
+    not come back as it went in: what JSON cannot hold (NaN, infinities, ints past 64 bits), an object that does
+    not encode, and, when ``keys``, a dict key that is not a str (see :func:`~tinystore.protocol.jobs.json_problem`).
+    ``keys=False`` where a declared type reads the keys back (a queue's own type)."""
     try:
-        return _encoder.encode(value).decode()
-    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-        raise InvalidError(f"{what} does not encode as JSON: {exc}") from None
+        text = _encoder.encode(value).decode()
+        problem = json_problem(msgspec.to_builtins(value), keys)
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
+        raise InvalidError(f"{what} does not encode as JSON: {_text_of(exc)}") from None
+    if problem is not None:
+        raise InvalidError(f"{what} does not encode as JSON: {problem}")
+    return text
+
+
+def _text_of(exc: BaseException) -> str:
+    """``str(exc)``, or ``""`` when that raises."""
+    try:
+        return str(exc)
+    except BaseException:  # a broken __str__ must not hide the error it describes
+        return ""
+
+
+def _text_of_message(exc: TinystoreError) -> str:
+    """A store error's message, or its type's name when it has none."""
+    message = exc.message if isinstance(exc.message, str) else _text_of(exc)
+    return message or type(exc).__name__
+
+
+def _describe(exc: BaseException) -> str:
+    """A readable error text for an exception a handler raised: ``Type: message``, the type's name alone when the
+    message is empty or ``str()`` fails; never longer than the store keeps, always valid Unicode."""
+    name = type(exc).__name__
+    text = _text_of(exc)
+    return _clean(f"{name}: {text}" if text else name)
+
+
+def _valid_text(text: str) -> bool:
+    """``True`` for text that encodes as UTF-8 (no lone surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _decode_error(exc: BaseException) -> str:
+    """msgspec's own text for a value that does not decode; ``Type: message`` for what a type's code raised."""
+    return _clean(_text_of(exc)) if isinstance(exc, msgspec.DecodeError) else _describe(exc)
+
+
+ERROR_MAX = 2000
+"""Error texts are cut to this many characters (the store keeps no more)."""
+
+
+def _clean(text: str) -> str:
+    """An error text that can be sent and stored: at most ``ERROR_MAX`` characters, lone surrogates escaped."""
+    if len(text) > ERROR_MAX:
+        text = text[: ERROR_MAX - 1] + "…"
+    if not _valid_text(text):
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 def _when(ms: int | None) -> datetime | None:
@@ -378,12 +439,14 @@ class _Runner:
         self.registry[(self.queue.name, claimed.id, claimed.fence)] = a
         self.idle.clear()
         a.task = asyncio.ensure_future(self._execute(a))
-        a.task.add_done_callback(lambda _: self._done(a))
+        a.task.add_done_callback(lambda t: self._done(a, t))
         if self.renewer is None or self.renewer.done():
             self.renewer = asyncio.ensure_future(self._renew_loop())
         return a
 
-    def _done(self, a: _Attempt) -> None:
+    def _done(self, a: _Attempt, task: asyncio.Task[None]) -> None:
+        if not task.cancelled():
+            task.exception()  # retrieved: only KeyboardInterrupt or SystemExit end it so, and they went on already
         self.attempts.pop(a.key, None)
         self.registry.pop((self.queue.name, a.claimed.id, a.claimed.fence), None)
         self.finished += 1
@@ -424,12 +487,21 @@ class _Runner:
                     a.renewed_at = sent
 
     async def _report(self, a: _Attempt, outcome: str, **kw: Any) -> None:
+        """Report how attempt ``a`` ended. Raises nothing but a cancel: a report the store refuses is sent again as
+        a failed attempt saying why; one that cannot get through is tried a few times, then left to the attempt's
+        lease (an embedded store's next start gives its attempts one), with an error in the log."""
         a.reporting = True
         c = a.claimed
+        if kw.get("error") is not None:
+            kw["error"] = _clean(kw["error"])
         report = Report(
             queue=self.queue.name, id=c.id, fence=c.fence, outcome=outcome, progress=a.take_progress(), **kw
         )
-        for _ in range(3):
+
+        def failed(why: str) -> Report:
+            return Report(queue=self.queue.name, id=c.id, fence=c.fence, outcome="error", error=_clean(why))
+
+        for _ in range(4):
             try:
                 await self.call("jobs.report", report, bool)
                 return
@@ -439,22 +511,39 @@ class _Runner:
                 log.warning("queue %s: job %s: report failed (%s); trying again", self.queue.name, c.id, exc)
                 await asyncio.sleep(0.2)
             except (InvalidError, LimitError) as exc:
-                report = Report(
-                    queue=self.queue.name,
-                    id=c.id,
-                    fence=c.fence,
-                    outcome="error",
-                    error=f"the attempt's report was refused: {exc.message}",
-                )
+                report = failed(f"the attempt's report was refused: {exc.message}")
+            except Exception as exc:  # not the store's refusal: a report that cannot even be sent
+                log.error("queue %s: job %s: report failed: %s", self.queue.name, c.id, _describe(exc), exc_info=exc)
+                report = failed(f"the attempt's report failed: {_describe(exc)}")
+        log.error(
+            "queue %s: job %s: attempt %d: its end could not be reported; it stays running until its lease runs out",
+            self.queue.name,
+            c.id,
+            c.attempt,
+        )
 
     async def _execute(self, a: _Attempt) -> None:
+        """Run attempt ``a`` and report its end, whatever way the handler ends: no attempt is left unreported,
+        and nothing is left for "Task exception was never retrieved"."""
+        try:
+            await self._run_attempt(a)
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # a fault of the worker itself (the handler's own raises are handled inside)
+            c = a.claimed
+            log.error("queue %s: job %s: running the attempt failed: %s", self.queue.name, c.id, exc, exc_info=exc)
+            if not a.reporting:
+                await self._report(a, "error", error=f"the worker failed: {_describe(exc)}")
+
+    async def _run_attempt(self, a: _Attempt) -> None:
         q = self.queue
         c = a.claimed
         run = a.run
         try:
             value = q._decode(c.value)
-        except InvalidError as exc:
-            await self._report(a, "fail", error=exc.message)
+        except Exception as exc:
+            why = exc.message if isinstance(exc, TinystoreError) else _describe(exc)
+            await self._report(a, "fail", error=why)
             return
         timeout = c.timeout_ms / 1000
         timed_out = False
@@ -468,10 +557,19 @@ class _Runner:
                 if not cm.expired():
                     raise
                 timed_out = True
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if a.why in ("lost", "cancelled"):
                 return  # the store already decided this attempt's end
-            # stopped with its worker: hand the job back, this attempt not counted
+            task = asyncio.current_task()
+            if a.why is None and (task is None or task.cancelling() == 0):
+                # Nobody cancelled this task: the handler raised CancelledError itself (or let one of its own
+                # tasks' cancels through). A failed attempt like any other raise, counted, so it ends dead.
+                text = _describe(exc)
+                log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text)
+                await self._report(a, "error", error=text)
+                return
+            # stopped with its worker, or cancelled from outside (the event loop ending): hand the job back,
+            # this attempt not counted
             a.reporting = True
             with contextlib.suppress(TinystoreError, OSError):
                 await self.call("jobs.release", Release(queue=q.name, attempts=[Attempt(c.id, c.fence)]), int)
@@ -479,16 +577,26 @@ class _Runner:
                 raise
             return
         except PermanentError as exc:
-            await self._report(a, "fail", error=exc.message or type(exc).__name__)
+            await self._report(a, "fail", error=_text_of_message(exc))
             return
         except LostError as exc:
             if a.why is None:
-                await self._report(a, "error", error=f"LostError: {exc.message}")
+                await self._report(a, "error", error=f"LostError: {_text_of_message(exc)}")
             return
         except Exception as exc:
-            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            text = _describe(exc)
             log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text)
             await self._report(a, "error", error=text)
+            return
+        except BaseException as exc:
+            # GeneratorExit, KeyboardInterrupt, SystemExit or another BaseException: the attempt failed all the
+            # same (an embedded store has no lease to notice it otherwise). KeyboardInterrupt and SystemExit then
+            # go on: they are meant to end the program.
+            text = _describe(exc)
+            log.warning("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text)
+            await self._report(a, "error", error=text)
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
             return
         if timed_out:
             await self._report(a, "error", error=f"timed out after {timeout:g}s")
@@ -735,15 +843,28 @@ class Queue(Generic[T]):
         self.store = store
         self.name = name
         self.type = type
-        db_name = database if isinstance(database, str) or database is None else database.name
+        db_name: Any = database
+        if db_name is not None and not isinstance(db_name, str):
+            db_name = getattr(db_name, "name", db_name)
+        if db_name is not None:
+            try:
+                check_name("database", db_name)
+            except InvalidError as exc:
+                raise InvalidError(f"queue {name}: option database: {exc.message}") from None
+
+        def ms(option: str, value: Duration | None) -> int | None:
+            if value is None:
+                return None
+            return round(seconds(value, f"queue {name}: option {option}") * 1000)
+
         first = cap = None
         if backoff is not None:
-            if isinstance(backoff, tuple):
+            if isinstance(backoff, tuple | builtins.list):
                 if len(backoff) != 2:
-                    raise InvalidError(f"queue {name}: backoff is (first, cap), two durations")
-                first, cap = _ms(backoff[0]), _ms(backoff[1])
+                    raise InvalidError(f"queue {name}: option backoff: {backoff!r} is not (first, cap), two durations")
+                first, cap = ms("backoff", backoff[0]), ms("backoff", backoff[1])
             else:
-                first = _ms(backoff)
+                first = ms("backoff", backoff)
         for label, v in (
             ("attempts", attempts),
             ("max_running", max_running),
@@ -751,18 +872,22 @@ class Queue(Generic[T]):
         ):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise InvalidError(f"queue {name}: option {label}: {v!r} is not an int")
+        for label, v in (("max_running", max_running), ("max_running_per_tenant", max_running_per_tenant)):
+            if v is not None and v < 1:
+                raise InvalidError(f"queue {name}: option {label}: {v} is not at least 1 (None: no limit)")
         self._given = Options(
             database=db_name,
             attempts=attempts,
             backoff_first_ms=first,
             backoff_cap_ms=cap,
-            lease_ms=None if lease is None else _ms(lease),
-            timeout_ms=None if timeout is None else _ms(timeout),
-            expected_ms=None if expected is None else _ms(expected),
+            lease_ms=ms("lease", lease),
+            timeout_ms=ms("timeout", timeout),
+            expected_ms=ms("expected", expected),
             max_running=max_running,
             max_running_per_tenant=max_running_per_tenant,
-            keep_ms=None if keep is None else _ms(keep),
+            keep_ms=ms("keep", keep),
         )
+        check_options(name, self._given)
         self._info: QueueInfo | None = None
         self._opening: asyncio.Future[QueueInfo] | None = None
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(type if type is not None else Any)
@@ -788,6 +913,8 @@ class Queue(Generic[T]):
             self._opening = asyncio.ensure_future(
                 self.store._call("jobs.open", OpenQueue(queue=self.name, options=self._given), QueueInfo, write=False)
             )
+            # retrieved here too: a caller cancelled while it waits must not leave its error unretrieved
+            self._opening.add_done_callback(lambda f: f.cancelled() or f.exception())
         info: QueueInfo = await asyncio.shield(self._opening)
         self._info = info
         cache[self.name] = (self._given, info)
@@ -828,13 +955,15 @@ class Queue(Generic[T]):
     # -- values --------------------------------------------------------------------------------
 
     def _encode(self, value: Any, what: str) -> str:
-        text = _json(value, f"queue {self.name}: {what}: the value")
+        text = _json(value, f"queue {self.name}: {what}: the value", keys=self._plain)
         if not self._plain and not (self._class is not None and isinstance(value, self._class)):
             try:
                 self._decoder.decode(text)
-            except msgspec.ValidationError as exc:
+            except Exception as exc:  # a ValidationError, or what the type's own __post_init__ raised
                 kind = getattr(self.type, "__name__", self.type)
-                raise InvalidError(f"queue {self.name}: {what}: the value does not encode as {kind}: {exc}") from None
+                raise InvalidError(
+                    f"queue {self.name}: {what}: the value does not encode as {kind}: {_decode_error(exc)}"
+                ) from None
         limit = self.store.limits.job_value_bytes
         size = len(text.encode()) if not text.isascii() else len(text)
         if size > limit:
@@ -848,10 +977,10 @@ class Queue(Generic[T]):
     def _decode(self, text: str) -> Any:
         try:
             return self._decoder.decode(text)
-        except msgspec.DecodeError as exc:
+        except Exception as exc:  # a DecodeError, or what the type's own __post_init__ raised
             raise InvalidError(
                 f"queue {self.name}: the job's value does not decode as "
-                f"{getattr(self.type, '__name__', self.type)}: {exc}"
+                f"{getattr(self.type, '__name__', self.type)}: {_decode_error(exc)}"
             ) from None
 
     def _new(
@@ -870,9 +999,11 @@ class Queue(Generic[T]):
             raise InvalidError(f"queue {self.name}: {what}: key {key!r}: an idempotency key is 1 to 512 characters")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidError(f"queue {self.name}: {what}: priority {priority!r} is not an int")
-        for label, v in (("tenant", tenant), ("user", user), ("type", type)):
+        for label, v in (("key", key), ("tenant", tenant), ("user", user), ("type", type)):
             if v is not None and not isinstance(v, str):
                 raise InvalidError(f"queue {self.name}: {what}: {label} {v!r} is not a str")
+            if v is not None and not _valid_text(v):
+                raise InvalidError(f"queue {self.name}: {what}: {label} {v!r} is not valid Unicode text")
         delay_ms = at_ms = None
         if delay is not None:
             if isinstance(delay, int | float) and not isinstance(delay, bool) and delay < 0:
@@ -905,7 +1036,7 @@ class Queue(Generic[T]):
     def _job(self, row: JobRow) -> Job[T]:
         try:
             value = self._decoder.decode(row.value)
-        except msgspec.DecodeError:
+        except Exception:  # no longer the queue's type: the job shows its value as plain JSON
             value = msgspec.json.decode(row.value)
         return _job_of(row, value)
 
@@ -982,7 +1113,9 @@ class Queue(Generic[T]):
         ]
 
     async def get(self, job_id: str) -> Job[T] | None:
-        """The job ``job_id`` as the store keeps it, or ``None`` (unknown, or deleted after ``keep``)."""
+        """The job ``job_id`` as the store keeps it, or ``None`` (unknown, or deleted after ``keep``). Raises
+        ``InvalidError`` for an id that is not a str."""
+        check_job_id(self.name, "get", job_id)
         await self._ensure()
         row: JobRow | None = await self.store._call("jobs.get", Get(queue=self.name, id=job_id), JobRow | None)
         return None if row is None else self._job(row)
@@ -999,7 +1132,8 @@ class Queue(Generic[T]):
         """Jobs of this queue, newest first, at most ``limit`` (1..1000), after the cursor ``after`` (a page's
         ``next``), filtered by ``state`` (one of the states, or ``"stuck"``), ``tenant``, ``type`` and ``user``.
         The list comes from the rows, so a page that is reopened finds every job. Raises ``InvalidError`` for a
-        bad state or limit."""
+        bad state, limit or cursor (``after`` is a page's ``next``: a job id)."""
+        check_cursor(self.name, after)
         await self._ensure()
         page: Page = await self.store._call(
             "jobs.list",
@@ -1013,7 +1147,8 @@ class Queue(Generic[T]):
         ``run.cancelled`` set) and the job ends ``cancelled``, not retried. Returns ``True`` when it changed the
         job to ``cancelled``; ``False`` when it had already ended or the id is unknown (nothing changes).
         Raises ``OutcomeUnknownError`` when the answer was lost (cancelling again is safe); a cancel of this call
-        after it was sent may leave the job cancelled."""
+        after it was sent may leave the job cancelled. ``InvalidError`` for an id that is not a str."""
+        check_job_id(self.name, "cancel", job_id)
         await self._ensure()
         ok: bool = await self.store._call("jobs.cancel", Get(queue=self.name, id=job_id), bool, write=True)
         return ok
@@ -1021,7 +1156,9 @@ class Queue(Generic[T]):
     async def retry(self, job_id: str) -> bool:
         """Put a ``dead`` or ``cancelled`` job back to ``queued``, due now, attempts from 0 (its finished steps
         stay). Returns ``False`` for a job in another state or an unknown id. Raises ``OutcomeUnknownError`` when
-        the answer was lost; a cancel of this call after it was sent may leave the job queued again."""
+        the answer was lost; a cancel of this call after it was sent may leave the job queued again.
+        ``InvalidError`` for an id that is not a str."""
+        check_job_id(self.name, "retry", job_id)
         await self._ensure()
         ok: bool = await self.store._call("jobs.retry", Get(queue=self.name, id=job_id), bool, write=True)
         return ok
@@ -1029,7 +1166,9 @@ class Queue(Generic[T]):
     async def watch(self, job_id: str) -> AsyncIterator[Job[T]]:
         """Yield the job now, then again at each change (state, attempts, progress, stuck) until it ends; nothing
         for an unknown id. Waits in the store (no polling), across reconnects; ``break`` stops it. Raises
-        ``ClosedError`` when the store is closed, ``UnavailableError`` when it stays unreachable."""
+        ``ClosedError`` when the store is closed, ``UnavailableError`` when it stays unreachable; ``InvalidError``
+        for an id that is not a str."""
+        check_job_id(self.name, "watch", job_id)
         await self._ensure()
         row: JobRow | None = await self.store._call("jobs.get", Get(queue=self.name, id=job_id), JobRow | None)
         while row is not None:
@@ -1082,6 +1221,8 @@ class Queue(Generic[T]):
                 attempts = [runner.start(c) for c in got]
                 await asyncio.wait([a.task for a in attempts if a.task is not None])
                 ran += len(got)
+                if any(a.task is not None and a.task.cancelled() for a in attempts):
+                    return ran  # cancelled from outside the worker (the event loop is ending): their jobs went back
         finally:
             await runner.stop(0)
 

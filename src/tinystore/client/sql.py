@@ -18,6 +18,7 @@ from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, 
 
 if TYPE_CHECKING:
     from .store import Store
+    from .transport import Transport
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -60,7 +61,7 @@ def _split(name: str, args: tuple[Any, ...]) -> tuple[Any, str, tuple[Any, ...]]
 
 def _convert(rows: Rows, type_: Any) -> list[Any]:
     cols = rows.columns
-    dicts = [dict(zip(cols, r, strict=False)) for r in rows.rows]
+    dicts = [dict(zip(cols, r)) for r in rows.rows]  # noqa: B905 (the keyword costs 0.2 µs a row)
     if type_ is None:
         return dicts
     return [msgspec.convert(d, type_, strict=False) for d in dicts]
@@ -70,10 +71,20 @@ class _Runner:
     """Shared by Database and SqlTx: one(), all(), scalar() over ``_query``."""
 
     name: str
+    _transport: Transport
+    _tx = 0  # the transaction the calls run in (0: none, each its own)
+    _retry = True  # whether a read whose answer was lost is sent again
+
+    def _check(self) -> None:
+        """Raise when calls can no longer be made (a transaction that ended)."""
 
     def _query(self, sql: str, params: list[Any], mode: str) -> Awaitable[Rows]:
         """The call that runs the read (awaited by the caller: no coroutine of its own in between)."""
-        raise NotImplementedError
+        if self._tx:
+            self._check()
+        return self._transport.call(
+            "sql.query", Query(self.name, sql, params, mode, self._tx), Rows, retry=self._retry
+        )
 
     @overload
     async def one(self, sql: str, /, *params: Any) -> dict[str, Any] | None: ...
@@ -85,9 +96,16 @@ class _Runner:
         Raises ``InvalidError`` with SQLite's message for bad SQL or a statement that writes.
         """
         if args and type(args[0]) is str:
-            rows = await self._query(args[0], check_params(self.name, args[1:]), "one")
+            if self._tx:
+                self._check()
+            rows: Rows = await self._transport.call(
+                "sql.query",
+                Query(self.name, args[0], check_params(self.name, args[1:]), "one", self._tx),
+                Rows,
+                retry=self._retry,
+            )
             found = rows.rows
-            return dict(zip(rows.columns, found[0], strict=False)) if found else None
+            return dict(zip(rows.columns, found[0])) if found else None  # noqa: B905 (a keyword: +0.2 µs a row)
         type_, sql, params = _split(self.name, args)
         rows = await self._query(sql, check_values(self.name, params), "one")
         out = _convert(rows, type_)
@@ -143,9 +161,6 @@ class Database(_Runner):
         done: Done = await self._transport.call("sql.exec", request, Done, write=True)
         return done
 
-    def _query(self, sql: str, params: list[Any], mode: str) -> Awaitable[Rows]:
-        return self._transport.call("sql.query", Query(self.name, sql, params, mode), Rows)
-
     async def tx(self, fn: Callable[[SqlTx], Awaitable[R] | R], *, read_only: bool = False) -> R:
         """Run ``fn(tx)`` in a transaction and return what it returns.
 
@@ -188,6 +203,8 @@ class SqlTx(_Runner):
         self.ended = False
         self.on_commit: list[Callable[[], Any]] = []
         self._transport = db._transport
+        self._tx = tx_id
+        self._retry = False
 
     async def exec(self, sql: str, /, *params: Any) -> Done:
         """Run a statement inside the transaction. Errors as :meth:`Database.exec`; a failed statement leaves
@@ -197,10 +214,6 @@ class SqlTx(_Runner):
             "sql.exec", Exec(self.name, sql, check_params(self.name, params), self.id), Done, retry=False
         )
         return done
-
-    def _query(self, sql: str, params: list[Any], mode: str) -> Awaitable[Rows]:
-        self._check()
-        return self._transport.call("sql.query", Query(self.name, sql, params, mode, self.id), Rows, retry=False)
 
     def with_(self, thing: Any) -> Any:
         """``thing`` (a channel or a queue) bound to this transaction."""

@@ -390,6 +390,8 @@ class ChannelsEngine:
             return {}
         if isinstance(after, str):
             return {parts: self._parse_id(channel, after)}
+        if not isinstance(after, Mapping):
+            raise InvalidError(malformed_id(channel, after))
         if not recursive:
             raise InvalidError(f"channel {channel}: after: a mapping of ids needs recursive=True")
         out: dict[Branch, int | None] = {}

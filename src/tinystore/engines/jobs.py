@@ -42,6 +42,7 @@ import itertools
 import logging
 import math
 import random
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -71,7 +72,12 @@ from ..protocol.jobs import (
     Page,
     QueueInfo,
     Report,
+    check_cursor,
+    check_job_id,
+    check_options,
+    json_problem,
 )
+from ..protocol.jobs import OPTION_NAMES as _OPTION_NAMES
 from ..protocol.jobs import (
     List as ListRequest,
 )
@@ -94,8 +100,6 @@ ERROR_MAX = 2000
 """Longer error texts are cut to this many characters."""
 ERRORS_KEPT = 50
 """How many failed attempts a job's history keeps (the newest)."""
-LEASE_MIN = 1.0
-LEASE_MAX = 3600.0
 CHUNK = 400
 """Jobs per INSERT statement (13 parameters each stays far below SQLite's bound)."""
 INT_MAX = (1 << 63) - 1
@@ -185,46 +189,6 @@ class QueueOptions:
             max_running_per_tenant=self.max_running_per_tenant,
             keep_ms=round(self.keep * 1000),
         )
-
-
-_OPTION_NAMES = {
-    "database": "database",
-    "attempts": "attempts",
-    "backoff_first_ms": "backoff (first)",
-    "backoff_cap_ms": "backoff (cap)",
-    "lease_ms": "lease",
-    "timeout_ms": "timeout",
-    "expected_ms": "expected",
-    "max_running": "max_running",
-    "max_running_per_tenant": "max_running_per_tenant",
-    "keep_ms": "keep",
-}
-
-
-def _check_options(queue: str, o: Options) -> None:
-    """Refuse options out of their bounds (``InvalidError`` naming the queue and the option)."""
-
-    def bad(what: str, why: str) -> InvalidError:
-        return InvalidError(f"queue {queue}: option {what}: {why}")
-
-    if o.database is not None:
-        check_name("database", o.database)
-    if o.attempts is not None and not 1 <= o.attempts <= 1000:
-        raise bad("attempts", f"{o.attempts} is not between 1 and 1000")
-    for name in ("backoff_first_ms", "backoff_cap_ms", "timeout_ms", "expected_ms"):
-        v = getattr(o, name)
-        if v is not None and not 0 < v <= 366 * 86400 * 1000:
-            raise bad(_OPTION_NAMES[name], f"{v / 1000:g}s is not above 0 and at most a year")
-    if o.backoff_first_ms is not None and o.backoff_cap_ms is not None and o.backoff_first_ms > o.backoff_cap_ms:
-        raise bad("backoff", "the first delay is above the cap")
-    if o.lease_ms is not None and not LEASE_MIN * 1000 <= o.lease_ms <= LEASE_MAX * 1000:
-        raise bad("lease", f"{o.lease_ms / 1000:g}s is not between {LEASE_MIN:g}s and {LEASE_MAX:g}s")
-    if o.keep_ms is not None and not 0 <= o.keep_ms <= 3660 * 86400 * 1000:
-        raise bad("keep", f"{o.keep_ms / 1000:g}s is not between 0 and ten years")
-    for name in ("max_running", "max_running_per_tenant"):
-        v = getattr(o, name)
-        if v is not None and not 0 <= v <= 1_000_000:
-            raise bad(name, f"{v} is not between 0 (no limit) and 1,000,000")
 
 
 def _merge(limits: Limits, o: Options) -> QueueOptions:
@@ -381,7 +345,29 @@ def _ms(when: float) -> int:
 
 
 def _cut(text: str) -> str:
-    return text if len(text) <= ERROR_MAX else text[: ERROR_MAX - 1] + "…"
+    """An error text as kept: at most ``ERROR_MAX`` characters, and text SQLite can store (a lone surrogate, which
+    a Python exception's message may hold, becomes an escape)."""
+    if not isinstance(text, str):
+        text = repr(text)
+    if len(text) > ERROR_MAX:
+        text = text[: ERROR_MAX - 1] + "…"
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_LONG_INT = re.compile(r"\d{19}")
+"""A run of digits that may be an integer past 64 bits (JSON text without one holds none)."""
 
 
 class _Ids:
@@ -480,9 +466,23 @@ class JobsEngine:
             pass
 
     def _track(self, coro: Any) -> None:
+        """Run ``coro`` as a task the engine owns: cancelled at close, and what it raises is logged (never left
+        for "Task exception was never retrieved")."""
         task = self._spawn(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._tracked_done)
+
+    def _tracked_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            return
+        if isinstance(exc, ClosedError) or self.closed:
+            log.debug("jobs: a background write ended with the store: %s", exc)
+        else:
+            log.error("jobs: a background write failed: %s", exc, exc_info=exc)
 
     async def _stored_options(self, name: str) -> QueueOptions | None:
         opts = self._options.get(name)
@@ -506,7 +506,12 @@ class JobsEngine:
         """
         self._check_open()
         check_name("queue", name)
-        _check_options(name, given)
+        check_options(name, given)
+        if given.database is not None:
+            try:
+                check_name("database", given.database)
+            except InvalidError as exc:
+                raise InvalidError(f"queue {name}: option database: {exc.message}") from None
         stored = await self._stored_options(name)
         if stored is None:
             merged = _merge(self.limits, given)
@@ -962,7 +967,18 @@ class JobsEngine:
         peer = e.peer
         if peer is not None:
             peer.push(CANCEL_PUSH, CancelRun(queue=q.name, id=e.id, fence=fence, reason="lost"))
-        self._track(self._fail_attempt(q, e, "worker lost", None))
+        self._track(self._lease_ran_out(q, e, fence))
+
+    async def _lease_ran_out(self, q: _Queue, e: _Entry, fence: int) -> None:
+        """End a lost attempt as failed; when that write fails (not at close), try again a second later, so a
+        lost attempt never stays running."""
+        try:
+            await self._fail_attempt(q, e, "worker lost", None)
+        except Exception as exc:
+            if self.closed or isinstance(exc, ClosedError):
+                return
+            log.warning("queue %s: job %s: ending the lost attempt failed (%s); trying again", q.name, e.id, exc)
+            q.leases.push(self.clock.now() + 1.0, (e, fence))
 
     def _on_stuck(self, q: _Queue, e: _Entry, fence: int) -> None:
         if e.where != RUNNING or e.fence != fence or e.stuck or q.entries.get(e.id) is not e:
@@ -1142,6 +1158,8 @@ class JobsEngine:
         return n
 
     def _check_json(self, queue: str, jid: str, what: str, text: str, limit: int) -> None:
+        if not isinstance(text, str) or not (text.isascii() or _utf8(text)):
+            raise InvalidError(f"queue {queue}: job {jid}: the {what} is not JSON text (a str of valid Unicode)")
         size = len(text.encode()) if not text.isascii() else len(text)
         if size > limit:
             raise LimitError(
@@ -1150,9 +1168,13 @@ class JobsEngine:
                 wanted=size,
             )
         try:
-            _json_decode(text)
+            decoded = _json_decode(text)
         except msgspec.DecodeError as exc:
             raise InvalidError(f"queue {queue}: job {jid}: the {what} is not JSON: {exc}") from None
+        if _LONG_INT.search(text):
+            problem = json_problem(decoded)
+            if problem is not None:
+                raise InvalidError(f"queue {queue}: job {jid}: the {what} does not encode as JSON: {problem}")
 
     async def progress(self, queue: str, jid: str, fence: int, progress: str) -> bool:
         """Store the progress (JSON text, at most ``job_progress_bytes``) of running attempt ``fence`` and publish
@@ -1203,6 +1225,11 @@ class JobsEngine:
             if not isinstance(j.value, str):
                 raise InvalidError(f"{what}: the value must be JSON text")
             self._check_json(queue, "(new)", "value", j.value, self.limits.job_value_bytes)
+            for label, v in (("key", j.key), ("tenant", j.tenant), ("user", j.user), ("type", j.type)):
+                if v is not None and (not isinstance(v, str) or not _utf8(v)):
+                    raise InvalidError(f"{what}: {label} {v!r} is not text (a str of valid Unicode)")
+            if isinstance(j.priority, bool) or not isinstance(j.priority, int):
+                raise InvalidError(f"{what}: priority {j.priority!r} is not an int")
             if j.key is not None and not 0 < len(j.key) <= KEY_MAX:
                 raise InvalidError(f"{what}: key {j.key[:40]!r}: an idempotency key is 1 to {KEY_MAX} characters")
             for label, v in (("tenant", j.tenant), ("user", j.user), ("type", j.type)):
@@ -1325,8 +1352,10 @@ class JobsEngine:
     async def cancel(self, queue: str, jid: str) -> bool:
         """Cancel job ``jid``: a waiting job never runs; a running one's handler is told (push ``jobs.cancel``)
         and the job ends ``cancelled``, never retried (JOB-09). Returns ``True`` when it changed the job;
-        ``False`` when it had already ended or is unknown (nothing is written then)."""
+        ``False`` when it had already ended or is unknown (nothing is written then). ``InvalidError`` for an id
+        that is not a str."""
         q = await self._queue(queue)
+        check_job_id(queue, "cancel", jid)
         while True:
             e = q.entries.get(jid)
             if e is None:
@@ -1380,6 +1409,7 @@ class JobsEngine:
         """Put a ``dead`` or ``cancelled`` job back to ``queued``, due now, attempts from 0 (its steps and its
         error history stay). Returns ``False`` for a job in another state or an unknown id."""
         q = await self._queue(queue)
+        check_job_id(queue, "retry", jid)
         if jid in q.entries:
             return False
         now_ms = _now_ms(self.clock)
@@ -1455,14 +1485,16 @@ class JobsEngine:
         )
 
     async def get(self, queue: str, jid: str) -> JobRow | None:
-        """Job ``jid`` of ``queue`` as stored, or ``None``."""
+        """Job ``jid`` of ``queue`` as stored, or ``None`` (``InvalidError`` for an id that is not a str)."""
         q = await self._queue(queue)
+        check_job_id(queue, "get", jid)
         await q.wait_schema()
         rows = (await q.db.read(f"select {COLUMNS} from {TABLE} where id = ? and queue = ?", [jid, queue], "one")).rows
         return self._row(q, rows[0]) if rows else None
 
     async def find(self, jid: str) -> JobRow | None:
         """Job ``jid`` in whichever queue holds it, or ``None``."""
+        check_job_id("(any)", "find", jid)
         for name in await self.queue_names():
             row = await self.get(name, jid)
             if row is not None:
@@ -1480,6 +1512,7 @@ class JobsEngine:
             raise InvalidError(f"jobs list: limit {req.limit} is not between 1 and 1000")
         if req.state is not None and req.state not in (*STATES, "stuck"):
             raise InvalidError(f"jobs list: state {req.state!r} is not one of {', '.join((*STATES, 'stuck'))}")
+        check_cursor(req.queue, req.after)
         names = [req.queue] if req.queue else await self.queue_names()
         out: list[JobRow] = []
         for name in names:
@@ -1523,6 +1556,7 @@ class JobsEngine:
         from ..protocol.jobs import snapshot
 
         q = await self._queue(queue)
+        check_job_id(queue, "watch", jid)
         if self.stopping:
             raise UnavailableError("jobs: the store is stopping; wait again once it is back")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

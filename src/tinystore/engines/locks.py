@@ -213,23 +213,6 @@ class LocksEngine:
             return await self._wait(got, peer, ttl, max_hold, wait)
         return got
 
-    def acquire_nowait(
-        self,
-        peer: Peer,
-        lock: str,
-        key: str,
-        *,
-        limit: int = 1,
-        ttl: float,
-        max_hold: float | None,
-    ) -> Grant | None:
-        """A try without a coroutine: a lease on ``key`` of ``lock`` now, or ``None`` when it is held (or others
-        wait in line for it). Arguments, result and errors as :meth:`acquire` with ``wait=None``; never waits.
-        """
-        got = self._begin(peer, lock, key, limit, ttl, max_hold, None)
-        assert not isinstance(got, _Key)
-        return got
-
     def _begin(
         self,
         peer: Peer,

@@ -18,6 +18,7 @@ The event loop never waits on SQLite: every call returns an ``asyncio.Future`` t
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import queue
@@ -294,6 +295,10 @@ class SqlDatabase:
         self.limits = engine.limits
         self.results = _Results(self.loop)
         self._writes: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # what the loop queued for the writer during this loop turn: handed over at the turn's end, in one
+        # piece, so the writer thread wakes once for a batch (not at its first write, then contending for
+        # the GIL while the loop decodes the rest)
+        self._queued: list[Any] = []
         self._reads: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -387,8 +392,18 @@ class SqlDatabase:
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
             return fut
-        self._writes.put(_Write(sql, check_params(self.name, params), fut))
+        self._queue(_Write(sql, check_params(self.name, params), fut))
         return fut
+
+    def _queue(self, item: Any) -> None:
+        if not self._queued:
+            self.loop.call_soon(self._hand_over)
+        self._queued.append(item)
+
+    def _hand_over(self) -> None:
+        items, self._queued = self._queued, []
+        if items:
+            self._writes.put(items)
 
     def _inline_check(self) -> int:
         return 1 if time.monotonic() > self._inline_deadline else 0
@@ -456,7 +471,7 @@ class SqlDatabase:
             )
             t.start()
         else:
-            self._writes.put((tx, fut))
+            self._queue((tx, fut))
         return fut
 
     # -- threads ---------------------------------------------------------------------------------
@@ -480,24 +495,27 @@ class SqlDatabase:
 
     def _writer_main(self, conn: sqlite3.Connection) -> None:
         arm = self._progress_guard(conn)
-        carry: Any = None
+        todo: collections.deque[Any] = collections.deque()  # writes and transactions, in the order queued
+        writes = self._writes
+        stopping = False
         while True:
-            item = carry if carry is not None else self._writes.get()
-            carry = None
-            if item is None:
+            # take what is queued (waiting only when there is nothing to do): it joins the next batch
+            while not stopping:
+                try:
+                    got = writes.get() if not todo else writes.get_nowait()
+                except queue.Empty:
+                    break
+                if got is None:
+                    stopping = True
+                else:
+                    todo.extend(got)
+            if not todo:
                 break
+            item = todo.popleft()
             if isinstance(item, _Write):
                 batch = [item]
-                while len(batch) < 512:
-                    try:
-                        nxt = self._writes.get_nowait()
-                    except queue.Empty:
-                        break
-                    if isinstance(nxt, _Write):
-                        batch.append(nxt)
-                    else:
-                        carry = nxt
-                        break
+                while todo and len(batch) < 512 and isinstance(todo[0], _Write):
+                    batch.append(todo.popleft())
                 self._group_commit(conn, batch, arm)
             else:
                 tx, fut = item
@@ -768,6 +786,7 @@ class SqlDatabase:
         for tx in list(self.engine.transactions.values()):
             if tx.db is self:
                 tx.abort(ClosedError(f"database {self.name}: the store is stopping"))
+        self._hand_over()
         self._writes.put(None)
         for _ in range(max(1, self.limits.readers)):
             self._reads.put(None)

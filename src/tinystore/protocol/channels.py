@@ -77,10 +77,7 @@ def show_id(mid: object) -> str:
 
 def malformed_id(channel: str, mid: object) -> str:
     """The message of the ``InvalidError`` for a malformed id given as ``after``."""
-    return (
-        f"channel {channel}: after {show_id(mid)}: a message id is '<epoch>-<seq>' "
-        f"(1 to {ID_DIGITS} digits each)"
-    )
+    return f"channel {channel}: after {show_id(mid)}: a message id is '<epoch>-<seq>' (1 to {ID_DIGITS} digits each)"
 
 
 class Published(msgspec.Struct, array_like=True, frozen=True, gc=False):

@@ -28,13 +28,20 @@ Methods (request body → reply body):
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import msgspec
 
+from ..errors import InvalidError, PermissionDeniedError
+
 CANCEL_PUSH = "jobs.cancel"
 EVENTS_CHANNEL = "tinystore-jobs"
 """The channel job events are published on, under ``(queue, job_id)``."""
+RESERVED_CHANNELS = frozenset({EVENTS_CHANNEL})
+"""Channels only the store itself publishes on: a client's publish there is refused (see
+:func:`check_client_publish`), so nobody can fake a job event."""
 
 STATES = ("queued", "running", "succeeded", "failed", "dead", "cancelled")
 ENDED = ("succeeded", "dead", "cancelled")
@@ -54,6 +61,60 @@ class Options(msgspec.Struct, kw_only=True, omit_defaults=True):
     max_running: int | None = None
     max_running_per_tenant: int | None = None
     keep_ms: int | None = None
+
+
+OPTION_NAMES = {
+    "database": "database",
+    "attempts": "attempts",
+    "backoff_first_ms": "backoff (first)",
+    "backoff_cap_ms": "backoff (cap)",
+    "lease_ms": "lease",
+    "timeout_ms": "timeout",
+    "expected_ms": "expected",
+    "max_running": "max_running",
+    "max_running_per_tenant": "max_running_per_tenant",
+    "keep_ms": "keep",
+}
+"""How an error names each option (the name of the ``store.queue`` argument)."""
+LEASE_MIN_MS = 1_000
+LEASE_MAX_MS = 3_600_000
+DURATION_MAX_MS = 366 * 86400 * 1000
+KEEP_MAX_MS = 3660 * 86400 * 1000
+
+
+def check_options(queue: str, o: Options) -> None:
+    """Refuse options out of their bounds: ``InvalidError`` naming the queue and the option
+    (``queue q: option lease: ...``). ``None`` fields are not given and pass."""
+
+    def bad(what: str, why: str) -> InvalidError:
+        return InvalidError(f"queue {queue}: option {what}: {why}")
+
+    def is_int(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if o.database is not None and not isinstance(o.database, str):
+        raise bad("database", f"{o.database!r} is not a database name")
+    for name in Options.__struct_fields__:
+        v = getattr(o, name)
+        if name != "database" and v is not None and not is_int(v):
+            raise bad(OPTION_NAMES[name], f"{v!r} is not an int")
+    if o.attempts is not None and not 1 <= o.attempts <= 1000:
+        raise bad("attempts", f"{o.attempts} is not between 1 and 1000")
+    for name in ("backoff_first_ms", "backoff_cap_ms", "timeout_ms", "expected_ms"):
+        v = getattr(o, name)
+        if v is not None and not 0 < v <= DURATION_MAX_MS:
+            raise bad(OPTION_NAMES[name], f"{v / 1000:g}s is not above 0 and at most a year")
+    if o.backoff_first_ms is not None and o.backoff_cap_ms is not None and o.backoff_first_ms > o.backoff_cap_ms:
+        raise bad("backoff", "the first delay is above the cap")
+    if o.lease_ms is not None and not LEASE_MIN_MS <= o.lease_ms <= LEASE_MAX_MS:
+        low, high = LEASE_MIN_MS / 1000, LEASE_MAX_MS / 1000
+        raise bad("lease", f"{o.lease_ms / 1000:g}s is not between {low:g}s and {high:g}s")
+    if o.keep_ms is not None and not 0 <= o.keep_ms <= KEEP_MAX_MS:
+        raise bad("keep", f"{o.keep_ms / 1000:g}s is not between 0 and ten years")
+    for name in ("max_running", "max_running_per_tenant"):
+        v = getattr(o, name)
+        if v is not None and not 0 <= v <= 1_000_000:
+            raise bad(name, f"{v} is not between 0 (no limit) and 1,000,000")
 
 
 class OpenQueue(msgspec.Struct, kw_only=True):
@@ -282,3 +343,84 @@ class JobEvent(msgspec.Struct, kw_only=True):
 def snapshot(row: JobRow) -> str:
     """What ``jobs.wait`` compares: a change of state, attempts, fence or progress is a change."""
     return msgspec.json.encode([row.state, row.attempts, row.fence, row.progress, row.stuck]).decode()
+
+
+def check_client_publish(channel: str) -> None:
+    """Refuse a client's publish on a channel the store keeps for its own events (``tinystore-jobs``):
+    raises ``PermissionDeniedError``. The store's own events do not go through this check."""
+    if channel in RESERVED_CHANNELS:
+        raise PermissionDeniedError(
+            f"channel {channel}: the store publishes its own job events there; clients may subscribe but not publish"
+        )
+
+
+JOB_ID = re.compile(r"[0-9a-hjkmnp-tv-z]{26}")
+"""What a job id looks like: 26 characters of lower-case Crockford base32."""
+
+
+def is_job_id(value: object) -> bool:
+    """``True`` for text shaped like a job id (whether or not such a job exists)."""
+    return isinstance(value, str) and JOB_ID.fullmatch(value) is not None
+
+
+def check_job_id(queue: str, what: str, value: object) -> str:
+    """``value`` when it is a str; ``InvalidError`` naming the queue and the call otherwise (an unknown id is not
+    an error: the call finds nothing)."""
+    if not isinstance(value, str):
+        raise InvalidError(f"queue {queue}: {what}: job id {value!r} is not a str (a job id is what add returned)")
+    return value
+
+
+def check_cursor(queue: str, after: object) -> None:
+    """Refuse a list cursor (``after``) that is not a job id: a page's ``next`` is one."""
+    if after is not None and not is_job_id(after):
+        shown = after[:40] if isinstance(after, str) else after
+        raise InvalidError(
+            f"queue {queue or '(all)'}: list: cursor after={shown!r} is not a job id (pass the next of a page, or None)"
+        )
+
+
+INT_MIN = -(1 << 63)
+INT_MAX = (1 << 64) - 1
+"""The integers a job's JSON may hold: what 64 bits carry (MessagePack's int64 and uint64), so a value, result,
+progress or step result comes back as it went in, over every way of reaching the store."""
+
+
+def json_problem(value: Any, keys: bool = True) -> str | None:
+    """Why ``value`` (plain data: what ``msgspec.to_builtins`` makes) would not come back from JSON as it is, or
+    ``None`` when it would: a float that is NaN or infinite (JSON has none), an int past 64 bits, and, when
+    ``keys``, a dict key that is not a str (JSON keys are text: ``{1: "a"}`` comes back as ``{"1": "a"}``).
+    The text names where: ``at $.items[3]``."""
+    stack: list[tuple[Any, Any]] = [(value, None)]
+    while stack:
+        v, where = stack.pop()
+        t = type(v)
+        if t is str or t is bool or v is None:
+            continue
+        if t is float:
+            if not math.isfinite(v):
+                return f"{v!r} is not a JSON number{_at(where)}"
+        elif t is int:
+            if not INT_MIN <= v <= INT_MAX:
+                return f"the integer {v} does not fit in 64 bits{_at(where)}"
+        elif t is dict:
+            for k, item in v.items():
+                if type(k) is not str:
+                    if keys:
+                        return f"the key {k!r} is not a str (JSON keys are text){_at(where)}"
+                stack.append((item, (where, k)))
+        elif t is list or t is tuple:
+            stack.extend((item, (where, i)) for i, item in enumerate(v))
+        elif isinstance(v, float) and not math.isfinite(v):
+            return f"{v!r} is not a JSON number{_at(where)}"
+        elif isinstance(v, int) and not isinstance(v, bool) and not INT_MIN <= v <= INT_MAX:
+            return f"the integer {v} does not fit in 64 bits{_at(where)}"
+    return None
+
+
+def _at(where: Any) -> str:
+    parts: list[str] = []
+    while where is not None:
+        where, key = where
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}" if isinstance(key, str) else f"[{key!r}]")
+    return f" (at ${''.join(reversed(parts))})" if parts else ""

@@ -1,5 +1,6 @@
 """Channel methods: ``channels.publish``, ``channels.publish_many``, ``channels.subscribe``, ``channels.grant``,
-``channels.grant_many``, ``channels.unsubscribe``; deliveries go out as ``channels.deliver`` pushes (see :mod:`tinystore.protocol.channels`).
+``channels.grant_many``, ``channels.unsubscribe``; deliveries go out as ``channels.deliver`` pushes (see
+:mod:`tinystore.protocol.channels`).
 
 The engine (:class:`~tinystore.engines.channels.ChannelsEngine`) is created here as ``core.channels``. A
 session's subscriptions end when the session closes (its connection went away, or the embedded store closed),
