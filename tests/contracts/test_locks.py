@@ -147,8 +147,8 @@ async def _fences(store: tinystore.Store, n: int = 3) -> list[int]:
     return out
 
 
-# contract: LOCK-02
 @pytest.mark.parametrize("mode", ["embedded", "private", "sidecar"])
+# contract: LOCK-02
 async def test_fences_after_a_restart_are_larger_than_every_fence_before(mode: str, tmp_path: Path) -> None:
     directory = tmp_path / "store"
     before: list[int] = []
@@ -290,49 +290,49 @@ async def test_hold_gives_up_after_the_wait_with_in_use_error(store: tinystore.S
 
 
 # contract: LOCK-04
-@pytest.mark.parametrize("how", ["returns", "raises", "cancelled"])
-async def test_the_key_is_let_go_when_the_block_ends(store: tinystore.Store, how: str) -> None:
+async def test_the_key_is_let_go_when_the_block_ends(store: tinystore.Store) -> None:
     lock = store.lock("summaries", ttl="30s")
-    inside = asyncio.Event()
 
     class Boom(Exception):
         pass
 
-    end = asyncio.Event()
+    for how in ("returns", "raises", "cancelled"):
+        inside = asyncio.Event()
+        end = asyncio.Event()
 
-    async def holder() -> None:
-        async with lock.hold("k"):
-            inside.set()
-            await end.wait()  # a cancel comes here
-            if how == "raises":
-                raise Boom
+        async def holder(how: str = how, inside: asyncio.Event = inside, end: asyncio.Event = end) -> None:
+            async with lock.hold("k"):
+                inside.set()
+                await end.wait()  # a cancel comes here
+                if how == "raises":
+                    raise Boom
 
-    task = in_new_context(holder())
-    await inside.wait()
-    got_at: list[float] = []
+        task = in_new_context(holder())
+        await inside.wait()
+        got_at: list[float] = []
 
-    async def next_in_line() -> None:
-        async with lock.hold("k", wait="10s") as lease:
-            got_at.append(time.monotonic())
-            assert lease is not None
+        async def next_in_line(got_at: list[float] = got_at) -> None:
+            async with lock.hold("k", wait="10s") as lease:
+                got_at.append(time.monotonic())
+                assert lease is not None
 
-    waiter = in_new_context(next_in_line())
-    await _until_waiting(store, "summaries", "k", 1)
-    ended = time.monotonic()
-    if how == "cancelled":
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        waiter = in_new_context(next_in_line())
+        await _until_waiting(store, "summaries", "k", 1)
+        ended = time.monotonic()
+        if how == "cancelled":
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        elif how == "raises":
+            end.set()
+            with pytest.raises(Boom):
+                await task
+        else:
+            end.set()
             await task
-    elif how == "raises":
-        end.set()
-        with pytest.raises(Boom):
-            await task
-    else:
-        end.set()
-        await task
-    await waiter
-    assert got_at[0] - ended < 0.5  # at once, not after a ttl
-    assert holders(await store.status(), "summaries", "k") == (0, 0)
+        await waiter
+        assert got_at[0] - ended < 0.5, how  # at once, not after a ttl
+        assert holders(await store.status(), "summaries", "k") == (0, 0), how
 
 
 # contract: LOCK-04
@@ -467,8 +467,8 @@ async def test_in_embedded_mode_a_lease_of_this_process_never_runs_out_by_ttl(tm
 # ---------------------------------------------------------------- LOCK-06
 
 
-# contract: LOCK-06
 @pytest.mark.parametrize("mode", ["embedded", "private"])
+# contract: LOCK-06
 async def test_max_hold_ends_a_lease_whatever_its_renewals(tmp_path: Path, mode: str) -> None:
     async with open_store(mode, tmp_path / "store", clock=START) as store:
         lock = store.lock("summaries", ttl="1h", max_hold="1m")
@@ -547,8 +547,8 @@ async def test_a_waiter_whose_connection_drops_asks_again(remote_store: tinystor
     assert await asyncio.wait_for(waiter, 10) > 0
 
 
-# contract: LOCK-07
 @pytest.mark.parametrize("mode", ["private", "sidecar", "tcp"])
+# contract: LOCK-07
 async def test_after_a_restart_nobody_holds_anything_and_old_leases_are_lost(mode: str, tmp_path: Path) -> None:
     directory = tmp_path / "store"
     servers: list[ServerProcess] = []

@@ -38,9 +38,8 @@ WORKERS = 6
 CHAOS = 18.0
 
 
-# contract: LOCK-01
-# contract: LOCK-02
 @pytest.mark.slow
+# contract: LOCK-01, LOCK-02
 async def test_fenced_counter_survives_freezes_and_a_restart(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     rng = random.Random(int(os.environ.get("LOCK_FAULT_SEED", "7")))

@@ -71,6 +71,7 @@ async def test_a_holder_frozen_past_its_ttl_loses_the_key_and_its_wake_up_change
                 assert theirs is not None
 
 
+# contract: LOCK-03
 async def test_waits_give_up_after_the_time_asked(tmp_path: Path) -> None:
     """X holds a key for 30 s; Y's hold(wait=0.5), hold(wait=0) and hold(wait=2) each give up after the time
     asked, with InUseError."""
@@ -87,6 +88,7 @@ async def test_waits_give_up_after_the_time_asked(tmp_path: Path) -> None:
                 assert low <= took < high, (wait, took)
 
 
+# contract: LOCK-03, LOCK-05
 async def test_a_waiter_gets_the_key_as_soon_as_a_short_lease_runs_out_with_a_full_fresh_ttl(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     async with open_store("sidecar", directory) as store:

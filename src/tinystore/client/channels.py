@@ -1,10 +1,11 @@
-"""Channels in the SDK: :class:`Channel`, :class:`Subscription`, :class:`Message` and :class:`Missed`.
+"""Channels in the SDK: :class:`Channel`, :class:`Subscription`, :class:`ChannelIterator`, :class:`Message`.
 
 A channel is a name that values of one type are published on; ``under(*owners)`` picks a branch of it.
 Publishing encodes the value as MessagePack (as the channel's type encodes it) and hands it to the store;
 subscribing registers a position in the branch's log with the store, which then pushes what lies past it,
 never more than the subscription's credit (the prefetch window, ``Limits.channel_prefetch``, 64 messages).
-The SDK gives credit back in batches as the handler finishes messages, so a slow handler never makes the
+The SDK gives credit back in batches as the handler finishes messages (over a connection, the grants of
+every subscription of one loop turn go in one ``channels.grant_many`` call), so a slow handler never makes the
 store or this process buffer more than the window; what the store's bounded log dropped meanwhile is told
 as ``Missed("behind", n)`` with the exact n (CHAN-02).
 

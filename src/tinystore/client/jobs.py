@@ -112,10 +112,10 @@ def _json(value: Any, what: str, keys: bool = True) -> str:
     return text
 
 
-def _text_of(exc: BaseException) -> str:
-    """``str(exc)``, or ``""`` when that raises."""
+def _text_of(value: object) -> str:
+    """``str(value)``, or ``""`` when that raises."""
     try:
-        return str(exc)
+        return str(value)
     except BaseException:  # a broken __str__ must not hide the error it describes
         return ""
 
@@ -154,6 +154,8 @@ ERROR_MAX = 2000
 
 def _clean(text: str) -> str:
     """An error text that can be sent and stored: at most ``ERROR_MAX`` characters, lone surrogates escaped."""
+    if not isinstance(text, str):
+        text = _text_of(text) or type(text).__name__
     if len(text) > ERROR_MAX:
         text = text[: ERROR_MAX - 1] + "…"
     if not _valid_text(text):
@@ -531,9 +533,10 @@ class _Runner:
             raise
         except BaseException as exc:  # a fault of the worker itself (the handler's own raises are handled inside)
             c = a.claimed
-            log.error("queue %s: job %s: running the attempt failed: %s", self.queue.name, c.id, exc, exc_info=exc)
+            text = _describe(exc)
+            log.error("queue %s: job %s: running the attempt failed: %s", self.queue.name, c.id, text, exc_info=exc)
             if not a.reporting:
-                await self._report(a, "error", error=f"the worker failed: {_describe(exc)}")
+                await self._report(a, "error", error=f"the worker failed: {text}")
 
     async def _run_attempt(self, a: _Attempt) -> None:
         q = self.queue

@@ -373,7 +373,7 @@ class Connection:
     def send_response_frame(self, stream: int, body: bytes) -> bytes:
         """The one frame of a response whose body fits a frame (see :meth:`send_response`)."""
         self.inflight.discard(stream)
-        return response_frame(stream, body)
+        return _pack(7 + len(body), 4, 0, stream, 0) + body
 
     def send_error(self, stream: int, body: bytes) -> bytes:
         self.inflight.discard(stream)

@@ -268,10 +268,18 @@ class ServerConnection(asyncio.Protocol):
         except (TypeError, OverflowError) as exc:
             self.send_error(stream, TinystoreError(f"the answer could not be encoded: {exc}"))
             return
-        if len(body) <= CHUNK:
-            self.write(self.conn.send_response_frame(stream, body))
-        else:
+        if len(body) > CHUNK:
             self.write_many(self.conn.send_response(stream, body, CHUNK))
+            return
+        # self.write(...), inline: the hot path of every answer
+        frame = self.conn.send_response_frame(stream, body)
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self.out.append(frame)
+        if not self.flush_scheduled and not self.receiving:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
 
     def send_error(self, stream: int, exc: BaseException) -> None:
         if self.closing:
