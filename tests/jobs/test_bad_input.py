@@ -339,9 +339,6 @@ def test_the_job_events_channel_is_reserved_for_the_store() -> None:
     check_client_publish("chat")
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs check_client_publish in server/channel_methods.py (publish, publish_many): the lead's"
-)
 async def test_a_client_cannot_publish_fake_job_events(store: tinystore.Store) -> None:
     q = store.queue("spoofed")
     jid = await q.add({})

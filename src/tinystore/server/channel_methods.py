@@ -34,6 +34,7 @@ from ..protocol.channels import (
     Subscribed,
     Unsubscribe,
 )
+from ..protocol.jobs import check_client_publish
 
 if TYPE_CHECKING:
     from .core import Core, Session
@@ -77,6 +78,7 @@ def install(core: Core) -> None:
     sql = core.sql
 
     def publish(session: Session, req: Publish) -> Published | None:
+        check_client_publish(req.channel)  # tinystore-jobs is the store's own: job events cannot be spoofed
         branch = tuple(req.branch)
         if not req.tx:
             return engine.publish(req.channel, branch, req.payload)
@@ -98,6 +100,8 @@ def install(core: Core) -> None:
         return None
 
     def publish_many(session: Session, req: PublishMany) -> list[Published]:
+        for p in req.items:
+            check_client_publish(p.channel)
         return engine.publish_many([(p.channel, tuple(p.branch), p.payload) for p in req.items])
 
     def subscribe(session: Session, req: Subscribe) -> Subscribed:
