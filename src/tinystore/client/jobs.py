@@ -340,6 +340,7 @@ class _Attempt:
         self.task: asyncio.Task[None] | None = None
         self.why: str | None = None  # why the task was cancelled: lost, cancelled, stopping
         self.reporting = False
+        self.freed = False  # its worker slot was given back (the handler ended; its report may be under way)
         self.renewed_at = time.monotonic()
         self.lease = claimed.lease_ms / 1000
         self.pending_progress: str | None = None
@@ -416,6 +417,8 @@ class _Runner:
         self.renewer: asyncio.Task[None] | None = None
         self.registry = _registry(queue.store)
         self.finished = 0
+        self.handling = 0  # attempts whose handler has not ended yet: the worker's slots in use
+        self.slot = asyncio.Event()  # set when a slot is given back
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -439,6 +442,7 @@ class _Runner:
         a = _Attempt(self, claimed)
         self.attempts[a.key] = a
         self.registry[(self.queue.name, claimed.id, claimed.fence)] = a
+        self.handling += 1
         self.idle.clear()
         a.task = asyncio.ensure_future(self._execute(a))
         a.task.add_done_callback(lambda t: self._done(a, t))
@@ -446,7 +450,16 @@ class _Runner:
             self.renewer = asyncio.ensure_future(self._renew_loop())
         return a
 
+    def free(self, a: _Attempt) -> None:
+        """The handler of ``a`` ended: its slot goes back to the worker, which may claim again while the report is
+        under way (the store counts the job as running until the report is written, so ``max_running`` holds)."""
+        if not a.freed:
+            a.freed = True
+            self.handling -= 1
+            self.slot.set()
+
     def _done(self, a: _Attempt, task: asyncio.Task[None]) -> None:
+        self.free(a)
         if not task.cancelled():
             task.exception()  # retrieved: only KeyboardInterrupt or SystemExit end it so, and they went on already
         self.attempts.pop(a.key, None)
@@ -493,6 +506,7 @@ class _Runner:
         a failed attempt saying why; one that cannot get through is tried a few times, then left to the attempt's
         lease (an embedded store's next start gives its attempts one), with an error in the log."""
         a.reporting = True
+        self.free(a)
         c = a.claimed
         if kw.get("error") is not None:
             kw["error"] = _clean(kw["error"])
@@ -574,6 +588,7 @@ class _Runner:
             # stopped with its worker, or cancelled from outside (the event loop ending): hand the job back,
             # this attempt not counted
             a.reporting = True
+            self.free(a)
             with contextlib.suppress(TinystoreError, OSError):
                 await self.call("jobs.release", Release(queue=q.name, attempts=[Attempt(c.id, c.fence)]), int)
             if a.why is None:
@@ -654,7 +669,7 @@ class _Runner:
 class Worker:
     """Runs a queue's jobs with a handler, ``concurrency`` at a time, until :meth:`stop` or the store closes.
 
-    Made by :meth:`Queue.work`. ``ran``: attempts finished so far (any outcome). ``running``: attempts now.
+    Made by :meth:`Queue.work`. ``ran``: attempts finished so far (any outcome). ``running``: handlers running now.
     """
 
     def __init__(self, queue: Queue[Any], handler: Handler, concurrency: int) -> None:
@@ -666,7 +681,6 @@ class Worker:
         self._runner = _Runner(queue, handler, self.id)
         self._stopping = False
         self._stopped = asyncio.Event()
-        self._slot = asyncio.Event()
         self._task = asyncio.ensure_future(self._loop())
         queue.store._close_hooks.append(self.stop)
 
@@ -676,7 +690,7 @@ class Worker:
 
     @property
     def running(self) -> int:
-        return len(self._runner.attempts)
+        return self._runner.handling
 
     async def _loop(self) -> None:
         q = self.queue
@@ -688,10 +702,10 @@ class Worker:
             log.error("queue %s: the worker could not open the queue: %s", q.name, exc.message)
             raise
         while not self._stopping:
-            free = self.concurrency - len(runner.attempts)
+            free = self.concurrency - runner.handling
             if free <= 0:
-                self._slot.clear()
-                done = asyncio.ensure_future(runner_wait_slot(runner, self.concurrency))
+                runner.slot.clear()
+                done = asyncio.ensure_future(runner.slot.wait())
                 stop = asyncio.ensure_future(self._stopped.wait())
                 await asyncio.wait([done, stop], return_when=asyncio.FIRST_COMPLETED)
                 done.cancel()
@@ -746,16 +760,6 @@ class Worker:
 
     def __repr__(self) -> str:
         return f"<tinystore.Worker queue={self.queue.name} running={self.running} ran={self.ran}>"
-
-
-async def runner_wait_slot(runner: _Runner, concurrency: int) -> None:
-    """Wait until fewer than ``concurrency`` attempts run."""
-    while len(runner.attempts) >= concurrency:
-        tasks = [a.task for a in runner.attempts.values() if a.task is not None]
-        if not tasks:
-            return
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        await asyncio.sleep(0)
 
 
 _handing_back: set[asyncio.Task[Any]] = set()

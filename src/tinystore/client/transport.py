@@ -68,6 +68,15 @@ class Transport:
     ) -> Any:
         raise NotImplementedError
 
+    def call_now(self, method: str, request: Any) -> Any:
+        """In this process only (``local``): the method's result as the core gives it (a value, or something
+        to await: a future, a coroutine, a ``Later``), with no coroutine of the transport in between."""
+        raise NotImplementedError
+
+    def sql_database(self, name: str) -> Any:
+        """In this process only: the engine's open database ``name`` (a ``SqlDatabase``), or ``None``."""
+        return None
+
     async def close(self) -> None:
         raise NotImplementedError
 
@@ -101,6 +110,16 @@ class LocalTransport(Transport):
         if isinstance(result, msgspec.Struct) or not inspect.isawaitable(result):
             return result
         return await result
+
+    def call_now(self, method: str, request: Any) -> Any:
+        if self.closed:
+            raise ClosedError(f"store {self.core.directory} is closed")
+        return self.core.invoke(self.session, method, request)
+
+    def sql_database(self, name: str) -> Any:
+        if self.closed:
+            raise ClosedError(f"store {self.core.directory} is closed")
+        return self.core.sql.databases.get(name)
 
     async def close(self) -> None:
         if not self.closed:
@@ -437,7 +456,12 @@ class RemoteTransport(Transport):
             stream = next(self._ids)
             fut: asyncio.Future[bytes] = conn.loop.create_future()
             pending[stream] = fut
-            conn.send(request_frame(stream, method, body), stream)
+            # conn.send(...), inline: what this loop turn queues goes out in one write
+            conn.out.append(request_frame(stream, method, body))
+            conn.unsent.add(stream)
+            if not conn.flush_scheduled:
+                conn.flush_scheduled = True
+                conn.loop.call_soon(conn.flush)
             try:
                 raw = await fut
             except _NotSent:

@@ -10,7 +10,10 @@ memory of the jobs that have not ended: the due ones per tenant and priority (fi
 delayed ones in a heap by due time, the running ones with their lease. Scheduling decisions (which job goes
 to which waiting worker, fairness, ``max_running`` and ``max_running_per_tenant``) are taken in memory; every
 change of state is one ``UPDATE … RETURNING`` on the database's writer, guarded by the job's state and its
-attempt fence, so a late or repeated report never changes a job twice (JOB-08).
+attempt fence, so a late or repeated report never changes a job twice (JOB-08). The attempt ends asked for in
+one loop turn go to the writer as one statement (each row still guarded by its own fence), and so do the single
+adds of one turn; a claim takes as many due jobs as the worker has free slots, after the turn's adds and ends
+have reached the index.
 
 The index costs about 250 bytes of memory per job that has not ended (a queue's backlog of a million jobs is
 about 250 MB), and a queue loads it from its rows at its first use after a start (about 5 s per million).
@@ -106,6 +109,27 @@ INT_MAX = (1 << 63) - 1
 CLAIMS_KEPT = 10_000
 CLAIM_KEPT_FOR = 300.0
 """How many answered claims (at most), and for how long (seconds), ``jobs.release_claim`` can still hand back."""
+
+END_CHUNK = 400
+"""Attempt ends per statement (10 parameters each)."""
+END_ONE = (
+    f"update {TABLE} set state = ?, run_at = coalesce(?, run_at), error = coalesce(?, error), "
+    "errors = case when ? is null then errors else "
+    "json_insert(coalesce(errors, '[]'), '$[#]', json(?)) end, result = coalesce(?, result), "
+    "progress = coalesce(?, progress), finished_at = ?, attempts = attempts - ?, lease_until = null "
+    "where id = ? and fence = ? and state = 'running' returning id, attempts, progress, errors"
+)
+"""One attempt's end, guarded by its fence (JOB-08)."""
+END_MANY = (
+    "with v(v_id, v_fence, v_state, v_run_at, v_error, v_entry, v_result, v_progress, v_finished, v_uncount) "
+    f"as (values {{marks}}) update {TABLE} set state = v_state, run_at = coalesce(v_run_at, run_at), "
+    "error = coalesce(v_error, error), errors = case when v_entry is null then errors else "
+    "json_insert(coalesce(errors, '[]'), '$[#]', json(v_entry)) end, result = coalesce(v_result, result), "
+    "progress = coalesce(v_progress, progress), finished_at = v_finished, attempts = attempts - v_uncount, "
+    "lease_until = null from v where id = v_id and fence = v_fence and state = 'running' "
+    "returning id, attempts, progress, errors"
+)
+"""Several attempts' ends in one statement, each guarded by its fence like :data:`END_ONE`."""
 
 SCHEMA = (
     f"""create table if not exists {TABLE} (
@@ -318,6 +342,11 @@ class _Queue:
         self.sweep_timer: Timer | None = None
         self.sweep_when = math.inf
         self.stuck_reports = 0
+        self.pump_soon = False  # a _pump of this queue is due at the end of this loop turn
+        # attempt ends asked for in this loop turn, written together at its end: (values, future of the row)
+        self.ends: list[tuple[list[Any], asyncio.Future[tuple[Any, ...] | None]]] = []
+        # adds asked for in this loop turn, written together at its end: (rows, future of the ids)
+        self.adds: list[tuple[list[list[Any]], asyncio.Future[list[str]]]] = []
         self.schema: asyncio.Future[Any] | None = None  # the tables being made in an application database
 
     def schema_ready(self) -> bool:
@@ -773,6 +802,18 @@ class JobsEngine:
             w.claiming = True
             self._claim(q, w, picked)
 
+    def _pump_soon(self, q: _Queue) -> None:
+        """:meth:`_pump` once the callbacks ready now have run: the adds and ends written in one commit all reach the
+        index first, so a waiting claim takes them in one write rather than one job at a time."""
+        if not q.pump_soon:
+            q.pump_soon = True
+            asyncio.get_running_loop().call_soon(self._pump_later, q)
+
+    def _pump_later(self, q: _Queue) -> None:
+        q.pump_soon = False
+        if not self.closed:
+            self._pump(q)
+
     # ------------------------------------------------------------------------------------------- claims
 
     def _claim(self, q: _Queue, w: _Waiter, picked: list[_Entry]) -> None:
@@ -1026,7 +1067,7 @@ class JobsEngine:
             if run_at is not None:
                 e.run_at = run_at
             self._place(q, e)
-        self._pump(q)
+        self._pump_soon(q)
 
     async def _fail_attempt(
         self, q: _Queue, e: _Entry, error: str, after: float | None, progress: str | None = None
@@ -1068,24 +1109,19 @@ class JobsEngine:
             entry = _json_encode(ErrorEntry(attempt=e.attempts, error=error, at_ms=_ms(now))).decode()
         ended = state in ENDED
         try:
-            done = await q.db.write(
-                f"update {TABLE} set state = ?, run_at = coalesce(?, run_at), error = coalesce(?, error), "
-                "errors = case when ? is null then errors else "
-                f"json_insert(coalesce(errors, '[]'), '$[#]', json(?)) end, result = coalesce(?, result), "
-                "progress = coalesce(?, progress), finished_at = ?, attempts = attempts - ?, lease_until = null "
-                "where id = ? and fence = ? and state = 'running' returning attempts, progress, errors",
+            row = await self._write_ending(
+                q,
                 [
+                    e.id,
+                    fence,
                     state,
                     None if run_at is None else _ms(run_at),
                     error,
-                    entry,
                     entry,
                     result,
                     progress,
                     _ms(now) if ended else None,
                     1 if uncount else 0,
-                    e.id,
-                    fence,
                 ],
             )
         except BaseException:
@@ -1094,11 +1130,11 @@ class JobsEngine:
             self._end_write(e, busy)
             raise
         self._end_write(e, busy)
-        if not done.rows:
+        if row is None:
             if e.where == ENDING:
                 e.where = RUNNING
             return False
-        attempts, prog, errors = done.rows[0]
+        attempts, prog, errors = row
         e.attempts = attempts
         if errors and entry is not None and len(errors) > 64 * 1024:
             self._track(self._trim_errors(q, e.id))
@@ -1106,6 +1142,60 @@ class JobsEngine:
         self._event(q, "state", e.id, state, _json_decode(prog) if prog else None, attempts, error)
         self._notify(q, e.id)
         return True
+
+    def _write_ending(self, q: _Queue, values: list[Any]) -> asyncio.Future[tuple[Any, ...] | None]:
+        """Write one attempt's end (``values`` as in :data:`END_MANY`'s rows); the future gets the row's
+        ``(attempts, progress, errors)`` after the change, or ``None`` when the attempt was not the job's current
+        running one. The ends asked for in one loop turn go to the writer as one statement."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[Any, ...] | None] = loop.create_future()
+        if not q.ends:
+            loop.call_soon(self._flush_ends, q)
+        q.ends.append((values, fut))
+        return fut
+
+    def _flush_ends(self, q: _Queue) -> None:
+        ends, q.ends = q.ends, []
+        if len(ends) == 1 or len({v[0] for v, _ in ends}) < len(ends):
+            for values, fut in ends:
+                self._end_one(q, values, fut)
+            return
+        for i in range(0, len(ends), END_CHUNK):
+            self._end_many(q, ends[i : i + END_CHUNK])
+
+    def _end_one(self, q: _Queue, values: list[Any], fut: asyncio.Future[tuple[Any, ...] | None]) -> None:
+        jid, fence, state, run_at, error, entry, result, progress, finished, uncount = values
+        w = q.db.write(END_ONE, [state, run_at, error, entry, entry, result, progress, finished, uncount, jid, fence])
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if fut.done():
+                return
+            if f.cancelled():
+                fut.cancel()
+            elif (exc := f.exception()) is not None:
+                fut.set_exception(exc)
+            else:
+                rows = f.result().rows
+                fut.set_result(tuple(rows[0][1:]) if rows else None)
+
+        w.add_done_callback(done)
+
+    def _end_many(self, q: _Queue, ends: list[tuple[list[Any], asyncio.Future[tuple[Any, ...] | None]]]) -> None:
+        marks = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(ends))
+        w = q.db.write(END_MANY.format(marks=marks), [v for values, _ in ends for v in values])
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                for values, fut in ends:  # each alone: a write that fails fails only its own attempt's end
+                    if not fut.done():
+                        self._end_one(q, values, fut)
+                return
+            got = {r[0]: tuple(r[1:]) for r in f.result().rows}
+            for values, fut in ends:
+                if not fut.done():
+                    fut.set_result(got.get(values[0]))
+
+        w.add_done_callback(done)
 
     async def _trim_errors(self, q: _Queue, jid: str) -> None:
         rows = (await q.db.read(f"select errors from {TABLE} where id = ?", [jid], "one")).rows
@@ -1285,22 +1375,70 @@ class JobsEngine:
             tx.after_commit.append(lambda: self._added(q, new))
             return ids
         if len(rows) <= CHUNK:
-            done = await q.db.write(*self._insert(rows))
-            found = self._returned(done.rows)
-        else:
-            own = await q.db.begin(owner=None)
-            found = {}
-            try:
-                for i in range(0, len(rows), CHUNK):
-                    done = await own.exec(*self._insert(rows[i : i + CHUNK]))
-                    found.update(self._returned(done.rows))
-                await own.commit()
-            except BaseException:
-                await asyncio.shield(own.rollback())
-                raise
+            return await self._insert_soon(q, rows)
+        own = await q.db.begin(owner=None)
+        found = {}
+        try:
+            for i in range(0, len(rows), CHUNK):
+                done = await own.exec(*self._insert(rows[i : i + CHUNK]))
+                found.update(self._returned(done.rows))
+            await own.commit()
+        except BaseException:
+            await asyncio.shield(own.rollback())
+            raise
         ids, new = self._ids_of(rows, found)
         self._added(q, new)
         return ids
+
+    def _insert_soon(self, q: _Queue, rows: list[list[Any]]) -> asyncio.Future[list[str]]:
+        """Write ``rows`` (at most :data:`CHUNK`) and put the new jobs in the index; the future gets their ids. The
+        adds asked for in one loop turn go to the writer as one statement (a statement that fails is tried again
+        one add at a time, so an add fails only for its own rows). Once handed over, the rows are written (and
+        indexed) whatever becomes of the caller."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[str]] = loop.create_future()
+        if not q.adds:
+            loop.call_soon(self._flush_adds, q)
+        q.adds.append((rows, fut))
+        return fut
+
+    def _flush_adds(self, q: _Queue) -> None:
+        adds, q.adds = q.adds, []
+        group: list[tuple[list[list[Any]], asyncio.Future[list[str]]]] = []
+        size = 0
+        for item in adds:
+            if group and size + len(item[0]) > CHUNK:
+                self._insert_group(q, group)
+                group, size = [], 0
+            group.append(item)
+            size += len(item[0])
+        if group:
+            self._insert_group(q, group)
+
+    def _insert_group(self, q: _Queue, group: list[tuple[list[list[Any]], asyncio.Future[list[str]]]]) -> None:
+        w = q.db.write(*self._insert([r for rows, _ in group for r in rows]))
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                if len(group) > 1:
+                    for item in group:  # each alone: an add that fails fails alone
+                        self._insert_group(q, [item])
+                    return
+                fut = group[0][1]
+                if not fut.done():
+                    if f.cancelled():
+                        fut.cancel()
+                    else:
+                        fut.set_exception(f.exception() or ClosedError("jobs: the add failed"))
+                return
+            found = self._returned(f.result().rows)
+            for rows, fut in group:
+                ids, new = self._ids_of(rows, found)
+                self._added(q, new)
+                if not fut.done():
+                    fut.set_result(ids)
+
+        w.add_done_callback(done)
 
     @staticmethod
     def _insert(rows: list[list[Any]]) -> tuple[str, list[Any]]:
@@ -1345,7 +1483,7 @@ class JobsEngine:
             q.entries[jid] = e
             self._place(q, e)
             self._event(q, "state", jid, "queued", None, 0, None)
-        self._pump(q)
+        self._pump_soon(q)
 
     # ------------------------------------------------------------------------------------------- cancel, retry
 

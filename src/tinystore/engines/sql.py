@@ -27,7 +27,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,15 +161,77 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
     return TinystoreError(f"database {db}: {type(exc).__name__}: {msg}")
 
 
+class Later:
+    """A result the engine gives later, on the loop, without the cost of a future: :meth:`then` has a
+    function called with ``(value, None)`` or ``(None, error)`` once it is known (the server answers the
+    request from there); ``await`` gives the value or raises the error. Get one from
+    :meth:`SqlDatabase.write_later`.
+    """
+
+    __slots__ = ("_fn", "_fut", "_loop", "_outcome")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._fn: Callable[[Any, BaseException | None], None] | None = None
+        self._fut: asyncio.Future[Any] | None = None
+        self._outcome: tuple[Any, BaseException | None] | None = None
+
+    def then(self, fn: Callable[[Any, BaseException | None], None]) -> None:
+        """Call ``fn(value, error)`` on the loop once the result is known (at once when it is already)."""
+        if self._outcome is not None:
+            fn(*self._outcome)
+        else:
+            self._fn = fn
+
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    def future(self) -> asyncio.Future[Any]:
+        """The result as a future (made on first use)."""
+        fut = self._fut
+        if fut is None:
+            fut = self._fut = self._loop.create_future()
+            if self._outcome is not None:
+                _resolve(fut, *self._outcome)
+        return fut
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.future().__await__()
+
+    def _deliver(self, value: Any, exc: BaseException | None) -> None:
+        if self._outcome is not None:
+            return
+        self._outcome = (value, exc)
+        fn = self._fn
+        if fn is not None:
+            self._fn = None
+            fn(value, exc)
+        if self._fut is not None:
+            _resolve(self._fut, value, exc)
+
+
+def _resolve(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+
+
+_Outcome = tuple["asyncio.Future[Any] | Later", Any, BaseException | None]
+
+
 class _Results:
-    """Futures resolved from threads, handed to the loop in batches (one wake-up per batch)."""
+    """Futures (or :class:`Later`) resolved from threads, handed to the loop in batches (one wake-up per
+    batch)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.lock = threading.Lock()
-        self.pending: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        self.pending: list[_Outcome] = []
 
-    def put(self, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    def put(self, fut: asyncio.Future[Any] | Later, value: Any, exc: BaseException | None) -> None:
         with self.lock:
             self.pending.append((fut, value, exc))
             first = len(self.pending) == 1
@@ -179,7 +241,7 @@ class _Results:
             except RuntimeError:  # loop closed
                 pass
 
-    def put_many(self, items: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    def put_many(self, items: list[_Outcome]) -> None:
         """:meth:`put` of each of ``items``, under one lock and at most one wake-up of the loop."""
         with self.lock:
             first = not self.pending
@@ -194,9 +256,11 @@ class _Results:
         with self.lock:
             items, self.pending = self.pending, []
         for fut, value, exc in items:
-            if fut.done():
+            if isinstance(fut, Later):
+                fut._deliver(value, exc)
+            elif fut.done():
                 continue
-            if exc is not None:
+            elif exc is not None:
                 fut.set_exception(exc)
             else:
                 fut.set_result(value)
@@ -206,7 +270,7 @@ class _Results:
 class _Write:
     sql: str
     params: list[Any]
-    fut: asyncio.Future[Done]
+    fut: asyncio.Future[Done] | Later
 
 
 @dataclass(slots=True)
@@ -399,6 +463,18 @@ class SqlDatabase:
         self._queue(_Write(sql, check_params(self.name, params), fut))
         return fut
 
+    def write_later(self, sql: str, params: Sequence[Any]) -> Later:
+        """:meth:`write`, its result given through a :class:`Later` rather than a future (what the server
+        uses: the answer goes out from the writer's batch of results, with no future in between).
+
+        Raises ``InvalidError`` for a value SQLite cannot hold; a closed database gives ``ClosedError``."""
+        later = Later(self.loop)
+        if self._closed:
+            later._deliver(None, ClosedError(f"database {self.name} is closed"))
+        else:
+            self._queue(_Write(sql, check_params(self.name, params), later))
+        return later
+
     def _queue(self, item: Any) -> None:
         if not self._queued:
             self.loop.call_soon(self._hand_over)
@@ -584,7 +660,7 @@ class SqlDatabase:
         statement in its own savepoint, but for the failed one, whose error stands: the same outcome as
         savepoints all along, for the price of a rollback, and only when a write fails.
         """
-        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
+        results: list[_Outcome]
         try:
             _ctl(conn, "begin immediate --ts")
             done: list[Done] = []
@@ -622,7 +698,7 @@ class SqlDatabase:
         failed: int,
         failure: BaseException,
         arm: Callable[[float], None],
-    ) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
+    ) -> list[_Outcome]:
         """After ``batch[failed]`` failed with ``failure``: roll back, begin again, run the others each in a
         savepoint. A statement that takes the whole transaction with it (``raise(rollback)`` in a trigger,
         an interrupt) fails alone too: the batch starts over without it. Raises what fails the transaction
@@ -632,7 +708,7 @@ class SqlDatabase:
             if conn.in_transaction:
                 _ctl(conn, "rollback --ts")
             _ctl(conn, "begin immediate --ts")
-            results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+            results: list[_Outcome] = []
             for i, w in enumerate(batch):
                 error = errors.get(i)
                 if error is not None:

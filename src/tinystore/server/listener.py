@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from .. import __version__
+from ..engines.sql import Later
 from ..errors import (
     ClosedError,
     InvalidError,
@@ -78,6 +79,7 @@ class ServerConnection(asyncio.Protocol):
         self.session: Session | None = None
         self.tasks: dict[int, asyncio.Task[Any]] = {}
         self.futures: dict[int, asyncio.Future[Any]] = {}
+        self.laters: dict[int, Later] = {}
         self.closing = False
         self.paused = False
         self.out: list[bytes] = []
@@ -232,7 +234,10 @@ class ServerConnection(asyncio.Protocol):
         except BaseException as exc:
             self.send_error(stream, exc)
             return
-        if isinstance(result, _Future):
+        if type(result) is Later:
+            self.laters[stream] = result
+            result.then(partial(self.answer, stream))
+        elif isinstance(result, _Future):
             if result.done():
                 self.finish(stream, result)
             else:
@@ -259,6 +264,14 @@ class ServerConnection(asyncio.Protocol):
             self.send_error(stream, exc)
         else:
             self.send_result(stream, fut.result())
+
+    def answer(self, stream: int, value: Any, exc: BaseException | None) -> None:
+        """The result of a call answered through a :class:`Later`."""
+        del self.laters[stream]
+        if exc is not None:
+            self.send_error(stream, exc)
+        else:
+            self.send_result(stream, value)
 
     def send_result(self, stream: int, value: Any) -> None:
         if self.closing:
@@ -327,7 +340,7 @@ class ServerConnection(asyncio.Protocol):
             self.transport.close()
 
     async def drain_calls(self, timeout: float) -> None:
-        pending = [*self.tasks.values(), *self.futures.values()]
+        pending = [*self.tasks.values(), *self.futures.values(), *(x.future() for x in self.laters.values())]
         if pending:
             await asyncio.wait(pending, timeout=timeout)
 

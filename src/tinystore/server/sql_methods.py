@@ -57,7 +57,7 @@ def install(core: Core) -> None:
         db = engine.databases.get(req.db)
         if db is None:
             return exec_later(req)
-        return db.write(req.sql, req.params)
+        return db.write_later(req.sql, req.params)
 
     def query(session: Session, req: Query) -> Any:
         mode = req.mode
