@@ -114,6 +114,10 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
     ref = weakref.ref(conn)
 
     def authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
+        if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
+            # a database is one file of the store: ATTACH would let a client write files anywhere the server
+            # can, and would stay attached on a connection other clients share
+            return sqlite3.SQLITE_DENY
         if action in _TX_ACTIONS:
             c = ref()
             if c is None or not c.internal:
@@ -141,8 +145,9 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
     msg = str(exc)
     if isinstance(exc, sqlite3.DatabaseError) and msg == _DENIED:
         return InvalidError(
-            f"database {db}: BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE are run by the store (each exec "
-            "is a transaction of its own; db.tx runs several statements in one)"
+            f"database {db}: not allowed here: BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE are run by the "
+            "store (each exec is a transaction of its own; db.tx runs several statements in one), and ATTACH "
+            "and DETACH are refused (each database is one file of the store)"
         )
     if isinstance(exc, sqlite3.IntegrityError):
         return ConflictError(f"database {db}: {msg}", sqlite_code=getattr(exc, "sqlite_errorname", ""))
