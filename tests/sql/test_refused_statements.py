@@ -30,3 +30,18 @@ async def test_transaction_control_in_exec_is_refused(store: tinystore.Store) ->
             await db.exec(stmt)
     await db.exec("insert into t values (1)")
     assert await db.scalar("select count(*) from t") == 1
+
+
+async def test_a_row_that_does_not_fit_the_type_is_an_invalid_error(store: tinystore.Store) -> None:
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Msg:
+        id: int
+        chat_id: int
+
+    db = await store.database("app", migrations=[("1.sql", "create table m (id integer primary key, text);")])
+    await db.exec("insert into m (text) values ('x')")
+    with pytest.raises(InvalidError) as info:
+        await db.one(Msg, "select id, text from m")
+    assert "Msg" in info.value.message and "chat_id" in info.value.message

@@ -64,7 +64,11 @@ def _convert(rows: Rows, type_: Any) -> list[Any]:
     dicts = [dict(zip(cols, r)) for r in rows.rows]  # noqa: B905 (the keyword costs 0.2 µs a row)
     if type_ is None:
         return dicts
-    return [msgspec.convert(d, type_, strict=False) for d in dicts]
+    try:
+        return [msgspec.convert(d, type_, strict=False) for d in dicts]
+    except (msgspec.ValidationError, TypeError) as exc:
+        name = getattr(type_, "__name__", repr(type_))
+        raise InvalidError(f"a row does not fit {name}: {exc} (columns: {', '.join(cols)})") from None
 
 
 class _Runner:
