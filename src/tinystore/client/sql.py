@@ -75,6 +75,7 @@ class _Runner:
     """Shared by Database and SqlTx: one(), all(), scalar() over ``_query``."""
 
     name: str
+    _store: Store
     _transport: Transport
     _tx = 0  # the transaction the calls run in (0: none, each its own)
     _retry = True  # whether a read whose answer was lost is sent again
@@ -86,6 +87,8 @@ class _Runner:
         """The call that runs the read (awaited by the caller: no coroutine of its own in between)."""
         if self._tx:
             self._check()
+        if self._store._dead is not None:
+            raise self._store._dead
         return self._transport.call("sql.query", Query(self.name, sql, params, mode, self._tx), Rows, retry=self._retry)
 
     @overload
@@ -116,6 +119,8 @@ class _Runner:
                     if type(rows) is not Rows:
                         rows = await rows
             else:
+                if self._store._dead is not None:
+                    raise self._store._dead
                 rows = await transport.call(
                     "sql.query",
                     Query(self.name, args[0], check_params(self.name, args[1:]), "one", self._tx),
@@ -152,6 +157,7 @@ class Database(_Runner):
         self.store = store
         self.name = name
         self._key = (id(store), name)
+        self._store = store
         self._transport = store.transport
 
     def _no_tx(self, what: str) -> None:
@@ -179,6 +185,8 @@ class Database(_Runner):
         if transport.local:
             done: Done = await transport.call_now("sql.exec", Exec(self.name, sql, list(params)))
             return done
+        if self.store._dead is not None:
+            raise self.store._dead
         done = await transport.call("sql.exec", Exec(self.name, sql, check_params(self.name, params)), Done, write=True)
         return done
 
@@ -223,6 +231,7 @@ class SqlTx(_Runner):
         self.read_only = read_only
         self.ended = False
         self.on_commit: list[Callable[[], Any]] = []
+        self._store = db.store
         self._transport = db._transport
         self._tx = tx_id
         self._retry = False
@@ -231,6 +240,8 @@ class SqlTx(_Runner):
         """Run a statement inside the transaction. Errors as :meth:`Database.exec`; a failed statement leaves
         the transaction usable (SQL-06)."""
         self._check()
+        if self._store._dead is not None:
+            raise self._store._dead
         done: Done = await self._transport.call(
             "sql.exec", Exec(self.name, sql, check_params(self.name, params), self.id), Done, retry=False
         )

@@ -1,18 +1,22 @@
 """SQL databases: SQLite files in WAL mode, one writer thread each, a few reader threads, group commit.
 
-The event loop never waits on SQLite: every call returns an ``asyncio.Future`` that a thread resolves.
+The event loop never waits on SQLite longer than the inline read budget: a write or a long read is done by a
+thread, which hands its result back to the loop (a future, or a :class:`Later` for the server's answers).
 
-- Writes (:meth:`SqlDatabase.write`) go to the writer thread. Independent single-statement writes that
-  are queued together share one transaction and one fsync (group commit), each inside its own savepoint so
-  one failure fails only its own statement.
-- Reads (:meth:`SqlDatabase.read`) run on read-only connections; WAL gives each a snapshot and the writer
-  never blocks them. A read first runs on the loop's own connection under a time budget
-  (``Limits.inline_read``, 0.5 ms): SQLite's progress handler interrupts it past the budget and it runs
-  again on a reader thread. A point read so costs no thread hop, and the loop is never held longer than
-  the budget.
+- Writes (:meth:`SqlDatabase.write`, :meth:`SqlDatabase.write_later`) go to the writer thread: what one
+  turn of the loop queues is handed over in one piece. Independent single-statement writes that are queued
+  together share one transaction and one fsync (group commit); one failure fails only its own statement
+  (they run without savepoints; when one fails, the batch runs again with a savepoint each, see
+  ``_group_commit``).
+- Reads (:meth:`SqlDatabase.read`, :meth:`SqlDatabase.read_now`) run on read-only connections; WAL gives
+  each a snapshot and the writer never blocks them. A read first runs on the loop's own connection under a
+  time budget (``Limits.inline_read``, 0.5 ms): SQLite's progress handler interrupts it past the budget and
+  it runs again on a reader thread. A point read so costs no thread hop, and the loop is never held longer
+  than the budget. The inline reads of one loop turn share one read transaction (``_begin_snapshot``).
 - Interactive transactions (:meth:`SqlDatabase.begin`) take the writer at their start (``BEGIN IMMEDIATE``)
   and hold it until commit, rollback, or until they stay idle past ``tx_idle`` or run past ``tx_max``.
   Read-only transactions hold one reader connection with a snapshot instead.
+- A client's statements may not control transactions, nor attach files (SQLite's authorizer, ``_Conn``).
 """
 
 from __future__ import annotations

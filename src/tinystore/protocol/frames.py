@@ -223,6 +223,9 @@ class Connection:
         allowed = self._allowed
         server = self.role == "server"
         inflight = self.inflight
+        whole = type(buf) is bytes  # then a slice is a copy already
+        last_raw = b""  # the last method name read, and its text: a burst repeats the same method
+        last_method = ""
         try:
             while end - pos >= HEADER_SIZE:
                 length, kind, flags, stream, mlen = unpack(buf, pos)
@@ -237,14 +240,17 @@ class Connection:
                     break
                 start = pos + HEADER_SIZE
                 if mlen:
-                    raw = bytes(buf[start : start + mlen])
-                    method = _METHODS.get(raw)
-                    if method is None:
-                        method = _method_name(raw)
+                    if mlen == len(last_raw) and buf.startswith(last_raw, start):
+                        method = last_method
+                    else:
+                        raw = bytes(buf[start : start + mlen])
+                        method = _METHODS.get(raw) or _method_name(raw)
+                        last_raw = raw
+                        last_method = method
                     start += mlen
                 else:
                     method = ""
-                body = bytes(buf[start:stop])  # no copy when ``buf`` is bytes: the slice is one already
+                body: bytes = buf[start:stop] if whole else bytes(buf[start:stop])  # type: ignore[assignment]
                 pos = stop
                 if server:
                     if k is Kind.REQUEST:
