@@ -1,0 +1,54 @@
+"""Group commit: a failed write leaves nothing behind, whatever the way it fails; the others commit."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tinystore.engines.sql import SqlEngine
+from tinystore.errors import ConflictError, TinystoreError
+from tinystore.limits import Limits
+
+SCHEMA = [
+    (
+        "001",
+        """
+create table t (id integer primary key, v text);
+create table f (id integer primary key, u integer unique on conflict fail);
+create table r (id integer primary key, v text);
+create trigger r_no before insert on r when new.v = 'boom' begin select raise(rollback, 'boom refused'); end;
+""",
+    )
+]
+
+
+async def test_fail_partial_statement_leaves_nothing(tmp_path: Path) -> None:
+    eng = SqlEngine(tmp_path, Limits())
+    db, _ = await eng.open("x", SCHEMA)
+    for round_ in range(20):
+        base = round_ * 100
+        futs = [
+            db.write("insert into t (v) values (?)", [f"a{round_}"]),
+            db.write("insert into f (u) values (?)", [base + 1]),
+            # inserts base+2 then fails on base+1 (OR FAIL keeps what the statement did before)
+            db.write(
+                "insert into f (u) select value from (select ? as value union all select ?)", [base + 2, base + 1]
+            ),
+            db.write("insert into t (v) values (?) returning id, v", [f"b{round_}"]),
+            db.write("insert into r (v) values ('boom')", []),
+            db.write("insert into t (v) values (?)", [f"c{round_}"]),
+        ]
+        res = await asyncio.gather(*futs, return_exceptions=True)
+
+        assert isinstance(res[2], ConflictError), res
+        assert isinstance(res[4], TinystoreError), res
+        assert [type(x).__name__ for i, x in enumerate(res) if i not in (2, 4)] == ["Done"] * 4
+        assert res[3].rows[0][1] == f"b{round_}" and res[3].columns == ["id", "v"]
+        assert res[3].rows[0][0] == res[3].last_insert_rowid
+        rows = (await db.read("select u from f where u >= ? and u < ?", [base, base + 100])).rows
+        assert rows == [(base + 1,)], rows
+        vs = [r[0] for r in (await db.read("select v from t where v like ?", [f"%{round_}"])).rows]
+        assert sorted(vs) == sorted([f"a{round_}", f"b{round_}", f"c{round_}"]), vs
+        assert (await db.read("select count(*) from r", [])).rows == [(0,)]
+    print(db.stats)
+    await eng.close()
