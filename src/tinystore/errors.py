@@ -106,7 +106,9 @@ class ProtocolError(TinystoreError):
 
 
 class TimeoutError_(TinystoreError):
-    """A statement or transaction ran past its time limit and was stopped."""
+    """A statement ran past ``Limits.statement_timeout``, or a transaction stayed idle past ``tx_idle`` or ran
+    past ``tx_max``, and was stopped (rolled back). Its message names the limit. (Beyond API.md's list: a
+    subclass of ``TinystoreError``, so code catching that catches this too.)"""
 
     code = "timeout"
 

@@ -158,7 +158,9 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
     if isinstance(exc, OverflowError):
         return InvalidError(f"database {db}: {msg}")
     if isinstance(exc, sqlite3.OperationalError) and msg == "interrupted":
-        return TimeoutError_(f"database {db}: the statement ran past its time limit and was stopped")
+        return TimeoutError_(
+            f"database {db}: the statement ran past its time limit (Limits.statement_timeout) and was stopped"
+        )
     if isinstance(exc, sqlite3.OperationalError) and "readonly" in msg:
         return InvalidError(f"database {db}: {msg} (this call reads; a statement that writes goes through exec)")
     if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in msg or "not a database" in msg):
@@ -887,7 +889,7 @@ class SqlDatabase:
                     self.results.put(call.fut, None, None)
                 else:
                     self.results.put(call.fut, None, err)
-        self.loop.call_soon_threadsafe(self.engine.transactions.pop, tx.id, None)
+        self.loop.call_soon_threadsafe(self.engine.ended, tx.id, tx.error)
 
     def _read_tx_main(self, tx: SqlTx, fut: asyncio.Future[SqlTx]) -> None:
         with self._spare_lock:
@@ -939,6 +941,10 @@ class SqlDatabase:
             self._inline = None
 
 
+ENDED_KEPT = 1024
+"""How many transactions that timed out an engine remembers, to tell a late call why (see ``SqlEngine.not_open``)."""
+
+
 def _check_size(db: str, rows: list[Any], limit: int) -> None:
     if len(rows) < 1000:
         return
@@ -981,8 +987,28 @@ class SqlEngine:
         self.loop = asyncio.get_running_loop()
         self.databases: dict[str, SqlDatabase] = {}
         self.transactions: dict[int, SqlTx] = {}
+        # why recent transactions ended other than by their own commit or rollback (a timeout, the store
+        # stopping), so that a late call learns why rather than only that the transaction is gone
+        self._ended: collections.OrderedDict[int, TinystoreError] = collections.OrderedDict()
         self._opening: dict[str, asyncio.Lock] = {}
         self._tx_ids = 0
+
+    def ended(self, tx_id: int, error: TinystoreError | None) -> None:
+        """Transaction ``tx_id`` ended (on the loop); ``error`` is why, when it was not its own doing."""
+        self.transactions.pop(tx_id, None)
+        if error is not None and not isinstance(error, ClosedError):
+            self._ended[tx_id] = error
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
+
+    def not_open(self, tx_id: int, what: str = "") -> TinystoreError:
+        """The error for a call on transaction ``tx_id`` that is not open: why it ended, when it timed out
+        lately (``TimeoutError_`` naming ``tx_idle`` or ``tx_max``), else ``ClosedError``. ``what`` prefixes the
+        message (``"channel c: "``)."""
+        why = self._ended.get(tx_id)
+        if why is not None:
+            return type(why)(f"{what}{why.message}")
+        return ClosedError(f"{what}transaction {tx_id} is not open (it ended, timed out, or belongs to another client)")
 
     def next_tx_id(self) -> int:
         self._tx_ids += 1

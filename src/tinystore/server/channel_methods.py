@@ -84,10 +84,7 @@ def install(core: Core) -> None:
             return engine.publish(req.channel, branch, req.payload)
         tx = sql.transactions.get(req.tx)
         if tx is None or req.tx not in session.transactions or tx.done:
-            raise ClosedError(
-                f"channel {req.channel}: transaction {req.tx} is not open "
-                "(it ended, timed out, or belongs to another client)"
-            )
+            raise sql.not_open(req.tx, f"channel {req.channel}: ")
         if tx.read_only:
             raise InvalidError(f"channel {req.channel}: a read-only transaction cannot publish")
         # check now (name, branch, size) so the error surfaces at publish; nothing is kept when it raises

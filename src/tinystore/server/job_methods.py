@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..engines.jobs import JobsEngine
 from ..engines.sql import SqlTx
-from ..errors import ClosedError
 from ..protocol.jobs import (
     Add,
     Claim,
@@ -61,7 +60,7 @@ def install(core: Core) -> None:
     def own_tx(session: Session, tx_id: int) -> SqlTx:
         tx = core.sql.transactions.get(tx_id)
         if tx is None or tx_id not in session.transactions:
-            raise ClosedError(f"transaction {tx_id} is not open (it ended, timed out, or belongs to another client)")
+            raise core.sql.not_open(tx_id)
         return tx
 
     async def open_(session: Session, req: OpenQueue) -> QueueInfo:

@@ -23,7 +23,7 @@ def install(core: Core) -> None:
     def own_tx(session: Session, tx_id: int) -> SqlTx:
         tx = engine.transactions.get(tx_id)
         if tx is None or tx_id not in session.transactions:
-            raise ClosedError(f"transaction {tx_id} is not open (it ended, timed out, or belongs to another client)")
+            raise engine.not_open(tx_id)
         return tx
 
     async def open_db(session: Session, req: OpenDb) -> Opened:

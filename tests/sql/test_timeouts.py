@@ -1,0 +1,47 @@
+"""Statement and transaction time limits: a clear TimeoutError_ naming the limit, and nothing else harmed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tests.helpers import open_store
+
+RUNAWAY_WRITE = (
+    "insert into t (v) select x from (with recursive c(x) as (select 1 union all select x + 1 from c) select x from c)"
+)
+RUNAWAY_READ = "with recursive c(x) as (select 1 union all select x + 1 from c) select count(*) from c"
+
+
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_runaway_statements_stop_at_statement_timeout(tmp_path: Path, mode: str) -> None:
+    limits = tinystore.Limits(statement_timeout=0.3)
+    async with open_store(mode, tmp_path, limits=limits) as store:
+        db = await store.database("app")
+        await db.exec("create table t (id integer primary key, v)")
+        # a runaway write queued with good ones (one group commit): it alone fails, the others commit
+        results = await asyncio.gather(
+            db.exec("insert into t (v) values ('before')"),
+            db.exec(RUNAWAY_WRITE),
+            db.exec("insert into t (v) values ('after')"),
+            return_exceptions=True,
+        )
+        assert isinstance(results[1], tinystore.TimeoutError_), results[1]
+        assert "statement_timeout" in str(results[1])
+        assert not isinstance(results[0], BaseException) and not isinstance(results[2], BaseException)
+        assert await db.all("select v from t order by id") == [{"v": "before"}, {"v": "after"}]
+        with pytest.raises(tinystore.TimeoutError_, match="statement_timeout"):
+            await db.scalar(RUNAWAY_READ)
+
+        async def runaway(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (v) values ('in tx')")
+            await tx.exec(RUNAWAY_WRITE)
+
+        with pytest.raises(tinystore.TimeoutError_, match="statement_timeout"):
+            await db.tx(runaway)
+        # the writer is free, the failed transaction left nothing
+        await asyncio.wait_for(db.exec("insert into t (v) values ('last')"), 5)
+        assert await db.scalar("select count(*) from t") == 3
