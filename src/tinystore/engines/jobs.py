@@ -40,6 +40,7 @@ milliseconds), so tests move backoffs, leases, stuck reports and ``keep`` with a
 from __future__ import annotations
 
 import asyncio
+import base64
 import heapq
 import itertools
 import logging
@@ -168,6 +169,8 @@ COLUMNS = (
     "id, queue, state, attempts, fence, value, key, tenant, user, type, priority, progress, result, error, "
     "errors, steps, run_at, created_at, started_at, finished_at"
 )
+
+_OUTCOMES = frozenset({"succeeded", "error", "fail", "snooze"})
 
 # where an entry of the in-memory index is
 READY, DELAYED, CLAIMING, RUNNING, ENDING, GONE = range(6)
@@ -401,9 +404,13 @@ _LONG_INT = re.compile(r"\d{19}")
 
 class _Ids:
     """Job ids: 26 characters of Crockford base32, 48 bits of milliseconds then 80 random bits, so they sort by
-    creation time and never repeat in practice (ids stay unique across the queues and databases of a store)."""
+    creation time and never repeat in practice (ids stay unique across the queues and databases of a store).
+    The layout of a ULID: the 128 bits after two zero bits, five bits a character, most significant first."""
 
     ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+    # RFC 4648 base32 encodes five bits a character with its own alphabet, in the same order: translated, it
+    # spells Crockford's
+    _TABLE = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", ALPHABET.encode())
 
     def __init__(self) -> None:
         self.last_ms = -1
@@ -416,12 +423,9 @@ class _Ids:
         else:
             rand = random.getrandbits(80)
         self.last_ms, self.last_rand = ms, rand
-        n = ((ms & ((1 << 48) - 1)) << 80) | (rand & ((1 << 80) - 1))
-        out = []
-        for _ in range(26):
-            out.append(self.ALPHABET[n & 31])
-            n >>= 5
-        return "".join(reversed(out))
+        n = ((ms & 0xFFFF_FFFF_FFFF) << 80) | (rand & ((1 << 80) - 1))
+        # 136 bits: two zero bits, the 128 of n, six zero bits; the first 26 characters are the 130 leading bits
+        return base64.b32encode((n << 6).to_bytes(17, "big"))[:26].translate(self._TABLE).decode()
 
 
 class JobsEngine:
@@ -1074,15 +1078,19 @@ class JobsEngine:
     ) -> bool:
         """A failed attempt (a raise, a timeout, a lost worker, ``run.retry``): retried after the backoff (or
         ``after``), or ``dead`` when it was the last attempt."""
+        return await self._fail_now(q, e, error, after, progress)
+
+    def _fail_now(
+        self, q: _Queue, e: _Entry, error: str, after: float | None, progress: str | None = None
+    ) -> asyncio.Future[bool]:
+        """:meth:`_fail_attempt` without a coroutine."""
         fence = e.fence
         if e.attempts >= q.options.attempts:
-            return await self._write_end(q, e, fence, "dead", error=error, progress=progress)
+            return self._end_now(q, e, fence, "dead", error=error, progress=progress)
         delay = (
             after if after is not None else backoff_delay(e.attempts, q.options.backoff_first, q.options.backoff_cap)
         )
-        return await self._write_end(
-            q, e, fence, "failed", error=error, run_at=self.clock.now() + delay, progress=progress
-        )
+        return self._end_now(q, e, fence, "failed", error=error, run_at=self.clock.now() + delay, progress=progress)
 
     async def _write_end(
         self,
@@ -1097,9 +1105,30 @@ class JobsEngine:
         progress: str | None = None,
         uncount: bool = False,
     ) -> bool:
-        """End attempt ``fence`` of ``e`` as ``state`` (one guarded write), then move the index."""
+        """End attempt ``fence`` of ``e`` as ``state`` (one guarded write), then move the index. ``True`` when it
+        changed the job. A cancel leaves the write to go on (and the index to follow it)."""
+        return await self._end_now(
+            q, e, fence, state, error=error, run_at=run_at, result=result, progress=progress, uncount=uncount
+        )
+
+    def _end_now(
+        self,
+        q: _Queue,
+        e: _Entry,
+        fence: int,
+        state: str,
+        *,
+        error: str | None = None,
+        run_at: float | None = None,
+        result: str | None = None,
+        progress: str | None = None,
+        uncount: bool = False,
+    ) -> asyncio.Future[bool]:
+        """:meth:`_write_end` without a coroutine (the server answers a report from the future it returns)."""
+        out: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         if e.where != RUNNING or e.fence != fence:
-            return False
+            out.set_result(False)
+            return out
         e.where = ENDING
         busy = self._begin_write(e)
         now = self.clock.now()
@@ -1108,40 +1137,50 @@ class JobsEngine:
             error = _cut(error)
             entry = _json_encode(ErrorEntry(attempt=e.attempts, error=error, at_ms=_ms(now))).decode()
         ended = state in ENDED
-        try:
-            row = await self._write_ending(
-                q,
-                [
-                    e.id,
-                    fence,
-                    state,
-                    None if run_at is None else _ms(run_at),
-                    error,
-                    entry,
-                    result,
-                    progress,
-                    _ms(now) if ended else None,
-                    1 if uncount else 0,
-                ],
-            )
-        except BaseException:
-            if e.where == ENDING:
-                e.where = RUNNING
+        written = self._write_ending(
+            q,
+            [
+                e.id,
+                fence,
+                state,
+                None if run_at is None else _ms(run_at),
+                error,
+                entry,
+                result,
+                progress,
+                _ms(now) if ended else None,
+                1 if uncount else 0,
+            ],
+        )
+
+        def done(f: asyncio.Future[tuple[Any, ...] | None]) -> None:
             self._end_write(e, busy)
-            raise
-        self._end_write(e, busy)
-        if row is None:
-            if e.where == ENDING:
-                e.where = RUNNING
-            return False
-        attempts, prog, errors = row
-        e.attempts = attempts
-        if errors and entry is not None and len(errors) > 64 * 1024:
-            self._track(self._trim_errors(q, e.id))
-        self._settle(q, e, state, run_at)
-        self._event(q, "state", e.id, state, _json_decode(prog) if prog else None, attempts, error)
-        self._notify(q, e.id)
-        return True
+            exc = None if f.cancelled() else f.exception()
+            row = None if f.cancelled() or exc is not None else f.result()
+            if row is None:
+                if e.where == ENDING:
+                    e.where = RUNNING
+                if out.done():
+                    pass
+                elif f.cancelled():
+                    out.cancel()
+                elif exc is not None:
+                    out.set_exception(exc)
+                else:
+                    out.set_result(False)
+                return
+            attempts, prog, errors = row
+            e.attempts = attempts
+            if errors and entry is not None and len(errors) > 64 * 1024:
+                self._track(self._trim_errors(q, e.id))
+            self._settle(q, e, state, run_at)
+            self._event(q, "state", e.id, state, _json_decode(prog) if prog else None, attempts, error)
+            self._notify(q, e.id)
+            if not out.done():
+                out.set_result(True)
+
+        written.add_done_callback(done)
+        return out
 
     def _write_ending(self, q: _Queue, values: list[Any]) -> asyncio.Future[tuple[Any, ...] | None]:
         """Write one attempt's end (``values`` as in :data:`END_MANY`'s rows); the future gets the row's
@@ -1209,30 +1248,45 @@ class JobsEngine:
         cancelled or already reported): nothing changes then (JOB-08).
 
         Raises ``InvalidError`` (an unknown outcome, a result or progress that is not JSON), ``LimitError`` (a
-        result over ``job_value_bytes`` or progress over ``job_progress_bytes``).
+        result over ``job_value_bytes`` or progress over ``job_progress_bytes``). Once the report is checked, a
+        cancel leaves it to be written.
         """
-        q = await self._queue(r.queue)
+        await self._queue(r.queue)
+        fut = self.report_now(peer, r)
+        assert fut is not None
+        return await fut
+
+    def report_now(self, peer: Peer, r: Report) -> asyncio.Future[bool] | None:
+        """:meth:`report` without a coroutine, for a queue this engine has loaded (``None`` for one it has not:
+        then await :meth:`report`). Raises what :meth:`report` raises, at once."""
+        q = self.queues.get(r.queue)
+        if q is None:
+            return None
         e = q.entries.get(r.id)
         if r.result is not None:
             self._check_json(q.name, r.id, "result", r.result, self.limits.job_value_bytes)
         if r.progress is not None:
             self._check_json(q.name, r.id, "progress", r.progress, self.limits.job_progress_bytes)
+        if r.outcome not in _OUTCOMES:
+            raise InvalidError(
+                f"queue {q.name}: job {r.id}: outcome {r.outcome!r} is not succeeded, error, fail or snooze"
+            )
         if e is None or e.where != RUNNING or e.fence != r.fence:
-            return False
+            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            fut.set_result(False)
+            return fut
         after = None if r.after_ms is None else max(0.0, r.after_ms / 1000)
         if r.outcome == "succeeded":
-            return await self._write_end(
+            return self._end_now(
                 q, e, r.fence, "succeeded", result=r.result if r.result is not None else "null", progress=r.progress
             )
         if r.outcome == "error":
-            return await self._fail_attempt(q, e, r.error or "failed", after, r.progress)
+            return self._fail_now(q, e, r.error or "failed", after, r.progress)
         if r.outcome == "fail":
-            return await self._write_end(q, e, r.fence, "dead", error=r.error or "failed", progress=r.progress)
-        if r.outcome == "snooze":
-            return await self._write_end(
-                q, e, r.fence, "queued", run_at=self.clock.now() + (after or 0.0), progress=r.progress, uncount=True
-            )
-        raise InvalidError(f"queue {q.name}: job {r.id}: outcome {r.outcome!r} is not succeeded, error, fail or snooze")
+            return self._end_now(q, e, r.fence, "dead", error=r.error or "failed", progress=r.progress)
+        return self._end_now(
+            q, e, r.fence, "queued", run_at=self.clock.now() + (after or 0.0), progress=r.progress, uncount=True
+        )
 
     async def release(self, queue: str, attempts: Sequence[Attempt]) -> int:
         """Hand back claimed attempts that did not run (or were stopped with their worker): each job is queued
@@ -1389,6 +1443,16 @@ class JobsEngine:
         ids, new = self._ids_of(rows, found)
         self._added(q, new)
         return ids
+
+    def add_now(self, queue: str, jobs: Sequence[NewJob]) -> asyncio.Future[list[str]] | None:
+        """:meth:`add` without a coroutine, for its common case: a queue this engine has loaded, no transaction,
+        1 to :data:`CHUNK` jobs. ``None`` otherwise (then await :meth:`add`). Raises what :meth:`add` raises, at
+        once."""
+        q = self.queues.get(queue)
+        if q is None or not jobs or len(jobs) > CHUNK:
+            return None
+        self._check_open()
+        return self._insert_soon(q, self._new_rows(queue, jobs))
 
     def _insert_soon(self, q: _Queue, rows: list[list[Any]]) -> asyncio.Future[list[str]]:
         """Write ``rows`` (at most :data:`CHUNK`) and put the new jobs in the index; the future gets their ids. The

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ..engines.jobs import JobsEngine
@@ -66,7 +67,14 @@ def install(core: Core) -> None:
     async def open_(session: Session, req: OpenQueue) -> QueueInfo:
         return await engine.open_queue(req.queue, req.options)
 
-    async def add(session: Session, req: Add) -> list[str]:
+    def add(session: Session, req: Add) -> Awaitable[list[str]]:
+        if not req.tx:
+            fut = engine.add_now(req.queue, req.jobs)  # the common case answers from a future: no task
+            if fut is not None:
+                return fut
+        return add_later(session, req)
+
+    async def add_later(session: Session, req: Add) -> list[str]:
         tx = own_tx(session, req.tx) if req.tx else None
         return await engine.add(req.queue, req.jobs, tx)
 
@@ -79,8 +87,9 @@ def install(core: Core) -> None:
     def renew(session: Session, req: Renew) -> list[str]:
         return engine.renew(session, req.queue, req.attempts)
 
-    async def report(session: Session, req: Report) -> bool:
-        return await engine.report(session, req)
+    def report(session: Session, req: Report) -> Awaitable[bool]:
+        fut = engine.report_now(session, req)
+        return fut if fut is not None else engine.report(session, req)
 
     async def release(session: Session, req: Release) -> int:
         return await engine.release(req.queue, req.attempts)
