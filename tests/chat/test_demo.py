@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 
 from ..sse.harness import client, open_sse
 from .demo_proc import run_demo
@@ -53,3 +54,17 @@ async def test_two_web_processes_and_a_worker_share_one_store(tmp_path: Path) ->
         await post_and_hear_the_reply(http, one, two)  # posted through one, heard on the other
         await post_and_hear_the_reply(http, two, one)
         assert await demo.stop() == 0
+
+
+def test_the_chat_is_found_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed package carries the chat (``tinystore/_chat``): ``tinystore demo`` needs no source tree."""
+    import tinystore
+    from tinystore.cli.demo import find_example
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TINYSTORE_CHAT_EXAMPLE", raising=False)
+    folder = find_example()
+    assert (folder / "app.py").is_file() and (folder / "static" / "index.html").is_file()
+    assert (folder / "migrations" / "001_chats.sql").is_file()
+    packaged = Path(tinystore.__file__).parent / "_chat"
+    assert (packaged / "app.py").is_file(), "the package's _chat (what a wheel installs) is missing"

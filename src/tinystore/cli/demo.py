@@ -6,7 +6,8 @@
   process, all reaching one store through the directory's server (a sidecar, started when none runs). A
   message posted through one process reaches the tabs connected to another.
 
-The chat's code lives in the source tree's ``examples/chat``; ``$TINYSTORE_CHAT_EXAMPLE`` names another
+The chat's code lives in the source tree's ``examples/chat`` and is installed with the package as
+``tinystore/_chat`` (so ``pip install tinystore`` alone can run it); ``$TINYSTORE_CHAT_EXAMPLE`` names another
 folder. The model is the offline one unless ``--model-url`` names an OpenAI-compatible endpoint (the key
 comes from ``$OPENAI_API_KEY``).
 """
@@ -37,10 +38,12 @@ START_WITHIN = 60.0
 
 
 def find_example() -> Path:
-    """The chat example's folder: ``$TINYSTORE_CHAT_EXAMPLE``, the source tree's ``examples/chat``, or
+    """The chat example's folder: ``$TINYSTORE_CHAT_EXAMPLE``, the installed package's ``_chat``, the source
+    tree's ``examples/chat``, or
     ``./examples/chat``. Raises ``click.ClickException`` when none holds ``app.py``."""
     candidates = [
         os.environ.get("TINYSTORE_CHAT_EXAMPLE"),
+        Path(__file__).parent.parent / "_chat",  # the package's copy (in a wheel; a link in the source tree)
         Path(__file__).resolve().parents[3] / "examples" / "chat",
         Path.cwd() / "examples" / "chat",
     ]

@@ -98,7 +98,9 @@ class _Runner:
     async def one(self, *args: Any) -> Any:
         """The first row as a dict (or as ``type_``: a dataclass, msgspec Struct or TypedDict), or ``None``.
 
-        Raises ``InvalidError`` with SQLite's message for bad SQL or a statement that writes.
+        Raises ``InvalidError`` with SQLite's message for bad SQL or a statement that writes; ``LimitError``
+        when the statement with its parameters is over the frame limit (``frame_body_bytes``, 16 MiB encoded:
+        nothing is sent).
         """
         if args and type(args[0]) is str:
             if self._tx:
@@ -111,6 +113,9 @@ class _Runner:
                 engine_db = None if self._tx else transport.sql_database(self.name)
                 if engine_db is not None:
                     values = check_params(self.name, args[1:])
+                    # what a socket would carry (a Query is encoded as this array): past the frame limit,
+                    # the same LimitError as over a socket
+                    transport.check_size("sql.query", (self.name, args[0], values, "one", 0), self.name)
                     rows = engine_db.read_now(args[0], values, "one")
                     if rows is None:
                         rows = await engine_db.read_later(args[0], values, "one")
@@ -139,13 +144,14 @@ class _Runner:
     @overload
     async def all(self, type_: type[T], sql: str, /, *params: Any) -> list[T]: ...
     async def all(self, *args: Any) -> Any:
-        """Every row, as dicts (or as ``type_``). Results are limited to 64 MiB (``LimitError``)."""
+        """Every row, as dicts (or as ``type_``). Results are limited to 64 MiB (``LimitError``); errors as
+        :meth:`one`."""
         type_, sql, params = _split(self.name, args)
         rows = await self._query(sql, check_values(self.name, params), "all")
         return _convert(rows, type_)
 
     async def scalar(self, sql: str, /, *params: Any) -> Any:
-        """The first column of the first row, or ``None`` when there is no row."""
+        """The first column of the first row, or ``None`` when there is no row. Errors as :meth:`one`."""
         found = (await self._query(sql, check_params(self.name, params), "scalar")).rows
         return found[0][0] if found and found[0] else None
 
@@ -175,9 +181,11 @@ class Database(_Runner):
         """Run one statement that may write; it is committed (on disk, with ``durability="full"``) before
         this returns. Returns ``Done``: ``changes``, ``last_insert_rowid``, ``rows`` (from ``returning``).
 
-        Raises ``InvalidError`` (SQLite's message; a value SQLite cannot hold), ``ConflictError`` (a
-        constraint), ``OutcomeUnknownError`` (the answer was lost: it may have committed). Concurrent
-        ``exec`` calls share commits (group commit). A cancel after sending leaves the write to happen.
+        Raises ``InvalidError`` (SQLite's message; a value SQLite cannot hold), ``LimitError`` (the statement
+        with its parameters is over the frame limit, ``frame_body_bytes``, 16 MiB encoded: nothing is sent, in
+        every mode), ``ConflictError`` (a constraint), ``OutcomeUnknownError`` (the answer was lost: it may have
+        committed). Concurrent ``exec`` calls share commits (group commit). A cancel after sending leaves the
+        write to happen.
         """
         if self._key in _active.get():
             self._no_tx("exec")
@@ -190,7 +198,13 @@ class Database(_Runner):
         done = await transport.call("sql.exec", Exec(self.name, sql, check_params(self.name, params)), Done, write=True)
         return done
 
-    async def tx(self, fn: Callable[[SqlTx], Awaitable[R] | R], *, read_only: bool = False) -> R:
+    @overload
+    async def tx(self, fn: Callable[[SqlTx], Awaitable[R]], *, read_only: bool = False) -> R: ...
+
+    @overload
+    async def tx(self, fn: Callable[[SqlTx], R], *, read_only: bool = False) -> R: ...
+
+    async def tx(self, fn: Callable[[SqlTx], Any], *, read_only: bool = False) -> Any:
         """Run ``fn(tx)`` in a transaction and return what it returns.
 
         The transaction takes the writer at its start (``BEGIN IMMEDIATE``), so read-then-write never fails
