@@ -18,6 +18,7 @@ import builtins
 import contextlib
 import dataclasses
 import inspect
+import itertools
 import logging
 import math
 import os
@@ -346,7 +347,14 @@ class _Attempt:
         self.pending_progress: str | None = None
         self.progress_sent_at = 0.0
         self.progress_handle: asyncio.TimerHandle | None = None
+        self.expired = False  # the handler's timeout fired (and cancelled the task)
         self.run = Run(self)
+
+    def time_out(self) -> None:
+        """The handler ran past its timeout: cancel it (``_run_attempt`` tells this cancel from others)."""
+        if self.task is not None and not self.task.done() and not self.reporting:
+            self.expired = True
+            self.task.cancel()
 
     def stop(self, why: str) -> None:
         """Cancel the handler (unless it is already reporting its end)."""
@@ -564,16 +572,28 @@ class _Runner:
             return
         timeout = c.timeout_ms / 1000
         timed_out = False
+        # the timeout as asyncio.timeout keeps it (its cancel is told from others by the task's cancel count),
+        # for the price of one timer
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(loop.time() + timeout, a.time_out)
         try:
             try:
-                async with asyncio.timeout(timeout) as cm:
-                    result = self.handler(value, run)
-                    if inspect.isawaitable(result):
-                        result = await result
-            except TimeoutError:
-                if not cm.expired():
+                result = self.handler(value, run)
+                if inspect.isawaitable(result):
+                    result = await result
+            except asyncio.CancelledError:
+                if not a.expired:
                     raise
+                a.expired = False
+                if a.task is None or a.task.uncancel() > 0:
+                    raise  # cancelled from elsewhere too: that cancel goes on
                 timed_out = True
+            finally:
+                timer.cancel()
+            if a.expired:  # it fired, yet the handler ended without its cancel: count that cancel back
+                a.expired = False
+                if a.task is not None:
+                    a.task.uncancel()
         except asyncio.CancelledError as exc:
             if a.why in ("lost", "cancelled"):
                 return  # the store already decided this attempt's end
@@ -763,6 +783,18 @@ class Worker:
 
 
 _handing_back: set[asyncio.Task[Any]] = set()
+# claim tokens: random once per process, then counted (a random token per claim costs a system call, which lets
+# go of the GIL on the loop's hot path)
+_TOKEN_PREFIX = uuid.uuid4().hex
+_tokens = itertools.count(1)
+
+
+def _new_token_prefix() -> None:  # a forked child draws its own
+    global _TOKEN_PREFIX
+    _TOKEN_PREFIX = uuid.uuid4().hex
+
+
+os.register_at_fork(after_in_child=_new_token_prefix)
 
 
 async def claim(
@@ -775,7 +807,7 @@ async def claim(
     store that cannot be reached then leaves those attempts to their lease. Raises ``ClosedError``,
     ``UnavailableError``, ``OutcomeUnknownError`` (the answer was lost; handed back as said), ``InvalidError``.
     """
-    token = uuid.uuid4().hex
+    token = f"{_TOKEN_PREFIX}-{next(_tokens)}"
     req = Claim(
         queue=queue,
         n=n,

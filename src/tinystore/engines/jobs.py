@@ -40,7 +40,6 @@ milliseconds), so tests move backoffs, leases, stuck reports and ``keep`` with a
 from __future__ import annotations
 
 import asyncio
-import base64
 import heapq
 import itertools
 import logging
@@ -408,9 +407,6 @@ class _Ids:
     The layout of a ULID: the 128 bits after two zero bits, five bits a character, most significant first."""
 
     ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-    # RFC 4648 base32 encodes five bits a character with its own alphabet, in the same order: translated, it
-    # spells Crockford's
-    _TABLE = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", ALPHABET.encode())
 
     def __init__(self) -> None:
         self.last_ms = -1
@@ -424,8 +420,13 @@ class _Ids:
             rand = random.getrandbits(80)
         self.last_ms, self.last_rand = ms, rand
         n = ((ms & 0xFFFF_FFFF_FFFF) << 80) | (rand & ((1 << 80) - 1))
-        # 136 bits: two zero bits, the 128 of n, six zero bits; the first 26 characters are the 130 leading bits
-        return base64.b32encode((n << 6).to_bytes(17, "big"))[:26].translate(self._TABLE).decode()
+        # 130 bits (two zero bits, then the 128 of n): thirteen pairs of characters, ten bits each
+        pairs = _PAIRS
+        return "".join([pairs[(n >> shift) & 1023] for shift in _SHIFTS])
+
+
+_PAIRS = [a + b for a in _Ids.ALPHABET for b in _Ids.ALPHABET]
+_SHIFTS = tuple(range(120, -1, -10))
 
 
 class JobsEngine:
@@ -444,12 +445,14 @@ class JobsEngine:
         limits: Limits,
         *,
         publish: Callable[[str, tuple[str, ...], bytes], object] | None = None,
+        listened: Callable[[str, tuple[str, ...]], bool] | None = None,
         spawn: Callable[[Any], asyncio.Task[Any]] | None = None,
     ) -> None:
         self.sql = sql
         self.clock = clock
         self.limits = limits
         self.publish = publish
+        self.listened = listened
         self._spawn = spawn or asyncio.ensure_future
         self.queues: dict[str, _Queue] = {}
         self._loading: dict[str, asyncio.Future[_Queue]] = {}
@@ -1792,8 +1795,12 @@ class JobsEngine:
     def _event(
         self, q: _Queue, kind: str, jid: str, state: str, progress: Any, attempts: int, error: str | None
     ) -> None:
-        """Publish a job event on ``tinystore-jobs`` under ``(queue, job id)`` when channels are there."""
+        """Publish a job event on ``tinystore-jobs`` under ``(queue, job id)`` when channels are there (and, when
+        ``listened`` can tell, when somebody could hear it: an event nobody can get is not even encoded)."""
         if self.publish is None:
+            return
+        listened = self.listened
+        if listened is not None and not listened(EVENTS_CHANNEL, (q.name, jid)):
             return
         try:
             payload = _msgpack.encode(

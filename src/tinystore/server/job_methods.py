@@ -55,7 +55,14 @@ def install(core: Core) -> None:
             return None
         return channels.publish(channel, branch, payload)
 
-    engine = JobsEngine(core.sql, core.clock, core.limits, publish=publish, spawn=core.spawn)
+    def listened(channel: str, branch: tuple[str, ...]) -> bool:
+        channels = getattr(core, "channels", None)
+        if channels is None:
+            return False
+        listened = getattr(channels, "has_listeners", None)
+        return True if listened is None else bool(listened(channel, branch))
+
+    engine = JobsEngine(core.sql, core.clock, core.limits, publish=publish, listened=listened, spawn=core.spawn)
     core.engines["jobs"] = engine
 
     def own_tx(session: Session, tx_id: int) -> SqlTx:
