@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import datetime
@@ -50,6 +51,10 @@ def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) ->
 
 
 def to_json(value: Any) -> str:
+    """``value`` as one line of valid JSON: bytes as hex, datetimes as ISO text, other objects as ``str``, and a
+    float that is NaN or infinite (JSON has none: a message of an older store, ``select 1e999``) as ``null``,
+    as JavaScript's ``JSON.stringify`` and msgspec write it."""
+
     def default(o: Any) -> Any:
         if isinstance(o, bytes):
             return o.hex()
@@ -57,7 +62,21 @@ def to_json(value: Any) -> str:
             return o.isoformat()
         return str(o)
 
-    return json.dumps(value, default=default, ensure_ascii=False)
+    try:
+        return json.dumps(value, default=default, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere (the usual value has none: this costs nothing then)
+        return json.dumps(_finite(value), default=default, ensure_ascii=False, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (in lists, tuples and dicts, keys too) as ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {_finite(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 @click.group()

@@ -34,6 +34,7 @@ from ..errors import ClosedError, InvalidError, LimitError, TinystoreError
 from ..names import check_name, key_text
 from ..protocol.channels import (
     DELIVER,
+    FLOAT64,
     GRANT,
     GRANT_MANY,
     PUBLISH,
@@ -54,6 +55,8 @@ from ..protocol.channels import (
     Subscribed,
     Unsubscribe,
     malformed_id,
+    non_finite,
+    non_finite_error,
     parse_id,
 )
 
@@ -131,11 +134,17 @@ class _Codec:
         self.decode = decoder.decode
         self.check = type_ is not None
 
-    def encode(self, value: Any) -> bytes:
+    def encode(self, value: Any, branch: tuple[str, ...] = ()) -> bytes:
+        """``value`` as the payload of a message on ``branch``. Raises ``InvalidError`` (it does not encode as
+        the channel's type; it holds a NaN or an infinity) and ``LimitError`` (over ``channel_message_bytes``)."""
         try:
             data = self.encoder.encode(value)
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidError(f"channel {self.name}: the value does not encode: {exc}") from None
+        if FLOAT64 in data:  # a float may be there (msgspec writes every float as a float64): look closer
+            problem = non_finite(data)
+            if problem is not None:
+                raise InvalidError(non_finite_error(self.name, branch, problem))
         if self.check:
             try:
                 self.decode(data)
@@ -198,13 +207,14 @@ class Channel(Generic[T]):
         flight goes with the others of its loop turn in one call (at most 1 MiB or 1024 messages a call),
         so concurrent publishers cost the store one request per turn, not one each.
 
-        Raises ``InvalidError`` (the value does not encode as the channel's type), ``LimitError`` (its
+        Raises ``InvalidError`` (the value does not encode as the channel's type, or holds a NaN or an
+        infinity anywhere: JSON has none, as SQL and jobs refuse them), ``LimitError`` (its
         encoding is over ``channel_message_bytes``, 64 KiB: ``limit`` and ``wanted`` in bytes) — in both
         cases nothing is published —, ``OutcomeUnknownError`` (the connection dropped before the answer: it
         may have been published), ``ClosedError`` (the store is closed). A
         cancel after the message was sent may leave it published.
         """
-        data = self._codec.encode(value)
+        data = self._codec.encode(value, self.branch)
         req = Publish(self.name, self._wire_branch, data)
         hub = _hub(self.store)
         if hub.local:
@@ -294,15 +304,15 @@ class TxChannel(Generic[T]):
 
         Subscribers hear it only after the commit returned, and a subscriber that hears it can read the
         committed rows; a rollback (a raise, a cancel, a timeout, a dropped connection) drops it, and nobody
-        hears of it. Raises ``InvalidError`` (the value does not encode as the channel's type; a read-only
-        transaction), ``LimitError`` (over 64 KiB encoded), ``ClosedError`` (the transaction ended, or the
-        connection dropped: the transaction is then rolled back). Nothing is kept when it raises. A cancel
-        after the call was sent may leave the message waiting for the commit; cancelling the transaction's
-        function rolls it back, and the message with it.
+        hears of it. Raises ``InvalidError`` (the value does not encode as the channel's type, or holds a NaN
+        or an infinity; a read-only transaction), ``LimitError`` (over 64 KiB encoded), ``ClosedError`` (the
+        transaction ended, or the connection dropped: the transaction is then rolled back). Nothing is kept
+        when it raises. A cancel after the call was sent may leave the message waiting for the commit;
+        cancelling the transaction's function rolls it back, and the message with it.
         """
         self.tx._check()
         ch = self.channel
-        data = ch._codec.encode(value)
+        data = ch._codec.encode(value, ch.branch)
         await ch.store._call(PUBLISH, Publish(ch.name, ch._wire_branch, data, self.tx.id), Any, retry=False)
 
     def __repr__(self) -> str:

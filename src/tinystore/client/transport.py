@@ -4,6 +4,10 @@
 Both offer ``call(method, request, response_type, write=...)`` and push handlers. Over a socket, a dropped
 connection is re-made by itself with exponential backoff and full jitter (STORE-06); a read whose answer was
 lost is sent again; a write whose answer was lost raises ``OutcomeUnknownError`` and is never sent twice.
+
+Both refuse a request whose encoding is over the frame limit (``Limits.frame_body_bytes``; over a socket, what
+the server announced in ``WELCOME``) with ``LimitError`` before anything is sent or run, so the outcome of an
+oversized request does not depend on the way the store is reached, and the connection goes on.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import msgspec
 from ..errors import (
     ClosedError,
     InvalidError,
+    LimitError,
     OutcomeUnknownError,
     ProtocolError,
     TinystoreError,
@@ -34,7 +39,9 @@ from ..errors import (
     error_from,
 )
 from ..protocol import frames
-from ..protocol.frames import Kind, request_frame
+from ..protocol.channels import GRANT, PUBLISH, UNSUBSCRIBE
+from ..protocol.frames import Kind, body_too_large, request_frame
+from ..protocol.locks import ACQUIRE, RELEASE, RENEW
 from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode
 
 _RESPONSE = Kind.RESPONSE
@@ -46,6 +53,26 @@ PushHandler = Callable[[Any], None]
 ReconnectHook = Callable[[int, int], Awaitable[None]]  # (old epoch, new epoch)
 
 
+_SUBJECTS = (("db", "database"), ("channel", "channel"), ("queue", "queue"), ("lock", "lock"))
+# methods whose requests other bounds keep far below any frame limit (names of 64 characters, keys of 256, ids)
+_SMALL_REQUESTS = frozenset(
+    {GRANT, UNSUBSCRIBE, ACQUIRE, RENEW, RELEASE, "store.ping", "store.status", "clock.now", "clock.advance"}
+)
+
+
+def too_large(method: str, request: Any, size: int, limit: int, subject: str = "") -> LimitError:
+    """The ``LimitError`` of a request of ``method`` whose encoding (``size`` bytes) is over the frame limit,
+    naming what it is about (``database app: sql.exec: the request is ... bytes``): ``subject`` when given,
+    else the database, channel, queue or lock the request names."""
+    if not subject:
+        for attr, kind in _SUBJECTS:
+            name = getattr(request, attr, None)
+            if isinstance(name, str) and name:
+                subject = f"{kind} {name}"
+                break
+    return body_too_large(f"{subject}: {method}" if subject else method, size, limit)
+
+
 class Transport:
     """What the engine clients need of a way to reach the store."""
 
@@ -53,6 +80,7 @@ class Transport:
     epoch = 0
     test_clock = False
     description = ""
+    max_body = frames.DEFAULT_MAX_BODY  # the largest request body the store accepts (its frame limit)
 
     def __init__(self) -> None:
         self.push_handlers: dict[str, tuple[PushHandler, Any]] = {}
@@ -66,12 +94,21 @@ class Transport:
     async def call(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
     ) -> Any:
+        """Call ``method`` with ``request``; its answer decoded as ``response_type``. Raises ``LimitError``
+        when the request's encoding is over the frame limit (nothing is sent), ``ClosedError``, and what the
+        method raises."""
         raise NotImplementedError
 
     def call_now(self, method: str, request: Any) -> Any:
         """In this process only (``local``): the method's result as the core gives it (a value, or something
-        to await: a future, a coroutine, a ``Later``), with no coroutine of the transport in between."""
+        to await: a future, a coroutine, a ``Later``), with no coroutine of the transport in between. Raises
+        ``LimitError`` (the request's encoding is over the frame limit), ``ClosedError``."""
         raise NotImplementedError
+
+    def check_size(self, method: str, request: Any, db: str = "") -> None:
+        """Raise ``LimitError`` (naming the database ``db``, else what ``request`` names) when ``request`` would
+        not fit a frame. For calls that bypass :meth:`call` in this process (``local``); over a socket,
+        :meth:`call` checks the encoding it sends, and this does nothing."""
 
     def sql_database(self, name: str) -> Any:
         """In this process only: the engine's open database ``name`` (a ``SqlDatabase``), or ``None``."""
@@ -82,7 +119,8 @@ class Transport:
 
 
 class LocalTransport(Transport):
-    """The engines of this process (embedded): calls go straight to the core, nothing is encoded."""
+    """The engines of this process (embedded): calls go straight to the core, nothing is sent encoded (a
+    request's encoding is only measured, so that one past the frame limit is refused as over a socket)."""
 
     local = True
 
@@ -93,6 +131,18 @@ class LocalTransport(Transport):
         self.epoch = core.epoch
         self.test_clock = core.clock.is_test
         self.description = f"embedded:{core.directory}"
+        limits = core.limits
+        self.max_body = limits.frame_body_bytes
+        # nothing is encoded in this process, but a request that a socket could not carry is refused all the
+        # same: its encoding is measured in a buffer kept for that (no allocation for the usual small one) —
+        # except for the methods whose requests are small by other bounds (names, keys, a payload the channel
+        # checked against channel_message_bytes), which are the hot ones
+        self._measure = msgspec.msgpack.Encoder().encode_into
+        self._scratch = bytearray(256)
+        small = set(_SMALL_REQUESTS)
+        if limits.channel_message_bytes + 65536 <= limits.frame_body_bytes:
+            small.add(PUBLISH)
+        self._small = frozenset(small)
 
     def _push(self, method: str, body: Any) -> None:
         entry = self.push_handlers.get(method)
@@ -104,6 +154,8 @@ class LocalTransport(Transport):
     ) -> Any:
         if self.closed:
             raise ClosedError(f"store {self.core.directory} is closed")
+        if method not in self._small:
+            self.check_size(method, request)
         result = self.core.invoke(self.session, method, request)
         if isinstance(result, _Future) or type(result) is CoroutineType:
             return await result
@@ -114,7 +166,21 @@ class LocalTransport(Transport):
     def call_now(self, method: str, request: Any) -> Any:
         if self.closed:
             raise ClosedError(f"store {self.core.directory} is closed")
+        if method not in self._small:
+            self.check_size(method, request)
         return self.core.invoke(self.session, method, request)
+
+    def check_size(self, method: str, request: Any, db: str = "") -> None:
+        scratch = self._scratch
+        try:
+            self._measure(request, scratch)
+        except (TypeError, ValueError, OverflowError):
+            return  # not a wire value: the engine tells what is wrong with it
+        size = len(scratch)
+        if size > 65536:
+            self._scratch = bytearray(256)  # do not keep a large buffer
+        if size > self.max_body:
+            raise too_large(method, request, size, self.max_body, f"database {db}" if db else "")
 
     def sql_database(self, name: str) -> Any:
         if self.closed:
@@ -263,6 +329,11 @@ class _ClientConn(asyncio.Protocol):
                 self.goaway = decode(body, GoAway).reason
             except Exception:
                 self.goaway = "the server closed the connection"
+            # The server answers nothing after a GOAWAY and reads nothing more: drop the connection now, so
+            # that the calls still pending fail at once (connection_lost) rather than wait for a close that a
+            # write stuck in our buffer (the server stopped reading) could hold back for ever.
+            if self.transport is not None:
+                self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -353,7 +424,9 @@ class RemoteTransport(Transport):
         self.welcome = welcome
         self.epoch = welcome.epoch
         self.test_clock = welcome.test_clock
+        self.max_body = welcome.max_body
         proto.conn.max_inflight = welcome.max_inflight
+        proto.conn.peer_max_body = welcome.max_body
         return proto
 
     def _dispatch_push(self, method: str, body: bytes) -> None:
@@ -437,6 +510,9 @@ class RemoteTransport(Transport):
             body = encode(request)
         except (TypeError, OverflowError) as exc:
             raise InvalidError(f"{method}: a value cannot be sent: {exc}") from None
+        if len(body) > self.max_body:
+            # the server would refuse the frame and close the connection: refuse it here, send nothing
+            raise too_large(method, request, len(body), self.max_body)
         while True:
             conn = self._conn
             if conn is None or self.closed:

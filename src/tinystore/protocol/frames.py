@@ -18,6 +18,10 @@ closed with that reason): the first frame each way is the handshake (``HELLO`` f
 ``WELCOME`` or ``ERROR`` from the server); a frame's body is at most ``max_body`` bytes; a kind must be one
 the peer's role may send; a request's stream id is non-zero and not already in flight; a client has at
 most ``max_inflight`` requests in flight (its request credit, announced in ``WELCOME``).
+
+A sender checks its own bodies too: :meth:`Connection.send_request` refuses a body past the peer's limit
+(``peer_max_body``, announced in ``WELCOME``) with :class:`~tinystore.errors.LimitError` before any byte is
+written, so an oversized request fails alone and the connection goes on (:func:`body_too_large`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
-from ..errors import ProtocolError
+from ..errors import LimitError, ProtocolError
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">IBBIB")
@@ -104,6 +108,16 @@ def _method_bytes(method: str) -> bytes:
     return m
 
 
+def body_too_large(what: str, size: int, limit: int) -> LimitError:
+    """The error of a request whose body (``size`` bytes of MessagePack) is over the frame limit ``limit``:
+    ``what`` names the request (``"database app: sql.exec"``)."""
+    return LimitError(
+        f"{what}: the request is {size} bytes encoded, over the frame limit of {limit} bytes (frame_body_bytes)",
+        limit=limit,
+        wanted=size,
+    )
+
+
 def encode_frame(kind: Kind, stream: int, method: str, body: bytes, flags: int = 0) -> bytes:
     """Bytes of one frame. ``method`` must be ASCII of at most 255 bytes."""
     m = _method_bytes(method) if method else b""
@@ -125,7 +139,9 @@ class Connection:
     """The state of one connection, as seen by ``role`` (``"client"`` or ``"server"``).
 
     ``max_body``: the largest body accepted, in bytes. ``max_inflight``: on a server, the most requests a
-    client may have in flight (its request credit); a client learns it from ``WELCOME``.
+    client may have in flight (its request credit); a client learns it from ``WELCOME``. ``peer_max_body``:
+    the largest body the peer accepts (a client learns it from ``WELCOME``); :meth:`send_request` refuses a
+    larger one.
 
     Two ways to take frames out: :meth:`next_event` (one :class:`Frame` at a time) and :meth:`next_frames`
     (every whole frame buffered, as tuples, in one call: what the server and the SDK use on their hot path).
@@ -144,6 +160,7 @@ class Connection:
         self.role = role
         self.max_body = max_body
         self.max_inflight = max_inflight
+        self.peer_max_body = DEFAULT_MAX_BODY
         # what was received and not yet parsed: ``_buf[_pos:]``. ``_buf`` is the received ``bytes`` object
         # itself while it is being parsed (no copy), a ``bytearray`` only while a frame is incomplete.
         self._buf: bytes | bytearray = b""
@@ -363,6 +380,10 @@ class Connection:
         return encode_frame(Kind.WELCOME, 0, "", body)
 
     def send_request(self, stream: int, method: str, body: bytes) -> bytes:
+        """The bytes of one ``REQUEST`` frame. Raises ``LimitError`` when ``body`` is over ``peer_max_body``
+        (nothing is sent: the connection stays usable)."""
+        if len(body) > self.peer_max_body:
+            raise body_too_large(method, len(body), self.peer_max_body)
         return request_frame(stream, method, body)
 
     def send_response(self, stream: int, body: bytes, chunk: int = 1 << 20) -> list[bytes]:

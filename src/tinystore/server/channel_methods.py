@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from ..engines.channels import Branch, ChannelsEngine
 from ..errors import ClosedError, InvalidError
 from ..protocol.channels import (
+    FLOAT32,
+    FLOAT64,
     GRANT,
     GRANT_MANY,
     PUBLISH,
@@ -33,6 +35,8 @@ from ..protocol.channels import (
     Subscribe,
     Subscribed,
     Unsubscribe,
+    non_finite,
+    non_finite_error,
 )
 from ..protocol.jobs import check_client_publish
 
@@ -69,6 +73,16 @@ class _TxPublishes:
             log.exception("channels: publishing the messages of a committed transaction failed")
 
 
+def check_finite(p: Publish) -> None:
+    """Refuse a payload that holds a NaN or an infinity (``InvalidError`` naming the channel and the branch), as
+    SQL and jobs refuse them: JSON has none. Cheap for a payload without a float marker (no decoding)."""
+    payload = p.payload
+    if FLOAT64 in payload or FLOAT32 in payload:
+        problem = non_finite(payload)
+        if problem is not None:
+            raise InvalidError(non_finite_error(p.channel, p.branch, problem))
+
+
 def install(core: Core) -> None:
     from .core import Method
 
@@ -78,7 +92,12 @@ def install(core: Core) -> None:
     sql = core.sql
 
     def publish(session: Session, req: Publish) -> Published | None:
+        """Raises ``InvalidError`` (a bad name or branch, a value holding a NaN or an infinity, the channel
+        ``tinystore-jobs``, a read-only transaction), ``LimitError`` (over ``channel_message_bytes``),
+        ``ClosedError`` (the transaction is not open)."""
         check_client_publish(req.channel)  # tinystore-jobs is the store's own: job events cannot be spoofed
+        if not session.local:  # the SDK checked the values of this process already
+            check_finite(req)
         branch = tuple(req.branch)
         if not req.tx:
             return engine.publish(req.channel, branch, req.payload)
@@ -97,8 +116,11 @@ def install(core: Core) -> None:
         return None
 
     def publish_many(session: Session, req: PublishMany) -> list[Published]:
+        """All or nothing: errors as :func:`publish`, and none is published when one item is refused."""
         for p in req.items:
             check_client_publish(p.channel)
+            if not session.local:
+                check_finite(p)
         return engine.publish_many([(p.channel, tuple(p.branch), p.payload) for p in req.items])
 
     def subscribe(session: Session, req: Subscribe) -> Subscribed:

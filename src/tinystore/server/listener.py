@@ -136,9 +136,12 @@ class ServerConnection(asyncio.Protocol):
         self.closing = True
         self.listener.connections.discard(self)
         self.listener.touch()
-        for task in self.tasks.values():
+        tasks, self.tasks = self.tasks, {}
+        futures, self.futures = self.futures, {}
+        for task in tasks.values():
             task.cancel()
-        self.tasks.clear()
+        for fut in futures.values():
+            fut.cancel()  # nobody is left to answer: what waits for a result stops waiting
         if self.session is not None:
             self.session.close()
 
@@ -159,10 +162,7 @@ class ServerConnection(asyncio.Protocol):
         if kind is Kind.HELLO:
             self.on_hello(body)
         elif kind is Kind.CANCEL:
-            task = self.tasks.pop(stream, None)
-            if task is not None:
-                task.cancel()
-            self.conn.finished(stream)
+            self.cancel(stream)
         elif kind is Kind.GOAWAY:
             self.close("the client said goodbye", "closed", notify=False)
 
@@ -241,10 +241,10 @@ class ServerConnection(asyncio.Protocol):
             return
         if type(result) is Later:
             self.laters[stream] = result
-            result.then(partial(self.answer, stream))
+            result.then(partial(self.answer, stream, result))
         elif isinstance(result, _Future):
             if result.done():
-                self.finish(stream, result)
+                self.settle(stream, result)
             else:
                 self.futures[stream] = result
                 result.add_done_callback(partial(self.finish, stream))
@@ -255,10 +255,31 @@ class ServerConnection(asyncio.Protocol):
         else:
             self.send_result(stream, result)
 
+    def cancel(self, stream: int) -> None:
+        """A ``CANCEL`` from the client: it gave up on ``stream`` and forgot it. What runs the call is cancelled
+        — a task (a coroutine's) or a future (a read on a reader thread, a statement of a transaction) — and
+        nothing is answered. A write answered through a ``Later`` cannot be taken back (a cancel after
+        sending leaves the write to happen): its answer is dropped when it comes."""
+        running: asyncio.Future[Any] | None = self.tasks.pop(stream, None) or self.futures.pop(stream, None)
+        if running is not None:
+            running.cancel()
+        self.laters.pop(stream, None)
+        self.conn.finished(stream)
+
     def finish(self, stream: int, fut: asyncio.Future[Any]) -> None:
-        if self.tasks:
-            self.tasks.pop(stream, None)
-        self.futures.pop(stream, None)
+        """Answer ``stream`` with the outcome of ``fut``, the task or future that ran its call (its done
+        callback); nothing when the call is no longer ours to answer (a ``CANCEL``, the connection's end)."""
+        tasks = self.tasks
+        if tasks and tasks.get(stream) is fut:
+            del tasks[stream]
+        elif self.futures.get(stream) is fut:
+            del self.futures[stream]
+        else:
+            return  # cancelled by the client (or the connection is gone); the stream may be in use again
+        self.settle(stream, fut)
+
+    def settle(self, stream: int, fut: asyncio.Future[Any]) -> None:
+        """Answer ``stream`` with the outcome of ``fut`` (done)."""
         if self.closing:
             return
         if fut.cancelled():
@@ -270,9 +291,12 @@ class ServerConnection(asyncio.Protocol):
         else:
             self.send_result(stream, fut.result())
 
-    def answer(self, stream: int, value: Any, exc: BaseException | None) -> None:
-        """The result of a call answered through a :class:`Later`."""
-        del self.laters[stream]
+    def answer(self, stream: int, later: Later, value: Any, exc: BaseException | None) -> None:
+        """The result of a call answered through a :class:`Later` (nothing when the client cancelled it)."""
+        laters = self.laters
+        if laters.get(stream) is not later:
+            return
+        del laters[stream]
         if exc is not None:
             self.send_error(stream, exc)
         else:

@@ -167,9 +167,12 @@ def announce_ready(listeners: list[Listener]) -> None:
     try:
         sys.stdout.write("ready " + " ".join(lst.description for lst in listeners) + "\n")
         sys.stdout.flush()
-        os.close(1)
+        # Put /dev/null in place of the pipe in one step (dup2 closes the pipe): fd 1 must never be free, or
+        # the next connection accepted gets it, and the event loop (libuv) never closes fds 0-2 — a connection
+        # it "closed" (a GOAWAY, a stop) would stay open, and its client would wait for ever.
         fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, 1)
-        os.close(fd)
+        if fd != 1:
+            os.dup2(fd, 1)
+            os.close(fd)
     except OSError:
         pass
