@@ -383,3 +383,18 @@ async def test_a_plain_handler_takes_a_delivery_in_one_loop_turn(tmp_path: Path)
         assert [v for v, _ in seen] == list(range(50))
         assert len({t for _, t in seen}) == 1, seen
         await sub.stop()
+
+
+# contract: CHAN-02
+async def test_a_publish_loop_does_not_starve_subscribers_of_its_own_process(any_store: tinystore.Store) -> None:
+    """A task publishing in a loop, with nothing else awaited: a fast subscriber in the same process gets every
+    message in every mode (an embedded publish never waits on I/O, so it gives the loop a turn now and then)."""
+    ch = any_store.channel("starve").under(1)
+    got: list[int] = []
+    missed: list[Missed] = []
+    sub = await ch.subscribe(lambda m: got.append(m.value), on_missed=missed.append)
+    for i in range(3000):
+        await ch.publish(i)
+    await eventually(lambda: len(got) == 3000)
+    assert got == list(range(3000)) and missed == []
+    await sub.stop()

@@ -29,7 +29,9 @@ def register(main: click.Group) -> None:
     @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
     @click.pass_context
     def channels(ctx: click.Context, directory: Path) -> None:
-        """Publish on and listen to the channels of DIRECTORY (its server, or the store embedded here)."""
+        """Publish on and listen to the channels of DIRECTORY. `subscribe` reaches the directory's server (started
+        when none runs, as a sidecar that stops once idle); `publish` reaches it when one runs (else nobody can
+        be listening: the message is published on a store embedded in the command)."""
         ctx.obj = directory
 
     @channels.command()
@@ -74,8 +76,12 @@ def register(main: click.Group) -> None:
             sys.stdout.flush()
 
         async def go() -> None:
+            import tinystore
+
             name, parts = split_target(target)
-            store = await open_for_cli(directory)
+            # the directory's server, started when none runs (as `tinystore lock hold` does): a listener that
+            # owned the directory itself would shut out the publishers it waits for
+            store = await tinystore.open(directory)
             try:
                 branch = store.channel(name).under(*parts)
                 sub = await branch.subscribe(

@@ -219,6 +219,12 @@ class Channel(Generic[T]):
         hub = _hub(self.store)
         if hub.local:
             got: Published = await self.store._call(PUBLISH, req, Published, write=True)
+            # an embedded publish never waits: a loop of them would never let this process's subscribers run
+            # (they would miss what the log cannot hold meanwhile). Every few publishes give the loop a turn.
+            hub.unyielded += 1
+            if hub.unyielded >= LOCAL_YIELD_EVERY:
+                hub.unyielded = 0
+                await asyncio.sleep(0)
             return got.id
         if hub.inflight or hub.batch is not None:
             got = await hub.publish(req, len(data))  # under load: with the others of this loop turn
@@ -848,6 +854,10 @@ def _advance(pos: str, n: int) -> str:
     return f"{epoch}-{int(seq) + n}"
 
 
+LOCAL_YIELD_EVERY = 16
+"""An embedded publisher gives the event loop a turn every this many publishes (see ``Channel.publish``)."""
+
+
 class _Hub:
     """The channels side of one store's connection: routes deliveries to subscriptions by the store's id,
     subscribes them again after a reconnect, and stops them when the store closes."""
@@ -868,6 +878,7 @@ class _Hub:
         self.batch: list[tuple[Publish, asyncio.Future[Published]]] | None = None
         self.batch_bytes = 0
         self.inflight = 0  # publish calls sent and not answered
+        self.unyielded = 0  # embedded publishes since the last one that gave the loop a turn
         self.grants: dict[int, int] = {}  # credit to give back at the end of this loop turn, by the store's id
         self.grant_many = True  # the server knows channels.grant_many (an older one refused it: one call each)
         try:
