@@ -44,14 +44,26 @@ def seconds(value: Duration, what: str = "duration") -> float:
             try:
                 out = float(text)
             except ValueError:
-                raise InvalidError(
-                    f'{what}: cannot read {value!r} as a duration (use "250ms", "30s", "1m30s", "2h", "7d")'
-                ) from None
+                # "-1s" reads as a negative duration (refused below as -1 is), not as text that does not parse
+                rest = _text_seconds(text[1:]) if text.startswith("-") else None
+                if rest is None:
+                    raise InvalidError(
+                        f'{what}: cannot read {value!r} as a duration (use "250ms", "30s", "1m30s", "2h", "7d")'
+                    ) from None
+                out = -rest if rest else 0.0
     else:
         raise InvalidError(f"{what}: expected a duration (timedelta, seconds, or text), got {type(value).__name__}")
     if not math.isfinite(out) or out < 0:
         raise InvalidError(f"{what}: a duration must be finite and not negative, got {value!r}")
     return out
+
+
+def _text_seconds(text: str) -> float | None:
+    """``text`` (with no sign) in seconds, or ``None`` when it does not read as a duration."""
+    try:
+        return seconds(text)
+    except InvalidError:
+        return None
 
 
 def optional_seconds(value: Duration | None, what: str = "duration") -> float | None:

@@ -1,12 +1,19 @@
-"""Names of databases, channels, locks and queues: ``[a-z0-9][a-z0-9_-]{0,63}``."""
+"""Names of databases, channels, locks and queues: ``[a-z0-9][a-z0-9_-]{0,63}``.
+
+Database names starting with ``tinystore-`` are the store's own (``tinystore-jobs`` holds the job queues): a
+client may read them but not write to them (:func:`check_db_writable`).
+"""
 
 from __future__ import annotations
 
 import re
 
-from .errors import InvalidError
+from .errors import InvalidError, PermissionDeniedError
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+
+RESERVED_DB_PREFIX = "tinystore-"
+"""Databases whose names start with this are the store's own (``tinystore-jobs``)."""
 
 
 def check_name(kind: str, name: object) -> str:
@@ -17,6 +24,37 @@ def check_name(kind: str, name: object) -> str:
             "starting with a letter or digit"
         )
     return name
+
+
+def reserved_db_error(name: str, what: str) -> PermissionDeniedError:
+    """The error for a client's write to the store's own database ``name``; ``what`` says what was refused
+    ("migrations are refused")."""
+    jobs = "; jobs go through the jobs API (store.queue(...), `tinystore jobs`)" if name == "tinystore-jobs" else ""
+    return PermissionDeniedError(
+        f"database {name} is the store's own: clients may read it but not write to it; {what}{jobs}. "
+        f"Database names starting with {RESERVED_DB_PREFIX!r} are kept for the store"
+    )
+
+
+def check_db_writable(name: str, what: str) -> None:
+    """Raise ``PermissionDeniedError`` (see :func:`reserved_db_error`) when ``name`` is one of the store's own
+    databases; do nothing otherwise."""
+    if name.startswith(RESERVED_DB_PREFIX):
+        raise reserved_db_error(name, what)
+
+
+_AN_LETTERS = frozenset("AEFHILMNORSX")  # letters whose names begin with a vowel sound ("an HTTP...", "an SQL...")
+
+
+def a_or_an(word: str) -> str:
+    """``word`` with its indefinite article, for messages: ``"an int"``, ``"a dict"``, ``"a UUID"``,
+    ``"an HTTPError"``."""
+    if len(word) > 1 and word[:2].isupper():  # an acronym: read letter by letter
+        return f"{'an' if word[0] in _AN_LETTERS else 'a'} {word}"
+    low = word.lower()
+    if low.startswith(("uu", "uni", "use", "usu", "uti", "eu", "one")):
+        return f"a {word}"
+    return f"{'an' if low[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} {word}"
 
 
 def key_text(kind: str, name: str, key: object) -> str:

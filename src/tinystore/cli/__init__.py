@@ -277,6 +277,7 @@ def sql(directory: Path, statement: str, params: tuple[str, ...], database: str,
 
     async def go() -> tuple[list[str], list[list[Any]], Any]:
         from ..errors import InvalidError
+        from ..names import RESERVED_DB_PREFIX, reserved_db_error
 
         known = sorted(p.stem for p in (directory / "sql").glob("*.db"))
         if database not in known and not write:
@@ -295,6 +296,8 @@ def sql(directory: Path, statement: str, params: tuple[str, ...], database: str,
                 rows = await db._query(statement, values, "all")
             except InvalidError as exc:
                 if "readonly" in exc.message or "read-only" in exc.message:
+                    if database.startswith(RESERVED_DB_PREFIX):
+                        raise reserved_db_error(database, "this statement writes") from None
                     raise InvalidError(f"database {database}: this statement writes: add --write to run it") from None
                 raise
             return rows.columns, [list(r) for r in rows.rows], None

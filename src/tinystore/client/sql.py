@@ -13,7 +13,7 @@ import msgspec
 
 from ..engines.sql import check_params
 from ..errors import ClosedError, InvalidError
-from ..names import check_name
+from ..names import a_or_an, check_name
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
 
 if TYPE_CHECKING:
@@ -184,14 +184,17 @@ class Database(_Runner):
         Raises ``InvalidError`` (SQLite's message; a value SQLite cannot hold), ``LimitError`` (the statement
         with its parameters is over the frame limit, ``frame_body_bytes``, 16 MiB encoded: nothing is sent, in
         every mode), ``ConflictError`` (a constraint), ``OutcomeUnknownError`` (the answer was lost: it may have
-        committed). Concurrent ``exec`` calls share commits (group commit). A cancel after sending leaves the
-        write to happen.
+        committed), ``PermissionDeniedError`` (a statement that writes to one of the store's own databases,
+        ``tinystore-…``). Concurrent ``exec`` calls share commits (group commit). A cancel after sending leaves
+        the write to happen.
         """
         if self._key in _active.get():
             self._no_tx("exec")
         transport = self._transport
         if transport.local:
             done: Done = await transport.call_now("sql.exec", Exec(self.name, sql, list(params)))
+            if done.rows:  # the engine's rows are tuples: lists, as a socket gives them (only with returning)
+                done.rows = [[*r] for r in done.rows]
             return done
         if self.store._dead is not None:
             raise self.store._dead
@@ -212,7 +215,9 @@ class Database(_Runner):
         when ``fn`` returns and rolls back when ``fn`` raises or is cancelled (the error or the cancel goes
         on), when it stays idle past ``tx_idle`` or runs past ``tx_max`` (``TimeoutError_``), or when the
         connection drops (``ClosedError``). A commit whose answer was lost raises ``OutcomeUnknownError``.
-        Calling ``db.tx`` or ``db.exec`` on the same database inside ``fn`` raises ``InvalidError``.
+        Calling ``db.tx`` or ``db.exec`` on the same database inside ``fn`` raises ``InvalidError``. On one of
+        the store's own databases (``tinystore-…``) only ``read_only=True`` is allowed, else
+        ``PermissionDeniedError``.
         """
         self._no_tx("tx")
         tx_id: int = await self.store._call("sql.begin", Begin(self.name, read_only), int)
@@ -259,13 +264,15 @@ class SqlTx(_Runner):
         done: Done = await self._transport.call(
             "sql.exec", Exec(self.name, sql, check_params(self.name, params), self.id), Done, retry=False
         )
+        if done.rows and self._transport.local:  # the engine's tuples as lists, as over a socket
+            done.rows = [[*r] for r in done.rows]
         return done
 
     def with_(self, thing: Any) -> Any:
         """``thing`` (a channel or a queue) bound to this transaction."""
         bind = getattr(thing, "_bind_tx", None)
         if bind is None:
-            raise InvalidError(f"tx.with_: a {type(thing).__name__} cannot take part in a transaction")
+            raise InvalidError(f"tx.with_: {a_or_an(type(thing).__name__)} cannot take part in a transaction")
         return bind(self)
 
     def _check(self) -> None:

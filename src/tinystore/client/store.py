@@ -134,8 +134,13 @@ class Store:
         """Open (creating) the SQL database ``name`` (``DIR/sql/<name>.db``) and apply ``migrations``: a
         folder whose ``*.sql`` files apply in name order, once, each in its own transaction (SQL-05).
 
+        Names starting with ``tinystore-`` are the store's own databases (``tinystore-jobs``): they open for
+        reading only (their ``exec`` of a statement that writes and their ``tx`` that is not ``read_only`` raise
+        ``PermissionDeniedError``).
+
         Raises ``InvalidError`` (a bad name, a migration that fails), ``ConflictError`` (an applied migration
-        whose text changed), ``PermissionDeniedError`` (a ``data`` token that would run migrations).
+        whose text changed), ``PermissionDeniedError`` (a ``data`` token that would run migrations; migrations
+        for one of the store's own databases, or one of those the store has not made).
         """
         check_name("database", name)
         db = self._databases.get(name) or Database(self, name)
@@ -252,9 +257,16 @@ async def open(
     ``limits``: :class:`~tinystore.Limits` (private and embedded, or a sidecar this call starts).
 
     Raises ``InUseError`` (private/embedded: another process owns the directory), ``UnavailableError``
-    (the server could not be started or reached), ``InvalidError`` (bad options).
+    (the server could not be started or reached), ``InvalidError`` (bad options; an empty ``directory``, which
+    is not taken to mean the current directory: pass ``"."`` for that).
     """
-    path = Path(directory).resolve()
+    try:
+        text = os.fspath(directory)
+    except TypeError:
+        raise InvalidError(f"open: directory {directory!r}: expected a path (str or os.PathLike)") from None
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidError(f'open: directory {directory!r}: give the store\'s directory (".", for the current one)')
+    path = Path(text).resolve()
     if private and embedded:
         raise InvalidError("open: private and embedded cannot both be set")
     if durability not in ("full", "os"):
@@ -328,7 +340,7 @@ async def _open_private(path: Path, durability: str, clock: datetime | None, lim
         cmd += ["--clock", clock.isoformat()]
     child = await _spawn_private(cmd)
     sock = paths.socket_path(path)
-    transport = RemoteTransport(lambda: _unix_endpoint(sock), description=f"private:{path}")
+    transport = RemoteTransport(lambda: _unix_endpoint(sock), description=f"private:{path}", where=str(path))
     try:
         await transport.connect()
     except BaseException:
@@ -374,7 +386,7 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
         await ensure_server(path, sock, extra)
         return "unix", str(sock)
 
-    transport = RemoteTransport(endpoint, description=f"sidecar:{path}")
+    transport = RemoteTransport(endpoint, description=f"sidecar:{path}", where=str(path))
     await transport.connect()
     return Store(transport, mode="sidecar", directory=path, limits=limits)
 

@@ -363,6 +363,7 @@ class RemoteTransport(Transport):
 
     ``endpoint``: an async function giving where to connect (it may start a sidecar first).
     ``reconnect_timeout``: how long a call waits for the store to come back before ``UnavailableError``.
+    ``where``: the store's directory or address, for messages (``description`` unless given).
     """
 
     def __init__(
@@ -373,12 +374,14 @@ class RemoteTransport(Transport):
         name: str = "",
         description: str = "",
         reconnect_timeout: float = 30.0,
+        where: str = "",
     ) -> None:
         super().__init__()
         self.endpoint = endpoint
         self.token = token
         self.name = name or f"pid {os.getpid()}"
         self.description = description
+        self.where = where or description
         self.reconnect_timeout = reconnect_timeout
         self._conn: _ClientConn | None = None
         self._up = asyncio.Event()
@@ -488,7 +491,7 @@ class RemoteTransport(Transport):
 
     async def _wait_up(self) -> _ClientConn:
         if self.closed:
-            raise ClosedError("the store is closed")
+            raise ClosedError(f"store {self.where} is closed")
         try:
             await asyncio.wait_for(self._up.wait(), self.reconnect_timeout)
         except TimeoutError:
@@ -497,7 +500,7 @@ class RemoteTransport(Transport):
                 f"{self.last_error}"
             ) from None
         if self.closed:
-            raise ClosedError("the store is closed")
+            raise ClosedError(f"store {self.where} is closed")
         conn = self._conn
         if conn is None:
             return await self._wait_up()
@@ -591,4 +594,4 @@ class RemoteTransport(Transport):
             pending, conn.pending = conn.pending, {}
             for fut in pending.values():
                 if not fut.done():
-                    fut.set_exception(ClosedError("the store was closed"))
+                    fut.set_exception(ClosedError(f"store {self.where} was closed"))

@@ -217,6 +217,14 @@ class QueueOptions:
         )
 
 
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Take a finished future's outcome, so that asyncio does not log it as never retrieved."""
+    if not fut.cancelled():
+        exc = fut.exception()
+        if exc is not None and not isinstance(exc, ClosedError):
+            log.debug("jobs: an opening ended with the store: %s", exc)
+
+
 def _merge(limits: Limits, o: Options) -> QueueOptions:
     def secs(ms: int | None, default: float) -> float:
         return default if ms is None else ms / 1000
@@ -468,13 +476,19 @@ class JobsEngine:
     # ------------------------------------------------------------------------------------------- setup
 
     async def jobs_db(self) -> SqlDatabase:
-        """The store's jobs database, opened (and its tables made) at first use."""
-        if self._jobs_db is None:
-            self._jobs_db = asyncio.ensure_future(self._open_jobs_db())
+        """The store's jobs database, opened (and its tables made) at first use. Raises ``ClosedError`` once the
+        engine is closed, and what opening the database raises (the next call tries again)."""
+        fut = self._jobs_db
+        if fut is None:
+            if self.closed:
+                raise ClosedError("jobs: the store is stopping")
+            # a task of its own, shielded: a caller's cancel does not stop the opening others wait for
+            # (close cancels it and retrieves its outcome)
+            fut = self._jobs_db = asyncio.ensure_future(self._open_jobs_db())
         try:
-            return await asyncio.shield(self._jobs_db)
+            return await asyncio.shield(fut)
         except BaseException:
-            if self._jobs_db.done() and self._jobs_db.exception() is not None:
+            if fut.done() and (fut.cancelled() or fut.exception() is not None) and self._jobs_db is fut:
                 self._jobs_db = None
             raise
 
@@ -1920,5 +1934,17 @@ class JobsEngine:
                         fut.set_result(None)
         for task in list(self._tasks):
             task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5)
+        # the openings under way (of the jobs database, of a queue; shielded tasks that go on when the caller that
+        # started them is cancelled, as a start cut short by a stop): awaited (they are short, and whoever waits
+        # on them gets their outcome rather than a cancel), and their outcome retrieved, never left for "Task
+        # exception was never retrieved"; one that does not end in time is cancelled
+        opening: list[asyncio.Future[Any]] = [f for f in (self._jobs_db, *self._loading.values()) if f is not None]
+        pending = [*self._tasks, *(f for f in opening if not f.done())]
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        for fut in opening:
+            if fut.done():
+                _retrieve(fut)
+            else:
+                fut.cancel()
+                fut.add_done_callback(_retrieve)

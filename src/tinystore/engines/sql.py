@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import operator
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..errors import (
     ClosedError,
     ConflictError,
@@ -45,7 +48,7 @@ from ..errors import (
     TinystoreError,
 )
 from ..limits import Limits
-from ..names import check_name
+from ..names import a_or_an, check_name
 from ..protocol.sql import Done, Rows
 
 log = logging.getLogger("tinystore.sql")
@@ -95,7 +98,7 @@ def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
             out[i] = bytes(v)
         else:
             raise InvalidError(
-                f"database {db}: parameter {i + 1}: a {type(v).__name__} is not a SQL value "
+                f"database {db}: parameter {i + 1}: {a_or_an(type(v).__name__)} is not a SQL value "
                 "(use None, int, float, str, bytes or bool)"
             )
     return out
@@ -126,6 +129,10 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
             c = ref()
             if c is None or not c.internal:
                 return sqlite3.SQLITE_DENY
+        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and arg1.lower() == "query_only":
+            # readers are read-only by this pragma: a client that turned it off could write through a read (and
+            # through a read of the store's own databases); turned on, it would stop the writer for everyone
+            return sqlite3.SQLITE_DENY
         return sqlite3.SQLITE_OK
 
     return authorize
@@ -150,8 +157,9 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
     if isinstance(exc, sqlite3.DatabaseError) and msg == _DENIED:
         return InvalidError(
             f"database {db}: not allowed here: BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE are run by the "
-            "store (each exec is a transaction of its own; db.tx runs several statements in one), and ATTACH "
-            "and DETACH are refused (each database is one file of the store)"
+            "store (each exec is a transaction of its own; db.tx runs several statements in one), ATTACH "
+            "and DETACH are refused (each database is one file of the store), and so is setting "
+            "PRAGMA query_only (reads run on read-only connections)"
         )
     if isinstance(exc, sqlite3.IntegrityError):
         return ConflictError(f"database {db}: {msg}", sqlite_code=getattr(exc, "sqlite_errorname", ""))
@@ -400,7 +408,6 @@ class SqlDatabase:
             cached_statements=256,
             factory=_Conn,
         )
-        conn.set_authorizer(_authorizer(conn))
         conn.execute("pragma busy_timeout = 60000")
         if readonly:
             conn.execute("pragma query_only = 1")
@@ -410,6 +417,7 @@ class SqlDatabase:
             conn.execute(f"pragma synchronous = {sync}")
             conn.execute("pragma foreign_keys = on")
         conn.execute("pragma foreign_keys = on")
+        conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
 
     def start(self, migrations: Sequence[tuple[str, str]]) -> list[str]:
@@ -543,8 +551,14 @@ class SqlDatabase:
                 _check_size(self.name, found, self.limits.sql_result_bytes)
             else:
                 one = cur.fetchone()
-                found = [one] if one is not None else []
                 cur.close()
+                if one is None:
+                    found = []
+                else:
+                    found = [one]
+                    # _check_size of one row, inline (about 0.1 µs): one row may be over the limit too
+                    if len(_encode(one)) > self.limits.sql_result_bytes:
+                        _check_size(self.name, found, self.limits.sql_result_bytes)
         except sqlite3.OperationalError as exc:
             if str(exc) != "interrupted":
                 raise sql_error(self.name, exc) from None
@@ -757,11 +771,11 @@ class SqlDatabase:
         columns = list(map(_first, desc)) if desc else []
         if mode == "all":
             rows = cur.fetchall()
-            _check_size(self.name, rows, self.limits.sql_result_bytes)
         else:
             one = cur.fetchone()
             rows = [one] if one is not None else []
             cur.close()
+        _check_size(self.name, rows, self.limits.sql_result_bytes)
         return Rows(columns, rows)
 
     def _reader_main(self) -> None:
@@ -945,15 +959,34 @@ ENDED_KEPT = 1024
 """How many transactions that timed out an engine remembers, to tell a late call why (see ``SqlEngine.not_open``)."""
 
 
+_encode = msgspec.msgpack.encode
+_SIZE_CHUNK = 1024  # rows measured at a time: a large result is never encoded whole (the copy stays small)
+
+
 def _check_size(db: str, rows: list[Any], limit: int) -> None:
-    if len(rows) < 1000:
-        return
-    total = 0
-    for row in rows:
-        for v in row:
-            total += len(v) + 8 if isinstance(v, str | bytes) else 9
-        if total > limit:
-            raise LimitError(f"database {db}: the result is over {limit} bytes", limit=limit, wanted=total)
+    """Raise ``LimitError`` when ``rows`` are over ``limit`` bytes (``Limits.sql_result_bytes``), whatever their
+    number (one row of large values too). Their size is their length encoded (msgpack, as a socket carries
+    them), measured by msgspec: cheaper than a Python loop over the values (about 0.1 µs for a point read's
+    row), and a large result is measured ``_SIZE_CHUNK`` rows at a time, so its copy stays small."""
+    n = len(rows)
+    if n <= _SIZE_CHUNK:
+        if n == 0:
+            return
+        total = len(_encode(rows))
+    else:
+        total = 0
+        for i in range(0, n, _SIZE_CHUNK):
+            total += len(_encode(rows[i : i + _SIZE_CHUNK]))
+            if total > limit:
+                break
+    if total > limit:
+        raise LimitError(f"database {db}: the result is over {limit} bytes", limit=limit, wanted=total)
+
+
+def _close_started(db: SqlDatabase, start: asyncio.Future[Any]) -> None:
+    """Close ``db`` once its start (whose opener was cancelled) is done; take a failed start's error."""
+    if not start.cancelled() and start.exception() is None:
+        db.close()
 
 
 def _split_sql(text: str) -> list[str]:
@@ -992,6 +1025,7 @@ class SqlEngine:
         self._ended: collections.OrderedDict[int, TinystoreError] = collections.OrderedDict()
         self._opening: dict[str, asyncio.Lock] = {}
         self._tx_ids = 0
+        self.closed = False
 
     def ended(self, tx_id: int, error: TinystoreError | None) -> None:
         """Transaction ``tx_id`` ended (on the loop); ``error`` is why, when it was not its own doing."""
@@ -1018,15 +1052,27 @@ class SqlEngine:
         """Open (creating) database ``name`` and apply new migrations; returns it and the names applied.
 
         Raises ``InvalidError`` (bad name, a migration that fails), ``ConflictError`` (an applied migration
-        whose text changed). A database already open gets only its new migrations applied.
+        whose text changed), ``ClosedError`` (the engine is closing). A database already open gets only its new
+        migrations applied.
         """
         check_name("database", name)
         lock = self._opening.setdefault(name, asyncio.Lock())
         async with lock:
             db = self.databases.get(name)
             if db is None:
+                if self.closed:
+                    raise ClosedError(f"database {name}: the store is stopping")
                 db = SqlDatabase(self, name, self.directory / f"{name}.db")
-                applied = await asyncio.to_thread(db.start, migrations)
+                start = asyncio.ensure_future(asyncio.to_thread(db.start, migrations))
+                try:
+                    applied = await asyncio.shield(start)
+                except asyncio.CancelledError:
+                    # the thread goes on: once it started the database, stop it (nobody has it)
+                    start.add_done_callback(functools.partial(_close_started, db))
+                    raise
+                if self.closed:  # the store began to stop meanwhile, and its close did not see this database
+                    db.close()
+                    raise ClosedError(f"database {name}: the store is stopping")
                 self.databases[name] = db
                 return db, applied
             if not migrations:
@@ -1081,10 +1127,15 @@ class SqlEngine:
         }
 
     async def close(self, timeout: float = 10.0) -> None:
-        for db in self.databases.values():
+        """Close every database (see :meth:`SqlDatabase.close`) and wait for their threads; a later
+        :meth:`open` raises ``ClosedError``."""
+        self.closed = True
+        dbs = list(self.databases.values())
+        for db in dbs:
             db.close()
-        await asyncio.to_thread(self._join, timeout)
+        await asyncio.to_thread(self._join, dbs, timeout)
 
-    def _join(self, timeout: float) -> None:
-        for db in self.databases.values():
+    @staticmethod
+    def _join(dbs: list[SqlDatabase], timeout: float) -> None:
+        for db in dbs:
             db.join(timeout)

@@ -47,7 +47,11 @@ class Query(msgspec.Struct, array_like=True):
 
 
 class Done(msgspec.Struct, array_like=True):
-    """What a write did: rows changed, the last rowid, and what a ``returning`` clause gave."""
+    """What a write did: rows changed, the last rowid, and what a ``returning`` clause gave.
+
+    ``rows`` is a list of lists (one a row, its values in the order of ``columns``) in every mode: an embedded
+    store gives the same as a socket does.
+    """
 
     changes: int
     last_insert_rowid: int

@@ -1,4 +1,10 @@
-"""SQL methods: ``sql.open``, ``sql.exec``, ``sql.query``, ``sql.begin``, ``sql.commit``, ``sql.rollback``."""
+"""SQL methods: ``sql.open``, ``sql.exec``, ``sql.query``, ``sql.begin``, ``sql.commit``, ``sql.rollback``.
+
+The store's own databases (names starting with ``tinystore-``, such as ``tinystore-jobs``) are read-only to
+clients, in every mode (the embedded SDK calls these methods too): ``sql.open`` with migrations, ``sql.begin``
+of a transaction that writes and an ``sql.exec`` that writes raise ``PermissionDeniedError``. The engines open
+and write them through the SQL engine itself, not through these methods.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..engines.sql import SqlDatabase, SqlTx, check_params
 from ..errors import ClosedError, InvalidError, PermissionDeniedError
-from ..protocol.sql import Begin, Exec, OpenDb, Opened, Query, TxRef
+from ..names import RESERVED_DB_PREFIX, check_db_writable, reserved_db_error
+from ..protocol.sql import Begin, Done, Exec, OpenDb, Opened, Query, TxRef
 
 if TYPE_CHECKING:
     from .core import Core, Session
@@ -28,6 +35,11 @@ def install(core: Core) -> None:
 
     async def open_db(session: Session, req: OpenDb) -> Opened:
         migrations = [(m.name, m.text) for m in req.migrations]
+        if req.db.startswith(RESERVED_DB_PREFIX):
+            if migrations:
+                raise reserved_db_error(req.db, "migrations are refused")
+            if req.db not in engine.databases and not (engine.directory / f"{req.db}.db").exists():
+                raise reserved_db_error(req.db, "the store has not made it, and a client may not create it")
         if migrations and session.capability != "admin":
             db, applied = await engine.open(req.db, [])
             known = {r[0]: r[1] for r in (await db.read("select name, text from _tinystore_migrations", [])).rows}
@@ -51,9 +63,23 @@ def install(core: Core) -> None:
     async def query_later(req: Query) -> Any:
         return await (await reopen(req.db)).read(req.sql, req.params, req.mode)
 
+    async def exec_reserved(req: Exec) -> Done:
+        # a statement that only reads may go through exec: run it on a reader (read-only connections), where
+        # one that writes fails before it changes anything
+        db = engine.databases.get(req.db) or await reopen(req.db)
+        try:
+            rows = await db.read(req.sql, req.params, "all")
+        except InvalidError as exc:
+            if "readonly" in exc.message:
+                raise reserved_db_error(req.db, "a statement that writes is refused") from None
+            raise
+        return Done(0, 0, rows.columns, list(map(list, rows.rows)))
+
     def exec_(session: Session, req: Exec) -> Any:
         if req.tx:
             return own_tx(session, req.tx).exec(req.sql, req.params)
+        if req.db.startswith(RESERVED_DB_PREFIX):
+            return exec_reserved(req)
         db = engine.databases.get(req.db)
         if db is None:
             return exec_later(req)
@@ -76,6 +102,8 @@ def install(core: Core) -> None:
         return db.read_later(req.sql, values, mode)
 
     async def begin(session: Session, req: Begin) -> int:
+        if not req.read_only:
+            check_db_writable(req.db, "a transaction that writes is refused (db.tx(fn, read_only=True) may read)")
         db = engine.databases.get(req.db) or await reopen(req.db)
         fut = db.begin(session, req.read_only)
         try:

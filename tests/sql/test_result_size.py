@@ -1,0 +1,57 @@
+"""The result-size limit (``Limits.sql_result_bytes``) holds for any number of rows, one row too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tests.helpers import open_store
+
+EIGHT_ROWS = "(select 1 union all select 2 union all select 3 union all select 4 union all select 5 union all " + (
+    "select 6 union all select 7 union all select 8)"
+)
+
+
+async def test_a_few_large_rows_are_over_the_default_limit(tmp_path: Path) -> None:
+    """The user's case: 8 rows of 10 MB each (80 MB) are over the 64 MiB default, although fewer than 1000."""
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app")
+        with pytest.raises(tinystore.LimitError, match="database app: the result is over 67108864 bytes"):
+            await db.all(f"select zeroblob(10000000) from {EIGHT_ROWS}")
+
+
+@pytest.mark.parametrize("mode", ["embedded", "private", "tcp"])
+async def test_the_result_limit_holds_for_any_row_count(tmp_path: Path, mode: str) -> None:
+    limits = tinystore.Limits(sql_result_bytes=100_000)
+    async with open_store(mode, tmp_path / "s", limits=limits) as store:
+        db = await store.database("app")
+        await db.exec("create table t (id integer primary key, b blob)")
+        await db.exec("insert into t (b) values (zeroblob(60000)), (zeroblob(60000))")
+        # two rows, 120 kB: db.all, db.exec returning, a transaction's read
+        with pytest.raises(tinystore.LimitError, match="over 100000 bytes") as err:
+            await db.all("select b from t")
+        assert err.value.limit == 100_000 and (err.value.wanted or 0) > 100_000
+        with pytest.raises(tinystore.LimitError, match="over 100000 bytes"):
+            await db.exec("update t set b = b returning b")
+
+        async def read_all(tx: tinystore.SqlTx) -> object:
+            return await tx.all("select b from t")
+
+        with pytest.raises(tinystore.LimitError, match="over 100000 bytes"):
+            await db.tx(read_all, read_only=True)
+        # one row over the limit: db.one, db.scalar, a text value
+        with pytest.raises(tinystore.LimitError, match="over 100000 bytes"):
+            await db.one("select zeroblob(200000) as b")
+        with pytest.raises(tinystore.LimitError, match="over 100000 bytes"):
+            await db.scalar("select zeroblob(200000)")
+        with pytest.raises(tinystore.LimitError, match="over 100000 bytes"):
+            await db.one("select b || b as bb from t where id = 1")
+        with pytest.raises(tinystore.LimitError, match="over 100000 bytes"):
+            await db.all("select hex(zeroblob(60000)) as h")
+        # under the limit: as before
+        row = await db.one("select b from t where id = 1")
+        assert row is not None and row["b"] == bytes(60000)
+        assert len(await db.all("select length(b) as n from t")) == 2
+        assert await db.all("select 1 as a where 0") == []

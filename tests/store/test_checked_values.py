@@ -1,0 +1,135 @@
+"""Values a user gives are checked where they are given, with a clear InvalidError: Limits, durations, open's
+directory; and messages read right ("an int")."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import tinystore
+from tests.helpers import open_store
+from tinystore.durations import seconds
+
+COUNTS = [f.name for f in msgspec.structs.fields(tinystore.Limits) if f.type is int]
+DURATIONS = [f.name for f in msgspec.structs.fields(tinystore.Limits) if f.type is float]
+
+
+def test_every_field_of_limits_is_a_count_or_a_duration() -> None:
+    assert sorted(COUNTS + DURATIONS) == sorted(tinystore.Limits.__struct_fields__)
+    assert "channel_log" in COUNTS and "tx_idle" in DURATIONS
+
+
+@pytest.mark.parametrize("name", COUNTS)
+@pytest.mark.parametrize("bad", [0, -5, 1.5, "5", True, None])
+def test_a_count_out_of_range_is_refused(name: str, bad: Any) -> None:
+    with pytest.raises(tinystore.InvalidError, match=f"Limits: {name} = {bad!r}: it must be an int") as err:
+        tinystore.Limits(**{name: bad})
+    assert "1 " in err.value.message or "from 1" in err.value.message
+
+
+@pytest.mark.parametrize("name", DURATIONS)
+@pytest.mark.parametrize("bad", [-1, -0.5, math.inf, -math.inf, math.nan, "5s", True, 11 * 365 * 86400])
+def test_a_duration_out_of_range_is_refused(name: str, bad: Any) -> None:
+    with pytest.raises(tinystore.InvalidError, match=f"Limits: {name} = .*: it must be a number of seconds") as err:
+        tinystore.Limits(**{name: bad})
+    assert repr(bad) in err.value.message and "at most 315360000" in err.value.message
+
+
+@pytest.mark.parametrize("name", DURATIONS)
+def test_zero_is_a_duration_only_where_it_means_something(name: str) -> None:
+    if name in ("inline_read", "job_keep"):
+        assert getattr(tinystore.Limits(**{name: 0}), name) == 0
+    else:
+        with pytest.raises(tinystore.InvalidError, match=f"Limits: {name} = 0: .*above 0"):
+            tinystore.Limits(**{name: 0})
+
+
+def test_the_user_reported_limits_and_the_upper_bounds() -> None:
+    with pytest.raises(tinystore.InvalidError, match=r"Limits: channel_log = -5: it must be an int, 1 or more"):
+        tinystore.Limits(channel_log=-5)
+    with pytest.raises(tinystore.InvalidError, match=r"Limits: channel_prefetch = 0: it must be an int, 1 or more"):
+        tinystore.Limits(channel_prefetch=0)
+    with pytest.raises(tinystore.InvalidError, match=r"frame_body_bytes = 4294967296: it must be an int from 1 to"):
+        tinystore.Limits(frame_body_bytes=1 << 32)
+    with pytest.raises(tinystore.InvalidError, match=r"readers = 5000: it must be an int from 1 to 1024"):
+        tinystore.Limits(readers=5000)
+    with pytest.raises(tinystore.InvalidError, match=r"lock_ttl_min \(10\) is above lock_ttl_max \(5\)"):
+        tinystore.Limits(lock_ttl_min=10, lock_ttl_max=5)
+    # what the tests and users give: ints for seconds, small values
+    limits = tinystore.Limits(lock_ttl_min=0.1, lock_ttl_max=5, tx_idle=1, inline_read=0, channel_log=1)
+    assert limits.tx_idle == 1 and limits.channel_log == 1
+    assert tinystore.Limits.from_json(limits.to_json()) == limits
+
+
+def test_limits_read_from_json_are_checked() -> None:
+    with pytest.raises(tinystore.InvalidError, match="Limits: channel_log = -5"):
+        tinystore.Limits.from_json('{"channel_log": -5}')
+    with pytest.raises(tinystore.InvalidError, match=r"Limits: .*channel_log"):
+        tinystore.Limits.from_json('{"channel_log": "x"}')
+    with pytest.raises(tinystore.InvalidError, match="Limits: JSON is malformed"):
+        tinystore.Limits.from_json("nope")
+
+
+def test_a_server_given_bad_limits_says_so() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tinystore", "serve", os.devnull + "-never-made", "--limits", '{"channel_prefetch": 0}'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error[invalid] Limits: channel_prefetch = 0: it must be an int, 1 or more"
+    )
+
+
+@pytest.mark.parametrize("text", ["-1s", "-1m30s", "-250ms", " -2h", "-1", "-1.5"])
+def test_a_negative_duration_in_text_says_not_negative(text: str) -> None:
+    with pytest.raises(tinystore.InvalidError, match=f"ttl: a duration must be finite and not negative, got '{text}'"):
+        seconds(text, "ttl")
+
+
+def test_durations_that_do_not_read_still_say_so() -> None:
+    for text in ("-x", "--1s", "1x", "s1"):
+        with pytest.raises(tinystore.InvalidError, match=f"ttl: cannot read '{text}' as a duration"):
+            seconds(text, "ttl")
+    assert seconds("-0s") == 0 and seconds("1m30s") == 90
+
+
+async def test_a_negative_ttl_in_text_reads_as_negative(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        with pytest.raises(tinystore.InvalidError, match="not negative, got '-1s'"):
+            store.lock("jobs", ttl="-1s")
+
+
+@pytest.mark.parametrize("empty", ["", "   "])
+async def test_open_refuses_an_empty_directory(empty: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for kw in ({}, {"embedded": True}, {"private": True}):
+        with pytest.raises(tinystore.InvalidError, match=r"open: directory '\s*': give the store's directory"):
+            await tinystore.open(empty, **kw)
+    assert list(tmp_path.iterdir()) == []  # nothing made in the current directory
+    with pytest.raises(tinystore.InvalidError, match=f"connect: address {empty!r}: use tcp://HOST:PORT"):
+        await tinystore.connect(empty)
+
+
+async def test_tx_with_names_the_type_with_the_right_article(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app")
+
+        async def use(tx: tinystore.SqlTx, thing: object) -> None:
+            tx.with_(thing)
+
+        for thing, text in ((5, "an int"), ({}, "a dict"), (object(), "an object"), (db, "a Database")):
+            with pytest.raises(tinystore.InvalidError, match=f"tx.with_: {text} cannot take part in a transaction"):
+                await db.tx(lambda tx, thing=thing: use(tx, thing))
+        with pytest.raises(tinystore.InvalidError, match="parameter 1: an object is not a SQL value"):
+            await db.exec("select ?", object())
