@@ -73,11 +73,11 @@ from ..protocol.jobs import (
     check_cursor,
     check_job_id,
     check_options,
-    json_problem,
     snapshot,
 )
 from ..protocol.jobs import List as ListRequest
 from ..protocol.store import Empty
+from ..protocol.values import json_problem
 
 if TYPE_CHECKING:
     from .sql import Database, SqlTx

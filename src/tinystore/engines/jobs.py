@@ -78,12 +78,12 @@ from ..protocol.jobs import (
     check_cursor,
     check_job_id,
     check_options,
-    json_problem,
 )
 from ..protocol.jobs import OPTION_NAMES as _OPTION_NAMES
 from ..protocol.jobs import (
     List as ListRequest,
 )
+from ..protocol.values import json_problem
 from .base import Peer
 from .sql import SqlDatabase, SqlEngine, SqlTx
 
@@ -1035,7 +1035,7 @@ class JobsEngine:
         """End a lost attempt as failed; when that write fails (not at close), try again a second later, so a
         lost attempt never stays running."""
         try:
-            await self._fail_attempt(q, e, "worker lost", None)
+            await self._fail_now(q, e, "worker lost", None)
         except Exception as exc:
             if self.closed or isinstance(exc, ClosedError):
                 return
@@ -1090,17 +1090,11 @@ class JobsEngine:
             self._place(q, e)
         self._pump_soon(q)
 
-    async def _fail_attempt(
-        self, q: _Queue, e: _Entry, error: str, after: float | None, progress: str | None = None
-    ) -> bool:
-        """A failed attempt (a raise, a timeout, a lost worker, ``run.retry``): retried after the backoff (or
-        ``after``), or ``dead`` when it was the last attempt."""
-        return await self._fail_now(q, e, error, after, progress)
-
     def _fail_now(
         self, q: _Queue, e: _Entry, error: str, after: float | None, progress: str | None = None
     ) -> asyncio.Future[bool]:
-        """:meth:`_fail_attempt` without a coroutine."""
+        """A failed attempt (a raise, a timeout, a lost worker, ``run.retry``): retried after the backoff (or
+        ``after``), or ``dead`` when it was the last attempt. The future as :meth:`_end_now`'s."""
         fence = e.fence
         if e.attempts >= q.options.attempts:
             return self._end_now(q, e, fence, "dead", error=error, progress=progress)
@@ -1108,25 +1102,6 @@ class JobsEngine:
             after if after is not None else backoff_delay(e.attempts, q.options.backoff_first, q.options.backoff_cap)
         )
         return self._end_now(q, e, fence, "failed", error=error, run_at=self.clock.now() + delay, progress=progress)
-
-    async def _write_end(
-        self,
-        q: _Queue,
-        e: _Entry,
-        fence: int,
-        state: str,
-        *,
-        error: str | None = None,
-        run_at: float | None = None,
-        result: str | None = None,
-        progress: str | None = None,
-        uncount: bool = False,
-    ) -> bool:
-        """End attempt ``fence`` of ``e`` as ``state`` (one guarded write), then move the index. ``True`` when it
-        changed the job. A cancel leaves the write to go on (and the index to follow it)."""
-        return await self._end_now(
-            q, e, fence, state, error=error, run_at=run_at, result=result, progress=progress, uncount=uncount
-        )
 
     def _end_now(
         self,
@@ -1141,7 +1116,9 @@ class JobsEngine:
         progress: str | None = None,
         uncount: bool = False,
     ) -> asyncio.Future[bool]:
-        """:meth:`_write_end` without a coroutine (the server answers a report from the future it returns)."""
+        """End attempt ``fence`` of ``e`` as ``state`` (one guarded write), then move the index. The future gets
+        ``True`` when it changed the job (the server answers a report from it). A cancel of the future leaves
+        the write to go on (and the index to follow it)."""
         out: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         if e.where != RUNNING or e.fence != fence:
             out.set_result(False)
@@ -1314,7 +1291,7 @@ class JobsEngine:
             e = q.entries.get(a.id)
             if e is None:
                 continue
-            if await self._write_end(q, e, a.fence, "queued", uncount=True):
+            if await self._end_now(q, e, a.fence, "queued", uncount=True):
                 n += 1
         return n
 
@@ -1587,7 +1564,7 @@ class JobsEngine:
         if e.where == RUNNING:
             fence = e.fence
             peer = e.peer
-            ok = await self._write_end(q, e, fence, "cancelled")
+            ok = await self._end_now(q, e, fence, "cancelled")
             if ok and peer is not None:
                 peer.push(CANCEL_PUSH, CancelRun(queue=queue, id=jid, fence=fence, reason="cancelled"))
             return ok

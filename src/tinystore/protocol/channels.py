@@ -26,12 +26,12 @@ messages published to its branches after it subscribed, exactly.
 
 from __future__ import annotations
 
-import math
 import re
 import reprlib
-from typing import Any
 
 import msgspec
+
+from .values import json_problem
 
 PUBLISH = "channels.publish"
 PUBLISH_MANY = "channels.publish_many"
@@ -95,8 +95,9 @@ _maybe_non_finite = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]|\xca[\x7f\xff][\x80-
 
 
 def non_finite(payload: bytes) -> str | None:
-    """Where the MessagePack ``payload`` holds a float that is NaN or infinite, as text (``nan (at
-    $.readings[2])``), or ``None`` when it holds none (or does not decode: that is not for this to judge).
+    """Where the MessagePack ``payload`` holds a float that is NaN or infinite, as text (``nan is not a JSON
+    number (at $.readings[2])``, see :func:`~tinystore.protocol.values.json_problem`), or ``None`` when it holds
+    none (or does not decode: that is not for this to judge).
 
     Channels refuse such values, as SQL and jobs do: JSON has no NaN nor infinity, and subscribers (the
     command line, a browser through SSE) speak JSON. Cheap, as a hot path needs: two scans of the bytes when
@@ -115,36 +116,14 @@ def non_finite(payload: bytes) -> str | None:
         value = _decode_any(payload)
     except msgspec.DecodeError:
         return None
-    stack: list[tuple[Any, Any]] = [(value, None)]
-    while stack:
-        v, where = stack.pop()
-        t = type(v)
-        if t is float:
-            if not math.isfinite(v):
-                return f"{v!r}{_at(where)}"
-        elif t is list:
-            stack.extend((item, (where, i)) for i, item in enumerate(v))
-        elif t is dict:
-            for k, item in v.items():
-                if type(k) is float and not math.isfinite(k):
-                    return f"{k!r} as a key{_at(where)}"
-                stack.append((item, (where, k)))
-    return None
-
-
-def _at(where: Any) -> str:
-    parts: list[str] = []
-    while where is not None:
-        where, key = where
-        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}" if isinstance(key, str) else f"[{key!r}]")
-    return f" (at ${''.join(reversed(parts))})" if parts else ""
+    return json_problem(value, keys=False)
 
 
 def non_finite_error(channel: str, branch: list[str] | tuple[str, ...], problem: str) -> str:
     """The message of the ``InvalidError`` for a published value that holds ``problem`` (see :func:`non_finite`)."""
     return (
-        f"channel {channel}: branch {list(branch)!r}: the value holds {problem}: "
-        "NaN and infinities cannot be published (JSON has none)"
+        f"channel {channel}: branch {list(branch)!r}: the value cannot be published: {problem} "
+        "(subscribers read JSON, which has no NaN nor infinity)"
     )
 
 
