@@ -99,3 +99,42 @@ def test_an_unknown_job(tmp_path: Path) -> None:
     make_store(d)
     r = CliRunner().invoke(main, ["jobs", str(d), "show", "nope"])
     assert r.exit_code == 1
+
+
+def test_configure_changes_the_options_the_store_keeps(tmp_path: Path) -> None:
+    """A deploy that changes a queue's options in code: `tinystore jobs DIR configure` changes what the store
+    keeps, after which the new code opens the queue and the old options are the ones refused."""
+    d = tmp_path / "s"
+
+    async def open_with(**options: Any) -> str:
+        store = await tinystore.open(d, embedded=True)
+        try:
+            return await store.queue("mail", **options).add({"to": "a@x"})
+        finally:
+            await store.close()
+
+    asyncio.run(open_with(attempts=3))
+    try:
+        asyncio.run(open_with(attempts=7))
+        raise AssertionError("a queue opened with other options than the store keeps was accepted")
+    except tinystore.InvalidError as exc:
+        assert "attempts is 7 here but the store keeps 3" in exc.message
+
+    r = cli("jobs", str(d), "configure", "mail", "--attempts", "7", "--backoff", "5s,1m", "--lease", "10s", "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)["options"]
+    assert got["attempts"] == 7 and got["backoff_first_ms"] == 5000 and got["backoff_cap_ms"] == 60000
+    assert got["lease_ms"] == 10000 and got["timeout_ms"] == 60000  # what was not given stays
+    asyncio.run(open_with(attempts=7, backoff=("5s", "1m"), lease="10s"))
+    try:
+        asyncio.run(open_with(attempts=3))
+        raise AssertionError("the old options were still accepted")
+    except tinystore.InvalidError as exc:
+        assert "attempts is 3 here but the store keeps 7" in exc.message
+
+    bad = cli("jobs", str(d), "configure", "mail", "--backoff", "1m,5s")
+    assert bad.exit_code == 1 and "first delay is above the cap" in bad.output, bad.output
+    missing = cli("jobs", str(d), "configure", "nope", "--attempts", "2")
+    assert missing.exit_code == 1 and "queue nope does not exist" in missing.output, missing.output
+    negative = cli("jobs", str(d), "configure", "mail", "--lease", "-1s")
+    assert negative.exit_code == 1 and "--lease" in negative.output, negative.output

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from . import console, open_for_cli, print_table, run_async, to_json
+from . import console, fail, open_for_cli, print_table, run_async, to_json
 
 
 def _at(when: datetime | None) -> str:
@@ -232,6 +232,76 @@ def register(main: click.Group) -> None:
                 for i in infos
             ],
         )
+
+    @jobs.command()
+    @click.argument("queue")
+    @click.option("--attempts", type=int, default=None, help="Attempts before a job ends dead.")
+    @click.option("--backoff", default=None, metavar="FIRST,CAP", help="Retry delays: first and cap (10s,270s).")
+    @click.option("--lease", default=None, help="A claim's lease (30s, 1m, ...).")
+    @click.option("--timeout", default=None, help="How long a handler may run.")
+    @click.option("--expected", default=None, help="Running past this, a job is reported stuck.")
+    @click.option("--max-running", type=int, default=None, help="Jobs running at once, all tenants (0: no limit).")
+    @click.option("--max-running-per-tenant", type=int, default=None, help="Jobs running at once per tenant.")
+    @click.option("--keep", default=None, help="How long ended jobs are kept.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the queue's options as JSON.")
+    @click.pass_obj
+    def configure(
+        directory: Path,
+        queue: str,
+        attempts: int | None,
+        backoff: str | None,
+        lease: str | None,
+        timeout: str | None,
+        expected: str | None,
+        max_running: int | None,
+        max_running_per_tenant: int | None,
+        keep: str | None,
+        as_json: bool,
+    ) -> None:
+        """Change the options the store keeps for QUEUE (those not given stay). Every process must open a queue
+        with the options the store keeps: after a deploy that changes them in code, run this once (needs the
+        admin capability over TCP)."""
+        from ..client.jobs import configure as configure_queue
+        from ..durations import seconds
+        from ..errors import TinystoreError
+        from ..protocol.jobs import Options
+
+        def ms(text: str | None, what: str) -> int | None:
+            return None if text is None else round(seconds(text, what) * 1000)
+
+        try:
+            first = cap = None
+            if backoff is not None:
+                parts = backoff.split(",")
+                if len(parts) != 2:
+                    raise click.BadParameter("give FIRST,CAP, as in 10s,270s", param_hint="--backoff")
+                first, cap = ms(parts[0].strip(), "--backoff"), ms(parts[1].strip(), "--backoff")
+            options = Options(
+                attempts=attempts,
+                backoff_first_ms=first,
+                backoff_cap_ms=cap,
+                lease_ms=ms(lease, "--lease"),
+                timeout_ms=ms(timeout, "--timeout"),
+                expected_ms=ms(expected, "--expected"),
+                max_running=max_running,
+                max_running_per_tenant=max_running_per_tenant,
+                keep_ms=ms(keep, "--keep"),
+            )
+        except TinystoreError as exc:
+            fail(exc)
+
+        async def go() -> Any:
+            store = await open_for_cli(directory)
+            try:
+                return await configure_queue(store, queue, options)
+            finally:
+                await store.close()
+
+        info = run_async(go)
+        if as_json:
+            click.echo(to_json({"queue": info.queue, "options": _opts(info.options)}))
+            return
+        print_table(f"queue {info.queue}", ["option", "value"], [[k, v] for k, v in _opts(info.options).items()])
 
 
 def _opts(o: Any) -> dict[str, Any]:

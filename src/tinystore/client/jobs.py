@@ -1374,6 +1374,16 @@ async def queues(store: Store) -> builtins.list[QueueInfo]:
     return out
 
 
+async def configure(store: Store, queue: str, options: Options) -> QueueInfo:
+    """Change the options the store keeps for ``queue`` (see the CLI's ``tinystore jobs DIR configure``);
+    ``None`` fields stay as they are. Needs the admin capability. Raises ``InvalidError`` (no such queue, an
+    option out of bounds, a change of database), ``PermissionDeniedError``."""
+    info: QueueInfo = await store._call(
+        "jobs.configure", OpenQueue(queue=queue, options=options), QueueInfo, write=True, retry=False
+    )
+    return info
+
+
 async def find(store: Store, job_id: str) -> Job[Any] | None:
     """Job ``job_id`` in whichever queue holds it (its value as plain JSON), or ``None``."""
     row: JobRow | None = await store._call("jobs.find", Find(id=job_id), JobRow | None)

@@ -590,6 +590,42 @@ class JobsEngine:
         q = await self._queue(name)
         return self._info(q)
 
+    async def configure(self, name: str, given: Options) -> QueueInfo:
+        """Change the options the store keeps for queue ``name`` (``None`` fields: kept as they are): what a
+        deploy that changes ``attempts``, ``lease`` or a limit needs, since every process must open a queue with
+        the options the store keeps. Applies at once to this store's index (limits, leases of later claims,
+        retries of later failures); attempts already running keep the lease and timeout they were given.
+
+        Raises ``InvalidError``: the queue does not exist, an option out of bounds, a backoff whose first delay
+        is above its cap, or a change of ``database`` (the jobs' rows live there)."""
+        self._check_open()
+        check_name("queue", name)
+        check_options(name, given)
+        stored = await self._stored_options(name)
+        if stored is None:
+            raise InvalidError(f"queue {name} does not exist (open it with store.queue({name!r}, ...) first)")
+        kept = stored.to_wire()
+        if given.database is not None and given.database != kept.database:
+            raise InvalidError(
+                f"queue {name}: option database cannot change (its jobs live in database {kept.database})"
+            )
+        changed = msgspec.structs.replace(
+            kept, **{f: getattr(given, f) for f in Options.__struct_fields__ if getattr(given, f) is not None}
+        )
+        merged = _merge(self.limits, changed)
+        if merged.backoff_first > merged.backoff_cap:
+            raise InvalidError(f"queue {name}: option backoff: the first delay is above the cap")
+        db = await self.jobs_db()
+        await db.write(
+            f"update {QUEUES} set options = ? where name = ?", [_json_encode(merged.to_wire()).decode(), name]
+        )
+        self._options.pop(name, None)
+        q = self.queues.get(name)
+        if q is not None:
+            q.options = merged
+            self._pump_soon(q)
+        return self._info(q) if q is not None else self._info(await self._queue(name))
+
     async def _queue(self, name: str) -> _Queue:
         q = self.queues.get(name)
         if q is not None:

@@ -128,6 +128,9 @@ def install(core: Core) -> None:
     async def wait(session: Session, req: Wait) -> JobRow | None:
         return await engine.wait(req.queue, req.id, req.seen, req.wait_ms)
 
+    async def configure(session: Session, req: OpenQueue) -> QueueInfo:
+        return await engine.configure(req.queue, req.options)
+
     async def queues(session: Session, req: Empty) -> list[QueueInfo]:
         return await engine.queues_info()
 
@@ -160,6 +163,7 @@ def install(core: Core) -> None:
     core.register(Method("jobs.retry", Get, retry, write=True))
     core.register(Method("jobs.wait", Wait, wait))
     core.register(Method("jobs.queues", Empty, queues))
+    core.register(Method("jobs.configure", OpenQueue, configure, write=True, admin=True))
     core.spawn(engine.start(), name="jobs-start")
 
     async def stopping() -> None:
