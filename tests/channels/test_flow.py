@@ -398,3 +398,12 @@ async def test_a_publish_loop_does_not_starve_subscribers_of_its_own_process(any
     await eventually(lambda: len(got) == 3000)
     assert got == list(range(3000)) and missed == []
     await sub.stop()
+
+
+async def test_a_handler_that_is_not_callable_is_refused_at_subscribe(store: tinystore.Store) -> None:
+    ch = store.channel("c").under(1)
+    with pytest.raises(InvalidError, match="handler 5 is not callable"):
+        await ch.subscribe(5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidError, match="on_missed 'x' is not callable"):
+        await ch.subscribe(lambda m: None, on_missed="x")  # type: ignore[arg-type]
+    assert await subscriptions(store) == 0

@@ -18,7 +18,8 @@ from rich.table import Table
 from ..errors import TinystoreError
 
 T = TypeVar("T")
-console = Console()
+# written to a file or a pipe, rich would fold tables to 80 columns: give them room (a terminal keeps its width)
+console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
 
 

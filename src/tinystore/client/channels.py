@@ -263,10 +263,14 @@ class Channel(Generic[T]):
         store still holds after it is delivered, preceded by ``Missed("behind", n)`` when some was lost
         (``count`` ``None`` when the store cannot tell, e.g. the id is from before a restart).
 
-        Raises ``InvalidError`` (bad ``after``), ``LimitError`` (the store has 100,000 subscriptions),
+        Raises ``InvalidError`` (bad ``after``, a handler that is not callable), ``LimitError`` (the store has
+        100,000 subscriptions),
         ``ClosedError``, ``UnavailableError``. A cancel while subscribing leaves at most a subscription in the
         store that the SDK ends when it hears from it (or the connection ends).
         """
+        for label, fn in (("handler", handler), ("on_missed", on_missed), ("on_error", on_error)):
+            if fn is not None and not callable(fn):
+                raise InvalidError(f"channel {self.name}: subscribe: {label} {fn!r} is not callable")
         hub = _hub(self.store)
         sub: Subscription[T] = Subscription(hub, self, recursive, on_missed, on_error)
         await sub._subscribe(after)

@@ -1096,7 +1096,8 @@ class Queue(Generic[T]):
         """Add a job; returns its id (str). With ``key``, a job of the queue that holds the key (its row still
         kept) makes this add nothing and return that job's id (JOB-05). ``tenant``/``user``: who owns it (fair
         scheduling uses the tenant); ``type``: a label such as ``"ingest_file"``; ``priority``: higher runs
-        first; ``delay`` (a duration) or ``at`` (a datetime, or epoch seconds): when it is due (default: now).
+        first; ``delay`` (a duration) or ``at`` (a datetime, or epoch seconds; a naive datetime is read as UTC): when it
+        is due (default: now).
 
         Raises ``InvalidError`` (a value that does not encode as the queue's type, a key of 0 or over 512
         characters, a negative delay, options differing from the store's), ``LimitError`` (a value over 1 MiB
