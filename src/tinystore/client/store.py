@@ -442,6 +442,10 @@ async def connect(
     """Connect to a server over TCP (``tcp://host:port``) or TLS (``tls://host:port``, verified with
     ``ssl_context`` or the system's CAs before the token is sent) with ``token``.
 
+    When the connection drops, the SDK reconnects by itself (backoff with full jitter); calls made meanwhile
+    wait for it up to ``reconnect_timeout`` seconds (30), then raise ``UnavailableError``. Reads are sent
+    again; a write whose answer was lost raises ``OutcomeUnknownError`` (STORE-06).
+
     Raises ``UnauthenticatedError`` (token refused), ``UnavailableError`` (cannot reach), ``InvalidError``.
     """
     u = urlparse(address)
