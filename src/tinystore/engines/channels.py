@@ -127,6 +127,10 @@ class _Sub:
         self.closed = False
 
 
+ITEM_OVERHEAD = 64
+"""Bytes a message's encoding in a push may take beyond its payload, id and branch (a bound, not a measure)."""
+
+
 class ChannelsEngine:
     """Channels in memory: publish, subscribe with credit, resume after an id, bounded logs.
 
@@ -144,6 +148,13 @@ class ChannelsEngine:
         self._log_bytes = limits.channel_log_bytes
         self._total_max = limits.channel_total_bytes
         self._linger = limits.channel_linger
+        # one push must fit a frame (the SDK refuses a larger one, then reconnects for ever): past the default
+        # limits, where a subscription's credit of the largest messages could outgrow a frame, deliveries are
+        # cut by bytes too
+        self._push_budget = limits.frame_body_bytes // 2
+        self._cut_by_bytes = limits.channel_prefetch * (limits.channel_message_bytes + ITEM_OVERHEAD) > (
+            self._push_budget
+        )
         self._branches: dict[tuple[str, Branch], _Branch] = {}
         self._by_channel: dict[str, dict[Branch, _Branch]] = {}
         self._recursive: dict[str, dict[Branch, dict[_Sub, None]]] = {}
@@ -615,13 +626,21 @@ class ChannelsEngine:
             self._deliver(s)
 
     def _deliver(self, s: _Sub) -> None:
+        while self._deliver_once(s):  # a push cut by bytes: the rest in the next one
+            pass
+
+    def _deliver_once(self, s: _Sub) -> bool:
+        """Push what ``s`` may get now (its credit's worth) in one push; ``True`` when the push was cut short to
+        fit a frame and more may follow."""
         credit = s.credit
         if credit <= 0:
-            return
+            return False
         pending = s.pending
         positions = s.pos
         items: list[DeliveryItem] = []
         missed = 0
+        size = 0
+        full = False
         for b in list(pending):
             if not credit:
                 break
@@ -635,24 +654,44 @@ class ChannelsEngine:
             n = end - pos
             if n > credit:
                 n = credit
+            full = False
             if n > 0:
                 start = b.head + pos - first
-                items.extend(log_[start : start + n])
+                got = log_[start : start + n]
+                if self._cut_by_bytes:
+                    got, size, full = self._fit(got, size, bool(items))
+                    n = len(got)
+                items.extend(got)
                 pos += n
                 credit -= n
             positions[b] = pos
             del pending[b]
             if pos < end:
                 pending[b] = None  # not done: to the back of the line, so other branches get their turn
+            if full:
+                break
         if missed:
             items.insert(0, MissedItem(BEHIND, missed))
         if not items:
-            return
+            return False
         s.credit = credit
         try:
             s.peer.push(DELIVER, Delivery(s.id, items))
         except Exception:  # a Peer must not raise; if one does, it must not stop the others' delivery
             log.exception("channels: push to peer %s failed", s.peer.id)
+            return False
+        return full
+
+    def _fit(self, got: list[Any], size: int, some: bool) -> tuple[list[Any], int, bool]:
+        """The leading messages of ``got`` that keep a push under the budget (``size`` bytes in it so far; at
+        least one message when the push has ``some`` none yet); the new size; whether the push is full."""
+        budget = self._push_budget
+        for i, item in enumerate(got):
+            cost = len(item.payload) + len(item.id) + sum(len(p) for p in item.branch) + ITEM_OVERHEAD
+            if size + cost > budget and (some or i):
+                return got[:i], size, True
+            size += cost
+        return got, size, False
 
     # ------------------------------------------------------------------ logs and memory
 
