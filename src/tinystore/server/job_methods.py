@@ -43,24 +43,20 @@ def engine_of(core: Core) -> JobsEngine:
 def install(core: Core) -> None:
     from .core import Method
 
-    def publish(channel: str, branch: tuple[str, ...], payload: bytes) -> object:
-        """Hand a job event to the channels engine, when the store has one. When the engine can tell that
-        nobody listens to the branch (``has_listeners``), the event is skipped: a busy queue would otherwise
-        leave one lingering branch per job in memory, for events that no subscriber could ever get."""
-        channels = getattr(core, "channels", None)
-        if channels is None:
-            return None
-        listened = getattr(channels, "has_listeners", None)
-        if listened is not None and not listened(channel, branch):
-            return None
-        return channels.publish(channel, branch, payload)
-
     def listened(channel: str, branch: tuple[str, ...]) -> bool:
+        """Whether a job event on ``branch`` could reach anyone. The engine asks before it even encodes one: a
+        busy queue would otherwise leave one lingering branch per job in memory, for events that no subscriber
+        could ever get."""
         channels = getattr(core, "channels", None)
         if channels is None:
             return False
-        listened = getattr(channels, "has_listeners", None)
-        return True if listened is None else bool(listened(channel, branch))
+        has_listeners = getattr(channels, "has_listeners", None)
+        return True if has_listeners is None else bool(has_listeners(channel, branch))
+
+    def publish(channel: str, branch: tuple[str, ...], payload: bytes) -> object:
+        """Hand a job event to the channels engine (only asked for one ``listened`` let through)."""
+        channels = getattr(core, "channels", None)
+        return None if channels is None else channels.publish(channel, branch, payload)
 
     engine = JobsEngine(core.sql, core.clock, core.limits, publish=publish, listened=listened, spawn=core.spawn)
     core.engines["jobs"] = engine
