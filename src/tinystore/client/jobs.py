@@ -25,7 +25,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -420,6 +420,7 @@ class _Runner:
         self.queue = queue
         self.handler = handler
         self.worker = worker
+        self.loop = asyncio.get_running_loop()
         self.attempts: dict[tuple[str, int], _Attempt] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.renewer: asyncio.Task[None] | None = None
@@ -430,8 +431,8 @@ class _Runner:
         self.idle = asyncio.Event()
         self.idle.set()
 
-    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = self.loop.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
@@ -452,10 +453,10 @@ class _Runner:
         self.registry[(self.queue.name, claimed.id, claimed.fence)] = a
         self.handling += 1
         self.idle.clear()
-        a.task = asyncio.ensure_future(self._execute(a))
+        a.task = self.loop.create_task(self._execute(a))
         a.task.add_done_callback(lambda t: self._done(a, t))
         if self.renewer is None or self.renewer.done():
-            self.renewer = asyncio.ensure_future(self._renew_loop())
+            self.renewer = self.loop.create_task(self._renew_loop())
         return a
 
     def free(self, a: _Attempt) -> None:
@@ -574,7 +575,7 @@ class _Runner:
         timed_out = False
         # the timeout as asyncio.timeout keeps it (its cancel is told from others by the task's cancel count),
         # for the price of one timer
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         timer = loop.call_at(loop.time() + timeout, a.time_out)
         try:
             try:

@@ -457,6 +457,8 @@ class JobsEngine:
         spawn: Callable[[Any], asyncio.Task[Any]] | None = None,
     ) -> None:
         self.sql = sql
+        # kept: self.loop makes a getpid system call each time on Python 3.11
+        self.loop = sql.loop
         self.clock = clock
         self.limits = limits
         self.publish = publish
@@ -864,7 +866,7 @@ class JobsEngine:
         index first, so a waiting claim takes them in one write rather than one job at a time."""
         if not q.pump_soon:
             q.pump_soon = True
-            asyncio.get_running_loop().call_soon(self._pump_later, q)
+            self.loop.call_soon(self._pump_later, q)
 
     def _pump_later(self, q: _Queue) -> None:
         q.pump_soon = False
@@ -986,7 +988,7 @@ class JobsEngine:
             raise UnavailableError("jobs: the store is stopping; claim again once it is back")
         if not 1 <= req.n <= 1000:
             raise InvalidError(f"queue {req.queue}: claim: n = {req.n} is not between 1 and 1000")
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         w = _Waiter(peer, req.n, req.worker, req.due_before_ms / 1000, loop.create_future(), req.token)
         q.waiters.append(w)
         self._pump(q)
@@ -1099,7 +1101,7 @@ class JobsEngine:
     # ------------------------------------------------------------------------------------------- ends
 
     def _begin_write(self, e: _Entry) -> asyncio.Future[None]:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = self.loop.create_future()
         e.busy = fut
         return fut
 
@@ -1155,7 +1157,7 @@ class JobsEngine:
         """End attempt ``fence`` of ``e`` as ``state`` (one guarded write), then move the index. The future gets
         ``True`` when it changed the job (the server answers a report from it). A cancel of the future leaves
         the write to go on (and the index to follow it)."""
-        out: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        out: asyncio.Future[bool] = self.loop.create_future()
         if e.where != RUNNING or e.fence != fence:
             out.set_result(False)
             return out
@@ -1216,7 +1218,7 @@ class JobsEngine:
         """Write one attempt's end (``values`` as in :data:`END_MANY`'s rows); the future gets the row's
         ``(attempts, progress, errors)`` after the change, or ``None`` when the attempt was not the job's current
         running one. The ends asked for in one loop turn go to the writer as one statement."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         fut: asyncio.Future[tuple[Any, ...] | None] = loop.create_future()
         if not q.ends:
             loop.call_soon(self._flush_ends, q)
@@ -1302,7 +1304,7 @@ class JobsEngine:
                 f"queue {q.name}: job {r.id}: outcome {r.outcome!r} is not succeeded, error, fail or snooze"
             )
         if e is None or e.where != RUNNING or e.fence != r.fence:
-            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[bool] = self.loop.create_future()
             fut.set_result(False)
             return fut
         after = None if r.after_ms is None else max(0.0, r.after_ms / 1000)
@@ -1489,7 +1491,7 @@ class JobsEngine:
         adds asked for in one loop turn go to the writer as one statement (a statement that fails is tried again
         one add at a time, so an add fails only for its own rows). Once handed over, the rows are written (and
         indexed) whatever becomes of the caller."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         fut: asyncio.Future[list[str]] = loop.create_future()
         if not q.adds:
             loop.call_soon(self._flush_adds, q)
@@ -1791,7 +1793,7 @@ class JobsEngine:
         check_job_id(queue, "watch", jid)
         if self.stopping:
             raise UnavailableError("jobs: the store is stopping; wait again once it is back")
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = self.loop.create_future()
         q.watchers.setdefault(jid, []).append(fut)
         try:
             row = await self.get(queue, jid)

@@ -44,12 +44,14 @@ from ..errors import (
     ConflictError,
     InvalidError,
     LimitError,
+    OutcomeUnknownError,
     TimeoutError_,
     TinystoreError,
 )
 from ..limits import Limits
 from ..names import a_or_an, check_name
 from ..protocol.sql import Done, Rows
+from .wal_sync import WalSync
 
 log = logging.getLogger("tinystore.sql")
 
@@ -129,13 +131,20 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
             c = ref()
             if c is None or not c.internal:
                 return sqlite3.SQLITE_DENY
-        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and arg1.lower() == "query_only":
-            # readers are read-only by this pragma: a client that turned it off could write through a read (and
-            # through a read of the store's own databases); turned on, it would stop the writer for everyone
-            return sqlite3.SQLITE_DENY
+        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and arg1.lower() in _KEPT:
+            # readers are read-only by query_only: a client that turned it off could write through a read (and
+            # through a read of the store's own databases); turned on, it would stop the writer for everyone.
+            # journal_mode, synchronous and locking_mode are what durability and readers in parallel stand on.
+            c = ref()
+            if c is None or not c.internal:
+                return sqlite3.SQLITE_DENY
         return sqlite3.SQLITE_OK
 
     return authorize
+
+
+# pragmas a client may read but not set (the store sets them)
+_KEPT = frozenset({"query_only", "journal_mode", "synchronous", "locking_mode"})
 
 
 def _ctl(conn: sqlite3.Connection, sql: str) -> None:
@@ -159,7 +168,8 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
             f"database {db}: not allowed here: BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE are run by the "
             "store (each exec is a transaction of its own; db.tx runs several statements in one), ATTACH "
             "and DETACH are refused (each database is one file of the store), and so is setting "
-            "PRAGMA query_only (reads run on read-only connections)"
+            "PRAGMA query_only, journal_mode, synchronous or locking_mode (the store's durability and its "
+            "readers stand on them)"
         )
     if isinstance(exc, sqlite3.IntegrityError):
         return ConflictError(f"database {db}: {msg}", sqlite_code=getattr(exc, "sqlite_errorname", ""))
@@ -392,6 +402,7 @@ class SqlDatabase:
         self._spare: list[sqlite3.Connection] = []
         self._spare_lock = threading.Lock()
         self._inline: sqlite3.Connection | None = None
+        self._sync: WalSync | None = None
         self._inline_deadline = 0.0
         self._turn_reads = 0  # inline reads in this turn of the loop
         self._snapshot = False  # whether the inline connection holds a read transaction until the turn ends
@@ -413,9 +424,10 @@ class SqlDatabase:
             conn.execute("pragma query_only = 1")
         else:
             conn.execute("pragma journal_mode = wal")
+            # durability "full": synchronous = FULL while migrations run (at open, in the caller's thread); the
+            # writer thread then commits with NORMAL and a WalSync syncs the WAL behind it (see wal_sync)
             sync = "full" if self.engine.durability == "full" else "normal"
             conn.execute(f"pragma synchronous = {sync}")
-            conn.execute("pragma foreign_keys = on")
         conn.execute("pragma foreign_keys = on")
         conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
@@ -428,6 +440,9 @@ class SqlDatabase:
         except BaseException:
             writer.close()
             raise
+        if self.engine.durability == "full":
+            _ctl(writer, "pragma synchronous = normal")
+            self._sync = WalSync(self.name, f"{self.path}-wal", self.results.put_many, self._sync_failed)
         if self.inline_budget > 0:
             self._inline = self.connect(readonly=True)
             self._inline.set_progress_handler(self._inline_check, 500)
@@ -439,6 +454,21 @@ class SqlDatabase:
             self._threads.append(r)
             r.start()
         return applied
+
+    def _sync_failed(self, items: list[_Outcome], exc: OSError) -> None:
+        err = OutcomeUnknownError(
+            f"database {self.name}: the commit was made but syncing it to disk failed ({exc}); "
+            "after a power loss it may be gone"
+        )
+        self.results.put_many([(fut, None, err) for fut, _, _ in items])
+
+    def _durable(self, items: list[_Outcome]) -> None:
+        """Deliver the outcomes of a commit just made (on the writer thread): at once with durability "os",
+        else once a sync of the WAL (by the WalSync thread, while the writer goes on) is done."""
+        if self._sync is None:
+            self.results.put_many(items)
+        else:
+            self._sync.after_commit(items)
 
     def _migrate(self, conn: sqlite3.Connection, migrations: Sequence[tuple[str, str]]) -> list[str]:
         conn.execute(
@@ -670,6 +700,8 @@ class SqlDatabase:
             else:
                 tx, fut = item
                 self._run_tx(conn, tx, fut, arm)
+        if self._sync is not None:
+            self._sync.stop()
         try:
             conn.execute("pragma wal_checkpoint(truncate)")
         except sqlite3.Error:
@@ -713,8 +745,9 @@ class SqlDatabase:
                 except sqlite3.Error:
                     pass
             err = sql_error(self.name, exc)
-            results = [(w.fut, None, err) for w in batch]
-        self.results.put_many(results)
+            self.results.put_many([(w.fut, None, err) for w in batch])
+            return
+        self._durable(results)
 
     def _batch_again(
         self,
@@ -846,13 +879,13 @@ class SqlDatabase:
                 break
             if call.op == "commit":
                 try:
-                    if writer:
-                        _ctl(conn, "commit --ts")
-                        self.stats["commits"] += 1
-                    else:
-                        _ctl(conn, "commit --ts")
+                    _ctl(conn, "commit --ts")
                     tx.done = True
-                    put(call.fut, None, None)
+                    if writer:
+                        self.stats["commits"] += 1
+                        self._durable([(call.fut, None, None)])
+                    else:
+                        put(call.fut, None, None)
                 except BaseException as exc:
                     err = sql_error(self.name, exc)
                     if conn.in_transaction:
