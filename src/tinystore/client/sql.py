@@ -59,6 +59,11 @@ def _split(name: str, args: tuple[Any, ...]) -> tuple[Any, str, tuple[Any, ...]]
     return first, args[1], args[2:]
 
 
+def _not_sql(name: str, what: str, got: Any) -> None:
+    hint = " (it returns a value as SQLite gives it: it takes no type)" if isinstance(got, type) else ""
+    raise InvalidError(f"database {name}: {what} takes the SQL text first, not {type(got).__name__}{hint}")
+
+
 def _convert(rows: Rows, type_: Any) -> list[Any]:
     cols = rows.columns
     dicts = [dict(zip(cols, r)) for r in rows.rows]  # noqa: B905 (the keyword costs 0.2 µs a row)
@@ -151,7 +156,10 @@ class _Runner:
         return _convert(rows, type_)
 
     async def scalar(self, sql: str, /, *params: Any) -> Any:
-        """The first column of the first row, or ``None`` when there is no row. Errors as :meth:`one`."""
+        """The first column of the first row, or ``None`` when there is no row. Errors as :meth:`one`; a first
+        argument that is not the SQL text (a type: ``scalar`` converts nothing) is an ``InvalidError``."""
+        if type(sql) is not str:
+            _not_sql(self.name, "scalar", sql)
         found = (await self._query(sql, check_params(self.name, params), "scalar")).rows
         return found[0][0] if found and found[0] else None
 
@@ -188,6 +196,8 @@ class Database(_Runner):
         ``tinystore-…``). Concurrent ``exec`` calls share commits (group commit). A cancel after sending leaves
         the write to happen.
         """
+        if type(sql) is not str:
+            _not_sql(self.name, "exec", sql)
         if self._key in _active.get():
             self._no_tx("exec")
         transport = self._transport
@@ -215,14 +225,18 @@ class Database(_Runner):
         when ``fn`` returns and rolls back when ``fn`` raises or is cancelled (the error or the cancel goes
         on), when it stays idle past ``tx_idle`` or runs past ``tx_max`` (``TimeoutError_``), or when the
         connection drops (``ClosedError``). A commit whose answer was lost raises ``OutcomeUnknownError``.
-        Calling ``db.tx`` or ``db.exec`` on the same database inside ``fn`` raises ``InvalidError``. On one of
+        Calling ``db.exec`` or a ``db.tx`` that writes on the same database inside a transaction that writes
+        raises ``InvalidError`` (it would wait for the writer its own transaction holds); a read-only
+        transaction holds no writer, and anything may be called inside it or around it. On one of
         the store's own databases (``tinystore-…``) only ``read_only=True`` is allowed, else
         ``PermissionDeniedError``.
         """
-        self._no_tx("tx")
+        if not read_only:
+            self._no_tx("tx")
         tx_id: int = await self.store._call("sql.begin", Begin(self.name, read_only), int)
         tx = SqlTx(self, tx_id, read_only)
-        token = _active.set(_active.get() | {self._key})
+        active = _active.get()
+        token = _active.set(active if read_only else active | {self._key})
         try:
             result = fn(tx)
             if inspect.isawaitable(result):

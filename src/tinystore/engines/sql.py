@@ -28,6 +28,7 @@ import logging
 import math
 import operator
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -156,6 +157,40 @@ def _ctl(conn: sqlite3.Connection, sql: str) -> None:
         conn.execute(sql)
     finally:
         c.internal = False
+
+
+def _migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidError:
+    """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name."""
+    why = exc.message.removeprefix(f"database {db}: ")
+    return InvalidError(f"database {db}: migration {migration}: {why}")
+
+
+def _skip_comments(sql: str) -> str:
+    """``sql`` from its first keyword: leading blanks and comments skipped."""
+    while True:
+        sql = sql.lstrip()
+        if sql.startswith("--"):
+            end = sql.find("\n")
+            sql = "" if end < 0 else sql[end + 1 :]
+        elif sql.startswith("/*"):
+            end = sql.find("*/")
+            sql = "" if end < 0 else sql[end + 2 :]
+        else:
+            return sql
+
+
+_INSERT_WORD = re.compile(r"\b(?:insert|replace)\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=512)
+def _inserts(sql: str) -> bool:
+    """Whether ``sql`` is an INSERT or REPLACE (also after a WITH): the statements whose ``last_insert_rowid``
+    means something. SQLite's ``last_insert_rowid()`` belongs to the connection, and the writer's is shared by
+    every client: after any other statement it names somebody else's row."""
+    head = _skip_comments(sql)[:7].lower()
+    if head.startswith(("insert", "replace")):
+        return True
+    return head.startswith("with") and _INSERT_WORD.search(sql) is not None
 
 
 def sql_error(db: str, exc: BaseException) -> TinystoreError:
@@ -497,7 +532,7 @@ class SqlDatabase:
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     _ctl(conn, "rollback --ts")
-                raise InvalidError(f"database {self.name}: migration {name}: {exc}") from None
+                raise _migration_error(self.name, name, sql_error(self.name, exc)) from None
             applied.append(name)
         return applied
 
@@ -790,13 +825,33 @@ class SqlDatabase:
                 return results
 
     def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
+        before = conn.total_changes
         cur = conn.execute(sql, params)
         desc = cur.description
-        if desc is None:
-            return Done(max(cur.rowcount, 0), cur.lastrowid or 0, [], [])
-        rows = cur.fetchall()
-        _check_size(self.name, rows, self.limits.sql_result_bytes)
-        return Done(max(cur.rowcount, 0), cur.lastrowid or 0, list(map(_first, desc)), rows)
+        rows = [] if desc is None else cur.fetchall()
+        if desc is not None:
+            _check_size(self.name, rows, self.limits.sql_result_bytes)
+        changes = cur.rowcount
+        if changes < 0:
+            # sqlite3 counts rows only for statements that begin with INSERT, UPDATE, DELETE or REPLACE; one
+            # under a WITH gets what the connection changed (its triggers' rows too, as SQLite counts them)
+            changes = conn.total_changes - before
+        rowid = (cur.lastrowid or 0) if changes and _inserts(sql) else 0
+        return Done(changes, rowid, list(map(_first, desc)) if desc else [], rows)
+
+    def _exec_alone(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
+        """:meth:`_exec` inside a transaction, in a savepoint: a statement that fails after it ran (its
+        ``returning`` rows over ``sql_result_bytes``) leaves nothing either, like one SQLite stopped."""
+        _ctl(conn, "savepoint s --ts")
+        try:
+            done = self._exec(conn, sql, params)
+        except BaseException:
+            if conn.in_transaction:
+                _ctl(conn, "rollback to s --ts")
+                _ctl(conn, "release s --ts")
+            raise
+        _ctl(conn, "release s --ts")
+        return done
 
     def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str) -> Rows:
         cur = conn.execute(sql, params)
@@ -906,7 +961,7 @@ class SqlDatabase:
             arm(time.monotonic())
             try:
                 if call.op == "exec":
-                    value: Any = self._exec(conn, call.sql, call.params)
+                    value: Any = self._exec_alone(conn, call.sql, call.params)
                 else:
                     value = self._query(conn, call.sql, call.params, call.mode)
                 put(call.fut, value, None)
@@ -1113,34 +1168,36 @@ class SqlEngine:
             return db, await self._migrate_open(db, migrations)
 
     async def _migrate_open(self, db: SqlDatabase, migrations: Sequence[tuple[str, str]]) -> list[str]:
-        tx = await db.begin(owner=None)
-        try:
-            rows = await tx.query(f"select name, text from {MIGRATIONS_TABLE}", [])
-            known = {r[0]: r[1] for r in rows.rows}
-            applied = []
-            for name, text in sorted(migrations, key=lambda m: m[0]):
-                if name in known:
-                    if known[name] != text:
+        """New migrations for a database already open: in name order, each in its own transaction (SQL-05), as at
+        open. A migration that fails leaves nothing of itself; those before it stay applied."""
+        applied: list[str] = []
+        for name, text in sorted(migrations, key=lambda m: m[0]):
+            tx = await db.begin(owner=None)
+            try:
+                rows = await tx.query(f"select text from {MIGRATIONS_TABLE} where name = ?", [name])
+                if rows.rows:
+                    if rows.rows[0][0] != text:
                         raise ConflictError(
                             f"database {db.name}: migration {name} was applied with another text; "
                             "an applied migration must not change (add a new one instead)"
                         )
+                    await tx.rollback()
                     continue
                 for stmt in _split_sql(text):
                     try:
                         await tx.exec(stmt, [])
                     except TinystoreError as exc:
-                        raise InvalidError(f"database {db.name}: migration {name}: {exc.message}") from None
+                        raise _migration_error(db.name, name, exc) from None
                 await tx.exec(
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     [name, text, int(time.time() * 1000)],
                 )
-                applied.append(name)
-            await tx.commit()
-            return applied
-        except BaseException:
-            await tx.rollback()
-            raise
+                await tx.commit()
+            except BaseException:
+                await tx.rollback()
+                raise
+            applied.append(name)
+        return applied
 
     def get(self, name: str) -> SqlDatabase:
         db = self.databases.get(name)

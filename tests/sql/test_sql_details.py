@@ -1,0 +1,120 @@
+"""Details a user of other SQLite layers relies on: migrations on a database already open, last_insert_rowid,
+a transaction's statement that fails after it ran, read-only transactions inside others, arguments that are
+not SQL text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tests.helpers import open_store
+from tinystore import ConflictError, InvalidError, LimitError
+
+
+# contract: SQL-05
+async def test_new_migrations_of_an_open_database_apply_each_in_its_own_transaction(store: tinystore.Store) -> None:
+    db = await store.database("app", migrations=[("001.sql", "create table a (x);")])
+    with pytest.raises(InvalidError) as info:
+        await store.database(
+            "app",
+            migrations=[
+                ("001.sql", "create table a (x);"),
+                ("002.sql", "create table b (x);"),
+                ("003.sql", "create table c (x); create tabl oops (x);"),
+            ],
+        )
+    message = info.value.message
+    assert message.startswith("database app: migration 003.sql: ") and message.count("database app") == 1
+    # 002 stays applied (its own transaction); nothing of 003 is left (not even its first statement)
+    names = [r["name"] for r in await db.all("select name from sqlite_master where type = 'table' order by name")]
+    assert "b" in names and "c" not in names
+    # once fixed, 003 applies; 002 is not applied twice
+    await store.database("app", migrations=[("002.sql", "create table b (x);"), ("003.sql", "create table c (x);")])
+    assert await db.scalar("select count(*) from sqlite_master where name in ('b', 'c')") == 2
+    with pytest.raises(ConflictError, match=r"002\.sql was applied with another text"):
+        await store.database("app", migrations=[("002.sql", "create table b (y);")])
+
+
+# contract: SQL-05
+@pytest.mark.parametrize("open_first", [False, True])
+async def test_a_migration_with_transaction_control_says_why(tmp_path: Path, open_first: bool) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        if open_first:
+            await store.database("app")
+        with pytest.raises(InvalidError) as info:
+            await store.database("app", migrations=[("001.sql", "begin; create table t (x); commit;")])
+        message = info.value.message
+        assert message.startswith("database app: migration 001.sql: not allowed here: BEGIN")
+        assert message.count("database app") == 1
+
+
+async def test_last_insert_rowid_is_the_statements_own(store: tinystore.Store) -> None:
+    db = await store.database("app", migrations=[("1.sql", "create table t (id integer primary key, a unique);")])
+    done = await db.exec("insert into t (a) values (?)", "x")
+    assert done.last_insert_rowid == 1 and done.changes == 1
+    # statements that insert nothing say 0, not the connection's last insert (another client's row, maybe)
+    assert (await db.exec("update t set a = 'y' where id = 1")).last_insert_rowid == 0
+    assert (await db.exec("create table u (b)")).last_insert_rowid == 0
+    assert (await db.exec("insert or ignore into t (a) values ('y')")).last_insert_rowid == 0
+    assert (await db.exec("delete from t where id = 99")).last_insert_rowid == 0
+    # an insert after a comment, and one under a WITH, are inserts
+    assert (await db.exec("-- a note\n/* more */ insert into t (a) values ('z')")).last_insert_rowid == 2
+    done = await db.exec("with v(x) as (select 'w') insert into t (a) select x from v")
+    assert done.last_insert_rowid == 3 and done.changes == 1
+
+    async def body(tx: tinystore.SqlTx) -> list[int]:
+        first = await tx.exec("insert into t (a) values ('q')")
+        second = await tx.exec("update t set a = 'r' where id = 4")
+        return [first.last_insert_rowid, second.last_insert_rowid]
+
+    assert await db.tx(body) == [4, 0]
+
+
+# contract: SQL-01
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_a_statement_over_the_result_limit_in_a_transaction_leaves_nothing(tmp_path: Path, mode: str) -> None:
+    limits = tinystore.Limits(sql_result_bytes=10_000)
+    async with open_store(mode, tmp_path / "s", limits=limits) as store:
+        db = await store.database("app", migrations=[("1.sql", "create table t (b blob);")])
+
+        async def body(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t values (x'00')")
+            with pytest.raises(LimitError):
+                await tx.exec("insert into t values (zeroblob(50000)) returning b")
+            await tx.exec("insert into t values (x'01')")  # the transaction goes on
+
+        await db.tx(body)
+        assert await db.all("select hex(b) as b from t order by rowid") == [{"b": "00"}, {"b": "01"}]
+
+
+async def test_read_only_transactions_nest_and_write_calls_work_inside_them(store: tinystore.Store) -> None:
+    db = await store.database("app", migrations=[("1.sql", "create table t (a);")])
+
+    async def reader(tx: tinystore.SqlTx) -> int:
+        await db.exec("insert into t values (1)")  # a read-only transaction holds no writer
+        inner = await db.tx(lambda t2: t2.scalar("select count(*) from t"), read_only=True)
+        assert inner == 1
+        return int(await tx.scalar("select count(*) from t"))  # its own snapshot: from before the insert
+
+    assert await db.tx(reader, read_only=True) == 0
+
+    async def writer(tx: tinystore.SqlTx) -> int:
+        await tx.exec("insert into t values (2)")
+        seen = await db.tx(lambda t2: t2.scalar("select count(*) from t"), read_only=True)
+        with pytest.raises(InvalidError, match="would wait for itself"):
+            await db.exec("insert into t values (3)")
+        return int(seen)
+
+    assert await db.tx(writer) == 1  # the read-only one sees what was committed, not the open transaction
+    assert await db.scalar("select count(*) from t") == 2
+
+
+async def test_a_type_or_other_non_text_where_sql_goes_is_an_invalid_error(store: tinystore.Store) -> None:
+    db = await store.database("app")
+    with pytest.raises(InvalidError, match=r"scalar takes the SQL text first, not type .*takes no type"):
+        await db.scalar(int, "select 1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidError, match="exec takes the SQL text first, not int"):
+        await db.exec(5)  # type: ignore[arg-type]
+    assert await db.scalar("select 1") == 1
