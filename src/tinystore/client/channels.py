@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import inspect
 import logging
 import time
@@ -265,8 +266,8 @@ class Channel(Generic[T]):
 
         Raises ``InvalidError`` (bad ``after``, a handler that is not callable), ``LimitError`` (the store has
         100,000 subscriptions),
-        ``ClosedError``, ``UnavailableError``. A cancel while subscribing leaves at most a subscription in the
-        store that the SDK ends when it hears from it (or the connection ends).
+        ``ClosedError``, ``UnavailableError``. A cancel while subscribing returns at once; a subscription the
+        store makes after all is ended as soon as its answer comes.
         """
         for label, fn in (("handler", handler), ("on_missed", on_missed), ("on_error", on_error)):
             if fn is not None and not callable(fn):
@@ -607,13 +608,20 @@ class Subscription(Generic[T]):
         return req
 
     async def _call_subscribe(self, req: Subscribe, *, retry: bool) -> Subscribed:
+        """The subscribe call. A cancel does not stop the call itself: a subscription the store makes after all
+        is ended as soon as its answer comes (the answer alone tells its id)."""
         hub = self._hub
         hub.subscribing += 1
+        call: asyncio.Future[Subscribed] = asyncio.ensure_future(
+            hub.transport.call(SUBSCRIBE, req, Subscribed, retry=retry)
+        )
         try:
-            got: Subscribed = await hub.transport.call(SUBSCRIBE, req, Subscribed, retry=retry)
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(functools.partial(_end_unwanted, hub))
+            raise
         finally:
             hub.subscribing -= 1
-        return got
 
     async def _subscribe(self, after: AfterArg) -> None:
         hub = self._hub
@@ -860,6 +868,13 @@ def _advance(pos: str, n: int) -> str:
 
 LOCAL_YIELD_EVERY = 16
 """An embedded publisher gives the event loop a turn every this many publishes (see ``Channel.publish``)."""
+
+
+def _end_unwanted(hub: _Hub, call: asyncio.Future[Subscribed]) -> None:
+    """The answer to a subscribe whose caller was cancelled: end the subscription it made, if it made one."""
+    if call.cancelled() or call.exception() is not None:
+        return
+    hub.unsubscribe_soon(call.result().sub)
 
 
 class _Hub:
