@@ -13,6 +13,8 @@ from .errors import InvalidError
 
 Duration = timedelta | int | float | str
 
+MAX_SECONDS = 100 * 365 * 86400.0
+"""The longest duration taken: 100 years (36500d). ``None`` is "for ever" where an API allows it."""
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
@@ -20,8 +22,8 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 def seconds(value: Duration, what: str = "duration") -> float:
     """Return ``value`` in seconds (a float).
 
-    Raises ``InvalidError`` naming ``what`` for text that does not parse, a negative or non-finite number,
-    or a value of another type.
+    Raises ``InvalidError`` naming ``what`` for text that does not parse, a negative or non-finite number, one
+    over :data:`MAX_SECONDS`, or a value of another type.
     """
     if isinstance(value, bool):
         raise InvalidError(f"{what}: expected a duration, got a bool")
@@ -55,6 +57,8 @@ def seconds(value: Duration, what: str = "duration") -> float:
         raise InvalidError(f"{what}: expected a duration (timedelta, seconds, or text), got {type(value).__name__}")
     if not math.isfinite(out) or out < 0:
         raise InvalidError(f"{what}: a duration must be finite and not negative, got {value!r}")
+    if out > MAX_SECONDS:
+        raise InvalidError(f"{what}: a duration is at most 100 years (36500d), got {out:.6g}s")
     return out
 
 

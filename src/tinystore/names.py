@@ -64,4 +64,17 @@ def key_text(kind: str, name: str, key: object) -> str:
     text = str(key)
     if not text or len(text) > 256:
         raise InvalidError(f"{kind} {name}: key {text[:40]!r}: a key is 1 to 256 characters")
+    if not text.isascii():
+        check_unicode(f"{kind} {name}: key", text)
     return text
+
+
+def check_unicode(what: str, text: str) -> None:
+    """Refuse text that is not Unicode as UTF-8 can carry (a lone surrogate, such as ``"\\ud800"``, from a bad
+    decode): no connection could send it, so it is refused in every mode, with ``InvalidError`` naming ``what``."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidError(
+            f"{what} {text[:40]!r}: not valid Unicode text ({exc.reason} at character {exc.start})"
+        ) from None

@@ -51,7 +51,7 @@ BAD: list[tuple[Any, str]] = [
     (lambda s: s.lock("summaries", ttl="soon"), "lock summaries: ttl"),
     (lambda s: s.lock("summaries", max_hold=0), "lock summaries: max_hold must be above 0"),
     (lambda s: s.lock("Summaries!"), "lock name 'Summaries!'"),
-    (lambda s: s.semaphore("renders", limit=0), "semaphore renders: limit 0 must be an int of at least 1"),
+    (lambda s: s.semaphore("renders", limit=0), "semaphore renders: limit 0 must be an int from 1 to 1000000"),
     (lambda s: s.semaphore("renders", limit=True), "semaphore renders: limit True"),
     (lambda s: s.lock("summaries").hold(7.5), "lock summaries: key 7.5: a key is a str or an int, not float"),
     (lambda s: s.lock("summaries").try_hold(None), "lock summaries: key None: a key is a str or an int"),

@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from ..durations import Duration, format_seconds, seconds
+from ..engines.locks import LIMIT_MAX
 from ..errors import (
     ClosedError,
     InvalidError,
@@ -52,7 +53,7 @@ from ..errors import (
     UnavailableError,
     error_from,
 )
-from ..names import check_name
+from ..names import check_name, check_unicode
 from ..protocol.locks import (
     ABANDON,
     ACQUIRE,
@@ -130,6 +131,8 @@ def _key_text(kind: str, name: str, key: object) -> str:
         raise InvalidError(f"{kind} {name}: key {key!r}: a key is a str or an int, not {type(key).__name__}")
     if not text or len(text) > KEY_MAX:
         raise InvalidError(f"{_where(kind, name, text[:40])}: a key is 1 to {KEY_MAX} characters as text")
+    if not text.isascii():
+        check_unicode(f"{kind} {name}: key", text)
     return text
 
 
@@ -620,8 +623,8 @@ class Lock:
 class Semaphore(Lock):
     """A semaphore of the store: at most ``limit`` holders of a key at a time (LOCK-01). Get one with
     ``store.semaphore(name, limit=3, ttl=, max_hold=)``; ``hold`` and ``try_hold`` give :class:`Permit`\\ s.
-    Every process must give one limit for a name. Raises ``InvalidError`` for a bad name, limit (an int of at
-    least 1), ttl or max_hold.
+    Every process must give one limit for a name. Raises ``InvalidError`` for a bad name, limit (an int from 1
+    to :data:`LIMIT_MAX`), ttl or max_hold.
     """
 
     _kind = "semaphore"
@@ -636,8 +639,8 @@ class Semaphore(Lock):
         ttl: Duration | None = None,
         max_hold: Duration | None = None,
     ) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidError(f"semaphore {name}: limit {limit!r} must be an int of at least 1")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIMIT_MAX:
+            raise InvalidError(f"semaphore {name}: limit {limit!r} must be an int from 1 to {LIMIT_MAX}")
         self._init(store, name, limit, ttl, max_hold)
 
     def try_hold(self, key: str | int) -> _Hold[Permit | None]:
@@ -669,6 +672,7 @@ class _Hub:
         self.ticket_ids = itertools.count(1)
         self.release_batch: list[tuple[Lease, asyncio.Future[bool]]] | None = None
         self.closed = False
+        self.closing = False
         self.transport.on_push(LOST, self._on_lost, Lost)
         self.transport.on_push(SETTLED, self._on_settled, AcquireOutcome)
         self.transport.reconnect_hooks.append(self._on_reconnect)
@@ -704,6 +708,9 @@ class _Hub:
             raise _named(exc, lock, key) from None
         if grant is None:
             return None
+        if self.closing:
+            await self._release_id(grant.lease)
+            raise ClosedError(f"{_where(lock._kind, lock.name, key)}: the store was closed while waiting in line")
         lease = lock._lease_type(
             self, lock._kind, lock.name, key, grant.lease, grant.fence, grant.expires_at, grant.max_hold_at, grant.ttl
         )
@@ -734,6 +741,9 @@ class _Hub:
                 raise _named(exc, lock, key) from None
             if reply.held or not reply.lease:
                 return None
+            if self.closing:
+                await self._release_id(reply.lease)
+                raise ClosedError(f"{_where(lock._kind, lock.name, key)}: the store was closed while waiting in line")
             lease = lock._lease_type(
                 self,
                 lock._kind,
@@ -1009,9 +1019,13 @@ class _Hub:
             message = lease._kind + body.message[4:]
         lease._lose(message)
 
-    def _fail_asks(self, message: str) -> None:
-        """Queued asks hear nothing more (their connection is gone): their callers ask again, or give up."""
-        asks = [ask for ask in self.asks.values() if ask.state == _QUEUED]
+    def _fail_asks(self, message: str, every: bool = False) -> None:
+        """Queued asks hear nothing more (their connection is gone): their callers ask again, or give up.
+        ``every``: sent asks not answered yet too, and those of a batch not sent yet (the store is closing)."""
+        asks = [ask for ask in self.asks.values() if every or ask.state == _QUEUED]
+        if every and self.acquire_batch:
+            asks += self.acquire_batch
+            self.acquire_batch = None
         for ask in asks:
             self.asks.pop(ask.ticket, None)
             ask.state = _SETTLED
@@ -1033,6 +1047,15 @@ class _Hub:
         renewals stop. Waits at most 5 s for the store's answers."""
         if self.closed:
             return
+        self.closing = True  # a grant that comes from now on is let go, and its caller told ClosedError
+        # first out of every line (so that letting go of the leases below hands none of them to this process's
+        # own waiters), then the leases
+        waiting = [ask for ask in self.asks.values() if ask.state in (_SENT, _QUEUED)]
+        self._fail_asks("the store was closed while waiting in line", every=True)
+        if waiting:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await self._abandon([ask.ticket for ask in waiting])
         live = [x for x in self.leases.values() if x._releasing is None]
         for lease in live:
             lease._lose(f"{lease._where()}: the store was closed while the lease was held")

@@ -511,7 +511,7 @@ class RemoteTransport(Transport):
     ) -> Any:
         try:
             body = encode(request)
-        except (TypeError, OverflowError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # ValueError: text that is not valid Unicode
             raise InvalidError(f"{method}: a value cannot be sent: {exc}") from None
         if len(body) > self.max_body:
             # the server would refuse the frame and close the connection: refuse it here, send nothing

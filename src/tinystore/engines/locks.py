@@ -41,6 +41,8 @@ __all__ = ["LocksEngine"]
 log = logging.getLogger("tinystore.locks")
 
 KEY_MAX = 256
+LIMIT_MAX = 1_000_000
+"""The largest ``limit`` of a semaphore."""
 """The longest key, in characters."""
 ENDED_KEPT = 4096
 """How many leases that ran out are remembered, so that their late renewal says when and why."""
@@ -363,8 +365,8 @@ class LocksEngine:
         where = _where(str(lock), key)
         if not key or len(key) > KEY_MAX:
             raise InvalidError(f"{_where(str(lock), key[:40])}: a key is 1 to {KEY_MAX} characters")
-        if type(limit) is not int or limit < 1:
-            raise InvalidError(f"{where}: limit {limit!r} must be an int of at least 1")
+        if type(limit) is not int or not 1 <= limit <= LIMIT_MAX:
+            raise InvalidError(f"{where}: limit {limit!r} must be an int from 1 to {LIMIT_MAX}")
         lo, hi = fmt_seconds(self._ttl_min), fmt_seconds(self._ttl_max)
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or math.isnan(ttl):
             raise InvalidError(f"{where}: ttl {ttl!r} must be a number of seconds in {lo} .. {hi}")

@@ -1,0 +1,85 @@
+"""Closing the store while a task waits in line for a key; arguments that no connection could carry are refused
+with InvalidError in every mode (and never fail other callers' calls)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import open_store
+from tinystore import ClosedError, InvalidError, LostError
+
+MODES = ["embedded", "private", "tcp"]
+
+
+# contract: LOCK-01
+@pytest.mark.parametrize("mode", MODES)
+async def test_closing_the_store_gives_no_lease_to_its_own_waiters(tmp_path: Path, mode: str) -> None:
+    async with open_store(mode, tmp_path / "s") as store:
+        lock = store.lock("cl", ttl="5s")
+        entered = asyncio.Event()
+        seen: dict[str, BaseException | str] = {}
+
+        async def holder() -> None:
+            try:
+                async with lock.hold(1):
+                    entered.set()
+                    await asyncio.sleep(30)
+            except BaseException as exc:
+                seen["holder"] = exc
+
+        async def waiter() -> None:
+            await entered.wait()
+            try:
+                async with lock.hold(1):
+                    seen["waiter"] = "ran its block while the store was closing"
+            except BaseException as exc:
+                seen["waiter"] = exc
+
+        tasks = [asyncio.ensure_future(holder()), asyncio.ensure_future(waiter())]
+        await entered.wait()
+        await asyncio.sleep(0.2)  # the waiter is in line
+        await store.close()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+        assert isinstance(seen["holder"], LostError)
+        assert isinstance(seen["waiter"], ClosedError), seen["waiter"]
+        assert "closed while waiting in line" in seen["waiter"].message
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_arguments_no_connection_can_carry_are_invalid_in_every_mode(tmp_path: Path, mode: str) -> None:
+    async with open_store(mode, tmp_path / "s") as store:
+        lock = store.lock("b")
+        with pytest.raises(InvalidError, match="not valid Unicode"):
+            async with lock.hold("\ud800"):
+                pass
+        with pytest.raises(InvalidError, match="wait: a duration is at most 100 years"):
+            async with lock.hold("k", wait=1e300):
+                pass
+        with pytest.raises(InvalidError, match=r"limit .* must be an int from 1 to 1000000"):
+            store.semaphore("s", limit=2**70)
+        with pytest.raises(InvalidError, match=r"ttl: a duration is at most 100 years \(36500d\), got 1e\+300s"):
+            store.lock("t", ttl=1e300)
+        channel = store.channel("c")
+        with pytest.raises(InvalidError, match="not valid Unicode"):
+            channel.under("\ud800")
+        with pytest.raises(InvalidError, match="does not encode"):
+            await channel.publish("\ud800")
+
+        # calls made in one loop turn around a bad one each get their own outcome
+        async def hold(key: str) -> str:
+            async with lock.hold(key):
+                return key
+
+        got = await asyncio.gather(hold("a"), hold("\udfff"), hold("c"), return_exceptions=True)
+        assert got[0] == "a" and got[2] == "c"
+        assert isinstance(got[1], InvalidError)
+        ids = await asyncio.gather(
+            channel.under("a").publish(1),
+            channel.under("b").publish("\udc80"),
+            channel.under("c").publish(3),
+            return_exceptions=True,
+        )
+        assert isinstance(ids[0], str) and isinstance(ids[2], str) and isinstance(ids[1], InvalidError)
