@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import dataclasses
 import inspect
 import itertools
 import logging
@@ -47,6 +46,7 @@ from ..names import check_name
 from ..protocol.jobs import (
     CANCEL_PUSH,
     ENDED,
+    RUN_AT_MAX_MS,
     Add,
     Attempt,
     CancelRun,
@@ -165,7 +165,12 @@ def _clean(text: str) -> str:
 
 
 def _when(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+    if ms is None:
+        return None
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC)
+    except (OverflowError, ValueError, OSError):  # a time no datetime holds (kept by an older version)
+        return datetime.max.replace(tzinfo=UTC) if ms > 0 else datetime.min.replace(tzinfo=UTC)
 
 
 def _ms(value: Duration) -> int:
@@ -421,6 +426,8 @@ class _Runner:
         self.handler = handler
         self.worker = worker
         self.loop = asyncio.get_running_loop()
+        self.hold_fatal = False
+        self.fatal: BaseException | None = None
         self.attempts: dict[tuple[str, int], _Attempt] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.renewer: asyncio.Task[None] | None = None
@@ -552,7 +559,12 @@ class _Runner:
         and nothing is left for "Task exception was never retrieved"."""
         try:
             await self._run_attempt(a)
-        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit) as exc:
+            if self.hold_fatal:  # run_due: raised in its caller's task, not out of the event loop
+                self.fatal = exc
+                return
+            raise
+        except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a fault of the worker itself (the handler's own raises are handled inside)
             c = a.claimed
@@ -576,7 +588,8 @@ class _Runner:
         # the timeout as asyncio.timeout keeps it (its cancel is told from others by the task's cancel count),
         # for the price of one timer
         loop = self.loop
-        timer = loop.call_at(loop.time() + timeout, a.time_out)
+        deadline = loop.time() + timeout
+        timer = loop.call_at(deadline, a.time_out)
         try:
             try:
                 result = self.handler(value, run)
@@ -591,10 +604,13 @@ class _Runner:
                 timed_out = True
             finally:
                 timer.cancel()
-            if a.expired:  # it fired, yet the handler ended without its cancel: count that cancel back
-                a.expired = False
+            if a.expired:  # it fired, yet the handler ended without its cancel (it caught it): count that cancel
+                a.expired = False  # back; the attempt timed out all the same
                 if a.task is not None:
                     a.task.uncancel()
+                timed_out = True
+            elif not timed_out and loop.time() > deadline:
+                timed_out = True  # a handler that blocked the loop past its timeout (the timer could not fire)
         except asyncio.CancelledError as exc:
             if a.why in ("lost", "cancelled"):
                 return  # the store already decided this attempt's end
@@ -932,12 +948,6 @@ class Queue(Generic[T]):
         self._opening: asyncio.Future[QueueInfo] | None = None
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(type if type is not None else Any)
         self._plain = type is None or type is Any
-        # a value already of a Struct or dataclass type encodes as that type: no need to check it
-        self._class: builtins.type[Any] | None = (
-            type
-            if isinstance(type, builtins.type) and (issubclass(type, msgspec.Struct) or dataclasses.is_dataclass(type))
-            else None
-        )
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -961,9 +971,15 @@ class Queue(Generic[T]):
         return info
 
     async def options(self) -> dict[str, Any]:
-        """The options the store keeps for this queue: durations in seconds, ``max_running*`` ``None`` for none.
-        Raises ``InvalidError`` when this queue's options differ from them."""
-        o = (await self._ensure()).options
+        """The options the store keeps for this queue, asked of the store now (``tinystore jobs DIR configure`` may
+        have changed them since this process opened the queue): durations in seconds, ``max_running*`` ``None``
+        for none. Raises ``InvalidError`` when this queue's options differ from them."""
+        info: QueueInfo = await self.store._call(
+            "jobs.open", OpenQueue(queue=self.name, options=self._given), QueueInfo, write=False
+        )
+        self._info = info
+        _opened.setdefault(self.store, {})[self.name] = (self._given, info)
+        o = info.options
 
         def s(ms: int | None) -> float | None:
             return None if ms is None else ms / 1000
@@ -996,7 +1012,8 @@ class Queue(Generic[T]):
 
     def _encode(self, value: Any, what: str) -> str:
         text = _json(value, f"queue {self.name}: {what}: the value", keys=self._plain)
-        if not self._plain and not (self._class is not None and isinstance(value, self._class)):
+        if not self._plain:
+            # an instance of the type too: neither a dataclass nor a Struct checks its fields' types when made
             try:
                 self._decoder.decode(text)
             except Exception as exc:  # a ValidationError, or what the type's own __post_init__ raised
@@ -1062,6 +1079,8 @@ class Queue(Generic[T]):
                 at_ms = math.floor(at * 1000)
             else:
                 raise InvalidError(f"queue {self.name}: {what}: at {at!r} is not a datetime or epoch seconds")
+            if not 0 <= at_ms <= RUN_AT_MAX_MS:
+                raise InvalidError(f"queue {self.name}: {what}: at {at!r} is not between 1970 and the end of 9999")
         return NewJob(
             value=self._encode(value, what),
             key=key,
@@ -1101,12 +1120,14 @@ class Queue(Generic[T]):
         is due (default: now).
 
         Raises ``InvalidError`` (a value that does not encode as the queue's type, a key of 0 or over 512
-        characters, a negative delay, options differing from the store's), ``LimitError`` (a value over 1 MiB
+        characters, a negative delay, options differing from the store's; a call inside a transaction of the
+        database the queue's jobs live in: use ``tx.with_(queue).add`` there), ``LimitError`` (a value over 1 MiB
         of JSON), ``OutcomeUnknownError`` (the answer was lost: it may have been added; adding again with the
         same key is safe). A cancel after the request was sent may leave the job added.
         """
         job = self._new(value, "add", key, tenant, user, type, priority, delay, at)
         await self._ensure()
+        self._not_in_own_tx("add")
         ids: builtins.list[str] = await self.store._call(
             "jobs.add", Add(queue=self.name, jobs=[job]), builtins.list[str], write=True
         )
@@ -1129,6 +1150,7 @@ class Queue(Generic[T]):
         (``job 2``), and nothing is added then."""
         jobs = self._many(values, keys, tenant, user, type, priority, delay, at)
         await self._ensure()
+        self._not_in_own_tx("add_many")
         ids: builtins.list[str] = await self.store._call(
             "jobs.add", Add(queue=self.name, jobs=jobs), builtins.list[str], write=True
         )
@@ -1191,6 +1213,7 @@ class Queue(Generic[T]):
         after it was sent may leave the job cancelled. ``InvalidError`` for an id that is not a str."""
         check_job_id(self.name, "cancel", job_id)
         await self._ensure()
+        self._not_in_own_tx("cancel")
         ok: bool = await self.store._call("jobs.cancel", Get(queue=self.name, id=job_id), bool, write=True)
         return ok
 
@@ -1201,6 +1224,7 @@ class Queue(Generic[T]):
         ``InvalidError`` for an id that is not a str."""
         check_job_id(self.name, "retry", job_id)
         await self._ensure()
+        self._not_in_own_tx("retry")
         ok: bool = await self.store._call("jobs.retry", Get(queue=self.name, id=job_id), bool, write=True)
         return ok
 
@@ -1247,12 +1271,15 @@ class Queue(Generic[T]):
     async def run_due(self, handler: Handler, concurrency: int = 1) -> int:
         """Run the jobs due now (due at the store's time when this is called) with ``handler``, ``concurrency``
         at a time, and return how many attempts ran. A job made due again by its own run waits for the next call.
-        A cancel stops the handlers running (their jobs are handed back, not counted)."""
+        A cancel stops the handlers running (their jobs are handed back, not counted). A handler that raises
+        ``KeyboardInterrupt`` or ``SystemExit`` fails its attempt, and the exception is raised here, once the
+        attempts running with it have ended."""
         if not 1 <= concurrency <= 1000:
             raise InvalidError(f"queue {self.name}: run_due: concurrency {concurrency} is not between 1 and 1000")
         await self._ensure()
         now = await self.store.clock.now()
         runner = _Runner(self, handler, f"{os.getpid()}-due-{uuid.uuid4().hex[:8]}")
+        runner.hold_fatal = True
         ran = 0
         try:
             while True:
@@ -1262,6 +1289,8 @@ class Queue(Generic[T]):
                 attempts = [runner.start(c) for c in got]
                 await asyncio.wait([a.task for a in attempts if a.task is not None])
                 ran += len(got)
+                if runner.fatal is not None:  # a handler raised KeyboardInterrupt or SystemExit: it goes on here
+                    raise runner.fatal
                 if any(a.task is not None and a.task.cancelled() for a in attempts):
                     return ran  # cancelled from outside the worker (the event loop is ending): their jobs went back
         finally:

@@ -60,8 +60,10 @@ from ..limits import Limits
 from ..names import check_name
 from ..protocol.jobs import (
     CANCEL_PUSH,
+    DELAY_MAX_MS,
     ENDED,
     EVENTS_CHANNEL,
+    RUN_AT_MAX_MS,
     STATES,
     Attempt,
     CancelRun,
@@ -106,6 +108,8 @@ ERRORS_KEPT = 50
 CHUNK = 400
 """Jobs per INSERT statement (13 parameters each stays far below SQLite's bound)."""
 INT_MAX = (1 << 63) - 1
+STEPS_VALUES = 8
+"""A job's steps together hold at most this many times ``Limits.job_value_bytes`` (8 MiB by default)."""
 CLAIMS_KEPT = 10_000
 CLAIM_KEPT_FOR = 300.0
 """How many answered claims (at most), and for how long (seconds), ``jobs.release_claim`` can still hand back."""
@@ -164,6 +168,12 @@ SCHEMA = (
 QUEUES_SCHEMA = (
     f"create table if not exists {QUEUES} (name text primary key, options text not null, created_at integer not null)",
 )
+ROW_BYTES = (
+    "length(cast(value as blob)) + coalesce(length(cast(result as blob)), 0) + "
+    "coalesce(length(cast(steps as blob)), 0) + coalesce(length(cast(errors as blob)), 0) + "
+    "coalesce(length(cast(progress as blob)), 0) + coalesce(length(cast(error as blob)), 0) + 256"
+)
+"""About how many bytes a job's row takes in a page (its large texts, and some for the rest)."""
 COLUMNS = (
     "id, queue, state, attempts, fence, value, key, tenant, user, type, priority, progress, result, error, "
     "errors, steps, run_at, created_at, started_at, finished_at"
@@ -1307,7 +1317,9 @@ class JobsEngine:
             fut: asyncio.Future[bool] = self.loop.create_future()
             fut.set_result(False)
             return fut
-        after = None if r.after_ms is None else max(0.0, r.after_ms / 1000)
+        if r.after_ms is not None and not 0 <= r.after_ms <= DELAY_MAX_MS:
+            raise InvalidError(f"queue {q.name}: job {r.id}: after {r.after_ms / 1000:g}s is not within 0 .. 100 years")
+        after = None if r.after_ms is None else r.after_ms / 1000
         if r.outcome == "succeeded":
             return self._end_now(
                 q, e, r.fence, "succeeded", result=r.result if r.result is not None else "null", progress=r.progress
@@ -1383,6 +1395,18 @@ class JobsEngine:
         e = q.entries.get(jid)
         if e is None or e.where != RUNNING or e.fence != fence:
             return False
+        # all the steps of a job together stay under STEPS_VALUES values' worth, so that its row (and a page of
+        # a list) always fits a frame; the running attempt is the only writer of its steps (fenced)
+        cap = STEPS_VALUES * self.limits.job_value_bytes
+        had = (await q.db.read(f"select length(cast(steps as blob)) from {TABLE} where id = ?", [jid], "one")).rows
+        size = (had[0][0] or 0) if had else 0
+        if size + len(result.encode()) > cap:
+            raise LimitError(
+                f"queue {queue}: job {jid}: step {name!r}: the job's steps would be {size + len(result.encode())} "
+                f"bytes of JSON, over the {cap} bytes allowed ({STEPS_VALUES} values' worth)",
+                limit=cap,
+                wanted=size + len(result.encode()),
+            )
         done = await q.db.write(
             f"update {TABLE} set steps = json_set(coalesce(steps, '{{}}'), ?, json(?)) "
             "where id = ? and fence = ? and state = 'running' returning id",
@@ -1419,9 +1443,15 @@ class JobsEngine:
                 raise InvalidError(f"{what}: delay {j.delay_ms / 1000:g}s is negative")
             run_at = now_ms
             if j.delay_ms is not None:
+                if j.delay_ms > DELAY_MAX_MS:
+                    raise InvalidError(f"{what}: delay {j.delay_ms / 1000:g}s is over 100 years")
                 run_at = now_ms + j.delay_ms
             elif j.at_ms is not None:
                 run_at = j.at_ms
+            if not 0 <= run_at <= RUN_AT_MAX_MS:
+                raise InvalidError(
+                    f"{what}: at {run_at / 1000:.6g} (epoch seconds) is not between 1970 and the end of 9999"
+                )
             jid = self._ids.new(now_ms)
             out.append([jid, queue, j.key, j.tenant or "", j.user, j.type, j.priority, j.value, run_at, now_ms])
         return out
@@ -1748,7 +1778,7 @@ class JobsEngine:
             raise InvalidError(f"jobs list: state {req.state!r} is not one of {', '.join((*STATES, 'stuck'))}")
         check_cursor(req.queue, req.after)
         names = [req.queue] if req.queue else await self.queue_names()
-        out: list[JobRow] = []
+        found: list[tuple[str, int, _Queue]] = []  # (id, bytes of its row, its queue)
         for name in names:
             q = await self._queue(name)
             await q.wait_schema()
@@ -1772,17 +1802,35 @@ class JobsEngine:
             if req.after is not None:
                 where.append("id < ?")
                 params.append(req.after)
-            rows = (
+            sized = (
                 await q.db.read(
-                    f"select {COLUMNS} from {TABLE} where {' and '.join(where)} order by id desc limit ?",
+                    f"select id, {ROW_BYTES} from {TABLE} where {' and '.join(where)} order by id desc limit ?",
                     [*params, req.limit + 1],
                 )
             ).rows
-            out.extend(self._row(q, r) for r in rows)
+            found.extend((jid, size, q) for jid, size in sized)
+        found.sort(key=lambda f: f[0], reverse=True)
+        # a page holds at most `limit` jobs, and no more bytes than half a frame (or of a SQL result): a page of
+        # large jobs is shorter, never refused; its `next` goes on from its last job
+        budget = min(self.limits.frame_body_bytes, self.limits.sql_result_bytes) // 2
+        take: list[tuple[str, int, _Queue]] = []
+        total = 0
+        for item in found[: req.limit]:
+            if take and total + item[1] > budget:
+                break
+            take.append(item)
+            total += item[1]
+        out: list[JobRow] = []
+        for q in {id(q): q for _, _, q in take}.values():
+            ids = [jid for jid, _, owner in take if owner is q]
+            for i in range(0, len(ids), 500):
+                part = ids[i : i + 500]
+                marks = ", ".join("?" * len(part))
+                rows = (await q.db.read(f"select {COLUMNS} from {TABLE} where id in ({marks})", part)).rows
+                out.extend(self._row(q, r) for r in rows)
         out.sort(key=lambda j: j.id, reverse=True)
-        more = len(out) > req.limit
-        out = out[: req.limit]
-        return Page(jobs=out, next=out[-1].id if more and out else None)
+        more = len(found) > len(take)
+        return Page(jobs=out, next=take[-1][0] if more and take else None)
 
     async def wait(self, queue: str, jid: str, seen: str, wait_ms: int) -> JobRow | None:
         """Job ``jid`` once it differs from snapshot ``seen`` (see :func:`~tinystore.protocol.jobs.snapshot`),

@@ -541,12 +541,19 @@ class SqlDatabase:
     # -- calls from the loop ---------------------------------------------------------------------
 
     def write(self, sql: str, params: Sequence[Any]) -> asyncio.Future[Done]:
-        """One statement that may write, committed before the future resolves (group commit)."""
+        """One statement that may write, committed before the future resolves (group commit). Never raises:
+        a parameter SQLite cannot hold (``InvalidError``) or a closed database (``ClosedError``) is the
+        future's exception, so a caller that gathered several calls' writes fails only the one."""
         fut: asyncio.Future[Done] = self.loop.create_future()
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
             return fut
-        self._queue(_Write(sql, check_params(self.name, params), fut))
+        try:
+            values = check_params(self.name, params)
+        except TinystoreError as exc:
+            fut.set_exception(exc)
+            return fut
+        self._queue(_Write(sql, values, fut))
         return fut
 
     def write_later(self, sql: str, params: Sequence[Any]) -> Later:

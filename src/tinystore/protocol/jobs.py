@@ -46,6 +46,12 @@ STATES = ("queued", "running", "succeeded", "failed", "dead", "cancelled")
 ENDED = ("succeeded", "dead", "cancelled")
 
 
+DELAY_MAX_MS = 100 * 365 * 86400 * 1000
+"""The longest delay (and retry or snooze ``after``): 100 years, as every duration of the SDK."""
+RUN_AT_MAX_MS = 253402300799999
+"""The latest time a job may be due: the end of year 9999 (UTC), the last a ``datetime`` can tell."""
+
+
 class Options(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A queue's options. In :class:`OpenQueue` only the ones the caller gave are set (``None``: not given);
     in :class:`QueueInfo` every one is set. Durations in ms; ``max_running*``: 0 means no limit."""
