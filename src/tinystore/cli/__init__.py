@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
+import shlex
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import TinystoreError
+from ..errors import InvalidError, TinystoreError
 
 T = TypeVar("T")
+P = ParamSpec("P")
 # written to a file or a pipe, rich would fold tables to 80 columns: give them room (a terminal keeps its width)
 console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
@@ -40,6 +43,32 @@ def fail(exc: TinystoreError) -> NoReturn:
     """Print ``error[code] message`` (one line: people read it, and a parent process parses it) and exit 1."""
     sys.stderr.write(f"error[{exc.code}] {exc.message}\n")
     sys.exit(1)
+
+
+def need_store_dir(directory: Path) -> None:
+    """Refuse a DIRECTORY that does not exist (exit 1, ``error[invalid] …``), before anything is made: every
+    command but ``serve`` and ``demo`` works on an existing store, and a typo must not make a new one."""
+    if not directory.exists():
+        fail(
+            InvalidError(
+                f"store {directory}: no such directory "
+                f"(to make a store there: `tinystore serve {shlex.quote(str(directory))}`)"
+            )
+        )
+
+
+def pass_store_dir(fn: Callable[Concatenate[Path, P], T]) -> Callable[P, T]:
+    """``click.pass_obj`` for the groups whose object is their DIRECTORY argument (``channels``, ``lock``,
+    ``jobs``), refusing one that does not exist (:func:`need_store_dir`). The check is made by the command, not
+    the group, so that ``tinystore channels DIR publish --help`` still works."""
+
+    @functools.wraps(fn)
+    def command(*args: P.args, **kwargs: P.kwargs) -> T:
+        directory: Path = click.get_current_context().obj
+        need_store_dir(directory)
+        return fn(directory, *args, **kwargs)
+
+    return command
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
@@ -170,7 +199,8 @@ async def _connect_dir(directory: Path) -> Any:
         await transport.connect()
     except UnavailableError:
         raise UnavailableError(
-            f"store {directory}: no server is running there (start one with `tinystore serve`)"
+            f"store {directory}: no server is running there "
+            f"(start one with `tinystore serve {shlex.quote(str(directory))}`)"
         ) from None
     return Store(transport, mode="cli", directory=directory.resolve())
 
@@ -193,7 +223,8 @@ async def open_for_cli(directory: Path) -> Any:
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--grace", default=10.0, show_default=True, help="Seconds calls under way may take to finish.")
 def stop(directory: Path, grace: float) -> None:
-    """Stop the server that owns DIRECTORY gracefully (as SIGTERM does)."""
+    """Stop the server that owns DIRECTORY gracefully (as SIGTERM does); fails when none runs."""
+    need_store_dir(directory)
 
     async def go() -> None:
         import time
@@ -220,7 +251,10 @@ def stop(directory: Path, grace: float) -> None:
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def status(directory: Path, as_json: bool) -> None:
-    """Show the server of DIRECTORY: version, connections, databases, and what each engine holds."""
+    """Show the store of DIRECTORY: version, connections, databases, and what each engine holds.
+
+    Asks the directory's server when one runs, else opens the store in this command (no server is started)."""
+    need_store_dir(directory)
 
     async def go() -> dict[str, Any]:
         store = await open_for_cli(directory)
@@ -274,7 +308,11 @@ def _print_engine(key: str, value: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
 @click.option("--write", is_flag=True, help="Allow a statement that writes.")
 def sql(directory: Path, statement: str, params: tuple[str, ...], database: str, as_json: bool, write: bool) -> None:
-    """Run STATEMENT on a database of DIRECTORY and print the rows (a table, or JSON with --json)."""
+    """Run STATEMENT on a database of DIRECTORY and print the rows (a table, or JSON with --json).
+
+    Through the directory's server when one runs, else on the store opened in this command (no server is
+    started)."""
+    need_store_dir(directory)
 
     async def go() -> tuple[list[str], list[list[Any]], Any]:
         from ..errors import InvalidError

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import select
+import stat
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +18,7 @@ import click
 
 from ..durations import seconds
 from ..errors import InvalidError, TinystoreError
-from . import fail, open_for_cli, run_async, to_json
+from . import fail, open_for_cli, pass_store_dir, run_async, to_json
 
 
 def split_target(target: str) -> tuple[str, list[str]]:
@@ -24,22 +30,80 @@ def split_target(target: str) -> tuple[str, list[str]]:
     return name, parts
 
 
+def silence_stdout() -> None:
+    """Point stdout at ``/dev/null``: its reader is gone, and the interpreter's last flush (of what is still
+    buffered) must not raise ``BrokenPipeError`` at exit (as the Python docs advise for SIGPIPE)."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # stdout closed, or no file behind it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+
+
+@contextlib.contextmanager
+def when_stdout_reader_gone(on_gone: Callable[[], None]) -> Iterator[None]:
+    """While the block runs, call ``on_gone`` (on the running loop) once the reader of stdout closed it, when
+    stdout is a pipe: `subscribe | head -1` ends when `head` has its line, even if nothing more is published
+    (so that no write finds the pipe closed).
+
+    A thread waits in ``poll`` on the pipe's write end for POLLERR, which comes when its last reader closed it
+    and only then (it asks for no event, so a FIFO this process also reads from never wakes it). Not the loop's
+    ``add_reader``: uvloop would make stdout non-blocking, for every process that shares it."""
+    try:
+        fd = sys.stdout.fileno()
+        is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except (AttributeError, OSError, ValueError):
+        is_pipe = False
+    if not is_pipe:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    wake_r, wake_w = os.pipe()
+
+    def watch() -> None:
+        try:
+            poller = select.poll()
+            poller.register(fd, 0)
+            poller.register(wake_r, select.POLLIN)
+            ready = dict(poller.poll())
+        finally:
+            os.close(wake_r)
+        if ready.get(fd, 0) & select.POLLERR:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
+                loop.call_soon_threadsafe(on_gone)
+
+    watcher = threading.Thread(target=watch, daemon=True, name="tinystore-stdout-watch")
+    watcher.start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # the watcher already ended (and closed its end)
+            os.write(wake_w, b"x")
+        os.close(wake_w)
+        watcher.join()
+
+
 def register(main: click.Group) -> None:
     @main.group()
     @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
     @click.pass_context
     def channels(ctx: click.Context, directory: Path) -> None:
-        """Publish on and listen to the channels of DIRECTORY. `subscribe` reaches the directory's server (started
-        when none runs, as a sidecar that stops once idle); `publish` reaches it when one runs (else nobody can
-        be listening: the message is published on a store embedded in the command)."""
+        """Publish on and listen to the channels of DIRECTORY, which must exist (`tinystore serve DIRECTORY`
+        makes a store there). `subscribe` reaches the directory's server, starting one when none runs (a
+        sidecar, which exits once idle); `publish` reaches the server when one runs, else publishes on the
+        store opened in this command, where nobody can be listening."""
         ctx.obj = directory
 
     @channels.command()
     @click.argument("target", metavar="NAME[/BRANCH...]")
     @click.argument("value", metavar="JSON")
-    @click.pass_obj
+    @pass_store_dir
     def publish(directory: Path, target: str, value: str) -> None:
-        """Publish the JSON VALUE on channel NAME (under BRANCH...); prints {"id": ..., "seq": ...}."""
+        """Publish the JSON VALUE on channel NAME (under BRANCH...); prints {"id": ..., "seq": ...}.
+
+        Through the directory's server when one runs; else on the store opened in this command, where nobody
+        hears it (no server is started)."""
         try:
             data = json.loads(value)
         except ValueError as exc:
@@ -62,23 +126,38 @@ def register(main: click.Group) -> None:
     @click.option("--for", "for_", default=None, help="Stop after this long (30s, 1m, ...); default: until Ctrl-C.")
     @click.option("--recursive", is_flag=True, help="Also hear every branch below.")
     @click.option("--after", default=None, help="Resume after this message id.")
-    @click.pass_obj
+    @pass_store_dir
     def subscribe(directory: Path, target: str, for_: str | None, recursive: bool, after: str | None) -> None:
         """Print each message of channel NAME (under BRANCH...) as one JSON line
-        ({"id", "seq", "branch", "value"}), and each missed notice as {"missed": {"reason", "count"}}."""
+        ({"id", "seq", "branch", "value"}), and each missed notice as {"missed": {"reason", "count"}}.
+
+        Reaches the directory's server, starting one when none runs (a sidecar, which exits once idle), so that
+        `publish` in other commands reaches it. Ends after --for, on Ctrl-C, or once its output is closed (as
+        `| head -1` does), with status 0."""
         try:
             limit = seconds(for_, "--for") if for_ else None
         except TinystoreError as exc:
             fail(exc)
 
-        def out(obj: Any) -> None:
-            sys.stdout.write(to_json(obj) + "\n")
-            sys.stdout.flush()
-
         async def go() -> None:
             import tinystore
 
             name, parts = split_target(target)
+            output_gone = asyncio.Event()
+
+            def reader_gone() -> None:
+                silence_stdout()
+                output_gone.set()
+
+            def out(obj: Any) -> None:
+                if output_gone.is_set():
+                    return
+                try:
+                    sys.stdout.write(to_json(obj) + "\n")
+                    sys.stdout.flush()
+                except BrokenPipeError:  # the reader is gone: the subscription ends, quietly
+                    reader_gone()
+
             # the directory's server, started when none runs (as `tinystore lock hold` does): a listener that
             # owned the directory itself would shut out the publishers it waits for
             store = await tinystore.open(directory)
@@ -91,10 +170,8 @@ def register(main: click.Group) -> None:
                     after=after,
                 )
                 try:
-                    if limit is None:
-                        await asyncio.Event().wait()
-                    else:
-                        await asyncio.sleep(limit)
+                    with when_stdout_reader_gone(reader_gone), contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(output_gone.wait(), limit)  # None: until Ctrl-C
                 finally:
                     await sub.stop()
             finally:

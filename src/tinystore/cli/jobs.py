@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from . import console, fail, open_for_cli, print_table, run_async, to_json
+from . import console, fail, open_for_cli, pass_store_dir, print_table, run_async, to_json
 
 
 def _at(when: datetime | None) -> str:
@@ -63,7 +63,10 @@ def register(main: click.Group) -> None:
     @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
     @click.pass_context
     def jobs(ctx: click.Context, directory: Path) -> None:
-        """Jobs of the store in DIRECTORY: list, show, retry, cancel, queues."""
+        """Jobs of the store in DIRECTORY: list, show, retry, cancel, queues, configure.
+
+        Through the directory's server when one runs, else on the store opened in this command (no server is
+        started). DIRECTORY must exist: `tinystore serve DIRECTORY` makes a store there."""
         ctx.obj = directory
 
     @jobs.command("list")
@@ -81,7 +84,7 @@ def register(main: click.Group) -> None:
     @click.option("--after", default=None, help="The cursor a previous page printed.")
     @click.option("--wide", is_flag=True, help="Also show type, progress, created and finished.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")
-    @click.pass_obj
+    @pass_store_dir
     def list_(
         directory: Path,
         queue: str,
@@ -128,7 +131,7 @@ def register(main: click.Group) -> None:
     @jobs.command()
     @click.argument("job_id")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-    @click.pass_obj
+    @pass_store_dir
     def show(directory: Path, job_id: str, as_json: bool) -> None:
         """Show one job, with its attempts and errors."""
         from ..client.jobs import find
@@ -184,21 +187,21 @@ def register(main: click.Group) -> None:
 
     @jobs.command()
     @click.argument("job_id")
-    @click.pass_obj
+    @pass_store_dir
     def retry(directory: Path, job_id: str) -> None:
         """Put a dead or cancelled job back to queued, attempts from 0."""
         _change(directory, job_id, "retry")
 
     @jobs.command()
     @click.argument("job_id")
-    @click.pass_obj
+    @pass_store_dir
     def cancel(directory: Path, job_id: str) -> None:
         """Cancel a job: a waiting one never runs; a running one's handler is cancelled."""
         _change(directory, job_id, "cancel")
 
     @jobs.command("queues")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")
-    @click.pass_obj
+    @pass_store_dir
     def queues_(directory: Path, as_json: bool) -> None:
         """List the queues with their options and their jobs counted by state."""
         from ..client.jobs import queues
@@ -244,7 +247,7 @@ def register(main: click.Group) -> None:
     @click.option("--max-running-per-tenant", type=int, default=None, help="Jobs running at once per tenant.")
     @click.option("--keep", default=None, help="How long ended jobs are kept.")
     @click.option("--json", "as_json", is_flag=True, help="Print the queue's options as JSON.")
-    @click.pass_obj
+    @pass_store_dir
     def configure(
         directory: Path,
         queue: str,

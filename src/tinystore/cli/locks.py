@@ -3,7 +3,9 @@
 For a cron job that must never run twice at once. The command gets the lease's fence in ``TINYSTORE_FENCE``
 (decimal; ``TINYSTORE_FENCE_PADDED`` is the 40-digit text that sorts as text), and ``TINYSTORE_LOCK`` and
 ``TINYSTORE_KEY``. When the lease is lost (its renewals failed for its ttl: this process froze, or the store
-went away; or the store restarted), the command is stopped: SIGTERM, then SIGKILL after ``--grace``.
+went away; or the store restarted), the command is stopped: SIGTERM, then SIGKILL after ``--grace``. On Linux,
+the kernel kills the command (SIGKILL) when this process dies, even by SIGKILL: it never runs on without the
+lease. Only the command's own process is covered, not the processes it starts.
 
 Exit status: the command's own (128 + N when a signal N ended it); 1 with ``error[code] message`` on stderr
 when the key stayed held for all of the wait (``in_use``), when the lease was lost (``lost``, after the command
@@ -14,17 +16,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import signal
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from ..durations import seconds
 from ..errors import InvalidError
-from . import err_console, run_async
+from . import err_console, pass_store_dir, run_async
+
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option: the signal the kernel sends this process when its parent (the thread that forked it) dies."""
+
+
+def dies_with_this_process() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when this process dies (Linux's
+    ``PR_SET_PDEATHSIG``), even by SIGKILL, when nothing of it is left to stop the command; ``None`` where
+    there is no ``prctl``.
+
+    Safe in a process with threads (the SDK's executor threads are there): everything is looked up here, in
+    the parent, so between fork and exec the child only calls ``prctl`` and ``getppid`` through objects made
+    beforehand (no import, no lock, no I/O). The signal comes when the *thread* that forked exits: spawn from
+    the loop's thread (the main thread, which lives as long as the process), never from a worker thread.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+    getppid, get_errno, kill = os.getppid, ctypes.get_errno, int(signal.SIGKILL)
+
+    def set_parent_death_signal() -> None:
+        if prctl(PR_SET_PDEATHSIG, kill, 0, 0, 0) != 0:
+            raise OSError(get_errno(), "prctl(PR_SET_PDEATHSIG) failed")  # the command does not run
+        if getppid() != parent:  # this process died before the prctl: the kernel will not tell
+            os._exit(1)
+
+    return set_parent_death_signal
 
 
 async def stop_process(proc: asyncio.subprocess.Process, grace: float) -> None:
@@ -63,8 +101,9 @@ async def hold_and_run(
             env["TINYSTORE_LOCK"] = lock
             env["TINYSTORE_KEY"] = lease.key
             try:
-                proc = await asyncio.create_subprocess_exec(*command, env=env)
-            except OSError as exc:
+                # from this (the loop's, main) thread: the parent-death signal follows the thread that forks
+                proc = await asyncio.create_subprocess_exec(*command, env=env, preexec_fn=dies_with_this_process())
+            except (OSError, subprocess.SubprocessError) as exc:
                 err_console.print(f"[red]error[/red]: cannot run {command[0]!r}: {exc}", highlight=False)
                 return 127
             loop = asyncio.get_running_loop()
@@ -95,7 +134,8 @@ def register(main: click.Group) -> None:
     @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
     @click.pass_context
     def lock(ctx: click.Context, directory: Path) -> None:
-        """Hold a key of a lock of DIRECTORY (its server, or a sidecar started for it)."""
+        """Hold a key of a lock of DIRECTORY, which must exist (`tinystore serve DIRECTORY` makes a store
+        there), through the directory's server, starting one when none runs (a sidecar, which exits once idle)."""
         ctx.obj = directory
 
     @lock.command(context_settings={"ignore_unknown_options": True})
@@ -105,11 +145,14 @@ def register(main: click.Group) -> None:
     @click.option("--ttl", default="30s", show_default=True, help="The lease's ttl (1s .. 1h).")
     @click.option("--wait", default="10s", show_default=True, help="How long to wait for the key (0: now or never).")
     @click.option("--grace", default="10s", show_default=True, help="SIGTERM to SIGKILL when the lease is lost.")
-    @click.pass_obj
+    @pass_store_dir
     def hold(directory: Path, name: str, key: str, command: tuple[str, ...], ttl: str, wait: str, grace: str) -> None:
         """Run COMMAND while holding KEY of LOCK: `tinystore lock DIR hold LOCK KEY -- COMMAND ARGS...`.
 
-        The command gets TINYSTORE_FENCE (the lease's fence, decimal), and is stopped when the lease is lost.
+        The command gets TINYSTORE_FENCE (the lease's fence, decimal), and is stopped when the lease is lost
+        (SIGTERM, then SIGKILL after --grace). On Linux it is also killed (SIGKILL) if this `tinystore` process
+        dies, even by SIGKILL, so it never runs on without the key. Only the command's own process is covered: processes
+        it starts itself (in the background, or the commands of a script that does not `exec` them) are not.
         Exits with the command's status; 1 when the key stayed held for all of --wait or the lease was lost.
         """
         args = list(command)
