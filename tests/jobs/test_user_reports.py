@@ -167,3 +167,22 @@ async def test_options_are_asked_of_the_store_each_time(tmp_path: Path) -> None:
         with pytest.raises(InvalidError, match="attempts"):
             await q.options()
         assert (await store.queue("mail", attempts=4).options())["attempts"] == 4
+
+
+async def test_handlers_and_value_lists_that_cannot_work_are_refused_at_once(store: tinystore.Store) -> None:
+    q = store.queue("checks")
+    await q.add(1)
+    with pytest.raises(InvalidError, match="not callable"):
+        q.work(None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidError, match="not callable"):
+        await q.run_due(5)  # type: ignore[arg-type]
+
+    def one_argument(value: Any) -> None:
+        pass
+
+    with pytest.raises(InvalidError, match=r"cannot be called as handler\(value, run\)"):
+        q.work(one_argument)  # type: ignore[arg-type]
+    with pytest.raises(InvalidError, match="add_many takes a list of values, not str"):
+        await q.add_many("abc")
+    assert len((await q.list()).jobs) == 1  # nothing burned an attempt, nothing added
+    assert (await q.list()).jobs[0].attempts == 0

@@ -24,7 +24,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -162,6 +162,23 @@ def _clean(text: str) -> str:
     if not _valid_text(text):
         text = text.encode("utf-8", "backslashreplace").decode()
     return text
+
+
+def _check_handler(queue: str, what: str, handler: Any) -> None:
+    """Refuse a handler that cannot be called as ``handler(value, run)``: every job would fail with it."""
+    if not callable(handler):
+        raise InvalidError(f"queue {queue}: {what}: the handler {handler!r} is not callable")
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # a builtin or a C callable without a signature: it is tried as it is
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        raise InvalidError(
+            f"queue {queue}: {what}: the handler {getattr(handler, '__qualname__', handler)!r} cannot be called as "
+            f"handler(value, run): {exc}"
+        ) from None
 
 
 def _when(ms: int | None) -> datetime | None:
@@ -1167,6 +1184,11 @@ class Queue(Generic[T]):
         delay: Duration | None,
         at: datetime | float | None,
     ) -> builtins.list[NewJob]:
+        if isinstance(values, str | bytes | bytearray | Mapping) or not isinstance(values, Iterable):
+            raise InvalidError(
+                f"queue {self.name}: add_many takes a list of values, not {builtins.type(values).__name__} "
+                "(for one value, use add)"
+            )
         values = builtins.list(values)
         if keys is not None and len(keys) != len(values):
             raise InvalidError(f"queue {self.name}: add_many: {len(keys)} keys for {len(values)} values")
@@ -1262,10 +1284,12 @@ class Queue(Generic[T]):
         What the handler returns ends the attempt: a value (JSON, at most 1 MiB; ``None`` is fine) → ``succeeded``
         with it as the result; ``run.retry(after)`` or a raise or a timeout → a failed attempt, retried with
         backoff until ``attempts``, then ``dead``; ``run.fail(reason)`` or ``PermanentError`` → ``dead`` at once;
-        ``run.snooze(after)`` → again after ``after``, not counted. Raises ``InvalidError`` for a bad concurrency.
+        ``run.snooze(after)`` → again after ``after``, not counted. Raises ``InvalidError`` for a bad concurrency
+        and for a handler that cannot be called as ``handler(value, run)`` (rather than failing every job).
         The worker opens the queue in the background: options that differ from the store's are logged as an
         error and end the worker (``await queue.options()`` first to have that ``InvalidError`` raised here).
         """
+        _check_handler(self.name, "work", handler)
         return Worker(self, handler, concurrency)
 
     async def run_due(self, handler: Handler, concurrency: int = 1) -> int:
@@ -1276,6 +1300,7 @@ class Queue(Generic[T]):
         attempts running with it have ended."""
         if not 1 <= concurrency <= 1000:
             raise InvalidError(f"queue {self.name}: run_due: concurrency {concurrency} is not between 1 and 1000")
+        _check_handler(self.name, "run_due", handler)
         await self._ensure()
         now = await self.store.clock.now()
         runner = _Runner(self, handler, f"{os.getpid()}-due-{uuid.uuid4().hex[:8]}")

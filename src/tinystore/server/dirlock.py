@@ -6,7 +6,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from ..errors import InUseError
+from ..errors import CorruptError, InUseError
 
 
 class DirLock:
@@ -53,13 +53,28 @@ def next_epoch(directory: Path, now_ms: int) -> int:
     """The store's epoch for this start: ``max(now_ms, last + 1)``, saved (fsync) before it is used.
 
     It only grows, whatever the wall clock does, so fences (``epoch << 64 | counter``) and message ids
-    (``<epoch>-<seq>``) never repeat across restarts (LOCK-02).
+    (``<epoch>-<seq>``) never repeat across restarts (LOCK-02). Raises ``CorruptError`` when the file is there
+    but does not hold a number: starting from the wall clock then could give fences that went out before.
     """
     path = directory / "EPOCH"
     try:
-        last = int(path.read_text().strip() or 0)
-    except (OSError, ValueError):
-        last = 0
+        text = path.read_text()
+    except FileNotFoundError:
+        text = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorruptError(f"{path}: cannot be read ({exc}); it keeps the store's last epoch (LOCK-02)") from None
+    last = 0
+    if text is not None:
+        try:
+            last = int(text.strip())
+        except ValueError:
+            raise CorruptError(
+                f"{path}: holds {text[:40]!r}, not the store's last epoch (a number of ms). Fences grow across "
+                "restarts only from it (LOCK-02): write in it a number above every epoch the store gave, such as "
+                "the current time in ms plus a day, to start again"
+            ) from None
+        if last < 0:
+            raise CorruptError(f"{path}: holds a negative epoch ({last})")
     epoch = max(now_ms, last + 1)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:

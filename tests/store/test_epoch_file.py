@@ -1,0 +1,47 @@
+"""DIR/EPOCH keeps the store's last epoch, from which fences grow across restarts (LOCK-02): a file that is
+there but unreadable is a CorruptError at open, never silently replaced by the wall clock."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tinystore import CorruptError
+
+
+# contract: LOCK-02
+async def test_a_garbage_epoch_file_is_a_corrupt_error_and_a_fixed_one_opens(tmp_path: Path) -> None:
+    directory = tmp_path / "s"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    async with store.lock("l").hold(1) as lease:
+        first = lease.fence
+    await store.close()
+
+    (directory / "EPOCH").write_text("not a number\n")
+    with pytest.raises(CorruptError, match="EPOCH: holds 'not a number"):
+        await tinystore.open(directory, embedded=True, serve=False)
+    (directory / "EPOCH").write_text("-5\n")
+    with pytest.raises(CorruptError, match="negative"):
+        await tinystore.open(directory, embedded=True, serve=False)
+
+    # fixed as the message says (a number above every epoch given): the store opens, and fences still grow
+    (directory / "EPOCH").write_text(f"{int(time.time() * 1000) + 86_400_000}\n")
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        async with store.lock("l").hold(1) as lease:
+            assert lease.fence > first
+    finally:
+        await store.close()
+
+
+async def test_a_missing_epoch_file_is_made(tmp_path: Path) -> None:
+    directory = tmp_path / "s"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    await store.close()
+    (directory / "EPOCH").unlink()
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    await store.close()
+    assert int((directory / "EPOCH").read_text()) > 0
