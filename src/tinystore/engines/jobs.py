@@ -696,7 +696,12 @@ class JobsEngine:
                 e.where = RUNNING
                 e.counted = True
                 e.started_at = (started_at or 0) / 1000
-                e.lease_until = max((lease_until or 0) / 1000, now + opts.lease)
+                if lease_until is None:
+                    # claimed by a worker inside the process that owned the store before (no lease there): that
+                    # process is gone, and so is the attempt. It ends "worker lost" at once, not a lease later
+                    e.lease_until = now
+                else:
+                    e.lease_until = max(lease_until / 1000, now + opts.lease)
                 q.running[tenant] = q.running.get(tenant, 0) + 1
                 q.running_total += 1
                 q.leases.push(e.lease_until, (e, fence))
