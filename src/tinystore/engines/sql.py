@@ -45,14 +45,12 @@ from ..errors import (
     ConflictError,
     InvalidError,
     LimitError,
-    OutcomeUnknownError,
     TimeoutError_,
     TinystoreError,
 )
 from ..limits import Limits
 from ..names import a_or_an, check_name
 from ..protocol.sql import Done, Rows
-from .wal_sync import WalSync
 
 log = logging.getLogger("tinystore.sql")
 
@@ -439,7 +437,6 @@ class SqlDatabase:
         self._spare: list[sqlite3.Connection] = []
         self._spare_lock = threading.Lock()
         self._inline: sqlite3.Connection | None = None
-        self._sync: WalSync | None = None
         self._inline_deadline = 0.0
         self._turn_reads = 0  # inline reads in this turn of the loop
         self._snapshot = False  # whether the inline connection holds a read transaction until the turn ends
@@ -461,8 +458,7 @@ class SqlDatabase:
             conn.execute("pragma query_only = 1")
         else:
             conn.execute("pragma journal_mode = wal")
-            # durability "full": synchronous = FULL while migrations run (at open, in the caller's thread); the
-            # writer thread then commits with NORMAL and a WalSync syncs the WAL behind it (see wal_sync)
+            # "full": SQLite syncs the WAL in each COMMIT, before the commit's outcomes go back (SQL-02)
             sync = "full" if self.engine.durability == "full" else "normal"
             conn.execute(f"pragma synchronous = {sync}")
         conn.execute("pragma foreign_keys = on")
@@ -477,9 +473,6 @@ class SqlDatabase:
         except BaseException:
             writer.close()
             raise
-        if self.engine.durability == "full":
-            _ctl(writer, "pragma synchronous = normal")
-            self._sync = WalSync(self.name, f"{self.path}-wal", self.results.put_many, self._sync_failed)
         if self.inline_budget > 0:
             self._inline = self.connect(readonly=True)
             self._inline.set_progress_handler(self._inline_check, 500)
@@ -491,21 +484,6 @@ class SqlDatabase:
             self._threads.append(r)
             r.start()
         return applied
-
-    def _sync_failed(self, items: list[_Outcome], exc: OSError) -> None:
-        err = OutcomeUnknownError(
-            f"database {self.name}: the commit was made but syncing it to disk failed ({exc}); "
-            "after a power loss it may be gone"
-        )
-        self.results.put_many([(fut, None, err) for fut, _, _ in items])
-
-    def _durable(self, items: list[_Outcome]) -> None:
-        """Deliver the outcomes of a commit just made (on the writer thread): at once with durability "os",
-        else once a sync of the WAL (by the WalSync thread, while the writer goes on) is done."""
-        if self._sync is None:
-            self.results.put_many(items)
-        else:
-            self._sync.after_commit(items)
 
     def _migrate(self, conn: sqlite3.Connection, migrations: Sequence[tuple[str, str]]) -> list[str]:
         conn.execute(
@@ -752,8 +730,6 @@ class SqlDatabase:
             else:
                 tx, fut = item
                 self._run_tx(conn, tx, fut, arm)
-        if self._sync is not None:
-            self._sync.stop()
         try:
             conn.execute("pragma wal_checkpoint(truncate)")
         except sqlite3.Error:
@@ -799,7 +775,7 @@ class SqlDatabase:
             err = sql_error(self.name, exc)
             self.results.put_many([(w.fut, None, err) for w in batch])
             return
-        self._durable(results)
+        self.results.put_many(results)
 
     def _batch_again(
         self,
@@ -953,9 +929,7 @@ class SqlDatabase:
                     tx.done = True
                     if writer:
                         self.stats["commits"] += 1
-                        self._durable([(call.fut, None, None)])
-                    else:
-                        put(call.fut, None, None)
+                    put(call.fut, None, None)
                 except BaseException as exc:
                     err = sql_error(self.name, exc)
                     if conn.in_transaction:
