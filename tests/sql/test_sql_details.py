@@ -118,3 +118,18 @@ async def test_a_type_or_other_non_text_where_sql_goes_is_an_invalid_error(store
     with pytest.raises(InvalidError, match="exec takes the SQL text first, not int"):
         await db.exec(5)  # type: ignore[arg-type]
     assert await db.scalar("select 1") == 1
+
+
+# contract: SQL-05
+async def test_a_database_whose_first_migration_fails_leaves_no_file(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        with pytest.raises(InvalidError, match=r"migration 001\.sql"):
+            await store.database("fresh", migrations=[("001.sql", "create tabl oops (x);")])
+        files = sorted(p.name for p in (tmp_path / "s" / "sql").iterdir())
+        assert not [f for f in files if f.startswith("fresh.db")], files
+        db = await store.database("fresh", migrations=[("001.sql", "create table ok (x);")])
+        await db.exec("insert into ok values (1)")
+        # a database that existed keeps its file when a later migration fails
+        with pytest.raises(InvalidError):
+            await store.database("fresh", migrations=[("001.sql", "create table ok (x);"), ("002.sql", "bad sql")])
+        assert await db.scalar("select count(*) from ok") == 1

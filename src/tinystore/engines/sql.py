@@ -1141,13 +1141,20 @@ class SqlEngine:
             if db is None:
                 if self.closed:
                     raise ClosedError(f"database {name}: the store is stopping")
-                db = SqlDatabase(self, name, self.directory / f"{name}.db")
+                path = self.directory / f"{name}.db"
+                existed = path.exists()
+                db = SqlDatabase(self, name, path)
                 start = asyncio.ensure_future(asyncio.to_thread(db.start, migrations))
                 try:
                     applied = await asyncio.shield(start)
                 except asyncio.CancelledError:
                     # the thread goes on: once it started the database, stop it (nobody has it)
                     start.add_done_callback(functools.partial(_close_started, db))
+                    raise
+                except TinystoreError:
+                    if not existed:  # made by this open, whose first migration failed: leave no empty file
+                        for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+                            leftover.unlink(missing_ok=True)
                     raise
                 if self.closed:  # the store began to stop meanwhile, and its close did not see this database
                     db.close()
