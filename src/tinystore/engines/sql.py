@@ -437,6 +437,7 @@ class SqlDatabase:
         self._spare: list[sqlite3.Connection] = []
         self._spare_lock = threading.Lock()
         self._inline: sqlite3.Connection | None = None
+        self.applied_before_failure = -1  # at start: the migrations applied before one failed (-1: none failed)
         self._inline_deadline = 0.0
         self._turn_reads = 0  # inline reads in this turn of the loop
         self._snapshot = False  # whether the inline connection holds a read transaction until the turn ends
@@ -512,6 +513,7 @@ class SqlDatabase:
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     _ctl(conn, "rollback --ts")
+                self.applied_before_failure = len(applied)
                 raise _migration_error(self.name, name, sql_error(self.name, exc)) from None
             applied.append(name)
         return applied
@@ -1152,7 +1154,8 @@ class SqlEngine:
                     start.add_done_callback(functools.partial(_close_started, db))
                     raise
                 except TinystoreError:
-                    if not existed:  # made by this open, whose first migration failed: leave no empty file
+                    if not existed and db.applied_before_failure == 0:
+                        # made by this open, whose first migration failed: leave no file with nothing in it
                         for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
                             leftover.unlink(missing_ok=True)
                     raise
