@@ -1171,19 +1171,18 @@ class SqlEngine:
     async def _migrate_open(self, db: SqlDatabase, migrations: Sequence[tuple[str, str]]) -> list[str]:
         """New migrations for a database already open: in name order, each in its own transaction (SQL-05), as at
         open. A migration that fails leaves nothing of itself; those before it stay applied."""
+        known = {r[0]: r[1] for r in (await db.read(f"select name, text from {MIGRATIONS_TABLE}", [])).rows}
         applied: list[str] = []
         for name, text in sorted(migrations, key=lambda m: m[0]):
+            if name in known:  # applied: checked without taking the writer
+                if known[name] != text:
+                    raise ConflictError(
+                        f"database {db.name}: migration {name} was applied with another text; "
+                        "an applied migration must not change (add a new one instead)"
+                    )
+                continue
             tx = await db.begin(owner=None)
             try:
-                rows = await tx.query(f"select text from {MIGRATIONS_TABLE} where name = ?", [name])
-                if rows.rows:
-                    if rows.rows[0][0] != text:
-                        raise ConflictError(
-                            f"database {db.name}: migration {name} was applied with another text; "
-                            "an applied migration must not change (add a new one instead)"
-                        )
-                    await tx.rollback()
-                    continue
                 for stmt in _split_sql(text):
                     try:
                         await tx.exec(stmt, [])
