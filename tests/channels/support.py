@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -115,3 +117,25 @@ async def subscriptions(store: tinystore.Store) -> int:
     """How many subscriptions the store holds (all clients)."""
     st = await store.status()
     return int(st["channels"]["subscriptions"])
+
+
+@contextlib.asynccontextmanager
+async def cli_subscriber(store: tinystore.Store, target: str) -> AsyncIterator[subprocess.Popen[str]]:
+    """``tinystore channels DIR subscribe TARGET --for 20s`` on ``store``'s directory (an embedded store that
+    serves its socket), once the store has its subscription; terminated at the end."""
+    listener = subprocess.Popen(
+        [sys.executable, "-m", "tinystore", "channels", str(store.directory), "subscribe", target, "--for", "20s"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = asyncio.get_running_loop().time() + 20
+        while await subscriptions(store) < 1:
+            assert asyncio.get_running_loop().time() < deadline, "the CLI did not subscribe"
+            assert listener.poll() is None, listener.stderr.read() if listener.stderr else ""
+            await asyncio.sleep(0.05)
+        yield listener
+    finally:
+        listener.terminate()
+        await asyncio.to_thread(listener.wait, 20)

@@ -28,7 +28,7 @@ from tinystore.server import paths
 
 from ..helpers import open_store
 from ..store.raw import RawClient, error_of
-from .support import Heard, eventually, subscriptions
+from .support import Heard, cli_subscriber, eventually
 
 NAN, INF = float("nan"), float("inf")
 
@@ -149,18 +149,7 @@ def test_cli_json_is_valid_with_nan_and_infinities() -> None:
 async def test_cli_subscribe_prints_valid_json_and_publish_refuses_nan(tmp_path: Path) -> None:
     async with open_store("embedded", tmp_path / "s") as store:  # serves its socket: the CLI connects to it
         directory = str(store.directory)
-        listener = subprocess.Popen(
-            [sys.executable, "-m", "tinystore", "channels", directory, "subscribe", "ev/7", "--for", "20s"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            deadline = asyncio.get_running_loop().time() + 20
-            while await subscriptions(store) < 1:
-                assert asyncio.get_running_loop().time() < deadline, "the CLI did not subscribe"
-                assert listener.poll() is None, listener.stderr.read() if listener.stderr else ""
-                await asyncio.sleep(0.05)
+        async with cli_subscriber(store, "ev/7") as listener:
             # a message holding a NaN that reached the store past every check (a store of an older version)
             core: Any = store._core
             core.channels.publish("ev", ("7",), encode({"t": NAN, "u": [INF, 1.5]}))
@@ -176,6 +165,3 @@ async def test_cli_subscribe_prints_valid_json_and_publish_refuses_nan(tmp_path:
             line = await asyncio.wait_for(asyncio.to_thread(listener.stdout.readline), 20)
             got = strict_json(line)
             assert got["value"] == {"t": None, "u": [None, 1.5]} and got["seq"] == 1
-        finally:
-            listener.terminate()
-            await asyncio.to_thread(listener.wait, 20)

@@ -16,7 +16,7 @@ import tinystore
 from tinystore import InvalidError, LimitError, Limits, Message, Missed
 
 from ..helpers import open_store
-from .support import Heard, drop, eventually, publish_all, second_store, subscriptions
+from .support import Heard, cli_subscriber, drop, eventually, publish_all, second_store, subscriptions
 
 
 async def test_missed_without_on_missed_is_a_rate_limited_warning(
@@ -153,18 +153,7 @@ def _cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
 async def test_cli_publish_and_subscribe(tmp_path: Path) -> None:
     async with open_store("embedded", tmp_path / "s") as store:  # serves its socket: the CLI connects to it
         directory = str(store.directory)
-        listener = subprocess.Popen(
-            [sys.executable, "-m", "tinystore", "channels", directory, "subscribe", "chat-events/7", "--for", "20s"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            deadline = asyncio.get_running_loop().time() + 20
-            while await subscriptions(store) < 1:
-                assert asyncio.get_running_loop().time() < deadline, "the CLI did not subscribe"
-                assert listener.poll() is None, listener.stderr.read() if listener.stderr else ""
-                await asyncio.sleep(0.05)
+        async with cli_subscriber(store, "chat-events/7") as listener:
             done = await asyncio.to_thread(_cli, directory, "publish", "chat-events/7", '{"kind": "message", "id": 1}')
             assert done.returncode == 0, done.stderr
             published = json.loads(done.stdout)
@@ -181,6 +170,3 @@ async def test_cli_publish_and_subscribe(tmp_path: Path) -> None:
                 lines.append(json.loads(line))
             assert lines[0] == {"id": published["id"], "seq": 1, "branch": ["7"], "value": {"kind": "message", "id": 1}}
             assert lines[1]["value"] == "héllo\nworld" and lines[1]["seq"] == 2
-        finally:
-            listener.terminate()
-            await asyncio.to_thread(listener.wait, 20)
