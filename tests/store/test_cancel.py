@@ -4,8 +4,9 @@ or a future (a read on a reader thread, a statement of a transaction); the cance
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,74 +51,67 @@ async def frames_for(raw: RawClient, stream: int, until: int) -> list[Frame]:
             return got
 
 
-async def test_cancel_of_a_read_on_a_reader_thread_cancels_its_future(tmp_path: Path) -> None:
-    limits = tinystore.Limits(inline_read=0)
+@contextlib.asynccontextmanager
+async def raw_session(tmp_path: Path, limits: tinystore.Limits | None = None) -> AsyncIterator[tuple[RawClient, Any]]:
+    """An embedded store with database ``app``, a raw client past its handshake, and the server's side of
+    that client's connection."""
     async with open_store("embedded", tmp_path / "s", limits=limits) as store:
         await store.database("app", migrations=MIGRATIONS)
         raw = await RawClient.open(("unix", paths.socket_path(tmp_path / "s")))
         try:
             assert (await raw.hello()).kind is Kind.WELCOME
-            conn = server_side(store)
-            raw.send(raw.conn.send_request(1, "sql.query", encode(Query("app", SLOW, [], "scalar"))))
-            await wait_for(lambda: 1 in conn.futures, "the read to be under way")
-            fut = conn.futures[1]
-            raw.send(encode_frame(Kind.CANCEL, 1, "", b""))
-            await wait_for(fut.done, "the read's future to end")
-            assert fut.cancelled(), "the CANCEL left the read's future running"
-            assert 1 not in conn.futures and 1 not in conn.conn.inflight
-            # the same read again, not cancelled: answered; the cancelled one never is
-            raw.send(raw.conn.send_request(2, "sql.query", encode(Query("app", SLOW, [], "scalar"))))
-            assert await frames_for(raw, 1, until=2) == []
-            await asyncio.sleep(0.3)  # the first read (started first) has ended on its thread by now
-            raw.send(raw.conn.send_request(3, "store.ping", encode({})))
-            assert await frames_for(raw, 1, until=3) == []
+            yield raw, server_side(store)
         finally:
             await raw.close()
+
+
+async def start_slow(raw: RawClient, conn: Any, stream: int, tx: int = 0) -> Any:
+    """Send the slow read on ``stream`` (in transaction ``tx``); return its future on the server once it runs."""
+    raw.send(raw.conn.send_request(stream, "sql.query", encode(Query("app", SLOW, [], "scalar", tx))))
+    await wait_for(lambda: stream in conn.futures, "the read to be under way")
+    return conn.futures[stream]
+
+
+async def test_cancel_of_a_read_on_a_reader_thread_cancels_its_future(tmp_path: Path) -> None:
+    async with raw_session(tmp_path, tinystore.Limits(inline_read=0)) as (raw, conn):
+        fut = await start_slow(raw, conn, 1)
+        raw.send(encode_frame(Kind.CANCEL, 1, "", b""))
+        await wait_for(fut.done, "the read's future to end")
+        assert fut.cancelled(), "the CANCEL left the read's future running"
+        assert 1 not in conn.futures and 1 not in conn.conn.inflight
+        # the same read again, not cancelled: answered; the cancelled one never is
+        raw.send(raw.conn.send_request(2, "sql.query", encode(Query("app", SLOW, [], "scalar"))))
+        assert await frames_for(raw, 1, until=2) == []
+        await asyncio.sleep(0.3)  # the first read (started first) has ended on its thread by now
+        raw.send(raw.conn.send_request(3, "store.ping", encode({})))
+        assert await frames_for(raw, 1, until=3) == []
 
 
 async def test_cancel_of_a_statement_in_a_transaction_cancels_its_future(tmp_path: Path) -> None:
-    async with open_store("embedded", tmp_path / "s") as store:
-        await store.database("app", migrations=MIGRATIONS)
-        raw = await RawClient.open(("unix", paths.socket_path(tmp_path / "s")))
-        try:
-            assert (await raw.hello()).kind is Kind.WELCOME
-            conn = server_side(store)
-            f = await raw.call(1, "sql.begin", encode(Begin("app", False)))
-            assert f.kind is Kind.RESPONSE
-            tx = decode(f.body, int)
-            raw.send(raw.conn.send_request(2, "sql.query", encode(Query("app", SLOW, [], "scalar", tx))))
-            await wait_for(lambda: 2 in conn.futures, "the statement to be under way")
-            fut = conn.futures[2]
-            raw.send(encode_frame(Kind.CANCEL, 2, "", b""))
-            await wait_for(fut.done, "the statement's future to end")
-            assert fut.cancelled()
-            # the transaction goes on (the client decides what to do with it): it answers, then rolls back
-            f = await raw.call(3, "sql.query", encode(Query("app", "select 7", [], "scalar", tx)))
-            assert f.kind is Kind.RESPONSE
-            f = await raw.call(4, "sql.rollback", encode(TxRef(tx)))
-            assert f.kind is Kind.RESPONSE, f
-        finally:
-            await raw.close()
+    async with raw_session(tmp_path) as (raw, conn):
+        f = await raw.call(1, "sql.begin", encode(Begin("app", False)))
+        assert f.kind is Kind.RESPONSE
+        tx = decode(f.body, int)
+        fut = await start_slow(raw, conn, 2, tx)
+        raw.send(encode_frame(Kind.CANCEL, 2, "", b""))
+        await wait_for(fut.done, "the statement's future to end")
+        assert fut.cancelled()
+        # the transaction goes on (the client decides what to do with it): it answers, then rolls back
+        f = await raw.call(3, "sql.query", encode(Query("app", "select 7", [], "scalar", tx)))
+        assert f.kind is Kind.RESPONSE
+        f = await raw.call(4, "sql.rollback", encode(TxRef(tx)))
+        assert f.kind is Kind.RESPONSE, f
 
 
 async def test_a_stream_cancelled_then_used_again_gets_the_new_answer(tmp_path: Path) -> None:
-    limits = tinystore.Limits(inline_read=0)
-    async with open_store("embedded", tmp_path / "s", limits=limits) as store:
-        await store.database("app", migrations=MIGRATIONS)
-        raw = await RawClient.open(("unix", paths.socket_path(tmp_path / "s")))
-        try:
-            assert (await raw.hello()).kind is Kind.WELCOME
-            conn = server_side(store)
-            raw.send(raw.conn.send_request(5, "sql.query", encode(Query("app", SLOW, [], "scalar"))))
-            await wait_for(lambda: 5 in conn.futures, "the read to be under way")
-            raw.send(encode_frame(Kind.CANCEL, 5, "", b""))
-            # (in the same read as the CANCEL, a REQUEST of stream 5 would still find it in flight: the frame
-            # parser leaves a cancelled stream to the server to end, once it has acted on the CANCEL)
-            await wait_for(lambda: 5 not in conn.conn.inflight, "the CANCEL to be acted on")
-            f = await raw.call(5, "sql.query", encode(Query("app", "select 42", [], "scalar")))
-            assert f.kind is Kind.RESPONSE and decode(f.body, Rows).rows == [[42]], f
-            await asyncio.sleep(1.5)  # the cancelled read ends meanwhile: nothing more comes for stream 5
-            raw.send(raw.conn.send_request(6, "store.ping", encode({})))
-            assert await frames_for(raw, 5, until=6) == []
-        finally:
-            await raw.close()
+    async with raw_session(tmp_path, tinystore.Limits(inline_read=0)) as (raw, conn):
+        await start_slow(raw, conn, 5)
+        raw.send(encode_frame(Kind.CANCEL, 5, "", b""))
+        # (in the same read as the CANCEL, a REQUEST of stream 5 would still find it in flight: the frame
+        # parser leaves a cancelled stream to the server to end, once it has acted on the CANCEL)
+        await wait_for(lambda: 5 not in conn.conn.inflight, "the CANCEL to be acted on")
+        f = await raw.call(5, "sql.query", encode(Query("app", "select 42", [], "scalar")))
+        assert f.kind is Kind.RESPONSE and decode(f.body, Rows).rows == [[42]], f
+        await asyncio.sleep(1.5)  # the cancelled read ends meanwhile: nothing more comes for stream 5
+        raw.send(raw.conn.send_request(6, "store.ping", encode({})))
+        assert await frames_for(raw, 5, until=6) == []
