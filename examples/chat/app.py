@@ -158,7 +158,13 @@ def create_app(
 
     async def unavailable(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, tinystore.TinystoreError)
-        status = 503 if exc.code in ("closed", "unavailable", "outcome_unknown", "limit") else 500
+        # invalid: the request's own input, which the checks above let through (a 4xx, not a fault of ours)
+        if exc.code == "invalid":
+            status = 400
+        elif exc.code in ("closed", "unavailable", "outcome_unknown", "limit"):
+            status = 503
+        else:
+            status = 500
         return _error(exc.message, status)
 
     routes = [

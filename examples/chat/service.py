@@ -112,6 +112,8 @@ class Chat:
         return await self.db.all("select id, title, created_at from chats order by id desc limit 200")
 
     async def get_chat(self, chat_id: int) -> dict[str, Any]:
+        if not 0 < chat_id < 2**63:  # SQLite's rowids: a larger id names no chat (and is no SQL value)
+            raise NotFound(f"chat {chat_id} does not exist")
         row = await self.db.one(
             "select id, title, summary, created_at, (select count(*) from messages where chat_id = chats.id)"
             " as messages from chats where id = ?",
@@ -163,6 +165,13 @@ class Chat:
             raise BadInput("a message needs some text")
         if len(text) > MAX_TEXT:
             raise BadInput(f"a message has at most {MAX_TEXT} characters, this one has {len(text)}", 413)
+        if not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError:  # a lone surrogate ("\ud83d" in the JSON): no text a database can keep
+                raise BadInput("a message's text must be valid Unicode (it has a lone surrogate)") from None
+        if not 0 < chat_id < 2**63:
+            raise NotFound(f"chat {chat_id} does not exist")
         events, replies = self.events, self.replies
 
         async def post(tx: tinystore.SqlTx) -> dict[str, Any]:

@@ -92,6 +92,14 @@ async def test_bad_input_gets_clear_http_errors(store: tinystore.Store, web: str
         assert (await http.get(f"{web}/api/chats/999/events")).status_code == 404
         assert (await http.get(f"{web}/api/chats/999/messages")).status_code == 404
         assert (await http.get(f"{web}/api/chats/{chat_id}/messages?after=x")).status_code == 400
+        # an id past 64 bits names no chat; a lone surrogate is no text a database keeps; a title the same
+        huge = 10**30
+        assert (await http.get(f"{web}/api/chats/{huge}/messages")).status_code == 404
+        assert (await http.post(f"{web}/api/chats/{huge}/messages", json={"text": "hi"})).status_code == 404
+        r = await http.post(url, content=b'{"text": "\\ud83d"}', headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "Unicode" in r.json()["error"], r.text
+        r = await http.post(f"{web}/api/chats", content=b'{"title": "\\ud83d"}')
+        assert r.status_code == 400, r.text
         # nothing of the refused posts was saved, and the chat still works
         assert (await http.get(url)).json() == []
         assert (await http.post(url, json={"text": "ünïcödé \r\n data: x\n: y"})).status_code == 201

@@ -68,3 +68,24 @@ def test_the_chat_is_found_outside_a_checkout(tmp_path: Path, monkeypatch: pytes
     assert (folder / "migrations" / "001_chats.sql").is_file()
     packaged = Path(tinystore.__file__).parent / "_chat"
     assert (packaged / "app.py").is_file(), "the package's _chat (what a wheel installs) is missing"
+
+
+def test_a_taken_port_is_one_clear_error_without_a_traceback(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "tinystore", "demo", str(tmp_path / "data"), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1, done.stderr
+    assert f"could not start on 127.0.0.1:{port}" in done.stderr
+    assert "--port" in done.stderr
+    assert "Traceback" not in done.stderr and "never retrieved" not in done.stderr, done.stderr

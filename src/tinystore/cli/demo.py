@@ -126,8 +126,17 @@ def _address(server: Any, host: str) -> str:
 
 
 async def _serve(server: Any, host: str, on_ready: Any) -> None:
-    """Run a uvicorn server until it stops (Ctrl-C, SIGTERM); call ``on_ready(address)`` once it serves."""
-    task = asyncio.ensure_future(server.serve())
+    """Run a uvicorn server until it stops (Ctrl-C, SIGTERM); call ``on_ready(address)`` once it serves.
+    Raises ``click.ClickException`` when it cannot start (uvicorn has logged why, e.g. the port is taken)."""
+
+    async def serve() -> None:
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn's way to say its startup failed: told below, once, without a traceback
+            if server.started:
+                raise
+
+    task = asyncio.ensure_future(serve())
     try:
         while not server.started:
             if task.done():
@@ -142,7 +151,10 @@ async def _serve(server: Any, host: str, on_ready: Any) -> None:
             with contextlib.suppress(BaseException):
                 await task
     if not server.started:
-        raise click.ClickException(f"the web server could not start on {host}:{server.config.port}")
+        raise click.ClickException(
+            f"the web server could not start on {host}:{server.config.port} (another program may be using the "
+            "port: pick another with --port, or --port 0 for any free one)"
+        )
 
 
 def _run(coro_fn: Any) -> None:

@@ -1131,7 +1131,8 @@ class Queue(Generic[T]):
         at: datetime | float | None = None,
     ) -> str:
         """Add a job; returns its id (str). With ``key``, a job of the queue that holds the key (its row still
-        kept) makes this add nothing and return that job's id (JOB-05). ``tenant``/``user``: who owns it (fair
+        kept: an ended job too, until ``keep`` deletes it) makes this add nothing and return that job's id
+        (JOB-05). ``tenant``/``user``: who owns it (fair
         scheduling uses the tenant); ``type``: a label such as ``"ingest_file"``; ``priority``: higher runs
         first; ``delay`` (a duration) or ``at`` (a datetime, or epoch seconds; a naive datetime is read as UTC): when it
         is due (default: now).
