@@ -138,3 +138,28 @@ def test_configure_changes_the_options_the_store_keeps(tmp_path: Path) -> None:
     assert missing.exit_code == 1 and "queue nope does not exist" in missing.output, missing.output
     negative = cli("jobs", str(d), "configure", "mail", "--lease", "-1s")
     assert negative.exit_code == 1 and "--lease" in negative.output, negative.output
+
+
+def test_configure_shows_options_as_a_queue_takes_them_and_ids_are_checked(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+
+    async def go() -> str:
+        store = await tinystore.open(d, embedded=True)
+        try:
+            return await store.queue("mail").add({"to": "a@x"})
+        finally:
+            await store.close()
+
+    jid = asyncio.run(go())
+    r = cli("jobs", str(d), "configure", "mail", "--lease", "90s")
+    assert r.exit_code == 0, r.output
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in r.output.splitlines() if "│" in line}
+    assert rows["lease"] == "90s" and rows["timeout"] == "1m" and rows["keep"] == "7d"
+    assert rows["max_running"] == "no limit" and rows["backoff"] == "10s, 270s"
+    got = json.loads(cli("jobs", str(d), "configure", "mail", "--json").output)["options"]
+    assert got["max_running"] is None and got["lease_ms"] == 90_000  # no limit is null, as the SDK has it
+    bad = cli("jobs", str(d), "cancel", "garbage")
+    assert bad.exit_code == 1 and "not a job id" in bad.output, bad.output
+    gone = cli("jobs", str(d), "show", "0" * 26)
+    assert gone.exit_code == 1 and "no queue of" in gone.output, gone.output
+    assert cli("jobs", str(d), "show", jid).exit_code == 0

@@ -109,3 +109,48 @@ async def test_workers_ride_through_a_dropped_connection(tmp_path: Path, mode: s
             assert (job.attempts, job.result) == (1, 2)
         finally:
             await worker.stop()
+
+
+# contract: JOB-01
+async def test_a_renewal_that_comes_before_its_queue_is_loaded_keeps_the_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that just started loads its queues in the background; a worker that reconnected first and renews
+    its running attempt must not be told the attempt is lost (its handler would be cancelled, the job failed
+    "worker lost" though the worker lives). Here the background load never runs: the renewal loads the queue."""
+    import sqlite3
+
+    from tinystore.engines.jobs import JOBS_DB, TABLE, JobsEngine
+    from tinystore.protocol.jobs import Attempt, Renew
+
+    d = tmp_path / "store"
+    store = await tinystore.open(d, embedded=True)
+    try:
+        jid = await store.queue("early", lease="30s").add({})
+    finally:
+        await store.close()
+    # what a server killed while a remote worker ran the job leaves: the attempt running, with a lease
+    now_ms = int(time.time() * 1000)
+    with sqlite3.connect(d / "sql" / f"{JOBS_DB}.db") as conn:
+        conn.execute(
+            f"update {TABLE} set state = 'running', attempts = 1, fence = 1, started_at = ?, lease_until = ? "
+            "where id = ?",
+            [now_ms, now_ms + 30_000, jid],
+        )
+    conn.close()
+
+    async def not_loading(self: JobsEngine) -> None:
+        return None
+
+    monkeypatch.setattr(JobsEngine, "start", not_loading)
+    store = await tinystore.open(d, embedded=True)
+    try:
+        renew = Renew(queue="early", attempts=[Attempt(jid, 1), Attempt(jid, 7), Attempt("nope", 1)])
+        lost = await store._call("jobs.renew", renew, list[str], write=True)
+        assert lost == [jid, "nope"]  # the current attempt is kept; a wrong fence and an unknown id are lost
+        job = await store.queue("early", lease="30s").get(jid)
+        assert job is not None and (job.state, job.attempts) == ("running", 1)
+        gone = await store._call("jobs.renew", Renew(queue="no-such-queue", attempts=[Attempt(jid, 1)]), list[str])
+        assert gone == [jid]
+    finally:
+        await store.close()

@@ -142,7 +142,7 @@ def register(main: click.Group) -> None:
             try:
                 job = await find(store, job_id)
                 if job is None:
-                    raise InvalidError(f"job {job_id}: no queue of {directory} has it")
+                    raise InvalidError(_not_found(job_id, directory))
                 return job
             finally:
                 await store.close()
@@ -172,7 +172,7 @@ def register(main: click.Group) -> None:
             try:
                 job = await find(store, job_id)
                 if job is None:
-                    raise InvalidError(f"job {job_id}: no queue of {directory} has it")
+                    raise InvalidError(_not_found(job_id, directory))
                 fn = cancel_job if what == "cancel" else retry_job
                 return await fn(store, job.queue, job_id), job.state
             finally:
@@ -304,11 +304,47 @@ def register(main: click.Group) -> None:
         if as_json:
             click.echo(to_json({"queue": info.queue, "options": _opts(info.options)}))
             return
-        print_table(f"queue {info.queue}", ["option", "value"], [[k, v] for k, v in _opts(info.options).items()])
+        print_table(f"queue {info.queue}", ["option", "value"], _shown(info.options))
+
+
+def _not_found(job_id: str, directory: Path) -> str:
+    """Why a job id names no job: not an id at all (26 characters of Crockford base32), or one no queue has."""
+    if len(job_id) != 26 or not all(c in "0123456789abcdefghjkmnpqrstvwxyz" for c in job_id):
+        return f"job {job_id}: not a job id (a job id is 26 characters of 0-9 and a-z, as `jobs list` shows)"
+    return f"job {job_id}: no queue of {directory} has it (ended jobs are deleted after the queue's keep)"
 
 
 def _opts(o: Any) -> dict[str, Any]:
+    """The options as JSON: durations in ms (the ``_ms`` names say so); ``max_running*`` null for no limit."""
     import msgspec
 
     out: dict[str, Any] = msgspec.to_builtins(o)
+    for name in ("max_running", "max_running_per_tenant"):
+        if not out.get(name):
+            out[name] = None
     return out
+
+
+def _shown(o: Any) -> list[list[Any]]:
+    """The options for people: named as ``store.queue(...)`` takes them, durations as durations."""
+
+    def took(ms: int | None) -> str:
+        if ms is None:
+            return ""
+        s = ms / 1000
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if s >= size and s % size == 0:
+                return f"{s / size:g}{unit}"
+        return f"{s:g}s"
+
+    return [
+        ["database", o.database],
+        ["attempts", o.attempts],
+        ["backoff", f"{took(o.backoff_first_ms)}, {took(o.backoff_cap_ms)}"],
+        ["lease", took(o.lease_ms)],
+        ["timeout", took(o.timeout_ms)],
+        ["expected", took(o.expected_ms)],
+        ["max_running", o.max_running or "no limit"],
+        ["max_running_per_tenant", o.max_running_per_tenant or "no limit"],
+        ["keep", took(o.keep_ms)],
+    ]

@@ -1072,6 +1072,21 @@ class JobsEngine:
                 q.leases.push(e.lease_until, (e, e.fence))
         return lost
 
+    def loaded(self, queue: str) -> bool:
+        """Whether ``queue`` is loaded: its attempts are in the index, so :meth:`renew` can answer at once."""
+        return queue in self.queues
+
+    async def renew_loading(self, peer: Peer, queue: str, attempts: Sequence[Attempt]) -> list[str]:
+        """:meth:`renew` for a queue not loaded yet (a store that just started loads its queues in the
+        background): waits for the load, which gives the running attempts a fresh lease, so a renewal that comes
+        first is not taken for a lost attempt. A queue the store does not have: every attempt is lost. Raises
+        ``ClosedError`` when the store is stopping; a cancel leaves the load to go on for others."""
+        try:
+            await self._queue(queue)
+        except InvalidError:
+            return [a.id for a in attempts]
+        return self.renew(peer, queue, attempts)
+
     def _on_lease(self, q: _Queue, e: _Entry, fence: int) -> None:
         if e.where != RUNNING or e.fence != fence or q.entries.get(e.id) is not e:
             return

@@ -87,8 +87,10 @@ def install(core: Core) -> None:
     def unwait(session: Session, req: Unwait) -> int:
         return engine.unwait(req.queue, req.worker)
 
-    def renew(session: Session, req: Renew) -> list[str]:
-        return engine.renew(session, req.queue, req.attempts)
+    def renew(session: Session, req: Renew) -> list[str] | Awaitable[list[str]]:
+        if engine.loaded(req.queue):
+            return engine.renew(session, req.queue, req.attempts)
+        return engine.renew_loading(session, req.queue, req.attempts)
 
     def report(session: Session, req: Report) -> Awaitable[bool]:
         fut = engine.report_now(session, req)
