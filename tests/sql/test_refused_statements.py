@@ -1,7 +1,9 @@
-"""Statements a client may not run: ATTACH/DETACH (files outside the store) and transaction control."""
+"""Statements a client may not run: ATTACH/DETACH and VACUUM INTO (files outside the store), transaction control,
+load_extension; each refusal says which and why. VACUUM itself runs (alone on the writer)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -26,8 +28,9 @@ async def test_attach_is_refused_and_writes_no_file(store: tinystore.Store, tmp_
 async def test_transaction_control_in_exec_is_refused(store: tinystore.Store) -> None:
     db = await store.database("app", migrations=[("1.sql", "create table t (a);")])
     for stmt in ("begin", "commit", "rollback", "savepoint s"):
-        with pytest.raises(InvalidError):
+        with pytest.raises(InvalidError) as info:
             await db.exec(stmt)
+        assert "BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE are run by the store" in info.value.message
     await db.exec("insert into t values (1)")
     assert await db.scalar("select count(*) from t") == 1
 
@@ -45,3 +48,39 @@ async def test_a_row_that_does_not_fit_the_type_is_an_invalid_error(store: tinys
     with pytest.raises(InvalidError) as info:
         await db.one(Msg, "select id, text from m")
     assert "Msg" in info.value.message and "chat_id" in info.value.message
+
+
+# contract: STORE-04
+async def test_vacuum_runs_alone_and_vacuum_into_is_refused(store: tinystore.Store, tmp_path: Path) -> None:
+    db = await store.database("app", migrations=[("1.sql", "create table t (a);")])
+    await db.exec("insert into t select zeroblob(1000) from (select 1 union all select 2 union all select 3)")
+
+    async def write_and_vacuum(n: int) -> None:
+        await db.exec("insert into t values (?)", n)
+
+    # a VACUUM among group-committed writes: it runs alone, the writes around it commit as ever
+    await asyncio.gather(*(write_and_vacuum(n) for n in range(5)), db.exec("/* tidy */ VACUUM"), db.exec("vacuum;"))
+    assert await db.scalar("select count(*) from t") == 8
+    copy = tmp_path / "copy.db"
+    with pytest.raises(InvalidError) as info:
+        await db.exec(f"vacuum into '{copy}'")
+    assert "VACUUM INTO" in info.value.message and not copy.exists()
+    with pytest.raises(InvalidError) as info:
+        await db.all("vacuum")  # a read: VACUUM writes
+    assert "VACUUM writes" in info.value.message
+
+    async def in_tx(tx: tinystore.SqlTx) -> None:
+        await tx.exec("insert into t values (9)")
+        with pytest.raises(InvalidError, match="VACUUM"):
+            await tx.exec("vacuum")
+
+    await db.tx(in_tx)  # the transaction goes on after the refusal, and commits
+    assert await db.scalar("select count(*) from t") == 9
+
+
+async def test_load_extension_is_refused_by_name(store: tinystore.Store) -> None:
+    db = await store.database("app")
+    with pytest.raises(InvalidError) as info:
+        await db.exec("select load_extension('/tmp/nothing.so')")
+    assert "load_extension is refused" in info.value.message
+    assert await db.scalar("select 1") == 1

@@ -115,31 +115,64 @@ class _Conn(sqlite3.Connection):
 
 
 _TX_ACTIONS = frozenset({sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT})
-_DENIED = "not authorized"
+_DENIED = frozenset({"not authorized", "authorization denied"})
+_denied = threading.local()  # why the authorizer refused the statement last prepared on this thread
+_TX_WHY = (
+    "BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE are run by the store (each exec is a transaction of its own; "
+    "db.tx runs several statements in one)"
+)
+
+
+def _deny(why: str) -> int:
+    _denied.why = why
+    return sqlite3.SQLITE_DENY
 
 
 def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | None, str | None], int]:
     ref = weakref.ref(conn)
 
+    def internal() -> bool:
+        c = ref()
+        return c is not None and c.internal
+
     def authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
         if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
-            # a database is one file of the store: ATTACH would let a client write files anywhere the server
-            # can, and would stay attached on a connection other clients share
-            return sqlite3.SQLITE_DENY
+            if action == sqlite3.SQLITE_ATTACH and arg1 == "":
+                # VACUUM (its scratch database has no file name): the engine's own, run alone on the writer
+                if internal():
+                    return sqlite3.SQLITE_OK
+                return _deny(
+                    "VACUUM writes: it runs alone on the writer (db.exec outside any transaction; `tinystore sql --write`)"
+                )
+            # a database is one file of the store: ATTACH (and VACUUM INTO) would let a client write files
+            # anywhere the server can, and ATTACH would stay attached on a connection other clients share
+            return _deny(
+                "ATTACH, DETACH and VACUUM INTO are refused (each database is one file of the store; they would "
+                "reach files elsewhere)"
+            )
         if action in _TX_ACTIONS:
-            c = ref()
-            if c is None or not c.internal:
-                return sqlite3.SQLITE_DENY
+            if not internal():
+                return _deny(_TX_WHY)
         elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and arg1.lower() in _KEPT:
             # readers are read-only by query_only: a client that turned it off could write through a read (and
             # through a read of the store's own databases); turned on, it would stop the writer for everyone.
             # journal_mode, synchronous and locking_mode are what durability and readers in parallel stand on.
-            c = ref()
-            if c is None or not c.internal:
-                return sqlite3.SQLITE_DENY
+            if not internal():
+                return _deny(
+                    f"setting PRAGMA {arg1.lower()} is refused (the store's durability and its readers stand on it)"
+                )
+        elif action == sqlite3.SQLITE_FUNCTION and arg2 is not None and arg2.lower() == "load_extension":
+            return _deny("load_extension is refused (an extension would run its code inside the store's process)")
         return sqlite3.SQLITE_OK
 
     return authorize
+
+
+@functools.lru_cache(maxsize=256)
+def _is_vacuum(sql: str) -> bool:
+    """Whether ``sql`` is a ``VACUUM``: the writer runs it alone, outside a transaction."""
+    head = _skip_comments(sql)
+    return head[:6].lower() == "vacuum" and (len(head) == 6 or not (head[6].isalnum() or head[6] == "_"))
 
 
 # pragmas a client may read but not set (the store sets them)
@@ -196,14 +229,16 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
     if isinstance(exc, TinystoreError):
         return exc
     msg = str(exc)
-    if isinstance(exc, sqlite3.DatabaseError) and msg == _DENIED:
-        return InvalidError(
-            f"database {db}: not allowed here: BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE are run by the "
-            "store (each exec is a transaction of its own; db.tx runs several statements in one), ATTACH "
-            "and DETACH are refused (each database is one file of the store), and so is setting "
-            "PRAGMA query_only, journal_mode, synchronous or locking_mode (the store's durability and its "
-            "readers stand on them)"
-        )
+    if isinstance(exc, sqlite3.DatabaseError) and (msg in _DENIED or msg.startswith("not authorized")):
+        why = getattr(_denied, "why", None)
+        _denied.why = None
+        if why is None:
+            why = (
+                f"{_TX_WHY}; ATTACH, DETACH, VACUUM INTO and load_extension are refused, and so is setting "
+                "PRAGMA query_only, journal_mode, synchronous or locking_mode (the store's durability and its "
+                "readers stand on them)"
+            )
+        return InvalidError(f"database {db}: not allowed here: {why}")
     if isinstance(exc, sqlite3.IntegrityError):
         return ConflictError(f"database {db}: {msg}", sqlite_code=getattr(exc, "sqlite_errorname", ""))
     if isinstance(exc, OverflowError):
@@ -725,8 +760,11 @@ class SqlDatabase:
                 break
             item = todo.popleft()
             if isinstance(item, _Write):
+                if _is_vacuum(item.sql):
+                    self._vacuum(conn, item, arm)
+                    continue
                 batch = [item]
-                while todo and len(batch) < 512 and isinstance(todo[0], _Write):
+                while todo and len(batch) < 512 and isinstance(todo[0], _Write) and not _is_vacuum(todo[0].sql):
                     batch.append(todo.popleft())
                 self._group_commit(conn, batch, arm)
             else:
@@ -759,7 +797,7 @@ class SqlDatabase:
                 try:
                     done.append(exec_(conn, w.sql, w.params))
                 except BaseException as exc:
-                    failure = exc
+                    failure = sql_error(self.name, exc) if isinstance(exc, sqlite3.Error) else exc
                     break
             if failure is None:
                 results = [(w.fut, d, None) for w, d in zip(batch, done, strict=True)]
@@ -808,7 +846,7 @@ class SqlDatabase:
                     value = self._exec(conn, w.sql, w.params)
                 except BaseException as exc:
                     if not conn.in_transaction:
-                        errors[i] = exc
+                        errors[i] = sql_error(self.name, exc) if isinstance(exc, sqlite3.Error) else exc
                         break
                     _ctl(conn, "rollback to g --ts")
                     _ctl(conn, "release g --ts")
@@ -818,6 +856,22 @@ class SqlDatabase:
                 results.append((w.fut, value, None))
             else:
                 return results
+
+    def _vacuum(self, conn: sqlite3.Connection, w: _Write, arm: _Arm) -> None:
+        """``VACUUM``: alone on the writer, outside any transaction (SQLite cannot vacuum inside one). It rewrites
+        the whole file, so it takes as long as the database is large (and stops at the statement time limit)."""
+        arm(time.monotonic())
+        c: Any = conn
+        c.internal = True  # its own BEGIN and scratch database; VACUUM INTO a file stays refused (authorizer)
+        try:
+            conn.execute(w.sql, w.params)
+        except BaseException as exc:
+            self.results.put(w.fut, None, sql_error(self.name, exc))
+            return
+        finally:
+            c.internal = False
+        self.stats["writes"] += 1
+        self.results.put(w.fut, Done(0, 0, [], []), None)
 
     def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
         before = conn.total_changes
