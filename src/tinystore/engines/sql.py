@@ -142,7 +142,8 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
                 if internal():
                     return sqlite3.SQLITE_OK
                 return _deny(
-                    "VACUUM writes: it runs alone on the writer (db.exec outside any transaction; `tinystore sql --write`)"
+                    "VACUUM writes: it runs alone on the writer (db.exec outside any transaction; "
+                    "`tinystore sql --write`)"
                 )
             # a database is one file of the store: ATTACH (and VACUUM INTO) would let a client write files
             # anywhere the server can, and ATTACH would stay attached on a connection other clients share
