@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import tinystore
+
 from ..helpers import stop_sidecar
 
 
@@ -17,7 +19,9 @@ def _cli(*args: str) -> list[str]:
 
 async def test_subscribe_then_publish_from_two_commands_without_a_server(tmp_path: Path) -> None:
     directory = tmp_path / "store"
-    directory.mkdir()  # the command line refuses a directory that does not exist
+    # the command line refuses a directory that holds no store: make one (and let it go)
+    made = await tinystore.open(directory, embedded=True, serve=False)
+    await made.close()
     listener = subprocess.Popen(
         _cli("channels", str(directory), "subscribe", "c/7", "--for", "30s"),
         stdout=subprocess.PIPE,

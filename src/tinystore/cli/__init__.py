@@ -17,7 +17,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import InvalidError, TinystoreError
+from ..errors import InvalidError, TinystoreError, UnavailableError
+from ..server.listener import MIN_TOKEN
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -45,22 +46,32 @@ def fail(exc: TinystoreError) -> NoReturn:
     sys.exit(1)
 
 
+#: seconds the CLI waits for the directory's server to answer its handshake (a local socket: it answers in
+#: milliseconds unless it is suspended or stuck)
+ANSWER_TIMEOUT = 5.0
+
+
+class NoAnswer(UnavailableError):
+    """The directory's server is there (it holds the socket) but does not answer."""
+
+
 def need_store_dir(directory: Path) -> None:
-    """Refuse a DIRECTORY that does not exist (exit 1, ``error[invalid] …``), before anything is made: every
-    command but ``serve`` and ``demo`` works on an existing store, and a typo must not make a new one."""
+    """Refuse a DIRECTORY that does not exist or holds no store (exit 1, ``error[invalid] …``), before anything
+    is made: every command but ``serve`` and ``demo`` works on an existing store, and a typo (``tinystore
+    status ~``) must not make a new one."""
+    from ..server.dirlock import LOCK, is_store
+
+    make = f"to make a store there: `tinystore serve {shlex.quote(str(directory))}`"
     if not directory.exists():
-        fail(
-            InvalidError(
-                f"store {directory}: no such directory "
-                f"(to make a store there: `tinystore serve {shlex.quote(str(directory))}`)"
-            )
-        )
+        fail(InvalidError(f"store {directory}: no such directory ({make})"))
+    if not is_store(directory):
+        fail(InvalidError(f"store {directory}: this directory holds no store (no {LOCK} file in it; {make})"))
 
 
 def pass_store_dir(fn: Callable[Concatenate[Path, P], T]) -> Callable[P, T]:
     """``click.pass_obj`` for the groups whose object is their DIRECTORY argument (``channels``, ``lock``,
-    ``jobs``), refusing one that does not exist (:func:`need_store_dir`). The check is made by the command, not
-    the group, so that ``tinystore channels DIR publish --help`` still works."""
+    ``jobs``), refusing one that does not exist or holds no store (:func:`need_store_dir`). The check is made by
+    the command, not the group, so that ``tinystore channels DIR publish --help`` still works."""
 
     @functools.wraps(fn)
     def command(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -118,9 +129,14 @@ def main() -> None:
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--listen", multiple=True, help="Also listen on tcp://HOST:PORT or tls://HOST:PORT.")
-@click.option("--tokens", type=click.Path(dir_okay=False), help="Tokens file: '<admin|data> <token>' a line.")
-@click.option("--tls-cert", type=click.Path(dir_okay=False))
-@click.option("--tls-key", type=click.Path(dir_okay=False))
+@click.option(
+    "--tokens",
+    type=click.Path(dir_okay=False),
+    help="Tokens file: '<admin|data> <token>' a line ('#' comments); each token at least "
+    f"{MIN_TOKEN} characters and on one line only. Needed with --listen.",
+)
+@click.option("--tls-cert", type=click.Path(dir_okay=False), help="Certificate (PEM) for the tls:// addresses.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), help="Its private key (PEM), for the tls:// addresses.")
 @click.option("--durability", type=click.Choice(["full", "os"]), default="full", show_default=True)
 @click.option("--idle", default=None, help="Exit after this long without connections (sidecars).")
 @click.option("--sidecar", is_flag=True, hidden=True)
@@ -128,6 +144,7 @@ def main() -> None:
 @click.option("--parent-pid", type=int, default=None, hidden=True)
 @click.option("--clock", default=None, hidden=True, help="Start a test clock at this ISO datetime.")
 @click.option("--limits", default=None, hidden=True, help="Limits as JSON.")
+@click.option("--handshake-timeout", type=float, default=None, hidden=True, help="Seconds to finish a handshake.")
 def serve(
     directory: Path,
     listen: tuple[str, ...],
@@ -141,8 +158,10 @@ def serve(
     parent_pid: int | None,
     clock: str | None,
     limits: str | None,
+    handshake_timeout: float | None,
 ) -> None:
-    """Own DIRECTORY and serve it on its Unix socket (and on --listen addresses) until SIGTERM or `tinystore stop`."""
+    """Own DIRECTORY and serve it on its Unix socket (and on --listen addresses) until SIGTERM (or SIGINT, SIGHUP)
+    or `tinystore stop`."""
     import logging
 
     from ..clock import Clock
@@ -165,6 +184,8 @@ def serve(
             durability=durability,
             mode="sidecar" if sidecar else "private" if private else "serve",
         )
+        if handshake_timeout is not None:
+            opts.handshake_timeout = handshake_timeout
         if opts.idle == 0:
             opts.idle = None
 
@@ -186,7 +207,6 @@ async def _connect_dir(directory: Path) -> Any:
     """Connect to the directory's running server (never starts one)."""
     from ..client.store import Store
     from ..client.transport import RemoteTransport
-    from ..errors import UnavailableError
     from ..server import paths
 
     sock = paths.socket_path(directory.resolve())
@@ -196,7 +216,15 @@ async def _connect_dir(directory: Path) -> Any:
 
     transport = RemoteTransport(endpoint, description=str(directory), reconnect_timeout=2.0)
     try:
-        await transport.connect()
+        await asyncio.wait_for(transport.connect(), ANSWER_TIMEOUT)
+    except TimeoutError:
+        # a server holds the socket (the connection was taken) but does not answer: suspended (SIGSTOP), stuck,
+        # or out of descriptors. Saying that no server runs, or that another process owns the directory, misleads.
+        pid = (paths.read_address(directory.resolve()) or {}).get("pid")
+        raise NoAnswer(
+            f"store {directory}: the server of {directory}{f' (pid {pid})' if pid else ''} does not answer "
+            f"(no handshake within {ANSWER_TIMEOUT:g}s): is it suspended or stuck?"
+        ) from None
     except UnavailableError:
         raise UnavailableError(
             f"store {directory}: no server is running there "
@@ -209,10 +237,10 @@ async def open_for_cli(directory: Path) -> Any:
     """The directory's server if one runs, else the store embedded in this command (no socket)."""
     import tinystore
 
-    from ..errors import UnavailableError
-
     try:
         return await _connect_dir(directory)
+    except NoAnswer:
+        raise  # a server owns the directory: opening it here would only say so, less clearly
     except UnavailableError:
         if not directory.exists():
             raise

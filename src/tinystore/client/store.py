@@ -19,9 +19,17 @@ from urllib.parse import urlparse
 
 from ..clock import Clock
 from ..durations import Duration, format_seconds, seconds
-from ..errors import ClosedError, InUseError, InvalidError, UnavailableError, error_from
+from ..errors import (
+    ClosedError,
+    InUseError,
+    InvalidError,
+    PermissionDeniedError,
+    UnavailableError,
+    error_from,
+)
 from ..limits import Limits
 from ..names import check_name
+from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Empty, Stop
 from ..server import paths
 from .sql import Database, read_migrations
@@ -258,7 +266,8 @@ async def open(
 
     Raises ``InUseError`` (private/embedded: another process owns the directory), ``UnavailableError``
     (the server could not be started or reached), ``InvalidError`` (bad options; an empty ``directory``, which
-    is not taken to mean the current directory: pass ``"."`` for that).
+    is not taken to mean the current directory: pass ``"."`` for that), ``PermissionDeniedError`` (this process
+    may not write or enter the directory, or reach the socket of a server another user runs).
     """
     try:
         text = os.fspath(directory)
@@ -278,13 +287,28 @@ async def open(
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise InvalidError(f"open: {path} is not a directory") from None
+    except PermissionError as exc:
+        raise _permission_denied(path, exc) from None
     except OSError as exc:
         raise InvalidError(f"open: cannot make the store's directory {path}: {exc.strerror}") from None
-    if embedded:
-        return await _open_embedded(path, durability, clock, limits, serve)
-    if private:
-        return await _open_private(path, durability, clock, limits)
-    return await _open_sidecar(path, durability, limits, idle_s)
+    try:
+        if embedded:
+            return await _open_embedded(path, durability, clock, limits, serve)
+        if private:
+            paths.server_dir(path)  # what the child would fail on: fail here, with the reason
+            return await _open_private(path, durability, clock, limits)
+        return await _open_sidecar(path, durability, limits, idle_s)
+    except PermissionError as exc:
+        raise _permission_denied(path, exc) from None
+
+
+def _permission_denied(path: Path, exc: PermissionError) -> PermissionDeniedError:
+    """The error of ``open`` when the OS refused this process something in the store's directory ``path``."""
+    where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != str(path) else ""
+    return PermissionDeniedError(
+        f"open: store {path}: {exc.strerror or exc}{where}; this process (uid {os.getuid()}) must be able to "
+        "write and enter the store's directory"
+    )
 
 
 async def _open_embedded(
@@ -378,20 +402,59 @@ def _child_error(child: subprocess.Popen[bytes]) -> Exception:
     return UnavailableError(f"the store server did not start: {last}")
 
 
+class _ServedBy:
+    """What kind of server ``open(dir)`` last reached, from ``DIR/server/address`` (its ``mode``) matched to the
+    pid of the ``WELCOME``. Only a sidecar is started again when it is gone (API.md: "when the sidecar it used
+    is gone, the SDK finds or starts one again"); a ``tinystore serve`` (or another process's embedded or
+    private server) is waited for, up to the reconnect timeout, so that an operator can restart or stop it."""
+
+    def __init__(self) -> None:
+        self.sidecar = True  # before the first connection: find one, or start a sidecar
+        self.mode = ""
+        self.pid = 0
+
+    async def learn(self, directory: Path, welcome: Welcome) -> None:
+        info: dict[str, Any] | None = None
+        # the server writes its address file right after it starts listening: a client may be a little early
+        for _ in range(50):
+            info = paths.read_address(directory)
+            if info is not None and info.get("pid") == welcome.pid:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            return  # nothing tells: keep what was known
+        assert info is not None
+        self.mode = str(info.get("mode") or "")
+        self.pid = welcome.pid
+        self.sidecar = self.mode in ("sidecar", "")  # a server that wrote no mode: as before, a sidecar
+
+
 async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle: float) -> Store:
     sock = paths.socket_path(path)
     extra = ["--sidecar", "--idle", format_seconds(idle), "--durability", durability, *_limits_args(limits)]
+    served = _ServedBy()
 
     async def endpoint() -> tuple[str, Any]:
-        await ensure_server(path, sock, extra)
+        if served.sidecar:
+            await ensure_server(path, sock, extra)
+        elif not await asyncio.to_thread(_can_connect, sock):
+            what = "tinystore serve" if served.mode == "serve" else f"a {served.mode} server"
+            raise UnavailableError(
+                f"store {path}: its server ({what}, pid {served.pid}) is gone; waiting for it to come back "
+                "(the SDK starts a sidecar only in place of a sidecar)"
+            )
         return "unix", str(sock)
 
-    transport = RemoteTransport(endpoint, description=f"sidecar:{path}", where=str(path))
+    async def connected(welcome: Welcome) -> None:
+        await served.learn(path, welcome)
+
+    transport = RemoteTransport(endpoint, description=f"sidecar:{path}", where=str(path), on_connected=connected)
     await transport.connect()
     return Store(transport, mode="sidecar", directory=path, limits=limits)
 
 
 def _can_connect(sock: Path) -> bool:
+    """Whether a server listens on ``sock``. Raises ``PermissionError`` when this process may not reach it."""
     import socket
 
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -399,6 +462,8 @@ def _can_connect(sock: Path) -> bool:
         s.settimeout(1.0)
         s.connect(str(sock))
         return True
+    except PermissionError:
+        raise
     except OSError:
         return False
     finally:
@@ -407,9 +472,18 @@ def _can_connect(sock: Path) -> bool:
 
 async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: float = 20.0) -> None:
     """Make sure someone serves ``directory``: connect, or start a detached sidecar and wait for it.
-    Many processes racing here end on one server: only one sidecar gets the directory lock."""
-    if await asyncio.to_thread(_can_connect, sock):
-        return
+    Many processes racing here end on one server: only one sidecar gets the directory lock.
+
+    Raises ``PermissionDeniedError`` when this process may not reach the socket (the server runs as another
+    user: STORE-03) or not write the directory, ``UnavailableError`` when no sidecar came up."""
+    try:
+        if await asyncio.to_thread(_can_connect, sock):
+            return
+    except PermissionError as exc:
+        raise PermissionDeniedError(
+            f"store {directory}: cannot reach its server's socket {sock}: {exc.strerror}; only the user the "
+            "server runs as may connect to it"
+        ) from None
     deadline = time.monotonic() + timeout
     next_spawn = 0.0
     log_path = paths.server_dir(directory) / "sidecar.log"
@@ -448,13 +522,25 @@ async def connect(
 
     Raises ``UnauthenticatedError`` (token refused), ``UnavailableError`` (cannot reach), ``InvalidError``.
     """
-    u = urlparse(address)
-    if u.scheme not in ("tcp", "tls") or not u.hostname or u.port is None:
-        raise InvalidError(f"connect: address {address!r}: use tcp://HOST:PORT or tls://HOST:PORT")
+    host, port = _parse_address(address)
+    if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+        raise InvalidError(f"connect: ssl_context {ssl_context!r}: expected an ssl.SSLContext")
+    if ssl_context is not None and address.startswith("tcp://"):
+        raise InvalidError(
+            f"connect: address {address!r}: an ssl_context was given but the address is tcp:// (plain text: the "
+            "token would be sent in the clear); use tls://HOST:PORT"
+        )
+    if not isinstance(token, str):
+        raise InvalidError(f"connect: token: expected a str, got {type(token).__name__}")
+    if (
+        isinstance(reconnect_timeout, bool)
+        or not isinstance(reconnect_timeout, int | float)
+        or not 0 < reconnect_timeout < float("inf")
+    ):
+        raise InvalidError(f"connect: reconnect_timeout {reconnect_timeout!r}: expected a number of seconds above 0")
     ctx = None
-    if u.scheme == "tls":
+    if address.startswith("tls://"):
         ctx = ssl_context or ssl.create_default_context()
-    host, port = u.hostname, u.port
 
     async def endpoint() -> tuple[str, Any]:
         return "tcp", (host, port, ctx)
@@ -462,6 +548,35 @@ async def connect(
     transport = RemoteTransport(endpoint, token=token, description=address, reconnect_timeout=reconnect_timeout)
     await transport.connect()
     return Store(transport, mode="remote", directory=None)
+
+
+def _parse_address(address: object) -> tuple[str, int]:
+    """``(host, port)`` of ``tcp://HOST:PORT`` / ``tls://HOST:PORT``; ``InvalidError`` naming what is wrong."""
+
+    def bad(problem: str) -> InvalidError:
+        return InvalidError(f"connect: address {address!r}: use tcp://HOST:PORT or tls://HOST:PORT ({problem})")
+
+    if not isinstance(address, str):
+        raise bad(f"expected a str, got {type(address).__name__}")
+    try:
+        u = urlparse(address)
+    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
+        raise bad(str(exc)) from None
+    if not u.scheme or not u.netloc:
+        raise bad("no scheme")
+    if u.scheme not in ("tcp", "tls"):
+        raise bad(f"unknown scheme {u.scheme + '://'!r}")
+    if not u.hostname:
+        raise bad("no host")
+    try:
+        port = u.port
+    except ValueError:
+        port = -1
+    if port is None:
+        raise bad("no port")
+    if not 0 < port <= 65535:
+        raise bad(f"port {u.netloc.rpartition(':')[2]!r} is not a number from 1 to 65535")
+    return u.hostname, port
 
 
 __all__ = ["ClosedError", "InUseError", "Store", "connect", "open"]

@@ -43,6 +43,7 @@ from ..protocol.channels import GRANT, PUBLISH, UNSUBSCRIBE
 from ..protocol.frames import Kind, body_too_large, request_frame
 from ..protocol.locks import ACQUIRE, RELEASE, RENEW
 from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode
+from ..protocol.store import Empty
 
 _RESPONSE = Kind.RESPONSE
 _Future = asyncio.Future
@@ -51,6 +52,10 @@ log = logging.getLogger("tinystore.client")
 
 PushHandler = Callable[[Any], None]
 ReconnectHook = Callable[[int, int], Awaitable[None]]  # (old epoch, new epoch)
+ConnectedHook = Callable[[Welcome], Awaitable[None]]
+
+_PING = "store.ping"
+_PING_BODY = encode(Empty())
 
 
 _SUBJECTS = (("db", "database"), ("channel", "channel"), ("queue", "queue"), ("lock", "lock"))
@@ -208,6 +213,10 @@ class _Refused(Exception):
     """The server refused the request without running it (it is stopping)."""
 
 
+class _HandshakeClosed(Exception):
+    """The server closed the connection before it answered the handshake (no GOAWAY, no ERROR)."""
+
+
 class _ClientConn(asyncio.Protocol):
     def __init__(self, owner: RemoteTransport) -> None:
         self.owner = owner
@@ -224,6 +233,8 @@ class _ClientConn(asyncio.Protocol):
         self.out: list[bytes] = []
         self.unsent: set[int] = set()  # requests queued but not yet written: safe to send again
         self.flush_scheduled = False
+        self.last_rx = self.loop.time()  # when bytes last came from the server (the keep-alive's clock)
+        self.keepalive: asyncio.Task[None] | None = None
 
     def going(self) -> bool:
         """Whether the connection is closing: a request written now would be lost unsent."""
@@ -266,6 +277,7 @@ class _ClientConn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        self.last_rx = self.loop.time()
         conn = self.conn
         conn.receive_data(data)
         pending = self.pending
@@ -339,9 +351,12 @@ class _ClientConn(asyncio.Protocol):
         self.lost = True
         self.gone.set()
         if not self.welcome.done():
-            self.welcome.set_exception(
-                UnavailableError(self.goaway or f"the connection closed during the handshake: {exc}")
-            )
+            if self.goaway:
+                self.welcome.set_exception(UnavailableError(self.goaway))
+            else:
+                self.welcome.set_exception(_HandshakeClosed(f": {exc}" if exc else ""))
+        if self.keepalive is not None:
+            self.keepalive.cancel()
         pending, self.pending = self.pending, {}
         for stream, fut in pending.items():
             if not fut.done():
@@ -364,6 +379,18 @@ class RemoteTransport(Transport):
     ``endpoint``: an async function giving where to connect (it may start a sidecar first).
     ``reconnect_timeout``: how long a call waits for the store to come back before ``UnavailableError``.
     ``where``: the store's directory or address, for messages (``description`` unless given).
+    ``on_connected``: awaited with the server's ``WELCOME`` after each handshake (the first and each reconnect).
+
+    Keep-alive: while calls are waiting for answers and nothing has come from the server for
+    ``keepalive_idle`` seconds (15), the SDK sends a ``store.ping``; when nothing comes within
+    ``keepalive_timeout`` seconds more (10), the server is taken to be frozen or cut off and the connection is
+    dropped (reads are sent again after the reconnect; a write raises ``OutcomeUnknownError``: STORE-06). A
+    long call (a claim or a lock wait) on a live server is never cut: the server answers the ping. Both are
+    attributes, read at each check (tests lower them).
+
+    A token the server refuses at a reconnect (revoked across a restart) fails the calls waiting for the
+    connection at once with ``UnauthenticatedError``, rather than after ``reconnect_timeout``; the SDK goes on
+    trying in the background with backoff.
     """
 
     def __init__(
@@ -375,9 +402,16 @@ class RemoteTransport(Transport):
         description: str = "",
         reconnect_timeout: float = 30.0,
         where: str = "",
+        on_connected: ConnectedHook | None = None,
+        keepalive_idle: float = 15.0,
+        keepalive_timeout: float = 10.0,
     ) -> None:
         super().__init__()
         self.endpoint = endpoint
+        self.on_connected = on_connected
+        self.keepalive_idle = keepalive_idle
+        self.keepalive_timeout = keepalive_timeout
+        self._refused: UnauthenticatedError | None = None  # the token was refused at the last reconnect
         self.token = token
         self.name = name or f"pid {os.getpid()}"
         self.description = description
@@ -411,6 +445,7 @@ class RemoteTransport(Transport):
         except (OSError, ssl.SSLError) as exc:
             raise UnavailableError(f"cannot reach the store at {self.description or where}: {exc}") from None
         assert proto.transport is not None
+        plain_tcp = kind != "unix" and where[2] is None
         proto.transport.write(
             proto.conn.send_hello(
                 encode(Hello(version=frames.PROTOCOL_VERSION, token=self.token, client=self.name, pid=os.getpid()))
@@ -421,6 +456,17 @@ class RemoteTransport(Transport):
         except TimeoutError:
             proto.transport.close()
             raise UnavailableError(f"the store at {self.description or where} did not answer the handshake") from None
+        except _HandshakeClosed as exc:
+            hint = (
+                " (a TLS listener closes a plain-text client: if the server listens with TLS, use tls:// in place "
+                "of tcp://)"
+                if plain_tcp
+                else ""
+            )
+            raise UnavailableError(
+                f"the store at {self.description or where} closed the connection during the handshake, before it "
+                f"answered{exc}{hint}"
+            ) from None
         except TinystoreError:
             proto.transport.close()
             raise
@@ -430,7 +476,53 @@ class RemoteTransport(Transport):
         self.max_body = welcome.max_body
         proto.conn.max_inflight = welcome.max_inflight
         proto.conn.peer_max_body = welcome.max_body
+        if self.on_connected is not None:
+            try:
+                await self.on_connected(welcome)
+            except BaseException:
+                proto.transport.close()
+                raise
+        if not proto.lost:
+            proto.keepalive = asyncio.ensure_future(self._keepalive(proto))
         return proto
+
+    async def _keepalive(self, conn: _ClientConn) -> None:
+        """Probe a server that sent nothing for ``keepalive_idle`` seconds while calls wait for it; drop the
+        connection when the probe gets nothing back within ``keepalive_timeout`` seconds."""
+        loop = conn.loop
+        while not conn.lost and not self.closed:
+            idle = self.keepalive_idle
+            await asyncio.sleep(max(0.01, min(idle / 4, 1.0)))
+            if conn.lost or not conn.pending or conn.going() or self.closed:
+                continue
+            if loop.time() - conn.last_rx < self.keepalive_idle:
+                continue
+            if len(conn.pending) >= conn.conn.max_inflight:
+                continue  # no request credit left for a probe: the answers it waits for are credit enough
+            stream = next(self._ids)
+            probe: asyncio.Future[bytes] = loop.create_future()
+            conn.pending[stream] = probe
+            sent = loop.time()
+            conn.send(request_frame(stream, _PING, _PING_BODY), stream)
+            wait = self.keepalive_timeout
+            await asyncio.wait({probe}, timeout=wait)
+            if probe.done():
+                if not probe.cancelled():
+                    probe.exception()  # retrieved: a lost connection fails it, which is no news here
+                continue
+            conn.pending.pop(stream, None)
+            probe.cancel()
+            if conn.lost or conn.last_rx > sent:
+                continue  # something came (a slow answer in many frames): the server is alive
+            silent = loop.time() - conn.last_rx
+            log.warning("the store at %s sent nothing for %.0fs: dropping the connection", self.description, silent)
+            conn.goaway = (
+                f"the store at {self.description} did not answer for {silent:.0f}s (no answer to a keep-alive "
+                f"ping within {wait:g}s)"
+            )
+            if conn.transport is not None:
+                conn.transport.abort()
+            return
 
     def _dispatch_push(self, method: str, body: bytes) -> None:
         entry = self.push_handlers.get(method)
@@ -464,16 +556,25 @@ class RemoteTransport(Transport):
             try:
                 conn = await self._connect_once()
             except UnauthenticatedError as exc:
+                # the server is up but refuses the token (revoked across a restart): the calls waiting for
+                # the connection fail now, not after reconnect_timeout; trying goes on in the background
                 self.last_error = exc
+                self._refused = exc
+                self._up.set()
                 continue
             except (TinystoreError, OSError) as exc:
                 self.last_error = exc
+                if self._refused is not None:
+                    self._refused = None
+                    if self._conn is None:
+                        self._up.clear()
                 continue
             if self.closed:
                 if conn.transport is not None:
                     conn.transport.close()
                 return
             self._conn = conn
+            self._refused = None
             self.reconnects += 1
             self._up.set()
             log.info("reconnected to the store (epoch %s → %s)", old_epoch, self.epoch)
@@ -503,6 +604,13 @@ class RemoteTransport(Transport):
             raise ClosedError(f"store {self.where} is closed")
         conn = self._conn
         if conn is None:
+            refused = self._refused
+            if refused is not None:
+                raise UnauthenticatedError(
+                    f"the store at {self.description} refused the token when the SDK reconnected: {refused.message}",
+                    **refused.extra,
+                )
+            self._up.clear()  # woken for nothing (the refusal was cleared meanwhile): wait again
             return await self._wait_up()
         return conn
 

@@ -8,12 +8,20 @@ from pathlib import Path
 
 from ..errors import CorruptError, InUseError
 
+LOCK = "LOCK"
+
+
+def is_store(directory: Path) -> bool:
+    """Whether ``directory`` holds a store: every store has its ``LOCK`` file, made when it is first opened
+    (and kept: the lock is let go, the file stays)."""
+    return (directory / LOCK).is_file()
+
 
 class DirLock:
     """Holds ``DIR/LOCK`` for the life of the process (or until :meth:`release`)."""
 
     def __init__(self, directory: Path) -> None:
-        self.path = directory / "LOCK"
+        self.path = directory / LOCK
         self.fd: int | None = None
 
     def acquire(self) -> None:

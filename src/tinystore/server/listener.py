@@ -5,14 +5,22 @@ has at most ``max_inflight`` requests in flight (its request credit), and when t
 written to a client pass the high-water mark the server stops reading from it until they drain, so a client
 that stops reading cannot make the server buffer without bound. A broken frame closes that one connection
 with a reason (``GOAWAY``); other connections never notice (STORE-04).
+
+A connection that has not finished its handshake (``HELLO``, and before it TLS's) within ``handshake_timeout``
+(:data:`HANDSHAKE_TIMEOUT`) is closed with a reason and a log line, so peers that connect and say nothing cannot
+hold the server's descriptors for ever; nothing of the store is reachable before the handshake (STORE-03).
+The listeners accept connections themselves: when ``accept`` fails for want of descriptors they log it (once
+a minute at most) and try again a moment later, leaving waiting clients in the backlog.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import logging
 import os
+import resource
 import socket
 import ssl
 import time
@@ -49,26 +57,88 @@ CHUNK = 1 << 20  # a response body past this many bytes goes out in several fram
 # (writes, from the writer's batch) go out together, so that the next group commit is as large.
 BURST = 8
 
+#: seconds a new connection has to finish its handshake (TLS's, then HELLO) before it is closed
+HANDSHAKE_TIMEOUT = 10.0
+BACKLOG = 1024
+#: when ``accept`` fails for want of descriptors (EMFILE, ENFILE, ENOBUFS, ENOMEM), accept again after this long
+ACCEPT_PAUSE = 0.5
+#: a message that could repeat many times a second (a failing accept, silent peers) is logged once a minute at most
+LOG_EVERY = 60.0
+_NO_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
 _REQUEST = Kind.REQUEST
 _Future = asyncio.Future
+
+
+class RateLimitedLog:
+    """A warning logged at most once every ``every`` seconds, saying how often it happened in between."""
+
+    def __init__(self, every: float = LOG_EVERY) -> None:
+        self.every = every
+        self.last = -float("inf")
+        self.skipped = 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            self.skipped += 1
+            return
+        if self.skipped:
+            message += f" (and {self.skipped} more times in the last {now - self.last:.0f}s)"
+        self.last, self.skipped = now, 0
+        log.warning(message, *args)
+
+
+def open_files_limit() -> int:
+    """The soft limit on this process's open files (``RLIMIT_NOFILE``), or -1 when unknown."""
+    try:
+        return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (OSError, ValueError):  # pragma: no cover
+        return -1
+
+
+#: the shortest token a tokens file may hold
+MIN_TOKEN = 16
 
 
 def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
     """Read a tokens file: one ``<capability> <token>`` a line (``admin`` or ``data``); ``#`` comments.
 
-    Returns token → capability. Raises ``InvalidError`` naming the line that is wrong.
+    Returns token → capability. Raises ``InvalidError`` when the file cannot be read (missing, unreadable, not
+    UTF-8), holds no token (a TCP listener would refuse every client), or has a wrong line: not two words, an
+    unknown capability, a token shorter than :data:`MIN_TOKEN` characters, a token already on another line.
     """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidError(f"tokens file {path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidError(f"tokens file {path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise InvalidError(f"tokens file {path}: cannot be read: {exc.strerror or exc}") from None
     tokens: dict[str, str] = {}
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    lines: dict[str, int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         parts = line.split()
         if len(parts) != 2 or parts[0] not in ("admin", "data"):
             raise InvalidError(f"tokens file {path}: line {n}: expected '<admin|data> <token>'")
-        if len(parts[1]) < 16:
-            raise InvalidError(f"tokens file {path}: line {n}: a token needs at least 16 characters")
+        if len(parts[1]) < MIN_TOKEN:
+            raise InvalidError(f"tokens file {path}: line {n}: a token needs at least {MIN_TOKEN} characters")
+        if parts[1] in lines:
+            raise InvalidError(
+                f"tokens file {path}: line {n}: the token of line {lines[parts[1]]} again; give each client its "
+                "own token, on one line"
+            )
         tokens[parts[1]] = parts[0]
+        lines[parts[1]] = n
+    if not tokens:
+        raise InvalidError(
+            f"tokens file {path}: no token in it (one '<admin|data> <token>' a line): the listener would refuse "
+            "every client"
+        )
     return tokens
 
 
@@ -91,6 +161,7 @@ class ServerConnection(asyncio.Protocol):
         self.flush_scheduled = False
         self.receiving = False  # inside data_received: what is written goes out once it returns
         self.decoders = listener.decoders
+        self.deadline: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -99,6 +170,28 @@ class ServerConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)  # type: ignore[attr-defined]
         self.listener.connections.add(self)
         self.listener.touch()
+        if self.session is None:
+            self.deadline = self.loop.call_later(self.listener.handshake_timeout, self.handshake_expired)
+
+    def handshake_expired(self) -> None:
+        """No handshake within the listener's ``handshake_timeout``: close the connection, saying why."""
+        deadline, self.deadline = self.deadline, None
+        if self.session is not None or self.closing:
+            return
+        if deadline is not None and self.loop.time() - deadline.when() > 0.5:
+            # the loop was busy past the deadline (libuv runs timers before reading sockets): a HELLO may be
+            # waiting unread; read it first, and close only if none came
+            self.deadline = self.loop.call_later(0.5, self.handshake_expired)
+            return
+        timeout = self.listener.handshake_timeout
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        self.listener.silent_log.warning(
+            "%s: closed a connection%s that did not finish its handshake within %gs",
+            self.listener.description,
+            f" from {peer}" if peer else "",
+            timeout,
+        )
+        self.refuse(UnavailableError.code, f"no handshake within {timeout:g}s: the connection is closed")
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -134,6 +227,9 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
         self.listener.connections.discard(self)
         self.listener.touch()
         tasks, self.tasks = self.tasks, {}
@@ -192,6 +288,9 @@ class ServerConnection(asyncio.Protocol):
         except ClosedError as exc:
             self.refuse("unavailable", exc.message)
             return
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
         body = encode(
             Welcome(
                 version=frames.PROTOCOL_VERSION,
@@ -380,18 +479,29 @@ class ServerConnection(asyncio.Protocol):
 
 
 class Listener:
-    """A socket server feeding a core. ``tokens``: token → capability, or ``None`` (Unix: trusted)."""
+    """A socket server feeding a core. ``tokens``: token → capability, or ``None`` (Unix: trusted).
 
-    def __init__(self, core: Core, tokens: dict[str, str] | None = None) -> None:
+    ``handshake_timeout``: seconds a connection has to finish its handshake before it is closed."""
+
+    def __init__(
+        self, core: Core, tokens: dict[str, str] | None = None, *, handshake_timeout: float = HANDSHAKE_TIMEOUT
+    ) -> None:
         self.core = core
         self.tokens = tokens
-        self.server: asyncio.AbstractServer | None = None
+        self.handshake_timeout = handshake_timeout
+        self.sockets: list[socket.socket] = []
+        self.ssl_context: ssl.SSLContext | None = None
         self.connections: set[ServerConnection] = set()
+        self.starting: set[asyncio.Task[Any]] = set()  # connections in their TLS handshake
         # method name → (method, body decoder), filled as methods are first called
         self.decoders: dict[str, tuple[Method, Any]] = {}
         self.last_activity = time.monotonic()
         self.description = ""
         self.unix_path: Path | None = None
+        self.closed = False
+        self._resume: asyncio.TimerHandle | None = None
+        self.accept_log = RateLimitedLog()
+        self.silent_log = RateLimitedLog()
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -407,31 +517,145 @@ class Listener:
         return entry
 
     async def start_unix(self, path: Path) -> None:
-        loop = asyncio.get_running_loop()
         if path.exists() or path.is_symlink():
             path.unlink()
-        self.server = await loop.create_unix_server(lambda: ServerConnection(self), str(path))
-        os.chmod(path, 0o600)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(path))
+            os.chmod(path, 0o600)
+        except BaseException:
+            sock.close()
+            raise
         self.unix_path = path
         self.description = f"unix:{path}"
-        self.core.listeners.append(self)
+        self._listen([sock])
 
     async def start_tcp(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen on every address ``host`` names (one port for all of them); returns the port.
+
+        Raises ``OSError`` (``socket.gaierror`` when ``host`` does not resolve, ``EADDRINUSE``, ``EACCES``)."""
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(
-            lambda: ServerConnection(self), host, port, ssl=ssl_context, reuse_address=True
-        )
-        sock = self.server.sockets[0]
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        bound = int(sock.getsockname()[1])
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        socks: list[socket.socket] = []
+        bound = port
+        try:
+            for family, type_, proto, _, addr in dict.fromkeys(infos):
+                sock = socket.socket(family, type_, proto)
+                socks.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((addr[0], bound, *addr[2:]))
+                bound = int(sock.getsockname()[1])
+        except BaseException:
+            for sock in socks:
+                sock.close()
+            raise
+        self.ssl_context = ssl_context
         self.description = f"{'tls' if ssl_context else 'tcp'}://{host}:{bound}"
-        self.core.listeners.append(self)
+        self._listen(socks)
         return bound
+
+    def _listen(self, socks: list[socket.socket]) -> None:
+        loop = asyncio.get_running_loop()
+        for sock in socks:
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+            self.sockets.append(sock)
+            loop.add_reader(sock.fileno(), self._accept, sock)
+        self.core.listeners.append(self)
+
+    def _accept(self, sock: socket.socket) -> None:
+        """The listening socket is readable: accept what waits (a bounded batch, so others get their turn)."""
+        for _ in range(64):
+            try:
+                conn, _addr = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                if exc.errno in _NO_RESOURCES:
+                    self._pause(exc)
+                    return
+                log.exception("%s: accept failed", self.description)
+                return
+            try:
+                conn.setblocking(False)
+                if conn.family != socket.AF_UNIX:
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                conn.close()
+                continue
+            task = asyncio.ensure_future(self._connect(conn))
+            self.starting.add(task)
+            task.add_done_callback(self.starting.discard)
+
+    async def _connect(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if self.ssl_context is None:
+                await loop.connect_accepted_socket(lambda: ServerConnection(self), conn)
+            else:
+                await loop.connect_accepted_socket(
+                    lambda: ServerConnection(self),
+                    conn,
+                    ssl=self.ssl_context,
+                    ssl_handshake_timeout=self.handshake_timeout,
+                )
+        except (OSError, ssl.SSLError, TimeoutError, ValueError) as exc:
+            # a TLS handshake that failed or took too long, a peer already gone: only that connection ends
+            if self.ssl_context is not None:
+                self.silent_log.warning(
+                    "%s: closed a connection whose TLS handshake failed or took over %gs: %s",
+                    self.description,
+                    self.handshake_timeout,
+                    exc,
+                )
+            conn.close()
+
+    def _pause(self, exc: OSError) -> None:
+        """``accept`` failed for want of descriptors or memory: say so (once a minute at most), stop accepting
+        for :data:`ACCEPT_PAUSE` (the clients wait in the backlog), then try again."""
+        self.accept_log.warning(
+            "%s: cannot accept connections: %s (%d connections open here; this process may open %d files); "
+            "new clients wait until some close",
+            self.description,
+            exc.strerror or exc,
+            len(self.connections) + len(self.starting),
+            open_files_limit(),
+        )
+        loop = asyncio.get_running_loop()
+        for sock in self.sockets:
+            loop.remove_reader(sock.fileno())
+        if self._resume is None:
+            self._resume = loop.call_later(ACCEPT_PAUSE, self._unpause)
+
+    def _unpause(self) -> None:
+        self._resume = None
+        if self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        for sock in self.sockets:
+            loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def _stop_accepting(self) -> None:
+        self.closed = True
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
+        loop = asyncio.get_running_loop()
+        for sock in self.sockets:
+            if sock.fileno() >= 0:
+                loop.remove_reader(sock.fileno())
+            sock.close()
+        self.sockets = []
+        for task in self.starting:
+            task.cancel()
 
     async def close(self, grace: float) -> None:
         """Stop accepting; let calls under way finish (at most ``grace`` seconds); close every connection."""
-        if self.server is not None:
-            self.server.close()
+        self._stop_accepting()
         conns = list(self.connections)
         await asyncio.gather(*(c.drain_calls(grace) for c in conns), return_exceptions=True)
         for c in conns:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import resource
 import signal
+import socket
 import ssl
 import sys
 import time
@@ -21,7 +24,7 @@ from ..limits import Limits
 from ..protocol.frames import PROTOCOL_VERSION
 from . import paths
 from .core import Core
-from .listener import Listener, load_tokens
+from .listener import HANDSHAKE_TIMEOUT, Listener, load_tokens
 
 log = logging.getLogger("tinystore.server")
 
@@ -41,36 +44,114 @@ class ServeOptions:
     limits: Limits | None = None
     durability: str = "full"
     mode: str = "serve"  # serve | sidecar | private | embedded
+    handshake_timeout: float = HANDSHAKE_TIMEOUT  # seconds a connection has to finish its handshake
 
 
-async def start_listeners(core: Core, opts: ServeOptions) -> list[Listener]:
-    """Listen on the directory's Unix socket and on each ``--listen`` address; write ``DIR/server/address``."""
+@dataclass
+class ListenPlan:
+    """The ``--listen`` addresses, checked: (scheme, host, port, TLS context) each, and the tokens."""
+
+    addresses: list[tuple[str, str, int, ssl.SSLContext | None]]
+    tokens: dict[str, str] | None
+
+
+def check_listen(opts: ServeOptions) -> ListenPlan:
+    """Check the ``--listen`` addresses, the tokens file and the TLS files before anything is owned or bound.
+
+    Raises ``InvalidError`` naming what is wrong: an address that is not ``tcp://HOST:PORT`` or
+    ``tls://HOST:PORT`` (a port from 0 to 65535), a host that does not resolve, ``--listen`` without
+    ``--tokens`` or a tokens file that cannot be used (:func:`load_tokens`), ``tls://`` without
+    ``--tls-cert``/``--tls-key``, TLS files with no ``tls://`` address to use them (a ``tcp://`` address is
+    plain text: they would be silently ignored), a certificate or key that cannot be read or used.
+    """
+    parsed: list[tuple[str, str, str, int]] = []
+    for addr in opts.listen:
+        u = urlparse(addr)
+        try:
+            port = u.port
+        except ValueError:
+            raise InvalidError(f"listen address {addr!r}: the port must be a number from 0 to 65535") from None
+        if u.scheme not in ("tcp", "tls") or not u.hostname or port is None:
+            raise InvalidError(f"listen address {addr!r}: use tcp://HOST:PORT or tls://HOST:PORT")
+        parsed.append((addr, u.scheme, u.hostname, port))
+    tls_files = [f"--{name}" for name, value in (("tls-cert", opts.tls_cert), ("tls-key", opts.tls_key)) if value]
+    if tls_files and not any(scheme == "tls" for _, scheme, _, _ in parsed):
+        plain = [addr for addr, scheme, _, _ in parsed if scheme == "tcp"]
+        where = f"the address {plain[0]} is tcp:// (plain text)" if plain else "there is no --listen address"
+        raise InvalidError(f"{' and '.join(tls_files)} given but {where}: listen on tls://HOST:PORT to use TLS")
+    if not parsed:
+        return ListenPlan([], None)
+    if not opts.tokens:
+        raise InvalidError("--listen needs --tokens FILE: a TCP listener refuses every client without a token")
+    tokens = load_tokens(opts.tokens)
+    ctx: ssl.SSLContext | None = None
+    addresses: list[tuple[str, str, int, ssl.SSLContext | None]] = []
+    for addr, scheme, host, port in parsed:
+        if scheme == "tls" and ctx is None:
+            ctx = tls_context(addr, opts.tls_cert, opts.tls_key)
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise InvalidError(f"listen address {addr}: the host {host!r} does not resolve ({exc})") from None
+        addresses.append((scheme, host, port, ctx if scheme == "tls" else None))
+    return ListenPlan(addresses, tokens)
+
+
+def tls_context(addr: str, cert: str | None, key: str | None) -> ssl.SSLContext:
+    """The server's TLS context from ``cert`` and ``key``; ``InvalidError`` naming the file that is wrong."""
+    if not (cert and key):
+        raise InvalidError(f"listen address {addr}: tls:// needs --tls-cert and --tls-key")
+    for flag, name in (("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            with open(name, "rb"):
+                pass
+        except OSError as exc:
+            raise InvalidError(f"{flag} {name}: cannot be read: {exc.strerror or exc}") from None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise InvalidError(
+            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc}); are they swapped?"
+        ) from None
+    return ctx
+
+
+def bind_error(addr: str, exc: OSError) -> InvalidError:
+    """What a failed bind of ``addr`` means, as one clear error."""
+    if exc.errno == errno.EADDRINUSE:
+        return InvalidError(f"listen address {addr}: the port is already in use")
+    if exc.errno == errno.EACCES:
+        return InvalidError(f"listen address {addr}: permission denied (ports below 1024 need privileges)")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return InvalidError(f"listen address {addr}: not an address of this machine")
+    if isinstance(exc, socket.gaierror):
+        return InvalidError(f"listen address {addr}: the host does not resolve ({exc})")
+    return InvalidError(f"listen address {addr}: cannot listen: {exc.strerror or exc}")
+
+
+async def start_listeners(core: Core, opts: ServeOptions, plan: ListenPlan | None = None) -> list[Listener]:
+    """Listen on the directory's Unix socket and on each ``--listen`` address; write ``DIR/server/address``.
+
+    ``plan``: :func:`check_listen` of ``opts``, when already made."""
+    if plan is None:
+        plan = check_listen(opts)
     listeners: list[Listener] = []
     paths.server_dir(core.directory)
     sock = paths.socket_path(core.directory)
     paths.prepare_socket_dir(sock)
-    unix = Listener(core)
+    unix = Listener(core, handshake_timeout=opts.handshake_timeout)
     await unix.start_unix(sock)
     listeners.append(unix)
     tcp: list[str] = []
-    if opts.listen:
-        if not opts.tokens:
-            raise InvalidError("--listen needs --tokens FILE: a TCP listener refuses every client without a token")
-        tokens = load_tokens(opts.tokens)
-        for addr in opts.listen:
-            u = urlparse(addr)
-            if u.scheme not in ("tcp", "tls") or not u.hostname or u.port is None:
-                raise InvalidError(f"listen address {addr!r}: use tcp://HOST:PORT or tls://HOST:PORT")
-            ctx = None
-            if u.scheme == "tls":
-                if not (opts.tls_cert and opts.tls_key):
-                    raise InvalidError(f"listen address {addr}: tls:// needs --tls-cert and --tls-key")
-                ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-                ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
-            lst = Listener(core, tokens)
-            port = await lst.start_tcp(u.hostname, u.port, ctx)
-            tcp.append(f"{u.scheme}://{u.hostname}:{port}")
-            listeners.append(lst)
+    for scheme, host, port, ctx in plan.addresses:
+        lst = Listener(core, plan.tokens, handshake_timeout=opts.handshake_timeout)
+        try:
+            bound = await lst.start_tcp(host, port, ctx)
+        except OSError as exc:
+            raise bind_error(f"{scheme}://{host}:{port}", exc) from None
+        tcp.append(f"{scheme}://{host}:{bound}")
+        listeners.append(lst)
     paths.write_address(
         core.directory,
         {
@@ -100,16 +181,28 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
 
     Raises ``InUseError`` when another process owns the directory.
     """
+    plan = check_listen(opts)  # bad input is refused before the directory is owned
+    raise_open_files_limit()
     core = Core(opts.directory, clock=opts.clock, limits=opts.limits, durability=opts.durability)
     core.mode = opts.mode
-    await core.start()
     try:
-        listeners = await start_listeners(core, opts)
-    except BaseException:
+        await core.start()
+    except PermissionError as exc:
+        raise permission_error(opts.directory, exc) from None
+    try:
+        listeners = await start_listeners(core, opts, plan)
+    except BaseException as exc:
         await core.stop()
+        if isinstance(exc, PermissionError):
+            raise permission_error(opts.directory, exc) from None
         raise
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # SIGHUP (the terminal closed, the ssh session dropped) stops as gracefully as SIGTERM (STORE-05), unless
+    # it was ignored when we started (``nohup``)
+    sigs = [signal.SIGTERM, signal.SIGINT]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    for sig in sigs:
         try:
             loop.add_signal_handler(sig, core.stop_requested.set)
         except (NotImplementedError, RuntimeError):
@@ -130,6 +223,26 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
         await core.stop(core.stop_grace)
         remove_address(core)
     return 0
+
+
+def permission_error(directory: Path, exc: PermissionError) -> InvalidError:
+    """A store directory this process may not write, as one clear error."""
+    return InvalidError(
+        f"store {directory}: permission denied on {exc.filename or directory}: this user (uid {os.getuid()}) "
+        "cannot own a store there"
+    )
+
+
+def raise_open_files_limit() -> None:
+    """Raise this process's soft limit on open files to the hard one: each connection takes a descriptor."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.debug("open files limit raised from %d to %d", soft, want)
+    except (OSError, ValueError) as exc:  # pragma: no cover
+        log.info("cannot raise the open files limit: %s", exc)
 
 
 async def _idle_watch(core: Core, listeners: list[Listener], idle: float) -> None:

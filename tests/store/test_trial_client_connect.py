@@ -1,0 +1,77 @@
+"""Trial A, the SDK's side of connecting: bad addresses and TLS settings are ``InvalidError`` at once, and a
+plain-text client at a TLS port is told that the server may want ``tls://``."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tinystore.errors import InvalidError, UnavailableError
+
+from ..helpers import ServerProcess, write_tokens
+from .test_store03_auth import make_cert
+
+
+@pytest.mark.parametrize(
+    ("address", "named"),
+    [
+        ("tcp://127.0.0.1:99999", "port '99999'"),
+        ("tcp://127.0.0.1:-1", "port '-1'"),
+        ("tcp://127.0.0.1:abc", "port 'abc'"),
+        ("tcp://127.0.0.1:0", "port '0'"),
+        ("tcp://127.0.0.1", "no port"),
+        ("tcp://:7600", "no host"),
+        ("http://127.0.0.1:7600", "unknown scheme 'http://'"),
+        ("unix://127.0.0.1:7600", "unknown scheme 'unix://'"),
+        ("127.0.0.1:7600", "no scheme"),
+        ("tcp://[::1", "IPv6"),
+        (7600, "expected a str"),
+        (None, "expected a str"),
+    ],
+)
+async def test_a_bad_address_is_invalid_and_names_what_is_wrong(address: object, named: str) -> None:
+    with pytest.raises(InvalidError) as info:
+        await tinystore.connect(address, token="x" * 20)  # type: ignore[arg-type]
+    assert named in info.value.message
+    assert "use tcp://HOST:PORT or tls://HOST:PORT" in info.value.message
+
+
+async def test_an_ssl_context_with_a_tcp_address_is_refused_before_anything_is_sent() -> None:
+    # nothing listens there: the refusal must come before any connection is tried (not UnavailableError)
+    ctx = ssl.create_default_context()
+    with pytest.raises(InvalidError) as info:
+        await tinystore.connect("tcp://127.0.0.1:1", token="x" * 20, ssl_context=ctx)
+    message = info.value.message
+    assert "tls://" in message and "tcp://" in message and "clear" in message
+
+
+async def test_bad_options_of_connect_are_invalid() -> None:
+    with pytest.raises(InvalidError):
+        await tinystore.connect("tcp://127.0.0.1:1", token=123)  # type: ignore[arg-type]
+    with pytest.raises(InvalidError):
+        await tinystore.connect("tcp://127.0.0.1:1", reconnect_timeout=-1)
+    with pytest.raises(InvalidError):
+        await tinystore.connect("tls://127.0.0.1:1", ssl_context="yes")  # type: ignore[arg-type]
+
+
+async def test_a_plain_client_at_a_tls_port_is_told_to_use_tls(tmp_path: Path) -> None:
+    cert, key = make_cert(tmp_path)
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(
+        tmp_path / "store",
+        *("--listen", "tls://127.0.0.1:0", "--tokens", str(tokens), "--tls-cert", str(cert), "--tls-key", str(key)),
+    ).start()
+    try:
+        address = server.tcp.replace("tls://", "tcp://")
+        with pytest.raises(UnavailableError) as info:
+            await tinystore.connect(address, token=admin, reconnect_timeout=1)
+        message = info.value.message
+        assert "None" not in message
+        assert "closed the connection during the handshake" in message
+        assert "use tls://" in message
+        assert address in message
+    finally:
+        server.stop()

@@ -1,0 +1,265 @@
+"""Trial A, items 3, 4, 5, 6, 7, 8: ``tinystore serve``, ``stop`` and ``status`` as an operator meets them.
+
+A server that does not answer is named as such; a directory that holds no store is never made into one by a
+command but ``serve``; bad ``serve`` input is one ``error[invalid]`` line (exit 1, no traceback); SIGHUP stops
+a server as gracefully as SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tinystore.server import paths
+
+from ..cli.support import run_cli
+from ..helpers import ServerProcess, stop_sidecar, write_tokens
+from .test_store03_auth import make_cert
+
+# every command but serve and demo, on a directory that holds no store
+COMMANDS = {
+    "status": ["status", "{d}"],
+    "status --json": ["status", "{d}", "--json"],
+    "stop": ["stop", "{d}"],
+    "sql": ["sql", "{d}", "select 1"],
+    "sql --write": ["sql", "{d}", "create table t (x)", "--write"],
+    "publish": ["channels", "{d}", "publish", "c/7", '{"id": 1}'],
+    "subscribe": ["channels", "{d}", "subscribe", "c/7", "--for", "1s"],
+    "lock hold": ["lock", "{d}", "hold", "cron", "nightly", "--wait", "0", "--", "true"],
+    "jobs list": ["jobs", "{d}", "list"],
+}
+
+
+def one_error_line(done: subprocess.CompletedProcess[str], code: str = "invalid") -> str:
+    """The one ``error[code] …`` line a refused command printed (exit status 1, no traceback)."""
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error[{code}] "), done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+async def test_a_directory_that_holds_no_store_is_not_made_one(tmp_path: Path, command: str) -> None:
+    directory = tmp_path / "home"
+    directory.mkdir()
+    (directory / "notes.txt").write_text("mine\n")
+    try:
+        done = await asyncio.to_thread(run_cli, *[a.replace("{d}", str(directory)) for a in COMMANDS[command]])
+        line = one_error_line(done)
+        assert line == (
+            f"error[invalid] store {directory}: this directory holds no store (no LOCK file in it; "
+            f"to make a store there: `tinystore serve {directory}`)"
+        ), line
+        assert sorted(p.name for p in directory.iterdir()) == ["notes.txt"]
+    finally:
+        await stop_sidecar(directory)  # subscribe and hold of an unfixed CLI start one
+
+
+async def test_status_of_a_stopped_store_still_works(tmp_path: Path) -> None:
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    await store.close()
+    done = await asyncio.to_thread(run_cli, "status", str(directory), "--json")
+    assert done.returncode == 0, done.stderr
+    assert '"mode": "embedded"' in done.stdout
+
+
+def test_stop_and_status_name_a_server_that_does_not_answer(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "store").start()
+    assert server.proc is not None
+    pid = server.proc.pid
+    try:
+        os.kill(pid, signal.SIGSTOP)  # a hung server: it holds the directory and the socket, and answers nothing
+        with subprocess.Popen(
+            [sys.executable, "-m", "tinystore", "stop", str(server.directory)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ) as stopping:  # fmt: skip
+            status = run_cli("status", str(server.directory))
+            out, err = stopping.communicate(timeout=20)
+        for done in (status, subprocess.CompletedProcess(stopping.args, stopping.returncode, out, err)):
+            line = one_error_line(done, "unavailable")
+            assert f"the server of {server.directory} (pid {pid}) does not answer" in line, line
+            assert "no server is running" not in line and "connect to it" not in line, line
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        server.stop()
+    assert server.proc.returncode == 0
+
+
+@pytest.fixture
+def free_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def serve(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("serve", str(directory), *args, timeout=30)
+
+
+BAD_TOKENS = {
+    "missing": (None, "no such file"),
+    "not UTF-8": (b"admin \xff\xfe" + b"x" * 20 + b"\n", "not UTF-8"),
+    "empty": (b"", "no token in it"),
+    "comments only": (b"# admin tokens go here\n\n   \n", "no token in it"),
+    "duplicated": (b"admin " + b"a" * 24 + b"\n# x\ndata " + b"a" * 24 + b"\n", "line 3: the token of line 1 again"),
+    "short": (b"admin abc\n", "line 1: a token needs at least 16 characters"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TOKENS))
+def test_serve_refuses_a_tokens_file_it_cannot_use(tmp_path: Path, case: str) -> None:
+    content, expected = BAD_TOKENS[case]
+    tokens = tmp_path / "tokens"
+    if content is not None:
+        tokens.write_bytes(content)
+    directory = tmp_path / "store"
+    line = one_error_line(serve(directory, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)))
+    assert line.startswith(f"error[invalid] tokens file {tokens}: ") and expected in line, line
+    assert not directory.exists()  # refused before the directory is owned
+
+
+def test_the_tokens_help_states_the_minimum_length() -> None:
+    done = run_cli("serve", "--help")
+    assert "at least 16 characters" in done.stdout and "one line only" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("tcp://127.0.0.1:99999", "the port must be a number from 0 to 65535"),
+        ("tcp://127.0.0.1:-5", "the port must be a number from 0 to 65535"),
+        ("tcp://127.0.0.1:abc", "the port must be a number from 0 to 65535"),
+        ("tcp://256.1.1.1:7000", "the host '256.1.1.1' does not resolve"),
+        ("tcp://no-such-host.invalid:7000", "the host 'no-such-host.invalid' does not resolve"),
+    ],
+)
+def test_serve_refuses_a_bad_address(tmp_path: Path, address: str, expected: str) -> None:
+    tokens, _, _ = write_tokens(tmp_path)
+    directory = tmp_path / "store"
+    line = one_error_line(serve(directory, "--listen", address, "--tokens", str(tokens)))
+    assert expected in line and address in line, line
+    assert not directory.exists()
+
+
+def test_serve_refuses_a_port_in_use(tmp_path: Path, taken_port: int) -> None:
+    tokens, _, _ = write_tokens(tmp_path)
+    address = f"tcp://127.0.0.1:{taken_port}"
+    line = one_error_line(serve(tmp_path / "store", "--listen", address, "--tokens", str(tokens)))
+    assert line == f"error[invalid] listen address {address}: the port is already in use", line
+    assert not paths.address_file(tmp_path / "store").exists()  # and the directory was let go
+
+
+def test_serve_refuses_tls_files_with_a_tcp_address(tmp_path: Path, free_port: int) -> None:
+    tokens, _, _ = write_tokens(tmp_path)
+    cert, key = make_cert(tmp_path)
+    address = f"tcp://127.0.0.1:{free_port}"
+    tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    line = one_error_line(serve(tmp_path / "store", "--listen", address, "--tokens", str(tokens), *tls))
+    assert f"--tls-cert and --tls-key given but the address {address} is tcp://" in line, line
+    assert "use TLS" in line and "tls://HOST:PORT" in line, line
+    assert not (tmp_path / "store").exists()
+    # a certificate alone, and TLS files with no address at all, are refused the same way
+    line = one_error_line(serve(tmp_path / "store", "--listen", address, "--tokens", str(tokens), *tls[:2]))
+    assert "--tls-cert given but the address" in line, line
+    line = one_error_line(serve(tmp_path / "store", *tls))
+    assert "given but there is no --listen address" in line, line
+
+
+@pytest.mark.parametrize("case", ["no files", "no key", "missing cert", "swapped", "not PEM"])
+def test_serve_refuses_tls_files_it_cannot_use(tmp_path: Path, case: str) -> None:
+    tokens, _, _ = write_tokens(tmp_path)
+    cert, key = make_cert(tmp_path)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    files = {
+        "no files": ([], "tls:// needs --tls-cert and --tls-key"),
+        "no key": (["--tls-cert", str(cert)], "tls:// needs --tls-cert and --tls-key"),
+        "missing cert": (["--tls-cert", str(tmp_path / "nope.pem"), "--tls-key", str(key)], "cannot be read"),
+        "swapped": (["--tls-cert", str(key), "--tls-key", str(cert)], "not a PEM certificate and its private key"),
+        "not PEM": (["--tls-cert", str(junk), "--tls-key", str(key)], "not a PEM certificate and its private key"),
+    }
+    args, expected = files[case]
+    done = serve(tmp_path / "store", "--listen", "tls://127.0.0.1:0", "--tokens", str(tokens), *args)
+    line = one_error_line(done)
+    assert expected in line, line
+    if case == "missing cert":
+        assert str(tmp_path / "nope.pem") in line, line
+    assert not (tmp_path / "store").exists()
+
+
+def test_serve_refuses_a_directory_it_cannot_write(tmp_path: Path) -> None:
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    directory = parent / "store"
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: every directory is writable")
+        parent.chmod(0o755)
+        tmp_path.chmod(0o755)
+        argv = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "tinystore"]
+        done = subprocess.run(
+            [*argv, "serve", str(directory)], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        )
+    else:
+        parent.chmod(0o555)
+        try:
+            done = serve(directory)
+        finally:
+            parent.chmod(0o755)
+    line = one_error_line(done)
+    assert line.startswith(f"error[invalid] store {directory}: permission denied on "), line
+    assert not directory.exists()
+
+
+# contract: STORE-05
+async def test_sighup_stops_the_server_gracefully(tmp_path: Path) -> None:
+    tokens, admin, _ = write_tokens(tmp_path)
+    hup = signal.getsignal(signal.SIGHUP)
+    with contextlib.ExitStack() as stack:
+        if hup is signal.SIG_IGN:  # under nohup: the server would (rightly) keep ignoring it
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+            stack.callback(signal.signal, signal.SIGHUP, hup)
+        server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    sock = paths.socket_path(server.directory)
+    try:
+        store = await tinystore.connect(server.tcp, token=admin)
+        try:
+            db = await store.database("app", migrations=[("001_t.sql", "create table t (a)")])
+            await db.exec("insert into t values ('kept')")
+        finally:
+            await store.close()
+        server.proc.send_signal(signal.SIGHUP)
+        assert await asyncio.to_thread(server.proc.wait, 10) == 0  # a graceful exit, not death by SIGHUP
+        assert not paths.address_file(server.directory).exists()
+        assert not sock.exists()
+        assert not (server.directory / "sql" / "app.db-wal").exists()  # checkpointed and closed
+    finally:
+        server.stop()
+    store = await tinystore.open(server.directory, embedded=True, serve=False)  # the lock was let go
+    try:
+        assert await (await store.database("app")).scalar("select a from t") == "kept"
+    finally:
+        await store.close()

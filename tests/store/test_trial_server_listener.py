@@ -1,0 +1,226 @@
+"""Trial A, item 1: peers that connect and never finish the handshake cannot hold the server's descriptors.
+
+Every listener (Unix, TCP, TLS) closes a connection that has not finished its handshake within the handshake
+timeout (10 s; the hidden ``--handshake-timeout`` lowers it here), with a reason and a log line; the server
+raises its open-files limit at start, and says (once, not per attempt) when ``accept`` fails for want of
+descriptors, then serves again once descriptors are free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tinystore.server import paths
+
+from ..helpers import ServerProcess, write_tokens
+from .test_store03_auth import make_cert
+
+TIMEOUT = 1.0  # the handshake timeout the servers of these tests run with
+
+
+def where(address: str) -> tuple[str, int]:
+    host, port = address.split("://", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
+def closed_within(sock: socket.socket, within: float) -> tuple[float, bytes]:
+    """Read until the server closes ``sock``; (seconds it took, what it sent). Fails past ``within``."""
+    t = time.monotonic()
+    got = b""
+    sock.settimeout(within)
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        except TimeoutError:
+            raise AssertionError(f"the server kept a silent connection open for {within}s") from None
+        if not data:
+            return time.monotonic() - t, got
+        got += data
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[ServerProcess, str, str]]:
+    """A server with a tcp:// and a tls:// listener and a 1 s handshake timeout: (server, tcp, tls)."""
+    tokens, _admin, _ = write_tokens(tmp_path)
+    cert, key = make_cert(tmp_path)
+    server = ServerProcess(
+        tmp_path / "store",
+        "--listen", "tcp://127.0.0.1:0", "--listen", "tls://127.0.0.1:0", "--tokens", str(tokens),
+        "--tls-cert", str(cert), "--tls-key", str(key), "--handshake-timeout", str(TIMEOUT),
+    ).start()  # fmt: skip
+    try:
+        tcp, tls = (paths.read_address(server.directory) or {})["tcp"]
+        yield server, tcp, tls
+    finally:
+        server.stop()
+
+
+# contract: STORE-03
+async def test_silent_connections_are_closed_on_every_listener(
+    tmp_path: Path, served: tuple[ServerProcess, str, str]
+) -> None:
+    server, tcp, tls = served
+    admin = (tmp_path / "tokens").read_text().split()[1]
+    silent = {
+        "unix": socket.socket(socket.AF_UNIX, socket.SOCK_STREAM),
+        "tcp": socket.create_connection(where(tcp)),
+        "tls": socket.create_connection(where(tls)),  # not even the TLS handshake
+    }
+    silent["unix"].connect(str(paths.socket_path(server.directory)))
+    try:
+        # a client that does its handshake is served, and stays connected past the timeout
+        store = await tinystore.connect(tcp, token=admin)
+        try:
+            for name, sock in silent.items():
+                took, said = closed_within(sock, TIMEOUT + 4)
+                assert took < TIMEOUT + 3, (name, took)
+                if name != "tls":  # the reason, as the error a refused handshake gets
+                    assert b"no handshake within 1s" in said, (name, said)
+            assert await store.status()
+        finally:
+            await store.close()
+    finally:
+        for sock in silent.values():
+            sock.close()
+    log = (server.directory / "serve.log").read_text()
+    assert "did not finish its handshake within 1s" in log, log
+    assert "TLS handshake failed or took over 1s" in log, log
+
+
+# contract: STORE-03
+async def test_a_half_sent_hello_is_closed_too(served: tuple[ServerProcess, str, str]) -> None:
+    _server, tcp, _tls = served
+    with socket.create_connection(where(tcp)) as sock:
+        sock.sendall(b"\x00\x00")  # a frame header cut short: the handshake never ends
+        took, _ = closed_within(sock, TIMEOUT + 4)
+        assert took < TIMEOUT + 3
+
+
+def test_tls_after_the_tls_handshake_still_needs_the_hello(tmp_path: Path) -> None:
+    tokens, _admin, _ = write_tokens(tmp_path)
+    cert, key = make_cert(tmp_path)
+    server = ServerProcess(
+        tmp_path / "store", "--listen", "tls://127.0.0.1:0", "--tokens", str(tokens),
+        "--tls-cert", str(cert), "--tls-key", str(key), "--handshake-timeout", str(TIMEOUT),
+    ).start()  # fmt: skip
+    try:
+        ctx = ssl.create_default_context(cafile=str(cert))
+        with socket.create_connection(where(server.tcp)) as raw, ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            took, said = closed_within(s, TIMEOUT + 4)
+            assert took < TIMEOUT + 3 and b"no handshake within 1s" in said
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def soft_open_files_limit(limit: int) -> Iterator[None]:
+    """This process's soft RLIMIT_NOFILE lowered to ``limit`` (children inherit it), then put back."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(limit, soft), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def open_files_limits(pid: int) -> tuple[int, int]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError("no 'Max open files' line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/limits").exists(), reason="reads /proc/PID/limits")
+def test_the_server_raises_its_open_files_limit(tmp_path: Path) -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip("the hard limit is too low to tell")
+    with soft_open_files_limit(256):
+        server = ServerProcess(tmp_path / "store").start()
+    try:
+        assert server.proc is not None
+        soft_now, hard_now = open_files_limits(server.proc.pid)
+        assert soft_now == hard_now and soft_now > 256
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit")
+async def test_accept_failing_for_want_of_descriptors_is_logged_once_and_recovers(tmp_path: Path) -> None:
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(
+        tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens),
+        "--handshake-timeout", str(TIMEOUT),
+    ).start()  # fmt: skip
+    assert server.proc is not None
+    pid = server.proc.pid
+    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    socks: list[socket.socket] = []
+    try:
+        used = len(os.listdir(f"/proc/{pid}/fd"))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (used + 5, before[1]))
+        host_port = where(server.tcp)
+        for _ in range(40):  # far more than the 5 descriptors left: accept fails again and again
+            socks.append(socket.create_connection(host_port))
+        # the silent ones are closed after the handshake timeout, the others accepted then: all of them end
+        deadline = time.monotonic() + 20
+        for sock in socks:
+            closed_within(sock, max(0.1, deadline - time.monotonic()))
+        log = (server.directory / "serve.log").read_text()
+        assert log.count("cannot accept connections") == 1, log
+        assert "Too many open files" in log, log
+        # descriptors are free again: a client with a token is served
+        store = await tinystore.connect(server.tcp, token=admin)
+        try:
+            assert (await store.status())["pid"] == pid
+        finally:
+            await store.close()
+    finally:
+        for sock in socks:
+            sock.close()
+        with contextlib.suppress(OSError):
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+        server.stop()
+
+
+def test_a_hello_sent_in_time_is_read_even_when_the_server_was_held_up(tmp_path: Path) -> None:
+    """The deadline passes while the server cannot run (here SIGSTOP; a long pause of its loop alike) with the
+    client's HELLO already sent: the server reads it before it judges the connection silent."""
+    from tinystore.protocol import frames
+    from tinystore.protocol.frames import Kind
+    from tinystore.protocol.messages import Hello, encode
+
+    server = ServerProcess(tmp_path / "store", "--handshake-timeout", str(TIMEOUT)).start()
+    assert server.proc is not None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(paths.socket_path(server.directory)))
+            time.sleep(0.3)  # accepted: the handshake deadline runs
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                conn = frames.Connection("client")
+                hello = Hello(version=frames.PROTOCOL_VERSION, token="", client="test", pid=os.getpid())
+                sock.sendall(conn.send_hello(encode(hello)))
+                time.sleep(TIMEOUT + 1)
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            sock.settimeout(5)
+            conn.receive_data(sock.recv(65536))
+            first = conn.next_event()
+            assert isinstance(first, frames.Frame) and first.kind is Kind.WELCOME, (first, first.body)
+    finally:
+        server.stop()
