@@ -8,9 +8,11 @@ descriptors, then serves again once descriptors are free.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import resource
+import select
 import signal
 import socket
 import ssl
@@ -223,4 +225,45 @@ def test_a_hello_sent_in_time_is_read_even_when_the_server_was_held_up(tmp_path:
             first = conn.next_event()
             assert isinstance(first, frames.Frame) and first.kind is Kind.WELCOME, (first, first.body)
     finally:
+        server.stop()
+
+
+# contract: STORE-03
+async def test_peers_that_crowd_the_handshake_cannot_keep_a_client_out(tmp_path: Path) -> None:
+    """More silent connections than the listener lets wait for their handshake (256): the ones that waited
+    longest are closed, and a client with a token still gets in at once."""
+    from tinystore.server.listener import MAX_HANDSHAKING
+
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(
+        tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens), "--handshake-timeout", "60"
+    ).start()
+    silent: list[socket.socket] = []
+    try:
+        tcp = (paths.read_address(server.directory) or {})["tcp"][0]
+        for _ in range(MAX_HANDSHAKING + 40):
+            silent.append(socket.create_connection(where(tcp)))
+        began = time.monotonic()
+        store = await tinystore.connect(tcp, token=admin)
+        try:
+            assert (await store.status())["version"]
+        finally:
+            await store.close()
+        assert time.monotonic() - began < 5
+        # the oldest of them were closed with a reason, long before their 60 s deadline
+        await asyncio.sleep(0.5)
+        readable, _, _ = select.select(silent, [], [], 0)
+        closed = 0
+        for sock in readable:
+            sock.settimeout(5)
+            with contextlib.suppress(ConnectionResetError):
+                got = b""
+                while data := sock.recv(65536):
+                    got += data
+                closed += b"too many connections" in got
+        assert closed >= 40, closed
+        assert silent[0] in readable and silent[-1] not in readable  # the oldest went, the newest stay
+    finally:
+        for sock in silent:
+            sock.close()
         server.stop()

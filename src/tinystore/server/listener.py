@@ -59,6 +59,9 @@ BURST = 8
 
 #: seconds a new connection has to finish its handshake (TLS's, then HELLO) before it is closed
 HANDSHAKE_TIMEOUT = 10.0
+#: connections of one listener that may wait for their handshake at once: past it, the one that has waited
+#: longest is closed (a client with a token finishes in milliseconds; peers that send nothing cannot crowd it out)
+MAX_HANDSHAKING = 256
 BACKLOG = 1024
 #: when ``accept`` fails for want of descriptors (EMFILE, ENFILE, ENOBUFS, ENOMEM), accept again after this long
 ACCEPT_PAUSE = 0.5
@@ -172,6 +175,20 @@ class ServerConnection(asyncio.Protocol):
         self.listener.touch()
         if self.session is None:
             self.deadline = self.loop.call_later(self.listener.handshake_timeout, self.handshake_expired)
+            waiting = self.listener.handshaking
+            waiting[self] = None
+            if len(waiting) > self.listener.max_handshaking:
+                next(iter(waiting)).crowded_out()
+
+    def crowded_out(self) -> None:
+        """More connections wait for their handshake than the listener allows: this one waited longest."""
+        self.listener.handshaking.pop(self, None)
+        self.listener.silent_log.warning(
+            "%s: closed a connection that had not finished its handshake: over %d connections were waiting for theirs",
+            self.listener.description,
+            self.listener.max_handshaking,
+        )
+        self.refuse(UnavailableError.code, "too many connections are waiting for their handshake")
 
     def handshake_expired(self) -> None:
         """No handshake within the listener's ``handshake_timeout``: close the connection, saying why."""
@@ -230,6 +247,7 @@ class ServerConnection(asyncio.Protocol):
         if self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
+        self.listener.handshaking.pop(self, None)
         self.listener.connections.discard(self)
         self.listener.touch()
         tasks, self.tasks = self.tasks, {}
@@ -291,6 +309,7 @@ class ServerConnection(asyncio.Protocol):
         if self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
+        self.listener.handshaking.pop(self, None)
         body = encode(
             Welcome(
                 version=frames.PROTOCOL_VERSION,
@@ -492,6 +511,8 @@ class Listener:
         self.sockets: list[socket.socket] = []
         self.ssl_context: ssl.SSLContext | None = None
         self.connections: set[ServerConnection] = set()
+        self.handshaking: dict[ServerConnection, None] = {}  # waiting for their handshake, oldest first
+        self.max_handshaking = MAX_HANDSHAKING
         self.starting: set[asyncio.Task[Any]] = set()  # connections in their TLS handshake
         # method name → (method, body decoder), filled as methods are first called
         self.decoders: dict[str, tuple[Method, Any]] = {}
