@@ -46,6 +46,8 @@ async def test_an_ssl_context_with_a_tcp_address_is_refused_before_anything_is_s
         await tinystore.connect("tcp://127.0.0.1:1", token="x" * 20, ssl_context=ctx)
     message = info.value.message
     assert "tls://" in message and "tcp://" in message and "clear" in message
+    with pytest.raises(InvalidError):  # a scheme in capitals is the same scheme (URLs ignore its case)
+        await tinystore.connect("TCP://127.0.0.1:1", token="x" * 20, ssl_context=ctx)
 
 
 async def test_bad_options_of_connect_are_invalid() -> None:

@@ -522,10 +522,10 @@ async def connect(
 
     Raises ``UnauthenticatedError`` (token refused), ``UnavailableError`` (cannot reach), ``InvalidError``.
     """
-    host, port = _parse_address(address)
+    scheme, host, port = _parse_address(address)
     if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
         raise InvalidError(f"connect: ssl_context {ssl_context!r}: expected an ssl.SSLContext")
-    if ssl_context is not None and address.startswith("tcp://"):
+    if ssl_context is not None and scheme == "tcp":
         raise InvalidError(
             f"connect: address {address!r}: an ssl_context was given but the address is tcp:// (plain text: the "
             "token would be sent in the clear); use tls://HOST:PORT"
@@ -539,7 +539,7 @@ async def connect(
     ):
         raise InvalidError(f"connect: reconnect_timeout {reconnect_timeout!r}: expected a number of seconds above 0")
     ctx = None
-    if address.startswith("tls://"):
+    if scheme == "tls":
         ctx = ssl_context or ssl.create_default_context()
 
     async def endpoint() -> tuple[str, Any]:
@@ -550,8 +550,9 @@ async def connect(
     return Store(transport, mode="remote", directory=None)
 
 
-def _parse_address(address: object) -> tuple[str, int]:
-    """``(host, port)`` of ``tcp://HOST:PORT`` / ``tls://HOST:PORT``; ``InvalidError`` naming what is wrong."""
+def _parse_address(address: object) -> tuple[str, str, int]:
+    """``(scheme, host, port)`` of ``tcp://HOST:PORT`` / ``tls://HOST:PORT`` (the scheme in lower case, as URLs
+    have it); ``InvalidError`` naming what is wrong."""
 
     def bad(problem: str) -> InvalidError:
         return InvalidError(f"connect: address {address!r}: use tcp://HOST:PORT or tls://HOST:PORT ({problem})")
@@ -576,7 +577,7 @@ def _parse_address(address: object) -> tuple[str, int]:
         raise bad("no port")
     if not 0 < port <= 65535:
         raise bad(f"port {u.netloc.rpartition(':')[2]!r} is not a number from 1 to 65535")
-    return u.hostname, port
+    return u.scheme, u.hostname, port
 
 
 __all__ = ["ClosedError", "InUseError", "Store", "connect", "open"]
