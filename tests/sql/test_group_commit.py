@@ -52,3 +52,29 @@ async def test_fail_partial_statement_leaves_nothing(tmp_path: Path) -> None:
         assert (await db.read("select count(*) from r", [])).rows == [(0,)]
     print(db.stats)
     await eng.close()
+
+
+# contract: SQL-06
+async def test_writes_that_arrive_during_a_batch_join_its_commit(tmp_path: Path) -> None:
+    """Writes handed over while a batch's statements run share its commit (one fsync for all), and one that
+    fails among them still fails alone."""
+    eng = SqlEngine(tmp_path, Limits())
+    db, _ = await eng.open("x", SCHEMA)
+    commits = db.stats["commits"]
+    # a statement that keeps the writer busy for a while (some 10^6 steps of a recursive CTE)
+    slow = db.write(
+        "insert into t (v) select 'slow ' || max(x) from "
+        "(with recursive c(x) as (select 1 union all select x + 1 from c where x < 1000000) select x from c)",
+        [],
+    )
+    await asyncio.sleep(0.01)  # it runs on the writer now (or is still queued: then all share one batch anyway)
+    late = [db.write("insert into t (v) values (?)", [f"late {i}"]) for i in range(20)]
+    late.append(db.write("insert into f (u) values (1)", []))
+    late.append(db.write("insert into f (u) values (1)", []))  # a conflict: fails alone
+    res = await asyncio.gather(slow, *late, return_exceptions=True)
+    assert isinstance(res[-1], ConflictError), res[-1]
+    assert all(not isinstance(r, BaseException) for r in res[:-1]), res
+    assert db.stats["commits"] - commits == 1, db.stats
+    count = (await db.read("select count(*) from t where v like 'late %' or v like 'slow %'", [])).rows
+    assert count == [(21,)]
+    await eng.close()

@@ -58,6 +58,8 @@ _first = operator.itemgetter(0)
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 63) - 1
 MIGRATIONS_TABLE = "_tinystore_migrations"
+BATCH_MAX = 512
+"""At most this many single writes share one commit."""
 
 
 _PLAIN = frozenset({str, bytes, type(None)})
@@ -746,17 +748,33 @@ class SqlDatabase:
         todo: collections.deque[Any] = collections.deque()  # writes and transactions, in the order queued
         writes = self._writes
         stopping = False
-        while True:
-            # take what is queued (waiting only when there is nothing to do): it joins the next batch
+
+        def take(block: bool) -> None:
+            # what is queued joins ``todo`` (waiting, when ``block``, only while there is nothing to do)
+            nonlocal stopping
             while not stopping:
                 try:
-                    got = writes.get() if not todo else writes.get_nowait()
+                    got = writes.get() if block and not todo else writes.get_nowait()
                 except queue.Empty:
-                    break
+                    return
                 if got is None:
                     stopping = True
                 else:
                     todo.extend(got)
+
+        def writes_next(room: int) -> list[_Write]:
+            # the single writes at the head of ``todo`` (a transaction or a VACUUM waits its turn), at most ``room``
+            out: list[_Write] = []
+            while todo and len(out) < room and isinstance(todo[0], _Write) and not _is_vacuum(todo[0].sql):
+                out.append(todo.popleft())
+            return out
+
+        def late(room: int) -> list[_Write]:
+            take(False)
+            return writes_next(room)
+
+        while True:
+            take(True)
             if not todo:
                 break
             item = todo.popleft()
@@ -764,10 +782,8 @@ class SqlDatabase:
                 if _is_vacuum(item.sql):
                     self._vacuum(conn, item, arm)
                     continue
-                batch = [item]
-                while todo and len(batch) < 512 and isinstance(todo[0], _Write) and not _is_vacuum(todo[0].sql):
-                    batch.append(todo.popleft())
-                self._group_commit(conn, batch, arm)
+                batch = [item, *writes_next(BATCH_MAX - 1)]
+                self._group_commit(conn, batch, arm, late)
             else:
                 tx, fut = item
                 self._run_tx(conn, tx, fut, arm)
@@ -777,8 +793,17 @@ class SqlDatabase:
             pass
         conn.close()
 
-    def _group_commit(self, conn: sqlite3.Connection, batch: list[_Write], arm: _Arm) -> None:
-        """Run ``batch`` in one transaction (one commit, one fsync); each write fails alone.
+    def _group_commit(
+        self,
+        conn: sqlite3.Connection,
+        batch: list[_Write],
+        arm: _Arm,
+        late: Callable[[int], list[_Write]] = lambda room: [],
+    ) -> None:
+        """Run ``batch`` in one transaction (one commit, one fsync); each write fails alone. Writes that arrive
+        while its statements run join it (``late(room)`` gives them, up to :data:`BATCH_MAX` in all): a commit
+        starts only once nothing more is waiting, so callers that answer the last commit's results at once
+        share the next one instead of queueing behind a commit of a few.
 
         Optimistic first: the statements run one after another with no savepoint of their own (a savepoint
         and its release cost two more statements each). Should one fail, the whole transaction is rolled
@@ -793,13 +818,18 @@ class SqlDatabase:
             exec_ = self._exec
             monotonic = time.monotonic
             failure: BaseException | None = None
-            for w in batch:
-                arm(monotonic())
-                try:
-                    done.append(exec_(conn, w.sql, w.params))
-                except BaseException as exc:
-                    failure = sql_error(self.name, exc) if isinstance(exc, sqlite3.Error) else exc
+            while failure is None:
+                for w in batch[len(done) :]:
+                    arm(monotonic())
+                    try:
+                        done.append(exec_(conn, w.sql, w.params))
+                    except BaseException as exc:
+                        failure = sql_error(self.name, exc) if isinstance(exc, sqlite3.Error) else exc
+                        break
+                more = late(BATCH_MAX - len(batch)) if failure is None and len(batch) < BATCH_MAX else []
+                if not more:
                     break
+                batch.extend(more)
             if failure is None:
                 results = [(w.fut, d, None) for w, d in zip(batch, done, strict=True)]
             else:
