@@ -735,6 +735,11 @@ class Worker:
         self._runner = _Runner(queue, handler, self.id)
         self._stopping = False
         self._stopped = asyncio.Event()
+        self._gone = False  # the store closed under the worker
+        self._asked = 0  # attempts asked for by claims under way
+        self._failures = 0  # claims failed in a row (their backoff grows)
+        self._fault: Exception | None = None  # what broke a claim that was not the store's refusal
+        self._claims: set[asyncio.Task[None]] = set()  # claims under way
         self._task = asyncio.ensure_future(self._loop())
         queue.store._close_hooks.append(self.stop)
 
@@ -747,39 +752,59 @@ class Worker:
         return self._runner.handling
 
     async def _loop(self) -> None:
+        """Keep the worker's slots busy: whenever slots are free and no claim under way asks for them, claim that
+        many. Claims overlap: slots freed while one claim waits for its commit are claimed at once by another,
+        so a busy worker's handlers never wait for each other's claims."""
         q = self.queue
         runner = self._runner
-        failures = 0
         try:
             await q._ensure()
         except TinystoreError as exc:
             log.error("queue %s: the worker could not open the queue: %s", q.name, exc.message)
             raise
-        while not self._stopping:
-            free = self.concurrency - runner.handling
-            if free <= 0:
+        claims = self._claims
+        try:
+            while not self._stopping and not self._gone:
+                if self._fault is not None:
+                    raise self._fault  # not the store's refusal (those are handled in _claim_some): the worker's own
+                free = self.concurrency - runner.handling - self._asked
+                if free > 0:
+                    self._asked += free
+                    t = asyncio.ensure_future(self._claim_some(free))
+                    claims.add(t)
+                    t.add_done_callback(claims.discard)
+                    continue
                 runner.slot.clear()
-                done = asyncio.ensure_future(runner.slot.wait())
-                stop = asyncio.ensure_future(self._stopped.wait())
-                await asyncio.wait([done, stop], return_when=asyncio.FIRST_COMPLETED)
-                done.cancel()
-                stop.cancel()
-                continue
+                await runner.slot.wait()  # a slot given back, a claim ended, or stop()
+        finally:
+            if claims:
+                if not self._stopping:  # stop() ends their waits instead (unwait): each hands back what it got
+                    for t in claims:
+                        t.cancel()
+                await asyncio.wait(list(claims), timeout=10)
+
+    async def _claim_some(self, n: int) -> None:
+        """One claim of up to ``n`` attempts for free slots; starts what it gets. A failed claim waits out its
+        backoff before its slots may be claimed again."""
+        q = self.queue
+        runner = self._runner
+        try:
             try:
-                got = await claim(q.store, q.name, free, CLAIM_WAIT, self.id)
-                failures = 0
+                got = await claim(q.store, q.name, n, CLAIM_WAIT, self.id)
+                self._failures = 0
             except ClosedError:
                 if q.store._closed or q.store.transport.closed:
+                    self._gone = True
                     return
-                failures += 1
-                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
-                continue
+                self._failures += 1
+                await asyncio.sleep(min(2.0, 0.05 * 2**self._failures))
+                return
             except (TinystoreError, OSError) as exc:
-                failures += 1
-                if failures in (1, 10):
+                self._failures += 1
+                if self._failures in (1, 10):
                     log.warning("queue %s: claim failed: %s", q.name, exc)
-                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
-                continue
+                await asyncio.sleep(min(2.0, 0.05 * 2**self._failures))
+                return
             if self._stopping:
                 if got:
                     with contextlib.suppress(TinystoreError, OSError):
@@ -789,6 +814,11 @@ class Worker:
                 return
             for c in got:
                 runner.start(c)
+        except Exception as exc:
+            self._fault = exc
+        finally:
+            self._asked -= n
+            runner.slot.set()
 
     async def stop(self, grace: Duration = "10s") -> None:
         """Stop claiming; let running handlers finish for ``grace`` (10 s), then cancel them: their jobs are
@@ -799,6 +829,7 @@ class Worker:
             return
         self._stopping = True
         self._stopped.set()
+        self._runner.slot.set()
         q = self.queue
         with contextlib.suppress(TinystoreError, OSError):
             await q.store._call("jobs.unwait", Unwait(queue=q.name, worker=self.id), int, retry=False)
