@@ -114,6 +114,7 @@ class _Conn(sqlite3.Connection):
     them when a statement is prepared, unless :func:`_ctl` runs it (the engine's own)."""
 
     internal = False
+    control = False  # one of the engine's own transaction statements runs (never stopped by the progress handler)
 
 
 _TX_ACTIONS = frozenset({sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT})
@@ -186,11 +187,11 @@ def _ctl(conn: sqlite3.Connection, sql: str) -> None:
     """Run one of the engine's own transaction statements on ``conn``. Their texts end in ``--ts`` so that a
     client's statement of the same words is never the one SQLite prepared for the engine (and cached)."""
     c: Any = conn
-    c.internal = True
+    c.internal = c.control = True
     try:
         conn.execute(sql)
     finally:
-        c.internal = False
+        c.internal = c.control = False
 
 
 def _migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidError:
@@ -728,8 +729,14 @@ class SqlDatabase:
         deadline = [time.monotonic() + limit]
         current: list[Any] = [None]
         monotonic = time.monotonic
+        c: Any = conn
 
         def check() -> int:
+            # SQLite counts a prepared statement's steps across its runs, so the handler also fires, now and
+            # then, inside the engine's own BEGIN, COMMIT or ROLLBACK (cached, a few steps each): those run
+            # under no statement's limit (an interrupted COMMIT may have committed all the same)
+            if c.control:
+                return 0
             if monotonic() > deadline[0]:
                 return 1
             fut = current[0]
