@@ -56,6 +56,46 @@ async def test_tx_commits_on_return_and_rolls_back_on_raise(store: tinystore.Sto
 
 
 # contract: SQL-01
+@pytest.mark.parametrize(
+    "killer",
+    [
+        "insert or rollback into t (id, v) values (1000, 'again')",  # a conflict that rolls back everything
+        "insert into t (id, v) values (1001, 'boom')",  # a trigger's raise(rollback)
+    ],
+)
+async def test_a_statement_that_rolls_back_the_transaction_ends_it(store: tinystore.Store, killer: str) -> None:
+    """SQLite itself rolls the whole transaction back for ``INSERT OR ROLLBACK`` on a conflict or a trigger's
+    ``RAISE(ROLLBACK)``: the transaction is over. What it wrote is gone, nothing after it runs in autocommit
+    (no reader sees it), and ``db.tx`` raises even when ``fn`` caught the statement's error and returned."""
+    db = await db_of(store)
+    await db.exec(
+        "create trigger if not exists t_boom before insert on t when new.v = 'boom' "
+        "begin select raise(rollback, 'boom refused'); end"
+    )
+    await db.exec("insert into t (id, v) values (1000, 'first')")
+    seen: list[BaseException] = []
+
+    async def fn(tx: tinystore.SqlTx) -> None:
+        await tx.exec("insert into t (id, v) values (1002, 'in the tx')")
+        try:
+            await tx.exec(killer)
+        except tinystore.TinystoreError as exc:
+            seen.append(exc)
+        try:
+            await tx.exec("insert into t (id, v) values (1003, 'after')")
+        except tinystore.TinystoreError as exc:
+            seen.append(exc)
+
+    with pytest.raises(ConflictError) as info:
+        await db.tx(fn)
+    assert "rolled back" in str(info.value)
+    assert len(seen) == 2 and "rolled back the whole transaction" in str(seen[0]), seen
+    assert [r["id"] for r in await db.all("select id from t where id >= 1000 order by id")] == [1000]
+    await db.exec("insert into t (id, v) values (1004, 'later')")  # the writer is free again
+    assert await db.scalar("select count(*) from t where id >= 1000") == 2
+
+
+# contract: SQL-01
 async def test_tx_rolled_back_when_cancelled_and_never_visible(store: tinystore.Store) -> None:
     db = await db_of(store)
     inside = asyncio.Event()

@@ -194,6 +194,18 @@ def _ctl(conn: sqlite3.Connection, sql: str) -> None:
         c.internal = c.control = False
 
 
+def _rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False) -> TinystoreError:
+    """The error of a statement that made SQLite roll back its whole transaction (``this``), or of what the
+    transaction is asked for after it: the same kind as the statement's."""
+    why = err.message.removeprefix(f"database {db}: ")
+    if this:
+        msg = f"database {db}: {why}; this rolled back the whole transaction {tx_id}, which has ended"
+    else:
+        msg = f"database {db}: transaction {tx_id} was rolled back by a statement that failed ({why})"
+    kind = type(err) if type(err) in (ConflictError, TimeoutError_, InvalidError) else ConflictError
+    return kind(msg)
+
+
 def _migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidError:
     """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name."""
     why = exc.message.removeprefix(f"database {db}: ")
@@ -991,6 +1003,7 @@ class SqlDatabase:
         limits = self.limits
         started = time.monotonic()
         end_reason: TinystoreError | None = None
+        quiet = False
         while True:
             now = time.monotonic()
             wait = min(limits.tx_idle, started + limits.tx_max - now)
@@ -1051,7 +1064,15 @@ class SqlDatabase:
                     value = self._query(conn, call.sql, call.params, call.mode)
                 put(call.fut, value, None)
             except BaseException as exc:
-                put(call.fut, None, sql_error(self.name, exc))
+                err = sql_error(self.name, exc)
+                if not conn.in_transaction:
+                    # SQLite rolled back the whole transaction (INSERT OR ROLLBACK, a trigger's RAISE(ROLLBACK), an
+                    # interrupt): it is over; what follows must not run in autocommit
+                    end_reason = _rolled_back_by(self.name, tx.id, err)
+                    put(call.fut, None, _rolled_back_by(self.name, tx.id, err, this=True))
+                    quiet = True  # the application's own doing, not the store's: no warning in the log
+                    break
+                put(call.fut, None, err)
         # ended without commit
         if conn.in_transaction:
             try:
@@ -1060,7 +1081,7 @@ class SqlDatabase:
                 pass
         tx.done = True
         tx.error = end_reason
-        if end_reason is not None and not isinstance(end_reason, ClosedError):
+        if end_reason is not None and not isinstance(end_reason, ClosedError) and not quiet:
             log.warning("%s", end_reason.message)
         self._drain(tx)
 
