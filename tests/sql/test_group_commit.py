@@ -78,3 +78,37 @@ async def test_writes_that_arrive_during_a_batch_join_its_commit(tmp_path: Path)
     count = (await db.read("select count(*) from t where v like 'late %' or v like 'slow %'", [])).rows
     assert count == [(21,)]
     await eng.close()
+
+
+# contract: SQL-06
+async def test_a_deferred_constraint_broken_by_one_write_fails_it_alone(tmp_path: Path) -> None:
+    """SQLite checks a deferred foreign key at COMMIT, which a group's writes share: the one write that broke it
+    fails, with SQLite's message; the others commit."""
+    eng = SqlEngine(tmp_path, Limits())
+    db, _ = await eng.open(
+        "x",
+        [
+            (
+                "001",
+                "create table parent (id integer primary key);\n"
+                "create table child (id integer primary key, parent integer "
+                "references parent (id) deferrable initially deferred);\n"
+                "create table other (id integer primary key, v text);\n"
+                "insert into parent (id) values (1);",
+            )
+        ],
+    )
+    for _ in range(3):
+        res = await asyncio.gather(
+            db.write("insert into other (v) values ('a')", []),
+            db.write("insert into child (parent) values (1)", []),
+            db.write("insert into child (parent) values (99)", []),  # no such parent: fails at COMMIT
+            db.write("insert into other (v) values ('b')", []),
+            return_exceptions=True,
+        )
+        assert isinstance(res[2], ConflictError) and "FOREIGN KEY" in str(res[2]), res
+        assert all(not isinstance(r, BaseException) for i, r in enumerate(res) if i != 2), res
+    assert (await db.read("select count(*) from other", [])).rows == [(6,)]
+    assert (await db.read("select count(*) from child", [])).rows == [(3,)]
+    assert (await db.read("select count(*) from child where parent = 99", [])).rows == [(0,)]
+    await eng.close()

@@ -853,7 +853,16 @@ class SqlDatabase:
                 results = [(w.fut, d, None) for w, d in zip(batch, done, strict=True)]
             else:
                 results = self._batch_again(conn, batch, len(done), failure, arm)
-            _ctl(conn, "commit --ts")
+            try:
+                _ctl(conn, "commit --ts")
+            except sqlite3.IntegrityError:
+                # a deferred constraint (a DEFERRABLE foreign key, or PRAGMA defer_foreign_keys) that one of the
+                # writes broke is checked only now, for all of them: find which, each write in a commit of its own
+                if len(batch) < 2 or not conn.in_transaction:
+                    raise
+                _ctl(conn, "rollback --ts")
+                self.results.put_many(self._one_by_one(conn, batch, arm))
+                return
             self.stats["commits"] += 1
             self.stats["writes"] += len(batch)
         except BaseException as exc:
@@ -866,6 +875,29 @@ class SqlDatabase:
             self.results.put_many([(w.fut, None, err) for w in batch])
             return
         self.results.put_many(results)
+
+    def _one_by_one(self, conn: sqlite3.Connection, batch: list[_Write], arm: _Arm) -> list[_Outcome]:
+        """Each write of ``batch`` in a transaction and a commit of its own (a commit that fails fails its write
+        alone): what a group commit falls back to when its COMMIT finds a deferred constraint broken."""
+        results: list[_Outcome] = []
+        for w in batch:
+            try:
+                _ctl(conn, "begin immediate --ts")
+                arm(time.monotonic())
+                done = self._exec(conn, w.sql, w.params)
+                _ctl(conn, "commit --ts")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    try:
+                        _ctl(conn, "rollback --ts")
+                    except sqlite3.Error:
+                        pass
+                results.append((w.fut, None, sql_error(self.name, exc)))
+                continue
+            self.stats["commits"] += 1
+            self.stats["writes"] += 1
+            results.append((w.fut, done, None))
+        return results
 
     def _batch_again(
         self,
