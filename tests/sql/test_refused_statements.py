@@ -84,3 +84,72 @@ async def test_load_extension_is_refused_by_name(store: tinystore.Store) -> None
         await db.exec("select load_extension('/tmp/nothing.so')")
     assert "load_extension is refused" in info.value.message
     assert await db.scalar("select 1") == 1
+
+
+# contract: STORE-04
+async def test_connection_state_a_client_would_share_is_refused(store: tinystore.Store) -> None:
+    """The clients of a database share its writer and readers: a pragma that changes a connection's behaviour,
+    or a TEMP object, would reach every other client's statements. Each is refused by name; nothing changed."""
+    db = await store.database(
+        "app",
+        migrations=[("1.sql", "create table acct (id integer primary key, balance integer check (balance >= 0));")],
+    )
+    for stmt in (
+        "pragma ignore_check_constraints = 1",
+        "pragma case_sensitive_like = 1",
+        "pragma recursive_triggers = on",
+        "pragma foreign_keys = off",
+        "pragma writable_schema = on",
+    ):
+        name = stmt.split()[1]
+        with pytest.raises(InvalidError) as info:
+            await db.exec(stmt)
+        assert f"PRAGMA {name}" in info.value.message and "shares" in info.value.message
+        with pytest.raises(InvalidError):
+            await db.one(stmt)  # through a read too (a reader is shared as well)
+    for stmt in (
+        "create temp table scratch (a)",
+        "create temp view v as select 1",
+        "create temp trigger tr after insert on acct begin select 1; end",
+    ):
+        with pytest.raises(InvalidError) as info:
+            await db.exec(stmt)
+        assert "TEMP" in info.value.message
+    with pytest.raises(tinystore.ConflictError):
+        await db.exec("insert into acct (id, balance) values (1, -5)")  # CHECK constraints still hold
+    assert await db.scalar("select 'ABC' like 'abc'") == 1
+    assert await db.scalar("pragma foreign_keys") == 1  # reading a pragma is fine
+    await db.exec("pragma user_version = 7")  # so is setting what belongs to the database file
+    assert await db.scalar("pragma user_version") == 7
+
+
+# contract: SQL-04
+async def test_last_insert_rowid_is_zero_when_no_rowid_row_was_added(store: tinystore.Store) -> None:
+    """SQLite keeps the last rowid any insert on the connection gave, and the writer is shared: an upsert that
+    took its DO UPDATE path, or an insert into a WITHOUT ROWID table, must give 0, not another client's row."""
+    db = await store.database(
+        "app",
+        migrations=[
+            (
+                "1.sql",
+                "create table t (id integer primary key, k text unique, v);\n"
+                "create table w (k text primary key, v) without rowid;",
+            )
+        ],
+    )
+    await db.exec("insert into t (id, k, v) values (1, 'a', 1)")
+    results = await asyncio.gather(
+        db.exec("insert into t (id, k, v) values (4242, 'other', 1)"),
+        db.exec("insert into t (k, v) values ('a', 2) on conflict (k) do update set v = excluded.v"),
+        db.exec("insert into w (k, v) values ('x', 1)"),
+        db.exec("insert into t (k, v) values ('b', 3)"),
+    )
+    assert [r.last_insert_rowid for r in results] == [4242, 0, 0, 4243], results
+    assert [r.changes for r in results] == [1, 1, 1, 1]
+
+    async def fn(tx: tinystore.SqlTx) -> tuple[int, int]:
+        a = await tx.exec("insert into t (k, v) values ('c', 1)")
+        b = await tx.exec("insert into w (k, v) values ('y', 1)")
+        return a.last_insert_rowid, b.last_insert_rowid
+
+    assert await db.tx(fn) == (4244, 0)

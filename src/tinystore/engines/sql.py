@@ -114,6 +114,7 @@ class _Conn(sqlite3.Connection):
     them when a statement is prepared, unless :func:`_ctl` runs it (the engine's own)."""
 
     internal = False
+    resets_rowid = False  # a writer's: see _ROWID_RESET
     control = False  # one of the engine's own transaction statements runs (never stopped by the progress handler)
 
 
@@ -165,6 +166,19 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
                 return _deny(
                     f"setting PRAGMA {arg1.lower()} is refused (the store's durability and its readers stand on it)"
                 )
+        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and arg1.lower() in _SHARED:
+            if not internal():
+                return _deny(
+                    f"setting PRAGMA {arg1.lower()} is refused (it would change the connection that every client of "
+                    "the store shares)"
+                )
+        elif action in _TEMP_OBJECTS:
+            if not internal():
+                return _deny(
+                    "TEMP tables, views, triggers and indexes are refused (they would stay on a connection that "
+                    "every client of the store shares, and a TEMP trigger would fire on their writes): use a table "
+                    "of the database"
+                )
         elif action == sqlite3.SQLITE_FUNCTION and arg2 is not None and arg2.lower() == "load_extension":
             return _deny("load_extension is refused (an extension would run its code inside the store's process)")
         return sqlite3.SQLITE_OK
@@ -181,6 +195,54 @@ def _is_vacuum(sql: str) -> bool:
 
 # pragmas a client may read but not set (the store sets them)
 _KEPT = frozenset({"query_only", "journal_mode", "synchronous", "locking_mode"})
+# pragmas that set a state of the connection, which the clients of a database share (its writer, its readers)
+_SHARED = frozenset(
+    {
+        "analysis_limit",
+        "automatic_index",
+        "busy_timeout",
+        "cache_size",
+        "cache_spill",
+        "case_sensitive_like",
+        "cell_size_check",
+        "count_changes",
+        "data_store_directory",
+        "empty_result_callbacks",
+        "foreign_keys",
+        "full_column_names",
+        "hard_heap_limit",
+        "ignore_check_constraints",
+        "journal_size_limit",
+        "legacy_alter_table",
+        "max_page_count",
+        "mmap_size",
+        "query_only",
+        "read_uncommitted",
+        "recursive_triggers",
+        "reverse_unordered_selects",
+        "secure_delete",
+        "short_column_names",
+        "soft_heap_limit",
+        "temp_store",
+        "temp_store_directory",
+        "threads",
+        "trusted_schema",
+        "wal_autocheckpoint",
+        "writable_schema",
+    }
+)
+_TEMP_OBJECTS = frozenset(
+    {
+        sqlite3.SQLITE_CREATE_TEMP_INDEX,
+        sqlite3.SQLITE_CREATE_TEMP_TABLE,
+        sqlite3.SQLITE_CREATE_TEMP_TRIGGER,
+        sqlite3.SQLITE_CREATE_TEMP_VIEW,
+    }
+)
+# the writer's own TEMP table: a REPLACE of its row 0 before each insert sets the connection's last insert rowid
+# to 0, so that an insert that adds no rowid row (an upsert's DO UPDATE, a WITHOUT ROWID table) gives 0, not the
+# rowid of the last row another client inserted
+_ROWID_RESET = "replace into temp._tinystore_rowid (rowid) values (0) --ts"
 
 
 def _ctl(conn: sqlite3.Connection, sql: str) -> None:
@@ -513,6 +575,10 @@ class SqlDatabase:
             # "full": SQLite syncs the WAL in each COMMIT, before the commit's outcomes go back (SQL-02)
             sync = "full" if self.engine.durability == "full" else "normal"
             conn.execute(f"pragma synchronous = {sync}")
+            conn.execute("pragma temp_store = memory")
+            conn.execute("create temp table if not exists _tinystore_rowid (x)")
+            c: Any = conn
+            c.resets_rowid = True
         conn.execute("pragma foreign_keys = on")
         conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
@@ -956,6 +1022,9 @@ class SqlDatabase:
         self.results.put(w.fut, Done(0, 0, [], []), None)
 
     def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
+        inserts = _inserts(sql)
+        if inserts and conn.resets_rowid:  # type: ignore[attr-defined]
+            conn.execute(_ROWID_RESET)
         before = conn.total_changes
         cur = conn.execute(sql, params)
         desc = cur.description
@@ -967,7 +1036,7 @@ class SqlDatabase:
             # sqlite3 counts rows only for statements that begin with INSERT, UPDATE, DELETE or REPLACE; one
             # under a WITH gets what the connection changed (its triggers' rows too, as SQLite counts them)
             changes = conn.total_changes - before
-        rowid = (cur.lastrowid or 0) if changes and _inserts(sql) else 0
+        rowid = (cur.lastrowid or 0) if changes and inserts else 0
         return Done(changes, rowid, list(map(_first, desc)) if desc else [], rows)
 
     def _exec_alone(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
