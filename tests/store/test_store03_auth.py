@@ -156,6 +156,22 @@ async def test_data_token_reads_and_writes_but_cannot_stop_or_migrate(
             await store.database("app", migrations=[*MIGRATIONS, ("002_u.sql", "create table u (a);")])
         with pytest.raises(PermissionDeniedError):
             await store.database("app", migrations=[("001_t.sql", "create table t (id integer primary key);")])
+        # nor the schema changes a migration is for, through exec (alone or in a transaction)
+        for ddl in (
+            "create table u (a)",
+            "drop table t",
+            "alter table t add column b",
+            " /* x */ CREATE INDEX i ON t (a)",
+        ):
+            with pytest.raises(PermissionDeniedError) as info:
+                await db.exec(ddl)
+            assert "admin capability" in info.value.message
+
+        async def ddl_in_tx(tx: tinystore.SqlTx) -> None:
+            await tx.exec("drop table t")
+
+        with pytest.raises(PermissionDeniedError):
+            await db.tx(ddl_in_tx)
         # still connected and working after the refusals
         assert await db.scalar("select count(*) from t") == 3
     finally:

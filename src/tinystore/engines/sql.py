@@ -274,6 +274,15 @@ def _migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidErr
     return InvalidError(f"database {db}: migration {migration}: {why}")
 
 
+_SCHEMA_WORD = re.compile(r"(?:create|drop|alter)\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=256)
+def changes_schema(sql: str) -> bool:
+    """Whether ``sql`` is a ``CREATE``, ``DROP`` or ``ALTER`` statement (what a migration is for)."""
+    return _SCHEMA_WORD.match(_skip_comments(sql)) is not None
+
+
 def _skip_comments(sql: str) -> str:
     """``sql`` from its first keyword: leading blanks and comments skipped."""
     while True:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from ..engines.sql import SqlDatabase, SqlTx, check_params
+from ..engines.sql import SqlDatabase, SqlTx, changes_schema, check_params
 from ..errors import ClosedError, InvalidError, PermissionDeniedError
 from ..names import RESERVED_DB_PREFIX, check_db_writable, reserved_db_error
 from ..protocol.sql import Begin, Done, Exec, OpenDb, Opened, Query, TxRef
@@ -76,6 +76,11 @@ def install(core: Core) -> None:
         return Done(0, 0, rows.columns, list(map(list, rows.rows)))
 
     def exec_(session: Session, req: Exec) -> Any:
+        if session.capability != "admin" and changes_schema(req.sql):
+            raise PermissionDeniedError(
+                f"database {req.db}: CREATE, DROP and ALTER need the admin capability (change the schema with a "
+                f"migration); this token has {session.capability!r}"
+            )
         if req.tx:
             return own_tx(session, req.tx).exec(req.sql, req.params)
         if req.db.startswith(RESERVED_DB_PREFIX):
