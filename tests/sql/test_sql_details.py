@@ -133,3 +133,13 @@ async def test_a_database_whose_first_migration_fails_leaves_no_file(tmp_path: P
         with pytest.raises(InvalidError):
             await store.database("fresh", migrations=[("001.sql", "create table ok (x);"), ("002.sql", "bad sql")])
         assert await db.scalar("select count(*) from ok") == 1
+
+
+# contract: SQL-05
+async def test_migrations_that_are_neither_a_folder_nor_pairs_are_an_invalid_error(store: tinystore.Store) -> None:
+    for bad, words in ((42, "an int is neither"), ([("001.sql",)], "pair"), ([("001.sql", 7)], "pair")):
+        with pytest.raises(InvalidError) as info:
+            await store.database("app", migrations=bad)  # type: ignore[arg-type]
+        assert "migrations" in info.value.message and words in info.value.message
+    db = await store.database("app", migrations=[("001.sql", "create table t (a);")])
+    assert await db.scalar("select count(*) from t") == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -31,12 +32,22 @@ _active: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.Contex
 def read_migrations(migrations: str | Path | list[tuple[str, str]] | None) -> list[Migration]:
     """Migrations as (name, text): from a folder (its ``*.sql`` files, in name order) or a list of pairs.
 
-    Raises ``InvalidError`` when the folder does not exist.
+    Raises ``InvalidError`` when the folder does not exist, or ``migrations`` is neither.
     """
     if migrations is None:
         return []
     if isinstance(migrations, list | tuple):
-        return [Migration(str(n), str(t)) for n, t in migrations]
+        pairs = []
+        for m in migrations:
+            if not isinstance(m, list | tuple) or len(m) != 2 or not all(isinstance(x, str) for x in m):
+                raise InvalidError(f"migrations: {m!r} is not a (name, SQL text) pair of strings")
+            pairs.append(Migration(m[0], m[1]))
+        return pairs
+    if not isinstance(migrations, str | os.PathLike):
+        raise InvalidError(
+            f"migrations: {a_or_an(type(migrations).__name__)} is neither a folder of .sql files nor a list of "
+            "(name, SQL text) pairs"
+        )
     folder = Path(migrations)
     if not folder.is_dir():
         raise InvalidError(f"migrations: {folder} is not a folder of .sql files")

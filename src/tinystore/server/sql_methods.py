@@ -76,7 +76,7 @@ def install(core: Core) -> None:
         return Done(0, 0, rows.columns, list(map(list, rows.rows)))
 
     def exec_(session: Session, req: Exec) -> Any:
-        if session.capability != "admin" and changes_schema(req.sql):
+        if session.capability != "admin" and not req.db.startswith(RESERVED_DB_PREFIX) and changes_schema(req.sql):
             raise PermissionDeniedError(
                 f"database {req.db}: CREATE, DROP and ALTER need the admin capability (change the schema with a "
                 f"migration); this token has {session.capability!r}"
