@@ -404,6 +404,8 @@ async def test_a_handler_that_is_not_callable_is_refused_at_subscribe(store: tin
     ch = store.channel("c").under(1)
     with pytest.raises(InvalidError, match="handler 5 is not callable"):
         await ch.subscribe(5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidError, match="handler None is not callable"):
+        await ch.subscribe(None)  # type: ignore[arg-type]
     with pytest.raises(InvalidError, match="on_missed 'x' is not callable"):
         await ch.subscribe(lambda m: None, on_missed="x")  # type: ignore[arg-type]
     assert await subscriptions(store) == 0

@@ -32,7 +32,7 @@ import msgspec
 import msgspec.inspect
 
 from ..errors import ClosedError, InvalidError, LimitError, TinystoreError
-from ..names import check_name, key_text
+from ..names import a_or_an, check_name, key_text
 from ..protocol.channels import (
     DELIVER,
     FLOAT64,
@@ -150,7 +150,9 @@ class _Codec:
             try:
                 self.decode(data)
             except msgspec.ValidationError as exc:
-                raise InvalidError(f"channel {self.name}: the value is not a {_type_name(self.type)}: {exc}") from None
+                raise InvalidError(
+                    f"channel {self.name}: the value is not {a_or_an(_type_name(self.type))}: {exc}"
+                ) from None
         if len(data) > self.limit:
             raise LimitError(
                 f"channel {self.name}: a message of {len(data)} bytes is over the limit of {self.limit} bytes",
@@ -269,7 +271,9 @@ class Channel(Generic[T]):
         ``ClosedError``, ``UnavailableError``. A cancel while subscribing returns at once; a subscription the
         store makes after all is ended as soon as its answer comes.
         """
-        for label, fn in (("handler", handler), ("on_missed", on_missed), ("on_error", on_error)):
+        if not callable(handler):
+            raise InvalidError(f"channel {self.name}: subscribe: the handler {handler!r} is not callable")
+        for label, fn in (("on_missed", on_missed), ("on_error", on_error)):
             if fn is not None and not callable(fn):
                 raise InvalidError(f"channel {self.name}: subscribe: {label} {fn!r} is not callable")
         hub = _hub(self.store)
