@@ -335,7 +335,10 @@ def _print_engine(key: str, value: Any) -> None:
 @click.option("--db", "database", default="main", show_default=True, help="The database's name.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
 @click.option("--write", is_flag=True, help="Allow a statement that writes.")
-def sql(directory: Path, statement: str, params: tuple[str, ...], database: str, as_json: bool, write: bool) -> None:
+@click.option("--text", "as_text", is_flag=True, help="Send every parameter as text (007 stays '007').")
+def sql(
+    directory: Path, statement: str, params: tuple[str, ...], database: str, as_json: bool, write: bool, as_text: bool
+) -> None:
     """Run STATEMENT on a database of DIRECTORY and print the rows (a table, or JSON with --json).
 
     Through the directory's server when one runs, else on the store opened in this command (no server is
@@ -355,7 +358,7 @@ def sql(directory: Path, statement: str, params: tuple[str, ...], database: str,
         store = await open_for_cli(directory)
         try:
             db = await store.database(database)
-            values = [_param(p) for p in params]
+            values = list(params) if as_text else [_param(p) for p in params]
             if write:
                 done = await db.exec(statement, *values)
                 return done.columns, [list(r) for r in done.rows], done
