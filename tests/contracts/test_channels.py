@@ -521,6 +521,44 @@ async def test_reconnect_count_is_exact_when_the_log_dropped_some(remote_mode: s
 
 
 # contract: CHAN-04
+async def test_a_recursive_subscription_that_fell_behind_still_counts_a_reconnect_exactly(
+    remote_mode: str, tmp_path: Path
+) -> None:
+    """A "behind" notice of a recursive subscription says where each branch resumes: a later reconnect (no
+    restart) is told with the exact count (0 here), not None, and handled + missed = published."""
+    async with open_store(remote_mode, tmp_path / "store", limits=Limits(channel_log=10)) as store:
+        ch = store.channel("ev", int)
+        heard = Heard()
+        release = asyncio.Event()
+
+        async def handler(m: Message[int]) -> None:
+            heard.on_message(m)
+            if m.value == 1:
+                await release.wait()
+
+        sub = await ch.subscribe(handler, on_missed=heard.on_missed, recursive=True)
+        await ch.under("a").publish(1)
+        await eventually(lambda: len(heard.values) == 1)
+        published = 1
+        # more than the subscription's window on two branches while the handler is held: the logs drop some
+        for v in range(2, 2 + 3 * Limits().channel_prefetch):
+            await ch.under("a" if v % 2 else "b").publish(v)
+            published += 1
+        release.set()
+        await eventually(lambda: heard.count == published)
+        assert heard.missed > 0 and heard.unknown == 0, heard.shape()
+        drop_connection(store)
+        last = heard.values[-1]
+        for v in range(last + 1, last + 6):
+            await ch.under("a").publish(v)  # waits for the reconnect
+            published += 1
+        await eventually(lambda: heard.count == published)
+        assert ("missed", "reconnect", 0) in heard.shape(), heard.shape()
+        assert heard.unknown == 0 and heard.values[-5:] == list(range(last + 1, last + 6))
+        await sub.stop()
+
+
+# contract: CHAN-04
 async def test_reconnect_resumes_after_the_last_message_handled(remote_store: tinystore.Store) -> None:
     """Messages received but not handled when the connection drops are sent again, none twice."""
     ch = remote_store.channel("feed", int)

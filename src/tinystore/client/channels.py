@@ -817,7 +817,11 @@ class Subscription(Generic[T]):
         if type(item) is MissedItem:
             if item.count:
                 if self.recursive:
-                    self._unsure = True
+                    if item.skipped is None:
+                        self._unsure = True  # a store that does not say where each branch resumes
+                    else:
+                        for a in item.skipped:
+                            self._last[tuple(a.branch)] = a.id
                 elif self._pos is not None:
                     self._pos = _advance(self._pos, item.count)
             return Missed(item.reason, item.count)

@@ -42,6 +42,7 @@ from ..names import check_name
 from ..protocol.channels import (
     BEHIND,
     DELIVER,
+    After,
     Delivery,
     DeliveryItem,
     MessageItem,
@@ -639,6 +640,7 @@ class ChannelsEngine:
         positions = s.pos
         items: list[DeliveryItem] = []
         missed = 0
+        skipped: list[After] | None = [] if s.recursive else None
         size = 0
         full = False
         for b in list(pending):
@@ -651,6 +653,8 @@ class ChannelsEngine:
             if pos < first:
                 missed += first - pos
                 pos = first
+                if skipped is not None:
+                    skipped.append(After(b.wire, self._prefix + str(first - 1)))
             n = end - pos
             if n > credit:
                 n = credit
@@ -671,7 +675,7 @@ class ChannelsEngine:
             if full:
                 break
         if missed:
-            items.insert(0, MissedItem(BEHIND, missed))
+            items.insert(0, MissedItem(BEHIND, missed, skipped))
         if not items:
             return False
         s.credit = credit

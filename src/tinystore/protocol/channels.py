@@ -174,11 +174,14 @@ class MissedItem(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="mi
     """A missed notice in a :class:`Delivery` (encoded as ``["missed", reason, count]``).
 
     ``reason`` is :data:`BEHIND`; ``count`` is the exact number of messages lost since the subscription's
-    previous delivery. It always comes before the messages of the same delivery.
+    previous delivery. It always comes before the messages of the same delivery. ``skipped``, for a recursive
+    subscription: per branch that lost messages, the id of the last one lost (where it resumes after a
+    reconnect, so that those are not counted again); ``None`` otherwise.
     """
 
     reason: str
     count: int | None
+    skipped: list[After] | None = None
 
 
 DeliveryItem = MessageItem | MissedItem
