@@ -409,3 +409,26 @@ async def test_a_handler_that_is_not_callable_is_refused_at_subscribe(store: tin
     with pytest.raises(InvalidError, match="on_missed 'x' is not callable"):
         await ch.subscribe(lambda m: None, on_missed="x")  # type: ignore[arg-type]
     assert await subscriptions(store) == 0
+
+
+async def test_a_branch_has_at_most_32_parts(store: tinystore.Store) -> None:
+    ch = store.channel("deep")
+    deep = ch.under(*range(32))
+    assert len(deep.branch) == 32
+    with pytest.raises(InvalidError, match="at most 32 parts"):
+        deep.under("one-more")
+    with pytest.raises(InvalidError, match="at most 32 parts"):
+        ch.under(*range(33))
+    await deep.publish(1)  # 32 is fine
+
+
+async def test_async_with_each_subscribes_on_entering(store: tinystore.Store) -> None:
+    """A message published right after entering ``async with ch.each()`` is heard (it used to subscribe only at
+    the first turn of the loop)."""
+    ch = store.channel("entered", int)
+    async with ch.each() as msgs:
+        await ch.publish(7)
+        async with asyncio.timeout(10):
+            async for m in msgs:
+                assert m.value == 7
+                break

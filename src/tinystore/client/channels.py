@@ -38,6 +38,7 @@ from ..protocol.channels import (
     FLOAT64,
     GRANT,
     GRANT_MANY,
+    MAX_DEPTH,
     PUBLISH,
     PUBLISH_MANY,
     SUBSCRIBE,
@@ -198,8 +199,13 @@ class Channel(Generic[T]):
     def under(self, *owners: str | int) -> Channel[T]:
         """The branch ``owners`` below this one: ``under(7)`` and ``under("7")`` are one branch, and
         ``ch.under("org-1").under(7)`` is ``ch.under("org-1", 7)``. Each owner is a str or an int, 1 to 256
-        characters as text; anything else raises ``InvalidError``. Sends nothing."""
+        characters as text, and a branch has at most 32 parts; anything else raises ``InvalidError``. Sends
+        nothing."""
         parts = self.branch + _branch_parts(self.name, owners)
+        if len(parts) > MAX_DEPTH:
+            raise InvalidError(
+                f"channel {self.name}: a branch has at most {MAX_DEPTH} parts; this one would have {len(parts)}"
+            )
         return Channel(self.store, self.name, self.type, _branch=parts, _codec=self._codec)
 
     async def publish(self, value: T) -> str:
@@ -289,7 +295,8 @@ class Channel(Generic[T]):
     ) -> ChannelIterator[T]:
         """The messages of this branch as an async iterator: ``async for m in ch.each(): ...``.
 
-        It subscribes at its first turn (as :meth:`subscribe`, with the same errors); the loop's body is the
+        It subscribes on entering ``async with`` (so nothing published after that is missed), else at the first
+        turn of the loop (as :meth:`subscribe`, with the same errors); the loop's body is the
         handler: credit goes back to the store as the body asks for the next message. ``on_missed`` is called
         before the first message after a gap (a warning in the log without it). The loop ends when the store
         closes. See :class:`ChannelIterator` for how the subscription ends: ``async with ch.each() as it:
@@ -416,6 +423,9 @@ class ChannelIterator(Generic[T]):
             await sub.stop()
 
     async def __aenter__(self) -> ChannelIterator[T]:
+        """Subscribe now: every message published once the block is entered is heard (or told missed)."""
+        if self._sub is None and not self._closed:
+            await self._open()
         return self
 
     async def __aexit__(

@@ -42,6 +42,7 @@ from ..names import check_name
 from ..protocol.channels import (
     BEHIND,
     DELIVER,
+    MAX_DEPTH,
     After,
     Delivery,
     DeliveryItem,
@@ -701,6 +702,8 @@ class ChannelsEngine:
 
     def _check_branch(self, channel: str, parts: Branch) -> None:
         check_name("channel", channel)
+        if len(parts) > MAX_DEPTH:
+            raise InvalidError(f"channel {channel}: a branch has at most {MAX_DEPTH} parts; this one has {len(parts)}")
         for part in parts:
             if type(part) is not str or not part or len(part) > MAX_PART:
                 raise InvalidError(

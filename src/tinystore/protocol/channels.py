@@ -170,6 +170,10 @@ class MessageItem(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="m
     payload: bytes
 
 
+MAX_DEPTH = 32
+"""The most parts a branch has (each part travels with every message of the branch)."""
+
+
 class MissedItem(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="missed"):
     """A missed notice in a :class:`Delivery` (encoded as ``["missed", reason, count]``).
 
