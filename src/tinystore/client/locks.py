@@ -91,6 +91,8 @@ NEVER = datetime.max.replace(tzinfo=UTC)
 MARGIN = 0.1
 """The SDK declares a lease lost itself when no renewal succeeded for ``ttl * (1 - MARGIN)``."""
 KEY_MAX = 256
+LET_GO_WAIT = 1.0
+"""Seconds a cancelled acquire waits, at most, for the calls that let go of what it may have been given."""
 _WAITS: dict[str, float] = {}  # waits given as text ("10s"), read once each
 
 _HELD, _LOST, _DONE = 0, 1, 2
@@ -470,10 +472,15 @@ class Lease:
             self._state = _DONE
         hub = self._hub
         try:
-            if hub.local:
-                released = await hub.release(self)
-            else:
-                released = await self._release_bounded()
+            task = hub.spawn(hub.release(self) if hub.local else self._release_bounded())
+            try:
+                released = bool(await asyncio.shield(task))
+            except asyncio.CancelledError:
+                # cancelled while letting go: the release goes on; wait for it (a second at most), so that the
+                # key is free once this task has ended (LOCK-04)
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait([task], timeout=LET_GO_WAIT)
+                raise
         except BaseException:
             fut.set_result(False)
             raise
@@ -784,7 +791,7 @@ class _Hub:
                 ACQUIRE_MANY, AcquireMany(items=[req], tickets=[ask.ticket]), list[AcquireOutcome], retry=False
             )
         except asyncio.CancelledError:
-            self._gave_up(ask)
+            await self._let_go(self._gave_up(ask))
             raise
         except BaseException:
             self.asks.pop(ask.ticket, None)
@@ -815,29 +822,41 @@ class _Hub:
             return await ask.fut
         except asyncio.CancelledError:
             fut = ask.fut
+            pending: list[asyncio.Task[Any]] = []
             if ask.state == _QUEUED:
-                self._gave_up(ask)
+                pending = self._gave_up(ask)
             elif fut.done() and not fut.cancelled() and fut.exception() is None:
                 # answered in the loop turn of the cancel: nobody will hold what it was given
                 got = fut.result()
                 if got.lease and not got.held and not self.closed:
-                    self.spawn(self._release_id(got.lease))
+                    pending.append(self.spawn(self._release_id(got.lease)))
+            await self._let_go(pending)
             raise
 
-    def _gave_up(self, ask: _Ask) -> None:
+    async def _let_go(self, pending: list[asyncio.Task[Any]]) -> None:
+        """Wait (a second at most) for the calls that let go of what a cancelled acquire may have been given, so
+        that the key is free once the cancelled task has ended (LOCK-04). They go on past that second, and past
+        another cancel, on their own."""
+        if pending:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait(pending, timeout=LET_GO_WAIT)
+
+    def _gave_up(self, ask: _Ask) -> list[asyncio.Task[Any]]:
         """The caller of a sent ask was cancelled before it heard the outcome: abandon the ticket at the store,
-        and let go of a grant that a push brought meanwhile."""
+        and let go of a grant that a push brought meanwhile. Returns the calls it started."""
         self.asks.pop(ask.ticket, None)
         fut = ask.fut
+        pending: list[asyncio.Task[Any]] = []
         if fut.done() and not fut.cancelled() and fut.exception() is None:
             got = fut.result()
             if got.lease and not got.held and not self.closed:
-                self.spawn(self._release_id(got.lease))
+                pending.append(self.spawn(self._release_id(got.lease)))
         elif not fut.done():
             fut.cancel()
         ask.state = _SETTLED
         if not self.closed:
-            self.spawn(self._abandon([ask.ticket]))
+            pending.append(self.spawn(self._abandon([ask.ticket])))
+        return pending
 
     async def _send_acquires(self, batch: list[_Ask]) -> None:
         # runs a loop turn after the batch's first ask: the asks of that turn are in it
