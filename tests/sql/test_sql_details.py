@@ -143,3 +143,13 @@ async def test_migrations_that_are_neither_a_folder_nor_pairs_are_an_invalid_err
         assert "migrations" in info.value.message and words in info.value.message
     db = await store.database("app", migrations=[("001.sql", "create table t (a);")])
     assert await db.scalar("select count(*) from t") == 0
+
+
+# contract: SQL-04
+async def test_a_lone_surrogate_is_refused_naming_the_text(any_store: tinystore.Store) -> None:
+    db = await any_store.database("app", migrations=[("001.sql", "create table t (v);")])
+    with pytest.raises(InvalidError) as info:
+        await db.exec("insert into t values (?)", "a\ud800b")
+    assert "database app" in info.value.message and "'a\\ud800b'" in info.value.message
+    assert "surrogate" in info.value.message
+    assert await db.scalar("select count(*) from t") == 0

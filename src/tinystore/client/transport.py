@@ -620,7 +620,7 @@ class RemoteTransport(Transport):
         try:
             body = encode(request)
         except (TypeError, ValueError, OverflowError) as exc:  # ValueError: text that is not valid Unicode
-            raise InvalidError(f"{method}: a value cannot be sent: {exc}") from None
+            raise _unsendable(method, request, exc) from None
         if len(body) > self.max_body:
             # the server would refuse the frame and close the connection: refuse it here, send nothing
             raise too_large(method, request, len(body), self.max_body)
@@ -703,3 +703,23 @@ class RemoteTransport(Transport):
             for fut in pending.values():
                 if not fut.done():
                     fut.set_exception(ClosedError(f"store {self.where} was closed"))
+
+
+def _unsendable(method: str, request: Any, exc: BaseException) -> InvalidError:
+    """The error for a request that does not encode: naming the database and the parameter when it is a SQL
+    statement's (a str with a lone surrogate is not UTF-8, so no client can send it)."""
+    params = getattr(request, "params", None)
+    db = getattr(request, "db", None)
+    if isinstance(params, list) and db:
+        for i, v in enumerate(params):
+            try:
+                encode(v)
+            except (TypeError, ValueError, OverflowError) as bad:
+                return InvalidError(f"database {db}: parameter {i + 1}: {_why_unsendable(v, bad)}")
+    return InvalidError(f"{method}: a value cannot be sent: {exc}")
+
+
+def _why_unsendable(value: Any, exc: BaseException) -> str:
+    if isinstance(value, str):
+        return f"the text {value[:40]!r} is not valid Unicode (a lone surrogate): it cannot be stored as UTF-8"
+    return f"{type(value).__name__} cannot be sent: {exc}"

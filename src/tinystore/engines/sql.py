@@ -315,6 +315,12 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
     """Map a sqlite3 exception to a TinyStore error that keeps SQLite's message."""
     if isinstance(exc, TinystoreError):
         return exc
+    if isinstance(exc, UnicodeEncodeError):
+        text = exc.object if isinstance(exc.object, str) else ""
+        return InvalidError(
+            f"database {db}: the text {text[:40]!r} (a parameter or the statement) is not valid Unicode: it holds a "
+            "lone surrogate, which UTF-8 cannot store"
+        )
     msg = str(exc)
     if isinstance(exc, sqlite3.DatabaseError) and (msg in _DENIED or msg.startswith("not authorized")):
         why = getattr(_denied, "why", None)
