@@ -175,7 +175,7 @@ MAX_DEPTH = 32
 
 
 class MissedItem(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="missed"):
-    """A missed notice in a :class:`Delivery` (encoded as ``["missed", reason, count]``).
+    """A missed notice in a :class:`Delivery` (encoded as ``["missed", reason, count, skipped]``).
 
     ``reason`` is :data:`BEHIND`; ``count`` is the exact number of messages lost since the subscription's
     previous delivery. It always comes before the messages of the same delivery. ``skipped``, for a recursive
