@@ -245,6 +245,15 @@ _TEMP_OBJECTS = frozenset(
 _ROWID_RESET = "replace into temp._tinystore_rowid (rowid) values (0) --ts"
 
 
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    """Roll back what ``conn`` has open, if anything; a rollback that fails (the transaction is gone) is no news."""
+    if conn.in_transaction:
+        try:
+            _ctl(conn, "rollback --ts")
+        except sqlite3.Error:
+            pass
+
+
 def _ctl(conn: sqlite3.Connection, sql: str) -> None:
     """Run one of the engine's own transaction statements on ``conn``. Their texts end in ``--ts`` so that a
     client's statement of the same words is never the one SQLite prepared for the engine (and cached)."""
@@ -947,11 +956,7 @@ class SqlDatabase:
             self.stats["commits"] += 1
             self.stats["writes"] += len(batch)
         except BaseException as exc:
-            if conn.in_transaction:
-                try:
-                    _ctl(conn, "rollback --ts")
-                except sqlite3.Error:
-                    pass
+            _rollback_quietly(conn)
             err = sql_error(self.name, exc)
             self.results.put_many([(w.fut, None, err) for w in batch])
             return
@@ -968,11 +973,7 @@ class SqlDatabase:
                 done = self._exec(conn, w.sql, w.params)
                 _ctl(conn, "commit --ts")
             except BaseException as exc:
-                if conn.in_transaction:
-                    try:
-                        _ctl(conn, "rollback --ts")
-                    except sqlite3.Error:
-                        pass
+                _rollback_quietly(conn)
                 results.append((w.fut, None, sql_error(self.name, exc)))
                 continue
             self.stats["commits"] += 1
@@ -1190,11 +1191,7 @@ class SqlDatabase:
                     break
                 put(call.fut, None, err)
         # ended without commit
-        if conn.in_transaction:
-            try:
-                _ctl(conn, "rollback --ts")
-            except sqlite3.Error:
-                pass
+        _rollback_quietly(conn)
         tx.done = True
         tx.error = end_reason
         if end_reason is not None and not isinstance(end_reason, ClosedError) and not quiet:
