@@ -69,3 +69,28 @@ async def test_each_freed_slot_is_claimed_while_another_claim_waits(store: tinys
     finally:
         await worker.stop()
     assert await _waiting_claims(store, "slots") == 0
+
+
+# contract: JOB-01
+async def test_a_worker_stopped_at_once_leaves_no_claim_behind(store: tinystore.Store) -> None:
+    """stop() a few loop turns after work(): the worker's first claim may still be on its way to the store. It
+    must not stay there, waiting, to take a job for a worker that is gone (the job flipped running and back,
+    and with the store closed meanwhile was charged "worker lost" without ever running)."""
+    q = store.queue("early", dict)
+    await q.options()
+
+    async def handler(value: dict[str, int], run: tinystore.Run) -> None:
+        pass
+
+    for turns in range(6):
+        worker = q.work(handler, concurrency=2)
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        started = time.monotonic()
+        await worker.stop(grace=0)
+        assert time.monotonic() - started < 2.0
+        assert await _waiting_claims(store, "early") == 0, f"a claim waits in the store after stop ({turns} turns)"
+    jid = await q.add({"i": 1})
+    await asyncio.sleep(0.2)
+    job = await q.get(jid)
+    assert job is not None and job.state == "queued" and job.attempts == 0 and job.started_at is None

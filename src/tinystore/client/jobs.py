@@ -778,9 +778,11 @@ class Worker:
                 await runner.slot.wait()  # a slot given back, a claim ended, or stop()
         finally:
             if claims:
-                if not self._stopping:  # stop() ends their waits instead (unwait): each hands back what it got
-                    for t in claims:
-                        t.cancel()
+                # a claim under way is cancelled, whatever ended the loop: it ends its wait in the store and hands
+                # back what it got. (stop()'s unwait alone misses a claim still on its way to the store, which
+                # would then wait there and take jobs for a worker that is gone.)
+                for t in claims:
+                    t.cancel()
                 await asyncio.wait(list(claims), timeout=10)
 
     async def _claim_some(self, n: int) -> None:
