@@ -523,6 +523,8 @@ class _Runner:
             except (TinystoreError, OSError, TimeoutError) as exc:
                 log.debug("queue %s: renewal failed: %s", self.queue.name, exc)
                 for a in current:
+                    if a.reporting or a.why is not None:
+                        continue  # its handler has ended (its report is on its way), or it was told already
                     if not self.queue.store.transport.local and time.monotonic() - a.renewed_at > a.lease:
                         log.warning("queue %s: job %s: no renewal for the whole lease: lost", self.queue.name, a.key[0])
                         a.stop("lost")
