@@ -158,19 +158,17 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
         if action in _TX_ACTIONS:
             if not internal():
                 return _deny(_TX_WHY)
-        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and arg1.lower() in _KEPT:
-            # readers are read-only by query_only: a client that turned it off could write through a read (and
-            # through a read of the store's own databases); turned on, it would stop the writer for everyone.
-            # journal_mode, synchronous and locking_mode are what durability and readers in parallel stand on.
-            if not internal():
+        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and not internal():
+            name = arg1.lower()
+            if name in _KEPT:
+                # readers are read-only by query_only: a client that turned it off could write through a read (and
+                # through a read of the store's own databases); turned on, it would stop the writer for everyone.
+                # journal_mode, synchronous and locking_mode are what durability and readers in parallel stand on.
+                return _deny(f"setting PRAGMA {name} is refused (the store's durability and its readers stand on it)")
+            if name in _SHARED:
                 return _deny(
-                    f"setting PRAGMA {arg1.lower()} is refused (the store's durability and its readers stand on it)"
-                )
-        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and arg1.lower() in _SHARED:
-            if not internal():
-                return _deny(
-                    f"setting PRAGMA {arg1.lower()} is refused (it would change the connection that every client of "
-                    "the store shares)"
+                    f"setting PRAGMA {name} is refused (it would change the connection that every client of the "
+                    "store shares)"
                 )
         elif action in _TEMP_OBJECTS:
             if not internal():
@@ -216,7 +214,6 @@ _SHARED = frozenset(
         "legacy_alter_table",
         "max_page_count",
         "mmap_size",
-        "query_only",
         "read_uncommitted",
         "recursive_triggers",
         "reverse_unordered_selects",
