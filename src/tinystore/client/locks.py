@@ -476,10 +476,9 @@ class Lease:
             try:
                 released = bool(await asyncio.shield(task))
             except asyncio.CancelledError:
-                # cancelled while letting go: the release goes on; wait for it (a second at most), so that the
-                # key is free once this task has ended (LOCK-04)
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait([task], timeout=LET_GO_WAIT)
+                # cancelled while letting go: the release goes on; wait for it, so that the key is free once this
+                # task has ended (LOCK-04)
+                await hub.wait_let_go([task])
                 raise
         except BaseException:
             fut.set_result(False)
@@ -791,7 +790,7 @@ class _Hub:
                 ACQUIRE_MANY, AcquireMany(items=[req], tickets=[ask.ticket]), list[AcquireOutcome], retry=False
             )
         except asyncio.CancelledError:
-            await self._let_go(self._gave_up(ask))
+            await self.wait_let_go(self._gave_up(ask))
             raise
         except BaseException:
             self.asks.pop(ask.ticket, None)
@@ -830,11 +829,11 @@ class _Hub:
                 got = fut.result()
                 if got.lease and not got.held and not self.closed:
                     pending.append(self.spawn(self._release_id(got.lease)))
-            await self._let_go(pending)
+            await self.wait_let_go(pending)
             raise
 
-    async def _let_go(self, pending: list[asyncio.Task[Any]]) -> None:
-        """Wait (a second at most) for the calls that let go of what a cancelled acquire may have been given, so
+    async def wait_let_go(self, pending: list[asyncio.Task[Any]]) -> None:
+        """Wait (a second at most) for the calls that let go of what a cancelled acquire or release holds, so
         that the key is free once the cancelled task has ended (LOCK-04). They go on past that second, and past
         another cancel, on their own."""
         if pending:
