@@ -153,3 +153,47 @@ async def test_a_lone_surrogate_is_refused_naming_the_text(any_store: tinystore.
     assert "database app" in info.value.message and "'a\\ud800b'" in info.value.message
     assert "surrogate" in info.value.message
     assert await db.scalar("select count(*) from t") == 0
+
+
+# contract: SQL-04
+async def test_a_named_placeholder_is_refused_naming_it(any_store: tinystore.Store) -> None:
+    """Parameters are ? placeholders: SQLite would bind positional values to :a/@a/$a by number, silently."""
+    db = await any_store.database("app", migrations=[("001.sql", "create table t (a, b);")])
+    for sql in ("insert into t values (:a, :b)", "insert into t values (@a, ?)", "insert into t values ($a, 2)"):
+        with pytest.raises(InvalidError) as info:
+            await db.exec(sql, 1, 2)
+        assert "named placeholder" in info.value.message and "database app" in info.value.message
+    with pytest.raises(InvalidError, match=r"named placeholder :b"):
+        await db.one("select * from t where a = :b", 1)
+    with pytest.raises(InvalidError, match=r"named placeholder :b"):
+        await db.all("select * from t where a = :b", 1)
+    with pytest.raises(InvalidError, match=r"named placeholder @x"):
+        await db.scalar("select @x")
+
+    async def inside(tx: tinystore.SqlTx) -> None:
+        await tx.exec("insert into t values (:a, 1)", 1)
+
+    with pytest.raises(InvalidError, match=r"named placeholder :a"):
+        await db.tx(inside)
+    assert await db.scalar("select count(*) from t") == 0
+    # what looks like one inside strings, quoted names, comments and names is not one
+    await db.exec('create table "x:y" ("a$b", c$d)')
+    done = await db.exec("insert into \"x:y\" values (':a @b $c', 2) -- :d\n /* @e */ returning \"a$b\", c$d, '[:f]'")
+    assert done.rows == [[":a @b $c", 2, "[:f]"]]
+    assert await db.scalar("select count(*) from [x:y] where c$d = ?1 and ?1 = 2", 2) == 1
+
+
+def test_the_named_placeholder_scan() -> None:
+    from tinystore.engines.sql import named_placeholder
+
+    assert named_placeholder("select ?") is None
+    assert named_placeholder("select ?12, ?") is None
+    assert named_placeholder("select 'it''s :a'") is None
+    assert named_placeholder("select 'it''s', :a") == ":a"
+    assert named_placeholder('select `:a`, [@b], "$c"') is None
+    assert named_placeholder("select 1 -- :a") is None
+    assert named_placeholder("select 1 /* :a") is None
+    assert named_placeholder("select x$y from t") is None
+    assert named_placeholder("select $y") == "$y"
+    assert named_placeholder("select :a1_b") == ":a1_b"
+    assert named_placeholder("select :") is None

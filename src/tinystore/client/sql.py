@@ -54,9 +54,10 @@ def read_migrations(migrations: str | Path | list[tuple[str, str]] | None) -> li
     return [Migration(p.name, p.read_text()) for p in sorted(folder.glob("*.sql"))]
 
 
-def check_values(db: str, params: tuple[Any, ...]) -> list[Any]:
-    """Refuse, before anything is sent, a value SQLite cannot hold (``InvalidError`` naming the parameter)."""
-    return check_params(db, params)
+def check_values(db: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    """Refuse, before anything is sent, a value SQLite cannot hold (``InvalidError`` naming the parameter)
+    and a named placeholder."""
+    return check_params(db, sql, params)
 
 
 def _split(name: str, args: tuple[Any, ...]) -> tuple[Any, str, tuple[Any, ...]]:
@@ -128,7 +129,7 @@ class _Runner:
                 # once, with nothing to await
                 engine_db = None if self._tx else transport.sql_database(self.name)
                 if engine_db is not None:
-                    values = check_params(self.name, args[1:])
+                    values = check_params(self.name, args[0], args[1:])
                     # what a socket would carry (a Query is encoded as this array): past the frame limit,
                     # the same LimitError as over a socket
                     transport.check_size("sql.query", (self.name, args[0], values, "one", 0), self.name)
@@ -144,14 +145,14 @@ class _Runner:
                     raise self._store._dead
                 rows = await transport.call(
                     "sql.query",
-                    Query(self.name, args[0], check_params(self.name, args[1:]), "one", self._tx),
+                    Query(self.name, args[0], check_params(self.name, args[0], args[1:]), "one", self._tx),
                     Rows,
                     retry=self._retry,
                 )
             found = rows.rows
             return dict(zip(rows.columns, found[0])) if found else None  # noqa: B905 (a keyword: +0.2 µs a row)
         type_, sql, params = _split(self.name, args)
-        rows = await self._query(sql, check_values(self.name, params), "one")
+        rows = await self._query(sql, check_values(self.name, sql, params), "one")
         out = _convert(rows, type_)
         return out[0] if out else None
 
@@ -163,7 +164,7 @@ class _Runner:
         """Every row, as dicts (or as ``type_``). Results are limited to 64 MiB (``LimitError``); errors as
         :meth:`one`."""
         type_, sql, params = _split(self.name, args)
-        rows = await self._query(sql, check_values(self.name, params), "all")
+        rows = await self._query(sql, check_values(self.name, sql, params), "all")
         return _convert(rows, type_)
 
     async def scalar(self, sql: str, /, *params: Any) -> Any:
@@ -171,7 +172,7 @@ class _Runner:
         argument that is not the SQL text (a type: ``scalar`` converts nothing) is an ``InvalidError``."""
         if type(sql) is not str:
             _not_sql(self.name, "scalar", sql)
-        found = (await self._query(sql, check_params(self.name, params), "scalar")).rows
+        found = (await self._query(sql, check_params(self.name, sql, params), "scalar")).rows
         return found[0][0] if found and found[0] else None
 
 
@@ -219,7 +220,9 @@ class Database(_Runner):
             return done
         if self.store._dead is not None:
             raise self.store._dead
-        done = await transport.call("sql.exec", Exec(self.name, sql, check_params(self.name, params)), Done, write=True)
+        done = await transport.call(
+            "sql.exec", Exec(self.name, sql, check_params(self.name, sql, params)), Done, write=True
+        )
         return done
 
     @overload
@@ -287,7 +290,7 @@ class SqlTx(_Runner):
         if self._store._dead is not None:
             raise self._store._dead
         done: Done = await self._transport.call(
-            "sql.exec", Exec(self.name, sql, check_params(self.name, params), self.id), Done, retry=False
+            "sql.exec", Exec(self.name, sql, check_params(self.name, sql, params), self.id), Done, retry=False
         )
         if done.rows and self._transport.local:  # the engine's tuples as lists, as over a socket
             done.rows = [[*r] for r in done.rows]

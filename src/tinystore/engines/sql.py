@@ -65,10 +65,17 @@ BATCH_MAX = 512
 _PLAIN = frozenset({str, bytes, type(None)})
 
 
-def check_params(db: str, params: Sequence[Any]) -> list[Any]:
-    """Return ``params`` as a list of SQLite values; ``InvalidError`` for a value SQLite cannot hold.
+def check_params(db: str, sql: str, params: Sequence[Any]) -> list[Any]:
+    """Return ``params`` as a list of SQLite values for ``sql``; ``InvalidError`` for a value SQLite cannot
+    hold, or for a named placeholder in ``sql`` (parameters are ``?`` placeholders, in order).
 
     A list whose values are all fine already is returned as it is (not copied)."""
+    named = named_placeholder(sql)
+    if named is not None:
+        raise InvalidError(
+            f"database {db}: the statement has the named placeholder {named}: parameters are ? placeholders, "
+            "passed in order after the SQL"
+        )
     for v in params:
         t = type(v)
         if t is int:
@@ -82,6 +89,43 @@ def check_params(db: str, params: Sequence[Any]) -> list[Any]:
     else:
         return params if type(params) is list else list(params)
     return _check_params(db, params)
+
+
+_SKIP = {"'": "'", '"': '"', "`": "`", "[": "]"}
+
+
+@functools.lru_cache(maxsize=1024)
+def named_placeholder(sql: str) -> str | None:
+    """The first named placeholder (``:a``, ``@a``, ``$a``) of ``sql`` outside its strings, quoted names and
+    comments, or ``None``. SQLite would bind positional values to them by number, silently."""
+    if ":" not in sql and "@" not in sql and "$" not in sql:
+        return None
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c in _SKIP:
+            end = sql.find(_SKIP[c], i + 1)
+            while end != -1 and c != "[" and sql.startswith(c, end + 1):  # '' inside '...'
+                end = sql.find(c, end + 2)
+            i = n if end == -1 else end + 1
+        elif c == "-" and sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end == -1 else end + 1
+        elif c == "/" and sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            i = n if end == -1 else end + 2
+        elif c.isalnum() or c == "_":  # a name or a number: a $ inside it is part of it
+            i += 1
+            while i < n and (sql[i].isalnum() or sql[i] in "_$"):
+                i += 1
+        elif c in ":@$" and i + 1 < n and (sql[i + 1].isalnum() or sql[i + 1] == "_"):
+            j = i + 1
+            while j < n and (sql[j].isalnum() or sql[j] in "_$:"):
+                j += 1
+            return sql[i:j]
+        else:
+            i += 1
+    return None
 
 
 def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
@@ -524,10 +568,10 @@ class SqlTx:
             fut: asyncio.Future[Done] = self.db.loop.create_future()
             fut.set_exception(InvalidError(f"database {self.db.name}: exec inside a read-only transaction"))
             return fut
-        return self._call("exec", sql, check_params(self.db.name, params))
+        return self._call("exec", sql, check_params(self.db.name, sql, params))
 
     def query(self, sql: str, params: Sequence[Any], mode: str = "all") -> asyncio.Future[Rows]:
-        return self._call("query", sql, check_params(self.db.name, params), mode)
+        return self._call("query", sql, check_params(self.db.name, sql, params), mode)
 
     def commit(self) -> asyncio.Future[None]:
         """Commit; then the ``after_commit`` hooks run on the loop, in order, before the future resolves."""
@@ -667,7 +711,7 @@ class SqlDatabase:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
             return fut
         try:
-            values = check_params(self.name, params)
+            values = check_params(self.name, sql, params)
         except TinystoreError as exc:
             fut.set_exception(exc)
             return fut
@@ -683,7 +727,7 @@ class SqlDatabase:
         if self._closed:
             later._deliver(None, ClosedError(f"database {self.name} is closed"))
         else:
-            self._queue(_Write(sql, check_params(self.name, params), later))
+            self._queue(_Write(sql, check_params(self.name, sql, params), later))
         return later
 
     def _queue(self, item: Any) -> None:
@@ -704,7 +748,7 @@ class SqlDatabase:
         inline budget (the future is then already resolved), else on a reader thread."""
         fut: asyncio.Future[Rows] = self.loop.create_future()
         try:
-            values = check_params(self.name, params)
+            values = check_params(self.name, sql, params)
             rows = self.read_now(sql, values, mode)
         except TinystoreError as exc:
             fut.set_exception(exc)

@@ -99,7 +99,7 @@ def install(core: Core) -> None:
         db = engine.databases.get(req.db)
         if db is None:
             return query_later(req)
-        values = check_params(db.name, req.params)
+        values = check_params(db.name, req.sql, req.params)
         # the usual read fits the inline budget: its rows, at once (no future, no thread)
         rows = db.read_now(req.sql, values, mode)
         if rows is not None:
