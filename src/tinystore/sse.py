@@ -532,8 +532,21 @@ def sse_response(
     return, then it is cancelled; an exception it raises is logged and ends the stream. ``request`` is the
     request being answered (its headers, such as ``Last-Event-ID``, are the producer's to read).
     """
-    del request  # the response reads the disconnect from the ASGI receive channel it is called with
+    if not isinstance(request, HTTPConnection) or not callable(producer) or isinstance(producer, HTTPConnection):
+        raise InvalidError(
+            f"sse_response(request, producer): got {_kind(request)} and {_kind(producer)}; give the request "
+            "first, then a function of (send, closed)"
+        )
+    # the response reads the disconnect from the ASGI receive channel it is called with
     return EventSourceResponse(producer, keepalive=keepalive, retry=retry, headers=headers)
+
+
+def _kind(value: object) -> str:
+    """What ``value`` is, for an error message: ``a Request``, ``a function``."""
+    if inspect.isfunction(value) or inspect.ismethod(value):
+        return "a function"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 # ---------------------------------------------------------------------------------------------- channels
@@ -836,6 +849,13 @@ def event_stream(
     the stream ends at its next keep-alive tick and the browser reconnects. Raises ``InvalidError`` for a bad
     ``keepalive`` or ``retry``.
     """
+    from .client.channels import Channel
+
+    if not isinstance(branch, Channel) or not isinstance(request, HTTPConnection):
+        raise InvalidError(
+            f"event_stream(branch, request): got {_kind(branch)} and {_kind(request)}; give a channel's branch "
+            "(events.under(chat_id)) first, then the request"
+        )
     return _ChannelStream(
         branch,
         request.headers.get("last-event-id"),

@@ -163,3 +163,23 @@ def test_bad_options_are_refused() -> None:
         EventSourceResponse(lambda s, c: None, keepalive="soon")
     with pytest.raises(tinystore.InvalidError):
         EventSourceResponse(lambda s, c: None, retry=-1)
+
+
+async def test_arguments_given_the_other_way_round_are_refused_at_the_call(tmp_path: Path) -> None:
+    """sse_response takes (request, producer) and event_stream (branch, request): a swap is an error naming
+    both, not a 200 with an empty stream and a log line."""
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": b""}
+    request = Request(scope)
+
+    async def producer(send: Any, closed: asyncio.Event) -> None:
+        return None
+
+    swapped = r"sse_response\(request, producer\): got a function and a Request"
+    with pytest.raises(tinystore.InvalidError, match=swapped):
+        sse_response(producer, request)  # type: ignore[arg-type]
+    async with open_store("embedded", tmp_path / "s") as store:
+        events = store.channel("events", dict)
+        swapped = r"event_stream\(branch, request\): got a Request and a Channel"
+        with pytest.raises(tinystore.InvalidError, match=swapped):
+            event_stream(request, events.under(1))  # type: ignore[arg-type]
+    sse_response(request, producer)  # the right way round: a response

@@ -16,6 +16,7 @@ from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import InvalidError, TinystoreError, UnavailableError
 from ..server.listener import MIN_TOKEN
@@ -23,8 +24,10 @@ from ..server.listener import MIN_TOKEN
 T = TypeVar("T")
 P = ParamSpec("P")
 # written to a file or a pipe, rich would fold tables to 80 columns: give them room (a terminal keeps its width)
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True)
+# markup=False: what the store holds (a value "[/]", a job's error, a path) is printed as it is, never read as
+# rich markup (which would restyle it or fail); styles are given with Text
+console = Console(width=None if sys.stdout.isatty() else 200, markup=False)
+err_console = Console(stderr=True, markup=False)
 
 
 def run_async(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -87,7 +90,7 @@ def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) ->
     for c in columns:
         table.add_column(str(c))
     for r in rows:
-        table.add_row(*["NULL" if v is None else (repr(v) if isinstance(v, bytes) else str(v)) for v in r])
+        table.add_row(*["NULL" if v is None else (f"x'{v.hex()}'" if isinstance(v, bytes) else str(v)) for v in r])
     console.print(table)
 
 
@@ -249,10 +252,18 @@ async def open_for_cli(directory: Path) -> Any:
 
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--grace", default=10.0, show_default=True, help="Seconds calls under way may take to finish.")
-def stop(directory: Path, grace: float) -> None:
+@click.option(
+    "--grace", default="10s", show_default=True, help='How long calls under way may take to finish ("2s", "500ms", 2).'
+)
+def stop(directory: Path, grace: str) -> None:
     """Stop the server that owns DIRECTORY gracefully (as SIGTERM does); fails when none runs."""
+    from ..durations import seconds
+
     need_store_dir(directory)
+    try:
+        grace_s = seconds(grace, "--grace")
+    except TinystoreError as exc:
+        fail(exc)
 
     async def go() -> None:
         import time
@@ -261,9 +272,9 @@ def stop(directory: Path, grace: float) -> None:
 
         store = await _connect_dir(directory)
         pid = (paths.read_address(directory.resolve()) or {}).get("pid")
-        await store.stop_server(grace)
+        await store.stop_server(grace_s)
         await store.close()
-        deadline = time.monotonic() + grace + 5
+        deadline = time.monotonic() + grace_s + 5
         # the server removes DIR/server/address once it let the directory go (a zombie pid would fool kill 0)
         while pid and time.monotonic() < deadline:
             info = paths.read_address(directory.resolve())
@@ -288,6 +299,8 @@ def status(directory: Path, as_json: bool) -> None:
         store = await open_for_cli(directory)
         try:
             result: dict[str, Any] = await store.status()
+            # no server runs: the store was opened by this command, for this command only
+            result["server_running"] = store.mode != "embedded"
             return result
         finally:
             await store.close()
@@ -297,10 +310,15 @@ def status(directory: Path, as_json: bool) -> None:
         click.echo(to_json(st))
         return
     console.print(
-        f"[bold]tinystore {st['version']}[/bold]  {st['directory']}  pid {st['pid']}  mode {st['mode']}  "
-        f"up {st['uptime']:.1f}s  durability {st['durability']}",
+        Text.assemble(
+            (f"tinystore {st['version']}", "bold"),
+            f"  {st['directory']}  pid {st['pid']}  mode {st['mode']}  up {st['uptime']:.1f}s  "
+            f"durability {st['durability']}",
+        ),
         highlight=False,
     )
+    if not st["server_running"]:
+        console.print("no server runs: this command opened the store itself (it is closed again)", highlight=False)
     conns = st.get("connections", [])
     print_table(
         "connections",
@@ -321,7 +339,9 @@ def status(directory: Path, as_json: bool) -> None:
 def _print_engine(key: str, value: Any) -> None:
     if isinstance(value, dict):
         scalars = {k: v for k, v in value.items() if not isinstance(v, list | dict)}
-        console.print(f"[bold]{key}[/bold] " + "  ".join(f"{k} {v}" for k, v in scalars.items()), highlight=False)
+        console.print(
+            Text.assemble((key, "bold"), " " + "  ".join(f"{k} {v}" for k, v in scalars.items())), highlight=False
+        )
         for k, v in value.items():
             if isinstance(v, list) and v and isinstance(v[0], dict):
                 cols = list(v[0].keys())
@@ -332,12 +352,20 @@ def _print_engine(key: str, value: Any) -> None:
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("statement")
 @click.argument("params", nargs=-1)
-@click.option("--db", "database", default="main", show_default=True, help="The database's name.")
+@click.option(
+    "--db", "database", default=None, help="The database's name (default: main, or the store's only database)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
 @click.option("--write", is_flag=True, help="Allow a statement that writes.")
 @click.option("--text", "as_text", is_flag=True, help="Send every parameter as text (007 stays '007').")
 def sql(
-    directory: Path, statement: str, params: tuple[str, ...], database: str, as_json: bool, write: bool, as_text: bool
+    directory: Path,
+    statement: str,
+    params: tuple[str, ...],
+    database: str | None,
+    as_json: bool,
+    write: bool,
+    as_text: bool,
 ) -> None:
     """Run STATEMENT on a database of DIRECTORY and print the rows (a table, or JSON with --json).
 
@@ -350,14 +378,19 @@ def sql(
         from ..names import RESERVED_DB_PREFIX, reserved_db_error
 
         known = sorted(p.stem for p in (directory / "sql").glob("*.db"))
-        if database not in known and not write:
+        name = database
+        if name is None:
+            apps = [k for k in known if not k.startswith(RESERVED_DB_PREFIX)]
+            name = apps[0] if len(apps) == 1 and "main" not in known else "main"
+        if name not in known and not (write and not name.startswith(RESERVED_DB_PREFIX)):
+            hint = " (it is made when the store first opens a queue)" if name == "tinystore-jobs" else ""
             raise InvalidError(
-                f"store {directory}: no database {database!r} (databases: {', '.join(known) or 'none'}; "
+                f"store {directory}: no database {name!r}{hint} (databases: {', '.join(known) or 'none'}; "
                 "choose one with --db)"
             )
         store = await open_for_cli(directory)
         try:
-            db = await store.database(database)
+            db = await store.database(name)
             values = list(params) if as_text else [_param(p) for p in params]
             if write:
                 done = await db.exec(statement, *values)
@@ -366,9 +399,9 @@ def sql(
                 rows = await db._query(statement, values, "all")
             except InvalidError as exc:
                 if "readonly" in exc.message or "read-only" in exc.message:
-                    if database.startswith(RESERVED_DB_PREFIX):
-                        raise reserved_db_error(database, "this statement writes") from None
-                    raise InvalidError(f"database {database}: this statement writes: add --write to run it") from None
+                    if name.startswith(RESERVED_DB_PREFIX):
+                        raise reserved_db_error(name, "this statement writes") from None
+                    raise InvalidError(f"database {name}: this statement writes: add --write to run it") from None
                 raise
             return rows.columns, [list(r) for r in rows.rows], None
         finally:

@@ -333,7 +333,9 @@ def register(main: click.Group) -> None:
 
     @main.command()
     @click.argument("directory", default="./data", type=click.Path(file_okay=False, path_type=Path))
-    @click.option("--port", default=8000, show_default=True, help="The web port (0: any free one).")
+    @click.option(
+        "--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="The web port (0: any free one)."
+    )
     @click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
     @click.option(
         "--web-processes",
@@ -365,8 +367,18 @@ def register(main: click.Group) -> None:
     ) -> None:
         """Run the live chat on a store in DIRECTORY (./data): open the address it prints in two tabs."""
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from ..errors import TinystoreError
+        from ..server.main import permission_error
+        from ..server.paths import make_directory
+        from . import fail
+
         directory = directory.resolve()
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            make_directory(directory, "demo")
+        except PermissionError as exc:
+            fail(permission_error(directory, exc))
+        except TinystoreError as exc:
+            fail(exc)
         if role == "web":
             run_web(directory, host, port, model_url, model_name, token_delay)
         elif role == "worker":

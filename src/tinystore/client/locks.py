@@ -517,9 +517,14 @@ class _Hold(Generic[R]):
         hub = lock._hub or lock._get_hub()
         for other in _held.get():
             if other._in_block and other.key == key and other.lock == lock.name and other._hub is hub:
+                again = (
+                    "try_hold inside its own hold would always give None"
+                    if self._wait is None
+                    else "holding it again inside its own hold would wait for itself"
+                )
                 raise InvalidError(
                     f"{_where(lock._kind, lock.name, key)}: already held by this task (or the task that started "
-                    "it); holding it again inside its own hold would wait for itself"
+                    f"it); {again}"
                 )
         lease = await hub.acquire(lock, key, self._wait)
         if lease is None:

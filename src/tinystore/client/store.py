@@ -284,13 +284,9 @@ async def open(
         raise InvalidError("open: a test clock is only for private=True or embedded=True stores")
     idle_s = seconds(idle, "idle")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise InvalidError(f"open: {path} is not a directory") from None
+        paths.make_directory(path, "open")
     except PermissionError as exc:
         raise _permission_denied(path, exc) from None
-    except OSError as exc:
-        raise InvalidError(f"open: cannot make the store's directory {path}: {exc.strerror}") from None
     try:
         if embedded:
             return await _open_embedded(path, durability, clock, limits, serve)

@@ -23,6 +23,7 @@ from ..clock import Clock
 from ..engines.sql import SqlEngine
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError
 from ..limits import Limits
+from . import paths
 from .dirlock import DirLock, next_epoch
 
 log = logging.getLogger("tinystore.server")
@@ -116,7 +117,7 @@ class Core:
         """Own the directory and start the engines. Raises ``InUseError`` when another process owns it."""
         if durability_bad(self.durability):
             raise InvalidError(f'durability {self.durability!r}: use "full" or "os"')
-        self.directory.mkdir(parents=True, exist_ok=True)
+        paths.make_directory(self.directory, "serve")
         self._lock.acquire()
         try:
             self.epoch = next_epoch(self.directory, self.clock.now_ms())

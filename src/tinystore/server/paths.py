@@ -17,6 +17,23 @@ from typing import Any
 MAX_SOCKET_PATH = 100
 
 
+def make_directory(path: Path, what: str) -> None:
+    """Make the store's directory ``path`` (and its parents) when missing. ``what`` starts the error message.
+
+    Raises ``InvalidError`` when ``path`` or a parent is not a directory or the OS cannot make it (a read-only
+    or virtual file system), and ``PermissionError`` as it is (the caller says it its own way)."""
+    from ..errors import InvalidError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InvalidError(f"{what}: {path} is not a directory") from None
+    except PermissionError:
+        raise
+    except OSError as exc:
+        raise InvalidError(f"{what}: cannot make the store's directory {path}: {exc.strerror or exc}") from None
+
+
 def server_dir(directory: Path) -> Path:
     """``DIR/server``, created with mode 0700 (only its user can enter)."""
     d = directory / "server"

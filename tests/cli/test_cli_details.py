@@ -1,0 +1,93 @@
+"""What a new user met on the command line: a directory that cannot be made, a port out of range, durations
+for --grace, values that look like rich markup, the database --db defaults to, and a status with no server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+import tinystore
+
+from .support import popen_cli, run_cli
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_a_directory_that_cannot_be_made_is_one_error_line(tmp_path: Path, command: str) -> None:
+    (tmp_path / "file").write_text("")
+    for directory, why in (
+        ("/proc/tinystore-nope", "cannot make the store's directory"),
+        (tmp_path / "file" / "x", "is not a directory"),
+    ):
+        done = run_cli(command, str(directory))
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        assert done.stderr.startswith(f"error[invalid] {command}: ") and why in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_a_demo_port_out_of_range_is_refused(tmp_path: Path) -> None:
+    for port in ("99999", "65536", "-1"):
+        done = run_cli("demo", str(tmp_path / "d"), "--port", port)
+        assert done.returncode == 2 and "is not in the range 0<=x<=65535" in done.stderr, done.stderr
+
+
+async def _store_with(tmp_path: Path, *names: str) -> Path:
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        for name in names:
+            db = await store.database(name, migrations=[("001.sql", "create table t (a, b);")])
+            await db.exec("insert into t values (?, ?)", "[/]", "[bold]x[/bold]")
+            await db.exec("insert into t values (?, ?)", b"\x00\xff", None)
+    finally:
+        await store.close()
+    return directory
+
+
+async def test_values_that_look_like_markup_print_as_they_are(tmp_path: Path) -> None:
+    directory = await _store_with(tmp_path, "app")
+    done = run_cli("sql", str(directory), "select * from t")  # the store's only database: no --db needed
+    assert done.returncode == 0, done.stderr
+    assert "[/]" in done.stdout and "[bold]x[/bold]" in done.stdout  # printed, not read as rich markup
+    assert "x'00ff'" in done.stdout and "NULL" in done.stdout  # a blob as SQL writes it (--json: hex)
+    rows = [
+        json.loads(line) for line in run_cli("sql", str(directory), "select * from t", "--json").stdout.splitlines()
+    ]
+    assert rows == [{"a": "[/]", "b": "[bold]x[/bold]"}, {"a": "00ff", "b": None}]
+
+
+async def test_without_db_the_only_database_or_main_else_a_choice(tmp_path: Path) -> None:
+    directory = await _store_with(tmp_path, "app", "other")
+    done = run_cli("sql", str(directory), "select count(*) as n from t")
+    assert done.returncode == 1
+    assert "no database 'main' (databases: app, other; choose one with --db)" in done.stderr, done.stderr
+    done = run_cli("sql", str(directory), "select 1", "--db", "tinystore-jobs")
+    assert "no database 'tinystore-jobs' (it is made when the store first opens a queue)" in done.stderr
+
+
+async def test_status_without_a_server_says_so(tmp_path: Path) -> None:
+    directory = await _store_with(tmp_path, "app")
+    done = run_cli("status", str(directory))
+    assert done.returncode == 0 and "no server runs: this command opened the store itself" in done.stdout
+    assert json.loads(run_cli("status", str(directory), "--json").stdout)["server_running"] is False
+
+
+async def test_stop_takes_a_duration_for_grace(tmp_path: Path) -> None:
+    directory = tmp_path / "store"
+    server = popen_cli("serve", str(directory))
+    try:
+        for _ in range(200):
+            if run_cli("status", str(directory), "--json").stdout.count('"server_running": true'):
+                break
+            await asyncio.sleep(0.05)
+        done = run_cli("stop", str(directory), "--grace", "2s")
+        assert done.returncode == 0, done.stderr
+        assert server.wait(10) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    done = run_cli("stop", str(directory), "--grace", "soon")
+    assert done.returncode == 1 and "error[invalid] --grace: cannot read 'soon' as a duration" in done.stderr
