@@ -25,6 +25,8 @@ log = logging.getLogger("chat")
 MIGRATIONS = Path(__file__).parent / "migrations"
 MAX_TEXT = 4000
 """Characters a message may have."""
+MAX_TITLE = 200
+"""Characters a chat's title may have."""
 SUMMARY_AFTER = 100
 """A chat past this many messages gets a summary (again every SUMMARY_EVERY messages)."""
 SUMMARY_EVERY = 20
@@ -150,7 +152,10 @@ class Chat:
     # ------------------------------------------------------------------------------------ writes
 
     async def create_chat(self, title: str) -> dict[str, Any]:
-        title = title.strip()[:200] or "New chat"
+        title = title.strip()
+        if len(title) > MAX_TITLE:
+            raise BadInput(f"a chat's title has at most {MAX_TITLE} characters, this one has {len(title)}", 413)
+        title = title or "New chat"
         done = await self.db.exec(
             "insert into chats (title, created_at) values (?, ?) returning id, title, created_at",
             title,

@@ -164,3 +164,30 @@ async def test_a_tab_on_one_web_process_sees_a_post_made_through_the_other(
         await asyncio.gather(laptop.wait_saved(2, timeout=5.0), phone.wait_saved(2, timeout=5.0))
         assert await phone.saved() == await laptop.saved()
         assert await phone.page.evaluate("window.__streamed") > 20  # the tokens crossed processes too
+
+
+async def test_a_phone_reaches_the_chat_list_and_a_too_long_message_is_kept_with_a_reason(
+    tmp_path: Path, tabs: tuple[Tab, Tab]
+) -> None:
+    """At phone width the chat list and "New chat" are a strip above the chat (they were hidden); a message
+    over 4,000 characters stays in the box with the reason (the box used to cut it short, silently); a chat
+    made in another tab shows in the list when the tab is shown again."""
+    laptop, phone = tabs
+    async with run_demo(tmp_path / "data", "--token-delay", "0.005") as demo:
+        (url,) = demo.urls
+        await phone.open(url)
+        await laptop.open(phone.page.url)
+        assert await phone.page.is_visible("#new-chat") and await phone.page.is_visible("#chats a.current")
+        text = "x" * 4001
+        await phone.post(text)
+        error = phone.page.locator("#error")
+        await error.wait_for(state="visible", timeout=5000)
+        assert "at most 4,000 characters; this one has 4,001" in await error.text_content()
+        assert await phone.page.input_value("#text") == text
+        assert await phone.saved() == []
+        await laptop.page.click("#new-chat")
+        await laptop.page.wait_for_function("document.querySelectorAll('#chats a').length === 2")
+        await phone.page.evaluate("window.dispatchEvent(new Event('focus'))")
+        await phone.page.wait_for_function("document.querySelectorAll('#chats a').length === 2", timeout=5000)
+        await phone.page.click("#new-chat")  # the phone can make one too
+        await phone.page.wait_for_function("document.querySelectorAll('#chats a').length === 3", timeout=5000)

@@ -84,6 +84,8 @@ async def test_bad_input_gets_clear_http_errors(store: tinystore.Store, web: str
             r = await http.post(url, json=body)
             assert r.status_code == status, (body, r.text)
             assert r.json()["error"]
+        r = await http.post(f"{web}/api/chats", json={"title": "t" * 201})  # refused, not cut short
+        assert r.status_code == 413 and "at most 200 characters, this one has 201" in r.json()["error"], r.text
         r = await http.post(url, content=b"{not json")
         assert r.status_code == 400
         r = await http.post(url, content=b"x" * 70_000)

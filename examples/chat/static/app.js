@@ -244,11 +244,18 @@ async function start() {
   openChat(id);
 }
 
+const MAX_TEXT = 4000; // characters (code points) a message may have, as the server counts them
+
 $("composer").addEventListener("submit", async (e) => {
   e.preventDefault();
   const box = $("text");
   const text = box.value;
   if (!text.trim()) return;
+  const length = [...text].length;
+  if (length > MAX_TEXT) {
+    showError(`A message has at most ${MAX_TEXT.toLocaleString()} characters; this one has ${length.toLocaleString()}.`);
+    return; // kept in the box, to be shortened
+  }
   box.value = "";
   try {
     const message = await api(`/api/chats/${state.chatId}/messages`, {
@@ -286,6 +293,19 @@ window.addEventListener("popstate", () => {
   const match = location.pathname.match(/^\/chats\/(\d+)/);
   if (match) openChat(+match[1]);
 });
+
+// a chat made in another tab shows in this one's list when this tab is shown again
+async function refreshChats() {
+  try {
+    renderChats(await api("/api/chats"));
+  } catch (err) {
+    // offline: the list stays as it is until the next time
+  }
+}
+document.addEventListener("visibilitychange", () => {
+  if (document.visibilityState === "visible") refreshChats();
+});
+window.addEventListener("focus", refreshChats);
 
 window.addEventListener("online", () => {
   if (state.source && state.source.readyState === EventSource.CLOSED) connect();
