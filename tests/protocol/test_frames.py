@@ -83,7 +83,7 @@ def test_round_trip_of_every_kind() -> None:
         (Kind.CANCEL, 2, "", b""),
     ]
     assert frames_[3].kind is Kind.GOAWAY and decode(frames_[3].body, GoAway).reason == "bye"
-    assert server.inflight == {1, 2}
+    assert server.inflight == {1}  # the CANCEL gave stream 2's credit back
     server.finished(2)
     # server → client: RESPONSE, ERROR, PUSH, GOAWAY
     out = b"".join(server.send_response(1, b"\xc3"))
@@ -305,6 +305,19 @@ def test_credit_comes_back_with_responses_errors_and_cancels() -> None:
     server.receive_data(client.send_request(6, "m", b""))
     with pytest.raises(ProtocolError, match="in flight"):
         server.next_event()
+
+
+def test_a_cancel_gives_its_credit_back_to_the_requests_read_with_it() -> None:
+    """A client that cancels a call and sends another at once (one write: CANCEL, then REQUEST) stays within
+    its credit: the parser frees the cancelled stream as it reads the CANCEL."""
+    client, server = handshake(max_inflight=2)
+    server.receive_data(client.send_request(1, "m", b"") + client.send_request(2, "m", b""))
+    events(server)
+    server.receive_data(client.send_cancel(2) + client.send_request(3, "m", b"") + client.send_cancel(3))
+    server.receive_data(client.send_request(3, "m", b""))  # a stream id used again after its cancel
+    kinds = [(e.kind, e.stream) for e in events(server) if isinstance(e, Frame)]
+    assert kinds == [(Kind.CANCEL, 2), (Kind.REQUEST, 3), (Kind.CANCEL, 3), (Kind.REQUEST, 3)]
+    assert server.inflight == {1, 3}
 
 
 def test_a_broken_connection_stays_broken() -> None:

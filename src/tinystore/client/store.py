@@ -24,6 +24,7 @@ from ..errors import (
     InUseError,
     InvalidError,
     PermissionDeniedError,
+    TinystoreError,
     UnavailableError,
     error_from,
 )
@@ -483,10 +484,13 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
     deadline = time.monotonic() + timeout
     next_spawn = 0.0
     log_path = paths.server_dir(directory) / "sidecar.log"
+    child: subprocess.Popen[bytes] | None = None
+    start = 0
     while time.monotonic() < deadline:
         now = time.monotonic()
         if now >= next_spawn:
             with log_path.open("ab") as log:
+                start = log.tell()
                 child = subprocess.Popen(
                     _server_cmd(directory, *extra),
                     stdin=subprocess.DEVNULL,
@@ -500,10 +504,38 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
         await asyncio.sleep(0.02)
         if await asyncio.to_thread(_can_connect, sock):
             return
-    tail = ""
-    with contextlib.suppress(OSError):
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-1]
-    raise UnavailableError(f"store {directory}: the sidecar did not start within {timeout:g}s ({tail})")
+        if child is not None and child.returncode not in (None, 0):
+            # it said why it could not start (a full disk, a read-only directory, a corrupt file): that will not
+            # pass by starting it again. A busy directory may: another process's sidecar is starting.
+            err = _sidecar_error(log_path, start)
+            if err is not None and not isinstance(err, InUseError):
+                raise err
+    err = _sidecar_error(log_path, 0)
+    why = err.message if err is not None else _last_line(log_path)
+    raise UnavailableError(f"store {directory}: the sidecar did not start within {timeout:g}s ({why})")
+
+
+def _sidecar_error(log_path: Path, start: int) -> TinystoreError | None:
+    """The last ``error[code] message`` line a sidecar wrote to its log from byte ``start`` on, as its error."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in reversed(text.splitlines()):
+        code, sep, message = line.partition("] ")
+        if sep and code.startswith("error[") and message:
+            return error_from(code.removeprefix("error["), message)
+    return None
+
+
+def _last_line(log_path: Path) -> str:
+    try:
+        lines = log_path.read_text(errors="replace").strip().splitlines()
+    except OSError as exc:
+        return f"its log {log_path} cannot be read: {exc.strerror}"
+    return lines[-1] if lines else f"its log {log_path} is empty: is the disk full?"
 
 
 async def connect(

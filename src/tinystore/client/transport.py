@@ -65,6 +65,37 @@ _SMALL_REQUESTS = frozenset(
 )
 
 
+# methods whose calls may wait at the server for as long as something else takes (the writer, a due job, a job's
+# change, a key). Each has a share of the request credit, and a reserve is left to the other calls, so that
+# the calls that end those waits always go out: the statements of the transaction that holds the writer, a
+# worker's claim of the job that many watch, a release. Past its share, a call waits in the SDK for its turn.
+_PARKING = frozenset({"sql.begin", "jobs.claim", "jobs.wait", ACQUIRE})
+
+
+def parking_cap(max_inflight: int) -> int:
+    """Calls of one :data:`_PARKING` method a connection may have in flight: an equal share of its credit
+    less a reserve of 64 (a quarter, with a small credit); 240 of 1,024."""
+    return max(1, (max_inflight - max(1, min(64, max_inflight // 4))) // len(_PARKING))
+
+
+class _Turns:
+    """The calls of one parking method: how many are in flight, and those waiting for their turn."""
+
+    __slots__ = ("count", "waiters")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def wake(self) -> None:
+        waiters = self.waiters
+        while waiters:
+            turn = waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+
+
 def too_large(method: str, request: Any, size: int, limit: int, subject: str = "") -> LimitError:
     """The ``LimitError`` of a request of ``method`` whose encoding (``size`` bytes) is over the frame limit,
     naming what it is about (``database app: sql.exec: the request is ... bytes``): ``subject`` when given,
@@ -425,6 +456,8 @@ class RemoteTransport(Transport):
         self.last_error: BaseException | None = None
         self.welcome: Welcome | None = None
         self.reconnects = 0
+        self._turns = {method: _Turns() for method in _PARKING}  # calls of _PARKING methods in flight
+        self._park_cap = parking_cap(frames.DEFAULT_MAX_INFLIGHT)
 
     async def connect(self) -> None:
         """Make the first connection; raises ``UnavailableError`` / ``UnauthenticatedError``."""
@@ -475,6 +508,7 @@ class RemoteTransport(Transport):
         self.test_clock = welcome.test_clock
         self.max_body = welcome.max_body
         proto.conn.max_inflight = welcome.max_inflight
+        self._park_cap = parking_cap(welcome.max_inflight)
         proto.conn.peer_max_body = welcome.max_body
         if self.on_connected is not None:
             try:
@@ -617,6 +651,31 @@ class RemoteTransport(Transport):
     async def call(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
     ) -> Any:
+        if method in _PARKING:
+            return await self._parked_call(method, request, response_type, write, retry)
+        return await self._call(method, request, response_type, write, retry)
+
+    async def _parked_call(self, method: str, request: Any, response_type: Any, write: bool, retry: bool) -> Any:
+        """A call that may wait long at the server, once fewer than its method's share of them are in flight
+        (see :data:`_PARKING`); a cancel while it waits for its turn sends nothing."""
+        turns = self._turns[method]
+        while turns.count >= self._park_cap:
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            turns.waiters.append(turn)
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():
+                    turns.wake()  # the turn it was given goes to the next
+                raise
+        turns.count += 1
+        try:
+            return await self._call(method, request, response_type, write, retry)
+        finally:
+            turns.count -= 1
+            turns.wake()
+
+    async def _call(self, method: str, request: Any, response_type: Any, write: bool, retry: bool) -> Any:
         try:
             body = encode(request)
         except (TypeError, ValueError, OverflowError) as exc:  # ValueError: text that is not valid Unicode

@@ -29,6 +29,7 @@ import math
 import operator
 import queue
 import re
+import resource
 import sqlite3
 import threading
 import time
@@ -47,6 +48,7 @@ from ..errors import (
     LimitError,
     TimeoutError_,
     TinystoreError,
+    UnavailableError,
 )
 from ..limits import Limits
 from ..names import a_or_an, check_name
@@ -314,7 +316,7 @@ def _rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False
         msg = f"database {db}: {why}; this rolled back the whole transaction {tx_id}, which has ended"
     else:
         msg = f"database {db}: transaction {tx_id} was rolled back by a statement that failed ({why})"
-    kind = type(err) if type(err) in (ConflictError, TimeoutError_, InvalidError) else ConflictError
+    kind = type(err) if type(err) in (ConflictError, TimeoutError_, InvalidError, UnavailableError) else ConflictError
     return kind(msg)
 
 
@@ -390,6 +392,10 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
         return TimeoutError_(
             f"database {db}: the statement ran past its time limit (Limits.statement_timeout) and was stopped"
         )
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    # (plain SQLITE_READONLY is a write on a reader's connection, below; its extended codes are the file's)
+    if name.startswith(("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READONLY_")):
+        return _storage_error(db, name, msg)
     if isinstance(exc, sqlite3.OperationalError) and "readonly" in msg:
         return InvalidError(f"database {db}: {msg} (this call reads; a statement that writes goes through exec)")
     if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in msg or "not a database" in msg):
@@ -399,6 +405,28 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
     if isinstance(exc, sqlite3.Error | ValueError):
         return InvalidError(f"database {db}: {msg}")
     return TinystoreError(f"database {db}: {type(exc).__name__}: {msg}")
+
+
+def _storage_error(db: str, name: str, msg: str) -> UnavailableError:
+    """What the file system refused (the disk is full, an I/O error, a file that cannot be opened or
+    written): ``UnavailableError``, which the caller may try again later, never ``InvalidError`` (its SQL is
+    not at fault). Nothing the statement wrote is kept."""
+    if name == "SQLITE_FULL":
+        why = "the disk is full: free some space (writes go on then; deleting rows needs room too)"
+    elif name.startswith("SQLITE_CANTOPEN"):
+        try:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (OSError, ValueError):
+            soft = -1
+        why = (
+            "a file of the database cannot be opened: out of file descriptors (this process may open "
+            f"{soft} files: raise `ulimit -n`), or the store's directory was moved or made unwritable"
+        )
+    elif name.startswith("SQLITE_READONLY"):
+        why = "a file of the database cannot be written (a read-only file system, or its permissions)"
+    else:
+        why = "the file system failed a read or write (a full or failing disk, or the directory was removed)"
+    return UnavailableError(f"database {db}: {msg} ({name}): {why}")
 
 
 class Later:

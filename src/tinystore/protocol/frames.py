@@ -278,6 +278,10 @@ class Connection:
                         if len(inflight) >= self.max_inflight:
                             raise ProtocolError(f"more than {self.max_inflight} requests in flight")
                         inflight.add(stream)
+                    elif k is Kind.CANCEL:
+                        # the request is over for the client's credit now: requests after it in this buffer
+                        # may take its place (what ran it is cancelled when the frame is handled)
+                        inflight.discard(stream)
                     elif k is Kind.HELLO:
                         raise ProtocolError(f"{k.name} after the handshake")
                 elif k is Kind.WELCOME:
@@ -369,6 +373,8 @@ class Connection:
             if len(self.inflight) >= self.max_inflight:
                 raise ProtocolError(f"more than {self.max_inflight} requests in flight")
             self.inflight.add(stream)
+        elif kind is Kind.CANCEL and self.role == "server":
+            self.inflight.discard(stream)  # as in the batch parser: its credit is back at once
 
     # -- sending ---------------------------------------------------------------------------------
 

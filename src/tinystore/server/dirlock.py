@@ -2,13 +2,76 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
 
-from ..errors import CorruptError, InUseError
+from ..errors import CorruptError, InUseError, PermissionDeniedError, TinystoreError, UnavailableError
 
 LOCK = "LOCK"
+
+# descriptors a child made by fork() must not keep: the LOCK of a directory this process owns (the lock goes
+# with the open file, so a child that outlived this process would keep the directory owned by no server)
+_CLOSE_IN_CHILD: set[int] = set()
+
+
+def close_in_child(fd: int) -> None:
+    """Have a child made by ``fork()`` let go of ``fd`` at once (the LOCK, a listening socket)."""
+    _CLOSE_IN_CHILD.add(fd)
+
+
+def keep_in_child(fd: int) -> None:
+    """Forget ``fd`` (it is closed here): a child made later has nothing to close."""
+    _CLOSE_IN_CHILD.discard(fd)
+
+
+def _after_fork_in_child() -> None:
+    """In a child made by ``fork()``: point each such descriptor at ``/dev/null``, which lets go of the file
+    or socket; the number stays open, so the child's copies of the objects that hold it close it harmlessly."""
+    fds = list(_CLOSE_IN_CHILD)
+    _CLOSE_IN_CHILD.clear()
+    if not fds:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        for fd in fds:
+            try:
+                os.dup2(null, fd, inheritable=False)
+            except OSError:
+                pass
+    finally:
+        os.close(null)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def storage_error(where: str, exc: OSError) -> TinystoreError:
+    """What the file system refused while the store starts, as one clear error: a full disk
+    (``UnavailableError``), a read-only file system or missing permission (``PermissionDeniedError``)."""
+    why = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UnavailableError(f"{where}: {why}: the disk is full; free some space and open the store again")
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return PermissionDeniedError(
+            f"{where}: {why}: a store writes its directory (its lock, its epoch, its databases' journals), even "
+            "to read"
+        )
+    return UnavailableError(f"{where}: {why}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's
+    return True
 
 
 def is_store(directory: Path) -> bool:
@@ -25,8 +88,15 @@ class DirLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock at once, or raise ``InUseError`` naming the directory and the owner's pid."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock at once, or raise ``InUseError`` naming the directory and the owner's pid;
+        ``PermissionDeniedError`` or ``UnavailableError`` when the file system refuses the file (read-only, full).
+        A child this process forks does not keep the lock."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            raise  # the caller names the store and this process's user
+        except OSError as exc:
+            raise storage_error(f"store {self.path.parent}: cannot open {LOCK}", exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -34,27 +104,50 @@ class DirLock:
                 owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             finally:
                 os.close(fd)
-            if owner == str(os.getpid()):
-                raise InUseError(
-                    f"store {self.path.parent}: this process (pid {owner}) already owns the directory "
-                    "(another store opened with embedded=True, or a private server); use that store instead "
-                    "of opening it twice"
-                ) from None
-            raise InUseError(
-                f"store {self.path.parent}: the directory is owned by another process (pid {owner}); "
-                "connect to it with tinystore.open() instead of owning it"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            raise self._in_use(owner) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise storage_error(f"store {self.path.parent}: cannot write {LOCK}", exc) from None
         self.fd = fd
+        _HELD.add(self.path)
+        close_in_child(fd)
+
+    def _in_use(self, owner: str) -> InUseError:
+        where = f"store {self.path.parent}"
+        if owner == str(os.getpid()) and self.path in _HELD:
+            return InUseError(
+                f"{where}: this process (pid {owner}) already owns the directory (another store opened with "
+                "embedded=True, or a private server); use that store instead of opening it twice"
+            )
+        if not owner.isdigit() or owner == str(os.getpid()) or not _alive(int(owner)):
+            # the pid in LOCK is not the owner: a process that inherited the lock (forked by the one that wrote
+            # it, before this version closed it in children), or one that locks the file by other means
+            return InUseError(
+                f"{where}: the directory is locked by a process other than the one that wrote {LOCK} (pid "
+                f"{owner}, which {'is this one' if owner == str(os.getpid()) else 'is gone'}): a process it "
+                f"forked, or another program; `fuser -v {self.path}` names it"
+            )
+        return InUseError(
+            f"{where}: the directory is owned by another process (pid {owner}); connect to it with "
+            "tinystore.open() instead of owning it"
+        )
 
     def release(self) -> None:
         if self.fd is not None:
+            _HELD.discard(self.path)
+            keep_in_child(self.fd)
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
             finally:
                 os.close(self.fd)
                 self.fd = None
+
+
+_HELD: set[Path] = set()
+"""The LOCK files this process holds."""
 
 
 def next_epoch(directory: Path, now_ms: int) -> int:
@@ -85,14 +178,23 @@ def next_epoch(directory: Path, now_ms: int) -> int:
             raise CorruptError(f"{path}: holds a negative epoch ({last})")
     epoch = max(now_ms, last + 1)
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(f"{epoch}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        with open(tmp, "w") as f:
+            f.write(f"{epoch}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except PermissionError:
+        raise  # the caller names the store and this process's user
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise storage_error(f"store {directory}: cannot save its epoch in {path.name}", exc) from None
     return epoch

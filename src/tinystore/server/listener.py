@@ -45,6 +45,7 @@ from ..protocol import frames
 from ..protocol.frames import Kind
 from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode
 from .core import Core, Method, Session, error_of
+from .dirlock import close_in_child, keep_in_child
 
 log = logging.getLogger("tinystore.server")
 
@@ -382,7 +383,8 @@ class ServerConnection(asyncio.Protocol):
         if running is not None:
             running.cancel()
         self.laters.pop(stream, None)
-        self.conn.finished(stream)
+        # (the frame parser gave the stream's credit back when it read the CANCEL: a request after it in the
+        # same read may already use the stream id again)
 
     def finish(self, stream: int, fut: asyncio.Future[Any]) -> None:
         """Answer ``stream`` with the outcome of ``fut``, the task or future that ran its call (its done
@@ -583,6 +585,7 @@ class Listener:
             sock.listen(BACKLOG)
             sock.setblocking(False)
             self.sockets.append(sock)
+            close_in_child(sock.fileno())  # a forked child that outlives this server must not keep it
             loop.add_reader(sock.fileno(), self._accept, sock)
         self.core.listeners.append(self)
 
@@ -669,6 +672,7 @@ class Listener:
         for sock in self.sockets:
             if sock.fileno() >= 0:
                 loop.remove_reader(sock.fileno())
+                keep_in_child(sock.fileno())
             sock.close()
         self.sockets = []
         for task in self.starting:

@@ -37,8 +37,15 @@ def make_directory(path: Path, what: str) -> None:
 def server_dir(directory: Path) -> Path:
     """``DIR/server``, created with mode 0700 (only its user can enter)."""
     d = directory / "server"
-    d.mkdir(parents=True, exist_ok=True)
-    os.chmod(d, 0o700)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+    except PermissionError:
+        raise  # the caller names the store and this process's user
+    except OSError as exc:
+        from .dirlock import storage_error
+
+        raise storage_error(f"store {directory}: cannot make {d}", exc) from None
     return d
 
 

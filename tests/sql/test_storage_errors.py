@@ -1,0 +1,78 @@
+"""What the file system refuses (the disk is full, an I/O error, a file that cannot be opened) is an
+``UnavailableError`` naming why, never an ``InvalidError``: the caller's SQL is not at fault, and it may try
+again later. Nothing of the refused write is kept; what was committed before stays."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tinystore
+from tinystore.engines import sql as engine_sql
+from tinystore.engines.sql import sql_error
+
+from ..helpers import open_store
+
+
+def _full() -> sqlite3.Error:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("pragma max_page_count = 2")
+    try:
+        conn.execute("create table t (v)")
+        conn.executemany("insert into t values (?)", [("x" * 3000,)] * 10)
+    except sqlite3.Error as exc:
+        return exc
+    raise AssertionError("no SQLITE_FULL")
+
+
+def test_sqlite_full_is_unavailable_and_says_the_disk_is_full() -> None:
+    err = sql_error("app", _full())
+    assert isinstance(err, tinystore.UnavailableError), err
+    assert err.message.startswith("database app: database or disk is full (SQLITE_FULL): the disk is full")
+
+
+def test_a_write_on_a_reader_stays_invalid() -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("pragma query_only = 1")
+    with pytest.raises(sqlite3.Error) as info:
+        conn.execute("create table t (v)")
+    err = sql_error("app", info.value)
+    assert isinstance(err, tinystore.InvalidError) and "this call reads" in err.message
+
+
+async def test_a_full_database_refuses_writes_clearly_and_keeps_what_was_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = engine_sql.SqlDatabase.connect
+
+    def connect(self: Any, *, readonly: bool) -> sqlite3.Connection:
+        conn = real(self, readonly=readonly)
+        if self.name == "app" and not readonly:
+            conn.set_authorizer(None)
+            conn.execute("pragma max_page_count = 12")  # a disk that fills after a few rows
+            conn.set_authorizer(engine_sql._authorizer(conn))
+        return conn
+
+    monkeypatch.setattr(engine_sql.SqlDatabase, "connect", connect)
+    async with open_store("embedded", tmp_path / "store") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (v text);")])
+        kept = 0
+        with pytest.raises(tinystore.UnavailableError) as info:
+            for _ in range(100):
+                await db.exec("insert into t values (?)", "x" * 3000)
+                kept += 1
+        assert "the disk is full" in info.value.message and info.value.code == "unavailable"
+        assert 0 < kept < 100 and await db.scalar("select count(*) from t") == kept
+
+        async def fill(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t values (?)", "y")
+            await tx.exec("insert into t values (?)", "z" * 50_000)
+
+        with pytest.raises(tinystore.UnavailableError):
+            await db.tx(fill)
+        assert await db.scalar("select count(*) from t where v = 'y'") == 0  # nothing of it is kept
+        other = await store.database("other", migrations=[("001.sql", "create table t (v text);")])
+        await other.exec("insert into t values (?)", "x" * 3000)  # another database goes on
