@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,3 +119,106 @@ async def test_a_sidecar_that_cannot_start_says_why_at_once(tmp_path: Path) -> N
     with pytest.raises(tinystore.CorruptError, match="EPOCH: holds 'not a number"):
         await tinystore.open(directory)  # before: 20 s of sidecars started again and again, then a log scrap
     assert time.monotonic() - started < 10
+
+
+async def test_queues_that_cannot_be_loaded_at_start_are_loaded_once_they_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tinystore.engines.sql import SqlEngine
+
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True)
+    await store.queue("q", dict).add({"n": 1})
+    await store.close()
+
+    real = SqlEngine.open
+    refusals = 0
+
+    async def open_(self: SqlEngine, name: str, migrations: Any = ()) -> Any:
+        nonlocal refusals
+        if name == "tinystore-jobs" and refusals < 1:
+            refusals += 1
+            raise tinystore.UnavailableError("database tinystore-jobs: disk I/O error (SQLITE_IOERR): ...")
+        return await real(self, name, migrations)
+
+    monkeypatch.setattr(SqlEngine, "open", open_)
+    store = await tinystore.open(directory, embedded=True)
+    try:
+        async with asyncio.timeout(10):
+            while not (await store.status())["jobs"]["queues"]:  # before: never, until a client opened it
+                await asyncio.sleep(0.05)
+        assert (await store.status())["jobs"]["queues"][0]["queued"] == 1
+        assert "jobs: cannot load the queues: database tinystore-jobs: disk I/O error" in caplog.text
+    finally:
+        await store.close()
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+@pytest.mark.parametrize("what", ["directory", "socket"])
+async def test_a_sidecar_whose_directory_or_socket_is_removed_stops(tmp_path: Path, what: str) -> None:
+    """Before: with its directory removed it acknowledged writes into deleted files, and a new store on the
+    path gave the same lock key to a second holder; with its socket removed nobody could reach it again."""
+    import shutil
+
+    from tinystore.server import paths
+
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory)
+    pid = int((paths.read_address(directory) or {})["pid"])
+    try:
+        db = await store.database("app", migrations=[("001.sql", "create table t (v);")])
+        await db.exec("insert into t values (1)")
+        if what == "directory":
+            shutil.rmtree(directory)
+        else:
+            paths.socket_path(directory).unlink()
+        async with asyncio.timeout(10):
+            while _running(pid):
+                await asyncio.sleep(0.05)
+    finally:
+        await store.close()
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+    if what == "socket":
+        store = await tinystore.open(directory)  # a new sidecar: the data is all there
+        try:
+            db = await store.database("app")
+            assert await db.scalar("select count(*) from t") == 1
+        finally:
+            await store.close()
+            await stop_sidecar(directory)
+
+
+async def test_open_tries_again_when_the_sidecar_it_found_dropped_the_handshake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sidecar found just as it exits (idle, or killed) resets the handshake: open looks again (and starts
+    a new one) rather than failing at once."""
+    from tinystore.client.transport import RemoteTransport
+
+    real = RemoteTransport._connect_once
+    resets = 0
+
+    async def connect_once(self: RemoteTransport) -> Any:
+        nonlocal resets
+        if resets == 0:
+            resets += 1
+            await self.endpoint()  # the server is found...
+            raise tinystore.UnavailableError("the store closed the connection during the handshake: reset")
+        return await real(self)
+
+    monkeypatch.setattr(RemoteTransport, "_connect_once", connect_once)
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory)
+    try:
+        assert resets == 1 and (await store.status())["mode"] == "sidecar"
+    finally:
+        await store.close()
+        await stop_sidecar(directory)

@@ -409,6 +409,7 @@ class _ServedBy:
         self.sidecar = True  # before the first connection: find one, or start a sidecar
         self.mode = ""
         self.pid = 0
+        self.found = False  # the last look for a server found one listening
 
     async def learn(self, directory: Path, welcome: Welcome) -> None:
         info: dict[str, Any] | None = None
@@ -440,13 +441,24 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
                 f"store {path}: its server ({what}, pid {served.pid}) is gone; waiting for it to come back "
                 "(the SDK starts a sidecar only in place of a sidecar)"
             )
+        served.found = True
         return "unix", str(sock)
 
     async def connected(welcome: Welcome) -> None:
         await served.learn(path, welcome)
 
     transport = RemoteTransport(endpoint, description=f"sidecar:{path}", where=str(path), on_connected=connected)
-    await transport.connect()
+    for attempt in range(5):
+        served.found = False
+        try:
+            await transport.connect()
+            break
+        except UnavailableError:
+            # a server was found but the connection failed (it was exiting, idle or killed, as we came): the
+            # next look starts a new sidecar. A server that could not be started or found is not looked for again.
+            if not served.found or attempt == 4:
+                raise
+            await asyncio.sleep(0.05 * 2**attempt)
     return Store(transport, mode="sidecar", directory=path, limits=limits)
 
 

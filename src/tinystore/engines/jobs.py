@@ -514,18 +514,31 @@ class JobsEngine:
         """Load every queue the store knows, so that leases, due times and ``keep`` run before anyone asks."""
         if not (self.sql.directory / f"{JOBS_DB}.db").exists():
             return
-        try:
-            db = await self.jobs_db()
-            rows = (await db.read(f"select name from {QUEUES}", [])).rows
+        delay = 1.0
+        while not self.closed:
+            try:
+                db = await self.jobs_db()
+                rows = (await db.read(f"select name from {QUEUES}", [])).rows
+            except ClosedError:
+                return
+            except (TinystoreError, OSError) as exc:
+                # the jobs database cannot be opened now (a full disk, out of file descriptors): try again, so
+                # that leases, due times and keep run once it can; a client that opens a queue meanwhile tries too
+                why = exc.message if isinstance(exc, TinystoreError) else str(exc)
+                log.error("jobs: cannot load the queues: %s; trying again in %gs", why, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
             for (name,) in rows:
                 if self.closed:
                     return
                 try:
                     await self._queue(name)
+                except ClosedError:
+                    return
                 except TinystoreError as exc:
                     log.warning("queue %s: not loaded: %s", name, exc.message)
-        except ClosedError:
-            pass
+            return
 
     def _track(self, coro: Any) -> None:
         """Run ``coro`` as a task the engine owns: cancelled at close, and what it raises is logged (never left

@@ -677,16 +677,24 @@ class SqlDatabase:
         return conn
 
     def start(self, migrations: Sequence[tuple[str, str]]) -> list[str]:
-        """Open the file, apply migrations (in the calling thread), start the threads. Returns applied names."""
-        writer = self.connect(readonly=False)
+        """Open the file, apply migrations (in the calling thread), start the threads. Returns applied names.
+
+        What SQLite or the file system refuses is raised as :func:`sql_error` maps it (a full disk, a file that
+        cannot be opened: ``UnavailableError``)."""
+        try:
+            writer = self.connect(readonly=False)
+        except sqlite3.Error as exc:
+            raise sql_error(self.name, exc) from None
         try:
             applied = self._migrate(writer, migrations)
-        except BaseException:
+            if self.inline_budget > 0:
+                self._inline = self.connect(readonly=True)
+                self._inline.set_progress_handler(self._inline_check, 500)
+        except BaseException as exc:
             writer.close()
+            if isinstance(exc, sqlite3.Error):
+                raise sql_error(self.name, exc) from None
             raise
-        if self.inline_budget > 0:
-            self._inline = self.connect(readonly=True)
-            self._inline.set_progress_handler(self._inline_check, 500)
         t = threading.Thread(target=self._writer_main, args=(writer,), name=f"tinystore-sql-{self.name}-w", daemon=True)
         self._threads.append(t)
         t.start()

@@ -58,8 +58,7 @@ def storage_error(where: str, exc: OSError) -> TinystoreError:
         return UnavailableError(f"{where}: {why}: the disk is full; free some space and open the store again")
     if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return PermissionDeniedError(
-            f"{where}: {why}: a store writes its directory (its lock, its epoch, its databases' journals), even "
-            "to read"
+            f"{where}: {why}: a store writes its directory (its lock, its epoch, its databases' journals), even to read"
         )
     return UnavailableError(f"{where}: {why}")
 

@@ -24,6 +24,7 @@ from ..limits import Limits
 from ..protocol.frames import PROTOCOL_VERSION
 from . import paths
 from .core import Core
+from .dirlock import LOCK
 from .listener import HANDSHAKE_TIMEOUT, Listener, load_tokens
 
 log = logging.getLogger("tinystore.server")
@@ -214,6 +215,7 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
         watchers.append(asyncio.ensure_future(_idle_watch(core, listeners, opts.idle)))
     if opts.parent_pid:
         watchers.append(asyncio.ensure_future(_parent_watch(core, opts.parent_pid)))
+    watchers.append(asyncio.ensure_future(_place_watch(core, stop_when_unreachable=opts.mode != "serve")))
     try:
         await core.stop_requested.wait()
     finally:
@@ -263,6 +265,62 @@ async def _parent_watch(core: Core, pid: int) -> None:
         if os.getppid() != pid:
             core.stop_requested.set()
             return
+
+
+PLACE_CHECK = 1.0
+"""Seconds between two looks at the store's directory (its LOCK) and its socket file."""
+
+
+def _same_file(path: Path, ino: tuple[int, int]) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == ino
+
+
+async def _place_watch(core: Core, stop_when_unreachable: bool) -> None:
+    """Stop the server when its directory was removed or replaced while it ran (``DIR/LOCK`` is no longer the
+    file it locked): every write acknowledged from then on would go to files nobody can open again, and a
+    new server on the path would hand out the same lock keys. A sidecar or private server whose socket file
+    was removed (no new client can reach it; the next ``open`` would start another and fail) stops too; a
+    ``tinystore serve`` logs it, once, and goes on for its connections and TCP clients."""
+    lock_fd = core._lock.fd
+    if lock_fd is None:
+        return
+    st = os.fstat(lock_fd)
+    lock_ino = (st.st_dev, st.st_ino)
+    sock = paths.socket_path(core.directory)
+    try:
+        sst = os.stat(sock)
+        sock_ino: tuple[int, int] | None = (sst.st_dev, sst.st_ino)
+    except OSError:
+        sock_ino = None
+    told = False
+    while True:
+        await asyncio.sleep(PLACE_CHECK)
+        if not _same_file(core.directory / LOCK, lock_ino) or os.fstat(lock_fd).st_nlink == 0:
+            log.error(
+                "store %s: its directory was removed or replaced while the server ran (%s is not the file it "
+                "locked): stopping, as writes from now on would be lost",
+                core.directory,
+                LOCK,
+            )
+            core.stop_requested.set()
+            return
+        if sock_ino is not None and not told and not _same_file(sock, sock_ino):
+            if stop_when_unreachable:
+                log.error(
+                    "store %s: its socket %s was removed: no new client can reach it; stopping", core.directory, sock
+                )
+                core.stop_requested.set()
+                return
+            log.error(
+                "store %s: its socket %s was removed: new local clients cannot reach this server (restart it)",
+                core.directory,
+                sock,
+            )
+            told = True
 
 
 def run(opts: ServeOptions, ready: Any = None) -> int:
