@@ -552,20 +552,37 @@ class _Runner:
         def failed(why: str) -> Report:
             return Report(queue=self.queue.name, id=c.id, fence=c.fence, outcome="error", error=_clean(why))
 
-        for _ in range(4):
+        # a store that cannot take the report now (unreachable, restarting, its disk full) is asked again, with
+        # backoff, for up to twice the lease (the renewals keep the attempt meanwhile): so the job ends as its
+        # handler did, not "worker lost" once the store can write again
+        deadline = time.monotonic() + max(2 * a.lease, 5.0)
+        delay = 0.2
+        refusals = 0
+        while True:
             try:
                 await self.call("jobs.report", report, bool)
                 return
             except (UnavailableError, OutcomeUnknownError, ClosedError) as exc:
-                if self.queue.store._closed:
-                    return
-                log.warning("queue %s: job %s: report failed (%s); trying again", self.queue.name, c.id, exc)
-                await asyncio.sleep(0.2)
+                if self.queue.store._closed or time.monotonic() + delay > deadline:
+                    break
+                log.warning(
+                    "queue %s: job %s: report failed (%s); trying again in %gs", self.queue.name, c.id, exc, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
             except (InvalidError, LimitError) as exc:
+                refusals += 1
+                if refusals > 3:
+                    break
                 report = failed(f"the attempt's report was refused: {exc.message}")
             except Exception as exc:  # not the store's refusal: a report that cannot even be sent
+                refusals += 1
+                if refusals > 3:
+                    break
                 log.error("queue %s: job %s: report failed: %s", self.queue.name, c.id, _describe(exc), exc_info=exc)
                 report = failed(f"the attempt's report failed: {_describe(exc)}")
+        if self.queue.store._closed:
+            return
         log.error(
             "queue %s: job %s: attempt %d: its end could not be reported; it stays running until its lease runs out",
             self.queue.name,
