@@ -41,6 +41,7 @@ async def _store_with(tmp_path: Path, *names: str) -> Path:
             db = await store.database(name, migrations=[("001.sql", "create table t (a, b);")])
             await db.exec("insert into t values (?, ?)", "[/]", "[bold]x[/bold]")
             await db.exec("insert into t values (?, ?)", b"\x00\xff", None)
+            await db.exec("insert into t values (?, ?)", "two\nlines \x1b[2J \u202e", 3)
     finally:
         await store.close()
     return directory
@@ -52,10 +53,11 @@ async def test_values_that_look_like_markup_print_as_they_are(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     assert "[/]" in done.stdout and "[bold]x[/bold]" in done.stdout  # printed, not read as rich markup
     assert "x'00ff'" in done.stdout and "NULL" in done.stdout  # a blob as SQL writes it (--json: hex)
+    assert "two\\nlines \\x1b[2J \\u202e" in done.stdout and "\x1b" not in done.stdout  # controls as escapes
     rows = [
         json.loads(line) for line in run_cli("sql", str(directory), "select * from t", "--json").stdout.splitlines()
     ]
-    assert rows == [{"a": "[/]", "b": "[bold]x[/bold]"}, {"a": "00ff", "b": None}]
+    assert rows[:2] == [{"a": "[/]", "b": "[bold]x[/bold]"}, {"a": "00ff", "b": None}]
 
 
 async def test_without_db_the_only_database_or_main_else_a_choice(tmp_path: Path) -> None:

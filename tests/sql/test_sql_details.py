@@ -197,3 +197,10 @@ def test_the_named_placeholder_scan() -> None:
     assert named_placeholder("select $y") == "$y"
     assert named_placeholder("select :a1_b") == ":a1_b"
     assert named_placeholder("select :") is None
+    assert named_placeholder("select #a") == "#a"  # SQLite takes # too
+    assert named_placeholder("select :€") == ":€" and named_placeholder("select @😀x") == "@😀x"  # names past ASCII
+    assert named_placeholder("select 1 as €$x") is None  # "$" inside a name that starts past ASCII
+    assert named_placeholder("select json_extract(v, '$.a.b') from t") is None
+    assert named_placeholder("select 'open :a") is None  # a string left open: SQLite's error, not ours
+    big = "insert into t values " + ",".join("(1, 'a:b $c', x'00', 12.5e3)" for _ in range(20_000))
+    assert named_placeholder(big) is None and named_placeholder(big + ", (:last)") == ":last"

@@ -68,3 +68,29 @@ async def test_more_watches_than_the_credit_leave_room_for_other_calls(tmp_path:
                 w.cancel()
             await asyncio.gather(*watches, return_exceptions=True)
         assert seen >= MANY
+
+
+@pytest.mark.parametrize("mode", ["private", "tcp"])
+async def test_writes_waiting_for_a_transactions_writer_leave_room_for_its_statements(
+    tmp_path: Path, mode: str
+) -> None:
+    """Plain writes wait at the server while a transaction holds the writer; 2,000 of them took all the credit,
+    so the transaction's next statement could not go out and it was rolled back at tx_idle."""
+    async with open_store(mode, tmp_path / "store") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (v integer);")])
+        began = asyncio.Event()
+        writes: list[asyncio.Future[object]] = []
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t values (0)")
+            began.set()
+            await asyncio.sleep(0.5)  # meanwhile, 2,000 writes come and wait for the writer
+            await tx.exec("insert into t values (-1)")
+
+        async with asyncio.timeout(60):
+            tx = asyncio.ensure_future(db.tx(fn))
+            await began.wait()
+            writes = [asyncio.ensure_future(db.exec("insert into t values (?)", i)) for i in range(1, 2001)]
+            await tx
+            await asyncio.gather(*writes)
+        assert await db.scalar("select count(*) from t") == 2002

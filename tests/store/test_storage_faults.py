@@ -164,13 +164,15 @@ def _running(pid: int) -> bool:
 @pytest.mark.parametrize("what", ["directory", "socket"])
 async def test_a_sidecar_whose_directory_or_socket_is_removed_stops(tmp_path: Path, what: str) -> None:
     """Before: with its directory removed it acknowledged writes into deleted files, and a new store on the
-    path gave the same lock key to a second holder; with its socket removed nobody could reach it again."""
+    path gave the same lock key to a second holder; with its socket removed nobody could reach it again. Its
+    clients do not make a new, empty store where the removed one was."""
     import shutil
 
     from tinystore.server import paths
 
     directory = tmp_path / "store"
     store = await tinystore.open(directory)
+    store.transport.reconnect_timeout = 2.0  # the store is not coming back: say so soon
     pid = int((paths.read_address(directory) or {})["pid"])
     try:
         db = await store.database("app", migrations=[("001.sql", "create table t (v);")])
@@ -182,18 +184,47 @@ async def test_a_sidecar_whose_directory_or_socket_is_removed_stops(tmp_path: Pa
         async with asyncio.timeout(10):
             while _running(pid):
                 await asyncio.sleep(0.05)
+        if what == "directory":
+            with pytest.raises(tinystore.UnavailableError, match="its directory is gone or holds no store any more"):
+                await db.exec("insert into t values (2)")
+            assert not directory.exists()  # no new, empty store in its place
+        else:  # a new sidecar, on the same files: the data is all there
+            assert await db.scalar("select count(*) from t") == 1
     finally:
         await store.close()
         if _running(pid):
             os.kill(pid, signal.SIGKILL)
-    if what == "socket":
-        store = await tinystore.open(directory)  # a new sidecar: the data is all there
-        try:
-            db = await store.database("app")
-            assert await db.scalar("select count(*) from t") == 1
-        finally:
-            await store.close()
-            await stop_sidecar(directory)
+        await stop_sidecar(directory)
+
+
+async def test_a_sidecar_whose_directory_is_moved_stops_and_its_clients_make_no_new_store(tmp_path: Path) -> None:
+    """SQLite cannot go on with files that moved (an I/O error at the next write): the server stops, and its
+    clients say the store is gone from its path instead of starting a new, empty one there (a split brain)."""
+    from tinystore.server import paths
+
+    directory = tmp_path / "a" / "store"
+    store = await tinystore.open(directory)
+    store.transport.reconnect_timeout = 2.0
+    pid = int((paths.read_address(directory) or {})["pid"])
+    try:
+        db = await store.database("app", migrations=[("001.sql", "create table t (v);")])
+        await db.exec("insert into t values (1)")
+        (tmp_path / "a").rename(tmp_path / "b")  # a parent renamed
+        async with asyncio.timeout(10):
+            while _running(pid):
+                await asyncio.sleep(0.05)
+        with pytest.raises(tinystore.UnavailableError, match="its directory is gone or holds no store any more"):
+            await db.exec("insert into t values (2)")
+        assert not directory.exists()
+    finally:
+        await store.close()
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+    moved = await tinystore.open(tmp_path / "b" / "store", embedded=True)  # all of it, where it went
+    try:
+        assert await (await moved.database("app")).scalar("select count(*) from t") == 1
+    finally:
+        await moved.close()
 
 
 async def test_open_tries_again_when_the_sidecar_it_found_dropped_the_handshake(
@@ -222,3 +253,18 @@ async def test_open_tries_again_when_the_sidecar_it_found_dropped_the_handshake(
     finally:
         await store.close()
         await stop_sidecar(directory)
+
+
+@pytest.mark.parametrize(
+    ("err", "kind"),
+    [(errno.EROFS, tinystore.PermissionDeniedError), (errno.ENOSPC, tinystore.UnavailableError)],
+)
+async def test_a_new_store_on_a_full_or_read_only_disk_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int, kind: type[tinystore.TinystoreError]
+) -> None:
+    def mkdir(self: Path, *args: Any, **kw: Any) -> None:
+        raise OSError(err, os.strerror(err), str(self))
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(kind, match=f"open: cannot make the store's directory .*{os.strerror(err)}"):
+        await tinystore.open(tmp_path / "new", embedded=True)

@@ -85,12 +85,27 @@ def pass_store_dir(fn: Callable[Concatenate[Path, P], T]) -> Callable[P, T]:
     return command
 
 
+# control characters (a terminal would act on them: colours, a cleared screen, a line that looks like two rows)
+# and the bidirectional controls (which reorder what is shown), written as escapes in tables
+_VISIBLE = {
+    i: ("\\n" if i == 10 else "\\t" if i == 9 else "\\r" if i == 13 else f"\\x{i:02x}")
+    for i in (*range(0x20), *range(0x7F, 0xA0))
+} | {i: f"\\u{i:04x}" for i in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def visible(text: str) -> str:
+    """``text`` with its control and bidirectional-control characters written as escapes (``\\n``, ``\\x1b``)."""
+    return text.translate(_VISIBLE)
+
+
 def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
     table = Table(title=title, show_lines=False)
     for c in columns:
-        table.add_column(str(c))
+        table.add_column(visible(str(c)))
     for r in rows:
-        table.add_row(*["NULL" if v is None else (f"x'{v.hex()}'" if isinstance(v, bytes) else str(v)) for v in r])
+        table.add_row(
+            *["NULL" if v is None else (f"x'{v.hex()}'" if isinstance(v, bytes) else visible(str(v))) for v in r]
+        )
     console.print(table)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from . import console, fail, open_for_cli, pass_store_dir, print_table, run_async, to_json
+from . import console, fail, open_for_cli, pass_store_dir, print_table, run_async, to_json, visible
 
 
 def _at(when: datetime | None) -> str:
@@ -123,7 +123,7 @@ def register(main: click.Group) -> None:
             cells = [j.queue, _state(j), f"{j.attempts}/{j.max_attempts}", j.tenant]
             if wide:
                 cells += [j.type or "", _short(j.progress, 24), _at(j.created_at), _at(j.finished_at)]
-            table.add_row(j.id, *cells, _short(j.error, 60))
+            table.add_row(j.id, *(visible(str(c)) for c in cells), visible(_short(j.error, 60)))
         console.print(table)
         if page.next:
             console.print(f"more: --after {page.next}", highlight=False)

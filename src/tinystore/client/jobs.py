@@ -538,8 +538,8 @@ class _Runner:
 
     async def _report(self, a: _Attempt, outcome: str, **kw: Any) -> None:
         """Report how attempt ``a`` ended. Raises nothing but a cancel: a report the store refuses is sent again as
-        a failed attempt saying why; one that cannot get through is tried a few times, then left to the attempt's
-        lease (an embedded store's next start gives its attempts one), with an error in the log."""
+        a failed attempt saying why; one that cannot get through is sent again (backoff up to 5 s) until it does or
+        the store is closed (then it is left to the attempt's lease, with an error in the log)."""
         a.reporting = True
         self.free(a)
         c = a.claimed
@@ -553,9 +553,8 @@ class _Runner:
             return Report(queue=self.queue.name, id=c.id, fence=c.fence, outcome="error", error=_clean(why))
 
         # a store that cannot take the report now (unreachable, restarting, its disk full) is asked again, with
-        # backoff, for up to twice the lease (the renewals keep the attempt meanwhile): so the job ends as its
-        # handler did, not "worker lost" once the store can write again
-        deadline = time.monotonic() + max(2 * a.lease, 5.0)
+        # backoff up to 5 s, for as long as it is open: the job ends as its handler did once the store can write
+        # again (its lease cannot run out meanwhile: that too is a write), not "worker lost" and run again
         delay = 0.2
         refusals = 0
         while True:
@@ -563,7 +562,7 @@ class _Runner:
                 await self.call("jobs.report", report, bool)
                 return
             except (UnavailableError, OutcomeUnknownError, ClosedError) as exc:
-                if self.queue.store._closed or time.monotonic() + delay > deadline:
+                if self.queue.store._closed:
                     break
                 log.warning(
                     "queue %s: job %s: report failed (%s); trying again in %gs", self.queue.name, c.id, exc, delay

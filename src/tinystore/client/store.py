@@ -33,6 +33,7 @@ from ..names import check_name
 from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Empty, Stop
 from ..server import paths
+from ..server.dirlock import LOCK
 from .sql import Database, read_migrations
 
 if TYPE_CHECKING:
@@ -433,6 +434,13 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
     served = _ServedBy()
 
     async def endpoint() -> tuple[str, Any]:
+        if served.pid and not (path / LOCK).is_file():
+            # connected before, and the store is gone from its path (removed, or moved away): starting a sidecar
+            # would make a new, empty store in its place, and the writes of this process would go there
+            raise UnavailableError(
+                f"store {path}: its directory is gone or holds no store any more (removed or moved while this "
+                "process used it); not making a new, empty store in its place"
+            )
         if served.sidecar:
             await ensure_server(path, sock, extra)
         elif not await asyncio.to_thread(_can_connect, sock):
@@ -447,7 +455,7 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
     async def connected(welcome: Welcome) -> None:
         await served.learn(path, welcome)
 
-    transport = RemoteTransport(endpoint, description=f"sidecar:{path}", where=str(path), on_connected=connected)
+    transport = RemoteTransport(endpoint, description=str(path), where=str(path), on_connected=connected)
     for attempt in range(5):
         served.found = False
         try:

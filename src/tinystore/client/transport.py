@@ -66,15 +66,19 @@ _SMALL_REQUESTS = frozenset(
 
 
 # methods whose calls may wait at the server for as long as something else takes (the writer, a due job, a job's
-# change, a key). Each has a share of the request credit, and a reserve is left to the other calls, so that
-# the calls that end those waits always go out: the statements of the transaction that holds the writer, a
-# worker's claim of the job that many watch, a release. Past its share, a call waits in the SDK for its turn.
-_PARKING = frozenset({"sql.begin", "jobs.claim", "jobs.wait", ACQUIRE})
+# change, a key), and writes, which wait for the writer a transaction may hold. Each has a share of the
+# request credit, and a reserve is left to the other calls, so that the calls that end those waits always go
+# out: the statements of the transaction that holds the writer, a worker's claim of the job that many watch, a
+# release. Past its share, a call waits in the SDK for its turn.
+_PARKING = frozenset({"sql.begin", "jobs.claim", "jobs.wait", ACQUIRE, "sql.exec", "jobs.add"})
+# of these, a statement or an add inside a transaction is not one: it goes out at once (the transaction holds
+# the writer that the others wait for)
+_IN_TX = frozenset({"sql.exec", "jobs.add"})
 
 
 def parking_cap(max_inflight: int) -> int:
     """Calls of one :data:`_PARKING` method a connection may have in flight: an equal share of its credit
-    less a reserve of 64 (a quarter, with a small credit); 240 of 1,024."""
+    less a reserve of 64 (a quarter, with a small credit); 160 of 1,024."""
     return max(1, (max_inflight - max(1, min(64, max_inflight // 4))) // len(_PARKING))
 
 
@@ -651,7 +655,7 @@ class RemoteTransport(Transport):
     async def call(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
     ) -> Any:
-        if method in _PARKING:
+        if method in _PARKING and not (method in _IN_TX and request.tx):
             return await self._parked_call(method, request, response_type, write, retry)
         return await self._call(method, request, response_type, write, retry)
 

@@ -93,41 +93,45 @@ def check_params(db: str, sql: str, params: Sequence[Any]) -> list[Any]:
     return _check_params(db, params)
 
 
-_SKIP = {"'": "'", '"': '"', "`": "`", "[": "]"}
+_NAME_CHAR = "A-Za-z0-9_\\x80-\\U0010ffff"
+# what a statement holds outside its placeholders, eaten without backtracking (possessive): strings, quoted
+# names, comments (a quote or comment left open runs to the end), names and numbers (with the "$" SQLite allows
+# inside a name), and any other run of characters that starts none of these
+_NOT_A_PLACEHOLDER = re.compile(
+    r"(?:'[^']*+(?:'|$)|\"[^\"]*+(?:\"|$)|`[^`]*+(?:`|$)|\[[^\]]*+(?:\]|$)|--[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|$)"
+    rf"|[{_NAME_CHAR}][{_NAME_CHAR}$]*+|[^'\"`\[\-/:@$#{_NAME_CHAR}]++|[-/])*+"
+)
+_PLACEHOLDER = re.compile(rf"[:@$#][{_NAME_CHAR}][{_NAME_CHAR}$:]*+")
+_CACHED_SQL = 4096
+"""Statements up to this many characters have their scan kept (the usual ones, sent again and again)."""
+
+
+def named_placeholder(sql: str) -> str | None:
+    """The first named placeholder (``:a``, ``@a``, ``$a``, ``#a``) of ``sql`` outside its strings, quoted
+    names and comments, or ``None``. SQLite would bind positional values to them by number, silently."""
+    if ":" not in sql and "@" not in sql and "$" not in sql and "#" not in sql:
+        return None
+    if len(sql) <= _CACHED_SQL:
+        return _named_placeholder_cached(sql)
+    return _named_placeholder(sql)
 
 
 @functools.lru_cache(maxsize=1024)
-def named_placeholder(sql: str) -> str | None:
-    """The first named placeholder (``:a``, ``@a``, ``$a``) of ``sql`` outside its strings, quoted names and
-    comments, or ``None``. SQLite would bind positional values to them by number, silently."""
-    if ":" not in sql and "@" not in sql and "$" not in sql:
-        return None
-    i, n = 0, len(sql)
-    while i < n:
-        c = sql[i]
-        if c in _SKIP:
-            end = sql.find(_SKIP[c], i + 1)
-            while end != -1 and c != "[" and sql.startswith(c, end + 1):  # '' inside '...'
-                end = sql.find(c, end + 2)
-            i = n if end == -1 else end + 1
-        elif c == "-" and sql.startswith("--", i):
-            end = sql.find("\n", i)
-            i = n if end == -1 else end + 1
-        elif c == "/" and sql.startswith("/*", i):
-            end = sql.find("*/", i + 2)
-            i = n if end == -1 else end + 2
-        elif c.isalnum() or c == "_":  # a name or a number: a $ inside it is part of it
-            i += 1
-            while i < n and (sql[i].isalnum() or sql[i] in "_$"):
-                i += 1
-        elif c in ":@$" and i + 1 < n and (sql[i + 1].isalnum() or sql[i + 1] == "_"):
-            j = i + 1
-            while j < n and (sql[j].isalnum() or sql[j] in "_$:"):
-                j += 1
-            return sql[i:j]
-        else:
-            i += 1
-    return None
+def _named_placeholder_cached(sql: str) -> str | None:
+    return _named_placeholder(sql)
+
+
+def _named_placeholder(sql: str) -> str | None:
+    pos, n = 0, len(sql)
+    while True:
+        m = _NOT_A_PLACEHOLDER.match(sql, pos)
+        pos = m.end() if m is not None else pos
+        if pos >= n:
+            return None
+        found = _PLACEHOLDER.match(sql, pos)
+        if found is not None:
+            return found.group()
+        pos += 1  # a ":" or "@" on its own: SQLite's to judge
 
 
 def _check_params(db: str, params: Sequence[Any]) -> list[Any]:

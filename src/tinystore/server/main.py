@@ -280,11 +280,12 @@ def _same_file(path: Path, ino: tuple[int, int]) -> bool:
 
 
 async def _place_watch(core: Core, stop_when_unreachable: bool) -> None:
-    """Stop the server when its directory was removed or replaced while it ran (``DIR/LOCK`` is no longer the
-    file it locked): every write acknowledged from then on would go to files nobody can open again, and a
-    new server on the path would hand out the same lock keys. A sidecar or private server whose socket file
-    was removed (no new client can reach it; the next ``open`` would start another and fail) stops too; a
-    ``tinystore serve`` logs it, once, and goes on for its connections and TCP clients."""
+    """Stop the server when its directory was removed, moved or replaced while it ran (``DIR/LOCK`` is no
+    longer the file it locked): SQLite cannot go on with files that moved, and every write acknowledged into
+    removed files would be lost. Its clients do not make a new store at the old path (the SDK refuses to). A
+    sidecar or private server whose socket file was removed (no new client can reach it; the next ``open``
+    would start another and fail) stops too; a ``tinystore serve`` logs it, once, and goes on for its
+    connections and TCP clients."""
     lock_fd = core._lock.fd
     if lock_fd is None:
         return
@@ -296,19 +297,20 @@ async def _place_watch(core: Core, stop_when_unreachable: bool) -> None:
         sock_ino: tuple[int, int] | None = (sst.st_dev, sst.st_ino)
     except OSError:
         sock_ino = None
-    told = False
+    told_sock = False
     while True:
         await asyncio.sleep(PLACE_CHECK)
-        if not _same_file(core.directory / LOCK, lock_ino) or os.fstat(lock_fd).st_nlink == 0:
+        removed = os.fstat(lock_fd).st_nlink == 0
+        if removed or not _same_file(core.directory / LOCK, lock_ino):
             log.error(
-                "store %s: its directory was removed or replaced while the server ran (%s is not the file it "
-                "locked): stopping, as writes from now on would be lost",
+                "store %s: its directory was %s while the server ran: stopping (SQLite cannot go on with files that "
+                "moved, and writes into removed files would be lost)",
                 core.directory,
-                LOCK,
+                "removed" if removed else "moved or replaced",
             )
             core.stop_requested.set()
             return
-        if sock_ino is not None and not told and not _same_file(sock, sock_ino):
+        if sock_ino is not None and not told_sock and not _same_file(sock, sock_ino):
             if stop_when_unreachable:
                 log.error(
                     "store %s: its socket %s was removed: no new client can reach it; stopping", core.directory, sock
@@ -320,7 +322,7 @@ async def _place_watch(core: Core, stop_when_unreachable: bool) -> None:
                 core.directory,
                 sock,
             )
-            told = True
+            told_sock = True
 
 
 def run(opts: ServeOptions, ready: Any = None) -> int:

@@ -7,6 +7,7 @@ the directory, and ``DIR/server/address`` says where.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -31,6 +32,10 @@ def make_directory(path: Path, what: str) -> None:
     except PermissionError:
         raise
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            from .dirlock import storage_error
+
+            raise storage_error(f"{what}: cannot make the store's directory {path}", exc) from None
         raise InvalidError(f"{what}: cannot make the store's directory {path}: {exc.strerror or exc}") from None
 
 
