@@ -655,14 +655,84 @@ class RemoteTransport(Transport):
     async def call(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
     ) -> Any:
+        turns = None
         if method in _PARKING and not (method in _IN_TX and request.tx):
-            return await self._parked_call(method, request, response_type, write, retry)
-        return await self._call(method, request, response_type, write, retry)
+            # a call that may wait long at the server: once fewer than its method's share of them are in flight
+            # (see _PARKING); a cancel while it waits for its turn sends nothing
+            turns = self._turns[method]
+            if turns.count >= self._park_cap or turns.waiters:
+                await self._turn(turns)
+            turns.count += 1
+        try:
+            try:
+                body = encode(request)
+            except (TypeError, ValueError, OverflowError) as exc:  # ValueError: text that is not valid Unicode
+                raise _unsendable(method, request, exc) from None
+            if len(body) > self.max_body:
+                # the server would refuse the frame and close the connection: refuse it here, send nothing
+                raise too_large(method, request, len(body), self.max_body)
+            while True:
+                conn = self._conn
+                if conn is None or self.closed:
+                    conn = await self._wait_up()
+                if conn.lost or conn.goaway is not None or conn.transport is None or conn.transport.is_closing():
+                    # aborted, or the server said goodbye, and not yet lost: wait for the next connection
+                    # rather than write into this one (a write would be lost unsent, yet OutcomeUnknownError)
+                    await conn.wait_gone()
+                    continue
+                pending = conn.pending
+                if len(pending) >= conn.conn.max_inflight:
+                    # request credit used up: wait for an answer before sending more
+                    w: asyncio.Future[None] = conn.loop.create_future()
+                    conn.waiters.append(w)
+                    await w
+                    continue
+                stream = next(self._ids)
+                fut: asyncio.Future[bytes] = conn.loop.create_future()
+                pending[stream] = fut
+                # conn.send(...), inline: what this loop turn queues goes out in one write
+                conn.out.append(request_frame(stream, method, body))
+                conn.unsent.add(stream)
+                if not conn.flush_scheduled:
+                    conn.flush_scheduled = True
+                    conn.loop.call_soon(conn.flush)
+                try:
+                    raw = await fut
+                except _NotSent:
+                    continue
+                except _Lost as exc:
+                    if write:
+                        raise OutcomeUnknownError(
+                            f"{method}: the connection dropped before the answer came ({exc}); "
+                            "the write may or may not have taken effect"
+                        ) from None
+                    if not retry:
+                        raise ClosedError(f"{method}: the connection to the store dropped ({exc})") from None
+                    continue
+                except _Refused as exc:
+                    if not retry:
+                        raise UnavailableError(f"{method}: {exc}") from None
+                    # it was not run: safe to send again (a write too) once the next server is reached
+                    await conn.wait_gone()
+                    continue
+                except asyncio.CancelledError:
+                    if conn.pending.pop(stream, None) is not None and not conn.lost and conn.transport is not None:
+                        conn.send(conn.conn.send_cancel(stream))
+                        conn.release()
+                    raise
+                dec = _DECODERS.get(response_type)
+                if dec is None:
+                    dec = decoder_for(response_type).decode
+                    _DECODERS[response_type] = dec
+                return dec(raw)
+        finally:
+            if turns is not None:
+                turns.count -= 1
+                if turns.waiters:
+                    turns.wake()
 
-    async def _parked_call(self, method: str, request: Any, response_type: Any, write: bool, retry: bool) -> Any:
-        """A call that may wait long at the server, once fewer than its method's share of them are in flight
-        (see :data:`_PARKING`); a cancel while it waits for its turn sends nothing."""
-        turns = self._turns[method]
+    async def _turn(self, turns: _Turns) -> None:
+        """Wait until fewer than the cap of ``turns``' calls are in flight."""
         while turns.count >= self._park_cap:
             turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             turns.waiters.append(turn)
@@ -672,75 +742,6 @@ class RemoteTransport(Transport):
                 if turn.done() and not turn.cancelled():
                     turns.wake()  # the turn it was given goes to the next
                 raise
-        turns.count += 1
-        try:
-            return await self._call(method, request, response_type, write, retry)
-        finally:
-            turns.count -= 1
-            turns.wake()
-
-    async def _call(self, method: str, request: Any, response_type: Any, write: bool, retry: bool) -> Any:
-        try:
-            body = encode(request)
-        except (TypeError, ValueError, OverflowError) as exc:  # ValueError: text that is not valid Unicode
-            raise _unsendable(method, request, exc) from None
-        if len(body) > self.max_body:
-            # the server would refuse the frame and close the connection: refuse it here, send nothing
-            raise too_large(method, request, len(body), self.max_body)
-        while True:
-            conn = self._conn
-            if conn is None or self.closed:
-                conn = await self._wait_up()
-            if conn.lost or conn.goaway is not None or conn.transport is None or conn.transport.is_closing():
-                # aborted, or the server said goodbye, and not yet lost: wait for the next connection
-                # rather than write into this one (a write would be lost unsent, yet OutcomeUnknownError)
-                await conn.wait_gone()
-                continue
-            pending = conn.pending
-            if len(pending) >= conn.conn.max_inflight:
-                # request credit used up: wait for an answer before sending more
-                w: asyncio.Future[None] = conn.loop.create_future()
-                conn.waiters.append(w)
-                await w
-                continue
-            stream = next(self._ids)
-            fut: asyncio.Future[bytes] = conn.loop.create_future()
-            pending[stream] = fut
-            # conn.send(...), inline: what this loop turn queues goes out in one write
-            conn.out.append(request_frame(stream, method, body))
-            conn.unsent.add(stream)
-            if not conn.flush_scheduled:
-                conn.flush_scheduled = True
-                conn.loop.call_soon(conn.flush)
-            try:
-                raw = await fut
-            except _NotSent:
-                continue
-            except _Lost as exc:
-                if write:
-                    raise OutcomeUnknownError(
-                        f"{method}: the connection dropped before the answer came ({exc}); "
-                        "the write may or may not have taken effect"
-                    ) from None
-                if not retry:
-                    raise ClosedError(f"{method}: the connection to the store dropped ({exc})") from None
-                continue
-            except _Refused as exc:
-                if not retry:
-                    raise UnavailableError(f"{method}: {exc}") from None
-                # it was not run: safe to send again (a write too) once the next server is reached
-                await conn.wait_gone()
-                continue
-            except asyncio.CancelledError:
-                if conn.pending.pop(stream, None) is not None and not conn.lost and conn.transport is not None:
-                    conn.send(conn.conn.send_cancel(stream))
-                    conn.release()
-                raise
-            dec = _DECODERS.get(response_type)
-            if dec is None:
-                dec = decoder_for(response_type).decode
-                _DECODERS[response_type] = dec
-            return dec(raw)
 
     def abort(self) -> None:
         """Drop the connection now, as a network fault would (tests of reconnects use this)."""
