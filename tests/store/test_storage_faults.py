@@ -21,6 +21,7 @@ import pytest
 import tinystore
 from tinystore.server import dirlock
 
+from ..cli.support import running
 from ..helpers import stop_sidecar
 from .test_store01_owner import lock_is_free
 
@@ -153,14 +154,6 @@ async def test_queues_that_cannot_be_loaded_at_start_are_loaded_once_they_can(
         await store.close()
 
 
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
 @pytest.mark.parametrize("what", ["directory", "socket"])
 async def test_a_sidecar_whose_directory_or_socket_is_removed_stops(tmp_path: Path, what: str) -> None:
     """Before: with its directory removed it acknowledged writes into deleted files, and a new store on the
@@ -182,7 +175,7 @@ async def test_a_sidecar_whose_directory_or_socket_is_removed_stops(tmp_path: Pa
         else:
             paths.socket_path(directory).unlink()
         async with asyncio.timeout(10):
-            while _running(pid):
+            while running(pid):
                 await asyncio.sleep(0.05)
         if what == "directory":
             with pytest.raises(tinystore.UnavailableError, match="its directory is gone or holds no store any more"):
@@ -192,7 +185,7 @@ async def test_a_sidecar_whose_directory_or_socket_is_removed_stops(tmp_path: Pa
             assert await db.scalar("select count(*) from t") == 1
     finally:
         await store.close()
-        if _running(pid):
+        if running(pid):
             os.kill(pid, signal.SIGKILL)
         await stop_sidecar(directory)
 
@@ -211,14 +204,14 @@ async def test_a_sidecar_whose_directory_is_moved_stops_and_its_clients_make_no_
         await db.exec("insert into t values (1)")
         (tmp_path / "a").rename(tmp_path / "b")  # a parent renamed
         async with asyncio.timeout(10):
-            while _running(pid):
+            while running(pid):
                 await asyncio.sleep(0.05)
         with pytest.raises(tinystore.UnavailableError, match="its directory is gone or holds no store any more"):
             await db.exec("insert into t values (2)")
         assert not directory.exists()
     finally:
         await store.close()
-        if _running(pid):
+        if running(pid):
             os.kill(pid, signal.SIGKILL)
     moved = await tinystore.open(tmp_path / "b" / "store", embedded=True)  # all of it, where it went
     try:
