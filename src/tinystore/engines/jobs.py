@@ -87,7 +87,7 @@ from ..protocol.jobs import (
 )
 from ..protocol.values import json_problem
 from .base import Peer
-from .sql import SqlDatabase, SqlEngine, SqlTx
+from .sql import Later, SqlDatabase, SqlEngine, SqlTx
 
 __all__ = ["JOBS_DB", "JobsEngine", "QueueOptions", "backoff_delay"]
 
@@ -366,7 +366,7 @@ class _Queue:
         # attempt ends asked for in this loop turn, written together at its end: (values, future of the row)
         self.ends: list[tuple[list[Any], asyncio.Future[tuple[Any, ...] | None]]] = []
         # adds asked for in this loop turn, written together at its end: (rows, future of the ids)
-        self.adds: list[tuple[list[list[Any]], asyncio.Future[list[str]]]] = []
+        self.adds: list[tuple[list[list[Any]], Later]] = []
         self.schema: asyncio.Future[Any] | None = None  # the tables being made in an application database
 
     def schema_ready(self) -> bool:
@@ -1524,7 +1524,8 @@ class JobsEngine:
             tx.after_commit.append(lambda: self._added(q, new))
             return ids
         if len(rows) <= CHUNK:
-            return await self._insert_soon(q, rows)
+            added: list[str] = await self._insert_soon(q, rows)
+            return added
         own = await q.db.begin(owner=None)
         found = {}
         try:
@@ -1539,7 +1540,7 @@ class JobsEngine:
         self._added(q, new)
         return ids
 
-    def add_now(self, queue: str, jobs: Sequence[NewJob]) -> asyncio.Future[list[str]] | None:
+    def add_now(self, queue: str, jobs: Sequence[NewJob]) -> Later | None:
         """:meth:`add` without a coroutine, for its common case: a queue this engine has loaded, no transaction,
         1 to :data:`CHUNK` jobs. ``None`` otherwise (then await :meth:`add`). Raises what :meth:`add` raises, at
         once."""
@@ -1549,13 +1550,14 @@ class JobsEngine:
         self._check_open()
         return self._insert_soon(q, self._new_rows(queue, jobs))
 
-    def _insert_soon(self, q: _Queue, rows: list[list[Any]]) -> asyncio.Future[list[str]]:
+    def _insert_soon(self, q: _Queue, rows: list[list[Any]]) -> Later:
         """Write ``rows`` (at most :data:`CHUNK`) and put the new jobs in the index; the future gets their ids. The
         adds asked for in one loop turn go to the writer as one statement (a statement that fails is tried again
         one add at a time, so an add fails only for its own rows). Once handed over, the rows are written (and
-        indexed) whatever becomes of the caller."""
+        indexed) whatever becomes of the caller: a :class:`Later`, so that the server knows when a cancelled add
+        has run."""
         loop = self.loop
-        fut: asyncio.Future[list[str]] = loop.create_future()
+        fut = Later(loop)
         if not q.adds:
             loop.call_soon(self._flush_adds, q)
         q.adds.append((rows, fut))
@@ -1563,7 +1565,7 @@ class JobsEngine:
 
     def _flush_adds(self, q: _Queue) -> None:
         adds, q.adds = q.adds, []
-        group: list[tuple[list[list[Any]], asyncio.Future[list[str]]]] = []
+        group: list[tuple[list[list[Any]], Later]] = []
         size = 0
         for item in adds:
             if group and size + len(item[0]) > CHUNK:
@@ -1574,7 +1576,7 @@ class JobsEngine:
         if group:
             self._insert_group(q, group)
 
-    def _insert_group(self, q: _Queue, group: list[tuple[list[list[Any]], asyncio.Future[list[str]]]]) -> None:
+    def _insert_group(self, q: _Queue, group: list[tuple[list[list[Any]], Later]]) -> None:
         w = q.db.write(*self._insert([r for rows, _ in group for r in rows]))
 
         def done(f: asyncio.Future[Any]) -> None:
@@ -1583,19 +1585,14 @@ class JobsEngine:
                     for item in group:  # each alone: an add that fails fails alone
                         self._insert_group(q, [item])
                     return
-                fut = group[0][1]
-                if not fut.done():
-                    if f.cancelled():
-                        fut.cancel()
-                    else:
-                        fut.set_exception(f.exception() or ClosedError("jobs: the add failed"))
+                exc = None if f.cancelled() else f.exception()
+                group[0][1].deliver(None, exc or ClosedError(f"queue {q.name}: the add did not run: the store closes"))
                 return
             found = self._returned(f.result().rows)
             for rows, fut in group:
                 ids, new = self._ids_of(rows, found)
                 self._added(q, new)
-                if not fut.done():
-                    fut.set_result(ids)
+                fut.deliver(ids, None)
 
         w.add_done_callback(done)
 

@@ -470,7 +470,8 @@ class Later:
     def __await__(self) -> Generator[Any, None, Any]:
         return self.future().__await__()
 
-    def _deliver(self, value: Any, exc: BaseException | None) -> None:
+    def deliver(self, value: Any, exc: BaseException | None) -> None:
+        """Give the result: ``value``, or the error ``exc``. Only the first call counts."""
         if self._outcome is not None:
             return
         self._outcome = (value, exc)
@@ -531,7 +532,7 @@ class _Results:
             items, self.pending = self.pending, []
         for fut, value, exc in items:
             if isinstance(fut, Later):
-                fut._deliver(value, exc)
+                fut.deliver(value, exc)
             elif fut.done():
                 continue
             elif exc is not None:
@@ -765,7 +766,7 @@ class SqlDatabase:
         Raises ``InvalidError`` for a value SQLite cannot hold; a closed database gives ``ClosedError``."""
         later = Later(self.loop)
         if self._closed:
-            later._deliver(None, ClosedError(f"database {self.name} is closed"))
+            later.deliver(None, ClosedError(f"database {self.name} is closed"))
         else:
             self._queue(_Write(sql, check_params(self.name, sql, params), later))
         return later

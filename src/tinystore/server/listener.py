@@ -51,6 +51,12 @@ log = logging.getLogger("tinystore.server")
 
 HIGH_WATER = 8 * 1024 * 1024
 LOW_WATER = 1024 * 1024
+# a connection's cancelled writes that still run (a write cannot be taken back, and its request credit is back at
+# the cancel): at this many bytes of their requests, the connection's next requests are not read until they are
+# down to ORPHANS_LOW (each counts its body and ORPHAN_COST more)
+ORPHANS_HIGH = 32 * 1024 * 1024
+ORPHANS_LOW = 8 * 1024 * 1024
+ORPHAN_COST = 512
 CHUNK = 1 << 20  # a response body past this many bytes goes out in several frames (flag MORE)
 # While a burst of requests read at once is being answered, the answers made so far go out every this many:
 # the client works on them while the server computes the rest (the two processes overlap instead of taking
@@ -158,9 +164,12 @@ class ServerConnection(asyncio.Protocol):
         self.session: Session | None = None
         self.tasks: dict[int, asyncio.Task[Any]] = {}
         self.futures: dict[int, asyncio.Future[Any]] = {}
-        self.laters: dict[int, Later] = {}
+        self.laters: dict[int, tuple[Later, int]] = {}  # stream → the write, its request's size
+        self.orphans: dict[Later, int] = {}  # cancelled writes still to run → their request's size
+        self.orphan_bytes = 0
         self.closing = False
-        self.paused = False
+        self.paused = False  # the client does not read what we write
+        self.held = False  # too many cancelled writes of this connection still run
         self.out: list[bytes] = []
         self.flush_scheduled = False
         self.receiving = False  # inside data_received: what is written goes out once it returns
@@ -263,12 +272,13 @@ class ServerConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self.transport is not None and not self.paused:
             self.paused = True
-            self.transport.pause_reading()
+            if not self.held:
+                self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         if self.transport is not None and self.paused:
             self.paused = False
-            if not self.closing:
+            if not self.closing and not self.held:
                 self.transport.resume_reading()
 
     # -- frames ------------------------------------------------------------------------------------
@@ -359,7 +369,7 @@ class ServerConnection(asyncio.Protocol):
             self.send_error(stream, exc)
             return
         if type(result) is Later:
-            self.laters[stream] = result
+            self.laters[stream] = (result, len(body))
             result.then(partial(self.answer, stream, result))
         elif isinstance(result, _Future):
             if result.done():
@@ -378,13 +388,33 @@ class ServerConnection(asyncio.Protocol):
         """A ``CANCEL`` from the client: it gave up on ``stream`` and forgot it. What runs the call is cancelled
         — a task (a coroutine's) or a future (a read on a reader thread, a statement of a transaction) — and
         nothing is answered. A write answered through a ``Later`` cannot be taken back (a cancel after
-        sending leaves the write to happen): its answer is dropped when it comes."""
+        sending leaves the write to happen): its answer is dropped when it comes, and until then it counts
+        against the connection: past ``ORPHANS_HIGH`` bytes of such writes, the connection's next requests wait
+        unread (so a client that sends and cancels writes faster than they run cannot grow the server's
+        queue without bound)."""
         running: asyncio.Future[Any] | None = self.tasks.pop(stream, None) or self.futures.pop(stream, None)
         if running is not None:
             running.cancel()
-        self.laters.pop(stream, None)
+        held = self.laters.pop(stream, None)
+        if held is not None and not held[0].done():
+            later, size = held
+            cost = size + ORPHAN_COST
+            self.orphans[later] = cost
+            self.orphan_bytes += cost
+            if self.orphan_bytes >= ORPHANS_HIGH and not self.held and self.transport is not None:
+                self.held = True
+                if not self.paused:
+                    self.transport.pause_reading()
         # (the frame parser gave the stream's credit back when it read the CANCEL: a request after it in the
         # same read may already use the stream id again)
+
+    def orphan_done(self, later: Later) -> None:
+        """A cancelled write has run: the connection may be read again once few enough still run."""
+        self.orphan_bytes -= self.orphans.pop(later, 0)
+        if self.held and self.orphan_bytes <= ORPHANS_LOW:
+            self.held = False
+            if self.transport is not None and not self.closing and not self.paused:
+                self.transport.resume_reading()
 
     def finish(self, stream: int, fut: asyncio.Future[Any]) -> None:
         """Answer ``stream`` with the outcome of ``fut``, the task or future that ran its call (its done
@@ -414,7 +444,10 @@ class ServerConnection(asyncio.Protocol):
     def answer(self, stream: int, later: Later, value: Any, exc: BaseException | None) -> None:
         """The result of a call answered through a :class:`Later` (nothing when the client cancelled it)."""
         laters = self.laters
-        if laters.get(stream) is not later:
+        held = laters.get(stream)
+        if held is None or held[0] is not later:
+            if self.orphans:
+                self.orphan_done(later)
             return
         del laters[stream]
         if exc is not None:
@@ -494,7 +527,7 @@ class ServerConnection(asyncio.Protocol):
             self.transport.close()
 
     async def drain_calls(self, timeout: float) -> None:
-        pending = [*self.tasks.values(), *self.futures.values(), *(x.future() for x in self.laters.values())]
+        pending = [*self.tasks.values(), *self.futures.values(), *(x.future() for x, _ in self.laters.values())]
         if pending:
             await asyncio.wait(pending, timeout=timeout)
 

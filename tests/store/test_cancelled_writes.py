@@ -1,0 +1,108 @@
+"""A write cannot be taken back: a ``CANCEL`` after it was sent leaves it to run, and gives the client its request
+credit back at once. Such writes still count against their connection until they ran: a client that sends and
+cancels writes faster than they run finds its next requests unread (the socket pushes back), so the server's
+queue of writes (and its memory) stays bounded; once they ran, the connection is read again and answers as
+before. Nothing is lost: every cancelled write still commits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tinystore
+from tinystore.protocol.frames import Frame, Kind, encode_frame
+from tinystore.protocol.jobs import Add, NewJob
+from tinystore.protocol.messages import encode
+from tinystore.protocol.sql import Exec, Query
+from tinystore.server import listener, paths
+
+from ..helpers import open_store
+from .raw import RawClient
+
+MIGRATIONS = [("001_t.sql", "create table t (id integer primary key, b blob);")]
+BLOB = 64 * 1024
+# twice what a connection may have of cancelled writes still to run
+SENT = 2 * listener.ORPHANS_HIGH // BLOB
+
+
+async def wait_for(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def server_side(store: tinystore.Store) -> Any:
+    core: Any = store._core
+    conns = [c for lst in core.listeners for c in lst.connections]
+    assert len(conns) == 1, conns
+    return conns[0]
+
+
+async def flood_while_the_writer_is_held(tmp_path: Path, request: Callable[[int], bytes], count: str) -> None:
+    """With the writer of database ``app`` held by a transaction, send ``SENT`` writes, each cancelled right
+    after it: the server stops reading the connection (what the client sent stays in its buffers) with its
+    cancelled writes bounded; once the writer is free, every write runs and the connection answers again."""
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app", migrations=MIGRATIONS)
+        q = store.queue("q", dict, database=db)
+        await q.add({"warm": True})  # the queue's table exists before the writer is held
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(tx: Any) -> None:
+            held.set()
+            await release.wait()
+
+        holder = asyncio.create_task(db.tx(hold))
+        await held.wait()
+        raw = await RawClient.open(("unix", paths.socket_path(tmp_path / "s")))
+        try:
+            assert (await raw.hello()).kind is Kind.WELCOME
+            conn = server_side(store)
+            for _ in range(SENT):
+                raw.send(request(1) + encode_frame(Kind.CANCEL, 1, "", b""))  # the credit is back at once
+            transport = raw.writer.transport
+            await asyncio.sleep(1.0)  # time for the server to read all of it, had it kept reading
+            assert transport.get_write_buffer_size() > 0, (
+                "the server read every cancelled write while none could run: its queue grows without bound"
+            )
+            assert 0 < conn.orphan_bytes < listener.ORPHANS_HIGH + 2 * (1 << 20)
+            release.set()
+            await holder
+            await wait_for(lambda: transport.get_write_buffer_size() == 0, "the server to read the rest")
+            raw.send(raw.conn.send_request(2, "sql.query", encode(Query("app", count, [], "scalar"))))
+            while True:
+                f = await raw.frame(timeout=30)
+                assert isinstance(f, Frame), "the server closed the connection"
+                if f.stream == 2:
+                    break
+            assert f.kind is Kind.RESPONSE, f
+            await wait_for(lambda: conn.orphan_bytes == 0, "the cancelled writes to have run")
+            assert not conn.held
+        finally:
+            await raw.close()
+        # nothing lost: a cancel after sending leaves the write to happen
+        assert await db.scalar(count) == SENT + (1 if "job" in count else 0)
+
+
+async def test_cancelled_execs_cannot_grow_the_servers_queue_without_bound(tmp_path: Path) -> None:
+    blob = b"x" * BLOB
+
+    def request(stream: int) -> bytes:
+        return encode_frame(
+            Kind.REQUEST, stream, "sql.exec", encode(Exec("app", "insert into t (b) values (?)", [blob]))
+        )
+
+    await flood_while_the_writer_is_held(tmp_path, request, "select count(*) from t")
+
+
+async def test_cancelled_job_adds_cannot_grow_the_servers_queue_without_bound(tmp_path: Path) -> None:
+    value = '{"pad": "' + "x" * BLOB + '"}'
+
+    def request(stream: int) -> bytes:
+        return encode_frame(Kind.REQUEST, stream, "jobs.add", encode(Add(queue="q", jobs=[NewJob(value=value)])))
+
+    await flood_while_the_writer_is_held(tmp_path, request, "select count(*) from _tinystore_jobs")
