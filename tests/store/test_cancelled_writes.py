@@ -7,6 +7,7 @@ before. Nothing is lost: every cancelled write still commits."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -106,3 +107,41 @@ async def test_cancelled_job_adds_cannot_grow_the_servers_queue_without_bound(tm
         return encode_frame(Kind.REQUEST, stream, "jobs.add", encode(Add(queue="q", jobs=[NewJob(value=value)])))
 
     await flood_while_the_writer_is_held(tmp_path, request, "select count(*) from _tinystore_jobs")
+
+
+async def test_the_sdk_does_not_buffer_without_bound_when_the_server_reads_no_more(tmp_path: Path) -> None:
+    """The SDK's side of it: a caller that sends and cancels writes while the server holds the connection unread
+    waits (its cancel then sends nothing), rather than piling requests up in this process's socket buffer."""
+    from tinystore.client import transport as client_transport
+
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app", migrations=MIGRATIONS)
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(tx: Any) -> None:
+            held.set()
+            await release.wait()
+
+        holder = asyncio.create_task(db.tx(hold))
+        await held.wait()
+        other = await tinystore.open(tmp_path / "s")  # a client over the embedded store's socket
+        try:
+            remote = await other.database("app")
+            conn: Any = other.transport._conn  # type: ignore[attr-defined]
+            blob = b"x" * BLOB
+            most = 0
+            for _ in range(SENT):
+                t = asyncio.ensure_future(remote.exec("insert into t (b) values (?)", blob))
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # written (or waiting for its turn)
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+                most = max(most, conn.transport.get_write_buffer_size())
+            assert most <= client_transport.HIGH_WATER + 2 * BLOB, f"{most} bytes buffered in the client"
+            release.set()
+            await holder
+            assert await remote.scalar("select count(*) from t") > 0  # the connection still answers
+        finally:
+            release.set()
+            await other.close()

@@ -236,6 +236,12 @@ class LocalTransport(Transport):
 _DECODERS: dict[Any, Callable[[bytes], Any]] = {}
 
 
+# the socket's buffer of requests not yet taken by the server: new requests wait above HIGH_WATER bytes until it
+# is down to LOW_WATER (a frame is never cut: one request of up to the frame limit goes whole)
+HIGH_WATER = 4 * 1024 * 1024
+LOW_WATER = 1024 * 1024
+
+
 class _Lost(Exception):
     """The connection dropped before the answer came."""
 
@@ -270,6 +276,7 @@ class _ClientConn(asyncio.Protocol):
         self.flush_scheduled = False
         self.last_rx = self.loop.time()  # when bytes last came from the server (the keep-alive's clock)
         self.keepalive: asyncio.Task[None] | None = None
+        self.paused = False  # the server does not read what we send: new requests wait (see pause_writing)
 
     def going(self) -> bool:
         """Whether the connection is closing: a request written now would be lost unsent."""
@@ -310,6 +317,21 @@ class _ClientConn(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)  # type: ignore[attr-defined]
+
+    def pause_writing(self) -> None:
+        """Over ``HIGH_WATER`` bytes wait unsent: the server reads no more for now (it is slow, or it holds
+        this connection back while its cancelled writes run). New requests wait until :meth:`resume_writing`,
+        so what this process buffers stays bounded; cancels and answers to pushes still go out."""
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        waiters = self.waiters
+        while waiters:
+            w = waiters.popleft()
+            if not w.done():
+                w.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         self.last_rx = self.loop.time()
@@ -681,8 +703,8 @@ class RemoteTransport(Transport):
                     await conn.wait_gone()
                     continue
                 pending = conn.pending
-                if len(pending) >= conn.conn.max_inflight:
-                    # request credit used up: wait for an answer before sending more
+                if len(pending) >= conn.conn.max_inflight or conn.paused:
+                    # request credit used up (or the socket pushes back): wait for an answer before sending more
                     w: asyncio.Future[None] = conn.loop.create_future()
                     conn.waiters.append(w)
                     await w
