@@ -969,6 +969,10 @@ class Queue(Generic[T]):
         self.type = type
         db_name: Any = database
         if db_name is not None and not isinstance(db_name, str):
+            if getattr(db_name, "store", store) is not store:
+                raise InvalidError(
+                    f"queue {name}: option database: database {getattr(db_name, 'name', '?')} belongs to another store"
+                )
             db_name = getattr(db_name, "name", db_name)
         if db_name is not None:
             try:
@@ -1374,6 +1378,9 @@ class Queue(Generic[T]):
             await runner.stop(0)
 
     def _bind_tx(self, tx: SqlTx) -> TxQueue[T]:
+        if tx.db.store is not self.store:
+            # its transaction id means nothing to this queue's store (or names another client's transaction)
+            raise InvalidError(f"queue {self.name}: the transaction belongs to another store")
         return TxQueue(self, tx)
 
     def __repr__(self) -> str:
