@@ -1372,12 +1372,6 @@ def _check_size(db: str, rows: list[Any], limit: int) -> None:
         raise LimitError(f"database {db}: the result is over {limit} bytes", limit=limit, wanted=total)
 
 
-def _close_started(db: SqlDatabase, start: asyncio.Future[Any]) -> None:
-    """Close ``db`` once its start (whose opener was cancelled) is done; take a failed start's error."""
-    if not start.cancelled() and start.exception() is None:
-        db.close()
-
-
 def _split_sql(text: str) -> list[str]:
     """Split a migration script into statements (``sqlite3.complete_statement`` decides where one ends, so
     a ``;`` inside a string, a comment or a trigger body does not)."""
@@ -1446,7 +1440,9 @@ class SqlEngine:
         """
         check_name("database", name)
         lock = self._opening.setdefault(name, asyncio.Lock())
-        async with lock:
+        await lock.acquire()
+        held = True  # released when this returns, or once a start whose caller was cancelled has ended
+        try:
             db = self.databases.get(name)
             if db is None:
                 if self.closed:
@@ -1458,8 +1454,10 @@ class SqlEngine:
                 try:
                     applied = await asyncio.shield(start)
                 except asyncio.CancelledError:
-                    # the thread goes on: once it started the database, stop it (nobody has it)
-                    start.add_done_callback(functools.partial(_close_started, db))
+                    # the thread goes on applying the migrations: the next open of this database waits for it
+                    # (else it would apply them a second time), then finds the database open
+                    held = False
+                    start.add_done_callback(functools.partial(self._started_unseen, db, lock))
                     raise
                 except TinystoreError:
                     if not existed and db.applied_before_failure == 0:
@@ -1475,6 +1473,22 @@ class SqlEngine:
             if not migrations:
                 return db, []
             return db, await self._migrate_open(db, migrations)
+        finally:
+            if held:
+                lock.release()
+
+    def _started_unseen(self, db: SqlDatabase, lock: asyncio.Lock, start: asyncio.Future[Any]) -> None:
+        """The start of ``db`` whose opener was cancelled has ended: a started database is kept open (its
+        migrations are applied; the next open finds it), or closed when the store is stopping; then the next open
+        of the name may go on."""
+        try:
+            if not start.cancelled() and start.exception() is None:
+                if self.closed:
+                    db.close()
+                else:
+                    self.databases[db.name] = db
+        finally:
+            lock.release()
 
     async def _migrate_open(self, db: SqlDatabase, migrations: Sequence[tuple[str, str]]) -> list[str]:
         """New migrations for a database already open: in name order, each in its own transaction (SQL-05), as at
