@@ -220,6 +220,38 @@ async def test_a_sidecar_whose_directory_is_moved_stops_and_its_clients_make_no_
         await moved.close()
 
 
+@pytest.mark.parametrize("what", ["moved", "removed"])
+async def test_a_private_store_whose_directory_goes_away_is_not_made_again_empty(tmp_path: Path, what: str) -> None:
+    """The private server stops when its directory is moved or removed (SQLite cannot go on); the SDK used to
+    start it again, which made a new, empty store on the path (a split brain: a count of 0, writes gone astray).
+    Every call now says the store is gone."""
+    import shutil
+
+    directory = tmp_path / "a" / "store"
+    store = await tinystore.open(directory, private=True)
+    try:
+        db = await store.database("app", migrations=[("001.sql", "create table t (v);")])
+        await db.exec("insert into t values (1)")
+        if what == "moved":
+            (tmp_path / "a").rename(tmp_path / "b")
+        else:
+            shutil.rmtree(directory)
+        async with asyncio.timeout(10):
+            while store._dead is None:
+                await asyncio.sleep(0.05)
+        with pytest.raises(tinystore.UnavailableError, match="its directory is gone or holds no store any more"):
+            await db.scalar("select count(*) from t")
+        assert not directory.exists()  # no new, empty store in its place
+    finally:
+        await store.close()
+    if what == "moved":
+        moved = await tinystore.open(tmp_path / "b" / "store", embedded=True)
+        try:
+            assert await (await moved.database("app")).scalar("select count(*) from t") == 1
+        finally:
+            await moved.close()
+
+
 async def test_open_tries_again_when_the_sidecar_it_found_dropped_the_handshake(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

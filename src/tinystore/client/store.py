@@ -116,6 +116,12 @@ class Store:
             self._dead = UnavailableError(f"store {self.directory}: the private server exited ({how})")
             self._dead_task = asyncio.ensure_future(self.transport.close())
             return
+        if self.directory is not None and not (self.directory / LOCK).is_file():
+            # the store is gone from its path (removed, or moved away: the server stopped for that): a new server
+            # would make a new, empty store there, and this process's writes would go to it
+            self._dead = _gone(self.directory)
+            self._dead_task = asyncio.ensure_future(self.transport.close())
+            return
         logging.getLogger("tinystore.client").warning(
             "store %s: the private server exited (%s); starting it again", self.directory, how
         )
@@ -437,10 +443,7 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
         if served.pid and not (path / LOCK).is_file():
             # connected before, and the store is gone from its path (removed, or moved away): starting a sidecar
             # would make a new, empty store in its place, and the writes of this process would go there
-            raise UnavailableError(
-                f"store {path}: its directory is gone or holds no store any more (removed or moved while this "
-                "process used it); not making a new, empty store in its place"
-            )
+            raise _gone(path)
         if served.sidecar:
             await ensure_server(path, sock, extra)
         elif not await asyncio.to_thread(_can_connect, sock):
@@ -468,6 +471,14 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
                 raise
             await asyncio.sleep(0.05 * 2**attempt)
     return Store(transport, mode="sidecar", directory=path, limits=limits)
+
+
+def _gone(path: str | Path) -> UnavailableError:
+    """The error of a store whose directory went away while this process used it."""
+    return UnavailableError(
+        f"store {path}: its directory is gone or holds no store any more (removed or moved while this process "
+        "used it); not making a new, empty store in its place"
+    )
 
 
 def _can_connect(sock: Path) -> bool:
