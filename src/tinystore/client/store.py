@@ -474,10 +474,12 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
 
 
 def _gone(path: str | Path) -> UnavailableError:
-    """The error of a store whose directory went away while this process used it."""
+    """The error of a store whose directory went away while this process used it (``gone``: the transport
+    stops trying to reconnect, and waiting calls fail at once)."""
     return UnavailableError(
         f"store {path}: its directory is gone or holds no store any more (removed or moved while this process "
-        "used it); not making a new, empty store in its place"
+        "used it); not making a new, empty store in its place",
+        gone=True,
     )
 
 

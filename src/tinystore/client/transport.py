@@ -474,6 +474,7 @@ class RemoteTransport(Transport):
         self.description = description
         self.where = where or description
         self.reconnect_timeout = reconnect_timeout
+        self._gone: UnavailableError | None = None  # the store will not come back (see _reconnect_loop)
         self._conn: _ClientConn | None = None
         self._up = asyncio.Event()
         self._ids = itertools.count(1)
@@ -624,6 +625,11 @@ class RemoteTransport(Transport):
                 continue
             except (TinystoreError, OSError) as exc:
                 self.last_error = exc
+                if isinstance(exc, UnavailableError) and exc.extra.get("gone"):
+                    # the store is gone from its path and will not come back there: every waiting call fails now
+                    self._gone = exc
+                    self._up.set()
+                    return
                 if self._refused is not None:
                     self._refused = None
                     if self._conn is None:
@@ -653,6 +659,8 @@ class RemoteTransport(Transport):
     async def _wait_up(self) -> _ClientConn:
         if self.closed:
             raise ClosedError(f"store {self.where} is closed")
+        if self._gone is not None:
+            raise self._gone
         try:
             await asyncio.wait_for(self._up.wait(), self.reconnect_timeout)
         except TimeoutError:
@@ -662,6 +670,8 @@ class RemoteTransport(Transport):
             ) from None
         if self.closed:
             raise ClosedError(f"store {self.where} is closed")
+        if self._gone is not None:
+            raise self._gone
         conn = self._conn
         if conn is None:
             refused = self._refused
