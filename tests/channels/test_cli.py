@@ -55,3 +55,51 @@ async def test_subscribe_then_publish_from_two_commands_without_a_server(tmp_pat
         listener.terminate()
         await asyncio.to_thread(listener.wait, 20)
         await stop_sidecar(directory)
+
+
+async def test_subscribe_for_ends_on_time_when_its_server_went_away(tmp_path: Path) -> None:
+    """`subscribe --for 3s` on a `tinystore serve` that stops a second in: the command waits for the server
+    (it may come back) until --for ends, then ends at once; it used to wait out the SDK's reconnect (30 s more)
+    to tell a server that is not there to forget the subscription."""
+    import time
+
+    from ..helpers import ServerProcess
+
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    try:
+        started = time.monotonic()
+        listener = subprocess.Popen(
+            _cli("channels", str(directory), "subscribe", "c/7", "--for", "3s"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        await asyncio.sleep(1.0)
+        server.stop()
+        _out, err = await asyncio.to_thread(listener.communicate, timeout=60)
+        took = time.monotonic() - started
+        assert listener.returncode == 0, err
+        assert took < 10, f"ended {took:.1f}s after it started, for --for 3s"
+    finally:
+        server.stop()
+
+
+async def test_a_subscription_stopped_while_its_store_is_away_stops_at_once(tmp_path: Path) -> None:
+    from ..helpers import ServerProcess
+
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    try:
+        store = await tinystore.open(directory)
+        try:
+            sub = await store.channel("c").subscribe(lambda m: None)
+            server.stop()
+            async with asyncio.timeout(3):  # not reconnect_timeout (30 s): the store ended it with the connection
+                await sub.stop()
+            assert not sub.active
+        finally:
+            async with asyncio.timeout(3):
+                await store.close()
+    finally:
+        server.stop()

@@ -1046,6 +1046,8 @@ class _Hub:
                 raise r
 
     async def unsubscribe(self, sid: int) -> None:
+        if not self.transport.connected:
+            return  # the store ended it with the connection; a reconnect does not bring a stopped one back
         with contextlib.suppress(TinystoreError):
             await self.transport.call(UNSUBSCRIBE, Unsubscribe(sub=sid), Any, retry=False)
 

@@ -851,8 +851,9 @@ class Worker:
         self._stopped.set()
         self._runner.slot.set()
         q = self.queue
-        with contextlib.suppress(TinystoreError, OSError):
-            await q.store._call("jobs.unwait", Unwait(queue=q.name, worker=self.id), int, retry=False)
+        if q.store.transport.connected:  # else its claims ended with the connection: no waiting for a reconnect
+            with contextlib.suppress(TinystoreError, OSError):
+                await q.store._call("jobs.unwait", Unwait(queue=q.name, worker=self.id), int, retry=False)
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(self._task), 5)
         if not self._task.done():

@@ -127,6 +127,12 @@ class Transport:
         self.reconnect_hooks: list[ReconnectHook] = []
         self.closed = False
 
+    @property
+    def connected(self) -> bool:
+        """Whether a call sent now goes out at once (over a socket: a connection is up; in this process: not
+        closed). Calls made meanwhile wait for the SDK to reconnect."""
+        return not self.closed
+
     def on_push(self, method: str, handler: PushHandler, body_type: Any = Any) -> None:
         """Call ``handler(body)`` for each push of ``method`` (``body`` decoded as ``body_type``)."""
         self.push_handlers[method] = (handler, body_type)
@@ -655,6 +661,11 @@ class RemoteTransport(Transport):
                 attempt = 0
                 continue
             return
+
+    @property
+    def connected(self) -> bool:
+        conn = self._conn
+        return not self.closed and conn is not None and not conn.going()
 
     async def _wait_up(self) -> _ClientConn:
         if self.closed:
