@@ -532,6 +532,29 @@ class ServerConnection(asyncio.Protocol):
             await asyncio.wait(pending, timeout=timeout)
 
 
+async def bind_tcp(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound (not yet listening) to every address ``host`` names, on one port (``0``: one the system
+    picks). Raises ``OSError`` (``socket.gaierror`` when ``host`` does not resolve, ``EADDRINUSE``, ``EACCES``)."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
+    bound = port
+    try:
+        for family, type_, proto, _, addr in dict.fromkeys(infos):
+            sock = socket.socket(family, type_, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((addr[0], bound, *addr[2:]))
+            bound = int(sock.getsockname()[1])
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
 class Listener:
     """A socket server feeding a core. ``tokens``: token → capability, or ``None`` (Unix: trusted).
 
@@ -590,23 +613,11 @@ class Listener:
         """Listen on every address ``host`` names (one port for all of them); returns the port.
 
         Raises ``OSError`` (``socket.gaierror`` when ``host`` does not resolve, ``EADDRINUSE``, ``EACCES``)."""
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        socks: list[socket.socket] = []
-        bound = port
-        try:
-            for family, type_, proto, _, addr in dict.fromkeys(infos):
-                sock = socket.socket(family, type_, proto)
-                socks.append(sock)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind((addr[0], bound, *addr[2:]))
-                bound = int(sock.getsockname()[1])
-        except BaseException:
-            for sock in socks:
-                sock.close()
-            raise
+        return self.listen_tcp(host, await bind_tcp(host, port), ssl_context)
+
+    def listen_tcp(self, host: str, socks: list[socket.socket], ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen on ``socks`` (bound by :func:`bind_tcp` to ``host``'s addresses); returns their port."""
+        bound = int(socks[0].getsockname()[1])
         self.ssl_context = ssl_context
         self.description = f"{'tls' if ssl_context else 'tcp'}://{host}:{bound}"
         self._listen(socks)

@@ -25,7 +25,7 @@ from ..protocol.frames import PROTOCOL_VERSION
 from . import paths
 from .core import Core
 from .dirlock import LOCK
-from .listener import HANDSHAKE_TIMEOUT, Listener, load_tokens
+from .listener import HANDSHAKE_TIMEOUT, Listener, bind_tcp, load_tokens
 
 log = logging.getLogger("tinystore.server")
 
@@ -131,27 +131,54 @@ def bind_error(addr: str, exc: OSError) -> InvalidError:
     return InvalidError(f"listen address {addr}: cannot listen: {exc.strerror or exc}")
 
 
-async def start_listeners(core: Core, opts: ServeOptions, plan: ListenPlan | None = None) -> list[Listener]:
+async def bind_listen(plan: ListenPlan) -> list[list[socket.socket]]:
+    """Bind (not yet listen on) each ``--listen`` address of ``plan``, before the directory is owned: a port in
+    use is refused with nothing made in the directory. Raises ``InvalidError`` (see :func:`bind_error`)."""
+    bound: list[list[socket.socket]] = []
+    try:
+        for scheme, host, port, _ctx in plan.addresses:
+            try:
+                bound.append(await bind_tcp(host, port))
+            except OSError as exc:
+                raise bind_error(f"{scheme}://{host}:{port}", exc) from None
+    except BaseException:
+        close_sockets(bound)
+        raise
+    return bound
+
+
+def close_sockets(bound: list[list[socket.socket]]) -> None:
+    for socks in bound:
+        for sock in socks:
+            sock.close()
+
+
+async def start_listeners(
+    core: Core, opts: ServeOptions, plan: ListenPlan | None = None, bound: list[list[socket.socket]] | None = None
+) -> list[Listener]:
     """Listen on the directory's Unix socket and on each ``--listen`` address; write ``DIR/server/address``.
 
-    ``plan``: :func:`check_listen` of ``opts``, when already made."""
+    ``plan``: :func:`check_listen` of ``opts``, when already made; ``bound``: its addresses' sockets from
+    :func:`bind_listen` (bound here otherwise)."""
     if plan is None:
         plan = check_listen(opts)
+    if bound is None:
+        bound = await bind_listen(plan)
     listeners: list[Listener] = []
-    paths.server_dir(core.directory)
-    sock = paths.socket_path(core.directory)
-    paths.prepare_socket_dir(sock)
-    unix = Listener(core, handshake_timeout=opts.handshake_timeout)
-    await unix.start_unix(sock)
+    try:
+        paths.server_dir(core.directory)
+        sock = paths.socket_path(core.directory)
+        paths.prepare_socket_dir(sock)
+        unix = Listener(core, handshake_timeout=opts.handshake_timeout)
+        await unix.start_unix(sock)
+    except BaseException:
+        close_sockets(bound)
+        raise
     listeners.append(unix)
     tcp: list[str] = []
-    for scheme, host, port, ctx in plan.addresses:
+    for (scheme, host, _port, ctx), socks in zip(plan.addresses, bound, strict=True):
         lst = Listener(core, plan.tokens, handshake_timeout=opts.handshake_timeout)
-        try:
-            bound = await lst.start_tcp(host, port, ctx)
-        except OSError as exc:
-            raise bind_error(f"{scheme}://{host}:{port}", exc) from None
-        tcp.append(f"{scheme}://{host}:{bound}")
+        tcp.append(f"{scheme}://{host}:{lst.listen_tcp(host, socks, ctx)}")
         listeners.append(lst)
     paths.write_address(
         core.directory,
@@ -183,15 +210,19 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
     Raises ``InUseError`` when another process owns the directory.
     """
     plan = check_listen(opts)  # bad input is refused before the directory is owned
+    bound = await bind_listen(plan)  # and a port in use too
     raise_open_files_limit()
     core = Core(opts.directory, clock=opts.clock, limits=opts.limits, durability=opts.durability)
     core.mode = opts.mode
     try:
         await core.start()
-    except PermissionError as exc:
-        raise permission_error(opts.directory, exc) from None
+    except BaseException as exc:
+        close_sockets(bound)
+        if isinstance(exc, PermissionError):
+            raise permission_error(opts.directory, exc) from None
+        raise
     try:
-        listeners = await start_listeners(core, opts, plan)
+        listeners = await start_listeners(core, opts, plan, bound)
     except BaseException as exc:
         await core.stop()
         if isinstance(exc, PermissionError):
