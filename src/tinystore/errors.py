@@ -94,9 +94,21 @@ class CorruptError(TinystoreError):
 
 
 class PermanentError(TinystoreError):
-    """Raised by a job handler: this job cannot succeed later, so it ends ``dead`` at once, not retried."""
+    """Raised by a job handler: this job cannot succeed later, so it ends ``dead`` at once, not retried.
+
+    ``reason`` is a str, kept as the job's error (none: the job's error says the handler gave no reason); any
+    other type raises ``InvalidError`` instead, which in a handler is a failed attempt like any raise."""
 
     code = "permanent"
+
+    def __init__(self, reason: str | None = None, **extra: Any) -> None:
+        if reason is not None and not isinstance(reason, str):
+            shown = repr(reason)
+            raise InvalidError(
+                f"PermanentError: reason {shown if len(shown) <= 60 else shown[:59] + '…'} is not a str "
+                "(say why the job cannot succeed)"
+            )
+        super().__init__(reason or "", **extra)
 
 
 class ProtocolError(TinystoreError):

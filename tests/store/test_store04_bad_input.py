@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -231,4 +232,20 @@ async def test_random_bytes_on_fresh_connections(served: Served, data: bytes, af
     # the server answers with frames (or nothing) and closes; it never hangs on a half-closed connection
     await raw.frames_until_closed(timeout=5)
     await raw.close()
+    await served.check_good()
+
+
+async def test_a_body_nested_too_deeply_is_invalid_not_internal(served: Served) -> None:
+    deep = msgspec.Raw(b"\x91" * 200_000 + b"\xc0")  # 200,000 arrays, one in the other
+    raw = await served.handshaken()
+    try:
+        f = await raw.call(1, "sql.exec", encode(Exec("app", "select ?", [deep])))
+        err = error_of(f)
+        assert err.code == "invalid" and err.message == "sql.exec: the body nests too deeply to be read"
+        f = await raw.call(2, "store.ping", encode({}))  # the connection goes on
+        assert f.kind is Kind.RESPONSE
+    finally:
+        await raw.close()
+    with pytest.raises(tinystore.InvalidError, match="nests too deeply"):  # so does the SDK's call of it
+        await served.good._call("sql.exec", Exec("app", "select ?", [deep]), write=True)
     await served.check_good()

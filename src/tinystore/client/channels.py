@@ -141,6 +141,10 @@ class _Codec:
         the channel's type; it holds a NaN or an infinity) and ``LimitError`` (over ``channel_message_bytes``)."""
         try:
             data = self.encoder.encode(value)
+        except RecursionError:
+            raise InvalidError(
+                f"channel {self.name}: the value does not encode: it holds itself, or nests too deeply"
+            ) from None
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidError(f"channel {self.name}: the value does not encode: {exc}") from None
         if FLOAT64 in data:  # a float may be there (msgspec writes every float as a float64): look closer
@@ -150,7 +154,7 @@ class _Codec:
         if self.check:
             try:
                 self.decode(data)
-            except msgspec.ValidationError as exc:
+            except (msgspec.ValidationError, RecursionError) as exc:
                 raise InvalidError(
                     f"channel {self.name}: the value is not {a_or_an(_type_name(self.type))}: {exc}"
                 ) from None
@@ -300,8 +304,11 @@ class Channel(Generic[T]):
         handler: credit goes back to the store as the body asks for the next message. ``on_missed`` is called
         before the first message after a gap (a warning in the log without it). The loop ends when the store
         closes. See :class:`ChannelIterator` for how the subscription ends: ``async with ch.each() as it:
-        async for m in it: ...`` ends it when the block ends, whatever way it is left.
+        async for m in it: ...`` ends it when the block ends, whatever way it is left. Raises ``InvalidError`` at
+        once for an ``on_missed`` that is not callable.
         """
+        if on_missed is not None and not callable(on_missed):
+            raise InvalidError(f"channel {self.name}: each: on_missed {on_missed!r} is not callable")
         return ChannelIterator(self, on_missed, recursive, after)
 
     def __repr__(self) -> str:
@@ -744,7 +751,7 @@ class Subscription(Generic[T]):
         self._in_hand = self._sid != 0
         try:
             value = self._decode(item.payload)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
             self.errors += 1
             return InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}")
         return Message(value, list(item.branch) if self._copy_branch else item.branch, item.seq, mid)
@@ -804,7 +811,7 @@ class Subscription(Generic[T]):
             self._in_hand = self._sid != 0
             try:
                 value = decode(item.payload)
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
                 self.errors += 1
                 await self._report(InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}"))
             else:

@@ -46,6 +46,8 @@ from ..names import check_name
 from ..protocol.jobs import (
     CANCEL_PUSH,
     ENDED,
+    KEY_MAX,
+    PRIORITY_MAX,
     RUN_AT_MAX_MS,
     Add,
     Attempt,
@@ -70,9 +72,14 @@ from ..protocol.jobs import (
     Step,
     Unwait,
     Wait,
-    check_cursor,
+    check_concurrency,
     check_job_id,
+    check_list,
     check_options,
+    check_step_name,
+    check_text,
+    is_int,
+    shown,
     snapshot,
 )
 from ..protocol.jobs import List as ListRequest
@@ -181,13 +188,24 @@ def _check_handler(queue: str, what: str, handler: Any) -> None:
         ) from None
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _when(ms: int | None) -> datetime | None:
+    """``ms`` since the Unix epoch as an aware UTC datetime, exact to the ms (no float on the way)."""
     if ms is None:
         return None
     try:
-        return datetime.fromtimestamp(ms / 1000, UTC)
-    except (OverflowError, ValueError, OSError):  # a time no datetime holds (kept by an older version)
+        return _EPOCH + timedelta(milliseconds=ms)
+    except OverflowError:  # a time no datetime holds (kept by an older version)
         return datetime.max.replace(tzinfo=UTC) if ms > 0 else datetime.min.replace(tzinfo=UTC)
+
+
+def _epoch_ms(at: datetime) -> int:
+    """``at`` (a naive datetime is read as UTC) in whole ms since the Unix epoch, rounded down, computed from the
+    datetime's integer parts: exact up to the end of 9999, where a float timestamp rounds up past it."""
+    delta = (at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH
+    return (delta.days * 86400 + delta.seconds) * 1000 + delta.microseconds // 1000
 
 
 def _ms(value: Duration) -> int:
@@ -286,6 +304,7 @@ class Run:
         self.progress = c.progress
         self.queue = attempt.runner.queue.name
         self.cancelled = asyncio.Event()
+        self._where = f"queue {self.queue}: job {self.job_id}"
         self._steps = dict(c.steps)
 
     def set_progress(self, progress: Any) -> None:
@@ -314,6 +333,7 @@ class Run:
         (the attempt is no longer current: the job was cancelled or taken by another worker; the step's result
         was not kept). A cancel while ``fn`` runs keeps nothing.
         """
+        check_step_name(self._where, name)
         if name in self._steps:
             kept = self._steps[name]
             return msgspec.convert(kept, type, strict=False) if type is not None else kept
@@ -339,15 +359,23 @@ class Run:
     def retry(self, after: Duration | None = None) -> Outcome:
         """Return this from the handler to fail this attempt and retry the job after ``after`` (default: the
         queue's backoff). It counts as a failed attempt: past ``attempts`` the job is ``dead``."""
-        return Outcome("retry", None if after is None else seconds(after, "retry after"), "retry asked by the handler")
+        if after is None:
+            return Outcome("retry", None, "retry asked by the handler")
+        return Outcome("retry", seconds(after, f"{self._where}: retry: after"), "retry asked by the handler")
 
     def snooze(self, after: Duration) -> Outcome:
         """Return this from the handler to run the job again after ``after``; the attempt is not counted."""
-        return Outcome("snooze", seconds(after, "snooze after"))
+        return Outcome("snooze", seconds(after, f"{self._where}: snooze: after"))
 
     def fail(self, reason: str) -> Outcome:
-        """Return this from the handler to end the job ``dead`` at once, with ``reason`` kept (JOB-04)."""
-        return Outcome("fail", None, str(reason))
+        """Return this from the handler to end the job ``dead`` at once, with ``reason`` (a str) kept (JOB-04).
+        Raises ``InvalidError`` for a reason that is not a str: raised in the handler, that is the handler's
+        error (a failed attempt, retried), not the job's end."""
+        if not isinstance(reason, str):
+            raise InvalidError(
+                f"{self._where}: fail: reason {shown(reason)} is not a str (say why the job cannot succeed)"
+            )
+        return Outcome("fail", None, reason)
 
 
 Handler = Callable[[Any, Run], Any]
@@ -667,7 +695,8 @@ class _Runner:
                 raise
             return
         except PermanentError as exc:
-            await self._report(a, "fail", error=_text_of_message(exc))
+            text = exc.message if isinstance(exc.message, str) else _text_of(exc)
+            await self._report(a, "fail", error=text or f"{type(exc).__name__} (the handler gave no reason)")
             return
         except LostError as exc:
             if a.why is None:
@@ -700,7 +729,7 @@ class _Runner:
             elif result.kind == "snooze":
                 await self._report(a, "snooze", after_ms=after or 0)
             else:
-                await self._report(a, "fail", error=result.reason or "failed")
+                await self._report(a, "fail", error=result.reason or "run.fail (the handler gave no reason)")
             return
         try:
             text = _json(result, f"queue {q.name}: job {c.id}: the result")
@@ -745,8 +774,7 @@ class Worker:
     """
 
     def __init__(self, queue: Queue[Any], handler: Handler, concurrency: int) -> None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
-            raise InvalidError(f"queue {queue.name}: work: concurrency {concurrency!r} is not between 1 and 1000")
+        check_concurrency(queue.name, "work", concurrency)
         self.queue = queue
         self.concurrency = concurrency
         self.id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -956,7 +984,7 @@ class Queue(Generic[T]):
         *,
         database: Database | str | None = None,
         attempts: int | None = None,
-        backoff: tuple[Duration, Duration] | Duration | None = None,
+        backoff: tuple[Duration, Duration] | None = None,
         lease: Duration | None = None,
         timeout: Duration | None = None,
         expected: Duration | None = None,
@@ -988,12 +1016,12 @@ class Queue(Generic[T]):
 
         first = cap = None
         if backoff is not None:
-            if isinstance(backoff, tuple | builtins.list):
-                if len(backoff) != 2:
-                    raise InvalidError(f"queue {name}: option backoff: {backoff!r} is not (first, cap), two durations")
-                first, cap = ms("backoff", backoff[0]), ms("backoff", backoff[1])
-            else:
-                first = ms("backoff", backoff)
+            if not isinstance(backoff, tuple | builtins.list) or len(backoff) != 2:
+                raise InvalidError(
+                    f"queue {name}: option backoff: {shown(backoff)} is not (first, cap), two durations such as "
+                    '("10s", "270s")'
+                )
+            first, cap = ms("backoff", backoff[0]), ms("backoff", backoff[1])
         for label, v in (
             ("attempts", attempts),
             ("max_running", max_running),
@@ -1019,7 +1047,13 @@ class Queue(Generic[T]):
         check_options(name, self._given)
         self._info: QueueInfo | None = None
         self._opening: asyncio.Future[QueueInfo] | None = None
-        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(type if type is not None else Any)
+        try:
+            self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(type if type is not None else Any)
+        except TypeError as exc:
+            raise InvalidError(
+                f"queue {name}: type {shown(type)} cannot be carried: {exc} (use a dataclass, a msgspec Struct, a "
+                "TypedDict or a JSON type)"
+            ) from None
         self._plain = type is None or type is Any
 
     # -- opening -------------------------------------------------------------------------------
@@ -1125,15 +1159,18 @@ class Queue(Generic[T]):
         delay: Duration | None,
         at: datetime | float | None,
     ) -> NewJob:
-        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 512):
-            raise InvalidError(f"queue {self.name}: {what}: key {key!r}: an idempotency key is 1 to 512 characters")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidError(f"queue {self.name}: {what}: priority {priority!r} is not an int")
-        for label, v in (("key", key), ("tenant", tenant), ("user", user), ("type", type)):
-            if v is not None and not isinstance(v, str):
-                raise InvalidError(f"queue {self.name}: {what}: {label} {v!r} is not a str")
-            if v is not None and not _valid_text(v):
-                raise InvalidError(f"queue {self.name}: {what}: {label} {v!r} is not valid Unicode text")
+        where = f"queue {self.name}: {what}"
+        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= KEY_MAX):
+            raise InvalidError(f"{where}: key {shown(key)}: an idempotency key is a str of 1 to {KEY_MAX} characters")
+        if not is_int(priority):
+            raise InvalidError(f"{where}: priority {shown(priority)} is not an int")
+        if not -PRIORITY_MAX <= priority <= PRIORITY_MAX:
+            raise InvalidError(
+                f"{where}: priority {shown(priority)} does not fit in 64 bits (-{PRIORITY_MAX} .. {PRIORITY_MAX})"
+            )
+        check_text(where, "key", key, KEY_MAX)
+        for label, v in (("tenant", tenant), ("user", user), ("type", type)):
+            check_text(where, label, v)
         delay_ms = at_ms = None
         if delay is not None:
             if isinstance(delay, int | float) and not isinstance(delay, bool) and delay < 0:
@@ -1145,9 +1182,7 @@ class Queue(Generic[T]):
             if delay is not None:
                 raise InvalidError(f"queue {self.name}: {what}: give delay or at, not both")
             if isinstance(at, datetime):
-                if at.tzinfo is None:
-                    at = at.replace(tzinfo=UTC)
-                at_ms = math.floor(at.timestamp() * 1000)
+                at_ms = _epoch_ms(at)
             elif isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at):
                 at_ms = math.floor(at * 1000)
             else:
@@ -1247,8 +1282,15 @@ class Queue(Generic[T]):
                 "(for one value, use add)"
             )
         values = builtins.list(values)
-        if keys is not None and len(keys) != len(values):
-            raise InvalidError(f"queue {self.name}: add_many: {len(keys)} keys for {len(values)} values")
+        if keys is not None:
+            if isinstance(keys, str | bytes | bytearray | Mapping) or not isinstance(keys, Iterable):
+                raise InvalidError(
+                    f"queue {self.name}: add_many: keys takes a list of keys (str or None), one per value, not "
+                    f"{builtins.type(keys).__name__}"
+                )
+            keys = builtins.list(keys)
+            if len(keys) != len(values):
+                raise InvalidError(f"queue {self.name}: add_many: {len(keys)} keys for {len(values)} values")
         return [
             self._new(v, f"job {i + 1}", keys[i] if keys is not None else None, tenant, user, type, priority, delay, at)
             for i, v in enumerate(values)
@@ -1274,14 +1316,13 @@ class Queue(Generic[T]):
         """Jobs of this queue, newest first, at most ``limit`` (1..1000), after the cursor ``after`` (a page's
         ``next``), filtered by ``state`` (one of the states, or ``"stuck"``), ``tenant``, ``type`` and ``user``.
         The list comes from the rows, so a page that is reopened finds every job. Raises ``InvalidError`` for a
-        bad state, limit or cursor (``after`` is a page's ``next``: a job id)."""
-        check_cursor(self.name, after)
+        bad argument, before anything is sent: a state that is not one of those, a ``limit`` that is not an int
+        from 1 to 1000, a ``tenant``, ``type`` or ``user`` that is not a str (or ``None``) of at most 256
+        characters, a cursor that is not a page's ``next`` (a job id)."""
+        req = ListRequest(queue=self.name, state=state, tenant=tenant, type=type, limit=limit, after=after, user=user)
+        check_list(self.name, req)
         await self._ensure()
-        page: Page = await self.store._call(
-            "jobs.list",
-            ListRequest(queue=self.name, state=state, tenant=tenant, type=type, limit=limit, after=after, user=user),
-            Page,
-        )
+        page: Page = await self.store._call("jobs.list", req, Page)
         return JobPage([self._job(r) for r in page.jobs], page.next)
 
     async def cancel(self, job_id: str) -> bool:
@@ -1346,6 +1387,9 @@ class Queue(Generic[T]):
         The worker opens the queue in the background: options that differ from the store's are logged as an
         error and end the worker (``await queue.options()`` first to have that ``InvalidError`` raised here).
         """
+        if self.store._closed:
+            raise ClosedError(f"queue {self.name}: work: the store is closed")
+        check_concurrency(self.name, "work", concurrency)
         _check_handler(self.name, "work", handler)
         return Worker(self, handler, concurrency)
 
@@ -1355,8 +1399,7 @@ class Queue(Generic[T]):
         A cancel stops the handlers running (their jobs are handed back, not counted). A handler that raises
         ``KeyboardInterrupt`` or ``SystemExit`` fails its attempt, and the exception is raised here, once the
         attempts running with it have ended."""
-        if not 1 <= concurrency <= 1000:
-            raise InvalidError(f"queue {self.name}: run_due: concurrency {concurrency} is not between 1 and 1000")
+        check_concurrency(self.name, "run_due", concurrency)
         _check_handler(self.name, "run_due", handler)
         await self._ensure()
         now = await self.store.clock.now()

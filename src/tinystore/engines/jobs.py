@@ -63,8 +63,11 @@ from ..protocol.jobs import (
     DELAY_MAX_MS,
     ENDED,
     EVENTS_CHANNEL,
+    KEY_MAX,
+    PRIORITY_MAX,
     RUN_AT_MAX_MS,
     STATES,
+    TEXT_MAX,
     Attempt,
     CancelRun,
     Claim,
@@ -77,9 +80,10 @@ from ..protocol.jobs import (
     Page,
     QueueInfo,
     Report,
-    check_cursor,
     check_job_id,
+    check_list,
     check_options,
+    check_step_name,
 )
 from ..protocol.jobs import OPTION_NAMES as _OPTION_NAMES
 from ..protocol.jobs import (
@@ -97,17 +101,13 @@ JOBS_DB = "tinystore-jobs"
 """The store's own jobs database (``DIR/sql/tinystore-jobs.db``)."""
 TABLE = "_tinystore_jobs"
 QUEUES = "_tinystore_queues"
-KEY_MAX = 512
-"""The longest idempotency key, in characters."""
-TEXT_MAX = 256
-"""The longest tenant, user, type or step name, in characters."""
 ERROR_MAX = 2000
 """Longer error texts are cut to this many characters."""
 ERRORS_KEPT = 50
 """How many failed attempts a job's history keeps (the newest)."""
 CHUNK = 400
 """Jobs per INSERT statement (13 parameters each stays far below SQLite's bound)."""
-INT_MAX = (1 << 63) - 1
+INT_MAX = PRIORITY_MAX
 STEPS_VALUES = 8
 """A job's steps together hold at most this many times ``Limits.job_value_bytes`` (8 MiB by default)."""
 CLAIMS_KEPT = 10_000
@@ -1419,11 +1419,7 @@ class JobsEngine:
         """Keep the result (JSON text) of step ``name`` of running attempt ``fence`` on the job, for its later
         attempts (JOB-12). ``False`` when the attempt is not current. Raises ``InvalidError``, ``LimitError``."""
         q = await self._queue(queue)
-        if not isinstance(name, str) or not 0 < len(name) <= TEXT_MAX or '"' in name or "\\" in name:
-            raise InvalidError(
-                f"queue {queue}: job {jid}: step name {name!r}: 1 to {TEXT_MAX} characters, without quotes or "
-                "backslashes"
-            )
+        check_step_name(f"queue {queue}: job {jid}", name)
         self._check_json(queue, jid, f"result of step {name!r}", result, self.limits.job_value_bytes)
         e = q.entries.get(jid)
         if e is None or e.where != RUNNING or e.fence != fence:
@@ -1802,11 +1798,7 @@ class JobsEngine:
     async def list_jobs(self, req: ListRequest) -> Page:
         """Jobs newest first (by id), ``req.limit`` (1..1000) at most, after cursor ``req.after``; ``state``
         ``"stuck"`` lists running jobs past their expected time. Raises ``InvalidError`` for a bad filter."""
-        if not 1 <= req.limit <= 1000:
-            raise InvalidError(f"jobs list: limit {req.limit} is not between 1 and 1000")
-        if req.state is not None and req.state not in (*STATES, "stuck"):
-            raise InvalidError(f"jobs list: state {req.state!r} is not one of {', '.join((*STATES, 'stuck'))}")
-        check_cursor(req.queue, req.after)
+        check_list(req.queue, req)
         names = [req.queue] if req.queue else await self.queue_names()
         found: list[tuple[str, int, _Queue]] = []  # (id, bytes of its row, its queue)
         for name in names:

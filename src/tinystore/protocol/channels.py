@@ -116,6 +116,8 @@ def non_finite(payload: bytes) -> str | None:
         value = _decode_any(payload)
     except msgspec.DecodeError:
         return None
+    except RecursionError:
+        return "it nests too deeply to be read"
     return json_problem(value, keys=False)
 
 

@@ -44,12 +44,22 @@ RESERVED_CHANNELS = frozenset({EVENTS_CHANNEL})
 
 STATES = ("queued", "running", "succeeded", "failed", "dead", "cancelled")
 ENDED = ("succeeded", "dead", "cancelled")
+LIST_STATES = (*STATES, "stuck")
+"""What ``list(state=...)`` takes: a state, or ``"stuck"`` (running past ``expected``)."""
 
 
 DELAY_MAX_MS = 100 * 365 * 86400 * 1000
 """The longest delay (and retry or snooze ``after``): 100 years, as every duration of the SDK."""
 RUN_AT_MAX_MS = 253402300799999
 """The latest time a job may be due: the end of year 9999 (UTC), the last a ``datetime`` can tell."""
+KEY_MAX = 512
+"""The longest idempotency key, in characters."""
+TEXT_MAX = 256
+"""The longest tenant, user, type or step name, in characters."""
+PRIORITY_MAX = (1 << 63) - 1
+"""The highest priority (and ``-PRIORITY_MAX`` the lowest): it fits in 64 bits."""
+LIST_MAX = 1000
+"""The most jobs a page of ``jobs.list`` holds (its ``limit``)."""
 
 
 class Options(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -368,11 +378,90 @@ def is_job_id(value: object) -> bool:
     return isinstance(value, str) and JOB_ID.fullmatch(value) is not None
 
 
-def check_job_id(queue: str, what: str, value: object) -> str:
-    """``value`` when it is a str; ``InvalidError`` naming the queue and the call otherwise (an unknown id is not
-    an error: the call finds nothing)."""
+def shown(value: object) -> str:
+    """``value`` as an error message shows it: its ``repr``, a str cut to 40 characters (``…`` after it), any
+    other value's ``repr`` cut to 60."""
+    if isinstance(value, str):
+        return repr(value[:40]) + ("…" if len(value) > 40 else "")
+    try:
+        text = repr(value)
+    except Exception:  # a broken __repr__ must not hide the error it is part of
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def valid_text(text: str) -> bool:
+    """``True`` for text that encodes as UTF-8 (no lone surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(where: str, label: str, value: object, limit: int = TEXT_MAX) -> None:
+    """Refuse ``value`` unless it is ``None`` or a str of valid Unicode of at most ``limit`` characters:
+    ``InvalidError`` starting with ``where`` (``queue q: list``) and naming ``label`` (``tenant``)."""
+    if value is None:
+        return
     if not isinstance(value, str):
-        raise InvalidError(f"queue {queue}: {what}: job id {value!r} is not a str (a job id is what add returned)")
+        raise InvalidError(f"{where}: {label} {shown(value)} is not a str (or None)")
+    if not valid_text(value):
+        raise InvalidError(f"{where}: {label} {shown(value)} is not valid Unicode text (it holds a lone surrogate)")
+    if len(value) > limit:
+        raise InvalidError(f"{where}: {label} {shown(value)}: at most {limit} characters")
+
+
+def is_int(value: object) -> bool:
+    """``True`` for an int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_list(queue: str, req: List) -> None:
+    """Refuse a ``jobs.list`` request with a bad argument: ``InvalidError`` naming the queue and the argument
+    (``queue q: list: limit '5' is not an int from 1 to 1000``)."""
+    where = f"queue {queue or '(all)'}: list"
+    if not is_int(req.limit) or not 1 <= req.limit <= LIST_MAX:
+        raise InvalidError(f"{where}: limit {shown(req.limit)} is not an int from 1 to {LIST_MAX}")
+    if req.state is not None and (not isinstance(req.state, str) or req.state not in LIST_STATES):
+        raise InvalidError(f"{where}: state {shown(req.state)} is not one of {', '.join(LIST_STATES)} (or None)")
+    for label, v in (("tenant", req.tenant), ("type", req.type), ("user", req.user)):
+        check_text(where, label, v)
+    check_cursor(queue, req.after)
+
+
+def check_step_name(where: str, name: object) -> str:
+    """``name`` when it names a step: a str of valid Unicode, 1 to 256 characters, without quotes or backslashes
+    (it is a JSON path in the store); ``InvalidError`` starting with ``where`` (``queue q: job …``) otherwise."""
+    if (
+        not isinstance(name, str)
+        or not 0 < len(name) <= TEXT_MAX
+        or '"' in name
+        or "\\" in name
+        or not valid_text(name)
+    ):
+        raise InvalidError(
+            f"{where}: step name {shown(name)}: a str of 1 to {TEXT_MAX} characters, without quotes or backslashes"
+        )
+    return name
+
+
+def check_concurrency(queue: str, what: str, value: object) -> int:
+    """``value`` when it is an int from 1 to 1000; ``InvalidError`` naming the queue and the call otherwise."""
+    if not is_int(value) or not 1 <= value <= 1000:  # type: ignore[operator]
+        raise InvalidError(f"queue {queue}: {what}: concurrency {shown(value)} is not an int from 1 to 1000")
+    return value  # type: ignore[return-value]
+
+
+def check_job_id(queue: str, what: str, value: object) -> str:
+    """``value`` when it is a str of valid Unicode; ``InvalidError`` naming the queue and the call otherwise (an
+    unknown id is not an error: the call finds nothing)."""
+    if not isinstance(value, str):
+        raise InvalidError(f"queue {queue}: {what}: job id {shown(value)} is not a str (a job id is what add returned)")
+    if not valid_text(value):
+        raise InvalidError(
+            f"queue {queue}: {what}: job id {shown(value)} is not valid Unicode text (a job id is what add returned)"
+        )
     return value
 
 

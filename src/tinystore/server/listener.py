@@ -364,6 +364,8 @@ class ServerConnection(asyncio.Protocol):
                 raise InvalidError(f"{name}: {exc}") from None
             except msgspec.DecodeError as exc:
                 raise InvalidError(f"{name}: the body is not valid MessagePack: {exc}") from None
+            except RecursionError:
+                raise InvalidError(f"{name}: the body nests too deeply to be read") from None
             result = core.invoke(session, name, req)
         except BaseException as exc:
             self.send_error(stream, exc)
