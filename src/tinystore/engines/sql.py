@@ -135,25 +135,37 @@ def _named_placeholder(sql: str) -> str | None:
 
 
 def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
+    """:func:`check_params`' slow path, for a list with a value not of the plain types: subclasses of ``str``,
+    ``int``, ``float`` and ``bytes`` (an enum's member, ``bool``) become their base type's value, as a socket can
+    carry them; a value out of range or of another type raises ``InvalidError``."""
     out = list(params)
     for i, v in enumerate(out):
-        if v is None or isinstance(v, str | bytes):
+        t = type(v)
+        if v is None or t is str or t is bytes:
             continue
-        if isinstance(v, bool):
-            out[i] = int(v)
-        elif isinstance(v, int):
+        if t is not int and t is not float:
+            # the base type's own value, taken without calling what a subclass may override (__str__, __int__,
+            # __float__, __bytes__): True is 1, an IntEnum member its int, a StrEnum member its text
+            if isinstance(v, str):
+                out[i] = str.__str__(v)
+                continue
+            if isinstance(v, int):
+                v = out[i] = int.__index__(v)
+            elif isinstance(v, float):
+                v = out[i] = float.__float__(v)
+            elif isinstance(v, bytes | bytearray | memoryview):
+                out[i] = bytes.__bytes__(v) if isinstance(v, bytes) else bytes(memoryview(v))
+                continue
+            else:
+                raise InvalidError(
+                    f"database {db}: parameter {i + 1}: {a_or_an(type(v).__name__)} is not a SQL value "
+                    "(use None, int, float, str, bytes or bool)"
+                )
+        if type(v) is int:
             if not INT_MIN <= v <= INT_MAX:
                 raise InvalidError(f"database {db}: parameter {i + 1}: {v} does not fit in 64 bits")
-        elif isinstance(v, float):
-            if math.isnan(v):
-                raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
-        elif isinstance(v, bytearray | memoryview):
-            out[i] = bytes(v)
-        else:
-            raise InvalidError(
-                f"database {db}: parameter {i + 1}: {a_or_an(type(v).__name__)} is not a SQL value "
-                "(use None, int, float, str, bytes or bool)"
-            )
+        elif math.isnan(v):
+            raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
     return out
 
 
