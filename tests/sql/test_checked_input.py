@@ -4,9 +4,14 @@ and timeouts."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
 
 import tinystore
+from tests.helpers import open_store
 
 
 class S(str):
@@ -73,3 +78,81 @@ async def test_only_a_real_lone_surrogate_is_called_one(remote_store: tinystore.
         assert "parameter 1" in exc.message and "lone surrogate" in exc.message
     else:
         raise AssertionError("a lone surrogate was sent")
+
+
+async def _invalid(call: Awaitable[Any]) -> str:
+    try:
+        await call
+    except tinystore.InvalidError as exc:
+        return exc.message
+    raise AssertionError("no InvalidError")
+
+
+async def test_what_db_tx_and_tx_calls_take_is_checked_in_every_mode(any_store: tinystore.Store) -> None:
+    db = await any_store.database("app", migrations=[("001.sql", "create table t (a)")])
+    message = await _invalid(db.tx(None))  # type: ignore[call-overload]
+    assert message == (
+        "database app: tx takes fn, a function it calls with the transaction (fn(tx)); None is not callable"
+    )
+    # a function that takes no transaction: the call itself fails, which is said so (and nothing is kept)
+    message = await _invalid(db.tx(lambda: 1))  # type: ignore[arg-type, misc]
+    assert message.startswith("database app: tx calls fn with the transaction (fn(tx)), and ")
+    assert "takes 0 positional arguments but 1 was given" in message
+    for bad in ("yes", None, 1):
+        message = await _invalid(db.tx(lambda tx: 1, read_only=bad))  # type: ignore[call-overload]
+        assert message == f"database app: tx: read_only is True or False, not {'an' if bad == 1 else 'a'} " + (
+            type(bad).__name__
+        )
+
+    # a TypeError raised inside fn is fn's own, and rolls back
+    async def raises(tx: tinystore.SqlTx) -> None:
+        await tx.exec("insert into t values (1)")
+        raise TypeError("mine")
+
+    try:
+        await db.tx(raises)
+    except TypeError as exc:
+        assert str(exc) == "mine"
+    assert await db.scalar("select count(*) from t") == 0
+
+    async def bad_calls(tx: tinystore.SqlTx) -> list[str]:
+        out = [
+            await _invalid(tx.exec(None)),  # type: ignore[arg-type]
+            await _invalid(tx.exec(b"select 1")),  # type: ignore[arg-type]
+            await _invalid(tx.one(None)),  # type: ignore[call-overload]
+            await _invalid(tx.all(b"select 1")),  # type: ignore[call-overload]
+            await _invalid(tx.scalar(None)),  # type: ignore[arg-type]
+        ]
+        await tx.exec("insert into t values (2)")  # the transaction goes on
+        return out
+
+    assert await db.tx(bad_calls) == [
+        "database app: tx.exec takes the SQL text first, not NoneType",
+        "database app: tx.exec takes the SQL text first, not bytes",
+        "database app: one takes the SQL text first, or a type and then the SQL text; None is not a type (a "
+        "dataclass, msgspec Struct, TypedDict, ...) nor SQL text",
+        "database app: all takes the SQL text first, or a type and then the SQL text; b'select 1' is not a type (a "
+        "dataclass, msgspec Struct, TypedDict, ...) nor SQL text",
+        "database app: scalar takes the SQL text first, not NoneType",
+    ]
+    assert await db.scalar("select count(*) from t") == 1
+
+
+@dataclasses.dataclass
+class Other:
+    x: str
+
+
+async def test_typed_rows_name_the_database_and_a_value_that_is_no_type(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app")
+        message = await _invalid(db.one(Other, "select 1 as x"))
+        assert message == "database app: a row does not fit Other: Expected `str`, got `int` - at `$.x` (columns: x)"
+        message = await _invalid(db.all(5, "select 1"))  # type: ignore[call-overload]
+        assert message == (
+            "database app: all takes the SQL text first, or a type and then the SQL text; 5 is not a type (a "
+            "dataclass, msgspec Struct, TypedDict, ...) nor SQL text"
+        )
+        # typing forms are types
+        assert await db.one(Other | None, "select 'a' as x") == Other("a")  # type: ignore[arg-type]
+        assert await db.all(dict[str, int], "select 1 as x") == [{"x": 1}]
