@@ -30,29 +30,37 @@ _active: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.Contex
 )
 
 
-def read_migrations(migrations: str | Path | list[tuple[str, str]] | None) -> list[Migration]:
+def read_migrations(migrations: str | Path | list[tuple[str, str]] | None, db: str = "") -> list[Migration]:
     """Migrations as (name, text): from a folder (its ``*.sql`` files, in name order) or a list of pairs.
 
-    Raises ``InvalidError`` when the folder does not exist, or ``migrations`` is neither.
+    Raises ``InvalidError`` (naming database ``db``) when the folder does not exist, a file of it is not UTF-8
+    text, or ``migrations`` is neither.
     """
+    where = f"database {db}: migrations" if db else "migrations"
     if migrations is None:
         return []
     if isinstance(migrations, list | tuple):
         pairs = []
         for m in migrations:
             if not isinstance(m, list | tuple) or len(m) != 2 or not all(isinstance(x, str) for x in m):
-                raise InvalidError(f"migrations: {m!r} is not a (name, SQL text) pair of strings")
+                raise InvalidError(f"{where}: {m!r} is not a (name, SQL text) pair of strings")
             pairs.append(Migration(m[0], m[1]))
         return pairs
     if not isinstance(migrations, str | os.PathLike):
         raise InvalidError(
-            f"migrations: {a_or_an(type(migrations).__name__)} is neither a folder of .sql files nor a list of "
+            f"{where}: {a_or_an(type(migrations).__name__)} is neither a folder of .sql files nor a list of "
             "(name, SQL text) pairs"
         )
     folder = Path(migrations)
     if not folder.is_dir():
-        raise InvalidError(f"migrations: {folder} is not a folder of .sql files")
-    return [Migration(p.name, p.read_text()) for p in sorted(folder.glob("*.sql"))]
+        raise InvalidError(f"{where}: {folder} is not a folder of .sql files")
+    out = []
+    for p in sorted(folder.glob("*.sql")):
+        try:
+            out.append(Migration(p.name, p.read_text(encoding="utf-8")))
+        except UnicodeDecodeError as exc:
+            raise InvalidError(f"{where}: {p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return out
 
 
 def check_values(db: str, sql: str, params: tuple[Any, ...]) -> list[Any]:

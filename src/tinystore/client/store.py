@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 from ..clock import Clock
 from ..durations import Duration, format_seconds, seconds
+from ..engines.sql import check_migrations
 from ..errors import (
     ClosedError,
     InUseError,
@@ -153,8 +154,10 @@ class Store:
         for one of the store's own databases, or one of those the store has not made).
         """
         check_name("database", name)
+        pairs = read_migrations(migrations, name)
+        check_migrations(name, [(m.name, m.text) for m in pairs])
         db = self._databases.get(name) or Database(self, name)
-        await db._open(read_migrations(migrations))
+        await db._open(pairs)
         self._databases[name] = db
         return db
 

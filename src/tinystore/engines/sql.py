@@ -336,6 +336,37 @@ def _rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False
     return kind(msg)
 
 
+MIGRATION_NAME_MAX = 255
+"""The longest migration name (a file name's bound on most file systems)."""
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def check_migrations(db: str, migrations: Sequence[tuple[str, str]]) -> None:
+    """Refuse, with ``InvalidError`` naming the database and the migration, a name that is empty, over
+    :data:`MIGRATION_NAME_MAX` characters, holds a control character or is given twice, and a name or text that
+    is not valid Unicode (a lone surrogate, which UTF-8 cannot store)."""
+    seen: set[str] = set()
+    for name, text in migrations:
+        shown = repr(name) if len(name) <= 40 else repr(name[:37]) + "..."
+        if not name or len(name) > MIGRATION_NAME_MAX or _CONTROL.search(name) is not None:
+            has = f" (this one has {len(name)})" if len(name) > MIGRATION_NAME_MAX else ""
+            raise InvalidError(
+                f"database {db}: migration {shown}: a migration's name is 1 to {MIGRATION_NAME_MAX} characters, "
+                f"with no control characters{has}"
+            )
+        if name in seen:
+            raise InvalidError(f"database {db}: migration {shown} is given twice")
+        seen.add(name)
+        for what, value in (("name", name), ("text", text)):
+            try:
+                value.encode()
+            except UnicodeEncodeError as exc:
+                raise InvalidError(
+                    f"database {db}: migration {shown}: its {what} is not valid Unicode ({exc.reason} at character "
+                    f"{exc.start}): UTF-8 cannot store it"
+                ) from None
+
+
 def _migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidError:
     """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name."""
     why = exc.message.removeprefix(f"database {db}: ")
@@ -1457,6 +1488,7 @@ class SqlEngine:
         migrations applied.
         """
         check_name("database", name)
+        check_migrations(name, migrations)
         lock = self._opening.setdefault(name, asyncio.Lock())
         async with lock:
             db = self.databases.get(name)
