@@ -1,8 +1,9 @@
 """Input of the store's own calls, checked in the SDK and again in the server (for clients that are not the
-SDK): migrations' names and texts."""
+SDK): migrations' names and texts, stop_server's grace, connect()'s address and token."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import tinystore
 from tests.helpers import open_store
 from tinystore.protocol.messages import encode
 from tinystore.protocol.sql import Migration, OpenDb
+from tinystore.protocol.store import Stop
 from tinystore.server import paths
 
 from .raw import RawClient, error_of
@@ -60,3 +62,53 @@ async def test_the_server_checks_migration_names_itself(tmp_path: Path) -> None:
             await raw.close()
         db = await store.database("app")
         assert await db.all("select name from _tinystore_migrations") == []
+
+
+async def test_the_server_checks_the_grace_of_a_stop_itself(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    async with open_store("private", d) as store:
+        raw = await RawClient.open(("unix", paths.socket_path(d)))
+        try:
+            await raw.hello()
+            for i, grace in enumerate([-1.0, math.nan, math.inf]):
+                err = error_of(await raw.call(1 + i, "store.stop", encode(Stop(grace))))
+                assert err.code == "invalid" and err.message.startswith("store.stop: grace: a duration must be finite")
+        finally:
+            await raw.close()
+        assert (await store.status())["pid"] > 0  # it did not stop
+
+
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_stop_server_refuses_a_bad_grace_before_anything_stops(tmp_path: Path, mode: str) -> None:
+    d = tmp_path / "s"
+    async with open_store(mode, d) as store:
+        for grace in (-1, math.nan, "x"):
+            with pytest.raises(tinystore.InvalidError) as info:
+                await store.stop_server(grace=grace)  # type: ignore[arg-type]
+            assert info.value.message.startswith(f"store {d}: stop_server: grace: ")
+        assert (await store.status())["pid"] > 0
+
+
+@pytest.mark.parametrize(
+    ("address", "shown", "why"),
+    [
+        ("tcp://user:pw@127.0.0.1:7600/path?x=1", "tcp://…@127.0.0.1:7600/path?x=1", "a user or password in the"),
+        ("tcp://127.0.0.1:7600/path", "tcp://127.0.0.1:7600/path", "a path ('/path') has no meaning here"),
+        ("tls://127.0.0.1:7600/?x=1", "tls://127.0.0.1:7600/?x=1", "a query ('x=1') has no meaning here"),
+        ("tcp://127.0.0.1:7600#top", "tcp://127.0.0.1:7600#top", "a fragment ('#top') has no meaning here"),
+    ],
+)
+async def test_connect_refuses_parts_of_an_address_it_would_ignore(address: str, shown: str, why: str) -> None:
+    with pytest.raises(tinystore.InvalidError) as info:
+        await tinystore.connect(address, token="t" * 16)
+    message = info.value.message
+    assert message.startswith(f"connect: address {shown!r}: use tcp://HOST:PORT or tls://HOST:PORT ({why}")
+    assert "pw" not in message
+
+
+async def test_a_token_that_is_not_unicode_is_refused_without_showing_it() -> None:
+    with pytest.raises(tinystore.InvalidError) as info:
+        await tinystore.connect("tcp://127.0.0.1:7600", token="secret\ud800")
+    assert info.value.message.startswith("connect: token: not valid Unicode text (a lone surrogate at character 6)")
+    assert "secret" not in info.value.message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
