@@ -156,3 +156,27 @@ async def test_typed_rows_name_the_database_and_a_value_that_is_no_type(tmp_path
         # typing forms are types
         assert await db.one(Other | None, "select 'a' as x") == Other("a")  # type: ignore[arg-type]
         assert await db.all(dict[str, int], "select 1 as x") == [{"x": 1}]
+
+
+async def test_a_call_with_no_statement_or_several_says_so_in_every_mode(any_store: tinystore.Store) -> None:
+    db = await any_store.database("app", migrations=[("001.sql", "create table t (a)")])
+    for sql in ("", ";", "-- c", " /* x */ ; ;\n-- y"):
+        want = f"database app: no statement: the SQL text {sql!r} holds only blanks, comments or semicolons"
+        for call in (db.exec(sql), db.one(sql), db.all(sql), db.scalar(sql)):
+            assert await _invalid(call) == want
+    two = "database app: the SQL text holds more than one statement, and a call runs one; run several in one "
+    message = await _invalid(db.exec("insert into t values (1); insert into t values (2)"))
+    assert message.startswith(two) and "db.tx" in message
+    assert message == await _invalid(db.one("select 1; select 2"))
+
+    async def fn(tx: tinystore.SqlTx) -> None:
+        assert (await _invalid(tx.exec("-- nothing"))).startswith("database app: no statement: ")
+        assert (await _invalid(tx.one(";"))).startswith("database app: no statement: ")
+        await tx.exec("insert into t values (3)")  # the transaction goes on
+
+    await db.tx(fn)
+    assert await db.all("select a from t") == [{"a": 3}]
+    # a statement with a trailing semicolon or comment is one statement; one that gives nothing back is fine
+    assert (await db.exec("insert into t values (4); -- done")).changes == 1
+    assert (await db.exec("create table u (b)")).changes == 0
+    assert await db.scalar("select count(*) from t;") == 2

@@ -382,6 +382,21 @@ def changes_schema(sql: str) -> bool:
     return _SCHEMA_WORD.match(_skip_comments(sql)) is not None
 
 
+def _no_statement(sql: str) -> bool:
+    """Whether ``sql`` holds no statement: only blanks, comments and semicolons (SQLite runs nothing, and says
+    nothing). Asked only of a statement that gave no columns and changed nothing."""
+    while True:
+        sql = _skip_comments(sql)
+        if not sql.startswith(";"):
+            return not sql
+        sql = sql[1:]
+
+
+def no_statement(db: str, sql: str) -> InvalidError:
+    shown = repr(sql) if len(sql) <= 40 else repr(sql[:37]) + "..."
+    return InvalidError(f"database {db}: no statement: the SQL text {shown} holds only blanks, comments or semicolons")
+
+
 def _skip_comments(sql: str) -> str:
     """``sql`` from its first keyword: leading blanks and comments skipped."""
     while True:
@@ -410,8 +425,9 @@ def _inserts(sql: str) -> bool:
     return head.startswith("with") and _INSERT_WORD.search(sql) is not None
 
 
-def sql_error(db: str, exc: BaseException) -> TinystoreError:
-    """Map a sqlite3 exception to a TinyStore error that keeps SQLite's message."""
+def sql_error(db: str, exc: BaseException, statement_timeout: float | None = None) -> TinystoreError:
+    """Map a sqlite3 exception to a TinyStore error that keeps SQLite's message (``statement_timeout``: the
+    limit a statement that was interrupted ran past, for its message)."""
     if isinstance(exc, TinystoreError):
         return exc
     if isinstance(exc, UnicodeEncodeError):
@@ -436,8 +452,14 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
     if isinstance(exc, OverflowError):
         return InvalidError(f"database {db}: {msg}")
     if isinstance(exc, sqlite3.OperationalError) and msg == "interrupted":
+        limit = "" if statement_timeout is None else f" ({statement_timeout:g}s)"
         return TimeoutError_(
-            f"database {db}: the statement ran past its time limit (Limits.statement_timeout) and was stopped"
+            f"database {db}: the statement ran past its time limit, Limits.statement_timeout{limit}, and was stopped"
+        )
+    if isinstance(exc, sqlite3.ProgrammingError) and msg.startswith("You can only execute one statement"):
+        return InvalidError(
+            f"database {db}: the SQL text holds more than one statement, and a call runs one; run several in one "
+            "transaction with db.tx (a tx.exec each), or put schema changes in a migration"
         )
     name = getattr(exc, "sqlite_errorname", "") or ""
     # (plain SQLITE_READONLY is a write on a reader's connection, below; its extended codes are the file's)
@@ -724,6 +746,10 @@ class SqlDatabase:
         conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
 
+    def _error(self, exc: BaseException) -> TinystoreError:
+        """:func:`sql_error` for this database."""
+        return sql_error(self.name, exc, self.limits.statement_timeout)
+
     def start(self, migrations: Sequence[tuple[str, str]]) -> list[str]:
         """Open the file, apply migrations (in the calling thread), start the threads. Returns applied names.
 
@@ -732,7 +758,7 @@ class SqlDatabase:
         try:
             writer = self.connect(readonly=False)
         except sqlite3.Error as exc:
-            raise sql_error(self.name, exc) from None
+            raise self._error(exc) from None
         try:
             applied = self._migrate(writer, migrations)
             if self.inline_budget > 0:
@@ -741,7 +767,7 @@ class SqlDatabase:
         except BaseException as exc:
             writer.close()
             if isinstance(exc, sqlite3.Error):
-                raise sql_error(self.name, exc) from None
+                raise self._error(exc) from None
             raise
         t = threading.Thread(target=self._writer_main, args=(writer,), name=f"tinystore-sql-{self.name}-w", daemon=True)
         self._threads.append(t)
@@ -780,7 +806,7 @@ class SqlDatabase:
                 if conn.in_transaction:
                     _ctl(conn, "rollback --ts")
                 self.applied_before_failure = len(applied)
-                raise _migration_error(self.name, name, sql_error(self.name, exc)) from None
+                raise _migration_error(self.name, name, self._error(exc)) from None
             applied.append(name)
         return applied
 
@@ -865,6 +891,8 @@ class SqlDatabase:
             # what _query does, inline (the hot path of a point read)
             cur = conn.execute(sql, values)
             desc = cur.description
+            if desc is None and _no_statement(sql):
+                raise no_statement(self.name, sql)
             columns = list(map(_first, desc)) if desc else []
             if mode == "all":
                 found = cur.fetchall()
@@ -881,11 +909,11 @@ class SqlDatabase:
                         _check_size(self.name, found, self.limits.sql_result_bytes)
         except sqlite3.OperationalError as exc:
             if str(exc) != "interrupted":
-                raise sql_error(self.name, exc) from None
+                raise self._error(exc) from None
             self.stats["reads_moved"] = self.stats.get("reads_moved", 0) + 1
             return None
         except BaseException as exc:
-            raise sql_error(self.name, exc) from None
+            raise self._error(exc) from None
         self.stats["reads"] += 1
         return Rows(columns, found)
 
@@ -1058,7 +1086,7 @@ class SqlDatabase:
                     try:
                         done.append(exec_(conn, w.sql, w.params))
                     except BaseException as exc:
-                        failure = sql_error(self.name, exc) if isinstance(exc, sqlite3.Error) else exc
+                        failure = self._error(exc) if isinstance(exc, sqlite3.Error) else exc
                         break
                 more = late(BATCH_MAX - len(batch)) if failure is None and len(batch) < BATCH_MAX else []
                 if not more:
@@ -1082,7 +1110,7 @@ class SqlDatabase:
             self.stats["writes"] += len(batch)
         except BaseException as exc:
             _rollback_quietly(conn)
-            err = sql_error(self.name, exc)
+            err = self._error(exc)
             self.results.put_many([(w.fut, None, err) for w in batch])
             return
         self.results.put_many(results)
@@ -1099,7 +1127,7 @@ class SqlDatabase:
                 _ctl(conn, "commit --ts")
             except BaseException as exc:
                 _rollback_quietly(conn)
-                results.append((w.fut, None, sql_error(self.name, exc)))
+                results.append((w.fut, None, self._error(exc)))
                 continue
             self.stats["commits"] += 1
             self.stats["writes"] += 1
@@ -1127,7 +1155,7 @@ class SqlDatabase:
             for i, w in enumerate(batch):
                 error = errors.get(i)
                 if error is not None:
-                    results.append((w.fut, None, sql_error(self.name, error)))
+                    results.append((w.fut, None, self._error(error)))
                     continue
                 arm(time.monotonic())
                 _ctl(conn, "savepoint g --ts")
@@ -1135,11 +1163,11 @@ class SqlDatabase:
                     value = self._exec(conn, w.sql, w.params)
                 except BaseException as exc:
                     if not conn.in_transaction:
-                        errors[i] = sql_error(self.name, exc) if isinstance(exc, sqlite3.Error) else exc
+                        errors[i] = self._error(exc) if isinstance(exc, sqlite3.Error) else exc
                         break
                     _ctl(conn, "rollback to g --ts")
                     _ctl(conn, "release g --ts")
-                    results.append((w.fut, None, sql_error(self.name, exc)))
+                    results.append((w.fut, None, self._error(exc)))
                     continue
                 _ctl(conn, "release g --ts")
                 results.append((w.fut, value, None))
@@ -1155,7 +1183,7 @@ class SqlDatabase:
         try:
             conn.execute(w.sql, w.params)
         except BaseException as exc:
-            self.results.put(w.fut, None, sql_error(self.name, exc))
+            self.results.put(w.fut, None, self._error(exc))
             return
         finally:
             c.internal = False
@@ -1177,6 +1205,8 @@ class SqlDatabase:
             # sqlite3 counts rows only for statements that begin with INSERT, UPDATE, DELETE or REPLACE; one
             # under a WITH gets what the connection changed (its triggers' rows too, as SQLite counts them)
             changes = conn.total_changes - before
+            if not changes and desc is None and _no_statement(sql):
+                raise no_statement(self.name, sql)
         rowid = (cur.lastrowid or 0) if changes and inserts else 0
         return Done(changes, rowid, list(map(_first, desc)) if desc else [], rows)
 
@@ -1197,6 +1227,8 @@ class SqlDatabase:
     def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str) -> Rows:
         cur = conn.execute(sql, params)
         desc = cur.description
+        if desc is None and _no_statement(sql):
+            raise no_statement(self.name, sql)
         columns = list(map(_first, desc)) if desc else []
         if mode == "all":
             rows = cur.fetchall()
@@ -1220,7 +1252,7 @@ class SqlDatabase:
                 value = self._query(conn, item.sql, item.params, item.mode)
                 put(item.fut, value, None)
             except BaseException as exc:
-                put(item.fut, None, sql_error(self.name, exc))
+                put(item.fut, None, self._error(exc))
         conn.close()
 
     def _run_tx(self, conn: sqlite3.Connection, tx: SqlTx, fut: asyncio.Future[SqlTx], arm: _Arm) -> None:
@@ -1232,7 +1264,7 @@ class SqlDatabase:
             _ctl(conn, "begin immediate --ts")
         except BaseException as exc:
             tx.done = True
-            put(fut, None, sql_error(self.name, exc))
+            put(fut, None, self._error(exc))
             return
         self.active_tx = tx
         self.stats["transactions"] += 1
@@ -1280,7 +1312,7 @@ class SqlDatabase:
                         self.stats["commits"] += 1
                     put(call.fut, None, None)
                 except BaseException as exc:
-                    err = sql_error(self.name, exc)
+                    err = self._error(exc)
                     if conn.in_transaction:
                         _ctl(conn, "rollback --ts")
                     tx.done = True
@@ -1306,7 +1338,7 @@ class SqlDatabase:
                     value = self._query(conn, call.sql, call.params, call.mode)
                 put(call.fut, value, None)
             except BaseException as exc:
-                err = sql_error(self.name, exc)
+                err = self._error(exc)
                 if not conn.in_transaction:
                     # SQLite rolled back the whole transaction (INSERT OR ROLLBACK, a trigger's RAISE(ROLLBACK), an
                     # interrupt): it is over; what follows must not run in autocommit
@@ -1348,7 +1380,7 @@ class SqlDatabase:
             conn.execute(f"select count(*) from {MIGRATIONS_TABLE}").fetchone()  # pin the snapshot now
         except BaseException as exc:
             tx.done = True
-            self.results.put(fut, None, sql_error(self.name, exc))
+            self.results.put(fut, None, self._error(exc))
             conn.close()
             return
         self.results.put(fut, tx, None)
