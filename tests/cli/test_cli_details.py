@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,30 @@ async def test_without_db_the_only_database_or_main_else_a_choice(tmp_path: Path
     directory = await _store_with(tmp_path, "app", "other")
     done = run_cli("sql", str(directory), "select count(*) as n from t")
     assert done.returncode == 1
-    assert "no database 'main' (databases: app, other; choose one with --db)" in done.stderr, done.stderr
+    want = "no database 'main' (databases: app, other; choose one with --db, or add --write to create it)"
+    assert want in done.stderr, done.stderr
+    done = run_cli("sql", str(directory), "select 1", "--db", "newdb")
+    assert "no database 'newdb' (databases: app, other; choose one with --db, or add --write to create it)" in (
+        done.stderr
+    )
     done = run_cli("sql", str(directory), "select 1", "--db", "tinystore-jobs")
     assert "no database 'tinystore-jobs' (it is made when the store first opens a queue)" in done.stderr
+    assert "--write" not in done.stderr  # the store makes it, not --write
+
+
+async def test_status_of_a_directory_whose_owner_does_not_serve_says_so(tmp_path: Path) -> None:
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        done = await asyncio.to_thread(run_cli, "status", str(directory))
+    finally:
+        await store.close()
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.startswith(f"error[in_use] store {directory}: the directory is owned by another process")
+    assert f"(pid {os.getpid()}), which does not serve its socket (an embedded store opened with serve=False" in (
+        done.stderr
+    )
+    assert "instead of owning it" not in done.stderr
 
 
 async def test_status_without_a_server_says_so(tmp_path: Path) -> None:

@@ -398,10 +398,14 @@ def sql(
             apps = [k for k in known if not k.startswith(RESERVED_DB_PREFIX)]
             name = apps[0] if len(apps) == 1 and "main" not in known else "main"
         if name not in known and not (write and not name.startswith(RESERVED_DB_PREFIX)):
-            hint = " (it is made when the store first opens a queue)" if name == "tinystore-jobs" else ""
+            if name.startswith(RESERVED_DB_PREFIX):
+                hint = " (it is made when the store first opens a queue)" if name == "tinystore-jobs" else ""
+                make = ""
+            else:
+                hint, make = "", ", or add --write to create it"
             raise InvalidError(
                 f"store {directory}: no database {name!r}{hint} (databases: {', '.join(known) or 'none'}; "
-                "choose one with --db)"
+                f"choose one with --db{make})"
             )
         store = await open_for_cli(directory)
         try:

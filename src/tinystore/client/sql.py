@@ -6,9 +6,10 @@ import asyncio
 import contextvars
 import inspect
 import os
+import typing
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 import msgspec
 
@@ -29,29 +30,37 @@ _active: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.Contex
 )
 
 
-def read_migrations(migrations: str | Path | list[tuple[str, str]] | None) -> list[Migration]:
+def read_migrations(migrations: str | Path | list[tuple[str, str]] | None, db: str = "") -> list[Migration]:
     """Migrations as (name, text): from a folder (its ``*.sql`` files, in name order) or a list of pairs.
 
-    Raises ``InvalidError`` when the folder does not exist, or ``migrations`` is neither.
+    Raises ``InvalidError`` (naming database ``db``) when the folder does not exist, a file of it is not UTF-8
+    text, or ``migrations`` is neither.
     """
+    where = f"database {db}: migrations" if db else "migrations"
     if migrations is None:
         return []
     if isinstance(migrations, list | tuple):
         pairs = []
         for m in migrations:
             if not isinstance(m, list | tuple) or len(m) != 2 or not all(isinstance(x, str) for x in m):
-                raise InvalidError(f"migrations: {m!r} is not a (name, SQL text) pair of strings")
+                raise InvalidError(f"{where}: {m!r} is not a (name, SQL text) pair of strings")
             pairs.append(Migration(m[0], m[1]))
         return pairs
     if not isinstance(migrations, str | os.PathLike):
         raise InvalidError(
-            f"migrations: {a_or_an(type(migrations).__name__)} is neither a folder of .sql files nor a list of "
+            f"{where}: {a_or_an(type(migrations).__name__)} is neither a folder of .sql files nor a list of "
             "(name, SQL text) pairs"
         )
     folder = Path(migrations)
     if not folder.is_dir():
-        raise InvalidError(f"migrations: {folder} is not a folder of .sql files")
-    return [Migration(p.name, p.read_text()) for p in sorted(folder.glob("*.sql"))]
+        raise InvalidError(f"{where}: {folder} is not a folder of .sql files")
+    out = []
+    for p in sorted(folder.glob("*.sql")):
+        try:
+            out.append(Migration(p.name, p.read_text(encoding="utf-8")))
+        except UnicodeDecodeError as exc:
+            raise InvalidError(f"{where}: {p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return out
 
 
 def check_values(db: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
@@ -60,23 +69,38 @@ def check_values(db: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
     return check_params(db, sql, params)
 
 
-def _split(name: str, args: tuple[Any, ...]) -> tuple[Any, str, tuple[Any, ...]]:
+def _split(name: str, what: str, args: tuple[Any, ...]) -> tuple[Any, str, tuple[Any, ...]]:
     if not args:
         raise InvalidError(f"database {name}: a SQL statement is needed")
     first = args[0]
     if isinstance(first, str):
         return None, first, args[1:]
+    if not _is_type(first):
+        raise InvalidError(
+            f"database {name}: {what} takes the SQL text first, or a type and then the SQL text; {_short(first)} is "
+            "not a type (a dataclass, msgspec Struct, TypedDict, ...) nor SQL text"
+        )
     if len(args) < 2 or not isinstance(args[1], str):
         raise InvalidError(f"database {name}: after a type comes the SQL text")
     return first, args[1], args[2:]
 
 
-def _not_sql(name: str, what: str, got: Any) -> None:
+def _is_type(thing: Any) -> bool:
+    """Whether ``thing`` may be what rows convert to: a class, or a typing form (``list[X]``, ``X | None``)."""
+    return isinstance(thing, type) or typing.get_origin(thing) is not None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _not_sql(name: str, what: str, got: Any) -> NoReturn:
     hint = " (it returns a value as SQLite gives it: it takes no type)" if isinstance(got, type) else ""
     raise InvalidError(f"database {name}: {what} takes the SQL text first, not {type(got).__name__}{hint}")
 
 
-def _convert(rows: Rows, type_: Any) -> list[Any]:
+def _convert(db: str, rows: Rows, type_: Any) -> list[Any]:
     cols = rows.columns
     dicts = [dict(zip(cols, r)) for r in rows.rows]  # noqa: B905 (the keyword costs 0.2 µs a row)
     if type_ is None:
@@ -85,7 +109,7 @@ def _convert(rows: Rows, type_: Any) -> list[Any]:
         return [msgspec.convert(d, type_, strict=False) for d in dicts]
     except (msgspec.ValidationError, TypeError) as exc:
         name = getattr(type_, "__name__", repr(type_))
-        raise InvalidError(f"a row does not fit {name}: {exc} (columns: {', '.join(cols)})") from None
+        raise InvalidError(f"database {db}: a row does not fit {name}: {exc} (columns: {', '.join(cols)})") from None
 
 
 class _Runner:
@@ -151,9 +175,9 @@ class _Runner:
                 )
             found = rows.rows
             return dict(zip(rows.columns, found[0])) if found else None  # noqa: B905 (a keyword: +0.2 µs a row)
-        type_, sql, params = _split(self.name, args)
+        type_, sql, params = _split(self.name, "one", args)
         rows = await self._query(sql, check_values(self.name, sql, params), "one")
-        out = _convert(rows, type_)
+        out = _convert(self.name, rows, type_)
         return out[0] if out else None
 
     @overload
@@ -163,9 +187,9 @@ class _Runner:
     async def all(self, *args: Any) -> Any:
         """Every row, as dicts (or as ``type_``). Results are limited to 64 MiB (``LimitError``); errors as
         :meth:`one`."""
-        type_, sql, params = _split(self.name, args)
+        type_, sql, params = _split(self.name, "all", args)
         rows = await self._query(sql, check_values(self.name, sql, params), "all")
-        return _convert(rows, type_)
+        return _convert(self.name, rows, type_)
 
     async def scalar(self, sql: str, /, *params: Any) -> Any:
         """The first column of the first row, or ``None`` when there is no row. Errors as :meth:`one`; a first
@@ -245,6 +269,15 @@ class Database(_Runner):
         the store's own databases (``tinystore-…``) only ``read_only=True`` is allowed, else
         ``PermissionDeniedError``.
         """
+        if not callable(fn):
+            raise InvalidError(
+                f"database {self.name}: tx takes fn, a function it calls with the transaction (fn(tx)); "
+                f"{_short(fn)} is not callable"
+            )
+        if type(read_only) is not bool:
+            raise InvalidError(
+                f"database {self.name}: tx: read_only is True or False, not {a_or_an(type(read_only).__name__)}"
+            )
         if not read_only:
             self._no_tx("tx")
         tx_id: int = await self.store._call("sql.begin", Begin(self.name, read_only), int)
@@ -252,7 +285,17 @@ class Database(_Runner):
         active = _active.get()
         token = _active.set(active if read_only else active | {self._key})
         try:
-            result = fn(tx)
+            try:
+                result = fn(tx)
+            except TypeError as exc:
+                tb = exc.__traceback__
+                if tb is not None and tb.tb_next is None:  # raised by the call itself, not inside fn: its arguments
+                    name = getattr(fn, "__qualname__", None) or _short(fn)
+                    raise InvalidError(
+                        f"database {self.name}: tx calls fn with the transaction (fn(tx)), and {name} cannot be "
+                        f"called so: {exc}"
+                    ) from exc
+                raise
             if inspect.isawaitable(result):
                 result = await result
         except BaseException:
@@ -286,6 +329,8 @@ class SqlTx(_Runner):
     async def exec(self, sql: str, /, *params: Any) -> Done:
         """Run a statement inside the transaction. Errors as :meth:`Database.exec`; a failed statement leaves
         the transaction usable (SQL-06)."""
+        if type(sql) is not str:
+            _not_sql(self.name, "tx.exec", sql)
         self._check()
         if self._store._dead is not None:
             raise self._store._dead

@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 from ..clock import Clock
 from ..durations import Duration, format_seconds, seconds
+from ..engines.sql import check_migrations
 from ..errors import (
     ClosedError,
     InUseError,
@@ -159,8 +160,10 @@ class Store:
         for one of the store's own databases, or one of those the store has not made).
         """
         check_name("database", name)
+        pairs = read_migrations(migrations, name)
+        check_migrations(name, [(m.name, m.text) for m in pairs])
         db = self._databases.get(name) or Database(self, name)
-        await db._open(read_migrations(migrations))
+        await db._open(pairs)
         self._databases[name] = db
         return db
 
@@ -199,9 +202,12 @@ class Store:
         status["client"] = self.mode
         return status
 
-    async def stop_server(self, grace: float = 10.0) -> None:
-        """Ask the server to stop gracefully (needs the admin capability)."""
-        await self._call("store.stop", Stop(grace), Any, write=True)
+    async def stop_server(self, grace: Duration = 10.0) -> None:
+        """Ask the server to stop gracefully (needs the admin capability): calls under way get ``grace`` (10 s)
+        to finish. Raises ``InvalidError`` for a ``grace`` that is not a duration (negative, NaN), before
+        anything stops."""
+        grace_s = seconds(grace, f"store {self.directory or self.transport.description}: stop_server: grace")
+        await self._call("store.stop", Stop(grace_s), Any, write=True)
 
     async def close(self) -> None:
         """Close the store: stop what this SDK runs (subscriptions, leases, workers), then the connection.
@@ -593,6 +599,13 @@ async def connect(
         )
     if not isinstance(token, str):
         raise InvalidError(f"connect: token: expected a str, got {type(token).__name__}")
+    try:
+        token.encode()
+    except UnicodeEncodeError as exc:  # the token is never shown
+        raise InvalidError(
+            f"connect: token: not valid Unicode text (a lone surrogate at character {exc.start}): a token is the "
+            "text of a line of the server's tokens file"
+        ) from None
     if (
         isinstance(reconnect_timeout, bool)
         or not isinstance(reconnect_timeout, int | float)
@@ -615,8 +628,10 @@ def _parse_address(address: object) -> tuple[str, str, int]:
     """``(scheme, host, port)`` of ``tcp://HOST:PORT`` / ``tls://HOST:PORT`` (the scheme in lower case, as URLs
     have it); ``InvalidError`` naming what is wrong."""
 
+    shown = address
+
     def bad(problem: str) -> InvalidError:
-        return InvalidError(f"connect: address {address!r}: use tcp://HOST:PORT or tls://HOST:PORT ({problem})")
+        return InvalidError(f"connect: address {shown!r}: use tcp://HOST:PORT or tls://HOST:PORT ({problem})")
 
     if not isinstance(address, str):
         raise bad(f"expected a str, got {type(address).__name__}")
@@ -626,8 +641,16 @@ def _parse_address(address: object) -> tuple[str, str, int]:
         raise bad(str(exc)) from None
     if not u.scheme or not u.netloc:
         raise bad("no scheme")
+    if "@" in u.netloc:  # never shown: it may hold a password
+        shown = address.replace(u.netloc.rpartition("@")[0], "…", 1)
+        raise bad("a user or password in the address is not used: give the token with connect(..., token=...)")
     if u.scheme not in ("tcp", "tls"):
         raise bad(f"unknown scheme {u.scheme + '://'!r}")
+    for part, value in (("a path", u.path + (";" + u.params if u.params else "")), ("a query", u.query)):
+        if value and value != "/":
+            raise bad(f"{part} ({value!r}) has no meaning here")
+    if u.fragment or address.endswith("#"):
+        raise bad(f"a fragment ({'#' + u.fragment!r}) has no meaning here")
     if not u.hostname:
         raise bad("no host")
     try:

@@ -827,6 +827,15 @@ def _unsendable(method: str, request: Any, exc: BaseException) -> InvalidError:
 
 
 def _why_unsendable(value: Any, exc: BaseException) -> str:
-    if isinstance(value, str):
+    if isinstance(value, str) and _lone_surrogate(value):
         return f"the text {value[:40]!r} is not valid Unicode (a lone surrogate): it cannot be stored as UTF-8"
     return f"{type(value).__name__} cannot be sent: {exc}"
+
+
+def _lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (what UTF-8 cannot carry)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False

@@ -135,25 +135,37 @@ def _named_placeholder(sql: str) -> str | None:
 
 
 def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
+    """:func:`check_params`' slow path, for a list with a value not of the plain types: subclasses of ``str``,
+    ``int``, ``float`` and ``bytes`` (an enum's member, ``bool``) become their base type's value, as a socket can
+    carry them; a value out of range or of another type raises ``InvalidError``."""
     out = list(params)
     for i, v in enumerate(out):
-        if v is None or isinstance(v, str | bytes):
+        t = type(v)
+        if v is None or t is str or t is bytes:
             continue
-        if isinstance(v, bool):
-            out[i] = int(v)
-        elif isinstance(v, int):
+        if t is not int and t is not float:
+            # the base type's own value, taken without calling what a subclass may override (__str__, __int__,
+            # __float__, __bytes__): True is 1, an IntEnum member its int, a StrEnum member its text
+            if isinstance(v, str):
+                out[i] = str.__str__(v)
+                continue
+            if isinstance(v, int):
+                v = out[i] = int.__index__(v)
+            elif isinstance(v, float):
+                v = out[i] = float.__float__(v)
+            elif isinstance(v, bytes | bytearray | memoryview):
+                out[i] = bytes.__bytes__(v) if isinstance(v, bytes) else bytes(memoryview(v))
+                continue
+            else:
+                raise InvalidError(
+                    f"database {db}: parameter {i + 1}: {a_or_an(type(v).__name__)} is not a SQL value "
+                    "(use None, int, float, str, bytes or bool)"
+                )
+        if type(v) is int:
             if not INT_MIN <= v <= INT_MAX:
                 raise InvalidError(f"database {db}: parameter {i + 1}: {v} does not fit in 64 bits")
-        elif isinstance(v, float):
-            if math.isnan(v):
-                raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
-        elif isinstance(v, bytearray | memoryview):
-            out[i] = bytes(v)
-        else:
-            raise InvalidError(
-                f"database {db}: parameter {i + 1}: {a_or_an(type(v).__name__)} is not a SQL value "
-                "(use None, int, float, str, bytes or bool)"
-            )
+        elif math.isnan(v):
+            raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
     return out
 
 
@@ -324,6 +336,37 @@ def _rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False
     return kind(msg)
 
 
+MIGRATION_NAME_MAX = 255
+"""The longest migration name (a file name's bound on most file systems)."""
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def check_migrations(db: str, migrations: Sequence[tuple[str, str]]) -> None:
+    """Refuse, with ``InvalidError`` naming the database and the migration, a name that is empty, over
+    :data:`MIGRATION_NAME_MAX` characters, holds a control character or is given twice, and a name or text that
+    is not valid Unicode (a lone surrogate, which UTF-8 cannot store)."""
+    seen: set[str] = set()
+    for name, text in migrations:
+        shown = repr(name) if len(name) <= 40 else repr(name[:37]) + "..."
+        if not name or len(name) > MIGRATION_NAME_MAX or _CONTROL.search(name) is not None:
+            has = f" (this one has {len(name)})" if len(name) > MIGRATION_NAME_MAX else ""
+            raise InvalidError(
+                f"database {db}: migration {shown}: a migration's name is 1 to {MIGRATION_NAME_MAX} characters, "
+                f"with no control characters{has}"
+            )
+        if name in seen:
+            raise InvalidError(f"database {db}: migration {shown} is given twice")
+        seen.add(name)
+        for what, value in (("name", name), ("text", text)):
+            try:
+                value.encode()
+            except UnicodeEncodeError as exc:
+                raise InvalidError(
+                    f"database {db}: migration {shown}: its {what} is not valid Unicode ({exc.reason} at character "
+                    f"{exc.start}): UTF-8 cannot store it"
+                ) from None
+
+
 def _migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidError:
     """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name."""
     why = exc.message.removeprefix(f"database {db}: ")
@@ -337,6 +380,21 @@ _SCHEMA_WORD = re.compile(r"(?:create|drop|alter)\b", re.IGNORECASE)
 def changes_schema(sql: str) -> bool:
     """Whether ``sql`` is a ``CREATE``, ``DROP`` or ``ALTER`` statement (what a migration is for)."""
     return _SCHEMA_WORD.match(_skip_comments(sql)) is not None
+
+
+def _no_statement(sql: str) -> bool:
+    """Whether ``sql`` holds no statement: only blanks, comments and semicolons (SQLite runs nothing, and says
+    nothing). Asked only of a statement that gave no columns and changed nothing."""
+    while True:
+        sql = _skip_comments(sql)
+        if not sql.startswith(";"):
+            return not sql
+        sql = sql[1:]
+
+
+def no_statement(db: str, sql: str) -> InvalidError:
+    shown = repr(sql) if len(sql) <= 40 else repr(sql[:37]) + "..."
+    return InvalidError(f"database {db}: no statement: the SQL text {shown} holds only blanks, comments or semicolons")
 
 
 def _skip_comments(sql: str) -> str:
@@ -367,8 +425,9 @@ def _inserts(sql: str) -> bool:
     return head.startswith("with") and _INSERT_WORD.search(sql) is not None
 
 
-def sql_error(db: str, exc: BaseException) -> TinystoreError:
-    """Map a sqlite3 exception to a TinyStore error that keeps SQLite's message."""
+def sql_error(db: str, exc: BaseException, statement_timeout: float | None = None) -> TinystoreError:
+    """Map a sqlite3 exception to a TinyStore error that keeps SQLite's message (``statement_timeout``: the
+    limit a statement that was interrupted ran past, for its message)."""
     if isinstance(exc, TinystoreError):
         return exc
     if isinstance(exc, UnicodeEncodeError):
@@ -393,8 +452,14 @@ def sql_error(db: str, exc: BaseException) -> TinystoreError:
     if isinstance(exc, OverflowError):
         return InvalidError(f"database {db}: {msg}")
     if isinstance(exc, sqlite3.OperationalError) and msg == "interrupted":
+        limit = "" if statement_timeout is None else f" ({statement_timeout:g}s)"
         return TimeoutError_(
-            f"database {db}: the statement ran past its time limit (Limits.statement_timeout) and was stopped"
+            f"database {db}: the statement ran past its time limit, Limits.statement_timeout{limit}, and was stopped"
+        )
+    if isinstance(exc, sqlite3.ProgrammingError) and msg.startswith("You can only execute one statement"):
+        return InvalidError(
+            f"database {db}: the SQL text holds more than one statement, and a call runs one; run several in one "
+            "transaction with db.tx (a tx.exec each), or put schema changes in a migration"
         )
     name = getattr(exc, "sqlite_errorname", "") or ""
     # (plain SQLITE_READONLY is a write on a reader's connection, below; its extended codes are the file's)
@@ -681,6 +746,10 @@ class SqlDatabase:
         conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
 
+    def _error(self, exc: BaseException) -> TinystoreError:
+        """:func:`sql_error` for this database."""
+        return sql_error(self.name, exc, self.limits.statement_timeout)
+
     def start(self, migrations: Sequence[tuple[str, str]]) -> list[str]:
         """Open the file, apply migrations (in the calling thread), start the threads. Returns applied names.
 
@@ -689,7 +758,7 @@ class SqlDatabase:
         try:
             writer = self.connect(readonly=False)
         except sqlite3.Error as exc:
-            raise sql_error(self.name, exc) from None
+            raise self._error(exc) from None
         try:
             applied = self._migrate(writer, migrations)
             if self.inline_budget > 0:
@@ -698,7 +767,7 @@ class SqlDatabase:
         except BaseException as exc:
             writer.close()
             if isinstance(exc, sqlite3.Error):
-                raise sql_error(self.name, exc) from None
+                raise self._error(exc) from None
             raise
         t = threading.Thread(target=self._writer_main, args=(writer,), name=f"tinystore-sql-{self.name}-w", daemon=True)
         self._threads.append(t)
@@ -737,7 +806,7 @@ class SqlDatabase:
                 if conn.in_transaction:
                     _ctl(conn, "rollback --ts")
                 self.applied_before_failure = len(applied)
-                raise _migration_error(self.name, name, sql_error(self.name, exc)) from None
+                raise _migration_error(self.name, name, self._error(exc)) from None
             applied.append(name)
         return applied
 
@@ -822,6 +891,8 @@ class SqlDatabase:
             # what _query does, inline (the hot path of a point read)
             cur = conn.execute(sql, values)
             desc = cur.description
+            if desc is None and _no_statement(sql):
+                raise no_statement(self.name, sql)
             columns = list(map(_first, desc)) if desc else []
             if mode == "all":
                 found = cur.fetchall()
@@ -838,11 +909,11 @@ class SqlDatabase:
                         _check_size(self.name, found, self.limits.sql_result_bytes)
         except sqlite3.OperationalError as exc:
             if str(exc) != "interrupted":
-                raise sql_error(self.name, exc) from None
+                raise self._error(exc) from None
             self.stats["reads_moved"] = self.stats.get("reads_moved", 0) + 1
             return None
         except BaseException as exc:
-            raise sql_error(self.name, exc) from None
+            raise self._error(exc) from None
         self.stats["reads"] += 1
         return Rows(columns, found)
 
@@ -1015,7 +1086,7 @@ class SqlDatabase:
                     try:
                         done.append(exec_(conn, w.sql, w.params))
                     except BaseException as exc:
-                        failure = sql_error(self.name, exc) if isinstance(exc, sqlite3.Error) else exc
+                        failure = self._error(exc) if isinstance(exc, sqlite3.Error) else exc
                         break
                 more = late(BATCH_MAX - len(batch)) if failure is None and len(batch) < BATCH_MAX else []
                 if not more:
@@ -1039,7 +1110,7 @@ class SqlDatabase:
             self.stats["writes"] += len(batch)
         except BaseException as exc:
             _rollback_quietly(conn)
-            err = sql_error(self.name, exc)
+            err = self._error(exc)
             self.results.put_many([(w.fut, None, err) for w in batch])
             return
         self.results.put_many(results)
@@ -1056,7 +1127,7 @@ class SqlDatabase:
                 _ctl(conn, "commit --ts")
             except BaseException as exc:
                 _rollback_quietly(conn)
-                results.append((w.fut, None, sql_error(self.name, exc)))
+                results.append((w.fut, None, self._error(exc)))
                 continue
             self.stats["commits"] += 1
             self.stats["writes"] += 1
@@ -1084,7 +1155,7 @@ class SqlDatabase:
             for i, w in enumerate(batch):
                 error = errors.get(i)
                 if error is not None:
-                    results.append((w.fut, None, sql_error(self.name, error)))
+                    results.append((w.fut, None, self._error(error)))
                     continue
                 arm(time.monotonic())
                 _ctl(conn, "savepoint g --ts")
@@ -1092,11 +1163,11 @@ class SqlDatabase:
                     value = self._exec(conn, w.sql, w.params)
                 except BaseException as exc:
                     if not conn.in_transaction:
-                        errors[i] = sql_error(self.name, exc) if isinstance(exc, sqlite3.Error) else exc
+                        errors[i] = self._error(exc) if isinstance(exc, sqlite3.Error) else exc
                         break
                     _ctl(conn, "rollback to g --ts")
                     _ctl(conn, "release g --ts")
-                    results.append((w.fut, None, sql_error(self.name, exc)))
+                    results.append((w.fut, None, self._error(exc)))
                     continue
                 _ctl(conn, "release g --ts")
                 results.append((w.fut, value, None))
@@ -1112,7 +1183,7 @@ class SqlDatabase:
         try:
             conn.execute(w.sql, w.params)
         except BaseException as exc:
-            self.results.put(w.fut, None, sql_error(self.name, exc))
+            self.results.put(w.fut, None, self._error(exc))
             return
         finally:
             c.internal = False
@@ -1134,6 +1205,8 @@ class SqlDatabase:
             # sqlite3 counts rows only for statements that begin with INSERT, UPDATE, DELETE or REPLACE; one
             # under a WITH gets what the connection changed (its triggers' rows too, as SQLite counts them)
             changes = conn.total_changes - before
+            if not changes and desc is None and _no_statement(sql):
+                raise no_statement(self.name, sql)
         rowid = (cur.lastrowid or 0) if changes and inserts else 0
         return Done(changes, rowid, list(map(_first, desc)) if desc else [], rows)
 
@@ -1154,6 +1227,8 @@ class SqlDatabase:
     def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str) -> Rows:
         cur = conn.execute(sql, params)
         desc = cur.description
+        if desc is None and _no_statement(sql):
+            raise no_statement(self.name, sql)
         columns = list(map(_first, desc)) if desc else []
         if mode == "all":
             rows = cur.fetchall()
@@ -1177,7 +1252,7 @@ class SqlDatabase:
                 value = self._query(conn, item.sql, item.params, item.mode)
                 put(item.fut, value, None)
             except BaseException as exc:
-                put(item.fut, None, sql_error(self.name, exc))
+                put(item.fut, None, self._error(exc))
         conn.close()
 
     def _run_tx(self, conn: sqlite3.Connection, tx: SqlTx, fut: asyncio.Future[SqlTx], arm: _Arm) -> None:
@@ -1189,7 +1264,7 @@ class SqlDatabase:
             _ctl(conn, "begin immediate --ts")
         except BaseException as exc:
             tx.done = True
-            put(fut, None, sql_error(self.name, exc))
+            put(fut, None, self._error(exc))
             return
         self.active_tx = tx
         self.stats["transactions"] += 1
@@ -1237,7 +1312,7 @@ class SqlDatabase:
                         self.stats["commits"] += 1
                     put(call.fut, None, None)
                 except BaseException as exc:
-                    err = sql_error(self.name, exc)
+                    err = self._error(exc)
                     if conn.in_transaction:
                         _ctl(conn, "rollback --ts")
                     tx.done = True
@@ -1263,7 +1338,7 @@ class SqlDatabase:
                     value = self._query(conn, call.sql, call.params, call.mode)
                 put(call.fut, value, None)
             except BaseException as exc:
-                err = sql_error(self.name, exc)
+                err = self._error(exc)
                 if not conn.in_transaction:
                     # SQLite rolled back the whole transaction (INSERT OR ROLLBACK, a trigger's RAISE(ROLLBACK), an
                     # interrupt): it is over; what follows must not run in autocommit
@@ -1305,7 +1380,7 @@ class SqlDatabase:
             conn.execute(f"select count(*) from {MIGRATIONS_TABLE}").fetchone()  # pin the snapshot now
         except BaseException as exc:
             tx.done = True
-            self.results.put(fut, None, sql_error(self.name, exc))
+            self.results.put(fut, None, self._error(exc))
             conn.close()
             return
         self.results.put(fut, tx, None)
@@ -1439,6 +1514,7 @@ class SqlEngine:
         migrations applied.
         """
         check_name("database", name)
+        check_migrations(name, migrations)
         lock = self._opening.setdefault(name, asyncio.Lock())
         await lock.acquire()
         held = True  # released when this returns, or once a start whose caller was cancelled has ended

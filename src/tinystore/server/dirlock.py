@@ -129,6 +129,17 @@ class DirLock:
                 f"{owner}, which {'is this one' if owner == str(os.getpid()) else 'is gone'}): a process it "
                 f"forked, or another program; `fuser -v {self.path}` names it"
             )
+        from . import paths
+
+        info = paths.read_address(self.path.parent)
+        if info is None or str(info.get("pid")) != owner:
+            # its owner wrote no address of its own: it does not serve the directory's socket, so nothing can
+            # connect to it
+            return InUseError(
+                f"{where}: the directory is owned by another process (pid {owner}), which does not serve its "
+                "socket (an embedded store opened with serve=False, or a server still starting): nothing can "
+                "connect to it; use the store in that process, or open it there with serve=True"
+            )
         return InUseError(
             f"{where}: the directory is owned by another process (pid {owner}); connect to it with "
             "tinystore.open() instead of owning it"

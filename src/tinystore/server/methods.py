@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from ..durations import seconds
 from ..errors import InvalidError
 from ..protocol.store import Advance, Empty, Stop
 from . import sql_methods
@@ -29,12 +30,13 @@ def install(core: Core) -> None:
         return core.clock.now()
 
     def stop(session: Session, req: Stop) -> bool:
+        grace = seconds(req.grace, "store.stop: grace")
         if core.mode == "embedded":
             raise InvalidError(
                 f"store {core.directory}: the store is embedded in process {os.getpid()}; "
                 "stop that program (or close its store) to stop it"
             )
-        core.stop_grace = req.grace
+        core.stop_grace = grace
         core.stop_requested.set()
         return True
 

@@ -1,0 +1,114 @@
+"""Input of the store's own calls, checked in the SDK and again in the server (for clients that are not the
+SDK): migrations' names and texts, stop_server's grace, connect()'s address and token."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tests.helpers import open_store
+from tinystore.protocol.messages import encode
+from tinystore.protocol.sql import Migration, OpenDb
+from tinystore.protocol.store import Stop
+from tinystore.server import paths
+
+from .raw import RawClient, error_of
+
+BAD_NAMES = [
+    ("", "migration '': a migration's name is 1 to 255 characters, with no control characters"),
+    ("a\x00.sql", "migration 'a\\x00.sql': a migration's name is 1 to 255 characters, with no control characters"),
+    ("a\n.sql", "migration 'a\\n.sql': a migration's name is 1 to 255 characters, with no control characters"),
+    (
+        "x" * 256,
+        "migration '" + "x" * 37 + "'...: a migration's name is 1 to 255 characters, with no control "
+        "characters (this one has 256)",
+    ),
+]
+
+
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_migration_names_and_texts_are_checked(tmp_path: Path, mode: str) -> None:
+    async with open_store(mode, tmp_path / "s") as store:
+        for name, why in BAD_NAMES:
+            with pytest.raises(tinystore.InvalidError) as info:
+                await store.database("app", migrations=[(name, "create table t (a)")])
+            assert info.value.message == f"database app: {why}"
+        with pytest.raises(tinystore.InvalidError) as info:
+            await store.database("app", migrations=[("001.sql", "create table z (a) -- \ud800")])
+        assert info.value.message == (
+            "database app: migration '001.sql': its text is not valid Unicode (surrogates not allowed at character "
+            "22): UTF-8 cannot store it"
+        )
+        with pytest.raises(tinystore.InvalidError, match=r"^database app: migration '001.sql' is given twice$"):
+            await store.database("app", migrations=[("001.sql", "create table t (a)")] * 2)
+        # nothing was recorded; a good name of 255 characters is fine
+        db = await store.database("app", migrations=[("y" * 255, "create table t (a)")])
+        assert await db.all("select name from _tinystore_migrations") == [{"name": "y" * 255}]
+
+
+async def test_the_server_checks_migration_names_itself(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    async with open_store("private", d) as store:
+        raw = await RawClient.open(("unix", paths.socket_path(d)))
+        try:
+            await raw.hello()
+            f = await raw.call(1, "sql.open", encode(OpenDb(db="app", migrations=[Migration("a\x00", "select 1")])))
+            err = error_of(f)
+            assert err.code == "invalid" and err.message.startswith("database app: migration 'a\\x00': ")
+        finally:
+            await raw.close()
+        db = await store.database("app")
+        assert await db.all("select name from _tinystore_migrations") == []
+
+
+async def test_the_server_checks_the_grace_of_a_stop_itself(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    async with open_store("private", d) as store:
+        raw = await RawClient.open(("unix", paths.socket_path(d)))
+        try:
+            await raw.hello()
+            for i, grace in enumerate([-1.0, math.nan, math.inf]):
+                err = error_of(await raw.call(1 + i, "store.stop", encode(Stop(grace))))
+                assert err.code == "invalid" and err.message.startswith("store.stop: grace: a duration must be finite")
+        finally:
+            await raw.close()
+        assert (await store.status())["pid"] > 0  # it did not stop
+
+
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_stop_server_refuses_a_bad_grace_before_anything_stops(tmp_path: Path, mode: str) -> None:
+    d = tmp_path / "s"
+    async with open_store(mode, d) as store:
+        for grace in (-1, math.nan, "x"):
+            with pytest.raises(tinystore.InvalidError) as info:
+                await store.stop_server(grace=grace)  # type: ignore[arg-type]
+            assert info.value.message.startswith(f"store {d}: stop_server: grace: ")
+        assert (await store.status())["pid"] > 0
+
+
+@pytest.mark.parametrize(
+    ("address", "shown", "why"),
+    [
+        ("tcp://user:pw@127.0.0.1:7600/path?x=1", "tcp://…@127.0.0.1:7600/path?x=1", "a user or password in the"),
+        ("tcp://127.0.0.1:7600/path", "tcp://127.0.0.1:7600/path", "a path ('/path') has no meaning here"),
+        ("tls://127.0.0.1:7600/?x=1", "tls://127.0.0.1:7600/?x=1", "a query ('x=1') has no meaning here"),
+        ("tcp://127.0.0.1:7600#top", "tcp://127.0.0.1:7600#top", "a fragment ('#top') has no meaning here"),
+    ],
+)
+async def test_connect_refuses_parts_of_an_address_it_would_ignore(address: str, shown: str, why: str) -> None:
+    with pytest.raises(tinystore.InvalidError) as info:
+        await tinystore.connect(address, token="t" * 16)
+    message = info.value.message
+    assert message.startswith(f"connect: address {shown!r}: use tcp://HOST:PORT or tls://HOST:PORT ({why}")
+    assert "pw" not in message
+
+
+async def test_a_token_that_is_not_unicode_is_refused_without_showing_it() -> None:
+    with pytest.raises(tinystore.InvalidError) as info:
+        await tinystore.connect("tcp://127.0.0.1:7600", token="secret\ud800")
+    assert info.value.message.startswith("connect: token: not valid Unicode text (a lone surrogate at character 6)")
+    assert "secret" not in info.value.message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
