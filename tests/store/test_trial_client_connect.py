@@ -77,3 +77,27 @@ async def test_a_plain_client_at_a_tls_port_is_told_to_use_tls(tmp_path: Path) -
         assert address in message
     finally:
         server.stop()
+
+
+async def test_open_refuses_options_of_another_way_of_reaching_the_store(tmp_path: Path) -> None:
+    """``serve`` is for an embedded store, ``reconnect_timeout`` for one reached over a socket: given to the other
+    kind, each is refused rather than silently ignored."""
+    with pytest.raises(InvalidError, match="open: serve is for embedded=True stores"):
+        await tinystore.open(tmp_path / "s", private=True, serve=False)
+    with pytest.raises(InvalidError, match="open: serve is for embedded=True stores"):
+        await tinystore.open(tmp_path / "s", serve=True)
+    with pytest.raises(InvalidError, match="open: reconnect_timeout is for a store reached over a socket"):
+        await tinystore.open(tmp_path / "s", embedded=True, reconnect_timeout=5)
+    with pytest.raises(InvalidError, match="open: reconnect_timeout -1: expected a number of seconds above 0"):
+        await tinystore.open(tmp_path / "s", private=True, reconnect_timeout=-1)
+
+
+async def test_open_takes_reconnect_timeout_as_connect_does(tmp_path: Path) -> None:
+    store = await tinystore.open(tmp_path / "s", private=True, reconnect_timeout=2.5)
+    try:
+        assert store.transport.reconnect_timeout == 2.5  # type: ignore[attr-defined]
+        assert await store.status()
+    finally:
+        await store.close()
+    embedded = await tinystore.open(tmp_path / "s", embedded=True, serve=False)  # still the way to say it
+    await embedded.close()

@@ -264,7 +264,8 @@ async def open(
     durability: str = "full",
     clock: datetime | None = None,
     limits: Limits | None = None,
-    serve: bool = True,
+    serve: bool | None = None,
+    reconnect_timeout: float | None = None,
 ) -> Store:
     """Open the store in ``directory``.
 
@@ -276,7 +277,9 @@ async def open(
 
     ``durability``: ``"full"`` (each commit on disk before it returns) or ``"os"``. ``clock``: a datetime
     to start a test clock at (private and embedded only; then ``await store.clock.advance("1h")``).
-    ``limits``: :class:`~tinystore.Limits` (private and embedded, or a sidecar this call starts).
+    ``limits``: :class:`~tinystore.Limits` (private and embedded, or a sidecar this call starts). ``serve``
+    (embedded only; default ``True``). ``reconnect_timeout``: seconds a call waits for the server to come back
+    (sidecar and private only; default 30), as :func:`connect` takes it.
 
     Raises ``InUseError`` (private/embedded: another process owns the directory), ``UnavailableError``
     (the server could not be started or reached), ``InvalidError`` (bad options; an empty ``directory``, which
@@ -296,6 +299,15 @@ async def open(
         raise InvalidError(f'open: durability {durability!r}: use "full" or "os"')
     if clock is not None and not (private or embedded):
         raise InvalidError("open: a test clock is only for private=True or embedded=True stores")
+    if serve is not None and not embedded:
+        raise InvalidError(
+            "open: serve is for embedded=True stores (whether the engines in this process also listen on the "
+            "directory's socket); a sidecar or private server always does"
+        )
+    if reconnect_timeout is not None:
+        if embedded:
+            raise InvalidError("open: reconnect_timeout is for a store reached over a socket, not embedded=True")
+        reconnect_timeout = _checked_reconnect_timeout("open", reconnect_timeout)
     idle_s = seconds(idle, "idle")
     try:
         paths.make_directory(path, "open")
@@ -303,13 +315,23 @@ async def open(
         raise _permission_denied(path, exc) from None
     try:
         if embedded:
-            return await _open_embedded(path, durability, clock, limits, serve)
+            return await _open_embedded(path, durability, clock, limits, serve is not False)
         if private:
             paths.server_dir(path)  # what the child would fail on: fail here, with the reason
-            return await _open_private(path, durability, clock, limits)
-        return await _open_sidecar(path, durability, limits, idle_s)
+            store = await _open_private(path, durability, clock, limits)
+        else:
+            store = await _open_sidecar(path, durability, limits, idle_s)
     except PermissionError as exc:
         raise _permission_denied(path, exc) from None
+    if reconnect_timeout is not None:
+        store.transport.reconnect_timeout = reconnect_timeout  # type: ignore[attr-defined]
+    return store
+
+
+def _checked_reconnect_timeout(who: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise InvalidError(f"{who}: reconnect_timeout {value!r}: expected a number of seconds above 0")
+    return float(value)
 
 
 def _permission_denied(path: Path, exc: PermissionError) -> PermissionDeniedError:
@@ -606,12 +628,7 @@ async def connect(
             f"connect: token: not valid Unicode text (a lone surrogate at character {exc.start}): a token is the "
             "text of a line of the server's tokens file"
         ) from None
-    if (
-        isinstance(reconnect_timeout, bool)
-        or not isinstance(reconnect_timeout, int | float)
-        or not 0 < reconnect_timeout < float("inf")
-    ):
-        raise InvalidError(f"connect: reconnect_timeout {reconnect_timeout!r}: expected a number of seconds above 0")
+    reconnect_timeout = _checked_reconnect_timeout("connect", reconnect_timeout)
     ctx = None
     if scheme == "tls":
         ctx = ssl_context or ssl.create_default_context()
