@@ -265,3 +265,26 @@ async def test_sighup_stops_the_server_gracefully(tmp_path: Path) -> None:
         assert await (await store.database("app")).scalar("select a from t") == "kept"
     finally:
         await store.close()
+
+
+def test_the_serve_banner_is_one_line_however_long_the_path(tmp_path: Path) -> None:
+    """Read by people and by scripts (its log line): a long directory name used to wrap it mid-address."""
+    import subprocess
+    import sys
+
+    directory = tmp_path / ("a-rather-long-directory-name-" * 3)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tinystore", "serve", str(directory)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith(f"tinystore serving {directory} on unix:"), line
+        assert line.rstrip("\n").endswith("sock"), line  # the whole address on this line (a short path, here)
+    finally:
+        proc.terminate()
+        proc.wait(20)

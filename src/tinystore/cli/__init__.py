@@ -214,6 +214,7 @@ def serve(
                 err_console.print(
                     f"tinystore serving {opts.directory} on " + ", ".join(lst.description for lst in listeners),
                     highlight=False,
+                    soft_wrap=True,  # one line, however long the paths: a log line, and scripts read it
                 )
 
         run(opts, ready)
