@@ -126,6 +126,18 @@ class Transport:
         self.push_handlers: dict[str, tuple[PushHandler, Any]] = {}
         self.reconnect_hooks: list[ReconnectHook] = []
         self.closed = False
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
+
+    def other_loop(self) -> InvalidError:
+        """The error of a call made on another event loop than the one the store was opened on (its
+        connection and futures belong to that loop)."""
+        return InvalidError(
+            f"store {self.description}: used from another event loop than the one it was opened on (a store "
+            "belongs to one loop: open one in this loop; with a loop per test, a store per test)"
+        )
 
     @property
     def connected(self) -> bool:
@@ -200,6 +212,8 @@ class LocalTransport(Transport):
     ) -> Any:
         if self.closed:
             raise ClosedError(f"store {self.core.directory} is closed")
+        if asyncio.get_running_loop() is not self.loop:
+            raise self.other_loop()
         if method not in self._small:
             self.check_size(method, request)
         result = self.core.invoke(self.session, method, request)
@@ -212,6 +226,8 @@ class LocalTransport(Transport):
     def call_now(self, method: str, request: Any) -> Any:
         if self.closed:
             raise ClosedError(f"store {self.core.directory} is closed")
+        if asyncio.get_running_loop() is not self.loop:
+            raise self.other_loop()
         if method not in self._small:
             self.check_size(method, request)
         return self.core.invoke(self.session, method, request)
@@ -231,6 +247,8 @@ class LocalTransport(Transport):
     def sql_database(self, name: str) -> Any:
         if self.closed:
             raise ClosedError(f"store {self.core.directory} is closed")
+        if asyncio.get_running_loop() is not self.loop:
+            raise self.other_loop()
         return self.core.sql.databases.get(name)
 
     async def close(self) -> None:
@@ -698,6 +716,8 @@ class RemoteTransport(Transport):
     async def call(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
     ) -> Any:
+        if asyncio.get_running_loop() is not self.loop:
+            raise self.other_loop()
         turns = None
         if method in _PARKING and not (method in _IN_TX and request.tx):
             # a call that may wait long at the server: once fewer than its method's share of them are in flight
