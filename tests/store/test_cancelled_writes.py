@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from tinystore.server import listener, paths
 
 from ..helpers import open_store
 from .raw import RawClient
+from .test_cancel import server_side, wait_for
 
 MIGRATIONS = [("001_t.sql", "create table t (id integer primary key, b blob);")]
 BLOB = 64 * 1024
@@ -29,18 +29,17 @@ BLOB = 64 * 1024
 SENT = 2 * listener.ORPHANS_HIGH // BLOB
 
 
-async def wait_for(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+async def writer_held(db: Any) -> tuple[asyncio.Event, asyncio.Task[Any]]:
+    """Hold ``db``'s writer with a transaction until the returned event is set (the task ends then)."""
+    held, release = asyncio.Event(), asyncio.Event()
 
+    async def hold(tx: Any) -> None:
+        held.set()
+        await release.wait()
 
-def server_side(store: tinystore.Store) -> Any:
-    core: Any = store._core
-    conns = [c for lst in core.listeners for c in lst.connections]
-    assert len(conns) == 1, conns
-    return conns[0]
+    holder = asyncio.create_task(db.tx(hold))
+    await held.wait()
+    return release, holder
 
 
 async def flood_while_the_writer_is_held(tmp_path: Path, request: Callable[[int], bytes], count: str) -> None:
@@ -51,14 +50,7 @@ async def flood_while_the_writer_is_held(tmp_path: Path, request: Callable[[int]
         db = await store.database("app", migrations=MIGRATIONS)
         q = store.queue("q", dict, database=db)
         await q.add({"warm": True})  # the queue's table exists before the writer is held
-        held, release = asyncio.Event(), asyncio.Event()
-
-        async def hold(tx: Any) -> None:
-            held.set()
-            await release.wait()
-
-        holder = asyncio.create_task(db.tx(hold))
-        await held.wait()
+        release, holder = await writer_held(db)
         raw = await RawClient.open(("unix", paths.socket_path(tmp_path / "s")))
         try:
             assert (await raw.hello()).kind is Kind.WELCOME
@@ -116,14 +108,7 @@ async def test_the_sdk_does_not_buffer_without_bound_when_the_server_reads_no_mo
 
     async with open_store("embedded", tmp_path / "s") as store:
         db = await store.database("app", migrations=MIGRATIONS)
-        held, release = asyncio.Event(), asyncio.Event()
-
-        async def hold(tx: Any) -> None:
-            held.set()
-            await release.wait()
-
-        holder = asyncio.create_task(db.tx(hold))
-        await held.wait()
+        release, holder = await writer_held(db)
         other = await tinystore.open(tmp_path / "s")  # a client over the embedded store's socket
         try:
             remote = await other.database("app")

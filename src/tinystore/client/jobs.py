@@ -84,7 +84,7 @@ from ..protocol.jobs import (
 )
 from ..protocol.jobs import List as ListRequest
 from ..protocol.store import Empty
-from ..protocol.values import json_problem
+from ..protocol.values import json_problem, valid_text
 
 if TYPE_CHECKING:
     from .sql import Database, SqlTx
@@ -142,15 +142,6 @@ def _describe(exc: BaseException) -> str:
     return _clean(f"{name}: {text}" if text else name)
 
 
-def _valid_text(text: str) -> bool:
-    """``True`` for text that encodes as UTF-8 (no lone surrogates)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _decode_error(exc: BaseException) -> str:
     """msgspec's own text for a value that does not decode; ``Type: message`` for what a type's code raised."""
     return _clean(_text_of(exc)) if isinstance(exc, msgspec.DecodeError) else _describe(exc)
@@ -166,7 +157,7 @@ def _clean(text: str) -> str:
         text = _text_of(text) or type(text).__name__
     if len(text) > ERROR_MAX:
         text = text[: ERROR_MAX - 1] + "…"
-    if not _valid_text(text):
+    if not valid_text(text):
         text = text.encode("utf-8", "backslashreplace").decode()
     return text
 

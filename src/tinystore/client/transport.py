@@ -44,6 +44,7 @@ from ..protocol.frames import Kind, body_too_large, request_frame
 from ..protocol.locks import ACQUIRE, RELEASE, RENEW
 from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode
 from ..protocol.store import Empty
+from ..protocol.values import valid_text
 
 _RESPONSE = Kind.RESPONSE
 _Future = asyncio.Future
@@ -847,15 +848,6 @@ def _unsendable(method: str, request: Any, exc: BaseException) -> InvalidError:
 
 
 def _why_unsendable(value: Any, exc: BaseException) -> str:
-    if isinstance(value, str) and _lone_surrogate(value):
+    if isinstance(value, str) and not valid_text(value):
         return f"the text {value[:40]!r} is not valid Unicode (a lone surrogate): it cannot be stored as UTF-8"
     return f"{type(value).__name__} cannot be sent: {exc}"
-
-
-def _lone_surrogate(text: str) -> bool:
-    """Whether ``text`` holds a lone surrogate (what UTF-8 cannot carry)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return True
-    return False

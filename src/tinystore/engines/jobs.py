@@ -89,7 +89,7 @@ from ..protocol.jobs import OPTION_NAMES as _OPTION_NAMES
 from ..protocol.jobs import (
     List as ListRequest,
 )
-from ..protocol.values import json_problem
+from ..protocol.values import json_problem, valid_text
 from .base import Peer
 from .sql import Later, SqlDatabase, SqlEngine, SqlTx
 
@@ -405,14 +405,6 @@ def _cut(text: str) -> str:
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode()
     return text
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 _LONG_INT = re.compile(r"\d{19}")
@@ -1379,7 +1371,7 @@ class JobsEngine:
         return n
 
     def _check_json(self, queue: str, jid: str, what: str, text: str, limit: int) -> None:
-        if not isinstance(text, str) or not (text.isascii() or _utf8(text)):
+        if not isinstance(text, str) or not (text.isascii() or valid_text(text)):
             raise InvalidError(f"queue {queue}: job {jid}: the {what} is not JSON text (a str of valid Unicode)")
         size = len(text.encode()) if not text.isascii() else len(text)
         if size > limit:
@@ -1455,7 +1447,7 @@ class JobsEngine:
                 raise InvalidError(f"{what}: the value must be JSON text")
             self._check_json(queue, "(new)", "value", j.value, self.limits.job_value_bytes)
             for label, v in (("key", j.key), ("tenant", j.tenant), ("user", j.user), ("type", j.type)):
-                if v is not None and (not isinstance(v, str) or not _utf8(v)):
+                if v is not None and (not isinstance(v, str) or not valid_text(v)):
                     raise InvalidError(f"{what}: {label} {v!r} is not text (a str of valid Unicode)")
             if isinstance(j.priority, bool) or not isinstance(j.priority, int):
                 raise InvalidError(f"{what}: priority {j.priority!r} is not an int")

@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 
 from ..errors import InvalidError, PermissionDeniedError
+from .values import valid_text
 
 CANCEL_PUSH = "jobs.cancel"
 EVENTS_CHANNEL = "tinystore-jobs"
@@ -388,15 +389,6 @@ def shown(value: object) -> str:
     except Exception:  # a broken __repr__ must not hide the error it is part of
         text = f"<{type(value).__name__}>"
     return text if len(text) <= 60 else text[:59] + "…"
-
-
-def valid_text(text: str) -> bool:
-    """``True`` for text that encodes as UTF-8 (no lone surrogates)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def check_text(where: str, label: str, value: object, limit: int = TEXT_MAX) -> None:

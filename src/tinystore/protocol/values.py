@@ -7,13 +7,23 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["INT_MAX", "INT_MIN", "json_problem"]
+__all__ = ["INT_MAX", "INT_MIN", "json_problem", "valid_text"]
 
 
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 64) - 1
 """The integers a job's JSON may hold: what 64 bits carry (MessagePack's int64 and uint64), so a value, result,
 progress or step result comes back as it went in, over every way of reaching the store."""
+
+
+def valid_text(text: str) -> bool:
+    """``True`` for text that encodes as UTF-8: no lone surrogate (which no client can send, and SQLite, JSON
+    and MessagePack cannot hold)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def json_problem(value: Any, keys: bool = True) -> str | None:
