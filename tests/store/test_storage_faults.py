@@ -253,6 +253,41 @@ async def test_a_private_store_whose_directory_goes_away_is_not_made_again_empty
             await moved.close()
 
 
+async def test_a_store_made_again_where_one_was_removed_keeps_its_new_sidecar(tmp_path: Path) -> None:
+    """``rm -rf data`` while its sidecar still runs, then a new store there: the old sidecar stops (its directory
+    is gone) and used to take the new sidecar's socket file with it on its way out (the same path), so the new
+    sidecar stopped too, a second later: leases lost, subscribers told to reload on a brand-new store."""
+    import shutil
+
+    from tinystore.server import paths
+
+    directory = tmp_path / "data"
+    old = await tinystore.open(directory, idle="30s")
+    old_pid = int((paths.read_address(directory) or {})["pid"])
+    await old.close()  # the old sidecar goes on, idle
+    shutil.rmtree(directory)
+    store = await tinystore.open(directory)
+    new_pid = int((paths.read_address(directory) or {})["pid"])
+    try:
+        assert new_pid != old_pid
+        missed: list[Any] = []
+        await store.channel("c").subscribe(lambda m: None, on_missed=missed.append)
+        async with asyncio.timeout(10):
+            while running(old_pid):  # it sees its directory gone within a second, and stops
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(1.5)  # a place check of the new one, had its socket gone
+        assert running(new_pid), "the new sidecar stopped: the old one removed its socket"
+        assert paths.socket_path(directory).exists()
+        assert (await store.status())["pid"] == new_pid
+        assert missed == []
+    finally:
+        await store.close()
+        for pid in (old_pid, new_pid):
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        await stop_sidecar(directory)
+
+
 async def test_open_tries_again_when_the_sidecar_it_found_dropped_the_handshake(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -579,6 +579,7 @@ class Listener:
         self.last_activity = time.monotonic()
         self.description = ""
         self.unix_path: Path | None = None
+        self.unix_file: tuple[int, int] | None = None
         self.closed = False
         self._resume: asyncio.TimerHandle | None = None
         self.accept_log = RateLimitedLog()
@@ -608,6 +609,8 @@ class Listener:
             sock.close()
             raise
         self.unix_path = path
+        st = os.stat(path)
+        self.unix_file = (st.st_dev, st.st_ino)  # which file is ours: the path may hold another's later
         self.description = f"unix:{path}"
         self._listen([sock])
 
@@ -732,8 +735,12 @@ class Listener:
         for c in conns:
             c.close("the store is stopping", "unavailable")
         if self.unix_path is not None:
+            # only our own socket file: a server whose directory was removed and made again stops while a new
+            # one serves on the same path, and must not take that one's socket away
             try:
-                self.unix_path.unlink()
+                st = os.stat(self.unix_path)
+                if (st.st_dev, st.st_ino) == self.unix_file:
+                    self.unix_path.unlink()
             except OSError:
                 pass
         if self in self.core.listeners:
