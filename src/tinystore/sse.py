@@ -261,12 +261,27 @@ def end_streams() -> int:
     streams were told. Safe to call from a signal handler or another thread.
 
     Call it when the server starts shutting down: an ASGI server waits for open responses to finish before it
-    stops (uvicorn for ``timeout_graceful_shutdown``, then it cancels them and logs each). With uvicorn::
+    stops (uvicorn for ``timeout_graceful_shutdown``, then it cancels them and logs each; without it, until the
+    browsers go away). With uvicorn run from your code::
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig, frame):
                 tinystore.sse.end_streams()
                 super().handle_exit(sig, frame)
+
+    With the ``uvicorn app:app --workers N`` command, chain it before uvicorn's own handler from the app's
+    lifespan (uvicorn installed its handlers by then, in each worker process)::
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                before = signal.getsignal(sig)
+                def handler(signum, frame, before=before):
+                    tinystore.sse.end_streams()
+                    if callable(before):
+                        before(signum, frame)
+                signal.signal(sig, handler)
+            yield
     """
     told = 0
     for outbox in list(_open):
