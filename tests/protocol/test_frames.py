@@ -151,6 +151,20 @@ def test_server_wants_hello_first(kind: Kind) -> None:
         server.next_event()
 
 
+def test_a_server_refuses_a_large_hello_from_its_header_before_buffering_it() -> None:
+    """Before the handshake no token was shown: a peer may not make the server buffer a frame of up to the frame
+    limit (250 such connections held 4 GiB). The header alone is enough to refuse it."""
+    # contract: STORE-04
+    server = Connection("server")
+    header = struct.pack(">IBBIB", 7 + frames.HELLO_MAX + 1, Kind.HELLO, 0, 0, 0)
+    server.receive_data(header + b"x" * 100)  # the body has barely begun
+    with pytest.raises(ProtocolError, match=f"a handshake is at most {frames.HELLO_MAX} bytes"):
+        server.next_event()
+    ok = Connection("server")  # a HELLO at the bound is read
+    ok.receive_data(encode_frame(Kind.HELLO, 0, "", b"h" * frames.HELLO_MAX))
+    assert isinstance(ok.next_event(), Frame)
+
+
 def test_hello_twice_is_refused() -> None:
     client = Connection("client")
     server = Connection("server")

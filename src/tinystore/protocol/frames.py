@@ -38,6 +38,9 @@ HEADER_SIZE = HEADER.size  # 11 bytes, the length included
 _pack = HEADER.pack
 MORE = 0x01
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
+HELLO_MAX = 64 * 1024
+"""The largest ``HELLO`` body a server reads: before the handshake, a peer (no token shown yet) cannot make it
+buffer more."""
 DEFAULT_MAX_INFLIGHT = 1024
 
 
@@ -333,6 +336,12 @@ class Connection:
             raise ProtocolError(f"unknown frame kind {kind}")
         if k not in self._allowed:
             raise ProtocolError(f"a {self.role} does not accept {k.name} frames")
+        if not self.handshaken and self.role == "server":
+            # a peer that has not shown a token yet gets no large buffer: a HELLO is a version, a token, a name
+            if k is not Kind.HELLO:
+                raise ProtocolError(f"expected HELLO first, got {k.name}")
+            if body_len > HELLO_MAX:
+                raise ProtocolError(f"a HELLO of {body_len} bytes: a handshake is at most {HELLO_MAX} bytes")
         if avail < length + 4:
             if self._eof:
                 raise ProtocolError("connection closed in the middle of a frame")
