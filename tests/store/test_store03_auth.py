@@ -14,7 +14,7 @@ import pytest
 import tinystore
 from tinystore.errors import PermissionDeniedError, UnauthenticatedError, UnavailableError
 from tinystore.protocol.frames import Kind
-from tinystore.protocol.messages import encode
+from tinystore.protocol.messages import decode, encode
 from tinystore.protocol.sql import Exec
 from tinystore.protocol.store import Stop
 from tinystore.server import paths
@@ -172,13 +172,54 @@ async def test_data_token_reads_and_writes_but_cannot_stop_or_migrate(
 
         with pytest.raises(PermissionDeniedError):
             await db.tx(ddl_in_tx)
+        # nor through a transaction's reads, which run on the writer (they did: tx.one("drop table t"))
+        for ddl in ("drop table t", "create table evil (a)", "analyze", "reindex"):
+
+            async def ddl_as_read(tx: tinystore.SqlTx, ddl: str = ddl) -> None:
+                await tx.one(ddl)
+
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await db.tx(ddl_as_read)
+        for ddl in ("analyze", "vacuum", "reindex t"):
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await db.exec(ddl)
         # still connected and working after the refusals
         assert await db.scalar("select count(*) from t") == 3
     finally:
         await store.close()
     assert server_alive(server)
     admin_db = await admin_store.database("app")
-    assert await admin_db.scalar("select count(*) from sqlite_master where name = 'u'") == 0
+    assert await admin_db.scalar("select count(*) from sqlite_master where name in ('u', 'evil')") == 0
+    assert await admin_db.scalar("select count(*) from sqlite_master where name = 't'") == 1
+
+
+# contract: STORE-03
+async def test_a_statement_names_the_database_of_its_transaction(
+    tcp_server: tuple[ServerProcess, str, str], admin_store: tinystore.Store
+) -> None:
+    """A raw ``sql.exec`` naming one database (one of the store's own, whose schema check was skipped) with a
+    transaction of another ran in that transaction: a data token dropped a table of ``app`` so."""
+    from tinystore.protocol.sql import Begin, TxRef
+
+    server, _, data = tcp_server
+    host, port = server.tcp.removeprefix("tcp://").rsplit(":", 1)
+    raw = await RawClient.open(("tcp", (host, int(port))))
+    try:
+        assert (await raw.hello(data)).kind is Kind.WELCOME
+        began = await raw.call(1, "sql.begin", encode(Begin("app", False)))
+        assert began.kind is Kind.RESPONSE
+        tx_id = decode(began.body, int)
+        for db in ("tinystore-jobs", "other"):
+            f = await raw.call(2, "sql.exec", encode(Exec(db, "drop table t", [], tx_id)))
+            assert f.kind is Kind.ERROR, f
+            assert error_of(f).code in ("invalid", "permission_denied"), error_of(f)
+        f = await raw.call(3, "sql.exec", encode(Exec("tinystore-jobs", "select 1", [], tx_id)))
+        assert f.kind is Kind.ERROR and "is a transaction of database app" in error_of(f).message
+        assert (await raw.call(4, "sql.rollback", encode(TxRef(tx_id)))).kind is Kind.RESPONSE
+    finally:
+        await raw.close()
+    admin_db = await admin_store.database("app")
+    assert await admin_db.scalar("select count(*) from sqlite_master where name = 't'") == 1
 
 
 # contract: STORE-03

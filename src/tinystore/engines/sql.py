@@ -373,12 +373,13 @@ def _migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidErr
     return InvalidError(f"database {db}: migration {migration}: {why}")
 
 
-_SCHEMA_WORD = re.compile(r"(?:create|drop|alter)\b", re.IGNORECASE)
+_SCHEMA_WORD = re.compile(r"(?:create|drop|alter|analyze|reindex|vacuum)\b", re.IGNORECASE)
 
 
 @functools.lru_cache(maxsize=256)
 def changes_schema(sql: str) -> bool:
-    """Whether ``sql`` is a ``CREATE``, ``DROP`` or ``ALTER`` statement (what a migration is for)."""
+    """Whether ``sql`` is a ``CREATE``, ``DROP`` or ``ALTER`` statement (what a migration is for), or an
+    ``ANALYZE``, ``REINDEX`` or ``VACUUM`` (which make or rebuild the database's own tables and indexes)."""
     return _SCHEMA_WORD.match(_skip_comments(sql)) is not None
 
 

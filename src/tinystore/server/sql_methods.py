@@ -75,14 +75,27 @@ def install(core: Core) -> None:
             raise
         return Done(0, 0, rows.columns, list(map(list, rows.rows)))
 
-    def exec_(session: Session, req: Exec) -> Any:
-        if session.capability != "admin" and not req.db.startswith(RESERVED_DB_PREFIX) and changes_schema(req.sql):
+    def schema_guard(session: Session, db: str, sql: str) -> None:
+        """Refuse a statement that changes the schema to a session without the admin capability, however it
+        comes (an exec, or a query in a transaction, which runs on the writer)."""
+        if session.capability != "admin" and changes_schema(sql):
             raise PermissionDeniedError(
-                f"database {req.db}: CREATE, DROP and ALTER need the admin capability (change the schema with a "
-                f"migration); this token has {session.capability!r}"
+                f"database {db}: CREATE, DROP and ALTER (and ANALYZE, REINDEX, VACUUM) need the admin capability "
+                f"(change the schema with a migration); this token has {session.capability!r}"
             )
+
+    def tx_of(session: Session, tx_id: int, db: str) -> SqlTx:
+        """This session's open transaction ``tx_id``, which must be of database ``db``."""
+        tx = own_tx(session, tx_id)
+        if tx.db.name != db:
+            raise InvalidError(f"database {db}: transaction {tx_id} is a transaction of database {tx.db.name}")
+        return tx
+
+    def exec_(session: Session, req: Exec) -> Any:
+        if req.tx or not req.db.startswith(RESERVED_DB_PREFIX):  # (the store's own: a reader refuses any write)
+            schema_guard(session, req.db, req.sql)
         if req.tx:
-            return own_tx(session, req.tx).exec(req.sql, req.params)
+            return tx_of(session, req.tx, req.db).exec(req.sql, req.params)
         if req.db.startswith(RESERVED_DB_PREFIX):
             return exec_reserved(req)
         db = engine.databases.get(req.db)
@@ -95,7 +108,8 @@ def install(core: Core) -> None:
         if mode not in _MODES:
             raise InvalidError(f"sql.query: mode {mode!r} is not all, one or scalar")
         if req.tx:
-            return own_tx(session, req.tx).query(req.sql, req.params, mode)
+            schema_guard(session, req.db, req.sql)  # a transaction's reads run on the writer
+            return tx_of(session, req.tx, req.db).query(req.sql, req.params, mode)
         db = engine.databases.get(req.db)
         if db is None:
             return query_later(req)
