@@ -215,11 +215,14 @@ async def test_slow_subscriber_gets_prefetch_then_exact_missed_then_the_rest() -
     await turn()
     assert slow.seqs(s_slow) == list(range(1, 65))  # the prefetch window, then it stopped reading
     assert slow.missed == {}
-    slow.grant(s_slow, 1000)
+    slow.grant(s_slow, 1000)  # a credit is at most the prefetch window (64): the rest of the grant is ignored
     await turn()
     assert slow.notices[s_slow] == [86]  # told before its next message, exactly
     last = slow.deliveries[-1]
     assert last.items[0] == MissedItem(BEHIND, 86)
+    assert slow.seqs(s_slow) == list(range(1, 65)) + list(range(151, 215))
+    slow.grant(s_slow, 64)
+    await turn()
     assert slow.seqs(s_slow) == list(range(1, 65)) + list(range(151, 251))
     assert slow.count(s_slow) == 250  # delivered + missed == published
     assert fast.seqs(s_fast) == list(range(1, 251))  # one slow subscriber costs the others nothing
@@ -874,3 +877,28 @@ def test_well_formed_ids_up_to_30_digits_are_accepted() -> None:
     assert other_epoch.missed is None  # from another epoch: cannot tell
     far = peer.subscribe("ch", after=f"{EPOCH}-" + "0" * 29 + "1")
     assert far.missed in (0, None)
+
+
+# contract: CHAN-08
+# contract: CHAN-02
+async def test_a_full_peer_is_sent_nothing_until_it_can_take_more_then_told_exactly() -> None:
+    eng = engine(channel_log=100)
+    full = FakePeer(eng, auto_grant=True)
+    other = FakePeer(eng, auto_grant=True)
+    subs = [full.subscribe("ch", ("b",)).sub for _ in range(3)]
+    s_other = other.subscribe("ch", ("b",)).sub
+    eng.publish("ch", ("b",), b"0")
+    await turn()
+    eng.peer_full(full, True)  # its connection's buffer passed the high-water mark
+    for i in range(1, 251):
+        eng.publish("ch", ("b",), b"%d" % i)
+        await asyncio.sleep(0)
+    await turn()
+    assert all(full.seqs(s) == [1] for s in subs), "a full peer was pushed more"
+    assert other.seqs(s_other) == list(range(1, 252))  # the others get everything meanwhile
+    eng.peer_full(full, False)
+    await turn()
+    for s in subs:
+        assert full.notices[s] == [150]  # the log of 100 kept 152..251 of 2..251
+        assert full.seqs(s) == [1, *range(152, 252)]
+        assert full.count(s) == 251

@@ -9,9 +9,16 @@ copy of a message, so a publish costs O(1) plus, once per loop turn, O(subscribe
 Delivery is pushed to the subscriber's :class:`~tinystore.engines.base.Peer` as
 ``peer.push("channels.deliver", Delivery(sub, items))`` (see :mod:`tinystore.protocol.channels`), at most
 once per subscription per loop turn (publishes of one turn are coalesced by ``loop.call_soon``), and never
-more messages than the subscription's credit. When the log dropped messages a subscription had not been
+more messages than the subscription's credit (at most ``Limits.channel_prefetch``: a subscribe or a grant past it
+gives that much). When the log dropped messages a subscription had not been
 sent, its next delivery starts with ``MissedItem("behind", n)``, n exact: for every subscription, messages
 delivered + missed counts == messages published to its branches after it subscribed (CHAN-02).
+
+A peer that cannot take more for now (the server's listener says so through :meth:`ChannelsEngine.peer_full`
+when its connection's write buffer is past its high-water mark) is sent nothing until it can again: its
+subscriptions keep their positions meanwhile, so what the logs drop is told as ``MissedItem("behind", n)``,
+exactly, as for a subscriber without credit. The memory a client that stops reading costs the store is then
+its connection's buffer, whatever its credit and however many subscriptions it has (CHAN-08).
 
 A branch keeps its log while someone listens and for ``Limits.channel_linger`` seconds after the last
 listener left; a branch nobody listened to within that time keeps no payload. The state of a branch idle
@@ -171,6 +178,9 @@ class ChannelsEngine:
         self._flush_pending = False
         self._flush_now = False
         self._flush_handle: asyncio.Handle | None = None
+        self._max_credit = limits.channel_prefetch
+        # peers that cannot take more for now (peer id → their subscriptions waiting to be sent something)
+        self._held_back: dict[int, dict[_Sub, None]] = {}
         self._ticket = itertools.count()
         self._idle_heap: list[tuple[float, int, int, _Branch]] = []  # (deadline, ticket, idle_token, branch)
         self._timer: Timer | None = None
@@ -333,7 +343,8 @@ class ChannelsEngine:
         ``branch`` itself); ``missed`` is then the sum over the branches, or ``None`` when any branch below
         cannot tell (a listed one forgotten, or one not listed that has messages).
 
-        ``credit``: messages the server may send before a :meth:`grant` (default ``channel_prefetch``).
+        ``credit``: messages the server may send before a :meth:`grant` (default and most ``channel_prefetch``:
+        a larger credit gives that much).
         Returns ``Subscribed(sub, missed, last_id, start)``; ``last_id`` is ``branch``'s newest message id or
         None; ``start`` (not recursive) is the id just before the first message the subscription will be sent,
         which ``after`` accepts even when it names no message (the seq before a branch's first).
@@ -347,9 +358,11 @@ class ChannelsEngine:
         parts = branch if type(branch) is tuple else _as_branch(channel, branch)
         self._check_branch(channel, parts)
         if credit is None:
-            credit = self._limits.channel_prefetch
+            credit = self._max_credit
         elif type(credit) is not int or credit < 0:
             raise InvalidError(f"channel {channel}: credit {credit!r}: a credit is an int >= 0")
+        elif credit > self._max_credit:
+            credit = self._max_credit  # at most the prefetch window (CHAN-08): what a push may carry is bounded
         if len(self._subs) >= self._limits.subscriptions:
             raise LimitError(
                 f"channel {channel}: the store has {len(self._subs)} subscriptions, its limit",
@@ -448,7 +461,8 @@ class ChannelsEngine:
     # ------------------------------------------------------------------ credit and ending
 
     def grant(self, peer: Peer, sub: int, n: int) -> None:
-        """Add ``n`` (an int >= 0) messages of credit to subscription ``sub`` of ``peer``.
+        """Add ``n`` (an int >= 0) messages of credit to subscription ``sub`` of ``peer``; its credit is at most
+        ``channel_prefetch`` (the rest of a grant past it is ignored).
 
         A grant for a subscription that is gone or is not ``peer``'s is ignored. Raises ``InvalidError``
         for a bad ``n``.
@@ -458,7 +472,8 @@ class ChannelsEngine:
         s = self._subs.get(sub)
         if s is None or s.peer.id != peer.id:
             return
-        s.credit += n
+        credit = s.credit + n
+        s.credit = credit if credit <= self._max_credit else self._max_credit
         if s.pending and not s.dirty and s.credit > 0:
             s.dirty = True
             self._dirty_subs.append(s)
@@ -481,11 +496,13 @@ class ChannelsEngine:
         subs = self._subs
         dirty = self._dirty_subs
         pid = peer.id
+        most = self._max_credit
         for sub, n in grants:
             s = subs.get(sub)
             if s is None or s.peer.id != pid:
                 continue
-            s.credit += n
+            credit = s.credit + n
+            s.credit = credit if credit <= most else most
             if s.pending and not s.dirty and s.credit > 0:
                 s.dirty = True
                 dirty.append(s)
@@ -505,8 +522,34 @@ class ChannelsEngine:
         self._remove(s)
         return True
 
+    def peer_full(self, peer: Peer, full: bool) -> None:
+        """``peer`` cannot take more for now (``full``), or can again: the server's listener says so when the
+        bytes waiting to be written to a connection pass its high-water mark, and when they drained.
+
+        While full, ``peer`` is pushed nothing; its subscriptions keep their positions (and their credit), so
+        what the logs drop meanwhile is told as ``Missed("behind", n)``, exactly, at their next delivery, which
+        comes once the peer can take it.
+        """
+        if full:
+            if not peer.closed:
+                self._held_back.setdefault(peer.id, {})
+            return
+        waiting = self._held_back.pop(peer.id, None)
+        if not waiting:
+            return
+        dirty = self._dirty_subs
+        for s in waiting:
+            if not s.closed and not s.dirty and s.pending and s.credit > 0:
+                s.dirty = True
+                dirty.append(s)
+        if dirty and not self._flush_pending:
+            self._schedule_flush()
+        if self._flush_now:
+            self.flush()
+
     def drop_peer(self, peer: Peer) -> None:
         """End every subscription of ``peer`` (its connection went away). Idempotent."""
+        self._held_back.pop(peer.id, None)
         subs = self._by_peer.get(peer.id)
         if subs:
             for s in list(subs.values()):
@@ -514,6 +557,10 @@ class ChannelsEngine:
 
     def _remove(self, s: _Sub) -> None:
         s.closed = True
+        if self._held_back:
+            waiting = self._held_back.get(s.peer.id)
+            if waiting:
+                waiting.pop(s, None)
         del self._subs[s.id]
         peer_subs = self._by_peer.get(s.peer.id)
         if peer_subs is not None:
@@ -583,6 +630,7 @@ class ChannelsEngine:
         self._recursive.clear()
         self._dirty_branches.clear()
         self._dirty_subs.clear()
+        self._held_back.clear()
         self._idle_heap.clear()
         self._size_heap.clear()
         self._total_bytes = 0
@@ -628,8 +676,15 @@ class ChannelsEngine:
             self._deliver(s)
 
     def _deliver(self, s: _Sub) -> None:
-        while self._deliver_once(s):  # a push cut by bytes: the rest in the next one
-            pass
+        held_back = self._held_back
+        while True:
+            if held_back:
+                waiting = held_back.get(s.peer.id)
+                if waiting is not None:  # its peer cannot take more for now: sent once it can (peer_full)
+                    waiting[s] = None
+                    return
+            if not self._deliver_once(s):  # a push cut by bytes: the rest in the next one
+                return
 
     def _deliver_once(self, s: _Sub) -> bool:
         """Push what ``s`` may get now (its credit's worth) in one push; ``True`` when the push was cut short to

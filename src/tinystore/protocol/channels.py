@@ -20,8 +20,12 @@ Methods (request body → reply body):
 Flow control (CHAN-01, CHAN-02): a subscription has a credit, a number of messages. The server sends it
 messages only while its credit is above 0, and each :class:`MessageItem` it sends takes one; a
 :class:`MissedItem` takes none. The subscriber gives credit back with ``channels.grant`` (or ``channels.grant_many``) as
-its handler finishes messages. For every subscription, messages delivered + the counts of its missed notices equals the
-messages published to its branches after it subscribed, exactly.
+its handler finishes messages. A subscription's credit is at most the store's ``channel_prefetch``: a larger
+``Subscribe.credit``, or a grant that would take it past that, gives that much (the excess is ignored, not
+refused). While a connection does not read what the server writes (past the server's high-water mark of bytes
+waiting for it), its subscriptions are sent nothing; what their branches' logs drop meanwhile comes as
+``MissedItem("behind", n)`` once it reads again. For every subscription, messages delivered + the counts of its
+missed notices equals the messages published to its branches after it subscribed, exactly.
 """
 
 from __future__ import annotations
@@ -236,9 +240,9 @@ class Subscribe(msgspec.Struct, kw_only=True):
 
     ``after``: resume after this message id of ``branch``. ``after_branches``: for a recursive subscription,
     the last id handled per branch (``after`` then stands for ``branch`` itself). ``credit``: the initial
-    credit in messages (the prefetch window; ``None``: the store's ``channel_prefetch``). ``resume``: resume
-    even when ``after`` and ``after_branches`` are empty (a recursive subscription that handled nothing yet:
-    every branch below with messages then makes ``missed`` ``None``).
+    credit in messages (the prefetch window; ``None``, or anything past it: the store's ``channel_prefetch``).
+    ``resume``: resume even when ``after`` and ``after_branches`` are empty (a recursive subscription that
+    handled nothing yet: every branch below with messages then makes ``missed`` ``None``).
     """
 
     channel: str
@@ -251,7 +255,8 @@ class Subscribe(msgspec.Struct, kw_only=True):
 
 
 class Grant(msgspec.Struct, array_like=True):
-    """``channels.grant``: add ``n`` messages of credit to subscription ``sub``."""
+    """``channels.grant``: add ``n`` messages of credit to subscription ``sub`` (its credit stays at most the
+    store's ``channel_prefetch``)."""
 
     sub: int
     n: int

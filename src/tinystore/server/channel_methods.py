@@ -4,9 +4,11 @@
 
 The engine (:class:`~tinystore.engines.channels.ChannelsEngine`) is created here as ``core.channels``. A
 session's subscriptions end when the session closes (its connection went away, or the embedded store closed),
-so a subscriber that vanishes holds nothing in the store. A publish that names a SQL transaction of the same
-session (``Publish.tx``) is checked at once and handed to the engine only after that transaction commits, in
-the order published; a rollback (or a transaction that times out or loses its connection) drops it (CHAN-03).
+so a subscriber that vanishes holds nothing in the store; while a connection's client does not read (the
+listener says its session is full), its deliveries wait in the engine as positions, not as bytes (CHAN-08). A
+publish that names a SQL transaction of the same session (``Publish.tx``) is checked at once and handed to the
+engine only after that transaction commits, in the order published; a rollback (or a transaction that times
+out or loses its connection) drops it (CHAN-03).
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ def install(core: Core) -> None:
         engine.close()
 
     core.session_close_hooks.append(engine.drop_peer)
+    core.session_full_hooks.append(engine.peer_full)
     core.status_hooks["channels"] = engine.status
     core.stop_hooks.append(stop)
     core.register(Method(PUBLISH, Publish, publish, write=True))

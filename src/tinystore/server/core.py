@@ -61,6 +61,18 @@ class Session:
         if not self.closed:
             self.push_fn(method, body)
 
+    def full(self, full: bool) -> None:
+        """The client cannot take more pushes for now (``full``: the bytes waiting to be written to its
+        connection passed the high-water mark), or can again: every engine that pushes may hold back
+        (``Core.session_full_hooks``) hears it."""
+        if self.closed:
+            return
+        for hook in self.core.session_full_hooks:
+            try:
+                hook(self, full)
+            except Exception:
+                log.exception("session %s: telling an engine the client is %s", self.id, "full" if full else "ready")
+
     def close(self) -> None:
         """The client is gone: roll back its transactions and let every engine drop what it held."""
         if self.closed:
@@ -96,6 +108,8 @@ class Core:
         self.methods: dict[str, Method] = {}
         self.sessions: dict[int, Session] = {}
         self.session_close_hooks: list[Callable[[Session], None]] = []
+        # (session, full): a session's client cannot take more pushes for now, or can again (Session.full)
+        self.session_full_hooks: list[Callable[[Session, bool], None]] = []
         self.status_hooks: dict[str, Callable[[], Any]] = {}
         self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
         self._ids = itertools.count(1)

@@ -3,7 +3,10 @@
 Each connection runs the sans-I/O :class:`~tinystore.protocol.frames.Connection`. Flow control: a client
 has at most ``max_inflight`` requests in flight (its request credit), and when the bytes waiting to be
 written to a client pass the high-water mark the server stops reading from it until they drain, so a client
-that stops reading cannot make the server buffer without bound. A broken frame closes that one connection
+that stops reading cannot make the server buffer without bound. Pushes (channel deliveries) go to the
+transport as soon as a megabyte of them waits, so the high-water mark sees them in the same loop turn, and
+while it is passed the session is told it is full (:meth:`Session.full`): the channels engine then sends that
+client nothing until the buffer drained (CHAN-08). A broken frame closes that one connection
 with a reason (``GOAWAY``); other connections never notice (STORE-04).
 
 A connection that has not finished its handshake (``HELLO``, and before it TLS's) within ``handshake_timeout``
@@ -171,6 +174,7 @@ class ServerConnection(asyncio.Protocol):
         self.paused = False  # the client does not read what we write
         self.held = False  # too many cancelled writes of this connection still run
         self.out: list[bytes] = []
+        self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
         self.receiving = False  # inside data_received: what is written goes out once it returns
         self.decoders = listener.decoders
@@ -274,12 +278,16 @@ class ServerConnection(asyncio.Protocol):
             self.paused = True
             if not self.held:
                 self.transport.pause_reading()
+            if self.session is not None:
+                self.session.full(True)
 
     def resume_writing(self) -> None:
         if self.transport is not None and self.paused:
             self.paused = False
             if not self.closing and not self.held:
                 self.transport.resume_reading()
+            if self.session is not None and not self.closing:
+                self.session.full(False)
 
     # -- frames ------------------------------------------------------------------------------------
 
@@ -491,7 +499,13 @@ class ServerConnection(asyncio.Protocol):
 
     def push(self, method: str, body: Any) -> None:
         if not self.closing:
-            self.write(self.conn.send_push(method, encode(body)))
+            frame = self.conn.send_push(method, encode(body))
+            self.write(frame)
+            self.pushed += len(frame)
+            if self.pushed > LOW_WATER:
+                # to the transport now, not at the end of the turn: past its high-water mark it pauses us
+                # (pause_writing) before the next push, and the engines hold the rest back
+                self.flush()
 
     def write(self, data: bytes) -> None:
         """Queue ``data``; what one loop turn queues goes out in one write (fewer system calls under load);
@@ -511,6 +525,7 @@ class ServerConnection(asyncio.Protocol):
     def flush(self) -> None:
         """Write what is queued, in one system call."""
         self.flush_scheduled = False
+        self.pushed = 0
         out, self.out = self.out, []
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
