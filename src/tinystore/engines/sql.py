@@ -1460,7 +1460,13 @@ def _check_size(db: str, rows: list[Any], limit: int) -> None:
             if total > limit:
                 break
     if total > limit:
-        raise LimitError(f"database {db}: the result is over {limit} bytes", limit=limit, wanted=total)
+        more = " or more" if n > _SIZE_CHUNK else ""
+        raise LimitError(
+            f"database {db}: the result is over {limit} bytes (the limit sql_result_bytes; it is {total} bytes{more} "
+            "encoded)",
+            limit=limit,
+            wanted=total,
+        )
 
 
 def _split_sql(text: str) -> list[str]:
