@@ -528,7 +528,11 @@ class RemoteTransport(Transport):
                     lambda: _ClientConn(self), host, port, ssl=ctx, server_hostname=host if ctx else None
                 )
         except (OSError, ssl.SSLError) as exc:
-            raise UnavailableError(f"cannot reach the store at {self.description or where}: {exc}") from None
+            hint = ""
+            if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLCertVerificationError):
+                # (a plain listener answers a ClientHello with bytes that are not TLS: WRONG_VERSION_NUMBER)
+                hint = " (if the server listens without TLS, use tcp:// in place of tls://)"
+            raise UnavailableError(f"cannot reach the store at {self.description or where}: {exc}{hint}") from None
         assert proto.transport is not None
         plain_tcp = kind != "unix" and where[2] is None
         proto.transport.write(
