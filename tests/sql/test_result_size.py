@@ -18,8 +18,11 @@ async def test_a_few_large_rows_are_over_the_default_limit(tmp_path: Path) -> No
     """The user's case: 8 rows of 10 MB each (80 MB) are over the 64 MiB default, although fewer than 1000."""
     async with open_store("embedded", tmp_path / "s") as store:
         db = await store.database("app")
-        with pytest.raises(tinystore.LimitError, match="database app: the result is over 67108864 bytes"):
+        with pytest.raises(tinystore.LimitError, match="database app: the result is over 67108864 bytes") as err:
             await db.all(f"select zeroblob(10000000) from {EIGHT_ROWS}")
+        # the error names the limit to raise (as the frame limit's names frame_body_bytes), and the size wanted
+        assert "sql_result_bytes" in err.value.message, err.value.message
+        assert f"{err.value.wanted} bytes" in err.value.message
 
 
 @pytest.mark.parametrize("mode", ["embedded", "private", "tcp"])

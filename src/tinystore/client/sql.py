@@ -355,7 +355,7 @@ class SqlTx(_Runner):
     async def _commit(self) -> None:
         self._check()
         self.ended = True
-        await self.db.store._call("sql.commit", TxRef(self.id), Any, write=True)
+        await self.db.store._call("sql.commit", TxRef(self.id), Any, write=True, retry=False)
         for hook in self.on_commit:
             r = hook()
             if inspect.isawaitable(r):

@@ -528,7 +528,11 @@ class RemoteTransport(Transport):
                     lambda: _ClientConn(self), host, port, ssl=ctx, server_hostname=host if ctx else None
                 )
         except (OSError, ssl.SSLError) as exc:
-            raise UnavailableError(f"cannot reach the store at {self.description or where}: {exc}") from None
+            hint = ""
+            if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLCertVerificationError):
+                # (a plain listener answers a ClientHello with bytes that are not TLS: WRONG_VERSION_NUMBER)
+                hint = " (if the server listens without TLS, use tcp:// in place of tls://)"
+            raise UnavailableError(f"cannot reach the store at {self.description or where}: {exc}{hint}") from None
         assert proto.transport is not None
         plain_tcp = kind != "unix" and where[2] is None
         proto.transport.write(
@@ -738,10 +742,13 @@ class RemoteTransport(Transport):
             while True:
                 conn = self._conn
                 if conn is None or self.closed:
+                    if not self.closed:
+                        self._no_tx_elsewhere(method, request, None)
                     conn = await self._wait_up()
                 if conn.lost or conn.goaway is not None or conn.transport is None or conn.transport.is_closing():
                     # aborted, or the server said goodbye, and not yet lost: wait for the next connection
                     # rather than write into this one (a write would be lost unsent, yet OutcomeUnknownError)
+                    self._no_tx_elsewhere(method, request, conn.goaway)
                     await conn.wait_gone()
                     continue
                 pending = conn.pending
@@ -774,6 +781,7 @@ class RemoteTransport(Transport):
                         raise ClosedError(f"{method}: the connection to the store dropped ({exc})") from None
                     continue
                 except _Refused as exc:
+                    self._no_tx_elsewhere(method, request, f"{exc}; the store stopped")
                     if not retry:
                         raise UnavailableError(f"{method}: {exc}") from None
                     # it was not run: safe to send again (a write too) once the next server is reached
@@ -794,6 +802,18 @@ class RemoteTransport(Transport):
                 turns.count -= 1
                 if turns.waiters:
                     turns.wake()
+
+    def _no_tx_elsewhere(self, method: str, request: Any, why: str | None) -> None:
+        """A call of a transaction (``request.tx``) is never sent on another connection than the one it began on
+        (another session, perhaps another server, where its id means nothing): when that connection ended or the
+        server refused the call (it is stopping), the transaction ended with it, rolled back by the server.
+        Raises ``UnavailableError`` saying so; nothing for a call outside a transaction."""
+        tx = getattr(request, "tx", 0)
+        if tx:
+            raise UnavailableError(
+                f"{method}: {why or 'the connection to the store ended'}; transaction {tx} was rolled back with it "
+                "(nothing of it was committed)"
+            )
 
     async def _turn(self, turns: _Turns) -> None:
         """Wait until fewer than the cap of ``turns``' calls are in flight."""

@@ -962,6 +962,13 @@ class SqlDatabase:
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
             return fut
+        if self.engine.stopping and owner is not None:
+            fut.set_exception(
+                UnavailableError(
+                    f"database {self.name}: the store is stopping: the transaction was not begun", refused=True
+                )
+            )
+            return fut
         tx = SqlTx(self.engine.next_tx_id(), self, read_only, owner)
         self.engine.transactions[tx.id] = tx
         if read_only:
@@ -1258,8 +1265,16 @@ class SqlDatabase:
 
     def _run_tx(self, conn: sqlite3.Connection, tx: SqlTx, fut: asyncio.Future[SqlTx], arm: _Arm) -> None:
         put = self.results.put
-        if tx.done:  # aborted before it started
-            put(fut, None, tx.error or ClosedError(f"database {self.name}: transaction ended"))
+        if tx.done or tx.error is not None:  # aborted before it began (its client went away, the store stops)
+            tx.done = True
+            err = tx.error or ClosedError(f"database {self.name}: transaction ended")
+            if self.engine.stopping:
+                # nothing of it ran: the client may begin it again at the next server
+                err = UnavailableError(
+                    f"database {self.name}: the store is stopping: the transaction was not begun", refused=True
+                )
+            put(fut, None, err)
+            self._drain(tx)
             return
         try:
             _ctl(conn, "begin immediate --ts")
@@ -1302,8 +1317,9 @@ class SqlDatabase:
                         "and was rolled back"
                     )
                 break
-            if call is None:
+            if call is None:  # aborted: its client went away, or the store is stopping (logged once there)
                 end_reason = tx.error or ClosedError(f"database {self.name}: transaction {tx.id} was rolled back")
+                quiet = True
                 break
             if call.op == "commit":
                 try:
@@ -1445,7 +1461,13 @@ def _check_size(db: str, rows: list[Any], limit: int) -> None:
             if total > limit:
                 break
     if total > limit:
-        raise LimitError(f"database {db}: the result is over {limit} bytes", limit=limit, wanted=total)
+        more = " or more" if n > _SIZE_CHUNK else ""
+        raise LimitError(
+            f"database {db}: the result is over {limit} bytes (the limit sql_result_bytes; it is {total} bytes{more} "
+            "encoded)",
+            limit=limit,
+            wanted=total,
+        )
 
 
 def _split_sql(text: str) -> list[str]:
@@ -1485,6 +1507,25 @@ class SqlEngine:
         self._opening: dict[str, asyncio.Lock] = {}
         self._tx_ids = 0
         self.closed = False
+        self.stopping = False  # see stop_transactions
+
+    def stop_transactions(self) -> None:
+        """The store is stopping: roll back the clients' transactions now (those with an owner; the store's own
+        are part of a call under way, which may finish), and refuse the clients' new ones. A statement running
+        in one finishes first (a commit already sent is done); a begin still waiting for the writer fails as
+        not begun (``refused``: the client may begin again at the next server). Otherwise each would hold the
+        writer, its statements refused, until ``tx_idle``, and the stop would wait out its grace."""
+        self.stopping = True
+        open_tx = [tx for tx in self.transactions.values() if tx.owner is not None and not tx.done]
+        for tx in open_tx:
+            tx.abort(
+                UnavailableError(
+                    f"database {tx.db.name}: the store stopped; transaction {tx.id} was rolled back (nothing of it "
+                    "was committed)"
+                )
+            )
+        if open_tx:
+            log.info("the store is stopping: %d open transactions rolled back", len(open_tx))
 
     def ended(self, tx_id: int, error: TinystoreError | None) -> None:
         """Transaction ``tx_id`` ended (on the loop); ``error`` is why, when it was not its own doing."""

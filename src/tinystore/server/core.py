@@ -229,6 +229,10 @@ class Core:
             return
         self.stopping.set()
         try:
+            if self.running:
+                # open transactions are rolled back now, not left to hold the writer until tx_idle while their
+                # statements are refused (STORE-05)
+                self.sql.stop_transactions()
             await asyncio.gather(*(lst.close(grace) for lst in list(self.listeners)), return_exceptions=True)
             for s in list(self.sessions.values()):
                 s.close()

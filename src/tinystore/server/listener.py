@@ -84,7 +84,8 @@ _Future = asyncio.Future
 
 
 class RateLimitedLog:
-    """A warning logged at most once every ``every`` seconds, saying how often it happened in between."""
+    """A warning logged at most once every ``every`` seconds, saying how often it happened in between (one of
+    these per kind of event: the count it adds is of that event only)."""
 
     def __init__(self, every: float = LOG_EVERY) -> None:
         self.every = every
@@ -158,8 +159,11 @@ def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
 class ServerConnection(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(self, listener: Listener) -> None:
+    def __init__(self, listener: Listener, accepted: float = 0.0, task: asyncio.Task[Any] | None = None) -> None:
         self.listener = listener
+        self.accepted = accepted  # when the socket was accepted (loop time): the oldest is crowded out first
+        self.task = task  # what made the connection (its TLS handshake): done with once the connection is made
+        self.heard = False  # whether any byte came yet
         self.core = listener.core
         self.conn = frames.Connection("server", max_body=self.core.limits.frame_body_bytes)
         self.loop = asyncio.get_running_loop()
@@ -187,17 +191,17 @@ class ServerConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)  # type: ignore[attr-defined]
         self.listener.connections.add(self)
         self.listener.touch()
+        if self.task is not None:
+            self.listener.starting.pop(self.task, None)  # its TLS handshake is done: it waits for the HELLO now
         if self.session is None:
             self.deadline = self.loop.call_later(self.listener.handshake_timeout, self.handshake_expired)
-            waiting = self.listener.handshaking
-            waiting[self] = None
-            if len(waiting) > self.listener.max_handshaking:
-                next(iter(waiting)).crowded_out()
+            self.listener.handshaking[self] = None
+            self.listener.crowd()
 
     def crowded_out(self) -> None:
         """More connections wait for their handshake than the listener allows: this one waited longest."""
         self.listener.handshaking.pop(self, None)
-        self.listener.silent_log.warning(
+        self.listener.silent_log("crowded").warning(
             "%s: closed a connection that had not finished its handshake: over %d connections were waiting for theirs",
             self.listener.description,
             self.listener.max_handshaking,
@@ -216,7 +220,7 @@ class ServerConnection(asyncio.Protocol):
             return
         timeout = self.listener.handshake_timeout
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
-        self.listener.silent_log.warning(
+        self.listener.silent_log("expired").warning(
             "%s: closed a connection%s that did not finish its handshake within %gs",
             self.listener.description,
             f" from {peer}" if peer else "",
@@ -227,6 +231,18 @@ class ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        if not self.heard:
+            self.heard = True
+            if data[:2] == b"\x16\x03" and self.listener.ssl_context is None:
+                # the first bytes of a TLS ClientHello (a record of type handshake, version 3.x): no frame starts
+                # so (its length would be hundreds of MB)
+                self.listener.silent_log("tls-at-plain").warning(
+                    "%s: closed a connection of a TLS client at a plain listener (it should use tcp://, or the "
+                    "server listen with tls://)",
+                    self.listener.description,
+                )
+                self.close("TLS spoken to a plain listener: use tcp://, or serve tls://", "invalid")
+                return
         conn = self.conn
         conn.receive_data(data)
         self.receiving = True
@@ -588,7 +604,10 @@ class Listener:
         self.connections: set[ServerConnection] = set()
         self.handshaking: dict[ServerConnection, None] = {}  # waiting for their handshake, oldest first
         self.max_handshaking = MAX_HANDSHAKING
-        self.starting: set[asyncio.Task[Any]] = set()  # connections in their TLS handshake
+        # connections in their TLS handshake → when accepted (loop time), oldest first; they count against
+        # max_handshaking with those waiting for their HELLO
+        self.starting: dict[asyncio.Task[Any], float] = {}
+        self.dropped: set[asyncio.Task[Any]] = set()  # crowded out in their TLS handshake, being cancelled
         # method name → (method, body decoder), filled as methods are first called
         self.decoders: dict[str, tuple[Method, Any]] = {}
         self.last_activity = time.monotonic()
@@ -598,7 +617,28 @@ class Listener:
         self.closed = False
         self._resume: asyncio.TimerHandle | None = None
         self.accept_log = RateLimitedLog()
-        self.silent_log = RateLimitedLog()
+        self.silent_logs: dict[str, RateLimitedLog] = {}
+
+    def silent_log(self, kind: str) -> RateLimitedLog:
+        """The rate-limited log of one kind of event about peers (``crowded``, ``expired``, ``tls``, ...)."""
+        got = self.silent_logs.get(kind)
+        if got is None:
+            got = self.silent_logs[kind] = RateLimitedLog()
+        return got
+
+    def crowd(self) -> None:
+        """While more connections wait for their handshake (TLS's, then HELLO) than ``max_handshaking``, close
+        the one that has waited longest."""
+        starting, waiting = self.starting, self.handshaking
+        while len(starting) + len(waiting) > self.max_handshaking:
+            task = next(iter(starting), None)
+            conn = next(iter(waiting), None)
+            if task is not None and (conn is None or starting[task] <= conn.accepted):
+                del starting[task]
+                self.dropped.add(task)
+                task.cancel()  # _connect logs it and closes the socket
+            elif conn is not None:
+                conn.crowded_out()
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -676,30 +716,48 @@ class Listener:
                 conn.close()
                 continue
             task = asyncio.ensure_future(self._connect(conn))
-            self.starting.add(task)
-            task.add_done_callback(self.starting.discard)
+            self.starting[task] = asyncio.get_running_loop().time()
+            task.add_done_callback(self._started)
+            if self.ssl_context is not None:
+                self.crowd()
+
+    def _started(self, task: asyncio.Task[Any]) -> None:
+        self.starting.pop(task, None)
+        self.dropped.discard(task)
 
     async def _connect(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        accepted = loop.time()
+
+        def made() -> ServerConnection:
+            return ServerConnection(self, accepted, asyncio.current_task())
+
         try:
             if self.ssl_context is None:
-                await loop.connect_accepted_socket(lambda: ServerConnection(self), conn)
+                await loop.connect_accepted_socket(made, conn)
             else:
                 await loop.connect_accepted_socket(
-                    lambda: ServerConnection(self),
-                    conn,
-                    ssl=self.ssl_context,
-                    ssl_handshake_timeout=self.handshake_timeout,
+                    made, conn, ssl=self.ssl_context, ssl_handshake_timeout=self.handshake_timeout
                 )
+        except asyncio.CancelledError:
+            conn.close()
+            if asyncio.current_task() not in self.dropped:
+                raise  # the listener closes
+            # crowded out (see crowd): more connections wait for their handshake than the listener allows
+            self.silent_log("crowded-tls").warning(
+                "%s: closed a connection in its TLS handshake: over %d connections were waiting for their handshake",
+                self.description,
+                self.max_handshaking,
+            )
         except (OSError, ssl.SSLError, TimeoutError, ValueError) as exc:
             # a TLS handshake that failed or took too long, a peer already gone: only that connection ends
             if self.ssl_context is not None:
-                self.silent_log.warning(
-                    "%s: closed a connection whose TLS handshake failed or took over %gs: %s",
-                    self.description,
-                    self.handshake_timeout,
-                    exc,
-                )
+                detail = str(exc) or type(exc).__name__
+                if isinstance(exc, TimeoutError) or "longer than" in detail:
+                    kind, why = "tls-timeout", f"its TLS handshake took over {self.handshake_timeout:g}s"
+                else:
+                    kind, why = "tls-failed", f"its TLS handshake failed: {detail}"
+                self.silent_log(kind).warning("%s: closed a connection: %s", self.description, why)
             conn.close()
 
     def _pause(self, exc: OSError) -> None:
