@@ -60,6 +60,12 @@ LOW_WATER = 1024 * 1024
 ORPHANS_HIGH = 32 * 1024 * 1024
 ORPHANS_LOW = 8 * 1024 * 1024
 ORPHAN_COST = 512
+# a connection's requests of at least BIG_BODY bytes that are read and not yet answered: at INFLIGHT_HIGH bytes of
+# them its next requests wait unread until they are down to INFLIGHT_LOW (its request credit alone would let it
+# have 1,024 requests of the frame limit, 16 GiB, in the server's memory)
+BIG_BODY = 64 * 1024
+INFLIGHT_HIGH = 64 * 1024 * 1024
+INFLIGHT_LOW = 16 * 1024 * 1024
 CHUNK = 1 << 20  # a response body past this many bytes goes out in several frames (flag MORE)
 # While a burst of requests read at once is being answered, the answers made so far go out every this many:
 # the client works on them while the server computes the rest (the two processes overlap instead of taking
@@ -177,6 +183,10 @@ class ServerConnection(asyncio.Protocol):
         self.closing = False
         self.paused = False  # the client does not read what we write
         self.held = False  # too many cancelled writes of this connection still run
+        self.big: dict[int, int] = {}  # stream → size, of the big requests read and not yet answered
+        self.big_bytes = 0
+        self.loaded = False  # too many bytes of big requests under way
+        self.not_reading = False  # whether the transport's reading is paused (see steer_reading)
         self.out: list[bytes] = []
         self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
@@ -289,19 +299,31 @@ class ServerConnection(asyncio.Protocol):
         if self.session is not None:
             self.session.close()
 
+    def steer_reading(self) -> None:
+        """Read the client's requests unless its answers wait unwritten (``paused``), too many of its cancelled
+        writes still run (``held``) or too many bytes of its big requests are under way (``loaded``)."""
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        stop = self.paused or self.held or self.loaded
+        if stop != self.not_reading:
+            self.not_reading = stop
+            if stop:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
     def pause_writing(self) -> None:
         if self.transport is not None and not self.paused:
             self.paused = True
-            if not self.held:
-                self.transport.pause_reading()
+            self.steer_reading()
             if self.session is not None:
                 self.session.full(True)
 
     def resume_writing(self) -> None:
         if self.transport is not None and self.paused:
             self.paused = False
-            if not self.closing and not self.held:
-                self.transport.resume_reading()
+            self.steer_reading()
             if self.session is not None and not self.closing:
                 self.session.full(False)
 
@@ -396,19 +418,33 @@ class ServerConnection(asyncio.Protocol):
             return
         if type(result) is Later:
             self.laters[stream] = (result, len(body))
+            if len(body) >= BIG_BODY and not result.done():
+                self.big_started(stream, len(body))
             result.then(partial(self.answer, stream, result))
         elif isinstance(result, _Future):
             if result.done():
                 self.settle(stream, result)
             else:
                 self.futures[stream] = result
+                if len(body) >= BIG_BODY:
+                    self.big_started(stream, len(body))
                 result.add_done_callback(partial(self.finish, stream))
         elif type(result) is CoroutineType:
             task = asyncio.ensure_future(result)
             self.tasks[stream] = task
+            if len(body) >= BIG_BODY:
+                self.big_started(stream, len(body))
             task.add_done_callback(partial(self.finish, stream))
         else:
             self.send_result(stream, result)
+
+    def big_started(self, stream: int, size: int) -> None:
+        """A big request is under way: past ``INFLIGHT_HIGH`` bytes of them, read no more from the client."""
+        self.big[stream] = size
+        self.big_bytes += size
+        if self.big_bytes >= INFLIGHT_HIGH and not self.loaded:
+            self.loaded = True
+            self.steer_reading()
 
     def cancel(self, stream: int) -> None:
         """A ``CANCEL`` from the client: it gave up on ``stream`` and forgot it. What runs the call is cancelled
@@ -427,10 +463,11 @@ class ServerConnection(asyncio.Protocol):
             cost = size + ORPHAN_COST
             self.orphans[later] = cost
             self.orphan_bytes += cost
-            if self.orphan_bytes >= ORPHANS_HIGH and not self.held and self.transport is not None:
+            if self.orphan_bytes >= ORPHANS_HIGH and not self.held:
                 self.held = True
-                if not self.paused:
-                    self.transport.pause_reading()
+                self.steer_reading()
+        if self.big:
+            self.big_done(stream)  # (a cancelled write counts among the orphans now)
         # (the frame parser gave the stream's credit back when it read the CANCEL: a request after it in the
         # same read may already use the stream id again)
 
@@ -439,8 +476,16 @@ class ServerConnection(asyncio.Protocol):
         self.orphan_bytes -= self.orphans.pop(later, 0)
         if self.held and self.orphan_bytes <= ORPHANS_LOW:
             self.held = False
-            if self.transport is not None and not self.closing and not self.paused:
-                self.transport.resume_reading()
+            self.steer_reading()
+
+    def big_done(self, stream: int) -> None:
+        """A big request is answered, or dropped: the connection may be read again once few enough are left."""
+        size = self.big.pop(stream, 0)
+        if size:
+            self.big_bytes -= size
+            if self.loaded and self.big_bytes <= INFLIGHT_LOW:
+                self.loaded = False
+                self.steer_reading()
 
     def finish(self, stream: int, fut: asyncio.Future[Any]) -> None:
         """Answer ``stream`` with the outcome of ``fut``, the task or future that ran its call (its done
@@ -452,6 +497,8 @@ class ServerConnection(asyncio.Protocol):
             del self.futures[stream]
         else:
             return  # cancelled by the client (or the connection is gone); the stream may be in use again
+        if self.big:
+            self.big_done(stream)
         self.settle(stream, fut)
 
     def settle(self, stream: int, fut: asyncio.Future[Any]) -> None:
@@ -476,6 +523,8 @@ class ServerConnection(asyncio.Protocol):
                 self.orphan_done(later)
             return
         del laters[stream]
+        if self.big:
+            self.big_done(stream)
         if exc is not None:
             self.send_error(stream, exc)
         else:

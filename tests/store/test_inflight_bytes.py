@@ -1,0 +1,56 @@
+"""A client's big requests that are read and not yet answered are bounded: past ``INFLIGHT_HIGH`` bytes of them
+its next requests wait unread (the socket pushes back) until they are answered. Its request credit alone let a
+client have 1,024 requests of up to the frame limit in the server's memory (a tester's 4 clients of 25 inserts
+of 15 MiB held 1.9 GB). Nothing is refused or lost: every request runs once the earlier ones are answered."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tinystore.protocol.frames import Frame, Kind, encode_frame
+from tinystore.protocol.messages import encode
+from tinystore.protocol.sql import Exec
+from tinystore.server import listener, paths
+
+from ..helpers import open_store
+from .raw import RawClient
+from .test_cancel import server_side, wait_for
+from .test_cancelled_writes import MIGRATIONS, writer_held
+
+BODY = 6 * 1024 * 1024
+SENT = 2 * listener.INFLIGHT_HIGH // BODY  # twice the bound
+
+
+async def test_big_requests_under_way_are_bounded_and_all_run(tmp_path: Path) -> None:
+    # contract: STORE-04
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app", migrations=MIGRATIONS)
+        release, holder = await writer_held(db)  # none of the inserts can run yet
+        raw = await RawClient.open(("unix", paths.socket_path(tmp_path / "s")))
+        try:
+            assert (await raw.hello()).kind is Kind.WELCOME
+            conn = server_side(store)
+            blob = b"x" * BODY
+            for stream in range(1, SENT + 1):
+                raw.send(
+                    encode_frame(
+                        Kind.REQUEST, stream, "sql.exec", encode(Exec("app", "insert into t (b) values (?)", [blob]))
+                    )
+                )
+            transport = raw.writer.transport
+            await asyncio.sleep(1.0)  # time for the server to read all of it, had it kept reading
+            assert transport.get_write_buffer_size() > 0, "the server read every big request while none could run"
+            assert conn.big_bytes < listener.INFLIGHT_HIGH + 2 * BODY, conn.big_bytes
+            release.set()
+            await holder
+            answered = set()
+            while len(answered) < SENT:
+                f = await raw.frame(timeout=60)
+                assert isinstance(f, Frame), "the server closed the connection"
+                assert f.kind is Kind.RESPONSE, f
+                answered.add(f.stream)
+            await wait_for(lambda: conn.big_bytes == 0 and not conn.loaded, "the bound to be let go")
+        finally:
+            await raw.close()
+        assert await db.scalar("select count(*) from t") == SENT  # every one ran, once
