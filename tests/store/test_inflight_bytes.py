@@ -54,3 +54,39 @@ async def test_big_requests_under_way_are_bounded_and_all_run(tmp_path: Path) ->
         finally:
             await raw.close()
         assert await db.scalar("select count(*) from t") == SENT  # every one ran, once
+
+
+async def test_a_client_that_sends_big_reads_and_stops_reading_costs_a_bounded_amount(tmp_path: Path) -> None:
+    """Reads (outside a transaction) begin only while the client reads its answers, at most ``READS_MAX`` at
+    once: a data token's 300 queries of a 5 MiB row, sent in one write and never read, made the server hold 3 GB
+    of answers. Once the client reads, every answer comes."""
+    # contract: STORE-04
+    from tinystore.protocol.sql import Query
+
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app", migrations=MIGRATIONS)
+        await db.exec("insert into t (b) values (?)", b"y" * (1 << 20))
+        raw = await RawClient.open(("unix", paths.socket_path(tmp_path / "s")))
+        try:
+            assert (await raw.hello()).kind is Kind.WELCOME
+            conn = server_side(store)
+            n = 120
+            query = encode(Query("app", "select b from t", [], "scalar"))
+            raw.send(b"".join(encode_frame(Kind.REQUEST, s, "sql.query", query) for s in range(1, n + 1)))
+            await asyncio.sleep(1.5)  # the server does what it will while nothing is read
+            assert conn.transport is not None
+            held = conn.transport.get_write_buffer_size() + sum(map(len, conn.out))
+            bound = listener.HIGH_WATER + (listener.READS_MAX + 2) * (1 << 20) + (1 << 20)
+            assert held <= bound, f"{held} bytes of answers held for a client that reads nothing"
+            assert len(conn.reads) <= listener.READS_MAX and conn.waiting, (len(conn.reads), len(conn.waiting))
+            answered = set()
+            while len(answered) < n:  # now it reads: every answer comes
+                f = await raw.frame(timeout=60)
+                assert isinstance(f, Frame), "the server closed the connection"
+                assert f.kind is Kind.RESPONSE, f
+                if not f.flags:  # (a big answer comes in several frames; the last has no MORE flag)
+                    answered.add(f.stream)
+            assert answered == set(range(1, n + 1))
+            assert not conn.reads and not conn.waiting
+        finally:
+            await raw.close()

@@ -19,6 +19,7 @@ a minute at most) and try again a moment later, leaving waiting clients in the b
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import hmac
 import logging
@@ -64,6 +65,12 @@ ORPHAN_COST = 512
 # them its next requests wait unread until they are down to INFLIGHT_LOW (its request credit alone would let it
 # have 1,024 requests of the frame limit, 16 GiB, in the server's memory)
 BIG_BODY = 64 * 1024
+# reads whose answers may be large (outside a transaction): a connection has at most READS_MAX of them under way
+# (on a reader thread, or a task), and none starts while its answers wait unwritten (``paused``): the rest wait
+# here, in order, as requests, so a client that sends many big reads and stops reading cannot make the server
+# hold all their answers
+BOUNDED_READS = frozenset({"sql.query", "jobs.list", "jobs.get", "jobs.find"})
+READS_MAX = 8
 INFLIGHT_HIGH = 64 * 1024 * 1024
 INFLIGHT_LOW = 16 * 1024 * 1024
 CHUNK = 1 << 20  # a response body past this many bytes goes out in several frames (flag MORE)
@@ -187,6 +194,8 @@ class ServerConnection(asyncio.Protocol):
         self.big_bytes = 0
         self.loaded = False  # too many bytes of big requests under way
         self.not_reading = False  # whether the transport's reading is paused (see steer_reading)
+        self.reads: set[int] = set()  # streams of BOUNDED_READS under way
+        self.waiting: collections.deque[tuple[int, str, Any, int]] = collections.deque()  # reads not begun
         self.out: list[bytes] = []
         self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
@@ -326,6 +335,8 @@ class ServerConnection(asyncio.Protocol):
             self.steer_reading()
             if self.session is not None and not self.closing:
                 self.session.full(False)
+            if self.waiting:
+                self.pump_reads()
 
     # -- frames ------------------------------------------------------------------------------------
 
@@ -412,31 +423,63 @@ class ServerConnection(asyncio.Protocol):
                 raise InvalidError(f"{name}: the body is not valid MessagePack: {exc}") from None
             except RecursionError:
                 raise InvalidError(f"{name}: the body nests too deeply to be read") from None
-            result = core.invoke(session, name, req)
+        except BaseException as exc:
+            self.send_error(stream, exc)
+            return
+        if name in BOUNDED_READS and not getattr(req, "tx", 0):
+            if self.waiting or self.paused or len(self.reads) >= READS_MAX:
+                self.waiting.append((stream, name, req, len(body)))
+                return
+            self.run(stream, name, req, len(body), True)
+        else:
+            self.run(stream, name, req, len(body), False)
+
+    def run(self, stream: int, name: str, req: Any, size: int, bounded: bool) -> None:
+        """Call method ``name`` for ``stream`` and see to its answer (``bounded``: one of ``BOUNDED_READS``)."""
+        session = self.session
+        assert session is not None
+        try:
+            result = self.core.invoke(session, name, req)
         except BaseException as exc:
             self.send_error(stream, exc)
             return
         if type(result) is Later:
-            self.laters[stream] = (result, len(body))
-            if len(body) >= BIG_BODY and not result.done():
-                self.big_started(stream, len(body))
+            self.laters[stream] = (result, size)
+            if size >= BIG_BODY and not result.done():
+                self.big_started(stream, size)
             result.then(partial(self.answer, stream, result))
         elif isinstance(result, _Future):
             if result.done():
                 self.settle(stream, result)
             else:
                 self.futures[stream] = result
-                if len(body) >= BIG_BODY:
-                    self.big_started(stream, len(body))
+                if size >= BIG_BODY:
+                    self.big_started(stream, size)
+                if bounded:
+                    self.reads.add(stream)
                 result.add_done_callback(partial(self.finish, stream))
         elif type(result) is CoroutineType:
             task = asyncio.ensure_future(result)
             self.tasks[stream] = task
-            if len(body) >= BIG_BODY:
-                self.big_started(stream, len(body))
+            if size >= BIG_BODY:
+                self.big_started(stream, size)
+            if bounded:
+                self.reads.add(stream)
             task.add_done_callback(partial(self.finish, stream))
         else:
             self.send_result(stream, result)
+
+    def pump_reads(self) -> None:
+        """Begin the reads that wait, in order, while the client reads its answers and few enough are under way."""
+        waiting = self.waiting
+        while waiting and not self.paused and not self.closing and len(self.reads) < READS_MAX:
+            stream, name, req, size = waiting.popleft()
+            self.run(stream, name, req, size, True)
+
+    def read_done(self, stream: int) -> None:
+        self.reads.discard(stream)
+        if self.waiting:
+            self.pump_reads()
 
     def big_started(self, stream: int, size: int) -> None:
         """A big request is under way: past ``INFLIGHT_HIGH`` bytes of them, read no more from the client."""
@@ -457,6 +500,13 @@ class ServerConnection(asyncio.Protocol):
         running: asyncio.Future[Any] | None = self.tasks.pop(stream, None) or self.futures.pop(stream, None)
         if running is not None:
             running.cancel()
+        if self.waiting:
+            for item in self.waiting:
+                if item[0] == stream:  # a read that had not begun: forgotten
+                    self.waiting.remove(item)
+                    break
+        if self.reads and stream in self.reads:
+            self.read_done(stream)
         held = self.laters.pop(stream, None)
         if held is not None and not held[0].done():
             later, size = held
@@ -500,6 +550,8 @@ class ServerConnection(asyncio.Protocol):
         if self.big:
             self.big_done(stream)
         self.settle(stream, fut)
+        if self.reads and stream in self.reads:
+            self.read_done(stream)
 
     def settle(self, stream: int, fut: asyncio.Future[Any]) -> None:
         """Answer ``stream`` with the outcome of ``fut`` (done)."""
@@ -540,6 +592,9 @@ class ServerConnection(asyncio.Protocol):
             return
         if len(body) > CHUNK:
             self.write_many(self.conn.send_response(stream, body, CHUNK))
+            # to the transport now: past its high-water mark it pauses us (pause_writing) before the next
+            # request of this read begins (see BOUNDED_READS)
+            self.flush()
             return
         # self.write(...), inline: the hot path of every answer
         frame = self.conn.send_response_frame(stream, body)
