@@ -156,6 +156,30 @@ async def test_a_transaction_whose_connection_dropped_is_rolled_back(remote_stor
     await asyncio.wait_for(db.exec("insert into t (a) values ('next')"), 10)
 
 
+# contract: STORE-06
+async def test_a_transaction_used_after_the_sdk_reconnected_says_it_was_rolled_back(
+    remote_store: tinystore.Store,
+) -> None:
+    """The SDK reconnects before the transaction's next call: that call said "transaction N is not open (it
+    ended, timed out, or belongs to another client)" from the new session; it says what happened now."""
+    store = remote_store
+    db = await store.database("app", migrations=MIGRATIONS)
+    before = store.transport.reconnects  # type: ignore[attr-defined]
+
+    async def fn(tx: tinystore.SqlTx) -> None:
+        await tx.exec("insert into t (a) values ('lost')")
+        drop_connection(store)
+        async with asyncio.timeout(10):
+            while store.transport.reconnects == before:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.02)
+        await tx.exec("insert into t (a) values ('lost too')")
+
+    with pytest.raises(tinystore.UnavailableError, match="was rolled back with it"):
+        await asyncio.wait_for(db.tx(fn), 20)
+    assert await count(db, "lost") == 0
+    await asyncio.wait_for(db.exec("insert into t (a) values ('next')"), 10)
+
+
 # -- kill -9 and restart --------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 import msgspec
 
 from ..engines.sql import check_params
-from ..errors import ClosedError, InvalidError
+from ..errors import ClosedError, InvalidError, UnavailableError
 from ..names import a_or_an, check_name
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
 
@@ -325,6 +325,8 @@ class SqlTx(_Runner):
         self._transport = db._transport
         self._tx = tx_id
         self._retry = False
+        # the connection it began on (its reconnects so far): on another, its id means nothing
+        self._connection = getattr(self._transport, "reconnects", 0)
 
     async def exec(self, sql: str, /, *params: Any) -> Done:
         """Run a statement inside the transaction. Errors as :meth:`Database.exec`; a failed statement leaves
@@ -351,6 +353,12 @@ class SqlTx(_Runner):
     def _check(self) -> None:
         if self.ended:
             raise ClosedError(f"database {self.name}: transaction {self.id} has ended")
+        if getattr(self._transport, "reconnects", 0) != self._connection:
+            self.ended = True
+            raise UnavailableError(
+                f"database {self.name}: the connection to the store dropped since transaction {self.id} began; "
+                "it was rolled back with it (nothing of it was committed)"
+            )
 
     async def _commit(self) -> None:
         self._check()
