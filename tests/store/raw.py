@@ -57,7 +57,8 @@ class RawClient:
             left = deadline - time.monotonic()
             assert left > 0, "the server said nothing"
             try:
-                data = await asyncio.wait_for(self.reader.read(65536), left)
+                async with asyncio.timeout(left):
+                    data = await self.reader.read(65536)
             except (ConnectionResetError, BrokenPipeError):
                 data = b""
             if not data:

@@ -235,7 +235,8 @@ async def _connect_dir(directory: Path) -> Any:
 
     transport = RemoteTransport(endpoint, description=str(directory), reconnect_timeout=2.0)
     try:
-        await asyncio.wait_for(transport.connect(), ANSWER_TIMEOUT)
+        async with asyncio.timeout(ANSWER_TIMEOUT):
+            await transport.connect()
     except TimeoutError:
         # a server holds the socket (the connection was taken) but does not answer: suspended (SIGSTOP), stuck,
         # or out of descriptors. Saying that no server runs, or that another process owns the directory, misleads.

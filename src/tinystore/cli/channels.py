@@ -171,7 +171,8 @@ def register(main: click.Group) -> None:
                 )
                 try:
                     with when_stdout_reader_gone(reader_gone), contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(output_gone.wait(), limit)  # None: until Ctrl-C
+                        async with asyncio.timeout(limit):  # None: until Ctrl-C
+                            await output_gone.wait()
                 finally:
                     await sub.stop()
             finally:

@@ -73,7 +73,8 @@ async def stop_process(proc: asyncio.subprocess.Process, grace: float) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
     try:
-        await asyncio.wait_for(proc.wait(), grace)
+        async with asyncio.timeout(grace):
+            await proc.wait()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()

@@ -529,16 +529,14 @@ class _Runner:
                 return
             sent = time.monotonic()
             try:
-                lost = await asyncio.wait_for(
-                    self.call(
+                async with asyncio.timeout(max(lease / 3, 0.5)):
+                    lost = await self.call(
                         "jobs.renew",
                         Renew(
                             queue=self.queue.name, attempts=[Attempt(a.claimed.id, a.claimed.fence) for a in current]
                         ),
                         builtins.list[str],
-                    ),
-                    max(lease / 3, 0.5),
-                )
+                    )
             except (TinystoreError, OSError, TimeoutError) as exc:
                 log.debug("queue %s: renewal failed: %s", self.queue.name, exc)
                 for a in current:
@@ -742,7 +740,8 @@ class _Runner:
         """Let running attempts finish for ``grace`` seconds, then cancel them (their jobs are handed back)."""
         if self.attempts and grace > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.idle.wait(), grace)
+                async with asyncio.timeout(grace):
+                    await self.idle.wait()
         for a in list(self.attempts.values()):
             a.stop("stopping")
         running = [a.task for a in self.attempts.values() if a.task is not None]
@@ -874,7 +873,8 @@ class Worker:
             with contextlib.suppress(TinystoreError, OSError):
                 await q.store._call("jobs.unwait", Unwait(queue=q.name, worker=self.id), int, retry=False)
         with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._task), 5)
+            async with asyncio.timeout(5):
+                await asyncio.shield(self._task)
         if not self._task.done():
             self._task.cancel()
             with contextlib.suppress(BaseException):

@@ -220,7 +220,8 @@ class Store:
                 await hook()
         if self._child is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._call("store.stop", Stop(5.0), Any, write=True, retry=False), 5)
+                async with asyncio.timeout(5):
+                    await self._call("store.stop", Stop(5.0), Any, write=True, retry=False)
         await self.transport.close()
         if self._core is not None:
             await self._core.stop()

@@ -310,7 +310,8 @@ class _ClientConn(asyncio.Protocol):
     async def wait_gone(self) -> None:
         """Wait until the connection is lost (aborting it when the server is slow to close it)."""
         try:
-            await asyncio.wait_for(self.gone.wait(), 15.0)
+            async with asyncio.timeout(15.0):
+                await self.gone.wait()
         except TimeoutError:
             if self.transport is not None:
                 self.transport.abort()
@@ -541,7 +542,8 @@ class RemoteTransport(Transport):
             )
         )
         try:
-            welcome = await asyncio.wait_for(proto.welcome, 15.0)
+            async with asyncio.timeout(15.0):
+                welcome = await proto.welcome
         except TimeoutError:
             proto.transport.close()
             raise UnavailableError(f"the store at {self.description or where} did not answer the handshake") from None
@@ -696,7 +698,8 @@ class RemoteTransport(Transport):
         if self._gone is not None:
             raise self._gone
         try:
-            await asyncio.wait_for(self._up.wait(), self.reconnect_timeout)
+            async with asyncio.timeout(self.reconnect_timeout):
+                await self._up.wait()
         except TimeoutError:
             raise UnavailableError(
                 f"the store at {self.description} could not be reached for {self.reconnect_timeout:g}s: "

@@ -1862,7 +1862,8 @@ class JobsEngine:
             if row is None or snapshot(row) != seen or row.state in ENDED:
                 return row
             try:
-                await asyncio.wait_for(asyncio.shield(fut), min(max(wait_ms, 0), 300_000) / 1000)
+                async with asyncio.timeout(min(max(wait_ms, 0), 300_000) / 1000):
+                    await asyncio.shield(fut)
             except TimeoutError:
                 pass
             return await self.get(queue, jid)
