@@ -16,6 +16,7 @@ import msgspec
 from ..engines.sql import check_params
 from ..errors import ClosedError, InvalidError, UnavailableError
 from ..names import a_or_an, check_name
+from ..protocol.messages import decode
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
 
 if TYPE_CHECKING:
@@ -217,6 +218,11 @@ class Database(_Runner):
                 "use the transaction's own calls (tx.exec, tx.one, ...)"
             )
 
+    def _unwanted_tx(self, answer: bytes) -> None:
+        """The answer to a ``sql.begin`` whose caller was cancelled: roll back the transaction it opened (else it
+        would hold the writer until ``tx_idle``)."""
+        self.store._undo_soon("sql.rollback", TxRef(decode(answer, int)))
+
     async def _open(self, migrations: list[Migration]) -> Opened:
         result: Opened = await self.store._call("sql.open", OpenDb(db=self.name, migrations=migrations), Opened)
         return result
@@ -280,7 +286,7 @@ class Database(_Runner):
             )
         if not read_only:
             self._no_tx("tx")
-        tx_id: int = await self.store._call("sql.begin", Begin(self.name, read_only), int)
+        tx_id: int = await self.store._call("sql.begin", Begin(self.name, read_only), int, undo=self._unwanted_tx)
         tx = SqlTx(self, tx_id, read_only)
         active = _active.get()
         token = _active.set(active if read_only else active | {self._key})
@@ -363,7 +369,13 @@ class SqlTx(_Runner):
     async def _commit(self) -> None:
         self._check()
         self.ended = True
-        await self.db.store._call("sql.commit", TxRef(self.id), Any, write=True, retry=False)
+        try:
+            await self.db.store._call("sql.commit", TxRef(self.id), Any, write=True, retry=False)
+        except asyncio.CancelledError:
+            # a commit the server had not begun when the cancel came is never run: end the transaction now
+            # rather than at tx_idle (a rollback after a commit that ran changes nothing)
+            self.db.store._undo_soon("sql.rollback", TxRef(self.id))
+            raise
         for hook in self.on_commit:
             r = hook()
             if inspect.isawaitable(r):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -97,13 +98,32 @@ class Store:
         self.clock = StoreClock(self)
         self._databases: dict[str, Database] = {}
         self._close_hooks: list[Any] = []
+        self._undoing: set[asyncio.Task[Any]] = set()  # calls that give back what a cancelled call was handed
 
     async def _call(
-        self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
+        self,
+        method: str,
+        request: Any,
+        response_type: Any = Any,
+        *,
+        write: bool = False,
+        retry: bool = True,
+        undo: Callable[[bytes], None] | None = None,
     ) -> Any:
         if self._dead is not None:
             raise self._dead
-        return await self.transport.call(method, request, response_type, write=write, retry=retry)
+        return await self.transport.call(method, request, response_type, write=write, retry=retry, undo=undo)
+
+    def _undo_soon(self, method: str, request: Any) -> None:
+        """Call ``method`` in the background to give back what a cancelled call was handed (its answer came
+        after the cancel); its outcome is not awaited by anyone but :meth:`close`, and its failure is no news
+        (the server gives it back by itself when the connection ends)."""
+        if self._closed:
+            return
+        task = asyncio.ensure_future(self._call(method, request, Any, retry=False))
+        self._undoing.add(task)
+        task.add_done_callback(_undone)
+        task.add_done_callback(self._undoing.discard)
 
     def _child_exited(self, child: subprocess.Popen[bytes], code: int) -> None:
         """The private server (our child) exited while the store is open: start it again (the SDK then
@@ -218,6 +238,8 @@ class Store:
         for hook in reversed(self._close_hooks):
             with contextlib.suppress(Exception):
                 await hook()
+        if self._undoing:
+            await asyncio.wait(list(self._undoing), timeout=5)
         if self._child is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5):
@@ -238,6 +260,11 @@ class Store:
 
     def __repr__(self) -> str:
         return f"<tinystore.Store {self.mode} {self.transport.description}>"
+
+
+def _undone(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a call that could not give back is no news (see Store._undo_soon)
 
 
 def _reap(child: subprocess.Popen[bytes], timeout: float) -> None:

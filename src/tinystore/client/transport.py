@@ -151,11 +151,23 @@ class Transport:
         self.push_handlers[method] = (handler, body_type)
 
     async def call(
-        self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
+        self,
+        method: str,
+        request: Any,
+        response_type: Any = Any,
+        *,
+        write: bool = False,
+        retry: bool = True,
+        undo: Callable[[bytes], None] | None = None,
     ) -> Any:
         """Call ``method`` with ``request``; its answer decoded as ``response_type``. Raises ``LimitError``
         when the request's encoding is over the frame limit (nothing is sent), ``ClosedError``, and what the
-        method raises."""
+        method raises.
+
+        ``undo(answer)`` (the answer's bytes): for a call whose answer hands the caller something the server keeps
+        for it (a transaction's id): called when the call is cancelled yet its answer comes all the same (sent
+        before the server read the cancel, or with the cancel in one loop turn), so that what it handed over is
+        given back. In this process a cancel reaches the method itself, which gives back what it made."""
         raise NotImplementedError
 
     def call_now(self, method: str, request: Any) -> Any:
@@ -209,7 +221,14 @@ class LocalTransport(Transport):
             entry[0](body)
 
     async def call(
-        self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
+        self,
+        method: str,
+        request: Any,
+        response_type: Any = Any,
+        *,
+        write: bool = False,
+        retry: bool = True,
+        undo: Callable[[bytes], None] | None = None,
     ) -> Any:
         if self.closed:
             raise ClosedError(f"store {self.core.directory} is closed")
@@ -298,6 +317,12 @@ class _ClientConn(asyncio.Protocol):
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.out: list[bytes] = []
         self.unsent: set[int] = set()  # requests queued but not yet written: safe to send again
+        # cancelled calls whose answer, should it come after all, must be undone: stream → (undo, barrier); see
+        # RemoteTransport.call's ``undo``
+        self.orphans: dict[int, tuple[Callable[[bytes], None], int]] = {}
+        # answers that came for a call cancelled in that loop turn (its future cancelled, its task not yet told):
+        # the call takes its answer from here as it ends
+        self.late: dict[int, bytes] = {}
         self.flush_scheduled = False
         self.last_rx = self.loop.time()  # when bytes last came from the server (the keep-alive's clock)
         self.keepalive: asyncio.Task[None] | None = None
@@ -332,6 +357,23 @@ class _ClientConn(asyncio.Protocol):
         self.unsent.clear()
         if out and self.transport is not None and not self.lost:
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def answered(self, stream: int, body: bytes | None) -> None:
+        """An answer came (``body``; ``None`` for an error) while cancelled calls wait to learn whether theirs
+        comes: the answer of a cancelled call is undone. The server reads a ``CANCEL`` before any request sent
+        after it and writes its answers in order, so an answer to such a request (a stream past the cancelled
+        call's barrier) means the cancelled call's answer came before it or never comes."""
+        entry = self.orphans.pop(stream, None)
+        if entry is not None:
+            if body is not None:
+                try:
+                    entry[0](body)
+                except Exception:
+                    log.exception("undoing the answer of a cancelled call")
+            return
+        for s, (_, barrier) in list(self.orphans.items()):
+            if stream > barrier:
+                del self.orphans[s]
 
     def release(self) -> None:
         """A request ended: hand its credit to the next waiting caller."""
@@ -375,8 +417,13 @@ class _ClientConn(asyncio.Protocol):
                         fut = pending.pop(stream, None)
                         if self.waiters:
                             self.release()
-                        if fut is not None and not fut.done():
-                            fut.set_result(body)
+                        if fut is not None:
+                            if not fut.done():
+                                fut.set_result(body)
+                            elif fut.cancelled():
+                                self.late[stream] = body
+                        if self.orphans:
+                            self.answered(stream, body)
                     else:
                         self.on_frame(kind, flags, stream, method, body)
         except ProtocolError as exc:
@@ -396,8 +443,13 @@ class _ClientConn(asyncio.Protocol):
             fut = self.pending.pop(stream, None)
             if self.waiters:
                 self.release()
-            if fut is not None and not fut.done():
-                fut.set_result(body)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(body)
+                elif fut.cancelled():
+                    self.late[stream] = body
+            if self.orphans:
+                self.answered(stream, body)
         elif kind is Kind.PUSH:
             self.owner._dispatch_push(method, body)
         elif kind is Kind.ERROR:
@@ -415,6 +467,8 @@ class _ClientConn(asyncio.Protocol):
                 self.release()
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
+            if self.orphans:
+                self.answered(stream, None)
         elif kind is Kind.WELCOME:
             self.conn.handshaken = True
             if not self.welcome.done():
@@ -722,7 +776,14 @@ class RemoteTransport(Transport):
         return conn
 
     async def call(
-        self, method: str, request: Any, response_type: Any = Any, *, write: bool = False, retry: bool = True
+        self,
+        method: str,
+        request: Any,
+        response_type: Any = Any,
+        *,
+        write: bool = False,
+        retry: bool = True,
+        undo: Callable[[bytes], None] | None = None,
     ) -> Any:
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
@@ -794,6 +855,15 @@ class RemoteTransport(Transport):
                     if conn.pending.pop(stream, None) is not None and not conn.lost and conn.transport is not None:
                         conn.send(conn.conn.send_cancel(stream))
                         conn.release()
+                        if undo is not None:  # its answer may be on its way: undone should it come
+                            conn.orphans[stream] = (undo, next(self._ids))
+                    else:
+                        # answered in the loop turn of the cancel (before or after it): nobody will see the answer
+                        answer = conn.late.pop(stream, None) if conn.late else None
+                        if answer is None and fut.done() and not fut.cancelled() and fut.exception() is None:
+                            answer = fut.result()
+                        if undo is not None and answer is not None:
+                            undo(answer)
                     raise
                 dec = _DECODERS.get(response_type)
                 if dec is None:

@@ -40,6 +40,9 @@ class Method:
     handler: Handler
     write: bool = False
     admin: bool = False
+    # ``undo(session, result)``: gives back what a result hands the client (a transaction's id), when its answer
+    # is dropped: the client cancelled the call after the handler had returned (see Listener's ``cancel``)
+    undo: Callable[[Session, Any], None] | None = None
 
 
 @dataclass(eq=False)

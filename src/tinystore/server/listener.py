@@ -28,6 +28,7 @@ import resource
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import CoroutineType
@@ -184,6 +185,7 @@ class ServerConnection(asyncio.Protocol):
         self.session: Session | None = None
         self.tasks: dict[int, asyncio.Task[Any]] = {}
         self.futures: dict[int, asyncio.Future[Any]] = {}
+        self.undos: dict[int, Callable[[Any, Any], None]] = {}  # stream → its method's undo (Method.undo)
         self.laters: dict[int, tuple[Later, int]] = {}  # stream → the write, its request's size
         self.orphans: dict[Later, int] = {}  # cancelled writes still to run → their request's size
         self.orphan_bytes = 0
@@ -461,6 +463,9 @@ class ServerConnection(asyncio.Protocol):
         elif type(result) is CoroutineType:
             task = asyncio.ensure_future(result)
             self.tasks[stream] = task
+            undo = self.core.methods[name].undo
+            if undo is not None:
+                self.undos[stream] = undo
             if size >= BIG_BODY:
                 self.big_started(stream, size)
             if bounded:
@@ -498,8 +503,16 @@ class ServerConnection(asyncio.Protocol):
         unread (so a client that sends and cancels writes faster than they run cannot grow the server's
         queue without bound)."""
         running: asyncio.Future[Any] | None = self.tasks.pop(stream, None) or self.futures.pop(stream, None)
+        undo = self.undos.pop(stream, None) if self.undos else None
         if running is not None:
-            running.cancel()
+            if not running.done():
+                running.cancel()
+            elif undo is not None and not running.cancelled() and running.exception() is None:
+                # it returned, its answer not yet written: dropped now, so what the result hands over is given back
+                try:
+                    undo(self.session, running.result())
+                except Exception:
+                    log.exception("giving back what a cancelled %s call was handed", stream)
         if self.waiting:
             for item in self.waiting:
                 if item[0] == stream:  # a read that had not begun: forgotten
@@ -543,6 +556,8 @@ class ServerConnection(asyncio.Protocol):
         tasks = self.tasks
         if tasks and tasks.get(stream) is fut:
             del tasks[stream]
+            if self.undos:
+                self.undos.pop(stream, None)
         elif self.futures.get(stream) is fut:
             del self.futures[stream]
         else:

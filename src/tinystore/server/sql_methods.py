@@ -136,6 +136,13 @@ def install(core: Core) -> None:
         session.transactions.add(tx.id)
         return tx.id
 
+    def unwanted_tx(session: Session, tx_id: int) -> None:
+        # the client cancelled its begin once the transaction was open: it will never use it
+        tx = engine.transactions.get(tx_id)
+        session.transactions.discard(tx_id)
+        if tx is not None and tx.owner is session:
+            tx.abort(ClosedError(f"transaction {tx_id}: its client cancelled the begin"))
+
     async def commit(session: Session, req: TxRef) -> None:
         tx = own_tx(session, req.tx)
         try:
@@ -162,6 +169,6 @@ def install(core: Core) -> None:
     core.register(Method("sql.open", OpenDb, open_db))
     core.register(Method("sql.exec", Exec, exec_, write=True))
     core.register(Method("sql.query", Query, query))
-    core.register(Method("sql.begin", Begin, begin))
+    core.register(Method("sql.begin", Begin, begin, undo=unwanted_tx))
     core.register(Method("sql.commit", TxRef, commit, write=True))
     core.register(Method("sql.rollback", TxRef, rollback))

@@ -1,0 +1,136 @@
+"""A ``db.tx`` cancelled at any moment leaves no transaction open at the server (which would hold the writer
+until ``tx_idle``): cancelled while its ``BEGIN`` is answered, or while its ``COMMIT`` is on its way.
+
+A client over an embedded store's socket: one event loop runs both sides, so the moment of the cancel is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tinystore
+
+from ..helpers import open_store
+
+MIGRATIONS = [("001", "create table t (id integer primary key, v text)")]
+
+
+@contextlib.asynccontextmanager
+async def server_and_client(tmp_path: Path) -> AsyncIterator[tuple[Any, tinystore.Database, tinystore.Database]]:
+    """The SQL engine of an embedded store, a database through it, and the same database through a client
+    over its socket."""
+    async with open_store("embedded", tmp_path / "s") as store:
+        local = await store.database("app", migrations=MIGRATIONS)
+        other = await tinystore.open(tmp_path / "s")
+        try:
+            yield store._core.sql, local, await other.database("app")
+        finally:
+            await other.close()
+
+
+async def until(cond: Any, what: str, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+async def settle(task: asyncio.Task[Any]) -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def test_a_tx_cancelled_while_the_server_opens_it_is_rolled_back(tmp_path: Path) -> None:
+    # cancelled some loop turns after the server took the begin: before the writer began it, while its answer
+    # is on the way (the cancel is sent, the answer comes after all: the client rolls back what it names), or
+    # inside fn; which of these a number of turns gives depends on the writer thread, so each is tried twice
+    async with server_and_client(tmp_path) as (engine, local, remote):
+
+        async def fn(tx: Any) -> None:
+            await asyncio.Event().wait()
+
+        for turns in [*range(16), *range(16)]:
+            task = asyncio.ensure_future(remote.tx(fn))
+            while not engine.transactions:
+                await asyncio.sleep(0)
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            await settle(task)
+            await until(
+                lambda: not engine.transactions, f"the transaction cancelled after {turns} turns to be rolled back"
+            )
+        await asyncio.wait_for(local.exec("insert into t (v) values ('after')"), 2)
+
+
+async def test_a_tx_cancelled_in_the_loop_turn_its_begin_is_answered_is_rolled_back(tmp_path: Path) -> None:
+    async with server_and_client(tmp_path) as (engine, local, remote):
+        conn: Any = remote._transport._conn  # type: ignore[attr-defined]
+        original = conn.data_received
+        task: asyncio.Task[Any] | None = None
+
+        def data_received(data: bytes) -> None:  # the answer resolves the call's future, then the cancel comes
+            original(data)
+            if task is not None and not task.done():
+                task.cancel()
+
+        conn.data_received = data_received
+        task = asyncio.ensure_future(remote.tx(lambda tx: None))
+        await settle(task)
+        conn.data_received = original
+        await until(lambda: not engine.transactions, "the transaction to be rolled back (not left to tx_idle)")
+        await asyncio.wait_for(local.exec("insert into t (v) values ('after')"), 2)
+
+
+@pytest.mark.parametrize("turns", range(10))
+async def test_a_tx_cancelled_around_its_commit_ends_at_once(tmp_path: Path, turns: int) -> None:
+    # cancelled a few loop turns into the transaction: before, during or after the commit is sent; the
+    # transaction either committed or was rolled back, and nothing holds the writer
+    async with server_and_client(tmp_path) as (engine, local, remote):
+        go = asyncio.Event()
+
+        async def fn(tx: Any) -> None:
+            await go.wait()
+            await tx.exec("insert into t (v) values ('in tx')")
+
+        task = asyncio.ensure_future(remote.tx(fn))
+        await until(lambda: len(engine.transactions) == 1, "the server to open the transaction")
+        go.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        await settle(task)
+        await until(lambda: not engine.transactions, "the transaction to end (not left to tx_idle)")
+        await asyncio.wait_for(local.exec("insert into t (v) values ('after')"), 2)
+        assert await local.scalar("select count(*) from t where v = 'in tx'") in (0, 1)
+
+
+async def test_a_commit_cancelled_before_the_server_ran_it_ends_the_transaction(tmp_path: Path) -> None:
+    # the commit request and its CANCEL reach the server in one read: the commit is never run; the client
+    # then rolls back, rather than leave the transaction open (holding the writer) until tx_idle
+    async with server_and_client(tmp_path) as (engine, local, remote):
+        conn: Any = remote._transport._conn  # type: ignore[attr-defined]
+        original = conn.flush
+
+        def flush() -> None:  # a commit request waits for the next frame, to go out with it in one write
+            if any(b"sql.commit" in f for f in conn.out) and not any(b"sql.commit" not in f for f in conn.out):
+                conn.flush_scheduled = False
+                return
+            original()
+
+        conn.flush = flush
+        task = asyncio.ensure_future(remote.tx(lambda tx: tx.exec("insert into t (v) values ('in tx')")))
+        await until(lambda: any(b"sql.commit" in f for f in conn.out), "the commit to be queued")
+        task.cancel()
+        await settle(task)
+        conn.flush = original
+        await until(lambda: not engine.transactions, "the transaction to end (not left to tx_idle)")
+        await asyncio.wait_for(local.exec("insert into t (v) values ('after')"), 2)
+        assert await local.scalar("select count(*) from t where v = 'in tx'") == 0
