@@ -155,6 +155,29 @@ async def test_a_worker_whose_handler_raises_cancelled_error_ends_the_job_dead(s
 
 
 # contract: JOB-01
+async def test_a_handler_that_cancels_its_own_task_fails_its_attempts_until_dead(store: tinystore.Store) -> None:
+    # not a stop of its worker: handing the job back uncounted would run it again at once, for ever
+    q = store.queue("self-cancel-task", attempts=2, backoff=("10ms", "10ms"))
+    jid = await q.add({})
+    calls: list[int] = []
+
+    async def handler(value: Any, run: tinystore.Run) -> None:
+        calls.append(run.attempt)
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(1)
+
+    worker = q.work(handler)
+    try:
+        job = await wait_state(q, jid, "dead", timeout=10)
+    finally:
+        await worker.stop()
+    assert (job.attempts, calls) == (2, [1, 2])
+    assert job.error is not None and job.error.startswith("CancelledError"), job.error
+
+
+# contract: JOB-01
 @pytest.mark.parametrize(
     ("raised", "error"),
     [

@@ -473,6 +473,9 @@ class _Runner:
         self.slot = asyncio.Event()  # set when a slot is given back
         self.idle = asyncio.Event()
         self.idle.set()
+        # the worker's own task (None for run_due): a cancel of an attempt's task that comes while this one is
+        # cancelled too is the program ending (asyncio.run cancels every task), else the handler's own doing
+        self.owner: asyncio.Task[Any] | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = self.loop.create_task(coro)
@@ -674,6 +677,16 @@ class _Runner:
                 log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text)
                 await self._report(a, "error", error=text)
                 return
+            owner = self.owner
+            if a.why is None and owner is not None and not owner.done() and owner.cancelling() == 0 and task:
+                # this attempt's task alone was cancelled, and not by its worker: by the handler itself
+                # (asyncio.current_task().cancel()) or code it handed its task to. Handing the job back uncounted
+                # would run it again at once, for ever: a failed attempt, counted, so it ends dead.
+                task.uncancel()
+                text = "CancelledError: the attempt's task was cancelled, not by its worker"
+                log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text)
+                await self._report(a, "error", error=text)
+                return
             # stopped with its worker, or cancelled from outside (the event loop ending): hand the job back,
             # this attempt not counted
             a.reporting = True
@@ -777,6 +790,7 @@ class Worker:
         self._fault: Exception | None = None  # what broke a claim that was not the store's refusal
         self._claims: set[asyncio.Task[None]] = set()  # claims under way
         self._task = asyncio.ensure_future(self._loop())
+        self._runner.owner = self._task
         queue.store._close_hooks.append(self.stop)
 
     @property
