@@ -269,7 +269,9 @@ class Channel(Generic[T]):
 
         ``handler(message)`` is called with one :class:`Message` at a time, never two at once; it may be a
         coroutine function (awaited before the next message). When it raises, the exception goes to
-        ``on_error(exc)`` (or a warning in the log, at most one every 10 s) and the subscription goes on.
+        ``on_error(exc)`` (or a warning in the log, at most one every 10 s) and the subscription goes on (a
+        ``CancelledError`` the handler raises itself goes there as a ``RuntimeError``); a cancel of the
+        handler's task from elsewhere than :meth:`Subscription.stop` ends the subscription, with a warning.
         ``on_missed(Missed(reason, count))`` is called, in line with the messages, before the first message
         after a gap; without it a gap is a warning in the log. ``after``: resume after this message id (for a
         recursive subscription also a mapping ``{branch: id}`` with branches as tuples of owners): what the
@@ -823,6 +825,23 @@ class Subscription(Generic[T]):
                 except Exception as exc:
                     self.errors += 1
                     await self._report(exc)
+                except asyncio.CancelledError as exc:
+                    if self._stopped:
+                        raise  # stop() cancelled it
+                    task = asyncio.current_task()
+                    self.errors += 1
+                    if task is not None and task.cancelling() == 0:
+                        # nobody cancelled this task: the handler raised CancelledError itself (or let one of its
+                        # own tasks' cancels through): an error like any other, and the subscription goes on
+                        await self._report(RuntimeError(f"the handler raised {_describe_cancel(exc)}"))
+                    else:
+                        # the task was cancelled, not by stop(): by the handler (asyncio.current_task().cancel())
+                        # or as the program ends. The subscription ends, said, rather than stay silently dead.
+                        self._abandon()
+                        self._warner.warn(
+                            "%r: the handler's task was cancelled (not by stop()): the subscription ended", self
+                        )
+                        raise
             if self._in_hand:  # finished: its credit goes back, a batch at a time
                 self._in_hand = False
                 self._owed += 1
@@ -893,6 +912,10 @@ def _advance(pos: str, n: int) -> str:
 
 LOCAL_YIELD_EVERY = 16
 """An embedded publisher gives the event loop a turn every this many publishes (see ``Channel.publish``)."""
+
+
+def _describe_cancel(exc: asyncio.CancelledError) -> str:
+    return f"CancelledError: {exc}" if exc.args else "CancelledError"
 
 
 def _end_unwanted(hub: _Hub, call: asyncio.Future[Subscribed]) -> None:
