@@ -134,3 +134,44 @@ async def test_a_commit_cancelled_before_the_server_ran_it_ends_the_transaction(
         await until(lambda: not engine.transactions, "the transaction to end (not left to tx_idle)")
         await asyncio.wait_for(local.exec("insert into t (v) values ('after')"), 2)
         assert await local.scalar("select count(*) from t where v = 'in tx'") == 0
+
+
+@pytest.mark.parametrize("remote_side", [False, True], ids=["embedded", "socket"])
+async def test_a_tx_cancelled_while_it_commits_keeps_its_jobs_and_messages(tmp_path: Path, remote_side: bool) -> None:
+    # contract: JOB-06
+    # contract: CHAN-03
+    # a cancel that comes while the commit runs: the commit goes on, and so do the jobs the transaction added and
+    # the messages it published (they were dropped: the rows committed, the jobs never ran, the messages never came)
+    async with server_and_client(tmp_path) as (engine, local, remote):
+        db = remote if remote_side else local
+        q = db.store.queue("q", database=db)
+        ch = db.store.channel("ev")
+        heard: list[int] = []
+        sub = await local.store.channel("ev").subscribe(lambda m: heard.append(m.value))
+        ran: list[int] = []
+        worker = local.store.queue("q", database=local).work(lambda v, run: ran.append(v["k"]))
+        try:
+            for k in range(24):
+                go = asyncio.Event()
+
+                async def fn(tx: Any, k: int = k, go: asyncio.Event = go) -> None:
+                    await go.wait()
+                    await tx.exec("insert into t (v) values (?)", f"k{k}")
+                    await tx.with_(q).add({"k": k})
+                    await tx.with_(ch).publish(k)
+
+                task = asyncio.ensure_future(db.tx(fn))
+                await until(lambda: len(engine.transactions) == 1, "the transaction to begin")
+                go.set()
+                for _ in range(k % 12):
+                    await asyncio.sleep(0)
+                task.cancel()
+                await settle(task)
+                await until(lambda: not engine.transactions, "the transaction to end")
+            rows = await local.all("select v from t where v like 'k%'")
+            committed = sorted(int(r["v"][1:]) for r in rows)
+            await until(lambda: sorted(ran) == committed, f"the jobs of the committed transactions {committed}", 5)
+            await until(lambda: sorted(heard) == committed, "the messages of the committed transactions", 5)
+        finally:
+            await worker.stop()
+            await sub.stop()

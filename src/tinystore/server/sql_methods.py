@@ -9,6 +9,8 @@ and write them through the SQL engine itself, not through these methods.
 from __future__ import annotations
 
 import asyncio
+import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..engines.sql import SqlDatabase, SqlTx, changes_schema, check_params
@@ -16,10 +18,22 @@ from ..errors import ClosedError, InvalidError, PermissionDeniedError
 from ..names import RESERVED_DB_PREFIX, check_db_writable, reserved_db_error
 from ..protocol.sql import Begin, Done, Exec, OpenDb, Opened, Query, TxRef
 
+log = logging.getLogger("tinystore.server")
+
 if TYPE_CHECKING:
     from .core import Core, Session
 
 _MODES = frozenset({"all", "one", "scalar"})
+
+
+def _after_commit(tx: SqlTx, fut: asyncio.Future[None]) -> None:
+    if fut.cancelled() or fut.exception() is not None:
+        return
+    for hook in tx.after_commit:
+        try:
+            hook()
+        except Exception:
+            log.exception("transaction %s: after its commit", tx.id)
 
 
 def install(core: Core) -> None:
@@ -145,12 +159,14 @@ def install(core: Core) -> None:
 
     async def commit(session: Session, req: TxRef) -> None:
         tx = own_tx(session, req.tx)
+        fut = tx.commit()
+        # the hooks (the jobs it added, the messages it published) follow the commit, also when this call is
+        # cancelled while the commit runs: the commit goes on, so must they
+        fut.add_done_callback(partial(_after_commit, tx))
         try:
-            await tx.commit()
+            await asyncio.shield(fut)
         finally:
             session.transactions.discard(tx.id)
-        for hook in tx.after_commit:
-            hook()
 
     async def rollback(session: Session, req: TxRef) -> None:
         tx = engine.transactions.get(req.tx)
