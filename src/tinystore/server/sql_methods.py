@@ -160,13 +160,15 @@ def install(core: Core) -> None:
     async def commit(session: Session, req: TxRef) -> None:
         tx = own_tx(session, req.tx)
         fut = tx.commit()
-        # the hooks (the jobs it added, the messages it published) follow the commit, also when this call is
-        # cancelled while the commit runs: the commit goes on, so must they
-        fut.add_done_callback(partial(_after_commit, tx))
         try:
             await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            # the commit goes on: so do its hooks (the jobs it added, the messages it published), once it is done
+            fut.add_done_callback(partial(_after_commit, tx))
+            raise
         finally:
             session.transactions.discard(tx.id)
+        _after_commit(tx, fut)  # here, before the answer: what it published is heard after the commit returned
 
     async def rollback(session: Session, req: TxRef) -> None:
         tx = engine.transactions.get(req.tx)
