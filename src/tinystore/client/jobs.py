@@ -476,6 +476,7 @@ class _Runner:
         # the worker's own task (None for run_due): a cancel of an attempt's task that comes while this one is
         # cancelled too is the program ending (asyncio.run cancels every task), else the handler's own doing
         self.owner: asyncio.Task[Any] | None = None
+        self.grace: asyncio.Timeout | None = None  # the grace of a stop under way
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = self.loop.create_task(coro)
@@ -750,11 +751,13 @@ class _Runner:
         await self._report(a, "succeeded", result=text)
 
     async def stop(self, grace: float) -> None:
-        """Let running attempts finish for ``grace`` seconds, then cancel them (their jobs are handed back)."""
+        """Let running attempts finish for ``grace`` seconds, then cancel them (their jobs are handed back).
+        :meth:`hurry` may shorten the grace while it runs."""
         if self.attempts and grace > 0:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace):
+                async with asyncio.timeout(grace) as self.grace:
                     await self.idle.wait()
+            self.grace = None
         for a in list(self.attempts.values()):
             a.stop("stopping")
         running = [a.task for a in self.attempts.values() if a.task is not None]
@@ -783,7 +786,7 @@ class Worker:
         self.id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._runner = _Runner(queue, handler, self.id)
         self._stopping = False
-        self._stopped = asyncio.Event()
+        self._stop_task: asyncio.Task[None] | None = None
         self._gone = False  # the store closed under the worker
         self._asked = 0  # attempts asked for by claims under way
         self._failures = 0  # claims failed in a row (their backoff grows)
@@ -875,13 +878,26 @@ class Worker:
     async def stop(self, grace: Duration = "10s") -> None:
         """Stop claiming; let running handlers finish for ``grace`` (10 s), then cancel them: their jobs are
         handed back to the queue, due now, the cancelled attempt not counted. Idempotent; also run when the store
-        closes. Raises nothing: a store that is gone leaves the attempts to their leases."""
-        if self._stopping:
-            await self._stopped.wait()
-            return
-        self._stopping = True
-        self._stopped.set()
-        self._runner.slot.set()
+        closes. Raises nothing: a store that is gone leaves the attempts to their leases.
+
+        A cancel of ``stop`` leaves the stop going on; a later call waits for it (with a shorter ``grace``, it
+        cuts the grace short), so when any call returns, no handler of this worker runs."""
+        grace_s = seconds(grace, "grace")
+        task = self._stop_task
+        if task is None:
+            self._stopping = True
+            self._runner.slot.set()
+            task = self._stop_task = asyncio.ensure_future(self._stop(grace_s))
+        else:
+            timeout = self._runner.grace
+            if timeout is not None:
+                end = asyncio.get_running_loop().time() + grace_s
+                when = timeout.when()
+                if when is None or end < when:
+                    timeout.reschedule(end)
+        await asyncio.shield(task)
+
+    async def _stop(self, grace: float) -> None:
         q = self.queue
         if q.store.transport.connected:  # else its claims ended with the connection: no waiting for a reconnect
             with contextlib.suppress(TinystoreError, OSError):
@@ -893,7 +909,7 @@ class Worker:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
-        await self._runner.stop(seconds(grace, "grace"))
+        await self._runner.stop(grace)
         with contextlib.suppress(ValueError):
             q.store._close_hooks.remove(self.stop)
 

@@ -99,6 +99,7 @@ class Store:
         self._databases: dict[str, Database] = {}
         self._close_hooks: list[Any] = []
         self._undoing: set[asyncio.Task[Any]] = set()  # calls that give back what a cancelled call was handed
+        self._close_task: asyncio.Task[None] | None = None
 
     async def _call(
         self,
@@ -231,10 +232,15 @@ class Store:
 
     async def close(self) -> None:
         """Close the store: stop what this SDK runs (subscriptions, leases, workers), then the connection.
-        A private server stops; an embedded store stops its engines and lets the directory go. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        A private server stops; an embedded store stops its engines and lets the directory go. Idempotent.
+        A cancel of ``close`` leaves the close going on; a later call waits for it to end."""
+        task = self._close_task
+        if task is None:
+            self._closed = True
+            task = self._close_task = asyncio.ensure_future(self._close())
+        await asyncio.shield(task)
+
+    async def _close(self) -> None:
         for hook in reversed(self._close_hooks):
             with contextlib.suppress(Exception):
                 await hook()

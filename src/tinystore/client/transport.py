@@ -924,6 +924,10 @@ class RemoteTransport(Transport):
             for fut in pending.values():
                 if not fut.done():
                     fut.set_exception(ClosedError(f"store {self.where} was closed"))
+        if conn is not None and conn.keepalive is not None:  # no task of this connection outlives the close
+            conn.keepalive.cancel()
+            with contextlib.suppress(BaseException):
+                await conn.keepalive
 
 
 def _unsendable(method: str, request: Any, exc: BaseException) -> InvalidError:
