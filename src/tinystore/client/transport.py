@@ -615,6 +615,12 @@ class RemoteTransport(Transport):
         except TinystoreError:
             proto.transport.close()
             raise
+        except asyncio.CancelledError:
+            # the connection goes with the cancel: left open, the server would keep it (and a sidecar its idle
+            # timer waiting); its handshake is not waited for by anyone any more
+            proto.welcome.cancel()
+            proto.transport.close()
+            raise
         self.welcome = welcome
         self.epoch = welcome.epoch
         self.test_clock = welcome.test_clock

@@ -927,6 +927,7 @@ class SqlDatabase:
         before its request was read, and any write whose completion its caller saw. (A completion seen by
         a task runs in a later turn than the one that resolved it, after the ``_end_turn`` scheduled at
         this turn's first read; a request from a socket is read in a later turn still.)"""
+        self._inline_deadline = math.inf  # the engine's own statements are never stopped (see _Conn.control)
         try:
             _ctl(conn, "begin --ts")
         except sqlite3.Error:
@@ -939,6 +940,9 @@ class SqlDatabase:
             self._snapshot = False
             conn = self._inline
             if conn is not None and conn.in_transaction:
+                # the last read's budget is over: the progress handler would stop the commit (a snapshot's
+                # commit, over 500 instructions when the loop was slow)
+                self._inline_deadline = math.inf
                 try:
                     _ctl(conn, "commit --ts")
                 except sqlite3.Error:
