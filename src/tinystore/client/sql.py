@@ -269,6 +269,9 @@ class Database(_Runner):
         when ``fn`` returns and rolls back when ``fn`` raises or is cancelled (the error or the cancel goes
         on), when it stays idle past ``tx_idle`` or runs past ``tx_max`` (``TimeoutError_``), or when the
         connection drops (``ClosedError``). A commit whose answer was lost raises ``OutcomeUnknownError``.
+        A cancel that comes while the commit is under way (``fn`` has returned) leaves the transaction committed
+        whole or not at all, and the caller cannot tell which from the ``CancelledError``; the commit may land
+        a moment after the cancel.
         Calling ``db.exec`` or a ``db.tx`` that writes on the same database inside a transaction that writes
         raises ``InvalidError`` (it would wait for the writer its own transaction holds); a read-only
         transaction holds no writer, and anything may be called inside it or around it. On one of
