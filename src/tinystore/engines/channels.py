@@ -83,8 +83,8 @@ class _Branch:
         "dirty",
         "forgotten",
         "head",
+        "heap_at",
         "heard_until",
-        "idle_token",
         "key",
         "last_pub",
         "log",
@@ -109,7 +109,7 @@ class _Branch:
         self.subs: dict[_Sub, None] = {}  # every subscription that hears it (direct or recursive)
         self.heard_until = _NEVER  # keeps its log until then when nobody listens
         self.last_pub = _NEVER
-        self.idle_token = 0
+        self.heap_at = math.inf  # the deadline of its entry on the idle heap (inf: none)
         self.dirty = False  # published to in this loop turn, not flushed yet
         self.touched = True  # published to since the last sweep of recursively heard branches
         self.forgotten = False
@@ -182,7 +182,9 @@ class ChannelsEngine:
         # peers that cannot take more for now (peer id → their subscriptions waiting to be sent something)
         self._held_back: dict[int, dict[_Sub, None]] = {}
         self._ticket = itertools.count()
-        self._idle_heap: list[tuple[float, int, int, _Branch]] = []  # (deadline, ticket, idle_token, branch)
+        # (deadline, ticket, branch): at most one live entry a branch (its heap_at); a later one of the same
+        # branch is stale, skipped when it comes up
+        self._idle_heap: list[tuple[float, int, _Branch]] = []
         self._timer: Timer | None = None
         self._timer_when = math.inf
         self._sweep_timer: Timer | None = None  # runs every linger while recursive subscriptions exist
@@ -793,10 +795,11 @@ class ChannelsEngine:
         """``b`` lost its last listener (or never had one): keep its log until ``heard_until``."""
         now = self._clock.now()
         b.heard_until = now + self._linger if heard_until is None else heard_until
-        b.idle_token += 1
         deadline = max(b.heard_until, now + self._linger)
-        heapq.heappush(self._idle_heap, (deadline, next(self._ticket), b.idle_token, b))
-        self._arm(deadline)
+        if deadline < b.heap_at:  # else its entry comes up sooner, and looks at the branch as it is then
+            b.heap_at = deadline
+            heapq.heappush(self._idle_heap, (deadline, next(self._ticket), b))
+            self._arm(deadline)
 
     def _arm(self, when: float) -> None:
         if self._timer is not None:
@@ -815,16 +818,20 @@ class ChannelsEngine:
         heap = self._idle_heap
         linger = self._linger
         while heap and heap[0][0] <= now:
-            _, _, token, b = heapq.heappop(heap)
-            if b.forgotten or b.subs or token != b.idle_token:
-                continue
+            at, _, b = heapq.heappop(heap)
+            if at != b.heap_at:
+                continue  # stale: the branch has an entry of its own that came up sooner
+            b.heap_at = math.inf
+            if b.forgotten or b.subs:
+                continue  # heard again: it goes idle anew when its last listener leaves
             if now >= b.heard_until and b.head < len(b.log):
                 self._clear_log(b)
             deadline = max(b.heard_until, b.last_pub + linger)
             if deadline <= now:
                 self._forget(b)
             else:
-                heapq.heappush(heap, (deadline, next(self._ticket), token, b))
+                b.heap_at = deadline
+                heapq.heappush(heap, (deadline, next(self._ticket), b))
         if heap:
             self._arm(heap[0][0])
 
