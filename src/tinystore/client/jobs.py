@@ -679,7 +679,7 @@ class _Runner:
                 await self._report(a, "error", error=text)
                 return
             owner = self.owner
-            if a.why is None and owner is not None and not owner.done() and owner.cancelling() == 0 and task:
+            if a.why is None and task is not None and owner is not None and not owner.done() and not owner.cancelling():
                 # this attempt's task alone was cancelled, and not by its worker: by the handler itself
                 # (asyncio.current_task().cancel()) or code it handed its task to. Handing the job back uncounted
                 # would run it again at once, for ever: a failed attempt, counted, so it ends dead.
@@ -752,7 +752,7 @@ class _Runner:
 
     async def stop(self, grace: float) -> None:
         """Let running attempts finish for ``grace`` seconds, then cancel them (their jobs are handed back).
-        :meth:`hurry` may shorten the grace while it runs."""
+        While it waits, ``self.grace`` is its timeout: a later :meth:`Worker.stop` may move it sooner."""
         if self.attempts and grace > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace) as self.grace:
