@@ -30,6 +30,7 @@ import operator
 import queue
 import re
 import resource
+import secrets
 import sqlite3
 import threading
 import time
@@ -232,7 +233,11 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
                     f"setting PRAGMA {name} is refused (it would change the connection that every client of the "
                     "store shares)"
                 )
-        elif action in _TEMP_OBJECTS:
+        elif (
+            action in _TEMP_OBJECTS
+            or (db == "temp" and action in _WRITES)
+            or (action == sqlite3.SQLITE_ALTER_TABLE and arg1 == "temp")
+        ):
             if not internal():
                 return _deny(
                     "TEMP tables, views, triggers and indexes are refused (they would stay on a connection that "
@@ -244,6 +249,29 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
         return sqlite3.SQLITE_OK
 
     return authorize
+
+
+_DEFER_WHY = (
+    "PRAGMA defer_foreign_keys is refused in exec: it lasts until its transaction ends, and an exec is a "
+    "transaction of its own, committed with other clients' writes (whose foreign keys it would defer too); "
+    "set it inside db.tx"
+)
+
+
+@functools.lru_cache(maxsize=256)
+def _defers_foreign_keys(sql: str) -> bool:
+    """Whether ``sql`` is a ``PRAGMA defer_foreign_keys`` (set or read: in an exec both are refused)."""
+    return _skip_comments(sql)[:6].lower() == "pragma" and "defer_foreign_keys" in sql.lower()
+
+
+_SQL_NOISE = re.compile(r"'(?:[^']|'')*'|--[^\n]*|/\*.*?(?:\*/|\Z)", re.S)
+_INITIALLY_DEFERRED = re.compile(r"\binitially\s+deferred\b", re.I)
+
+
+def has_deferred_constraint(schema: Sequence[str]) -> bool:
+    """Whether one of the ``CREATE`` texts of ``schema`` declares a constraint ``INITIALLY DEFERRED`` (one that
+    SQLite checks only at COMMIT). Comments and string literals do not count."""
+    return any(_INITIALLY_DEFERRED.search(_SQL_NOISE.sub(" ", text)) for text in schema)
 
 
 @functools.lru_cache(maxsize=256)
@@ -290,36 +318,50 @@ _SHARED = frozenset(
         "writable_schema",
     }
 )
+# TEMP objects: a client's would stay on a connection that all clients share; the engine's own (the writer's
+# _tinystore_rowid) must stay as the engine made it, or every later insert of every client would fail
 _TEMP_OBJECTS = frozenset(
     {
         sqlite3.SQLITE_CREATE_TEMP_INDEX,
         sqlite3.SQLITE_CREATE_TEMP_TABLE,
         sqlite3.SQLITE_CREATE_TEMP_TRIGGER,
         sqlite3.SQLITE_CREATE_TEMP_VIEW,
+        sqlite3.SQLITE_DROP_TEMP_INDEX,
+        sqlite3.SQLITE_DROP_TEMP_TABLE,
+        sqlite3.SQLITE_DROP_TEMP_TRIGGER,
+        sqlite3.SQLITE_DROP_TEMP_VIEW,
     }
 )
+_WRITES = frozenset({sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE})
+_CTL_TAG = " --ts " + secrets.token_hex(8)
+"""Ends the texts of the engine's own statements (:func:`_ctl`)."""
+
 # the writer's own TEMP table: a REPLACE of its row 0 before each insert sets the connection's last insert rowid
 # to 0, so that an insert that adds no rowid row (an upsert's DO UPDATE, a WITHOUT ROWID table) gives 0, not the
 # rowid of the last row another client inserted
-_ROWID_RESET = "replace into temp._tinystore_rowid (rowid) values (0) --ts"
+# (``_CTL_TAG`` on it too: a client's statement of the same words must not find it prepared, see _ctl)
+_ROWID_RESET = "replace into temp._tinystore_rowid (rowid) values (0)" + _CTL_TAG
 
 
 def _rollback_quietly(conn: sqlite3.Connection) -> None:
     """Roll back what ``conn`` has open, if anything; a rollback that fails (the transaction is gone) is no news."""
     if conn.in_transaction:
         try:
-            _ctl(conn, "rollback --ts")
+            _ctl(conn, "rollback")
         except sqlite3.Error:
             pass
 
 
 def _ctl(conn: sqlite3.Connection, sql: str) -> None:
-    """Run one of the engine's own transaction statements on ``conn``. Their texts end in ``--ts`` so that a
-    client's statement of the same words is never the one SQLite prepared for the engine (and cached)."""
+    """Run one of the engine's own transaction statements on ``conn``, ``sql`` with :data:`_CTL_TAG` added.
+
+    SQLite's authorizer runs when a statement is prepared, and sqlite3 keeps prepared statements by their text:
+    a client's statement of the very same text would run the one prepared (and allowed) for the engine. The
+    tag, random in each process, is a text no client can know."""
     c: Any = conn
     c.internal = c.control = True
     try:
-        conn.execute(sql)
+        conn.execute(sql + _CTL_TAG)
     finally:
         c.internal = c.control = False
 
@@ -719,6 +761,8 @@ class SqlDatabase:
         self._turn_reads = 0  # inline reads in this turn of the loop
         self._snapshot = False  # whether the inline connection holds a read transaction until the turn ends
         self.inline_budget = self.limits.inline_read
+        self._schema_seen = -1  # the schema version _deferred was read at (writer thread)
+        self._deferred = False  # whether the schema has INITIALLY DEFERRED constraints (see _deferred_constraints)
 
     # -- connections -----------------------------------------------------------------------------
 
@@ -795,17 +839,17 @@ class SqlDatabase:
                     )
                 continue
             try:
-                _ctl(conn, "begin immediate --ts")
+                _ctl(conn, "begin immediate")
                 for stmt in _split_sql(text):
                     conn.execute(stmt)
                 conn.execute(
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     (name, text, int(time.time() * 1000)),
                 )
-                _ctl(conn, "commit --ts")
+                _ctl(conn, "commit")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
-                    _ctl(conn, "rollback --ts")
+                    _ctl(conn, "rollback")
                 self.applied_before_failure = len(applied)
                 raise _migration_error(self.name, name, self._error(exc)) from None
             applied.append(name)
@@ -823,6 +867,8 @@ class SqlDatabase:
             return fut
         try:
             values = check_params(self.name, sql, params)
+            if _defers_foreign_keys(sql):
+                raise InvalidError(f"database {self.name}: {_DEFER_WHY}")
         except TinystoreError as exc:
             fut.set_exception(exc)
             return fut
@@ -833,12 +879,16 @@ class SqlDatabase:
         """:meth:`write`, its result given through a :class:`Later` rather than a future (what the server
         uses: the answer goes out from the writer's batch of results, with no future in between).
 
-        Raises ``InvalidError`` for a value SQLite cannot hold; a closed database gives ``ClosedError``."""
+        Raises ``InvalidError`` for a value SQLite cannot hold, or a ``PRAGMA defer_foreign_keys``; a closed
+        database gives ``ClosedError``."""
         later = Later(self.loop)
         if self._closed:
             later.deliver(None, ClosedError(f"database {self.name} is closed"))
         else:
-            self._queue(_Write(sql, check_params(self.name, sql, params), later))
+            values = check_params(self.name, sql, params)
+            if _defers_foreign_keys(sql):
+                raise InvalidError(f"database {self.name}: {_DEFER_WHY}")
+            self._queue(_Write(sql, values, later))
         return later
 
     def _queue(self, item: Any) -> None:
@@ -929,7 +979,7 @@ class SqlDatabase:
         this turn's first read; a request from a socket is read in a later turn still.)"""
         self._inline_deadline = math.inf  # the engine's own statements are never stopped (see _Conn.control)
         try:
-            _ctl(conn, "begin --ts")
+            _ctl(conn, "begin")
         except sqlite3.Error:
             return
         self._snapshot = True
@@ -944,10 +994,10 @@ class SqlDatabase:
                 # commit, over 500 instructions when the loop was slow)
                 self._inline_deadline = math.inf
                 try:
-                    _ctl(conn, "commit --ts")
+                    _ctl(conn, "commit")
                 except sqlite3.Error:
                     try:
-                        _ctl(conn, "rollback --ts")
+                        _ctl(conn, "rollback")
                     except sqlite3.Error:
                         log.exception("database %s: ending the inline read transaction", self.name)
 
@@ -1086,8 +1136,11 @@ class SqlDatabase:
         savepoints all along, for the price of a rollback, and only when a write fails.
         """
         results: list[_Outcome]
+        if self._deferred_constraints(conn):
+            self.results.put_many(self._one_by_one(conn, batch, arm))
+            return
         try:
-            _ctl(conn, "begin immediate --ts")
+            _ctl(conn, "begin immediate")
             done: list[Done] = []
             exec_ = self._exec
             monotonic = time.monotonic
@@ -1109,13 +1162,13 @@ class SqlDatabase:
             else:
                 results = self._batch_again(conn, batch, len(done), failure, arm)
             try:
-                _ctl(conn, "commit --ts")
+                _ctl(conn, "commit")
             except sqlite3.IntegrityError:
                 # a deferred constraint (a DEFERRABLE foreign key, or PRAGMA defer_foreign_keys) that one of the
                 # writes broke is checked only now, for all of them: find which, each write in a commit of its own
                 if len(batch) < 2 or not conn.in_transaction:
                     raise
-                _ctl(conn, "rollback --ts")
+                _ctl(conn, "rollback")
                 self.results.put_many(self._one_by_one(conn, batch, arm))
                 return
             self.stats["commits"] += 1
@@ -1127,16 +1180,30 @@ class SqlDatabase:
             return
         self.results.put_many(results)
 
+    def _deferred_constraints(self, conn: sqlite3.Connection) -> bool:
+        """Whether the schema declares a constraint checked only at COMMIT (``INITIALLY DEFERRED``). Then writes
+        do not share a commit: one that broke such a constraint would pass, had another write of its group
+        mended it before the shared COMMIT, though alone it fails. Looked at again when the schema changed."""
+        try:
+            version = conn.execute("pragma schema_version").fetchone()[0]
+            if version != self._schema_seen:
+                texts = [t for (t,) in conn.execute("select sql from sqlite_master where sql is not null")]
+                self._deferred = has_deferred_constraint(texts)
+                self._schema_seen = version
+        except sqlite3.Error:
+            return self._deferred  # (what the writes then run into is theirs to report)
+        return self._deferred
+
     def _one_by_one(self, conn: sqlite3.Connection, batch: list[_Write], arm: _Arm) -> list[_Outcome]:
         """Each write of ``batch`` in a transaction and a commit of its own (a commit that fails fails its write
         alone): what a group commit falls back to when its COMMIT finds a deferred constraint broken."""
         results: list[_Outcome] = []
         for w in batch:
             try:
-                _ctl(conn, "begin immediate --ts")
+                _ctl(conn, "begin immediate")
                 arm(time.monotonic())
                 done = self._exec(conn, w.sql, w.params)
-                _ctl(conn, "commit --ts")
+                _ctl(conn, "commit")
             except BaseException as exc:
                 _rollback_quietly(conn)
                 results.append((w.fut, None, self._error(exc)))
@@ -1161,8 +1228,8 @@ class SqlDatabase:
         errors: dict[int, BaseException] = {failed: failure}
         while True:
             if conn.in_transaction:
-                _ctl(conn, "rollback --ts")
-            _ctl(conn, "begin immediate --ts")
+                _ctl(conn, "rollback")
+            _ctl(conn, "begin immediate")
             results: list[_Outcome] = []
             for i, w in enumerate(batch):
                 error = errors.get(i)
@@ -1170,18 +1237,18 @@ class SqlDatabase:
                     results.append((w.fut, None, self._error(error)))
                     continue
                 arm(time.monotonic())
-                _ctl(conn, "savepoint g --ts")
+                _ctl(conn, "savepoint g")
                 try:
                     value = self._exec(conn, w.sql, w.params)
                 except BaseException as exc:
                     if not conn.in_transaction:
                         errors[i] = self._error(exc) if isinstance(exc, sqlite3.Error) else exc
                         break
-                    _ctl(conn, "rollback to g --ts")
-                    _ctl(conn, "release g --ts")
+                    _ctl(conn, "rollback to g")
+                    _ctl(conn, "release g")
                     results.append((w.fut, None, self._error(exc)))
                     continue
-                _ctl(conn, "release g --ts")
+                _ctl(conn, "release g")
                 results.append((w.fut, value, None))
             else:
                 return results
@@ -1205,7 +1272,12 @@ class SqlDatabase:
     def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
         inserts = _inserts(sql)
         if inserts and conn.resets_rowid:  # type: ignore[attr-defined]
-            conn.execute(_ROWID_RESET)
+            c: Any = conn
+            c.internal = True  # a client may not write the engine's TEMP table (authorizer)
+            try:
+                conn.execute(_ROWID_RESET)
+            finally:
+                c.internal = False
         before = conn.total_changes
         cur = conn.execute(sql, params)
         desc = cur.description
@@ -1225,15 +1297,15 @@ class SqlDatabase:
     def _exec_alone(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
         """:meth:`_exec` inside a transaction, in a savepoint: a statement that fails after it ran (its
         ``returning`` rows over ``sql_result_bytes``) leaves nothing either, like one SQLite stopped."""
-        _ctl(conn, "savepoint s --ts")
+        _ctl(conn, "savepoint s")
         try:
             done = self._exec(conn, sql, params)
         except BaseException:
             if conn.in_transaction:
-                _ctl(conn, "rollback to s --ts")
-                _ctl(conn, "release s --ts")
+                _ctl(conn, "rollback to s")
+                _ctl(conn, "release s")
             raise
-        _ctl(conn, "release s --ts")
+        _ctl(conn, "release s")
         return done
 
     def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str) -> Rows:
@@ -1281,7 +1353,7 @@ class SqlDatabase:
             self._drain(tx)
             return
         try:
-            _ctl(conn, "begin immediate --ts")
+            _ctl(conn, "begin immediate")
         except BaseException as exc:
             tx.done = True
             put(fut, None, self._error(exc))
@@ -1327,7 +1399,7 @@ class SqlDatabase:
                 break
             if call.op == "commit":
                 try:
-                    _ctl(conn, "commit --ts")
+                    _ctl(conn, "commit")
                     tx.done = True
                     if writer:
                         self.stats["commits"] += 1
@@ -1335,7 +1407,7 @@ class SqlDatabase:
                 except BaseException as exc:
                     err = self._error(exc)
                     if conn.in_transaction:
-                        _ctl(conn, "rollback --ts")
+                        _ctl(conn, "rollback")
                     tx.done = True
                     tx.error = err
                     put(call.fut, None, err)
@@ -1343,7 +1415,7 @@ class SqlDatabase:
                 return
             if call.op == "rollback":
                 if conn.in_transaction:
-                    _ctl(conn, "rollback --ts")
+                    _ctl(conn, "rollback")
                 tx.done = True
                 tx.error = ClosedError(f"database {self.name}: transaction {tx.id} was rolled back")
                 put(call.fut, None, None)
@@ -1397,7 +1469,7 @@ class SqlDatabase:
             conn = self.connect(readonly=True)
         arm = self._progress_guard(conn)
         try:
-            _ctl(conn, "begin --ts")
+            _ctl(conn, "begin")
             conn.execute(f"select count(*) from {MIGRATIONS_TABLE}").fetchone()  # pin the snapshot now
         except BaseException as exc:
             tx.done = True
@@ -1407,7 +1479,7 @@ class SqlDatabase:
         self.results.put(fut, tx, None)
         self._serve_tx(conn, tx, arm, writer=False)
         if conn.in_transaction:
-            _ctl(conn, "rollback --ts")
+            _ctl(conn, "rollback")
         with self._spare_lock:
             if len(self._spare) < 4 and not self._closed:
                 self._spare.append(conn)
