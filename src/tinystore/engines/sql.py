@@ -946,11 +946,13 @@ class SqlDatabase:
                 raise no_statement(self.name, sql)
             columns = list(map(_first, desc)) if desc else []
             if mode == "all":
-                found = cur.fetchall()
+                found = _fetch_all(cur)
                 _check_size(self.name, found, self.limits.sql_result_bytes)
             else:
-                one = cur.fetchone()
-                cur.close()
+                try:
+                    one = cur.fetchone()
+                finally:
+                    cur.close()
                 if one is None:
                     found = []
                 else:
@@ -1281,15 +1283,18 @@ class SqlDatabase:
         before = conn.total_changes
         cur = conn.execute(sql, params)
         desc = cur.description
-        rows = [] if desc is None else cur.fetchall()
+        rows = [] if desc is None else _fetch_all(cur)
         if desc is not None:
             _check_size(self.name, rows, self.limits.sql_result_bytes)
         changes = cur.rowcount
         if changes < 0:
-            # sqlite3 counts rows only for statements that begin with INSERT, UPDATE, DELETE or REPLACE; one
-            # under a WITH gets what the connection changed (its triggers' rows too, as SQLite counts them)
+            # sqlite3 counts rows only for statements that begin with INSERT, UPDATE, DELETE or REPLACE; for one
+            # under a WITH, SQLite's changes() (its own rows: not its triggers', as for the others). It counts
+            # the last statement that changed rows, so it is asked only when this one changed some
             changes = conn.total_changes - before
-            if not changes and desc is None and _no_statement(sql):
+            if changes:
+                changes = conn.execute("select changes()").fetchone()[0]
+            elif desc is None and _no_statement(sql):
                 raise no_statement(self.name, sql)
         rowid = (cur.lastrowid or 0) if changes and inserts else 0
         return Done(changes, rowid, list(map(_first, desc)) if desc else [], rows)
@@ -1315,11 +1320,13 @@ class SqlDatabase:
             raise no_statement(self.name, sql)
         columns = list(map(_first, desc)) if desc else []
         if mode == "all":
-            rows = cur.fetchall()
+            rows = _fetch_all(cur)
         else:
-            one = cur.fetchone()
+            try:
+                one = cur.fetchone()
+            finally:
+                cur.close()
             rows = [one] if one is not None else []
-            cur.close()
         _check_size(self.name, rows, self.limits.sql_result_bytes)
         return Rows(columns, rows)
 
@@ -1518,6 +1525,17 @@ ENDED_KEPT = 1024
 
 _encode = msgspec.msgpack.encode
 _SIZE_CHUNK = 1024  # rows measured at a time: a large result is never encoded whole (the copy stays small)
+
+
+def _fetch_all(cur: sqlite3.Cursor) -> list[Any]:
+    """``cur.fetchall()``; should it fail part-way (a text that is not UTF-8), the statement is reset at once: left
+    running, it would keep its transaction from ending (SQLite: "SQL statements in progress"), and with it the
+    writes of other clients that share the transaction."""
+    try:
+        return cur.fetchall()
+    except BaseException:
+        cur.close()
+        raise
 
 
 def _check_size(db: str, rows: list[Any], limit: int) -> None:

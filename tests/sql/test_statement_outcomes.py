@@ -1,0 +1,73 @@
+"""Each write's outcome is its own, as SQLite gives it for the statement alone: a RETURNING row that cannot be
+read fails only its write (not the group commit it shares), and `changes` counts a statement's own rows whether
+or not it begins with WITH."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+import tinystore
+from tinystore import ConflictError, InvalidError
+
+
+# contract: SQL-06
+async def test_a_returning_row_that_is_not_utf8_fails_its_write_alone(store: tinystore.Store) -> None:
+    """The failed fetch left SQLite's statement running, so the group's savepoint could not be released and
+    every write of the group failed with "cannot release savepoint - SQL statements in progress"."""
+    db = await store.database("app", migrations=[("1.sql", "create table t (id integer primary key, b text unique);")])
+    await db.exec("insert into t (id, b) values (1, 'one')")
+    a, b, c, d = await asyncio.gather(
+        db.exec("insert into t (id, b) values (2, 'two')"),
+        db.exec("insert into t (id, b) values (3, 'one')"),  # UNIQUE: the group runs again, with savepoints
+        db.exec("insert into t (id, b) values (4, cast(x'ff' as text)) returning b"),
+        db.exec("insert into t (id, b) values (5, 'five')"),
+        return_exceptions=True,
+    )
+    assert not isinstance(a, BaseException) and not isinstance(d, BaseException), (a, d)
+    assert isinstance(b, ConflictError), b
+    assert isinstance(c, InvalidError) and "UTF-8" in c.message, c
+    assert [r["id"] for r in await db.all("select id from t order by id")] == [1, 2, 5]
+    # a read of such a text fails alone too, and the next reads go on
+    with pytest.raises(InvalidError):
+        await db.all("select cast(x'ff' as text) as b")
+    with pytest.raises(InvalidError):
+        await db.one("select cast(x'fe' as text) as b")
+    assert await db.scalar("select count(*) from t") == 3
+
+    async def in_tx(tx: tinystore.SqlTx) -> None:
+        with pytest.raises(InvalidError):
+            await tx.exec("insert into t (id, b) values (6, cast(x'ff' as text)) returning b")
+        await tx.exec("insert into t (id, b) values (7, 'seven')")
+
+    await db.tx(in_tx)
+    assert [r["id"] for r in await db.all("select id from t order by id")] == [1, 2, 5, 7]
+
+
+# contract: SQL-06
+async def test_changes_of_a_statement_under_with_leaves_out_its_triggers_rows(store: tinystore.Store) -> None:
+    schema = (
+        "create table t (id integer primary key, a int);\n"
+        "create table audit (id integer primary key, what text);\n"
+        "create trigger t_ai after insert on t begin insert into audit (what) values ('ins ' || new.id); end;"
+    )
+    db = await store.database("app", migrations=[("1.sql", schema)])
+    plain = "insert into t (a) values (1), (2)"
+    with_ = "with c(x) as (values (1), (2)) insert into t (a) select x from c"
+    update = "with c(x) as (select 1) update t set a = a + x from c"
+    reference = sqlite3.connect(":memory:")
+    reference.executescript(schema)
+    for sql in (plain, with_, update):
+        expected = reference.execute(sql).rowcount if sql is plain else _changes_of(reference, sql)
+        assert (await db.exec(sql)).changes == expected == (4 if sql is update else 2), sql
+    # a WITH that changes nothing counts 0, not the rows of the statement before it
+    await db.exec(plain)
+    assert (await db.exec("with c(x) as (select 1) delete from t where a in (select -x from c)")).changes == 0
+
+
+def _changes_of(conn: sqlite3.Connection, sql: str) -> int:
+    conn.execute(sql)
+    row = conn.execute("select changes()").fetchone()
+    return int(row[0])
