@@ -71,3 +71,36 @@ def _changes_of(conn: sqlite3.Connection, sql: str) -> int:
     conn.execute(sql)
     row = conn.execute("select changes()").fetchone()
     return int(row[0])
+
+
+# contract: SQL-01
+async def test_tx_reads_refuse_a_write_and_the_transaction_goes_on(store: tinystore.Store) -> None:
+    """tx.one/all/scalar ran a write on the writer with none of tx.exec's care: a failing one kept its first rows
+    (INSERT OR FAIL), and giving up on the call stopped the write, which rolled the whole transaction back."""
+    db = await store.database("app", migrations=[("1.sql", "create table t (id integer primary key, b text unique);")])
+
+    async def fn(tx: tinystore.SqlTx) -> None:
+        await tx.exec("insert into t (b) values ('y')")
+        for call in (tx.one, tx.all, tx.scalar):
+            with pytest.raises(InvalidError) as info:
+                await call("insert or fail into t (b) values ('new'), ('y') returning id")
+            assert "reads" in info.value.message
+        assert await tx.scalar("select count(*) from t") == 1  # reads still run, and see the tx's own writes
+        await tx.exec("insert into t (b) values ('z')")
+
+    await db.tx(fn)
+    assert [r["b"] for r in await db.all("select b from t order by id")] == ["y", "z"]
+
+
+# contract: SQL-06
+async def test_an_autoincrement_table_at_the_largest_rowid_is_a_conflict_not_a_full_disk(
+    store: tinystore.Store,
+) -> None:
+    db = await store.database(
+        "app", migrations=[("1.sql", "create table t (id integer primary key autoincrement, v);")]
+    )
+    await db.exec("insert into t (id, v) values (?, 1)", 2**63 - 1)
+    with pytest.raises(ConflictError) as info:
+        await db.exec("insert into t (v) values (2)")
+    assert "table t is AUTOINCREMENT" in info.value.message and "not the disk" in info.value.message
+    assert await db.scalar("select count(*) from t") == 1

@@ -519,6 +519,20 @@ def sql_error(db: str, exc: BaseException, statement_timeout: float | None = Non
     return TinystoreError(f"database {db}: {type(exc).__name__}: {msg}")
 
 
+def _autoincrement_spent(path: Path) -> str | None:
+    """The AUTOINCREMENT table of the database at ``path`` whose rowid has reached the largest SQLite allows (then
+    an insert gets SQLITE_FULL, as a full disk does), if one has; None otherwise, or when that cannot be read."""
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=1)
+        try:
+            row = conn.execute("select name from sqlite_sequence where seq >= ? limit 1", [INT_MAX]).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None  # (no AUTOINCREMENT table, or the disk refuses even this)
+    return None if row is None else str(row[0])
+
+
 def _storage_error(db: str, name: str, msg: str) -> UnavailableError:
     """What the file system refused (the disk is full, an I/O error, a file that cannot be opened or
     written): ``UnavailableError``, which the caller may try again later, never ``InvalidError`` (its SQL is
@@ -793,7 +807,16 @@ class SqlDatabase:
 
     def _error(self, exc: BaseException) -> TinystoreError:
         """:func:`sql_error` for this database."""
-        return sql_error(self.name, exc, self.limits.statement_timeout)
+        err = sql_error(self.name, exc, self.limits.statement_timeout)
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
+            table = _autoincrement_spent(self.path)
+            if table is not None:
+                return ConflictError(
+                    f"database {self.name}: {exc} (SQLITE_FULL): not the disk: table {table} is AUTOINCREMENT and "
+                    f"its rowid has reached the largest, {INT_MAX}, so it takes no new row without an explicit id "
+                    "(https://sqlite.org/autoinc.html)"
+                )
+        return err
 
     def start(self, migrations: Sequence[tuple[str, str]]) -> list[str]:
         """Open the file, apply migrations (in the calling thread), start the threads. Returns applied names.
@@ -1434,6 +1457,14 @@ class SqlDatabase:
             try:
                 if call.op == "exec":
                     value: Any = self._exec_alone(conn, call.sql, call.params)
+                elif writer:
+                    # tx.one/all/scalar only read, on the writer too: a write there would have none of tx.exec's
+                    # care (its savepoint; never stopped when its caller goes away)
+                    _ctl(conn, "pragma query_only = 1")
+                    try:
+                        value = self._query(conn, call.sql, call.params, call.mode)
+                    finally:
+                        _ctl(conn, "pragma query_only = 0")
                 else:
                     value = self._query(conn, call.sql, call.params, call.mode)
                 put(call.fut, value, None)
