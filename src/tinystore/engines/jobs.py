@@ -325,7 +325,9 @@ class _Deadlines:
                 self.on_due(item)
             except Exception:
                 log.exception("a jobs timer failed")
-        if self.heap and self.timer is None:
+        # (an on_due may have pushed a later deadline, which armed the timer for then: the earliest one left
+        # in the heap must not wait for it)
+        if self.heap and self.heap[0][0] < self.when:
             self._arm(self.heap[0][0])
 
     def __len__(self) -> int:
