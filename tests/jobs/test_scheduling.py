@@ -108,3 +108,27 @@ async def test_workers_and_run_due_take_jobs_in_the_same_order(tmp_path: Path) -
             orders.append(order)
         assert "".join(orders[0]) == "DABCABAAA"
         assert orders[0] == orders[1]
+
+
+# contract: JOB-07
+async def test_run_due_runs_a_lower_priority_job_that_a_higher_one_made_due_again_would_hide(tmp_path: Path) -> None:
+    """run_due looked only at each tenant's first job: a higher-priority job of the tenant, snoozed (or retried)
+    to be due again during the call, hid the tenant's lower-priority job that was due when the call began."""
+    from datetime import UTC, datetime
+
+    async with open_store("embedded", tmp_path / "store", clock=datetime(2031, 1, 1, tzinfo=UTC)) as store:
+        q = store.queue("q")
+        high = await q.add({"name": "high"}, tenant="t", priority=5)
+        low = await q.add({"name": "low"}, tenant="t", priority=0)
+        ran: list[str] = []
+
+        def handler(value: dict[str, Any], run: tinystore.Run) -> Any:
+            ran.append(value["name"])
+            if value["name"] == "high" and ran.count("high") == 1:
+                return run.snooze(0)  # due again at once: it waits for the next call
+            return None
+
+        assert await q.run_due(handler) == 2
+        assert ran == ["high", "low"]
+        assert (await q.get(low)).state == "succeeded" and (await q.get(high)).state == "queued"
+        assert await q.run_due(handler) == 1 and ran == ["high", "low", "high"]

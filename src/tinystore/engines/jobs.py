@@ -833,8 +833,8 @@ class JobsEngine:
         for tenant in list(q.ready):
             if per_tenant and q.running.get(tenant, 0) >= per_tenant:
                 continue
-            head = self._head(q, tenant)
-            if head is None or head.run_at > due_before:
+            head = self._head_due_before(q, tenant, due_before)
+            if head is None:
                 continue
             key = (-head.priority, q.served.get(tenant, 0), tenant)
             if best is None or key < best_key:
@@ -843,6 +843,21 @@ class JobsEngine:
             q.ready[best.tenant][best.priority].popleft()
             self._serve(q, best)
         return best
+
+    @staticmethod
+    def _head_due_before(q: _Queue, tenant: str, due_before: float) -> _Entry | None:
+        """The tenant's next job due at or before ``due_before``: the highest priority whose line has one first (a
+        job of a higher priority made due again since, by a snooze or a retry, does not hide it)."""
+        prios = q.ready.get(tenant)
+        if not prios:
+            return None
+        for p in sorted(prios, reverse=True):
+            line = prios[p]
+            while line and (line[0].where != READY or q.entries.get(line[0].id) is not line[0]):
+                line.popleft()
+            if line and line[0].run_at <= due_before:
+                return line[0]
+        return None
 
     def _serve(self, q: _Queue, e: _Entry) -> None:
         """``e`` was picked: it counts as running from now, and its tenant moves back in the line."""
