@@ -176,6 +176,16 @@ async def test_a_handler_that_cancels_its_own_task_fails_its_attempts_until_dead
     assert (job.attempts, calls) == (2, [1, 2])
     assert job.error is not None and job.error.startswith("CancelledError"), job.error
 
+    # run_due the same: each call runs one attempt, counted (it was handed back uncounted, for ever)
+    jid = await q.add({})
+    calls.clear()
+    for attempts, state in ((1, "failed"), (2, "dead")):
+        assert await q.run_due(handler) == 1
+        job = await q.get(jid)
+        assert (job.state, job.attempts) == (state, attempts), job
+        await asyncio.sleep(0.05)  # the 10 ms backoff
+    assert calls == [1, 2]
+
 
 # contract: JOB-01
 @pytest.mark.parametrize(

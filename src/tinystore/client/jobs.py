@@ -1426,6 +1426,7 @@ class Queue(Generic[T]):
         now = await self.store.clock.now()
         runner = _Runner(self, handler, f"{os.getpid()}-due-{uuid.uuid4().hex[:8]}")
         runner.hold_fatal = True
+        runner.owner = asyncio.current_task()  # (an attempt's task cancelled while this one is not: a failed attempt)
         ran = 0
         try:
             while True:
