@@ -285,3 +285,25 @@ async def test_a_database_handle_survives_a_restart(killable: Killable) -> None:
     killable.kill()
     killable.restart()
     assert await db.scalar("select count(*) from t") == 1
+
+
+# contract: STORE-06
+async def test_a_private_server_started_again_keeps_its_test_clock_where_it_was(tmp_path: Path) -> None:
+    """The SDK starts a crashed private server again; with a test clock it started at open()'s ``clock=``, which
+    undid every advance: a retry due in 10 s was due in an hour and 10 s."""
+    from datetime import UTC, datetime
+
+    start = datetime(2031, 1, 1, tzinfo=UTC)
+    store = await tinystore.open(tmp_path / "d", private=True, clock=start)
+    try:
+        await store.clock.advance("1h")
+        before = await store.clock.now()
+        assert before >= start.timestamp() + 3600
+        child = store._child  # type: ignore[attr-defined]
+        assert child is not None
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        after = await store.clock.now()  # (a read: retried once the SDK reached the new server)
+        assert before <= after < before + 60, (before, after)
+    finally:
+        await store.close()

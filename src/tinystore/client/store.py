@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -51,6 +51,22 @@ class StoreClock:
 
     def __init__(self, store: Store) -> None:
         self._store = store
+        # a private server's test clock, as this process moved it: started at ``_base`` (epoch seconds) at
+        # ``_mono0`` (time.monotonic), advanced by ``_advanced`` since. A private server that is started again
+        # after a crash starts its clock there, not at open()'s ``clock=`` (which would undo every advance)
+        self._base: float | None = None
+        self._mono0 = 0.0
+        self._advanced = 0.0
+
+    def _start_test(self, start: datetime, mono0: float) -> None:
+        self._base = (start if start.tzinfo is not None else start.replace(tzinfo=UTC)).timestamp()
+        self._mono0 = mono0  # (taken before the server started: its clock, if anything, runs behind this one)
+
+    def _test_now(self) -> datetime | None:
+        """Where a private server's test clock is now, as this process moved it (None: a real clock)."""
+        if self._base is None:
+            return None
+        return datetime.fromtimestamp(self._base + (time.monotonic() - self._mono0) + self._advanced, UTC)
 
     def advance(self, by: Duration) -> asyncio.Future[float]:
         """Move every engine's time forward by ``by``. Raises ``InvalidError`` on a real clock."""
@@ -62,6 +78,8 @@ class StoreClock:
             fut: asyncio.Future[float] = loop.create_future()
             fut.set_result(core.clock.now())
             return fut
+        if self._base is not None:
+            self._advanced += secs
         return asyncio.ensure_future(self._store._call("clock.advance", Advance(secs), float, write=True))
 
     async def now(self) -> float:
@@ -150,8 +168,12 @@ class Store:
         self._dead_task = asyncio.ensure_future(self._restart_child())
 
     async def _restart_child(self) -> None:
+        cmd = list(self._child_cmd)
+        clock_now = self.clock._test_now()
+        if clock_now is not None and "--clock" in cmd:
+            cmd[cmd.index("--clock") + 1] = clock_now.isoformat()
         try:
-            child = await _spawn_private(self._child_cmd)
+            child = await _spawn_private(cmd)
         except Exception as exc:  # someone else may own the directory now: reconnect to it
             logging.getLogger("tinystore.client").warning(
                 "store %s: restarting the private server: %s", self.directory, exc
@@ -428,6 +450,7 @@ async def _open_private(path: Path, durability: str, clock: datetime | None, lim
     )
     if clock is not None:
         cmd += ["--clock", clock.isoformat()]
+    mono0 = time.monotonic()
     child = await _spawn_private(cmd)
     sock = paths.socket_path(path)
     transport = RemoteTransport(lambda: _unix_endpoint(sock), description=f"private:{path}", where=str(path))
@@ -439,6 +462,8 @@ async def _open_private(path: Path, durability: str, clock: datetime | None, lim
         raise
     store = Store(transport, mode="private", directory=path, child=child, limits=limits)
     store._child_cmd = cmd
+    if clock is not None:
+        store.clock._start_test(clock, mono0)
     _watch_child(store, child)
     return store
 
