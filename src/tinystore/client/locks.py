@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import math
+import secrets
 import weakref
 from collections import OrderedDict
 from contextvars import ContextVar, Token
@@ -680,7 +680,10 @@ class _Hub:
         self.release_turn = False
         self.acquire_batch: list[_Ask] | None = None
         self.asks: dict[int, _Ask] = {}  # batched asks sent and not settled, by ticket
-        self.ticket_ids = itertools.count(1)
+        # tickets are random (62 bits): the store keeps those granted to a connection that dropped, so that this
+        # client can let go of them from its next connection (_on_reconnect), and no other client can name them
+        self.ticket_ids = iter(lambda: secrets.randbits(62) | 1, 0)
+        self.unheard: list[int] = []  # tickets of asks whose outcome a dropped connection took with it
         self.release_batch: list[tuple[Lease, asyncio.Future[bool]]] | None = None
         self.closed = False
         self.closing = False
@@ -782,6 +785,9 @@ class _Hub:
         (a queued one leaves the line, a granted one's lease is let go), and a grant that came with the cancel
         is released.
         """
+        if self.unheard:
+            # before asking again (else the ask may meet its own lost grant); a cancel does not stop it
+            await asyncio.shield(self.spawn(self._let_go_unheard()))
         if self.acquire_turn:
             return await self._ask_batched(req)
         self.acquire_turn = True
@@ -797,9 +803,11 @@ class _Hub:
         except asyncio.CancelledError:
             await self.wait_let_go(self._gave_up(ask))
             raise
-        except BaseException:
+        except BaseException as exc:
             self.asks.pop(ask.ticket, None)
             ask.state = _SETTLED
+            if isinstance(exc, ClosedError) and not self.closed:
+                self.unheard.append(ask.ticket)  # granted, perhaps, with the answer lost: let go of it later
             raise
         out = got[0]
         if not out.queued:
@@ -882,6 +890,8 @@ class _Hub:
             for ask in live:
                 self.asks.pop(ask.ticket, None)
                 ask.state = _SETTLED
+                if isinstance(exc, ClosedError) and not self.closed:
+                    self.unheard.append(ask.ticket)
                 if not ask.fut.done():
                     if isinstance(exc, TinystoreError):
                         ask.fut.set_exception(exc)
@@ -923,6 +933,13 @@ class _Hub:
                 self.spawn(self._release_id(out.lease))
             return
         self._settle(ask, out)
+
+    async def _let_go_unheard(self) -> None:
+        """Abandon the tickets whose outcome a dropped connection took (:attr:`unheard`): a lease the store granted
+        them is let go. Sent from the next connection, before this client asks for anything again."""
+        tickets, self.unheard = self.unheard, []
+        if tickets and not self.closed:
+            await self._abandon(tickets)
 
     async def _abandon(self, tickets: list[int]) -> None:
         with contextlib.suppress(TinystoreError):
@@ -1056,6 +1073,15 @@ class _Hub:
                 ask.fut.set_exception(ClosedError(message))
 
     async def _on_reconnect(self, old_epoch: int, new_epoch: int) -> None:
+        # asks whose outcome the dropped connection took: the store may have granted them (the answer, or the
+        # settled push, lost on the way). Nobody here holds those leases: let go of them, by their tickets, or
+        # the keys stay held by nobody until their ttl (and this process's own asks again wait behind them)
+        if new_epoch != old_epoch:
+            self.unheard = []  # a new server: it holds nothing of the last one's
+        else:
+            self.unheard += [ask.ticket for ask in self.asks.values() if ask.state == _QUEUED]
+            if self.unheard and not self.closed:
+                self.spawn(self._let_go_unheard())
         self._fail_asks("the connection to the store dropped while waiting in line")
         for lease in list(self.leases.values()):
             if lease._state != _HELD:

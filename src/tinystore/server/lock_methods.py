@@ -61,6 +61,9 @@ if TYPE_CHECKING:
 _NOT_GRANTED = NotGranted()
 GRANTED_KEPT = 4096
 """How many granted tickets of ``locks.acquire_many`` each session's ``locks.abandon`` can still name."""
+ORPHANS_KEPT = 16384
+"""How many granted tickets of sessions that have closed ``locks.abandon`` can still name (from any session: the
+SDK's tickets are random, so only the client that was given one knows it)."""
 
 
 def install(core: Core) -> None:
@@ -78,6 +81,9 @@ def install(core: Core) -> None:
     # the last GRANTED_KEPT tickets of each session that were granted: ticket -> lease id, so that a client that
     # gave up on a ticket without hearing its outcome (a cancel) can abandon it and let go of what it got
     granted: dict[int, OrderedDict[int, int]] = {}
+    # the granted tickets of sessions that have closed: ticket -> lease id. A grant whose answer (or settled push)
+    # the dropped connection lost is held by nobody; the client lets go of it from its next connection
+    orphans: OrderedDict[int, int] = OrderedDict()
 
     def remember(session: Session, ticket: int, lease: int) -> None:
         mine = granted.get(session.id)
@@ -209,6 +215,8 @@ def install(core: Core) -> None:
                 fut.cancel()  # leaves the line
                 continue
             lease = None if given is None else given.pop(ticket, None)
+            if lease is None and orphans:
+                lease = orphans.pop(ticket, None)  # given to this client's connection that dropped
             if lease is not None:
                 release_(session, lease)  # nothing if it was let go already: releases go by lease id
         if waiting is not None and not waiting:
@@ -231,12 +239,19 @@ def install(core: Core) -> None:
     def on_close(session: Session) -> None:
         engine.drop_peer(session)  # its waiters leave their lines (queued items too); its leases stay
         queued.pop(session.id, None)
-        granted.pop(session.id, None)
+        given = granted.pop(session.id, None)
+        if given:
+            for ticket, lease in given.items():
+                orphans.pop(ticket, None)
+                orphans[ticket] = lease
+            while len(orphans) > ORPHANS_KEPT:
+                orphans.popitem(last=False)
 
     async def stop() -> None:
         engine.close()
         queued.clear()
         granted.clear()
+        orphans.clear()
 
     core.session_close_hooks.append(on_close)
     core.status_hooks["locks"] = status
