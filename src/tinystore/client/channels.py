@@ -665,6 +665,10 @@ class Subscription(Generic[T]):
         hub.live[self] = None
 
     def _install(self, got: Subscribed, gen: int) -> None:
+        if got.credit is not None:
+            # a store whose channel_prefetch is below this process's window gives less credit than asked: credit
+            # goes back by a quarter of what it gave, or the subscription would wait for ever for a batch
+            self._batch = max(1, min(self._prefetch, got.credit) // 4)
         self._sid = got.sub
         self._conn_gen = gen
         self._hub.subs[got.sub] = self

@@ -347,7 +347,7 @@ class ChannelsEngine:
 
         ``credit``: messages the server may send before a :meth:`grant` (default and most ``channel_prefetch``:
         a larger credit gives that much).
-        Returns ``Subscribed(sub, missed, last_id, start)``; ``last_id`` is ``branch``'s newest message id or
+        Returns ``Subscribed(sub, missed, last_id, start, credit)``; ``last_id`` is ``branch``'s newest message id or
         None; ``start`` (not recursive) is the id just before the first message the subscription will be sent,
         which ``after`` accepts even when it names no message (the seq before a branch's first).
         Raises ``InvalidError`` (bad name, branch part, id or credit), ``LimitError`` (past
@@ -408,7 +408,7 @@ class ChannelsEngine:
         if self._flush_now:
             self.flush()
         start = None if recursive else self._prefix + str(sub.pos[root] - 1)
-        return Subscribed(sub.id, missed if after is not None else None, self._newest(root), start)
+        return Subscribed(sub.id, missed if after is not None else None, self._newest(root), start, credit)
 
     def _parse_after(
         self, channel: str, parts: Branch, recursive: bool, after: str | Mapping[Branch, str] | None

@@ -153,12 +153,15 @@ class Subscribed(msgspec.Struct, array_like=True, frozen=True, gc=False):
       before the first message it will be sent (it may name no message: ``seq`` may be one below the
       branch's first). Subscribing again with ``after=start`` resumes exactly there (the SDK does so on a
       reconnect when it handled nothing yet). ``None`` for a recursive subscription.
+    - ``credit``: the subscription's credit as the store took it (at most its ``channel_prefetch``): the
+      subscriber must give credit back before that many messages are finished, or it hears no more.
     """
 
     sub: int
     missed: int | None
     last_id: str | None
     start: str | None = None
+    credit: int | None = None
 
 
 class MessageItem(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="msg"):
