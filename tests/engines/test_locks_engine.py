@@ -143,8 +143,9 @@ async def test_keys_and_locks_are_independent(engine: LocksEngine) -> None:
 
 
 # contract: LOCK-01
-async def test_a_limit_below_one_is_invalid(engine: LocksEngine) -> None:
-    for bad in (0, -1):
+async def test_a_limit_below_one_or_above_the_largest_is_invalid(engine: LocksEngine) -> None:
+    # (the engine checks what a connection sends as the SDK does: 1 to LIMIT_MAX)
+    for bad in (0, -1, 1_000_001, 2**40):
         with pytest.raises(InvalidError, match="limit"):
             await take(engine, FakePeer(), lock="renders", limit=bad)
 

@@ -236,7 +236,7 @@ class LocksEngine:
                 or not key
                 or len(key) > KEY_MAX
                 or type(limit) is not int
-                or limit < 1
+                or not 1 <= limit <= LIMIT_MAX
                 or isinstance(ttl, bool)
                 or not self._ttl_min <= ttl <= self._ttl_max
                 or (wait is not None and (isinstance(wait, bool) or not wait >= 0))
