@@ -35,6 +35,7 @@ something deliverable flushes before it returns.
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
 import logging
@@ -70,6 +71,8 @@ Branch = tuple[str, ...]
 """A branch path under a channel: ``()`` is the channel's root, ``("7",)`` is ``under(7)``."""
 
 MAX_PART = 256
+TOMBS_KEPT = 16384
+"""How many forgotten branches the engine remembers where their seqs stopped (see ``_tombs``)."""
 _NEVER = -math.inf
 _GONE = MessageItem(0, "", [], b"")  # fills the slots of dropped messages until the log list is compacted
 
@@ -171,6 +174,10 @@ class ChannelsEngine:
         self._by_peer: dict[int, dict[int, _Sub]] = {}
         self._sub_ids = itertools.count(1)
         self._floor = 0  # the highest seq any forgotten branch reached
+        # forgotten branches where their seqs stopped (the next one), the latest TOMBS_KEPT: one made again
+        # before anything was published on it goes on from there, so that an id of its last messages still
+        # names a place (a resume with after= is exact, not "cannot tell")
+        self._tombs: collections.OrderedDict[tuple[str, Branch], int] = collections.OrderedDict()
         self._total_bytes = 0
         self._held = 0
         self._dirty_branches: list[_Branch] = []
@@ -221,7 +228,7 @@ class ChannelsEngine:
             raise self._too_big(channel, size)
         if b is None:
             if not self._covered(channel, branch):
-                return self._unheard()
+                return self._unheard(channel, branch)
             b = self._make_branch(channel, branch, idle=True)
         out = self._append(b, payload, size)
         if self._flush_now:
@@ -235,10 +242,13 @@ class ChannelsEngine:
             return False
         return any(parts[:depth] in rec for depth in range(len(parts) + 1))
 
-    def _unheard(self) -> Published:
+    def _unheard(self, channel: str, parts: Branch) -> Published:
         """A message on a branch that has no state and no listener: nobody can ever get it, so it keeps
         nothing (no branch is made). Its seq comes above every seq given so far, so its id is never
-        repeated, and a branch made later starts above it."""
+        repeated, and a branch made later starts above it (not where it was forgotten: ids from before then
+        name no place, as this message was lost)."""
+        if self._tombs:
+            self._tombs.pop((channel, parts), None)
         self._floor += 1
         return Published(self._floor, self._prefix + str(self._floor))
 
@@ -283,7 +293,7 @@ class ChannelsEngine:
             b = self._branches.get((channel, parts))
             if b is None:
                 if not self._covered(channel, parts):
-                    out.append(self._unheard())
+                    out.append(self._unheard(channel, parts))
                     continue
                 b = self._make_branch(channel, parts, idle=True)
             out.append(self._append(b, data, len(data)))
@@ -398,8 +408,15 @@ class ChannelsEngine:
                     continue
                 m = self._attach(sub, b, after is not None, resume.get(bparts))
                 missed = None if m is None or missed is None else missed + m
-            if any(key not in self._by_channel[channel] for key in resume):
-                missed = None  # a listed branch was forgotten since
+            known = self._by_channel[channel]
+            for key, after_seq in resume.items():
+                if key in known:
+                    continue
+                # a listed branch forgotten since: nothing lost when it stopped right after what was heard (and
+                # nothing was published on it since, which would have made it again or dropped its tomb)
+                stopped = self._tombs.get((channel, key))
+                if stopped is None or after_seq is None or after_seq + 1 != stopped:
+                    missed = None
         if sub.pending and sub.credit > 0:
             sub.dirty = True
             self._dirty_subs.append(sub)
@@ -776,7 +793,8 @@ class ChannelsEngine:
         )
 
     def _make_branch(self, channel: str, parts: Branch, *, idle: bool) -> _Branch:
-        b = _Branch(channel, parts, self._floor + 1)
+        base = self._tombs.pop((channel, parts), None) if self._tombs else None
+        b = _Branch(channel, parts, self._floor + 1 if base is None else base)
         self._branches[b.key] = b
         self._by_channel.setdefault(channel, {})[parts] = b
         rec = self._recursive.get(channel)
@@ -870,6 +888,11 @@ class ChannelsEngine:
             del self._by_channel[b.channel]
         if b.next_seq - 1 > self._floor:
             self._floor = b.next_seq - 1
+        tombs = self._tombs
+        tombs.pop(b.key, None)
+        tombs[b.key] = b.next_seq
+        if len(tombs) > TOMBS_KEPT:
+            tombs.popitem(last=False)
 
     def _drop_oldest(self, b: _Branch) -> None:
         log_ = b.log
