@@ -521,6 +521,7 @@ class Subscription(Generic[T]):
         self._task: asyncio.Task[None] | None = None
         self._in_hand = False  # the message last handed out took a credit of the current subscription
         self._owed = 0  # credit earned by finished messages, not granted yet
+        self._cut: str | None = None  # a recursive subscription's Subscribed.cut (Subscribe.since on a resume)
         prefetch = hub.prefetch
         self._prefetch = prefetch
         # credit goes back once a quarter of the window is finished: the store never has less than 3/4 of
@@ -671,6 +672,8 @@ class Subscription(Generic[T]):
             self._batch = max(1, min(self._prefetch, got.credit) // 4)
         self._sid = got.sub
         self._conn_gen = gen
+        if self.recursive:
+            self._cut = got.cut  # (what it heard nothing from since then has had nothing for it, when resumed)
         self._hub.subs[got.sub] = self
         if not self.recursive:
             self._pos = got.start
@@ -696,6 +699,7 @@ class Subscription(Generic[T]):
                 credit=self._prefetch,
                 after_branches=[After(list(b), mid) for b, mid in self._last.items()],
                 resume=True,
+                since=self._cut,
             )
         else:
             req = self._request(self._pos, True)

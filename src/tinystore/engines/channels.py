@@ -89,6 +89,7 @@ class _Branch:
         "heap_at",
         "heard_until",
         "key",
+        "last_g",
         "last_pub",
         "log",
         "nbytes",
@@ -112,6 +113,7 @@ class _Branch:
         self.subs: dict[_Sub, None] = {}  # every subscription that hears it (direct or recursive)
         self.heard_until = _NEVER  # keeps its log until then when nobody listens
         self.last_pub = _NEVER
+        self.last_g = 0  # the engine's publish count at its last message (see ChannelsEngine._published)
         self.heap_at = math.inf  # the deadline of its entry on the idle heap (inf: none)
         self.dirty = False  # published to in this loop turn, not flushed yet
         self.touched = True  # published to since the last sweep of recursively heard branches
@@ -174,6 +176,10 @@ class ChannelsEngine:
         self._by_peer: dict[int, dict[int, _Sub]] = {}
         self._sub_ids = itertools.count(1)
         self._floor = 0  # the highest seq any forgotten branch reached
+        # messages kept on branches in this run: a recursive subscription's cut (Subscribed.cut) is this count at
+        # its subscribe, and a branch whose last message came before the cut had nothing for it since
+        self._published = 0
+        self._unheard_at: dict[str, int] = {}  # channel -> the publish count at its last message nobody could hear
         # forgotten branches where their seqs stopped (the next one), the latest TOMBS_KEPT: one made again
         # before anything was published on it goes on from there, so that an id of its last messages still
         # names a place (a resume with after= is exact, not "cannot tell")
@@ -249,6 +255,8 @@ class ChannelsEngine:
         name no place, as this message was lost)."""
         if self._tombs:
             self._tombs.pop((channel, parts), None)
+        self._published += 1
+        self._unheard_at[channel] = self._published
         self._floor += 1
         return Published(self._floor, self._prefix + str(self._floor))
 
@@ -304,6 +312,8 @@ class ChannelsEngine:
     def _append(self, b: _Branch, payload: bytes, size: int) -> Published:
         seq = b.next_seq
         b.next_seq = seq + 1
+        self._published += 1
+        b.last_g = self._published
         b.touched = True
         mid = self._prefix + str(seq)
         if not b.subs:
@@ -343,6 +353,7 @@ class ChannelsEngine:
         recursive: bool = False,
         after: str | Mapping[Branch, str] | None = None,
         credit: int | None = None,
+        since: str | None = None,
     ) -> Subscribed:
         """Subscribe ``peer`` to ``branch`` of ``channel`` (and every branch below it when ``recursive``).
 
@@ -356,7 +367,9 @@ class ChannelsEngine:
         cannot tell (a listed one forgotten, or one not listed that has messages).
 
         ``credit``: messages the server may send before a :meth:`grant` (default and most ``channel_prefetch``:
-        a larger credit gives that much).
+        a larger credit gives that much). ``since`` (recursive, with ``after``): the ``cut`` that the subscription
+        being resumed was given: a branch below that it heard nothing from counts 0, not ``None``, when its
+        last message came before the cut (and nothing was published where nobody could hear it since).
         Returns ``Subscribed(sub, missed, last_id, start, credit)``; ``last_id`` is ``branch``'s newest message id or
         None; ``start`` (not recursive) is the id just before the first message the subscription will be sent,
         which ``after`` accepts even when it names no message (the seq before a branch's first).
@@ -394,6 +407,9 @@ class ChannelsEngine:
         if not recursive:
             missed = self._attach(sub, root, after is not None, resume.get(parts))
         else:
+            cut = None if since is None else self._parse_id(channel, since)
+            if cut is not None and self._unheard_at.get(channel, 0) > cut:
+                missed = None  # published since where nobody listened: perhaps below this subscription
             self._recursive.setdefault(channel, {}).setdefault(parts, {})[sub] = None
             if self._sweep_timer is None:
                 self._sweep_timer = self._clock.call_later(self._linger, self._sweep_recursive)
@@ -403,8 +419,8 @@ class ChannelsEngine:
                     continue
                 if after is not None and bparts not in resume:
                     self._attach(sub, b, False, None)
-                    if b.next_seq > b.base:
-                        missed = None  # a branch with messages it never heard from: cannot tell how many
+                    if b.next_seq > b.base and (cut is None or b.last_g > cut):
+                        missed = None  # a branch with messages it may never have heard: cannot tell how many
                     continue
                 m = self._attach(sub, b, after is not None, resume.get(bparts))
                 missed = None if m is None or missed is None else missed + m
@@ -425,7 +441,8 @@ class ChannelsEngine:
         if self._flush_now:
             self.flush()
         start = None if recursive else self._prefix + str(sub.pos[root] - 1)
-        return Subscribed(sub.id, missed if after is not None else None, self._newest(root), start, credit)
+        cut_id = self._prefix + str(self._published) if recursive else None
+        return Subscribed(sub.id, missed if after is not None else None, self._newest(root), start, credit, cut_id)
 
     def _parse_after(
         self, channel: str, parts: Branch, recursive: bool, after: str | Mapping[Branch, str] | None

@@ -155,6 +155,8 @@ class Subscribed(msgspec.Struct, array_like=True, frozen=True, gc=False):
       reconnect when it handled nothing yet). ``None`` for a recursive subscription.
     - ``credit``: the subscription's credit as the store took it (at most its ``channel_prefetch``): the
       subscriber must give credit back before that many messages are finished, or it hears no more.
+    - ``cut``: for a recursive subscription, ``"<epoch>-<n>"``, where the store's messages stood when it was
+      made; ``Subscribe.since`` on a resume (``None`` when not recursive).
     """
 
     sub: int
@@ -162,6 +164,7 @@ class Subscribed(msgspec.Struct, array_like=True, frozen=True, gc=False):
     last_id: str | None
     start: str | None = None
     credit: int | None = None
+    cut: str | None = None
 
 
 class MessageItem(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="msg"):
@@ -245,7 +248,9 @@ class Subscribe(msgspec.Struct, kw_only=True):
     the last id handled per branch (``after`` then stands for ``branch`` itself). ``credit``: the initial
     credit in messages (the prefetch window; ``None``, or anything past it: the store's ``channel_prefetch``).
     ``resume``: resume even when ``after`` and ``after_branches`` are empty (a recursive subscription that
-    handled nothing yet: every branch below with messages then makes ``missed`` ``None``).
+    handled nothing yet: every branch below with messages then makes ``missed`` ``None``). ``since``: for a
+    recursive resume, the ``Subscribed.cut`` of the subscription resumed: a branch below it not listed in
+    ``after_branches`` whose last message came before the cut then counts 0 (``None`` without it).
     """
 
     channel: str
@@ -255,6 +260,7 @@ class Subscribe(msgspec.Struct, kw_only=True):
     after_branches: list[After] = []
     credit: int | None = None
     resume: bool = False
+    since: str | None = None
 
 
 class Grant(msgspec.Struct, array_like=True):

@@ -133,7 +133,13 @@ def install(core: Core) -> None:
                 mapping[tuple(req.branch)] = req.after
             after = mapping
         return engine.subscribe(
-            session, req.channel, tuple(req.branch), recursive=req.recursive, after=after, credit=req.credit
+            session,
+            req.channel,
+            tuple(req.branch),
+            recursive=req.recursive,
+            after=after,
+            credit=req.credit,
+            since=req.since,
         )
 
     def grant(session: Session, req: Grant) -> None:
