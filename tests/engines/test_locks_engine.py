@@ -875,3 +875,22 @@ async def scenario(ops: list[tuple[Any, ...]], limit: int, max_hold: float | Non
 )
 def test_random_sequences_keep_the_invariants(ops: list[tuple[Any, ...]], limit: int, max_hold: float | None) -> None:
     asyncio.run(scenario(ops, limit, max_hold))
+
+
+# contract: LOCK-04
+async def test_one_advance_of_a_test_clock_ends_waits_and_leases_in_the_order_of_their_times(
+    engine: LocksEngine, clock: Clock
+) -> None:
+    """An advance passing a waiter's wait (t=125) and then the holder's lease end (t=175): the wait ends first, so
+    the waiter gets InUseError. It got the key when another key's lease (t=50) also ended in the advance: that
+    timer ended every lease due by the clock's new time, the holder's among them, before the wait's timer ran."""
+    holder, other, waiter = FakePeer(), FakePeer(), FakePeer()
+    await must_take(engine, holder, "k", lock="y", ttl=175)
+    await must_take(engine, other, "k", lock="x", ttl=50)
+    waiting_task = asyncio.ensure_future(take(engine, waiter, "k", lock="y", ttl=10, wait=125))
+    await settle()
+    clock.advance(200)
+    with pytest.raises(InUseError):
+        await asyncio.wait_for(waiting_task, 5)
+    await settle()
+    assert holders(engine, "y", "k") == [] and holders(engine, "x", "k") == []

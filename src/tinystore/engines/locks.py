@@ -429,11 +429,16 @@ class LocksEngine:
             heapq.heapify(heap)
 
     def _on_timer(self) -> None:
+        at = self._timer_at
         self._timer = None
         self._timer_at = _INF
         if self._closed:
             return
         now = self._clock.now()
+        # a test clock's advance may pass several deadlines at once: end only the leases due at this timer's time,
+        # and leave the later ones to the timer armed below, which the clock fires after the other timers due
+        # before them (a waiter whose wait ends first must not be handed a key that passes later)
+        limit = min(now, at) if self._clock.is_test else now
         heap = self._heap
         leases = self._leases
         while heap:
@@ -442,7 +447,7 @@ class LocksEngine:
             if lease is None or lease.armed_at != when:
                 heapq.heappop(heap)  # stale: released, or armed again since
                 continue
-            if when > now:
+            if when > limit:
                 break
             heapq.heappop(heap)
             if lease.deadline > now:  # renewed since this entry was pushed
