@@ -72,7 +72,9 @@ class Clock:
         return datetime.fromtimestamp(self.now() if when is None else when, UTC)
 
     def advance(self, by: Duration) -> None:
-        """Move a test clock forward by ``by``; timers now due fire. Raises ``InvalidError`` on a real clock."""
+        """Move a test clock forward by ``by``; timers now due fire before this returns, in the order of their
+        times (a lease that ends at 175 s ends after a wait that ends at 125 s). Raises ``InvalidError`` on a
+        real clock."""
         if not self.is_test:
             raise InvalidError("clock: only a test clock (open(..., clock=datetime)) can be advanced")
         self._offset += seconds(by, "clock advance")
