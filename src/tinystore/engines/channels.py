@@ -72,7 +72,8 @@ Branch = tuple[str, ...]
 
 MAX_PART = 256
 TOMBS_KEPT = 16384
-"""How many forgotten branches the engine remembers where their seqs stopped (see ``_tombs``)."""
+"""How many forgotten branches the engine remembers where their seqs stopped (see ``_tombs``), and how many
+channels when their last message nobody could hear was published (see ``_unheard_at``)."""
 _NEVER = -math.inf
 _GONE = MessageItem(0, "", [], b"")  # fills the slots of dropped messages until the log list is compacted
 
@@ -179,7 +180,10 @@ class ChannelsEngine:
         # messages kept on branches in this run: a recursive subscription's cut (Subscribed.cut) is this count at
         # its subscribe, and a branch whose last message came before the cut had nothing for it since
         self._published = 0
-        self._unheard_at: dict[str, int] = {}  # channel -> the publish count at its last message nobody could hear
+        # channel -> the publish count at its last message nobody could hear (the latest TOMBS_KEPT channels; the
+        # others count as at _unheard_before, the highest count of those dropped)
+        self._unheard_at: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._unheard_before = 0
         # forgotten branches where their seqs stopped (the next one), the latest TOMBS_KEPT: one made again
         # before anything was published on it goes on from there, so that an id of its last messages still
         # names a place (a resume with after= is exact, not "cannot tell")
@@ -256,7 +260,11 @@ class ChannelsEngine:
         if self._tombs:
             self._tombs.pop((channel, parts), None)
         self._published += 1
-        self._unheard_at[channel] = self._published
+        at = self._unheard_at
+        at.pop(channel, None)
+        at[channel] = self._published
+        if len(at) > TOMBS_KEPT:
+            self._unheard_before = at.popitem(last=False)[1]
         self._floor += 1
         return Published(self._floor, self._prefix + str(self._floor))
 
@@ -408,7 +416,7 @@ class ChannelsEngine:
             missed = self._attach(sub, root, after is not None, resume.get(parts))
         else:
             cut = None if since is None else self._parse_id(channel, since)
-            if cut is not None and self._unheard_at.get(channel, 0) > cut:
+            if cut is not None and self._unheard_at.get(channel, self._unheard_before) > cut:
                 missed = None  # published since where nobody listened: perhaps below this subscription
             self._recursive.setdefault(channel, {}).setdefault(parts, {})[sub] = None
             if self._sweep_timer is None:
