@@ -18,6 +18,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from ..engines.channels import Branch, ChannelsEngine
 from ..errors import ClosedError, InvalidError
 from ..protocol.channels import (
@@ -75,10 +77,21 @@ class _TxPublishes:
             log.exception("channels: publishing the messages of a committed transaction failed")
 
 
+_SHAPE = msgspec.msgpack.Decoder(msgspec.Raw)  # walks a MessagePack value without building it (about 0.2 µs)
+
+
 def check_finite(p: Publish) -> None:
-    """Refuse a payload that holds a NaN or an infinity (``InvalidError`` naming the channel and the branch), as
-    SQL and jobs refuse them: JSON has none. Cheap for a payload without a float marker (no decoding)."""
+    """Refuse a payload that is not one whole MessagePack value (a client speaking the protocol by hand: every
+    subscriber would get a decode error instead of the message), or that holds a NaN or an infinity, as SQL
+    and jobs refuse them: JSON has none. ``InvalidError`` naming the channel and the branch. Cheap for a
+    payload without a float marker (no decoding)."""
     payload = p.payload
+    try:
+        _SHAPE.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise InvalidError(
+            f"channel {p.channel}: branch {list(p.branch)!r}: the payload is not one MessagePack value ({exc})"
+        ) from None
     if FLOAT64 in payload or FLOAT32 in payload:
         problem = non_finite(payload)
         if problem is not None:
