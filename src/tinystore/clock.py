@@ -160,11 +160,7 @@ class Clock:
             timer.cancelled = True
             budget -= 1
             timer.callback()
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-            self._handle_when = None
-        self._schedule()
+        self._reschedule()
 
     def _on_handle(self) -> None:
         self._handle = None
@@ -184,6 +180,10 @@ class Clock:
         for timer in due:
             timer.cancelled = True
             timer.callback()
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        """After timers fired: the loop's wake-up goes to the earliest timer left (a callback may have set one)."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
