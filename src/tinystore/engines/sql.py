@@ -889,9 +889,7 @@ class SqlDatabase:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
             return fut
         try:
-            values = check_params(self.name, sql, params)
-            if _defers_foreign_keys(sql):
-                raise InvalidError(f"database {self.name}: {_DEFER_WHY}")
+            values = self._write_params(sql, params)
         except TinystoreError as exc:
             fut.set_exception(exc)
             return fut
@@ -908,11 +906,15 @@ class SqlDatabase:
         if self._closed:
             later.deliver(None, ClosedError(f"database {self.name} is closed"))
         else:
-            values = check_params(self.name, sql, params)
-            if _defers_foreign_keys(sql):
-                raise InvalidError(f"database {self.name}: {_DEFER_WHY}")
-            self._queue(_Write(sql, values, later))
+            self._queue(_Write(sql, self._write_params(sql, params), later))
         return later
+
+    def _write_params(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """:func:`check_params` of a single write, which may not be a ``PRAGMA defer_foreign_keys``."""
+        values = check_params(self.name, sql, params)
+        if _defers_foreign_keys(sql):
+            raise InvalidError(f"database {self.name}: {_DEFER_WHY}")
+        return values
 
     def _queue(self, item: Any) -> None:
         if not self._queued:
