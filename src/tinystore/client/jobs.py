@@ -85,6 +85,7 @@ from ..protocol.jobs import (
 from ..protocol.jobs import List as ListRequest
 from ..protocol.store import Empty
 from ..protocol.values import json_problem, valid_text
+from .sql import _active
 
 if TYPE_CHECKING:
     from .sql import Database, SqlTx
@@ -1127,8 +1128,6 @@ class Queue(Generic[T]):
     def _not_in_own_tx(self, what: str) -> None:
         """Refuse a call that writes to this queue's database from inside a transaction of that database (it
         would wait for the transaction, which waits for it)."""
-        from .sql import _active
-
         info = self._info
         if info is not None and info.options.database and (id(self.store), info.options.database) in _active.get():
             raise InvalidError(
