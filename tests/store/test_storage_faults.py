@@ -329,3 +329,23 @@ async def test_a_new_store_on_a_full_or_read_only_disk_says_so(
     monkeypatch.setattr(Path, "mkdir", mkdir)
     with pytest.raises(kind, match=f"open: cannot make the store's directory .*{os.strerror(err)}"):
         await tinystore.open(tmp_path / "new", embedded=True)
+
+
+@pytest.mark.parametrize("how", ["private", "sidecar"])
+async def test_opening_again_a_directory_this_process_holds_unserved_says_so_at_once(tmp_path: Path, how: str) -> None:
+    # trial T (F2): with the directory held here by embedded=True, serve=False, open(private=True) said it was
+    # "owned by another process (pid <this pid>)", and open(dir) waited 20 s for a sidecar that could not start
+    directory = tmp_path / "s"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        started = time.monotonic()
+        with pytest.raises(tinystore.InUseError) as caught:
+            await tinystore.open(directory, private=(how == "private"))
+        assert time.monotonic() - started < 5
+        message = str(caught.value)
+        assert f"this process (pid {os.getpid()}) already owns the directory" in message, message
+        assert "another process" not in message, message
+        if how == "sidecar":
+            assert "serve=False" in message and "serve=True" in message, message
+    finally:
+        await store.close()

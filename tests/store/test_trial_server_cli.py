@@ -124,6 +124,9 @@ BAD_TOKENS = {
     "comments only": (b"# admin tokens go here\n\n   \n", "no token in it"),
     "duplicated": (b"admin " + b"a" * 24 + b"\n# x\ndata " + b"a" * 24 + b"\n", "line 3: the token of line 1 again"),
     "short": (b"admin abc\n", "line 1: a token needs at least 16 characters"),
+    "three words": (b"admin " + b"a" * 24 + b" extra\n", "line 1: expected '<admin|data> <token>', found 3 words"),
+    "token first": (b"a" * 24 + b" admin\n", "line 1: expected '<admin|data> <token>'; its first word is neither"),
+    "only a comment after admin": (b"admin #" + b"a" * 24 + b"\n", "found 1 word (a word that starts with '#'"),
 }
 
 
@@ -137,6 +140,23 @@ def test_serve_refuses_a_tokens_file_it_cannot_use(tmp_path: Path, case: str) ->
     line = one_error_line(serve(directory, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)))
     assert line.startswith(f"error[invalid] tokens file {tokens}: ") and expected in line, line
     assert not directory.exists()  # refused before the directory is owned
+
+
+def test_a_comment_may_follow_a_token_on_its_line(tmp_path: Path) -> None:
+    # trial T (F1): docs/serving.md says '#' starts a comment, but one after a token refused the whole file
+    from tinystore.server.listener import load_tokens
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        "# who may connect\n"
+        "admin aaaaaaaaaaaaaaaaaaaaaaaa   # the operator\n"
+        "data  bbbbbbbbbbbbbbbbbbbb#not-a-comment #web, 2026-11\n"
+        "   # indented comment\n"
+    )
+    assert load_tokens(tokens) == {
+        "aaaaaaaaaaaaaaaaaaaaaaaa": "admin",
+        "bbbbbbbbbbbbbbbbbbbb#not-a-comment": "data",
+    }
 
 
 def test_the_tokens_help_states_the_minimum_length() -> None:

@@ -1275,8 +1275,8 @@ class Queue(Generic[T]):
         at: datetime | float | None = None,
     ) -> builtins.list[str]:
         """Add many jobs in one write, all or none; returns their ids in order (``keys``: one per value, or
-        ``None``; 100,000 jobs at most). Otherwise as :meth:`add`: a value that fails names its place
-        (``job 2``), and nothing is added then."""
+        ``None``; 100,000 jobs at most). Otherwise as :meth:`add`: a value that fails names its place,
+        counted from 1 (``job 3`` is ``values[2]``), and nothing is added then."""
         jobs = self._many(values, keys, tenant, user, type, priority, delay, at)
         await self._ensure()
         self._not_in_own_tx("add_many")

@@ -35,7 +35,7 @@ from ..names import check_name
 from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Empty, Stop
 from ..server import paths
-from ..server.dirlock import LOCK
+from ..server.dirlock import LOCK, held_here, unserved_here
 from .sql import Database, read_migrations
 
 if TYPE_CHECKING:
@@ -373,9 +373,15 @@ async def open(
         if embedded:
             return await _open_embedded(path, durability, clock, limits, serve is not False)
         if private:
+            held = held_here(path)
+            if held is not None:
+                raise held
             paths.server_dir(path)  # what the child would fail on: fail here, with the reason
             store = await _open_private(path, durability, clock, limits)
         else:
+            unserved = unserved_here(path)
+            if unserved is not None:
+                raise unserved
             store = await _open_sidecar(path, durability, limits, idle_s)
     except PermissionError as exc:
         raise _permission_denied(path, exc) from None

@@ -79,6 +79,29 @@ def is_store(directory: Path) -> bool:
     return (directory / LOCK).is_file()
 
 
+def held_here(directory: Path) -> InUseError | None:
+    """The error of owning ``directory`` (resolved) again when this process already holds its lock (an embedded
+    store, or a server of this process), else None: a private server started now would fail on the lock, and
+    call this process "another process"."""
+    lock = DirLock(directory)
+    return lock._in_use(str(os.getpid())) if lock.path in _HELD else None
+
+
+def unserved_here(directory: Path) -> InUseError | None:
+    """The error of connecting to ``directory`` (resolved) when this process holds its lock but does not serve its
+    socket (an embedded store opened with ``serve=False``), else None: no sidecar can start, and none will
+    serve it."""
+    from . import paths
+
+    if DirLock(directory).path not in _HELD or (paths.read_address(directory) or {}).get("pid") == os.getpid():
+        return None
+    return InUseError(
+        f"store {directory}: this process (pid {os.getpid()}) already owns the directory without serving its "
+        "socket (embedded=True, serve=False): nothing can connect to it; use that store, or open it with "
+        "serve=True"
+    )
+
+
 class DirLock:
     """Holds ``DIR/LOCK`` for the life of the process (or until :meth:`release`)."""
 

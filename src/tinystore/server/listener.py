@@ -130,7 +130,8 @@ MIN_TOKEN = 16
 
 
 def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read a tokens file: one ``<capability> <token>`` a line (``admin`` or ``data``); ``#`` comments.
+    """Read a tokens file: one ``<capability> <token>`` a line (``admin`` or ``data``); a word that starts with
+    ``#`` starts a comment, to the end of its line.
 
     Returns token → capability. Raises ``InvalidError`` when the file cannot be read (missing, unreadable, not
     UTF-8), holds no token (a TCP listener would refuse every client), or has a wrong line: not two words, an
@@ -147,12 +148,23 @@ def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
     tokens: dict[str, str] = {}
     lines: dict[str, int] = {}
     for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
         parts = line.split()
-        if len(parts) != 2 or parts[0] not in ("admin", "data"):
-            raise InvalidError(f"tokens file {path}: line {n}: expected '<admin|data> <token>'")
+        for i, word in enumerate(parts):
+            if word.startswith("#"):  # a comment runs to the end of the line
+                del parts[i:]
+                break
+        if not parts:
+            continue
+        if parts[0] not in ("admin", "data"):
+            raise InvalidError(
+                f"tokens file {path}: line {n}: expected '<admin|data> <token>'; its first word is neither admin "
+                "nor data"
+            )
+        if len(parts) != 2:
+            raise InvalidError(
+                f"tokens file {path}: line {n}: expected '<admin|data> <token>', found {len(parts)} "
+                f"word{'s' if len(parts) > 1 else ''} (a word that starts with '#' starts a comment)"
+            )
         if len(parts[1]) < MIN_TOKEN:
             raise InvalidError(f"tokens file {path}: line {n}: a token needs at least {MIN_TOKEN} characters")
         if parts[1] in lines:
