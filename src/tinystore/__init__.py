@@ -8,11 +8,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .client.channels import Channel, Message, Missed, Subscription
-from .client.jobs import Job, JobEvent, JobPage, Outcome, Queue, Run, Worker
+from .client.channels import Channel, ChannelIterator, Message, Missed, Subscription, TxChannel
+from .client.jobs import Job, JobError, JobEvent, JobPage, JobState, Outcome, Queue, Run, TxQueue, Worker
 from .client.locks import Lease, Lock, Permit, Semaphore
 from .client.sql import Database, SqlTx
-from .client.store import Store, connect, open
+from .client.store import Durability, Store, connect, open
+from .durations import Duration
 from .errors import (
     ClosedError,
     ConflictError,
@@ -34,16 +35,21 @@ from .protocol.sql import Done
 
 __all__ = [
     "Channel",
+    "ChannelIterator",
     "ClosedError",
     "ConflictError",
     "CorruptError",
     "Database",
     "Done",
+    "Durability",
+    "Duration",
     "InUseError",
     "InvalidError",
     "Job",
+    "JobError",
     "JobEvent",
     "JobPage",
+    "JobState",
     "Lease",
     "LimitError",
     "Limits",
@@ -64,6 +70,8 @@ __all__ = [
     "Subscription",
     "TimeoutError_",
     "TinystoreError",
+    "TxChannel",
+    "TxQueue",
     "UnauthenticatedError",
     "UnavailableError",
     "Worker",

@@ -36,6 +36,30 @@ async def test_missed_without_on_missed_is_a_rate_limited_warning(
         await sub.stop()
 
 
+async def test_a_miss_of_unknown_size_is_told_in_words(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # trial U: the warning read "missed None messages (behind)"
+    caplog.set_level(logging.WARNING, logger="tinystore.channels")
+    async with open_store("embedded", tmp_path / "s") as store:
+        sub = await store.channel("n", int).subscribe(lambda m: None)
+        await sub._tell_missed(Missed("behind", None))
+        warnings = [r.getMessage() for r in caplog.records if "missed" in r.getMessage()]
+        assert len(warnings) == 1 and "missed an unknown number of messages (behind)" in warnings[0], warnings
+        await sub.stop()
+
+
+@pytest.mark.parametrize("bad", ["no", 0, None])
+async def test_recursive_takes_only_a_bool(tmp_path: Path, bad: Any) -> None:
+    # trial U: an embedded store went by the truthiness of recursive="no"; a private one refused it with a
+    # decoder's message that named no channel
+    async with open_store("embedded", tmp_path / "s") as store:
+        ch = store.channel("n", int)
+        with pytest.raises(InvalidError, match=rf"^channel n: subscribe: recursive {bad!r}: expected True or False"):
+            await ch.subscribe(lambda m: None, recursive=bad)
+        with pytest.raises(InvalidError, match=rf"^channel n: each: recursive {bad!r}: expected True or False"):
+            ch.each(recursive=bad)
+        assert (await store.status())["channels"]["subscriptions"] == 0
+
+
 async def test_stop_from_inside_the_handler_and_from_outside(tmp_path: Path) -> None:
     async with open_store("embedded", tmp_path / "s") as store:
         ch = store.channel("n", int)

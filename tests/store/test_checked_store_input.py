@@ -4,6 +4,7 @@ SDK): migrations' names and texts, stop_server's grace, connect()'s address and 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,53 @@ async def test_a_token_that_is_not_unicode_is_refused_without_showing_it() -> No
     assert info.value.message.startswith("connect: token: not valid Unicode text (a lone surrogate at character 6)")
     assert "secret" not in info.value.message
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+BAD_OPEN_OPTIONS = [
+    ({"embedded": "false"}, "open: embedded 'false': expected True or False"),
+    ({"private": 1}, "open: private 1: expected True or False"),
+    ({"embedded": True, "serve": "false"}, "open: serve 'false': expected True or False"),
+    ({"embedded": True, "clock": "2030-01-01"}, "open: clock '2030-01-01': expected a datetime"),
+    ({"embedded": True, "clock": 1.5}, "open: clock 1.5: expected a datetime"),
+    ({"private": True, "clock": "2030-01-01"}, "open: clock '2030-01-01': expected a datetime"),
+    ({"embedded": True, "limits": {"tx_idle": 1}}, "open: limits {'tx_idle': 1}: expected a tinystore.Limits"),
+    ({"private": True, "limits": {"tx_idle": 1}}, "open: limits {'tx_idle': 1}: expected a tinystore.Limits"),
+]
+
+
+@pytest.mark.parametrize("options", range(len(BAD_OPEN_OPTIONS)))
+async def test_open_names_an_option_of_the_wrong_type(tmp_path: Path, options: int) -> None:
+    # trial U: "false" meant True (an embedded store that served), and a str clock or a dict of limits gave a bare
+    # ValueError/AttributeError naming no option; a float clock was taken silently
+    given, why = BAD_OPEN_OPTIONS[options]
+    with pytest.raises(tinystore.InvalidError) as info:
+        await tinystore.open(tmp_path / "s", **given)
+    assert info.value.message.startswith(why), info.value.message
+    assert not (tmp_path / "s" / "server" / "address").exists()
+    async with open_store("embedded", tmp_path / "s"):
+        pass  # nothing kept the directory
+
+
+async def test_reprs_name_what_a_log_line_needs(tmp_path: Path) -> None:
+    # trial U: Database, SqlTx and StoreClock had the default repr; a Semaphore's left out its limit
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app")
+        assert repr(db) == f"<tinystore.Database app of {store!r}>"
+        seen: list[str] = []
+
+        async def body(tx: tinystore.SqlTx) -> None:
+            seen.append(repr(tx))
+
+        await db.tx(body, read_only=True)
+        assert re.fullmatch(r"<tinystore\.SqlTx read-only transaction \d+ of database app>", seen[0]), seen
+        assert repr(store.semaphore("slots", 3)) == "<tinystore.Semaphore slots limit 3 ttl 10s>"
+        assert repr(store.clock).endswith("real time>")
+        async with store.lock("l").hold("k") as lease:
+            assert repr(lease).startswith('<tinystore.Lease lock l: key "k" fence ')
+    assert repr(store).endswith(" closed>")
+
+
+def test_a_job_event_is_built_as_api_md_writes_it() -> None:
+    # API.md: tinystore.JobEvent(kind, job_id, state, progress, attempts, error)
+    event = tinystore.JobEvent("state", "j1", "dead", None, 3, "boom")
+    assert (event.kind, event.job_id, event.state, event.attempts, event.error) == ("state", "j1", "dead", 3, "boom")

@@ -88,12 +88,15 @@ async def test_open_refuses_options_of_another_way_of_reaching_the_store(tmp_pat
         await tinystore.open(tmp_path / "s", serve=True)
     with pytest.raises(InvalidError, match="open: reconnect_timeout is for a store reached over a socket"):
         await tinystore.open(tmp_path / "s", embedded=True, reconnect_timeout=5)
-    with pytest.raises(InvalidError, match="open: reconnect_timeout -1: expected a number of seconds above 0"):
+    with pytest.raises(InvalidError, match="open: reconnect_timeout -1: expected a duration above 0"):
         await tinystore.open(tmp_path / "s", private=True, reconnect_timeout=-1)
+    with pytest.raises(InvalidError, match="open: reconnect_timeout '0s': expected a duration above 0"):
+        await tinystore.open(tmp_path / "s", private=True, reconnect_timeout="0s")
 
 
 async def test_open_takes_reconnect_timeout_as_connect_does(tmp_path: Path) -> None:
-    store = await tinystore.open(tmp_path / "s", private=True, reconnect_timeout=2.5)
+    # trial U: API.md's durations are a timedelta, a number of seconds or text; reconnect_timeout took numbers only
+    store = await tinystore.open(tmp_path / "s", private=True, reconnect_timeout="2500ms")
     try:
         assert store.transport.reconnect_timeout == 2.5  # type: ignore[attr-defined]
         assert await store.status()

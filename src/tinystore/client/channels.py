@@ -26,7 +26,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
 import msgspec
 import msgspec.inspect
@@ -77,7 +77,9 @@ Handler = Callable[["Message[T]"], Any]
 """A message handler: a plain function or a coroutine function of one :class:`Message`."""
 MissedHandler = Callable[["Missed"], Any]
 ErrorHandler = Callable[[Exception], Any]
-AfterArg = str | Mapping[Sequence[str | int] | str | int, str] | None
+AfterArg = str | Mapping[Any, str] | None
+"""A message id, or (recursive subscriptions) a mapping ``{branch: id}``, a branch being a tuple of owners (str or
+int) or one owner."""
 
 BATCH_BYTES = 1024 * 1024
 """Publishes of one loop turn go in one call up to this many payload bytes (then a new call starts)."""
@@ -109,8 +111,13 @@ class Missed(msgspec.Struct, frozen=True):
     of messages lost, ``0`` when none was (a reconnect is always told), ``None`` when the store cannot tell
     (it restarted, or the branch was forgotten)."""
 
-    reason: str
+    reason: Literal["behind", "reconnect"]
     count: int | None
+
+
+def _check_recursive(channel: str, call: str, recursive: object) -> None:
+    if not isinstance(recursive, bool):
+        raise InvalidError(f"channel {channel}: {call}: recursive {recursive!r}: expected True or False")
 
 
 class _Codec:
@@ -285,6 +292,7 @@ class Channel(Generic[T]):
         """
         if not callable(handler):
             raise InvalidError(f"channel {self.name}: subscribe: the handler {handler!r} is not callable")
+        _check_recursive(self.name, "subscribe", recursive)
         for label, fn in (("on_missed", on_missed), ("on_error", on_error)):
             if fn is not None and not callable(fn):
                 raise InvalidError(f"channel {self.name}: subscribe: {label} {fn!r} is not callable")
@@ -311,6 +319,7 @@ class Channel(Generic[T]):
         """
         if on_missed is not None and not callable(on_missed):
             raise InvalidError(f"channel {self.name}: each: on_missed {on_missed!r} is not callable")
+        _check_recursive(self.name, "each", recursive)
         return ChannelIterator(self, on_missed, recursive, after)
 
     def __repr__(self) -> str:
@@ -868,7 +877,7 @@ class Subscription(Generic[T]):
                             self._last[tuple(a.branch)] = a.id
                 elif self._pos is not None:
                     self._pos = _advance(self._pos, item.count)
-            return Missed(item.reason, item.count)
+            return Missed(cast('Literal["behind", "reconnect"]', item.reason), item.count)
         assert isinstance(item, Missed)
         return item
 
@@ -877,7 +886,12 @@ class Subscription(Generic[T]):
             self.missed += m.count
         cb = self._on_missed
         if cb is None:
-            self._warner.warn("%r: missed %s messages (%s); pass on_missed= to handle it", self, m.count, m.reason)
+            self._warner.warn(
+                "%r: missed %s messages (%s); pass on_missed= to handle it",
+                self,
+                "an unknown number of" if m.count is None else m.count,
+                m.reason,
+            )
             return
         try:
             r = cb(m)

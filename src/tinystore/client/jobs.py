@@ -24,10 +24,10 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 import msgspec
 
@@ -224,6 +224,11 @@ class JobError:
     at: datetime
 
 
+JobState = Literal["queued", "running", "succeeded", "failed", "dead", "cancelled"]
+"""The states of a job (JOB-02): ``failed`` means a retry is due; ``succeeded``, ``dead`` and ``cancelled`` are
+ended."""
+
+
 @dataclass(frozen=True, slots=True)
 class Job(Generic[T]):
     """A job as the store keeps it (JOB-02). Times are aware UTC datetimes (``None`` when not yet).
@@ -237,7 +242,7 @@ class Job(Generic[T]):
 
     id: str
     queue: str
-    state: str
+    state: JobState
     value: T
     attempts: int
     max_attempts: int
@@ -314,7 +319,11 @@ class Run:
             )
         self._a.set_progress(text)
 
-    async def step(self, name: str, fn: Callable[[], Awaitable[R] | R], *, type: Any = None) -> Any:
+    @overload
+    async def step(self, name: str, fn: Callable[[], object], *, type: builtins.type[R]) -> R: ...
+    @overload
+    async def step(self, name: str, fn: Callable[[], object], *, type: None = None) -> Any: ...
+    async def step(self, name: str, fn: Callable[[], object], *, type: Any = None) -> Any:
         """Run step ``name`` once across the job's attempts (JOB-12): when an earlier attempt finished it, return
         its kept result without calling ``fn``; otherwise call ``fn()`` (awaiting what is awaitable), keep its
         result (JSON, at most 1 MiB) on the job, and return it. The result comes back as JSON decodes it (or as
@@ -370,7 +379,9 @@ class Run:
         return Outcome("fail", None, reason)
 
 
-Handler = Callable[[Any, Run], Any]
+Handler = Callable[[T, Run], object]
+"""A job handler: ``handler(value, run)``, a function or a coroutine function; what it returns (awaited) ends the
+attempt (see :meth:`Queue.work`)."""
 
 
 class _Attempt:
@@ -458,7 +469,7 @@ def _registry(store: Store) -> dict[tuple[str, str, int], _Attempt]:
 class _Runner:
     """Runs claimed attempts of one queue with one handler: renews their leases, sends progress, reports."""
 
-    def __init__(self, queue: Queue[Any], handler: Handler, worker: str) -> None:
+    def __init__(self, queue: Queue[Any], handler: Handler[Any], worker: str) -> None:
         self.queue = queue
         self.handler = handler
         self.worker = worker
@@ -780,7 +791,7 @@ class Worker:
     Made by :meth:`Queue.work`. ``ran``: attempts finished so far (any outcome). ``running``: handlers running now.
     """
 
-    def __init__(self, queue: Queue[Any], handler: Handler, concurrency: int) -> None:
+    def __init__(self, queue: Queue[Any], handler: Handler[Any], concurrency: int) -> None:
         check_concurrency(queue.name, "work", concurrency)
         self.queue = queue
         self.concurrency = concurrency
@@ -1266,7 +1277,7 @@ class Queue(Generic[T]):
         self,
         values: Sequence[T],
         *,
-        keys: Sequence[str | None] | None = None,
+        keys: Iterable[str | None] | None = None,
         tenant: str | None = None,
         user: str | None = None,
         type: str | None = None,
@@ -1288,7 +1299,7 @@ class Queue(Generic[T]):
     def _many(
         self,
         values: Sequence[Any],
-        keys: Sequence[str | None] | None,
+        keys: Iterable[str | None] | None,
         tenant: str | None,
         user: str | None,
         type: str | None,
@@ -1326,7 +1337,7 @@ class Queue(Generic[T]):
 
     async def list(
         self,
-        state: str | None = None,
+        state: JobState | Literal["stuck"] | None = None,
         tenant: str | None = None,
         type: str | None = None,
         limit: int = 50,
@@ -1395,7 +1406,7 @@ class Queue(Generic[T]):
                     row = nxt
                     break
 
-    def work(self, handler: Handler, concurrency: int = 1) -> Worker:
+    def work(self, handler: Handler[T], concurrency: int = 1) -> Worker:
         """Run this queue's jobs with ``handler(value, run)`` (a function or a coroutine function),
         ``concurrency`` at a time, in the background until ``await worker.stop()`` or the store closes.
 
@@ -1413,7 +1424,7 @@ class Queue(Generic[T]):
         _check_handler(self.name, "work", handler)
         return Worker(self, handler, concurrency)
 
-    async def run_due(self, handler: Handler, concurrency: int = 1) -> int:
+    async def run_due(self, handler: Handler[T], concurrency: int = 1) -> int:
         """Run the jobs due now (due at the store's time when this is called) with ``handler``, ``concurrency``
         at a time, and return how many attempts ran. A job made due again by its own run waits for the next call.
         A cancel stops the handlers running (their jobs are handed back, not counted). A handler that raises
@@ -1516,7 +1527,7 @@ def _job_of(row: JobRow, value: Any) -> Job[Any]:
     return Job(
         id=row.id,
         queue=row.queue,
-        state=row.state,
+        state=cast(JobState, row.state),
         value=value,
         attempts=row.attempts,
         max_attempts=row.max_attempts,

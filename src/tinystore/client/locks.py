@@ -248,7 +248,7 @@ class Lease:
 
     def __repr__(self) -> str:
         state = ("held", "lost", "ended")[self._state]
-        return f"<{type(self).__name__} {_where(self._kind, self.lock, self.key)} fence {self.fence} {state}>"
+        return f"<tinystore.{type(self).__name__} {_where(self._kind, self.lock, self.key)} fence {self.fence} {state}>"
 
     def _where(self) -> str:
         return _where(self._kind, self.lock, self.key)
@@ -653,6 +653,9 @@ class Semaphore(Lock):
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIMIT_MAX:
             raise InvalidError(f"semaphore {name}: limit {limit!r} must be an int from 1 to {LIMIT_MAX}")
         self._init(store, name, limit, ttl, max_hold)
+
+    def __repr__(self) -> str:
+        return f"<tinystore.Semaphore {self.name} limit {self.limit} ttl {format_seconds(self.ttl)}>"
 
     def try_hold(self, key: str | int) -> _Hold[Permit | None]:
         """As :meth:`Lock.try_hold`, with a :class:`Permit`: ``None`` at once when ``limit`` others hold ``key``."""

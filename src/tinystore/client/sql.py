@@ -7,7 +7,7 @@ import contextvars
 import inspect
 import os
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
@@ -20,6 +20,8 @@ from ..protocol.messages import decode
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
 
 if TYPE_CHECKING:
+    from .channels import Channel, TxChannel
+    from .jobs import Queue, TxQueue
     from .store import Store
     from .transport import Transport
 
@@ -31,8 +33,11 @@ _active: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.Contex
 )
 
 
-def read_migrations(migrations: str | Path | list[tuple[str, str]] | None, db: str = "") -> list[Migration]:
-    """Migrations as (name, text): from a folder (its ``*.sql`` files, in name order) or a list of pairs.
+def read_migrations(
+    migrations: str | os.PathLike[str] | Sequence[tuple[str, str]] | None, db: str = ""
+) -> list[Migration]:
+    """Migrations as (name, text): from a folder (its ``*.sql`` files, in name order) or a list (or tuple) of
+    pairs.
 
     Raises ``InvalidError`` (naming database ``db``) when the folder does not exist, a file of it is not UTF-8
     text, or ``migrations`` is neither.
@@ -211,6 +216,9 @@ class Database(_Runner):
         self._store = store
         self._transport = store.transport
 
+    def __repr__(self) -> str:
+        return f"<tinystore.Database {self.name} of {self.store!r}>"
+
     def _no_tx(self, what: str) -> None:
         if self._key in _active.get():
             raise InvalidError(
@@ -337,6 +345,10 @@ class SqlTx(_Runner):
         # the connection it began on (its reconnects so far): on another, its id means nothing
         self._connection = getattr(self._transport, "reconnects", 0)
 
+    def __repr__(self) -> str:
+        kind = "read-only " if self.read_only else ""
+        return f"<tinystore.SqlTx {kind}transaction {self.id} of database {self.name}{' ended' if self.ended else ''}>"
+
     async def exec(self, sql: str, /, *params: Any) -> Done:
         """Run a statement inside the transaction. Errors as :meth:`Database.exec`; a failed statement leaves
         the transaction usable (SQL-06)."""
@@ -352,8 +364,13 @@ class SqlTx(_Runner):
             done.rows = [[*r] for r in done.rows]
         return done
 
+    @overload
+    def with_(self, thing: Channel[T]) -> TxChannel[T]: ...
+    @overload
+    def with_(self, thing: Queue[T]) -> TxQueue[T]: ...
     def with_(self, thing: Any) -> Any:
-        """``thing`` (a channel or a queue) bound to this transaction."""
+        """``thing`` (a channel or a queue) bound to this transaction: what it publishes or adds is kept only if
+        the transaction commits. Raises ``InvalidError`` for anything else, or one of another store."""
         bind = getattr(thing, "_bind_tx", None)
         if bind is None:
             raise InvalidError(f"tx.with_: {a_or_an(type(thing).__name__)} cannot take part in a transaction")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import os
@@ -11,11 +12,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 from urllib.parse import urlparse
 
 from ..clock import Clock
@@ -43,6 +44,11 @@ if TYPE_CHECKING:
     from .jobs import Queue
     from .locks import Lock, Semaphore
 from .transport import LocalTransport, RemoteTransport, Transport
+
+T = TypeVar("T")
+Durability = Literal["full", "os"]
+"""``"full"``: each commit on disk (fsync) before it returns; ``"os"``: handed to the OS (survives a crash of
+the process, not of the machine)."""
 
 
 class StoreClock:
@@ -81,6 +87,11 @@ class StoreClock:
         if self._base is not None:
             self._advanced += secs
         return asyncio.ensure_future(self._store._call("clock.advance", Advance(secs), float, write=True))
+
+    def __repr__(self) -> str:
+        core = self._store._core
+        test = core.clock.is_test if core is not None else self._base is not None
+        return f"<tinystore.StoreClock of {self._store!r}: {'a test clock' if test else 'real time'}>"
 
     async def now(self) -> float:
         """The store's time: seconds since the Unix epoch."""
@@ -190,7 +201,9 @@ class Store:
     def epoch(self) -> int:
         return self.transport.epoch
 
-    async def database(self, name: str, migrations: str | Path | list[tuple[str, str]] | None = None) -> Database:
+    async def database(
+        self, name: str, migrations: str | os.PathLike[str] | Sequence[tuple[str, str]] | None = None
+    ) -> Database:
         """Open (creating) the SQL database ``name`` (``DIR/sql/<name>.db``) and apply ``migrations``: a
         folder whose ``*.sql`` files apply in name order, once, each in its own transaction (SQL-05).
 
@@ -210,6 +223,10 @@ class Store:
         self._databases[name] = db
         return db
 
+    @overload
+    def channel(self, name: str, type: builtins.type[T]) -> Channel[T]: ...
+    @overload
+    def channel(self, name: str, type: Any = None) -> Channel[Any]: ...
     def channel(self, name: str, type: Any = None) -> Channel[Any]:
         """The channel ``name`` carrying values of ``type`` (a dataclass, msgspec Struct, TypedDict, or a
         plain JSON type; ``None`` for any JSON value). Raises ``InvalidError`` for a bad name."""
@@ -232,11 +249,73 @@ class Store:
 
         return Semaphore(self, name, limit=limit, ttl=ttl, max_hold=max_hold)
 
-    def queue(self, name: str, type: Any = None, **options: Any) -> Queue[Any]:
-        """The job queue ``name`` (see :class:`~tinystore.client.jobs.Queue` for the options)."""
+    @overload
+    def queue(
+        self,
+        name: str,
+        type: builtins.type[T],
+        *,
+        database: Database | str | None = None,
+        attempts: int | None = None,
+        backoff: tuple[Duration, Duration] | None = None,
+        lease: Duration | None = None,
+        timeout: Duration | None = None,
+        expected: Duration | None = None,
+        max_running: int | None = None,
+        max_running_per_tenant: int | None = None,
+        keep: Duration | None = None,
+    ) -> Queue[T]: ...
+    @overload
+    def queue(
+        self,
+        name: str,
+        type: Any = None,
+        *,
+        database: Database | str | None = None,
+        attempts: int | None = None,
+        backoff: tuple[Duration, Duration] | None = None,
+        lease: Duration | None = None,
+        timeout: Duration | None = None,
+        expected: Duration | None = None,
+        max_running: int | None = None,
+        max_running_per_tenant: int | None = None,
+        keep: Duration | None = None,
+    ) -> Queue[Any]: ...
+    def queue(
+        self,
+        name: str,
+        type: Any = None,
+        *,
+        database: Database | str | None = None,
+        attempts: int | None = None,
+        backoff: tuple[Duration, Duration] | None = None,
+        lease: Duration | None = None,
+        timeout: Duration | None = None,
+        expected: Duration | None = None,
+        max_running: int | None = None,
+        max_running_per_tenant: int | None = None,
+        keep: Duration | None = None,
+    ) -> Queue[Any]:
+        """The job queue ``name`` carrying values of ``type`` (as :meth:`channel`); its options are those of
+        :class:`~tinystore.client.jobs.Queue` (``database``, ``attempts``, ``backoff``, ``lease``, ``timeout``,
+        ``expected``, ``max_running``, ``max_running_per_tenant``, ``keep``). Raises ``InvalidError`` for a bad
+        name or option; sends nothing."""
         from .jobs import Queue
 
-        return Queue(self, name, type, **options)
+        return Queue(
+            self,
+            name,
+            type,
+            database=database,
+            attempts=attempts,
+            backoff=backoff,
+            lease=lease,
+            timeout=timeout,
+            expected=expected,
+            max_running=max_running,
+            max_running_per_tenant=max_running_per_tenant,
+            keep=keep,
+        )
 
     async def status(self) -> dict[str, Any]:
         """Version, connections, databases and what each engine holds, as a dict."""
@@ -287,7 +366,7 @@ class Store:
         await self.close()
 
     def __repr__(self) -> str:
-        return f"<tinystore.Store {self.mode} {self.transport.description}>"
+        return f"<tinystore.Store {self.mode} {self.transport.description}{' closed' if self._closed else ''}>"
 
 
 def _undone(task: asyncio.Task[Any]) -> None:
@@ -317,11 +396,11 @@ async def open(
     private: bool = False,
     embedded: bool = False,
     idle: Duration = "30s",
-    durability: str = "full",
+    durability: Durability = "full",
     clock: datetime | None = None,
     limits: Limits | None = None,
     serve: bool | None = None,
-    reconnect_timeout: float | None = None,
+    reconnect_timeout: Duration | None = None,
 ) -> Store:
     """Open the store in ``directory``.
 
@@ -334,8 +413,9 @@ async def open(
     ``durability``: ``"full"`` (each commit on disk before it returns) or ``"os"``. ``clock``: a datetime
     to start a test clock at (private and embedded only; then ``await store.clock.advance("1h")``).
     ``limits``: :class:`~tinystore.Limits` (private and embedded, or a sidecar this call starts). ``serve``
-    (embedded only; default ``True``). ``reconnect_timeout``: seconds a call waits for the server to come back
-    (sidecar and private only; default 30), as :func:`connect` takes it.
+    (embedded only; default ``True``). ``reconnect_timeout``: how long a call waits for the server to come back
+    (a duration: seconds, a timedelta or text such as ``"30s"``; sidecar and private only; default 30 s), as
+    :func:`connect` takes it.
 
     Raises ``InUseError`` (private/embedded: another process owns the directory), ``UnavailableError``
     (the server could not be started or reached), ``InvalidError`` (bad options; an empty ``directory``, which
@@ -349,6 +429,13 @@ async def open(
     if not isinstance(text, str) or not text.strip():
         raise InvalidError(f'open: directory {directory!r}: give the store\'s directory (".", for the current one)')
     path = Path(text).resolve()
+    for option, value in (("private", private), ("embedded", embedded), ("serve", serve)):
+        if not isinstance(value, bool) and not (option == "serve" and value is None):
+            raise InvalidError(f"open: {option} {value!r}: expected True or False")
+    if clock is not None and not isinstance(clock, datetime):
+        raise InvalidError(f"open: clock {clock!r}: expected a datetime to start the test clock at")
+    if limits is not None and not isinstance(limits, Limits):
+        raise InvalidError(f"open: limits {limits!r}: expected a tinystore.Limits")
     if private and embedded:
         raise InvalidError("open: private and embedded cannot both be set")
     if durability not in ("full", "os"):
@@ -391,9 +478,17 @@ async def open(
 
 
 def _checked_reconnect_timeout(who: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-        raise InvalidError(f"{who}: reconnect_timeout {value!r}: expected a number of seconds above 0")
-    return float(value)
+    """``value`` (a duration: a number of seconds, a timedelta or text such as ``"30s"``) in seconds, above 0."""
+    try:
+        checked = seconds(value, f"{who}: reconnect_timeout")
+    except InvalidError:
+        checked = 0.0
+    if not checked > 0:
+        raise InvalidError(
+            f"{who}: reconnect_timeout {value!r}: expected a duration above 0 (seconds, a timedelta, or text such "
+            'as "30s")'
+        )
+    return checked
 
 
 def _permission_denied(path: Path, exc: PermissionError) -> PermissionDeniedError:
@@ -665,13 +760,13 @@ def _last_line(log_path: Path) -> str:
 
 
 async def connect(
-    address: str, *, token: str = "", ssl_context: ssl.SSLContext | None = None, reconnect_timeout: float = 30.0
+    address: str, *, token: str = "", ssl_context: ssl.SSLContext | None = None, reconnect_timeout: Duration = 30.0
 ) -> Store:
     """Connect to a server over TCP (``tcp://host:port``) or TLS (``tls://host:port``, verified with
     ``ssl_context`` or the system's CAs before the token is sent) with ``token``.
 
     When the connection drops, the SDK reconnects by itself (backoff with full jitter); calls made meanwhile
-    wait for it up to ``reconnect_timeout`` seconds (30), then raise ``UnavailableError``. Reads are sent
+    wait for it up to ``reconnect_timeout`` (a duration; 30 s), then raise ``UnavailableError``. Reads are sent
     again; a write whose answer was lost raises ``OutcomeUnknownError`` (STORE-06).
 
     Raises ``UnauthenticatedError`` (token refused), ``UnavailableError`` (cannot reach), ``InvalidError``.

@@ -340,7 +340,7 @@ class CancelRun(msgspec.Struct, kw_only=True):
     reason: str
 
 
-class JobEvent(msgspec.Struct, kw_only=True):
+class JobEvent(msgspec.Struct):
     """A job event, published on the channel ``tinystore-jobs`` under ``(queue, job_id)``.
 
     ``kind``: ``"state"`` (the job changed state), ``"progress"`` (the handler reported progress) or

@@ -1,0 +1,179 @@
+"""The public API as a typed user sees it: users' code checked with ``mypy --strict`` against ``src/``.
+
+From trial U: a coroutine step was refused (API.md's own ``run.step("answer", lambda: model.answer(ask))``), a typed
+channel or queue came back as ``Channel[Any]``/``Queue[Any]`` (so wrong payloads and handlers passed), ``tx.with_``
+was ``Any``, correct code the docs show was refused (``after={(org, 7): id}``, ``keys=`` from a generator, migrations
+as any ``os.PathLike`` or a tuple of pairs), and names of the API could not be imported from ``tinystore``.
+
+Lines of ``BAD`` that end in ``# E`` must each get an error, and no other line may.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mypy")
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+HEADER = """\
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import msgspec
+
+import tinystore
+from tinystore import (
+    ChannelIterator,
+    Durability,
+    Duration,
+    JobError,
+    JobState,
+    TxChannel,
+    TxQueue,
+)
+
+
+@dataclasses.dataclass
+class ChatEvent:
+    kind: str
+    id: int
+
+
+class Ask(msgspec.Struct):
+    chat_id: int
+
+
+class Model:
+    async def answer(self, ask: Ask) -> str:
+        return "ok"
+
+
+class Folder(os.PathLike[str]):
+    def __fspath__(self) -> str:
+        return "./migrations"
+
+"""
+
+GOOD = """\
+async def handler(ask: Ask, run: tinystore.Run) -> str:
+    model = Model()
+    text = await run.step("answer", lambda: model.answer(ask), type=str)
+    n: int = await run.step("count", lambda: 3, type=int)
+    anything: Any = await run.step("raw", lambda: {"a": 1})
+    return text + str(n) + str(anything)
+
+
+async def main(store: tinystore.Store, db: tinystore.Database) -> None:
+    events = store.channel("chat-events", ChatEvent)
+    await events.publish(ChatEvent("joined", 1))
+    async for m in events.each():
+        kind: str = m.value.kind
+        print(kind)
+    raw = store.channel("raw")
+    await raw.publish({"any": ["json"]})
+    asks = store.queue("asks", Ask, attempts=5, lease="30s", backoff=("1s", "1m"))
+    asks.work(handler, concurrency=4)
+    await asks.add(Ask(chat_id=1))
+    await asks.add_many([Ask(chat_id=i) for i in range(3)], keys=(f"ask/{i}" for i in range(3)))
+    job = await asks.get("some-id")
+    if job is not None:
+        chat_id: int = job.value.chat_id
+        state: JobState = job.state
+        errors: list[JobError] = job.errors
+        print(chat_id, state, errors)
+    page = await asks.list(state="stuck")
+    print(page)
+
+    async def save(tx: tinystore.SqlTx) -> int:
+        bound: TxChannel[ChatEvent] = tx.with_(events)
+        await bound.publish(ChatEvent("saved", 2))
+        queued: TxQueue[Ask] = tx.with_(asks)
+        await queued.add(Ask(chat_id=2))
+        return 1
+
+    one: int = await db.tx(save)
+    print(one)
+    sub = await events.subscribe(lambda m: None, recursive=True, after={("org-1", 7): "1-1", "org-2": "2-1"})
+    await sub.stop()
+    it: ChannelIterator[ChatEvent] = events.each()
+    print(it)
+    await store.database("app", migrations=Folder())
+    await store.database("app", migrations=(("001.sql", "create table t (a)"),))
+    mode: Durability = "os"
+    wait: Duration = "30s"
+    other = await tinystore.open("./data", durability=mode, private=True, reconnect_timeout=wait)
+    await other.close()
+"""
+
+BAD = """\
+async def other(value: ChatEvent, run: tinystore.Run) -> None: ...
+
+
+async def main(store: tinystore.Store) -> None:
+    events = store.channel("chat-events", ChatEvent)
+    await events.publish({"kind": 1})  # E
+    async for m in events.each():
+        print(m.value.no_such_field)  # E
+    asks = store.queue("asks", Ask, attemps=5)  # E
+    good = store.queue("asks", Ask)
+    good.work(other)  # E
+    await good.add(ChatEvent("x", 1))  # E
+    job = await good.get("id")
+    if job is not None and job.state == "completed":  # E
+        pass
+    await good.list(state="done")  # E
+    await tinystore.open("./data", durability="fast")  # E
+    print(asks)
+"""
+
+
+def run_mypy(tmp_path: Path, body: str) -> list[str]:
+    """mypy's errors for ``body`` (after HEADER), run in a process of its own (in this one, mypy would raise the
+    recursion limit for every later test)."""
+    source = tmp_path / "user_code.py"
+    source.write_text(HEADER + textwrap.dedent(body))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--python-version",
+            "3.11",
+            source.name,
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "MYPYPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (0, 1) and not done.stderr, done.stderr
+    return [line for line in done.stdout.splitlines() if ": error:" in line]
+
+
+def test_typed_users_code_that_runs_passes_mypy_strict(tmp_path: Path) -> None:
+    errors = run_mypy(tmp_path, GOOD)
+    assert errors == [], "\n".join(errors)
+
+
+def test_wrong_payloads_handlers_options_and_states_are_mypy_errors(tmp_path: Path) -> None:
+    errors = run_mypy(tmp_path, BAD)
+    offset = HEADER.count("\n")
+    expected = {offset + n for n, line in enumerate(BAD.splitlines(), 1) if line.endswith("# E")}
+    got = {int(m.group(1)) for e in errors if (m := re.search(r"user_code\.py:(\d+):", e))}
+    assert got == expected, "\n".join(errors)
