@@ -501,7 +501,7 @@ class JobsEngine:
     async def _open_jobs_db(self) -> SqlDatabase:
         db, _ = await self.sql.open(JOBS_DB)
         for stmt in QUEUES_SCHEMA + SCHEMA:
-            await db.write(stmt, [])
+            await db.write(stmt, [], own=True)
         return db
 
     async def start(self) -> None:
@@ -590,6 +590,7 @@ class JobsEngine:
             await db.write(
                 f"insert into {QUEUES} (name, options, created_at) values (?, ?, ?) on conflict (name) do nothing",
                 [name, _json_encode(merged.to_wire()).decode(), _now_ms(self.clock)],
+                own=True,
             )
             self._options.pop(name, None)
             stored = await self._stored_options(name)
@@ -636,7 +637,7 @@ class JobsEngine:
             raise InvalidError(f"queue {name}: option backoff: the first delay is above the cap")
         db = await self.jobs_db()
         await db.write(
-            f"update {QUEUES} set options = ? where name = ?", [_json_encode(merged.to_wire()).decode(), name]
+            f"update {QUEUES} set options = ? where name = ?", [_json_encode(merged.to_wire()).decode(), name], own=True
         )
         self._options.pop(name, None)
         q = self.queues.get(name)
@@ -685,7 +686,7 @@ class JobsEngine:
         q = _Queue(self, name, opts, db)
         rows: list[list[Any]] = []
         if not made:
-            q.schema = asyncio.gather(*(db.write(stmt, []) for stmt in SCHEMA))
+            q.schema = asyncio.gather(*(db.write(stmt, [], own=True) for stmt in SCHEMA))
             q.schema.add_done_callback(lambda f: f.cancelled() or f.exception())
         else:
             rows = (
@@ -922,6 +923,7 @@ class JobsEngine:
             f"lease_until = ? where id in ({marks}) and state in ('queued', 'failed') "
             "returning id, fence, attempts, value, steps, tenant, key, type, user, priority, progress",
             [_ms(now), None if local else _ms(lease_until), *(e.id for e in picked)],
+            own=True,
         )
         fut.add_done_callback(lambda f: self._claimed(q, w, picked, now, lease_until, f))
 
@@ -1288,7 +1290,9 @@ class JobsEngine:
 
     def _end_one(self, q: _Queue, values: list[Any], fut: asyncio.Future[tuple[Any, ...] | None]) -> None:
         jid, fence, state, run_at, error, entry, result, progress, finished, uncount = values
-        w = q.db.write(END_ONE, [state, run_at, error, entry, entry, result, progress, finished, uncount, jid, fence])
+        w = q.db.write(
+            END_ONE, [state, run_at, error, entry, entry, result, progress, finished, uncount, jid, fence], own=True
+        )
 
         def done(f: asyncio.Future[Any]) -> None:
             if fut.done():
@@ -1305,7 +1309,7 @@ class JobsEngine:
 
     def _end_many(self, q: _Queue, ends: list[tuple[list[Any], asyncio.Future[tuple[Any, ...] | None]]]) -> None:
         marks = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(ends))
-        w = q.db.write(END_MANY.format(marks=marks), [v for values, _ in ends for v in values])
+        w = q.db.write(END_MANY.format(marks=marks), [v for values, _ in ends for v in values], own=True)
 
         def done(f: asyncio.Future[Any]) -> None:
             if f.cancelled() or f.exception() is not None:
@@ -1324,7 +1328,9 @@ class JobsEngine:
         rows = (await q.db.read(f"select errors from {TABLE} where id = ?", [jid], "one")).rows
         if rows and rows[0][0]:
             kept = _json_decode(rows[0][0])[-ERRORS_KEPT:]
-            await q.db.write(f"update {TABLE} set errors = ? where id = ?", [_json_encode(kept).decode(), jid])
+            await q.db.write(
+                f"update {TABLE} set errors = ? where id = ?", [_json_encode(kept).decode(), jid], own=True
+            )
 
     async def report(self, peer: Peer, r: Report) -> bool:
         """How an attempt ended (see :class:`~tinystore.protocol.jobs.Report`). Returns ``True`` when it changed
@@ -1417,6 +1423,7 @@ class JobsEngine:
         done = await q.db.write(
             f"update {TABLE} set progress = ? where id = ? and fence = ? and state = 'running' returning attempts",
             [progress, jid, fence],
+            own=True,
         )
         if not done.rows:
             return False
@@ -1449,6 +1456,7 @@ class JobsEngine:
             f"update {TABLE} set steps = json_set(coalesce(steps, '{{}}'), ?, json(?)) "
             "where id = ? and fence = ? and state = 'running' returning id",
             [f'$."{name}"', result, jid, fence],
+            own=True,
         )
         return bool(done.rows)
 
@@ -1520,10 +1528,10 @@ class JobsEngine:
                 )
             if not q.schema_ready():
                 for stmt in SCHEMA:
-                    await tx.exec(stmt, [])
+                    await tx.exec(stmt, [], own=True)
             found: dict[str, str] = {}
             for i in range(0, len(rows), CHUNK):
-                done = await tx.exec(*self._insert(rows[i : i + CHUNK]))
+                done = await tx.exec(*self._insert(rows[i : i + CHUNK]), own=True)
                 found.update(self._returned(done.rows))
             ids, new = self._ids_of(rows, found)
             tx.after_commit.append(lambda: self._added(q, new))
@@ -1535,7 +1543,7 @@ class JobsEngine:
         found = {}
         try:
             for i in range(0, len(rows), CHUNK):
-                done = await own.exec(*self._insert(rows[i : i + CHUNK]))
+                done = await own.exec(*self._insert(rows[i : i + CHUNK]), own=True)
                 found.update(self._returned(done.rows))
             await own.commit()
         except BaseException:
@@ -1582,7 +1590,7 @@ class JobsEngine:
             self._insert_group(q, group)
 
     def _insert_group(self, q: _Queue, group: list[tuple[list[list[Any]], Later]]) -> None:
-        w = q.db.write(*self._insert([r for rows, _ in group for r in rows]))
+        w = q.db.write(*self._insert([r for rows, _ in group for r in rows]), own=True)
 
         def done(f: asyncio.Future[Any]) -> None:
             if f.cancelled() or f.exception() is not None:
@@ -1683,6 +1691,7 @@ class JobsEngine:
                 f"update {TABLE} set state = 'cancelled', finished_at = ?, lease_until = null "
                 f"where id = ? and state in {sql_state} returning attempts, progress, fence",
                 [now_ms, jid],
+                own=True,
             )
         except BaseException:
             if e.where == ENDING:
@@ -1716,6 +1725,7 @@ class JobsEngine:
             f"update {TABLE} set state = 'queued', attempts = 0, run_at = ?, finished_at = null, result = null "
             "where id = ? and queue = ? and state in ('dead', 'cancelled') returning tenant, priority, progress",
             [now_ms, jid, queue],
+            own=True,
         )
         if not done.rows or jid in q.entries:
             return bool(done.rows)
@@ -1940,6 +1950,7 @@ class JobsEngine:
                     f"delete from {TABLE} where id in (select id from {TABLE} where queue = ? and state in "
                     "('succeeded', 'dead', 'cancelled') and finished_at <= ? limit 1000)",
                     [q.name, cutoff],
+                    own=True,
                 )
                 if done.changes < 1000:
                     break

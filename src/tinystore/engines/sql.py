@@ -177,6 +177,7 @@ class _Conn(sqlite3.Connection):
     them when a statement is prepared, unless :func:`_ctl` runs it (the engine's own)."""
 
     internal = False
+    writer = False  # a reader's statements write nothing (query_only): the store's own tables need no guard there
     resets_rowid = False  # a writer's: see _ROWID_RESET
     control = False  # one of the engine's own transaction statements runs (never stopped by the progress handler)
 
@@ -202,6 +203,10 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
         c = ref()
         return c is not None and c.internal
 
+    def writer() -> bool:
+        c = ref()
+        return c is not None and c.writer
+
     def authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
         if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
             if action == sqlite3.SQLITE_ATTACH and arg1 == "":
@@ -223,6 +228,11 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
                 return _deny(_TX_WHY)
         elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and not internal():
             name = arg1.lower()
+            if name == "schema_version":
+                return _deny(
+                    "setting PRAGMA schema_version is refused (SQLite's own count of schema changes: a wrong value "
+                    "leaves the store's other connections on a stale schema, and SQLite warns it can corrupt)"
+                )
             if name in _KEPT:
                 # readers are read-only by query_only: a client that turned it off could write through a read (and
                 # through a read of the store's own databases); turned on, it would stop the writer for everyone.
@@ -244,8 +254,22 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
                     "every client of the store shares, and a TEMP trigger would fire on their writes): use a table "
                     "of the database"
                 )
-        elif action == sqlite3.SQLITE_FUNCTION and arg2 is not None and arg2.lower() == "load_extension":
-            return _deny("load_extension is refused (an extension would run its code inside the store's process)")
+        elif action == sqlite3.SQLITE_FUNCTION and arg2 is not None:
+            name = arg2.lower()
+            if name == "load_extension":
+                return _deny("load_extension is refused (an extension would run its code inside the store's process)")
+            if name == "fts3_tokenizer":
+                return _deny("fts3_tokenizer is refused (it hands out addresses inside the store's process)")
+        if action in _OWN_TABLE_ACTIONS:
+            table = arg2 if action in _OWN_TABLE_IN_ARG2 else arg1
+            other = arg1 if action in _OWN_TABLE_IN_ARG2 and action != sqlite3.SQLITE_ALTER_TABLE else None
+            own = next((n for n in (table, other) if n is not None and n.lower().startswith(OWN_PREFIX)), None)
+            if own is not None and not internal() and writer():
+                return _deny(
+                    f"{own} belongs to the store (names starting with {OWN_PREFIX} are its own: the record of "
+                    "migrations, the jobs): a client may read such a table, not write, create, alter or drop one, "
+                    "nor put an index or trigger on it"
+                )
         return sqlite3.SQLITE_OK
 
     return authorize
@@ -333,6 +357,36 @@ _TEMP_OBJECTS = frozenset(
     }
 )
 _WRITES = frozenset({sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE})
+OWN_PREFIX = "_tinystore"
+"""Tables, indexes and triggers named so are the store's (``_tinystore_migrations``, the jobs tables of a database
+that holds queues): clients read them, only the engines' own statements (:func:`own_sql`) write them."""
+# what makes, changes or drops a table, an index or a trigger, or writes rows: the name is arg1, or for those in
+# _OWN_TABLE_IN_ARG2 the table is arg2 (arg1: the index or trigger; for ALTER TABLE, the database)
+_OWN_TABLE_ACTIONS = frozenset(
+    {
+        *_WRITES,
+        sqlite3.SQLITE_CREATE_TABLE,
+        sqlite3.SQLITE_CREATE_VIEW,
+        sqlite3.SQLITE_CREATE_INDEX,
+        sqlite3.SQLITE_CREATE_TRIGGER,
+        sqlite3.SQLITE_CREATE_VTABLE,
+        sqlite3.SQLITE_DROP_TABLE,
+        sqlite3.SQLITE_DROP_VIEW,
+        sqlite3.SQLITE_DROP_INDEX,
+        sqlite3.SQLITE_DROP_TRIGGER,
+        sqlite3.SQLITE_DROP_VTABLE,
+        sqlite3.SQLITE_ALTER_TABLE,
+    }
+)
+_OWN_TABLE_IN_ARG2 = frozenset(
+    {
+        sqlite3.SQLITE_CREATE_INDEX,
+        sqlite3.SQLITE_CREATE_TRIGGER,
+        sqlite3.SQLITE_DROP_INDEX,
+        sqlite3.SQLITE_DROP_TRIGGER,
+        sqlite3.SQLITE_ALTER_TABLE,
+    }
+)
 _CTL_TAG = " --ts " + secrets.token_hex(8)
 """Ends the texts of the engine's own statements (:func:`_ctl`)."""
 
@@ -341,6 +395,22 @@ _CTL_TAG = " --ts " + secrets.token_hex(8)
 # rowid of the last row another client inserted
 # (``_CTL_TAG`` on it too: a client's statement of the same words must not find it prepared, see _ctl)
 _ROWID_RESET = "replace into temp._tinystore_rowid (rowid) values (0)" + _CTL_TAG
+
+
+def own_sql(sql: str) -> str:
+    """``sql`` marked as an engine's own statement (:data:`_CTL_TAG` at its end): it may write the store's tables
+    (:data:`OWN_PREFIX`). The mark is part of the text, so a client's statement of the same words is not found
+    prepared (with the engine's rights) in sqlite3's statement cache."""
+    return sql + _CTL_TAG
+
+
+def _own_execute(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    c: Any = conn
+    c.internal = True
+    try:
+        return conn.execute(own_sql(sql), params)
+    finally:
+        c.internal = False
 
 
 def _rollback_quietly(conn: sqlite3.Connection) -> None:
@@ -428,11 +498,7 @@ def changes_schema(sql: str) -> bool:
 def _no_statement(sql: str) -> bool:
     """Whether ``sql`` holds no statement: only blanks, comments and semicolons (SQLite runs nothing, and says
     nothing). Asked only of a statement that gave no columns and changed nothing."""
-    while True:
-        sql = _skip_comments(sql)
-        if not sql.startswith(";"):
-            return not sql
-        sql = sql[1:]
+    return not _skip_comments(sql)
 
 
 def no_statement(db: str, sql: str) -> InvalidError:
@@ -441,10 +507,13 @@ def no_statement(db: str, sql: str) -> InvalidError:
 
 
 def _skip_comments(sql: str) -> str:
-    """``sql`` from its first keyword: leading blanks and comments skipped."""
+    """``sql`` from its first keyword: leading blanks, comments and semicolons (empty statements, which SQLite
+    skips too) skipped."""
     while True:
         sql = sql.lstrip()
-        if sql.startswith("--"):
+        if sql.startswith(";"):
+            sql = sql[1:]
+        elif sql.startswith("--"):
             end = sql.find("\n")
             sql = "" if end < 0 else sql[end + 1 :]
         elif sql.startswith("/*"):
@@ -717,13 +786,15 @@ class SqlTx:
     def _idle(self, _: object) -> None:
         self.busy -= 1
 
-    def exec(self, sql: str, params: Sequence[Any]) -> asyncio.Future[Done]:
-        """Run a statement inside the transaction; it sees the transaction's own writes."""
+    def exec(self, sql: str, params: Sequence[Any], *, own: bool = False) -> asyncio.Future[Done]:
+        """Run a statement inside the transaction; it sees the transaction's own writes. ``own``: an engine's
+        statement (:func:`own_sql`)."""
         if self.read_only:
             fut: asyncio.Future[Done] = self.db.loop.create_future()
             fut.set_exception(InvalidError(f"database {self.db.name}: exec inside a read-only transaction"))
             return fut
-        return self._call("exec", sql, check_params(self.db.name, sql, params))
+        values = check_params(self.db.name, sql, params)
+        return self._call("exec", own_sql(sql) if own else sql, values)
 
     def query(self, sql: str, params: Sequence[Any], mode: str = "all") -> asyncio.Future[Rows]:
         return self._call("query", sql, check_params(self.db.name, sql, params), mode)
@@ -800,7 +871,7 @@ class SqlDatabase:
             conn.execute("pragma temp_store = memory")
             conn.execute("create temp table if not exists _tinystore_rowid (x)")
             c: Any = conn
-            c.resets_rowid = True
+            c.resets_rowid = c.writer = True
         conn.execute("pragma foreign_keys = on")
         conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
@@ -847,9 +918,10 @@ class SqlDatabase:
         return applied
 
     def _migrate(self, conn: sqlite3.Connection, migrations: Sequence[tuple[str, str]]) -> list[str]:
-        conn.execute(
+        _own_execute(
+            conn,
             f"create table if not exists {MIGRATIONS_TABLE} (name text primary key, text text not null, "
-            "applied_at integer not null)"
+            "applied_at integer not null)",
         )
         known = {r[0]: r[1] for r in conn.execute(f"select name, text from {MIGRATIONS_TABLE}")}
         applied: list[str] = []
@@ -865,7 +937,8 @@ class SqlDatabase:
                 _ctl(conn, "begin immediate")
                 for stmt in _split_sql(text):
                     conn.execute(stmt)
-                conn.execute(
+                _own_execute(
+                    conn,
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     (name, text, int(time.time() * 1000)),
                 )
@@ -880,10 +953,13 @@ class SqlDatabase:
 
     # -- calls from the loop ---------------------------------------------------------------------
 
-    def write(self, sql: str, params: Sequence[Any]) -> asyncio.Future[Done]:
+    def write(self, sql: str, params: Sequence[Any], *, own: bool = False) -> asyncio.Future[Done]:
         """One statement that may write, committed before the future resolves (group commit). Never raises:
         a parameter SQLite cannot hold (``InvalidError``) or a closed database (``ClosedError``) is the
-        future's exception, so a caller that gathered several calls' writes fails only the one."""
+        future's exception, so a caller that gathered several calls' writes fails only the one. ``own``: an
+        engine's statement, which may write the store's own tables (:func:`own_sql`)."""
+        if own:
+            sql = own_sql(sql)
         fut: asyncio.Future[Done] = self.loop.create_future()
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
@@ -1306,7 +1382,15 @@ class SqlDatabase:
             finally:
                 c.internal = False
         before = conn.total_changes
-        cur = conn.execute(sql, params)
+        if sql.endswith(_CTL_TAG):  # an engine's own statement (own_sql): it may write the store's tables
+            c2: Any = conn
+            c2.internal = True
+            try:
+                cur = conn.execute(sql, params)
+            finally:
+                c2.internal = False
+        else:
+            cur = conn.execute(sql, params)
         desc = cur.description
         rows = [] if desc is None else _fetch_all(cur)
         if desc is not None:
@@ -1758,6 +1842,7 @@ class SqlEngine:
                 await tx.exec(
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     [name, text, int(time.time() * 1000)],
+                    own=True,
                 )
                 await tx.commit()
             except BaseException:

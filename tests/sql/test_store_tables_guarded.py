@@ -1,0 +1,57 @@
+"""What no client may do to a database, whatever its token (trial S): write, make or drop the store's own tables
+(``_tinystore_migrations``, the jobs tables of a database that holds queues), set ``PRAGMA schema_version``, or
+call ``fts3_tokenizer``. The engines' own statements still write those tables."""
+
+from __future__ import annotations
+
+import pytest
+
+import tinystore
+from tinystore import InvalidError
+
+REFUSED = [
+    ("insert into _tinystore_migrations (name, text, applied_at) values ('002.sql', 'x', 0)", "_tinystore_migrations"),
+    ("delete from _tinystore_migrations", "_tinystore_migrations"),
+    ("update _tinystore_jobs set state = 'dead'", "_tinystore_jobs"),
+    ("drop table _tinystore_jobs", "_tinystore_jobs"),
+    ("alter table _tinystore_migrations add column x", "_tinystore_migrations"),
+    ("create index _tinystore_x on t (a)", "_tinystore_x"),
+    ("create index i on _tinystore_jobs (state)", "_tinystore_jobs"),
+    ("create trigger tr after insert on _tinystore_jobs begin select 1; end", "_tinystore_jobs"),
+    ("create table _tinystore_queues (a)", "_tinystore_queues"),
+    ("pragma schema_version = 1", "PRAGMA schema_version"),
+]
+
+
+async def test_clients_cannot_touch_the_store_tables(any_store: tinystore.Store) -> None:
+    db = await any_store.database("app", migrations=[("001.sql", "create table t (a)")])
+    mail = any_store.queue("mail", database=db)
+    await mail.add({"to": "a@x"})
+    for sql, named in REFUSED:
+        with pytest.raises(InvalidError) as info:
+            await db.exec(sql)
+        assert named in info.value.message, (sql, info.value.message)
+
+        async def in_tx(tx: tinystore.SqlTx, sql: str = sql) -> None:
+            await tx.exec(sql)
+
+        with pytest.raises(InvalidError):
+            await db.tx(in_tx)
+    # a trigger of a client's table that writes them is made (SQLite looks into its body when it fires), and
+    # refuses the statements that would fire it
+    await db.exec("create trigger tr after insert on t begin delete from _tinystore_jobs; end")
+    with pytest.raises(InvalidError, match="_tinystore_jobs belongs to the store"):
+        await db.exec("insert into t values (1)")
+    await db.exec("drop trigger tr")
+    with pytest.raises(InvalidError, match="fts3_tokenizer is refused"):
+        await db.scalar("select fts3_tokenizer('simple')")
+    # untouched, and the engines still write them: a migration recorded, a job added, run and ended
+    assert await db.all("select name from _tinystore_migrations") == [{"name": "001.sql"}]
+    db = await any_store.database(
+        "app", migrations=[("001.sql", "create table t (a)"), ("002.sql", "create table u (b)")]
+    )
+    assert await db.scalar("select count(*) from _tinystore_migrations") == 2
+    await mail.add({"to": "b@x"})
+    assert await mail.run_due(lambda value, run: None) == 2
+    assert await db.scalar("select count(*) from _tinystore_jobs where state = 'succeeded'") == 2
+    assert await db.scalar("pragma schema_version") > 0  # reading it is fine
