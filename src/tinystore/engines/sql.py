@@ -100,11 +100,29 @@ _NAME_CHAR = "A-Za-z0-9_\\x80-\\U0010ffff"
 # inside a name), and any other run of characters that starts none of these
 _NOT_A_PLACEHOLDER = re.compile(
     r"(?:'[^']*+(?:'|$)|\"[^\"]*+(?:\"|$)|`[^`]*+(?:`|$)|\[[^\]]*+(?:\]|$)|--[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|$)"
-    rf"|[{_NAME_CHAR}][{_NAME_CHAR}$]*+|[^'\"`\[\-/:@$#{_NAME_CHAR}]++|[-/])*+"
+    rf"|[{_NAME_CHAR}][{_NAME_CHAR}$]*+|[^'\"`\[\-/:@$#{_NAME_CHAR}]++|[-/]|[:@$#]+(?![{_NAME_CHAR}]))*+"
 )
 _PLACEHOLDER = re.compile(rf"[:@$#][{_NAME_CHAR}][{_NAME_CHAR}$:]*+")
 _CACHED_SQL = 4096
 """Statements up to this many characters have their scan kept (the usual ones, sent again and again)."""
+
+
+def _cached_for_short_texts(size: int) -> Callable[[Callable[[str], bool]], Callable[[str], bool]]:
+    """An LRU cache of ``size`` answers for statements up to :data:`_CACHED_SQL` characters (the usual ones,
+    sent again and again); a longer text is judged each time, not kept (a client's large texts would stay in
+    the server's memory)."""
+
+    def wrap(fn: Callable[[str], bool]) -> Callable[[str], bool]:
+        cached = functools.lru_cache(maxsize=size)(fn)
+
+        @functools.wraps(fn)
+        def judge(sql: str) -> bool:
+            return cached(sql) if len(sql) <= _CACHED_SQL else fn(sql)
+
+        judge.cache = cached  # type: ignore[attr-defined]
+        return judge
+
+    return wrap
 
 
 def named_placeholder(sql: str) -> str | None:
@@ -132,7 +150,7 @@ def _named_placeholder(sql: str) -> str | None:
         found = _PLACEHOLDER.match(sql, pos)
         if found is not None:
             return found.group()
-        pos += 1  # a ":" or "@" on its own: SQLite's to judge
+        pos += 1  # (not reached: a sigil on its own is eaten above; SQLite's to judge)
 
 
 def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
@@ -282,7 +300,7 @@ _DEFER_WHY = (
 )
 
 
-@functools.lru_cache(maxsize=256)
+@_cached_for_short_texts(256)
 def _defers_foreign_keys(sql: str) -> bool:
     """Whether ``sql`` is a ``PRAGMA defer_foreign_keys`` (set or read: in an exec both are refused)."""
     return _skip_comments(sql)[:6].lower() == "pragma" and "defer_foreign_keys" in sql.lower()
@@ -298,7 +316,7 @@ def has_deferred_constraint(schema: Sequence[str]) -> bool:
     return any(_INITIALLY_DEFERRED.search(_SQL_NOISE.sub(" ", text)) for text in schema)
 
 
-@functools.lru_cache(maxsize=256)
+@_cached_for_short_texts(256)
 def _is_vacuum(sql: str) -> bool:
     """Whether ``sql`` is a ``VACUUM``: the writer runs it alone, outside a transaction."""
     head = _skip_comments(sql)
@@ -488,7 +506,7 @@ def _migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidErr
 _SCHEMA_WORD = re.compile(r"(?:create|drop|alter|analyze|reindex|vacuum)\b", re.IGNORECASE)
 
 
-@functools.lru_cache(maxsize=256)
+@_cached_for_short_texts(256)
 def changes_schema(sql: str) -> bool:
     """Whether ``sql`` is a ``CREATE``, ``DROP`` or ``ALTER`` statement (what a migration is for), or an
     ``ANALYZE``, ``REINDEX`` or ``VACUUM`` (which make or rebuild the database's own tables and indexes)."""
@@ -506,27 +524,22 @@ def no_statement(db: str, sql: str) -> InvalidError:
     return InvalidError(f"database {db}: no statement: the SQL text {shown} holds only blanks, comments or semicolons")
 
 
+_LEAD = re.compile(r"(?:\s++|;|--[^\n]*+\n?|/\*(?:[^*]|\*(?!/))*+(?:\*/)?)*+")
+"""Blanks, comments and semicolons (empty statements, which SQLite skips too) before a statement's first
+keyword; a comment left open runs to the end."""
+
+
 def _skip_comments(sql: str) -> str:
-    """``sql`` from its first keyword: leading blanks, comments and semicolons (empty statements, which SQLite
-    skips too) skipped."""
-    while True:
-        sql = sql.lstrip()
-        if sql.startswith(";"):
-            sql = sql[1:]
-        elif sql.startswith("--"):
-            end = sql.find("\n")
-            sql = "" if end < 0 else sql[end + 1 :]
-        elif sql.startswith("/*"):
-            end = sql.find("*/")
-            sql = "" if end < 0 else sql[end + 2 :]
-        else:
-            return sql
+    """``sql`` from its first keyword: leading blanks, comments and semicolons skipped (one regex: linear
+    in the text, however many comments it starts with)."""
+    m = _LEAD.match(sql)
+    return sql[m.end() :] if m is not None else sql
 
 
 _INSERT_WORD = re.compile(r"\b(?:insert|replace)\b", re.IGNORECASE)
 
 
-@functools.lru_cache(maxsize=512)
+@_cached_for_short_texts(512)
 def _inserts(sql: str) -> bool:
     """Whether ``sql`` is an INSERT or REPLACE (also after a WITH): the statements whose ``last_insert_rowid``
     means something. SQLite's ``last_insert_rowid()`` belongs to the connection, and the writer's is shared by
@@ -873,11 +886,21 @@ class SqlDatabase:
             c: Any = conn
             c.resets_rowid = c.writer = True
         conn.execute("pragma foreign_keys = on")
+        # no value (string, blob, row) can be over what a result may be: SQLite stops making one there, rather
+        # than at its own 1 GB (randomblob(1e9), zeroblob, printf, replace)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(self.limits.sql_result_bytes, 1))
         conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
 
     def _error(self, exc: BaseException) -> TinystoreError:
         """:func:`sql_error` for this database."""
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_TOOBIG":
+            limit = self.limits.sql_result_bytes
+            return LimitError(
+                f"database {self.name}: a value (a string, a blob or a row) would be over {limit} bytes (the "
+                f"limit sql_result_bytes: no value can be larger than a result may be); SQLite: {exc}",
+                limit=limit,
+            )
         err = sql_error(self.name, exc, self.limits.statement_timeout)
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
             table = _autoincrement_spent(self.path)
@@ -903,6 +926,10 @@ class SqlDatabase:
             if self.inline_budget > 0:
                 self._inline = self.connect(readonly=True)
                 self._inline.set_progress_handler(self._inline_check, 500)
+                # what the progress handler cannot cut (one opcode making a large value; preparing a long text)
+                # is kept small on the loop: past these, SQLite says "too big" and a reader thread runs the read
+                self._inline.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, INLINE_VALUE_BYTES)
+                self._inline.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, INLINE_SQL_BYTES)
         except BaseException as exc:
             writer.close()
             if isinstance(exc, sqlite3.Error):
@@ -1030,7 +1057,7 @@ class SqlDatabase:
         if self._closed:
             raise ClosedError(f"database {self.name} is closed")
         conn = self._inline
-        if conn is None:
+        if conn is None or _may_shorten(sql):
             return None
         n = self._turn_reads
         self._turn_reads = n + 1
@@ -1047,8 +1074,7 @@ class SqlDatabase:
                 raise no_statement(self.name, sql)
             columns = list(map(_first, desc)) if desc else []
             if mode == "all":
-                found = _fetch_all(cur)
-                _check_size(self.name, found, self.limits.sql_result_bytes)
+                found = _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
             else:
                 try:
                     one = cur.fetchone()
@@ -1061,8 +1087,9 @@ class SqlDatabase:
                     # _check_size of one row, inline (about 0.1 µs): one row may be over the limit too
                     if len(_encode(one)) > self.limits.sql_result_bytes:
                         _check_size(self.name, found, self.limits.sql_result_bytes)
-        except sqlite3.OperationalError as exc:
-            if str(exc) != "interrupted":
+        except (sqlite3.OperationalError, sqlite3.DataError) as exc:
+            # past the inline budget (interrupted), or a value or a text too big for the loop: a reader runs it
+            if str(exc) != "interrupted" and not _too_big(exc):
                 raise self._error(exc) from None
             self.stats["reads_moved"] = self.stats.get("reads_moved", 0) + 1
             return None
@@ -1392,9 +1419,7 @@ class SqlDatabase:
         else:
             cur = conn.execute(sql, params)
         desc = cur.description
-        rows = [] if desc is None else _fetch_all(cur)
-        if desc is not None:
-            _check_size(self.name, rows, self.limits.sql_result_bytes)
+        rows = [] if desc is None else _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
         changes = cur.rowcount
         if changes < 0:
             # sqlite3 counts rows only for statements that begin with INSERT, UPDATE, DELETE or REPLACE; for one
@@ -1429,14 +1454,14 @@ class SqlDatabase:
             raise no_statement(self.name, sql)
         columns = list(map(_first, desc)) if desc else []
         if mode == "all":
-            rows = _fetch_all(cur)
+            rows = _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
         else:
             try:
                 one = cur.fetchone()
             finally:
                 cur.close()
             rows = [one] if one is not None else []
-        _check_size(self.name, rows, self.limits.sql_result_bytes)
+            _check_size(self.name, rows, self.limits.sql_result_bytes)
         return Rows(columns, rows)
 
     def _reader_main(self) -> None:
@@ -1644,15 +1669,58 @@ _encode = msgspec.msgpack.encode
 _SIZE_CHUNK = 1024  # rows measured at a time: a large result is never encoded whole (the copy stays small)
 
 
-def _fetch_all(cur: sqlite3.Cursor) -> list[Any]:
-    """``cur.fetchall()``; should it fail part-way (a text that is not UTF-8), the statement is reset at once: left
-    running, it would keep its transaction from ending (SQLite: "SQL statements in progress"), and with it the
-    writes of other clients that share the transaction."""
+INLINE_VALUE_BYTES = 1 << 20
+"""The largest value (string, blob, row) a read on the event loop may make; a larger one moves to a reader."""
+INLINE_SQL_BYTES = 64 << 10
+"""The longest statement a read on the event loop may prepare; a longer one moves to a reader."""
+
+
+_PRINTF = re.compile(r"\b(?:printf|format)\s*\(", re.IGNORECASE)
+
+
+@_cached_for_short_texts(512)
+def _may_shorten(sql: str) -> bool:
+    """Whether ``sql`` calls ``printf`` (``format``), which gives NULL, not an error, for a text over the
+    connection's length limit: it runs on a reader, whose limit is every other connection's."""
+    return _PRINTF.search(sql) is not None
+
+
+def _too_big(exc: BaseException) -> bool:
+    """Whether SQLite (or sqlite3) refused ``exc``'s statement for a value or a text over its limits."""
+    return isinstance(exc, sqlite3.DataError) and (
+        getattr(exc, "sqlite_errorname", "") == "SQLITE_TOOBIG" or str(exc) == "query string is too large"
+    )
+
+
+def _fetch_checked(cur: sqlite3.Cursor, db: str, limit: int) -> list[Any]:
+    """The rows of ``cur``, fetched ``_SIZE_CHUNK`` at a time and measured as they come: ``LimitError`` (as
+    :func:`_check_size`) as soon as they are over ``limit`` bytes, before the rest is made (the server's memory
+    holds at most the limit and a chunk). The statement is reset then, and on any failure (a text that is not
+    UTF-8): left running, it would keep its transaction from ending (SQLite: "SQL statements in progress"), and
+    with it the writes of other clients that share the transaction."""
     try:
-        return cur.fetchall()
+        rows = cur.fetchmany(_SIZE_CHUNK)
+        if len(rows) < _SIZE_CHUNK:  # the usual result: one chunk
+            if rows:
+                _check_size(db, rows, limit)
+            return rows
+        total = len(_encode(rows))
+        while total <= limit:
+            more = cur.fetchmany(_SIZE_CHUNK)
+            if not more:
+                return rows
+            total += len(_encode(more))
+            rows += more
     except BaseException:
         cur.close()
         raise
+    cur.close()
+    raise LimitError(
+        f"database {db}: the result is over {limit} bytes (the limit sql_result_bytes; it is {total} bytes or more "
+        "encoded)",
+        limit=limit,
+        wanted=total,
+    )
 
 
 def _check_size(db: str, rows: list[Any], limit: int) -> None:

@@ -1,0 +1,95 @@
+"""Reads that cost the server much in one step (trial S): a read runs on the server's event loop only while it is
+cheap, and every result is measured as it is fetched.
+
+- A value SQLite makes in one opcode (``randomblob``, ``zeroblob``, ``printf``) cannot be cut by the progress
+  handler: on the loop it is kept to ``INLINE_VALUE_BYTES``, a longer statement to ``INLINE_SQL_BYTES``; past
+  them a reader thread runs the read (counted in ``reads_moved``), and everyone else's calls go on meanwhile.
+  ``printf`` gives NULL rather than an error past the limit, so a read that calls it always runs on a reader.
+- No value may be over ``sql_result_bytes``: SQLite stops making it (it made 1 GB before).
+- A result over ``sql_result_bytes`` fails as soon as it is, not once all of it is in the server's memory.
+- The texts a client sends are scanned in linear time, and long ones are not kept in the server's caches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tinystore import LimitError
+from tinystore.engines import sql as engine_sql
+
+from ..helpers import open_store
+
+
+def moved(status: dict[str, object]) -> int:
+    databases = status["databases"]
+    assert isinstance(databases, dict)
+    return int(databases["app"].get("reads_moved", 0))
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+async def test_a_large_value_or_a_long_statement_is_read_off_the_loop(tmp_path: Path, mode: str) -> None:
+    async with open_store(mode, tmp_path / "s") as store:
+        db = await store.database("app")
+        assert await db.scalar("select length(randomblob(1000))") == 1000
+        before = moved(await store.status())
+        big = engine_sql.INLINE_VALUE_BYTES * 2
+        assert await db.scalar("select length(randomblob(?))", big) == big
+        long_text = "select 7 -- " + "x" * engine_sql.INLINE_SQL_BYTES
+        assert await db.scalar(long_text) == 7
+        assert moved(await store.status()) == before + 2
+        # printf gives NULL (no error) for a text over a connection's limit: it always runs on a reader
+        assert await db.scalar(f"select length(printf('%.*c', {big}, 'a'))") == big
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+async def test_no_value_is_made_over_the_result_limit(tmp_path: Path, mode: str) -> None:
+    limits = tinystore.Limits(sql_result_bytes=4 << 20)
+    async with open_store(mode, tmp_path / "s", limits=limits) as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (b blob)")])
+        for call in (
+            db.scalar("select length(randomblob(5000000))"),
+            db.scalar("select length(zeroblob(5000000))"),
+            db.exec("insert into t values (randomblob(5000000))"),
+        ):
+            with pytest.raises(LimitError, match=r"over 4194304 bytes \(the limit sql_result_bytes"):
+                await call
+        assert await db.scalar("select count(*) from t") == 0
+        assert await db.scalar("select length(randomblob(3000000))") == 3_000_000
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+async def test_a_result_fails_once_it_is_over_the_limit_not_once_it_is_whole(tmp_path: Path, mode: str) -> None:
+    # rows of 1,000 bytes, then at row 5,000 one SQLite cannot make (integer overflow): fetched whole, the read
+    # failed on that row; measured as fetched, it is over the 100 kB limit long before it
+    limits = tinystore.Limits(sql_result_bytes=100_000)
+    sql = (
+        "with recursive c(v) as (select 1 union all select v + 1 from c limit 6000) "
+        "select case when v < 5000 then randomblob(1000) else abs(-9223372036854775807 - 1 + 0 * v) end from c"
+    )
+    async with open_store(mode, tmp_path / "s", limits=limits) as store:
+        db = await store.database("app")
+        with pytest.raises(LimitError, match="the result is over 100000 bytes"):
+            await db.all(sql)
+        assert await db.scalar("select 1") == 1
+
+
+def test_scans_of_a_statement_are_linear_and_long_texts_are_not_kept() -> None:
+    # 15 MB of lone ':' took the loop 4 s (one Python step each); 10^6 comments before a keyword were quadratic
+    assert engine_sql.named_placeholder("select 1 " + ":" * 2_000_000) is None
+    assert engine_sql.named_placeholder("select ::::x") == ":x"
+    assert engine_sql.named_placeholder("select '::', @@y") == "@y"
+    assert engine_sql.changes_schema("/**/" * 200_000 + "create table x (a)")
+    assert engine_sql.changes_schema(" ; /* a */ ;\n-- b\n alter table t add column c")
+    assert not engine_sql.changes_schema("/* create */ select 1")
+    assert engine_sql._skip_comments("/* open") == ""
+    long_text = "insert into t values (1) -- " + "x" * 10_000
+    judges = (engine_sql._inserts, engine_sql.changes_schema, engine_sql._is_vacuum, engine_sql._defers_foreign_keys)
+    sizes = [fn.cache.cache_info().currsize for fn in judges]  # type: ignore[attr-defined]
+    assert engine_sql._inserts(long_text) and not engine_sql.changes_schema(long_text)
+    assert not engine_sql._is_vacuum(long_text) and not engine_sql._defers_foreign_keys(long_text)
+    assert [fn.cache.cache_info().currsize for fn in judges] == sizes  # type: ignore[attr-defined]
+    assert engine_sql._inserts("insert into t values (2)")
+    assert engine_sql._inserts.cache.cache_info().currsize >= 1  # type: ignore[attr-defined]
