@@ -22,6 +22,7 @@ import os
 import random
 import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from types import CoroutineType
 from typing import Any
 
@@ -45,6 +46,7 @@ from ..protocol.locks import ACQUIRE, RELEASE, RENEW
 from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode
 from ..protocol.store import Empty
 from ..protocol.values import valid_text
+from ..server.paths import check_socket_dir
 
 _RESPONSE = Kind.RESPONSE
 _Future = asyncio.Future
@@ -576,6 +578,7 @@ class RemoteTransport(Transport):
         kind, where = await self.endpoint()
         try:
             if kind == "unix":
+                check_socket_dir(Path(where))
                 _, proto = await loop.create_unix_connection(lambda: _ClientConn(self), where)
             else:
                 host, port, ctx = where

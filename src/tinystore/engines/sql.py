@@ -27,6 +27,7 @@ import functools
 import logging
 import math
 import operator
+import os
 import queue
 import re
 import resource
@@ -47,6 +48,7 @@ from ..errors import (
     ConflictError,
     InvalidError,
     LimitError,
+    PermissionDeniedError,
     TimeoutError_,
     TinystoreError,
     UnavailableError,
@@ -892,6 +894,26 @@ class SqlDatabase:
         conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
 
+    def _own_files(self) -> None:
+        """The database's file made when missing, readable by this user only (0600: SQLite gives its ``-wal``
+        and ``-shm`` files the same mode); none of its three files may be a symbolic link, which SQLite would
+        follow (out of the store's directory, turning whatever file is there into a database)."""
+        for path in (
+            self.path,
+            self.path.with_name(self.path.name + "-wal"),
+            self.path.with_name(self.path.name + "-shm"),
+        ):
+            if path.is_symlink():
+                raise PermissionDeniedError(
+                    f"database {self.name}: {path} is a symbolic link; a database's files are the store's own, in "
+                    "its directory (move the file there in place of the link)"
+                )
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return  # SQLite says what is wrong, in its own words (a full disk, a read-only file system)
+        os.close(fd)
+
     def _error(self, exc: BaseException) -> TinystoreError:
         """:func:`sql_error` for this database."""
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_TOOBIG":
@@ -916,7 +938,9 @@ class SqlDatabase:
         """Open the file, apply migrations (in the calling thread), start the threads. Returns applied names.
 
         What SQLite or the file system refuses is raised as :func:`sql_error` maps it (a full disk, a file that
-        cannot be opened: ``UnavailableError``)."""
+        cannot be opened: ``UnavailableError``); a file of the database that is a symbolic link:
+        ``PermissionDeniedError``."""
+        self._own_files()
         try:
             writer = self.connect(readonly=False)
         except sqlite3.Error as exc:
@@ -1774,7 +1798,7 @@ class SqlEngine:
         if durability not in ("full", "os"):
             raise InvalidError(f'durability {durability!r}: use "full" or "os"')
         self.directory = directory / "sql"
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.limits = limits
         self.durability = durability
         self.loop = asyncio.get_running_loop()

@@ -114,7 +114,7 @@ class DirLock:
         ``PermissionDeniedError`` or ``UnavailableError`` when the file system refuses the file (read-only, full).
         A child this process forks does not keep the lock."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except PermissionError:
             raise  # the caller names the store and this process's user
         except OSError as exc:
@@ -212,7 +212,7 @@ def next_epoch(directory: Path, now_ms: int) -> int:
     epoch = max(now_ms, last + 1)
     tmp = path.with_suffix(".tmp")
     try:
-        with open(tmp, "w") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(f"{epoch}\n")
             f.flush()
             os.fsync(f.fileno())

@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ def make_directory(path: Path, what: str) -> None:
     from ..errors import InvalidError
 
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)  # a store's files are its user's: no one else may enter a new one
     except (FileExistsError, NotADirectoryError):
         raise InvalidError(f"{what}: {path} is not a directory") from None
     except PermissionError:
@@ -39,12 +41,40 @@ def make_directory(path: Path, what: str) -> None:
         raise InvalidError(f"{what}: cannot make the store's directory {path}: {exc.strerror or exc}") from None
 
 
+def _private_dir(d: Path, what: str) -> None:
+    """Make the folder ``d`` (mode 0700) when missing; then it must be a folder, not a symlink, of this process's
+    user, and it is set to 0700 (on the folder itself, opened without following a link). Another user's folder
+    there (planted before the server started, in a shared /tmp or a world-writable store directory) would let
+    that user replace the socket, and read what clients send: ``PermissionDeniedError`` names it."""
+    from ..errors import PermissionDeniedError
+
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise PermissionDeniedError(
+                f"{what}: {d} is a symbolic link or not a folder; the socket goes only in a folder of this user's "
+                "own (remove it, and start again)"
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid():
+            raise PermissionDeniedError(
+                f"{what}: {d} belongs to another user (uid {st.st_uid}; this process runs as uid {os.getuid()}), "
+                "who could replace the socket and read what clients send; remove it, and start again"
+            )
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
 def server_dir(directory: Path) -> Path:
-    """``DIR/server``, created with mode 0700 (only its user can enter)."""
+    """``DIR/server``, created with mode 0700 (only its user can enter); see :func:`_private_dir`."""
     d = directory / "server"
     try:
-        d.mkdir(parents=True, exist_ok=True)
-        os.chmod(d, 0o700)
+        _private_dir(d, f"store {directory}")
     except PermissionError:
         raise  # the caller names the store and this process's user
     except OSError as exc:
@@ -52,6 +82,26 @@ def server_dir(directory: Path) -> Path:
 
         raise storage_error(f"store {directory}: cannot make {d}", exc) from None
     return d
+
+
+def check_socket_dir(sock: Path) -> None:
+    """Before a client connects to ``sock``: a socket outside a store's ``DIR/server`` (the short path of
+    :func:`socket_path`, named by this user's uid) must lie in a folder of this user's own that no one else may
+    enter, else ``PermissionDeniedError``: another user could have put a socket of theirs there."""
+    from ..errors import PermissionDeniedError
+
+    if sock.name == "sock" and sock.parent.name == "server":
+        return  # DIR/server: the store's directory guards it
+    try:
+        st = os.lstat(sock.parent)
+    except FileNotFoundError:
+        return  # no server there: connecting fails, with its own message
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionDeniedError(
+            f"the socket folder {sock.parent} is not a folder of this user's own that no one else may enter (uid "
+            f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}; this process runs as uid {os.getuid()}): another "
+            "user could have put a socket of theirs there; remove it, and start the server again"
+        )
 
 
 def socket_path(directory: Path) -> Path:
@@ -71,8 +121,8 @@ def socket_path(directory: Path) -> Path:
 
 
 def prepare_socket_dir(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
+    """The folder of the socket ``path`` (see :func:`_private_dir`)."""
+    _private_dir(path.parent, f"socket {path}")
 
 
 def address_file(directory: Path) -> Path:
