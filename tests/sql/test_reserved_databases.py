@@ -81,9 +81,12 @@ async def test_reserved_databases_are_read_only(any_store: tinystore.Store) -> N
 
 
 async def test_a_data_token_cannot_write_the_jobs_database(tmp_path: Path) -> None:
-    tokens, _, data = write_tokens(tmp_path)
+    tokens, admin, data = write_tokens(tmp_path)
     server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
     try:
+        boss = await tinystore.connect(server.tcp, token=admin)
+        await boss.database("app")  # a data token opens databases, the admin makes them
+        await boss.close()
         store = await tinystore.connect(server.tcp, token=data)
         try:
             await store.queue("mail").add({"to": "a@x"})

@@ -111,7 +111,7 @@ async def test_a_database_file_planted_as_a_symlink_is_refused(tmp_path: Path) -
             await store.database("app")
         (directory / "sql" / "app.db").unlink()
         (directory / "sql" / "other.db-wal").symlink_to(victim)
-        with pytest.raises(PermissionDeniedError, match="other.db-wal is a symbolic link"):
+        with pytest.raises(PermissionDeniedError, match=r"other\.db-wal is a symbolic link"):
             await store.database("other")
     assert victim.read_bytes() == b""
     assert not (tmp_path / "victim-wal").exists()

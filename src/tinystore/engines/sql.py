@@ -945,8 +945,13 @@ class SqlDatabase:
             writer = self.connect(readonly=False)
         except sqlite3.Error as exc:
             raise self._error(exc) from None
+        readers: list[sqlite3.Connection] = []
         try:
             applied = self._migrate(writer, migrations)
+            # the readers' connections too, here: one that cannot open (out of file descriptors) fails the open,
+            # rather than leave a reader thread dead and its share of the reads unanswered
+            for _ in range(max(1, self.limits.readers)):
+                readers.append(self.connect(readonly=True))
             if self.inline_budget > 0:
                 self._inline = self.connect(readonly=True)
                 self._inline.set_progress_handler(self._inline_check, 500)
@@ -956,14 +961,21 @@ class SqlDatabase:
                 self._inline.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, INLINE_SQL_BYTES)
         except BaseException as exc:
             writer.close()
+            for conn in readers:
+                conn.close()
+            if self._inline is not None:
+                self._inline.close()
+                self._inline = None
             if isinstance(exc, sqlite3.Error):
                 raise self._error(exc) from None
             raise
         t = threading.Thread(target=self._writer_main, args=(writer,), name=f"tinystore-sql-{self.name}-w", daemon=True)
         self._threads.append(t)
         t.start()
-        for i in range(max(1, self.limits.readers)):
-            r = threading.Thread(target=self._reader_main, name=f"tinystore-sql-{self.name}-r{i}", daemon=True)
+        for i, conn in enumerate(readers):
+            r = threading.Thread(
+                target=self._reader_main, args=(conn,), name=f"tinystore-sql-{self.name}-r{i}", daemon=True
+            )
             self._threads.append(r)
             r.start()
         return applied
@@ -1177,6 +1189,19 @@ class SqlDatabase:
                 )
             )
             return fut
+        if read_only and owner is not None:
+            limit = self.limits.read_transactions
+            open_now = sum(1 for t in self.engine.transactions.values() if t.db is self and t.read_only and not t.done)
+            if open_now >= limit:
+                fut.set_exception(
+                    LimitError(
+                        f"database {self.name}: {open_now} read-only transactions are open, the most a database "
+                        f"may have (Limits.read_transactions, {limit}: each holds a thread and a connection); end "
+                        "one, or read outside a transaction",
+                        limit=limit,
+                    )
+                )
+                return fut
         tx = SqlTx(self.engine.next_tx_id(), self, read_only, owner)
         self.engine.transactions[tx.id] = tx
         if read_only:
@@ -1488,8 +1513,7 @@ class SqlDatabase:
             _check_size(self.name, rows, self.limits.sql_result_bytes)
         return Rows(columns, rows)
 
-    def _reader_main(self) -> None:
-        conn = self.connect(readonly=True)
+    def _reader_main(self, conn: sqlite3.Connection) -> None:
         arm = self._progress_guard(conn)
         put = self.results.put
         while True:
@@ -1639,7 +1663,12 @@ class SqlDatabase:
         with self._spare_lock:
             conn = self._spare.pop() if self._spare else None
         if conn is None:
-            conn = self.connect(readonly=True)
+            try:
+                conn = self.connect(readonly=True)
+            except BaseException as exc:  # (out of file descriptors): the caller hears it
+                tx.done = True
+                self.results.put(fut, None, self._error(exc))
+                return
         arm = self._progress_guard(conn)
         try:
             _ctl(conn, "begin")
@@ -1868,6 +1897,14 @@ class SqlEngine:
             if db is None:
                 if self.closed:
                     raise ClosedError(f"database {name}: the store is stopping")
+                limit = self.limits.databases
+                if len(self.databases) >= limit:
+                    raise LimitError(
+                        f"database {name}: the store has {len(self.databases)} databases open, the most it may "
+                        f"(Limits.databases, {limit}: each holds a writer thread, {self.limits.readers} readers and "
+                        "their files)",
+                        limit=limit,
+                    )
                 path = self.directory / f"{name}.db"
                 existed = path.exists()
                 db = SqlDatabase(self, name, path)

@@ -54,6 +54,15 @@ def install(core: Core) -> None:
                 raise reserved_db_error(req.db, "migrations are refused")
             if req.db not in engine.databases and not (engine.directory / f"{req.db}.db").exists():
                 raise reserved_db_error(req.db, "the store has not made it, and a client may not create it")
+        if (
+            session.capability != "admin"
+            and req.db not in engine.databases
+            and not (engine.directory / f"{req.db}.db").exists()
+        ):
+            raise PermissionDeniedError(
+                f"database {req.db} does not exist, and making one needs the admin capability (as its migrations "
+                f"do); this token has {session.capability!r}"
+            )
         if migrations and session.capability != "admin":
             db, applied = await engine.open(req.db, [])
             known = {r[0]: r[1] for r in (await db.read("select name, text from _tinystore_migrations", [])).rows}

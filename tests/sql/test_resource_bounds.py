@@ -1,0 +1,71 @@
+"""Bounds on what one client can make the server hold (trial S): read-only transactions per database (each a
+thread and a connection), databases per store (each a writer, readers and files), and no new database from a
+``data`` token. Past a bound: ``LimitError`` naming it, and everything already open goes on."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tinystore import LimitError, PermissionDeniedError
+
+from ..helpers import ServerProcess, open_store, write_tokens
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+async def test_read_only_transactions_of_a_database_are_bounded(tmp_path: Path, mode: str) -> None:
+    async with open_store(mode, tmp_path / "s", limits=tinystore.Limits(read_transactions=2)) as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (a)")])
+        inside = asyncio.Semaphore(0)
+        leave = asyncio.Event()
+
+        async def hold(tx: tinystore.SqlTx) -> int:
+            inside.release()
+            await leave.wait()
+            return int(await tx.scalar("select count(*) from t"))
+
+        held = [asyncio.ensure_future(db.tx(hold, read_only=True)) for _ in range(2)]
+        for _ in held:
+            await inside.acquire()
+        with pytest.raises(LimitError, match=r"2 read-only transactions are open.*Limits.read_transactions, 2"):
+            await db.tx(hold, read_only=True)
+        await db.exec("insert into t values (1)")  # writes and reads go on
+        assert await db.scalar("select count(*) from t") == 1
+        leave.set()
+        assert await asyncio.gather(*held) == [0, 0]
+        assert await db.tx(hold, read_only=True) == 1  # room again
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+async def test_databases_of_a_store_are_bounded(tmp_path: Path, mode: str) -> None:
+    async with open_store(mode, tmp_path / "s", limits=tinystore.Limits(databases=2)) as store:
+        a = await store.database("a")
+        await store.database("b")
+        with pytest.raises(LimitError, match=r"the store has 2 databases open.*Limits.databases, 2"):
+            await store.database("c")
+        assert not (tmp_path / "s" / "sql" / "c.db").exists()
+        assert (await store.database("a")) is a  # open ones open again
+        await a.exec("create table t (x)")
+
+
+async def test_a_data_token_cannot_make_a_database(tmp_path: Path) -> None:
+    tokens, admin, data = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    try:
+        boss = await tinystore.connect(server.tcp, token=admin)
+        user = await tinystore.connect(server.tcp, token=data)
+        try:
+            with pytest.raises(PermissionDeniedError, match="making one needs the admin capability"):
+                await user.database("new")
+            assert not (tmp_path / "store" / "sql" / "new.db").exists()
+            await boss.database("new")
+            db = await user.database("new")  # made by the admin: a data token opens it
+            assert await db.scalar("select 1") == 1
+        finally:
+            await user.close()
+            await boss.close()
+    finally:
+        server.stop()
