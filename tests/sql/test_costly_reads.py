@@ -12,6 +12,7 @@ cheap, and every result is measured as it is fetched.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,30 @@ def test_scans_of_a_statement_are_linear_and_long_texts_are_not_kept() -> None:
     assert [fn.cache.cache_info().currsize for fn in judges] == sizes  # type: ignore[attr-defined]
     assert engine_sql._inserts("insert into t values (2)")
     assert engine_sql._inserts.cache.cache_info().currsize >= 1  # type: ignore[attr-defined]
+
+
+async def test_connections_that_ran_many_long_statements_are_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sqlite3 keeps each connection's last 256 statements prepared, texts and all: 60 distinct 8 MiB texts left
+    # the server at 1.5 GB for good. A connection that ran more than RECYCLE_BYTES of long texts is replaced
+    monkeypatch.setattr(engine_sql, "RECYCLE_BYTES", 150_000)
+    pad = "x" * 70_000  # past INLINE_SQL_BYTES: read on a reader thread
+    async with open_store("embedded", tmp_path / "s", limits=tinystore.Limits(readers=1)) as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (id integer primary key, a)")])
+        for i in range(3):
+            assert await db.scalar(f"select {i} -- {pad}") == i
+            done = await db.exec(f"insert into t (a) values ({i}) -- {pad}")
+            assert done.last_insert_rowid == i + 1
+        for _ in range(200):  # (a thread replaces its connection after it answered)
+            stats = (await store.status())["databases"]["app"]
+            if stats.get("connections_recycled", 0) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert stats["connections_recycled"] >= 2, stats
+        # the new writer is a writer as before: last_insert_rowid reset, authorizer, limits
+        assert (await db.exec("insert into t (a) values ('z')")).last_insert_rowid == 4
+        assert (await db.exec("update t set a = 1 where id = 1")).last_insert_rowid == 0
+        with pytest.raises(tinystore.InvalidError, match="belongs to the store"):
+            await db.exec("delete from _tinystore_migrations")
+        assert await db.scalar("select count(*) from t") == 4

@@ -197,6 +197,7 @@ class _Conn(sqlite3.Connection):
     them when a statement is prepared, unless :func:`_ctl` runs it (the engine's own)."""
 
     internal = False
+    big = 0  # characters of long statements (over _CACHED_SQL) run here: sqlite3 keeps them prepared (see _recycle)
     writer = False  # a reader's statements write nothing (query_only): the store's own tables need no guard there
     resets_rowid = False  # a writer's: see _ROWID_RESET
     control = False  # one of the engine's own transaction statements runs (never stopped by the progress handler)
@@ -1246,6 +1247,22 @@ class SqlDatabase:
 
         return arm
 
+    def _recycle(self, conn: sqlite3.Connection, *, readonly: bool) -> sqlite3.Connection:
+        """``conn``, or a new connection in its place once it ran more than :data:`RECYCLE_BYTES` of long
+        statements: sqlite3 keeps the last 256 statements of a connection prepared, with their texts, and a
+        client's long texts (megabytes each) would stay in the server's memory for good. Called between
+        transactions; when a new connection cannot be opened, ``conn`` goes on."""
+        if conn.big <= RECYCLE_BYTES:  # type: ignore[attr-defined]
+            return conn
+        try:
+            fresh = self.connect(readonly=readonly)
+        except sqlite3.Error:
+            conn.big = 0  # type: ignore[attr-defined]
+            return conn
+        conn.close()
+        self.stats["connections_recycled"] = self.stats.get("connections_recycled", 0) + 1
+        return fresh
+
     def _writer_main(self, conn: sqlite3.Connection) -> None:
         arm = self._progress_guard(conn)
         todo: collections.deque[Any] = collections.deque()  # writes and transactions, in the order queued
@@ -1290,6 +1307,9 @@ class SqlDatabase:
             else:
                 tx, fut = item
                 self._run_tx(conn, tx, fut, arm)
+            if conn.big > RECYCLE_BYTES:  # type: ignore[attr-defined]
+                conn = self._recycle(conn, readonly=False)
+                arm = self._progress_guard(conn)
         try:
             conn.execute("pragma wal_checkpoint(truncate)")
         except sqlite3.Error:
@@ -1449,6 +1469,8 @@ class SqlDatabase:
         self.results.put(w.fut, Done(0, 0, [], []), None)
 
     def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
+        if len(sql) > _CACHED_SQL:
+            conn.big += len(sql)  # type: ignore[attr-defined]
         inserts = _inserts(sql)
         if inserts and conn.resets_rowid:  # type: ignore[attr-defined]
             c: Any = conn
@@ -1497,6 +1519,8 @@ class SqlDatabase:
         return done
 
     def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str) -> Rows:
+        if len(sql) > _CACHED_SQL:
+            conn.big += len(sql)  # type: ignore[attr-defined]
         cur = conn.execute(sql, params)
         desc = cur.description
         if desc is None and _no_statement(sql):
@@ -1526,6 +1550,9 @@ class SqlDatabase:
                 put(item.fut, value, None)
             except BaseException as exc:
                 put(item.fut, None, self._error(exc))
+            if conn.big > RECYCLE_BYTES:  # type: ignore[attr-defined]
+                conn = self._recycle(conn, readonly=True)
+                arm = self._progress_guard(conn)
         conn.close()
 
     def _run_tx(self, conn: sqlite3.Connection, tx: SqlTx, fut: asyncio.Future[SqlTx], arm: _Arm) -> None:
@@ -1683,7 +1710,7 @@ class SqlDatabase:
         if conn.in_transaction:
             _ctl(conn, "rollback")
         with self._spare_lock:
-            if len(self._spare) < 4 and not self._closed:
+            if len(self._spare) < 4 and not self._closed and conn.big <= RECYCLE_BYTES:  # type: ignore[attr-defined]
                 self._spare.append(conn)
                 return
         conn.close()
@@ -1722,6 +1749,8 @@ _encode = msgspec.msgpack.encode
 _SIZE_CHUNK = 1024  # rows measured at a time: a large result is never encoded whole (the copy stays small)
 
 
+RECYCLE_BYTES = 32 << 20
+"""Characters of long statements a connection may have run before it is replaced (see ``SqlDatabase._recycle``)."""
 INLINE_VALUE_BYTES = 1 << 20
 """The largest value (string, blob, row) a read on the event loop may make; a larger one moves to a reader."""
 INLINE_SQL_BYTES = 64 << 10
