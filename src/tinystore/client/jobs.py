@@ -34,6 +34,7 @@ import msgspec
 from ..durations import Duration, seconds
 from ..errors import (
     ClosedError,
+    CorruptError,
     InvalidError,
     LimitError,
     LostError,
@@ -1232,10 +1233,17 @@ class Queue(Generic[T]):
         )
 
     def _job(self, row: JobRow) -> Job[T]:
+        """Raises ``CorruptError`` for a row whose value is not JSON (the store writes JSON only)."""
         try:
             value = self._decoder.decode(row.value)
         except Exception:  # no longer the queue's type: the job shows its value as plain JSON
-            value = msgspec.json.decode(row.value)
+            try:
+                value = msgspec.json.decode(row.value)
+            except msgspec.DecodeError as exc:
+                raise CorruptError(
+                    f"queue {self.name}: job {row.id}: its kept value is not JSON ({exc}); the store writes JSON "
+                    "only: the row was written by other means"
+                ) from None
         return _job_of(row, value)
 
     # -- calls ---------------------------------------------------------------------------------
