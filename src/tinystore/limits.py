@@ -48,8 +48,9 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     frame_body_bytes: int = 16 * 1024 * 1024
     sidecar_idle: float = 30.0
     readers: int = 4
-    #: read-only transactions open at once on one database (each holds a thread and a connection)
-    read_transactions: int = 64
+    #: read-only transactions open at once in the store, all databases together (each holds a thread and a
+    #: connection)
+    read_transactions: int = 128
     #: databases open at once in a store (each holds a writer thread, ``readers`` reader threads, files)
     databases: int = 1000
     #: a read first runs on the event loop for at most this long (seconds); past it SQLite interrupts it and it

@@ -16,7 +16,7 @@ from ..helpers import ServerProcess, open_store, write_tokens
 
 
 @pytest.mark.parametrize("mode", ["embedded", "sidecar"])
-async def test_read_only_transactions_of_a_database_are_bounded(tmp_path: Path, mode: str) -> None:
+async def test_read_only_transactions_of_the_store_are_bounded(tmp_path: Path, mode: str) -> None:
     async with open_store(mode, tmp_path / "s", limits=tinystore.Limits(read_transactions=2)) as store:
         db = await store.database("app", migrations=[("001.sql", "create table t (a)")])
         inside = asyncio.Semaphore(0)
@@ -30,8 +30,11 @@ async def test_read_only_transactions_of_a_database_are_bounded(tmp_path: Path, 
         held = [asyncio.ensure_future(db.tx(hold, read_only=True)) for _ in range(2)]
         for _ in held:
             await inside.acquire()
-        with pytest.raises(LimitError, match=r"2 read-only transactions are open.*Limits.read_transactions, 2"):
+        with pytest.raises(LimitError, match=r"2 read-only transactions are open in the store.*read_transactions, 2"):
             await db.tx(hold, read_only=True)
+        other = await store.database("other")  # the bound is the store's, all databases together (trial V)
+        with pytest.raises(LimitError, match="read-only transactions are open in the store"):
+            await other.tx(lambda tx: tx.scalar("select 1"), read_only=True)
         await db.exec("insert into t values (1)")  # writes and reads go on
         assert await db.scalar("select count(*) from t") == 1
         leave.set()

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -217,7 +217,20 @@ def _deny(why: str) -> int:
     return sqlite3.SQLITE_DENY
 
 
-def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | None, str | None], int]:
+_OFF_LOOP = frozenset({"like", "glob", "instr", "replace", "trim", "ltrim", "rtrim", "printf", "format", "match"})
+"""Functions a read on the event loop may not call (the inline connection refuses them; the read then runs on a
+reader thread): ``like``, ``glob``, ``instr``, ``replace`` and the ``trim`` functions work in time that grows with
+the product of their arguments' sizes, in one SQLite step that the progress handler cannot cut (seconds, on
+texts under 1 MiB); ``printf``/``format`` give NULL, not an error, past a connection's length limit; ``match``
+(full-text search) works in its own table's code. A view that calls one counts too (SQLite asks about the
+view's functions when it prepares a statement that reads the view)."""
+_MOVE = "(run it on a reader thread)"
+"""The ``why`` of a refusal on the inline connection: :meth:`SqlDatabase.read_now` moves the read, silently."""
+
+
+def _authorizer(
+    conn: _Conn, inline: bool = False
+) -> Callable[[int, str | None, str | None, str | None, str | None], int]:
     ref = weakref.ref(conn)
 
     def internal() -> bool:
@@ -266,7 +279,7 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
                 )
         elif (
             action in _TEMP_OBJECTS
-            or (db == "temp" and action in _WRITES)
+            or (db == "temp" and action in _WRITES and arg1 not in _TEMP_SCHEMA)
             or (action == sqlite3.SQLITE_ALTER_TABLE and arg1 == "temp")
         ):
             if not internal():
@@ -277,6 +290,8 @@ def _authorizer(conn: _Conn) -> Callable[[int, str | None, str | None, str | Non
                 )
         elif action == sqlite3.SQLITE_FUNCTION and arg2 is not None:
             name = arg2.lower()
+            if inline and name in _OFF_LOOP:
+                return _deny(_MOVE)
             if name == "load_extension":
                 return _deny("load_extension is refused (an extension would run its code inside the store's process)")
             if name == "fts3_tokenizer":
@@ -378,6 +393,9 @@ _TEMP_OBJECTS = frozenset(
     }
 )
 _WRITES = frozenset({sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE})
+# the TEMP schema: SQLite rewrites it itself in ALTER TABLE ... RENAME and DROP COLUMN (the writer has a TEMP
+# table), and refuses a client's own write to it (it needs writable_schema, which is refused)
+_TEMP_SCHEMA = frozenset({"sqlite_temp_master", "sqlite_temp_schema"})
 OWN_PREFIX = "_tinystore"
 """Tables, indexes and triggers named so are the store's (``_tinystore_migrations``, the jobs tables of a database
 that holds queues): clients read them, only the engines' own statements (:func:`own_sql`) write them."""
@@ -418,11 +436,17 @@ _CTL_TAG = " --ts " + secrets.token_hex(8)
 _ROWID_RESET = "replace into temp._tinystore_rowid (rowid) values (0)" + _CTL_TAG
 
 
+_OWN_MARK = f"/* ts {secrets.token_hex(8)} */ "
+"""Starts the texts of the engines' own statements (:func:`own_sql`)."""
+
+
 def own_sql(sql: str) -> str:
-    """``sql`` marked as an engine's own statement (:data:`_CTL_TAG` at its end): it may write the store's tables
-    (:data:`OWN_PREFIX`). The mark is part of the text, so a client's statement of the same words is not found
-    prepared (with the engine's rights) in sqlite3's statement cache."""
-    return sql + _CTL_TAG
+    """``sql`` as an engine's own statement's text. Its rights (to write the store's tables, :data:`OWN_PREFIX`)
+    come with the call (``own=True``), never from a text; the text differs from any a client can send (a
+    random mark, in each process), so that a client's statement of the same words is not found prepared, with the
+    engine's rights, in sqlite3's statement cache. The mark leads: SQLite keeps a CREATE's text in the schema
+    from its first keyword, so no client can read it there."""
+    return _OWN_MARK + sql
 
 
 def _own_execute(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
@@ -753,6 +777,7 @@ class _Write:
     sql: str
     params: list[Any]
     fut: asyncio.Future[Done] | Later
+    own: bool = False  # an engine's own statement (see own_sql): it may write the store's tables
 
 
 @dataclass(slots=True)
@@ -772,6 +797,7 @@ class _Call:
     params: list[Any]
     mode: str
     fut: asyncio.Future[Any]
+    own: bool = False  # an engine's own statement (see own_sql)
 
 
 @dataclass(eq=False)
@@ -789,14 +815,16 @@ class SqlTx:
     after_commit: list[Callable[[], None]] = field(default_factory=list)
     busy: int = 0
 
-    def _call(self, op: str, sql: str = "", params: list[Any] | None = None, mode: str = "all") -> asyncio.Future[Any]:
+    def _call(
+        self, op: str, sql: str = "", params: list[Any] | None = None, mode: str = "all", own: bool = False
+    ) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.db.loop.create_future()
         if self.done:
             fut.set_exception(self.error or ClosedError(f"database {self.db.name}: transaction {self.id} has ended"))
             return fut
         self.busy += 1
         fut.add_done_callback(self._idle)
-        self.calls.put(_Call(op, sql, params or [], mode, fut))
+        self.calls.put(_Call(op, sql, params or [], mode, fut, own))
         return fut
 
     def _idle(self, _: object) -> None:
@@ -810,7 +838,7 @@ class SqlTx:
             fut.set_exception(InvalidError(f"database {self.db.name}: exec inside a read-only transaction"))
             return fut
         values = check_params(self.db.name, sql, params)
-        return self._call("exec", own_sql(sql) if own else sql, values)
+        return self._call("exec", own_sql(sql) if own else sql, values, own=own)
 
     def query(self, sql: str, params: Sequence[Any], mode: str = "all") -> asyncio.Future[Rows]:
         return self._call("query", sql, check_params(self.db.name, sql, params), mode)
@@ -857,6 +885,7 @@ class SqlDatabase:
         self._spare: list[sqlite3.Connection] = []
         self._spare_lock = threading.Lock()
         self._inline: sqlite3.Connection | None = None
+        self._off_loop: dict[str, None] = {}  # statements that call an _OFF_LOOP function (oldest first, 256 kept)
         self.applied_before_failure = -1  # at start: the migrations applied before one failed (-1: none failed)
         self._inline_deadline = 0.0
         self._turn_reads = 0  # inline reads in this turn of the loop
@@ -889,9 +918,11 @@ class SqlDatabase:
             c: Any = conn
             c.resets_rowid = c.writer = True
         conn.execute("pragma foreign_keys = on")
-        # no value (string, blob, row) can be over what a result may be: SQLite stops making one there, rather
-        # than at its own 1 GB (randomblob(1e9), zeroblob, printf, replace)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(self.limits.sql_result_bytes, 1))
+        if readonly:
+            # no value (string, blob, row) a read makes can be over what a result may be: SQLite stops making one
+            # there, rather than at its own 1 GB (randomblob(1e9), zeroblob, replace). (The writer keeps SQLite's
+            # own limit: a write's printf past it would store NULL, not fail)
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(self.limits.sql_result_bytes, 1))
         conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
 
@@ -960,6 +991,7 @@ class SqlDatabase:
                 # is kept small on the loop: past these, SQLite says "too big" and a reader thread runs the read
                 self._inline.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, INLINE_VALUE_BYTES)
                 self._inline.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, INLINE_SQL_BYTES)
+                self._inline.set_authorizer(_authorizer(cast(_Conn, self._inline), inline=True))  # (_OFF_LOOP)
         except BaseException as exc:
             writer.close()
             for conn in readers:
@@ -1033,7 +1065,7 @@ class SqlDatabase:
         except TinystoreError as exc:
             fut.set_exception(exc)
             return fut
-        self._queue(_Write(sql, values, fut))
+        self._queue(_Write(sql, values, fut, own))
         return fut
 
     def write_later(self, sql: str, params: Sequence[Any]) -> Later:
@@ -1094,7 +1126,7 @@ class SqlDatabase:
         if self._closed:
             raise ClosedError(f"database {self.name} is closed")
         conn = self._inline
-        if conn is None or _may_shorten(sql):
+        if conn is None or sql in self._off_loop:
             return None
         n = self._turn_reads
         self._turn_reads = n + 1
@@ -1124,9 +1156,16 @@ class SqlDatabase:
                     # _check_size of one row, inline (about 0.1 µs): one row may be over the limit too
                     if len(_encode(one)) > self.limits.sql_result_bytes:
                         _check_size(self.name, found, self.limits.sql_result_bytes)
-        except (sqlite3.OperationalError, sqlite3.DataError) as exc:
-            # past the inline budget (interrupted), or a value or a text too big for the loop: a reader runs it
-            if str(exc) != "interrupted" and not _too_big(exc):
+        except sqlite3.DatabaseError as exc:
+            # past the inline budget (interrupted), a value or a text too big for the loop, or a function that
+            # may not run on it (_OFF_LOOP): a reader runs it
+            if getattr(_denied, "why", None) == _MOVE:
+                _denied.why = None
+                if len(sql) <= _CACHED_SQL:  # (known: the next time it goes to a reader at once)
+                    self._off_loop[sql] = None
+                    if len(self._off_loop) > 256:
+                        self._off_loop.pop(next(iter(self._off_loop)))
+            elif str(exc) != "interrupted" and not _too_big(exc):
                 raise self._error(exc) from None
             self.stats["reads_moved"] = self.stats.get("reads_moved", 0) + 1
             return None
@@ -1192,13 +1231,13 @@ class SqlDatabase:
             return fut
         if read_only and owner is not None:
             limit = self.limits.read_transactions
-            open_now = sum(1 for t in self.engine.transactions.values() if t.db is self and t.read_only and not t.done)
+            open_now = sum(1 for t in self.engine.transactions.values() if t.read_only and not t.done)
             if open_now >= limit:
                 fut.set_exception(
                     LimitError(
-                        f"database {self.name}: {open_now} read-only transactions are open, the most a database "
-                        f"may have (Limits.read_transactions, {limit}: each holds a thread and a connection); end "
-                        "one, or read outside a transaction",
+                        f"database {self.name}: {open_now} read-only transactions are open in the store, the most "
+                        f"it may have (Limits.read_transactions, {limit}: each holds a thread and a connection); "
+                        "end one, or read outside a transaction",
                         limit=limit,
                     )
                 )
@@ -1348,7 +1387,7 @@ class SqlDatabase:
                 for w in batch[len(done) :]:
                     arm(monotonic())
                     try:
-                        done.append(exec_(conn, w.sql, w.params))
+                        done.append(exec_(conn, w.sql, w.params, w.own))
                     except BaseException as exc:
                         failure = self._error(exc) if isinstance(exc, sqlite3.Error) else exc
                         break
@@ -1401,7 +1440,7 @@ class SqlDatabase:
             try:
                 _ctl(conn, "begin immediate")
                 arm(time.monotonic())
-                done = self._exec(conn, w.sql, w.params)
+                done = self._exec(conn, w.sql, w.params, w.own)
                 _ctl(conn, "commit")
             except BaseException as exc:
                 _rollback_quietly(conn)
@@ -1438,7 +1477,7 @@ class SqlDatabase:
                 arm(time.monotonic())
                 _ctl(conn, "savepoint g")
                 try:
-                    value = self._exec(conn, w.sql, w.params)
+                    value = self._exec(conn, w.sql, w.params, w.own)
                 except BaseException as exc:
                     if not conn.in_transaction:
                         errors[i] = self._error(exc) if isinstance(exc, sqlite3.Error) else exc
@@ -1468,7 +1507,9 @@ class SqlDatabase:
         self.stats["writes"] += 1
         self.results.put(w.fut, Done(0, 0, [], []), None)
 
-    def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
+    def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any], own: bool = False) -> Done:
+        """One statement on the writer; ``own``: an engine's (:func:`own_sql`), with the engine's rights. A
+        client's never has them, whatever its text."""
         if len(sql) > _CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
         inserts = _inserts(sql)
@@ -1480,7 +1521,7 @@ class SqlDatabase:
             finally:
                 c.internal = False
         before = conn.total_changes
-        if sql.endswith(_CTL_TAG):  # an engine's own statement (own_sql): it may write the store's tables
+        if own:  # an engine's own statement (own_sql): it may write the store's tables
             c2: Any = conn
             c2.internal = True
             try:
@@ -1504,12 +1545,12 @@ class SqlDatabase:
         rowid = (cur.lastrowid or 0) if changes and inserts else 0
         return Done(changes, rowid, list(map(_first, desc)) if desc else [], rows)
 
-    def _exec_alone(self, conn: sqlite3.Connection, sql: str, params: list[Any]) -> Done:
+    def _exec_alone(self, conn: sqlite3.Connection, sql: str, params: list[Any], own: bool = False) -> Done:
         """:meth:`_exec` inside a transaction, in a savepoint: a statement that fails after it ran (its
         ``returning`` rows over ``sql_result_bytes``) leaves nothing either, like one SQLite stopped."""
         _ctl(conn, "savepoint s")
         try:
-            done = self._exec(conn, sql, params)
+            done = self._exec(conn, sql, params, own)
         except BaseException:
             if conn.in_transaction:
                 _ctl(conn, "rollback to s")
@@ -1642,7 +1683,7 @@ class SqlDatabase:
             arm(time.monotonic(), call.fut if call.op == "query" else None)
             try:
                 if call.op == "exec":
-                    value: Any = self._exec_alone(conn, call.sql, call.params)
+                    value: Any = self._exec_alone(conn, call.sql, call.params, call.own)
                 elif writer:
                     # tx.one/all/scalar only read, on the writer too: a write there would have none of tx.exec's
                     # care (its savepoint; never stopped when its caller goes away)
@@ -1757,16 +1798,6 @@ INLINE_SQL_BYTES = 64 << 10
 """The longest statement a read on the event loop may prepare; a longer one moves to a reader."""
 
 
-_PRINTF = re.compile(r"\b(?:printf|format)\s*\(", re.IGNORECASE)
-
-
-@_cached_for_short_texts(512)
-def _may_shorten(sql: str) -> bool:
-    """Whether ``sql`` calls ``printf`` (``format``), which gives NULL, not an error, for a text over the
-    connection's length limit: it runs on a reader, whose limit is every other connection's."""
-    return _PRINTF.search(sql) is not None
-
-
 def _too_big(exc: BaseException) -> bool:
     """Whether SQLite (or sqlite3) refused ``exc``'s statement for a value or a text over its limits."""
     return isinstance(exc, sqlite3.DataError) and (
@@ -1775,20 +1806,21 @@ def _too_big(exc: BaseException) -> bool:
 
 
 def _fetch_checked(cur: sqlite3.Cursor, db: str, limit: int) -> list[Any]:
-    """The rows of ``cur``, fetched ``_SIZE_CHUNK`` at a time and measured as they come: ``LimitError`` (as
-    :func:`_check_size`) as soon as they are over ``limit`` bytes, before the rest is made (the server's memory
-    holds at most the limit and a chunk). The statement is reset then, and on any failure (a text that is not
-    UTF-8): left running, it would keep its transaction from ending (SQLite: "SQL statements in progress"), and
-    with it the writes of other clients that share the transaction."""
+    """The rows of ``cur``, fetched and measured as they come: ``LimitError`` (as :func:`_check_size`) as soon as
+    they are over ``limit`` bytes, before the rest is made. The first row comes alone; then each chunk holds as
+    many rows as an eighth of the limit fits, by the size of the rows so far (1 to ``_SIZE_CHUNK``), so the
+    server holds at most the limit, an eighth more and one row. The statement is reset then, and on any failure
+    (a text that is not UTF-8): left running, it would keep its transaction from ending (SQLite: "SQL statements
+    in progress"), and with it the writes of other clients that share the transaction."""
     try:
-        rows = cur.fetchmany(_SIZE_CHUNK)
-        if len(rows) < _SIZE_CHUNK:  # the usual result: one chunk
-            if rows:
-                _check_size(db, rows, limit)
+        rows = cur.fetchmany(1)
+        if not rows:
             return rows
         total = len(_encode(rows))
+        budget = max(limit // 8, 1)
         while total <= limit:
-            more = cur.fetchmany(_SIZE_CHUNK)
+            n = max(1, min(_SIZE_CHUNK, budget * len(rows) // max(total, 1)))
+            more = cur.fetchmany(n)
             if not more:
                 return rows
             total += len(_encode(more))
