@@ -115,3 +115,46 @@ async def test_a_database_file_planted_as_a_symlink_is_refused(tmp_path: Path) -
             await store.database("other")
     assert victim.read_bytes() == b""
     assert not (tmp_path / "victim-wal").exists()
+
+
+@pytest.mark.parametrize("name", ["LOCK", "EPOCH", "EPOCH.tmp"])
+async def test_a_store_file_planted_as_a_symlink_is_never_written_through(tmp_path: Path, name: str) -> None:
+    # trial V: LOCK or EPOCH.tmp planted as a symlink: the server truncated and overwrote its target
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    directory = tmp_path / "s"
+    directory.mkdir(mode=0o700)
+    (directory / name).symlink_to(victim)
+    if name == "EPOCH.tmp":  # a leftover name: removed, never followed
+        async with await tinystore.open(directory, embedded=True, serve=False):
+            pass
+    else:
+        with pytest.raises(PermissionDeniedError, match=f"{name} is a symbolic link"):
+            await tinystore.open(directory, embedded=True, serve=False)
+    assert victim.read_text() == "precious\n"
+
+
+async def test_a_store_directory_every_user_may_write_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "s"
+    directory.mkdir()
+    directory.chmod(0o777)
+    with pytest.raises(PermissionDeniedError, match="may be written by every user"):
+        await tinystore.open(directory, embedded=True, serve=False)
+    assert not (directory / "LOCK").exists()
+
+
+async def test_a_store_made_before_files_were_private_is_made_private(tmp_path: Path) -> None:
+    # trial V: a store made by an older version kept its 0644 databases and LOCK (and SQLite made new -wal files so)
+    directory = tmp_path / "s"
+    async with await tinystore.open(directory, embedded=True, serve=False) as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (a)")])
+        await db.exec("insert into t values (1)")
+    for p in (directory / "LOCK", directory / "sql" / "app.db"):
+        p.chmod(0o644)
+    (directory / "sql").chmod(0o755)
+    async with await tinystore.open(directory, embedded=True, serve=False) as store:
+        db = await store.database("app")
+        await db.exec("insert into t values (2)")
+        modes = {p.name: p.stat().st_mode & 0o777 for p in (directory / "LOCK", *directory.glob("sql/app.db*"))}
+        assert (directory / "sql").stat().st_mode & 0o777 == 0o700
+    assert set(modes.values()) == {0o600}, modes

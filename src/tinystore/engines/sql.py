@@ -940,11 +940,18 @@ class SqlDatabase:
                     f"database {self.name}: {path} is a symbolic link; a database's files are the store's own, in "
                     "its directory (move the file there in place of the link)"
                 )
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError:
-            return  # SQLite says what is wrong, in its own words (a full disk, a read-only file system)
-        os.close(fd)
+        wal, shm = self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")
+        for path, create in ((self.path, os.O_CREAT), (wal, 0), (shm, 0)):
+            try:
+                fd = os.open(path, os.O_RDWR | create | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError:
+                continue  # none, or SQLite says what is wrong in its own words (a full disk, a read-only system)
+            try:
+                os.fchmod(fd, 0o600)  # (a database made before files were 0600: its user's alone from now on)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def _error(self, exc: BaseException) -> TinystoreError:
         """:func:`sql_error` for this database."""

@@ -135,6 +135,7 @@ class Core:
         if durability_bad(self.durability):
             raise InvalidError(f'durability {self.durability!r}: use "full" or "os"')
         paths.make_directory(self.directory, "serve")
+        paths.check_store_dir(self.directory, f"store {self.directory}")
         self._lock.acquire()
         try:
             self.epoch = next_epoch(self.directory, self.clock.now_ms())

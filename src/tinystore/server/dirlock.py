@@ -114,11 +114,18 @@ class DirLock:
         ``PermissionDeniedError`` or ``UnavailableError`` when the file system refuses the file (read-only, full).
         A child this process forks does not keep the lock."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            # (no symlink followed: one planted there would have this process truncate and write its target)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except PermissionError:
             raise  # the caller names the store and this process's user
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _planted(self.path) from None
             raise storage_error(f"store {self.path.parent}: cannot open {LOCK}", exc) from None
+        try:
+            os.fchmod(fd, 0o600)  # (a store made before files were 0600: its user's alone from now on)
+        except OSError:
+            pass
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -183,6 +190,13 @@ _HELD: set[Path] = set()
 """The LOCK files this process holds."""
 
 
+def _planted(path: Path) -> PermissionDeniedError:
+    return PermissionDeniedError(
+        f"store {path.parent}: {path.name} is a symbolic link; a store's files are its own (someone who may write "
+        "its directory planted it?): remove it, and start again"
+    )
+
+
 def next_epoch(directory: Path, now_ms: int) -> int:
     """The store's epoch for this start: ``max(now_ms, last + 1)``, saved (fsync) before it is used.
 
@@ -192,10 +206,13 @@ def next_epoch(directory: Path, now_ms: int) -> int:
     """
     path = directory / "EPOCH"
     try:
-        text = path.read_text()
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
+            text = f.read()
     except FileNotFoundError:
         text = None
     except (OSError, UnicodeDecodeError) as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+            raise _planted(path) from None
         raise CorruptError(f"{path}: cannot be read ({exc}); it keeps the store's last epoch (LOCK-02)") from None
     last = 0
     if text is not None:
@@ -212,7 +229,8 @@ def next_epoch(directory: Path, now_ms: int) -> int:
     epoch = max(now_ms, last + 1)
     tmp = path.with_suffix(".tmp")
     try:
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        tmp.unlink(missing_ok=True)  # (a leftover, or a symlink planted there: never followed)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
             f.write(f"{epoch}\n")
             f.flush()
             os.fsync(f.fileno())

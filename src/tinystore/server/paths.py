@@ -70,6 +70,30 @@ def _private_dir(d: Path, what: str) -> None:
         os.close(fd)
 
 
+def check_store_dir(directory: Path, what: str) -> None:
+    """Refuse (``PermissionDeniedError``) a store directory every user may write (another user could plant its
+    files: ``LOCK``, ``EPOCH``, ``sql/``, the databases), and a ``sql`` folder in it that is a symbolic link."""
+    from ..errors import PermissionDeniedError
+
+    st = os.stat(directory)
+    if st.st_mode & 0o002:
+        raise PermissionDeniedError(
+            f"{what}: the store's directory {directory} may be written by every user (mode "
+            f"{stat.S_IMODE(st.st_mode):o}): another user could plant its files; `chmod o-w {directory}` (or 700)"
+        )
+    sql = directory / "sql"
+    if sql.is_symlink():
+        raise PermissionDeniedError(
+            f"{what}: {sql} is a symbolic link; a store's databases are in a folder of its own: remove it, and "
+            "start again"
+        )
+    try:
+        if sql.stat().st_uid == os.getuid():
+            os.chmod(sql, 0o700)  # (a store made before its folders were 0700)
+    except OSError:
+        pass
+
+
 def server_dir(directory: Path) -> Path:
     """``DIR/server``, created with mode 0700 (only its user can enter); see :func:`_private_dir`."""
     d = directory / "server"
