@@ -1797,7 +1797,7 @@ _encode = msgspec.msgpack.encode
 _SIZE_CHUNK = 1024  # rows measured at a time: a large result is never encoded whole (the copy stays small)
 
 
-RECYCLE_BYTES = 32 << 20
+RECYCLE_BYTES = 8 << 20
 """Characters of long statements a connection may have run before it is replaced (see ``SqlDatabase._recycle``)."""
 INLINE_VALUE_BYTES = 1 << 20
 """The largest value (string, blob, row) a read on the event loop may make; a larger one moves to a reader."""
