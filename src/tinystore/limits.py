@@ -53,6 +53,9 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     read_transactions: int = 128
     #: databases open at once in a store (each holds a writer thread, ``readers`` reader threads, files)
     databases: int = 1000
+    #: the heap SQLite may use in this process, all connections together (SQLite's hard heap limit): a statement
+    #: that would need more fails with ``LimitError`` rather than the process running out of memory
+    sql_memory_bytes: int = 4 * 1024 * 1024 * 1024
     #: a read first runs on the event loop for at most this long (seconds); past it SQLite interrupts it and it
     #: runs again on a reader thread. 0 sends every read to a reader thread.
     inline_read: float = 0.0005

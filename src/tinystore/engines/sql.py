@@ -224,6 +224,11 @@ the product of their arguments' sizes, in one SQLite step that the progress hand
 texts under 1 MiB); ``printf``/``format`` give NULL, not an error, past a connection's length limit; ``match``
 (full-text search) works in its own table's code. A view that calls one counts too (SQLite asks about the
 view's functions when it prepares a statement that reads the view)."""
+_OFF_LOOP_PRAGMAS = frozenset({"wal_checkpoint", "integrity_check", "quick_check", "foreign_key_check", "optimize"})
+"""Pragmas that may work or wait long (a checkpoint waits for the writer): off the loop, as :data:`_OFF_LOOP`."""
+_HIDDEN_TABLES = frozenset({"sqlite_stmt", "sqlite_dbpage"})
+"""Virtual tables no client may read: the prepared statements of a connection (their texts: other clients' SQL,
+and the marks that keep the engines' cached statements apart), and the raw pages of the file."""
 _MOVE = "(run it on a reader thread)"
 """The ``why`` of a refusal on the inline connection: :meth:`SqlDatabase.read_now` moves the read, silently."""
 
@@ -242,6 +247,13 @@ def _authorizer(
         return c is not None and c.writer
 
     def authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
+        if action == sqlite3.SQLITE_READ and arg1 is not None and arg1.lower() in _HIDDEN_TABLES and not internal():
+            return _deny(
+                f"{arg1.lower()} is refused (it shows the statements the store has prepared, other clients' "
+                "among them, or the file's raw pages)"
+            )
+        if inline and action == sqlite3.SQLITE_PRAGMA and arg1 is not None and arg1.lower() in _OFF_LOOP_PRAGMAS:
+            return _deny(_MOVE)
         if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
             if action == sqlite3.SQLITE_ATTACH and arg1 == "":
                 # VACUUM (its scratch database has no file name): the engine's own, run alone on the writer
@@ -589,7 +601,9 @@ def sql_error(db: str, exc: BaseException, statement_timeout: float | None = Non
             "lone surrogate, which UTF-8 cannot store"
         )
     msg = str(exc)
-    if isinstance(exc, sqlite3.DatabaseError) and (msg in _DENIED or msg.startswith("not authorized")):
+    if isinstance(exc, sqlite3.DatabaseError) and (
+        msg in _DENIED or msg.startswith("not authorized") or (msg.startswith("access to ") and "prohibited" in msg)
+    ):
         why = getattr(_denied, "why", None)
         _denied.why = None
         if why is None:
@@ -918,11 +932,10 @@ class SqlDatabase:
             c: Any = conn
             c.resets_rowid = c.writer = True
         conn.execute("pragma foreign_keys = on")
-        if readonly:
-            # no value (string, blob, row) a read makes can be over what a result may be: SQLite stops making one
-            # there, rather than at its own 1 GB (randomblob(1e9), zeroblob, replace). (The writer keeps SQLite's
-            # own limit: a write's printf past it would store NULL, not fail)
-            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(self.limits.sql_result_bytes, 1))
+        # no value (string, blob, row) can be over what a result may be: SQLite stops making one there, rather than
+        # at its own 1 GB (randomblob(1e9), zeroblob, replace), in a read and in a write alike (a read sent
+        # through exec runs on the writer). printf and format give NULL past it, as SQLite's own limit
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(self.limits.sql_result_bytes, 1))
         conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
 
@@ -955,6 +968,13 @@ class SqlDatabase:
 
     def _error(self, exc: BaseException) -> TinystoreError:
         """:func:`sql_error` for this database."""
+        if isinstance(exc, MemoryError):  # SQLITE_NOMEM: past the hard heap limit (Limits.sql_memory_bytes)
+            limit = self.limits.sql_memory_bytes
+            return LimitError(
+                f"database {self.name}: SQLite ran out of the memory it may use (Limits.sql_memory_bytes, {limit} "
+                "bytes for all of the store's databases): the statement holds too much at once",
+                limit=limit,
+            )
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_TOOBIG":
             limit = self.limits.sql_result_bytes
             return LimitError(
@@ -1133,7 +1153,7 @@ class SqlDatabase:
         if self._closed:
             raise ClosedError(f"database {self.name} is closed")
         conn = self._inline
-        if conn is None or sql in self._off_loop:
+        if conn is None or len(sql) > INLINE_SQL_BYTES or sql in self._off_loop:
             return None
         n = self._turn_reads
         self._turn_reads = n + 1
@@ -1799,10 +1819,25 @@ _SIZE_CHUNK = 1024  # rows measured at a time: a large result is never encoded w
 
 RECYCLE_BYTES = 8 << 20
 """Characters of long statements a connection may have run before it is replaced (see ``SqlDatabase._recycle``)."""
-INLINE_VALUE_BYTES = 1 << 20
+INLINE_VALUE_BYTES = 16 << 10
 """The largest value (string, blob, row) a read on the event loop may make; a larger one moves to a reader."""
-INLINE_SQL_BYTES = 64 << 10
-"""The longest statement a read on the event loop may prepare; a longer one moves to a reader."""
+INLINE_SQL_BYTES = 4 << 10
+"""The longest statement a read on the event loop may run; a longer one goes to a reader. SQLite looks at its
+progress handler only where a statement jumps: a statement of many function calls in a row (a long select list)
+runs whole. With these two bounds, such a run on the loop costs a few ms at most (a few hundred calls over values
+of 16 KiB), where 64 KiB and 1 MiB let one read hold every client for 17 s (trial W)."""
+
+
+def _bound_heap(limit: int) -> None:
+    """Set SQLite's hard heap limit (process-wide) to ``limit`` bytes. No per-value or per-result bound stops one
+    statement from holding many values at once (SQLite computes a statement's constant expressions once, each into
+    a register of its own, all alive together: 1,899 copies of a 300 kB parameter took 1.5 GB, trial W), nor from
+    keeping them with its prepared form; this does, for all of SQLite in the process."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.execute(f"pragma hard_heap_limit = {int(limit)}")
+    finally:
+        conn.close()
 
 
 def _too_big(exc: BaseException) -> bool:
@@ -1897,6 +1932,7 @@ class SqlEngine:
         self.directory = directory / "sql"
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.limits = limits
+        _bound_heap(limits.sql_memory_bytes)
         self.durability = durability
         self.loop = asyncio.get_running_loop()
         self.databases: dict[str, SqlDatabase] = {}
