@@ -9,7 +9,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .client.channels import Channel, ChannelIterator, Message, Missed, Subscription, TxChannel
-from .client.jobs import Job, JobError, JobEvent, JobPage, JobState, Outcome, Queue, Run, TxQueue, Worker
+from .client.jobs import Job, JobError, JobEvent, JobPage, JobState, Outcome, Queue, QueueOptions, Run, TxQueue, Worker
 from .client.locks import Lease, Lock, Permit, Semaphore
 from .client.sql import Database, SqlTx
 from .client.store import Durability, Store, connect, open
@@ -63,6 +63,7 @@ __all__ = [
     "PermissionDeniedError",
     "Permit",
     "Queue",
+    "QueueOptions",
     "Run",
     "Semaphore",
     "SqlTx",

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, cast, overload
 
 import msgspec
 
@@ -983,6 +983,20 @@ async def _hand_back(store: Store, queue: str, token: str) -> None:
 
 
 _opened: weakref.WeakKeyDictionary[Store, dict[str, tuple[Options, QueueInfo]]] = weakref.WeakKeyDictionary()
+
+
+class QueueOptions(TypedDict, total=False):
+    """The options of a queue, as :meth:`Store.queue <tinystore.Store.queue>` and :class:`Queue` take them."""
+
+    database: Database | str | None
+    attempts: int | None
+    backoff: tuple[Duration, Duration] | None
+    lease: Duration | None
+    timeout: Duration | None
+    expected: Duration | None
+    max_running: int | None
+    max_running_per_tenant: int | None
+    keep: Duration | None
 
 
 class Queue(Generic[T]):

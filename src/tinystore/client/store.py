@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
 from urllib.parse import urlparse
 
 from ..clock import Clock
@@ -41,7 +41,7 @@ from .sql import Database, read_migrations
 
 if TYPE_CHECKING:
     from .channels import Channel
-    from .jobs import Queue
+    from .jobs import Queue, QueueOptions
     from .locks import Lock, Semaphore
 from .transport import LocalTransport, RemoteTransport, Transport
 
@@ -250,72 +250,18 @@ class Store:
         return Semaphore(self, name, limit=limit, ttl=ttl, max_hold=max_hold)
 
     @overload
-    def queue(
-        self,
-        name: str,
-        type: builtins.type[T],
-        *,
-        database: Database | str | None = None,
-        attempts: int | None = None,
-        backoff: tuple[Duration, Duration] | None = None,
-        lease: Duration | None = None,
-        timeout: Duration | None = None,
-        expected: Duration | None = None,
-        max_running: int | None = None,
-        max_running_per_tenant: int | None = None,
-        keep: Duration | None = None,
-    ) -> Queue[T]: ...
+    def queue(self, name: str, type: builtins.type[T], **options: Unpack[QueueOptions]) -> Queue[T]: ...
     @overload
-    def queue(
-        self,
-        name: str,
-        type: Any = None,
-        *,
-        database: Database | str | None = None,
-        attempts: int | None = None,
-        backoff: tuple[Duration, Duration] | None = None,
-        lease: Duration | None = None,
-        timeout: Duration | None = None,
-        expected: Duration | None = None,
-        max_running: int | None = None,
-        max_running_per_tenant: int | None = None,
-        keep: Duration | None = None,
-    ) -> Queue[Any]: ...
-    def queue(
-        self,
-        name: str,
-        type: Any = None,
-        *,
-        database: Database | str | None = None,
-        attempts: int | None = None,
-        backoff: tuple[Duration, Duration] | None = None,
-        lease: Duration | None = None,
-        timeout: Duration | None = None,
-        expected: Duration | None = None,
-        max_running: int | None = None,
-        max_running_per_tenant: int | None = None,
-        keep: Duration | None = None,
-    ) -> Queue[Any]:
+    def queue(self, name: str, type: Any = None, **options: Unpack[QueueOptions]) -> Queue[Any]: ...
+    def queue(self, name: str, type: Any = None, **options: Unpack[QueueOptions]) -> Queue[Any]:
         """The job queue ``name`` carrying values of ``type`` (as :meth:`channel`); its options are those of
-        :class:`~tinystore.client.jobs.Queue` (``database``, ``attempts``, ``backoff``, ``lease``, ``timeout``,
-        ``expected``, ``max_running``, ``max_running_per_tenant``, ``keep``). Raises ``InvalidError`` for a bad
-        name or option; sends nothing."""
+        :class:`~tinystore.client.jobs.Queue` (:class:`~tinystore.client.jobs.QueueOptions`: ``database``,
+        ``attempts``, ``backoff``, ``lease``, ``timeout``, ``expected``, ``max_running``,
+        ``max_running_per_tenant``, ``keep``). Raises ``InvalidError`` for a bad name or option value, and
+        ``TypeError`` for an option that does not exist; sends nothing."""
         from .jobs import Queue
 
-        return Queue(
-            self,
-            name,
-            type,
-            database=database,
-            attempts=attempts,
-            backoff=backoff,
-            lease=lease,
-            timeout=timeout,
-            expected=expected,
-            max_running=max_running,
-            max_running_per_tenant=max_running_per_tenant,
-            keep=keep,
-        )
+        return Queue(self, name, type, **options)
 
     async def status(self) -> dict[str, Any]:
         """Version, connections, databases and what each engine holds, as a dict."""
