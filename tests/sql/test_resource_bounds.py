@@ -72,3 +72,31 @@ async def test_a_data_token_cannot_make_a_database(tmp_path: Path) -> None:
             await boss.close()
     finally:
         server.stop()
+
+
+async def test_a_data_token_cannot_make_the_jobs_tables_of_a_database(tmp_path: Path) -> None:
+    # trial S: opening a queue in an application database made its jobs tables there with a data token (a schema
+    # change), and the jobs engine opened (made) the database itself for it
+    tokens, admin, data = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    try:
+        boss = await tinystore.connect(server.tcp, token=admin)
+        user = await tinystore.connect(server.tcp, token=data)
+        try:
+            await boss.database("app")
+            db = await user.database("app")
+            with pytest.raises(PermissionDeniedError, match="has no jobs tables yet, and making them needs the admin"):
+                await user.queue("mail", database=db).add({"to": "a@x"})
+            assert await db.scalar("select count(*) from sqlite_master where name = '_tinystore_jobs'") == 0
+            with pytest.raises(PermissionDeniedError, match="database nope does not exist"):
+                await user.queue("other", database="nope").add({"to": "a@x"})
+            assert not (tmp_path / "store" / "sql" / "nope.db").exists()
+            await boss.queue("mail", database=await boss.database("app")).add({"to": "boss@x"})
+            await user.queue("mail", database=db).add({"to": "b@x"})  # made by the admin: a data token adds
+            assert await db.scalar("select count(*) from _tinystore_jobs") == 2
+            await user.queue("plain").add({"x": 1})  # the store's own jobs database: any token
+        finally:
+            await user.close()
+            await boss.close()
+    finally:
+        server.stop()

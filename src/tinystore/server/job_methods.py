@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from ..engines.jobs import JobsEngine
+from ..engines.jobs import JOBS_DB, TABLE, JobsEngine
 from ..engines.sql import SqlTx
+from ..errors import PermissionDeniedError
 from ..protocol.jobs import (
     Add,
     Claim,
@@ -68,7 +69,30 @@ def install(core: Core) -> None:
         return tx
 
     async def open_(session: Session, req: OpenQueue) -> QueueInfo:
+        database = req.options.database
+        if session.capability != "admin" and database is not None and database != JOBS_DB:
+            await schema_guard(session, req.queue, database)
         return await engine.open_queue(req.queue, req.options)
+
+    async def schema_guard(session: Session, queue: str, database: str) -> None:
+        """A queue in an application database needs its jobs tables there: making them (and the database) is a
+        schema change, which needs the admin capability, as migrations do. Once made, any token opens it."""
+        sql = core.sql
+        db = sql.databases.get(database)
+        if db is None and not (sql.directory / f"{database}.db").exists():
+            raise PermissionDeniedError(
+                f"queue {queue}: database {database} does not exist, and making one needs the admin capability; "
+                f"this token has {session.capability!r}"
+            )
+        if db is None:
+            db, _ = await sql.open(database, [])
+        found = await db.read("select 1 from sqlite_master where type = 'table' and name = ?", [TABLE], "one")
+        if not found.rows:
+            raise PermissionDeniedError(
+                f"queue {queue}: database {database} has no jobs tables yet, and making them needs the admin "
+                f"capability (open the queue once with an admin token, as a deploy runs migrations); this token has "
+                f"{session.capability!r}"
+            )
 
     def add(session: Session, req: Add) -> Awaitable[list[str]]:
         if not req.tx:
