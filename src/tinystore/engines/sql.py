@@ -2084,6 +2084,10 @@ class SqlEngine:
             applied.append(name)
         return applied
 
+    def exists(self, name: str) -> bool:
+        """Whether database ``name`` is open or has its file (``DIR/sql/<name>.db``)."""
+        return name in self.databases or (self.directory / f"{name}.db").exists()
+
     def get(self, name: str) -> SqlDatabase:
         db = self.databases.get(name)
         if db is None:

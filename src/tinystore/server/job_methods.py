@@ -78,14 +78,12 @@ def install(core: Core) -> None:
         """A queue in an application database needs its jobs tables there: making them (and the database) is a
         schema change, which needs the admin capability, as migrations do. Once made, any token opens it."""
         sql = core.sql
-        db = sql.databases.get(database)
-        if db is None and not (sql.directory / f"{database}.db").exists():
+        if not sql.exists(database):
             raise PermissionDeniedError(
                 f"queue {queue}: database {database} does not exist, and making one needs the admin capability; "
                 f"this token has {session.capability!r}"
             )
-        if db is None:
-            db, _ = await sql.open(database, [])
+        db = sql.databases.get(database) or (await sql.open(database, []))[0]
         found = await db.read("select 1 from sqlite_master where type = 'table' and name = ?", [TABLE], "one")
         if not found.rows:
             raise PermissionDeniedError(

@@ -52,13 +52,9 @@ def install(core: Core) -> None:
         if req.db.startswith(RESERVED_DB_PREFIX):
             if migrations:
                 raise reserved_db_error(req.db, "migrations are refused")
-            if req.db not in engine.databases and not (engine.directory / f"{req.db}.db").exists():
+            if not engine.exists(req.db):
                 raise reserved_db_error(req.db, "the store has not made it, and a client may not create it")
-        if (
-            session.capability != "admin"
-            and req.db not in engine.databases
-            and not (engine.directory / f"{req.db}.db").exists()
-        ):
+        if session.capability != "admin" and not engine.exists(req.db):
             raise PermissionDeniedError(
                 f"database {req.db} does not exist, and making one needs the admin capability (as its migrations "
                 f"do); this token has {session.capability!r}"
@@ -75,7 +71,7 @@ def install(core: Core) -> None:
     async def reopen(name: str) -> SqlDatabase:
         # a database that exists on disk but was not opened since this server started (a client that
         # reconnected after a restart): open it again, without migrations
-        if not (engine.directory / f"{name}.db").exists():
+        if not engine.exists(name):
             return engine.get(name)  # raises InvalidError: not open
         db, _ = await engine.open(name, [])
         return db
