@@ -5,6 +5,7 @@ thread and a connection), databases per store (each a writer, readers and files)
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -54,49 +55,53 @@ async def test_databases_of_a_store_are_bounded(tmp_path: Path, mode: str) -> No
         await a.exec("create table t (x)")
 
 
-async def test_a_data_token_cannot_make_a_database(tmp_path: Path) -> None:
+@pytest.fixture
+async def admin_and_data(tmp_path: Path) -> AsyncIterator[tuple[tinystore.Store, tinystore.Store]]:
+    """Two clients of one TCP server (its store in ``tmp_path / "store"``): one with an admin token, one with a
+    data token."""
     tokens, admin, data = write_tokens(tmp_path)
     server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
     try:
         boss = await tinystore.connect(server.tcp, token=admin)
-        user = await tinystore.connect(server.tcp, token=data)
         try:
-            with pytest.raises(PermissionDeniedError, match="making one needs the admin capability"):
-                await user.database("new")
-            assert not (tmp_path / "store" / "sql" / "new.db").exists()
-            await boss.database("new")
-            db = await user.database("new")  # made by the admin: a data token opens it
-            assert await db.scalar("select 1") == 1
+            user = await tinystore.connect(server.tcp, token=data)
+            try:
+                yield boss, user
+            finally:
+                await user.close()
         finally:
-            await user.close()
             await boss.close()
     finally:
         server.stop()
 
 
-async def test_a_data_token_cannot_make_the_jobs_tables_of_a_database(tmp_path: Path) -> None:
+async def test_a_data_token_cannot_make_a_database(
+    tmp_path: Path, admin_and_data: tuple[tinystore.Store, tinystore.Store]
+) -> None:
+    boss, user = admin_and_data
+    with pytest.raises(PermissionDeniedError, match="making one needs the admin capability"):
+        await user.database("new")
+    assert not (tmp_path / "store" / "sql" / "new.db").exists()
+    await boss.database("new")
+    db = await user.database("new")  # made by the admin: a data token opens it
+    assert await db.scalar("select 1") == 1
+
+
+async def test_a_data_token_cannot_make_the_jobs_tables_of_a_database(
+    tmp_path: Path, admin_and_data: tuple[tinystore.Store, tinystore.Store]
+) -> None:
     # trial S: opening a queue in an application database made its jobs tables there with a data token (a schema
     # change), and the jobs engine opened (made) the database itself for it
-    tokens, admin, data = write_tokens(tmp_path)
-    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
-    try:
-        boss = await tinystore.connect(server.tcp, token=admin)
-        user = await tinystore.connect(server.tcp, token=data)
-        try:
-            await boss.database("app")
-            db = await user.database("app")
-            with pytest.raises(PermissionDeniedError, match="has no jobs tables yet, and making them needs the admin"):
-                await user.queue("mail", database=db).add({"to": "a@x"})
-            assert await db.scalar("select count(*) from sqlite_master where name = '_tinystore_jobs'") == 0
-            with pytest.raises(PermissionDeniedError, match="database nope does not exist"):
-                await user.queue("other", database="nope").add({"to": "a@x"})
-            assert not (tmp_path / "store" / "sql" / "nope.db").exists()
-            await boss.queue("mail", database=await boss.database("app")).add({"to": "boss@x"})
-            await user.queue("mail", database=db).add({"to": "b@x"})  # made by the admin: a data token adds
-            assert await db.scalar("select count(*) from _tinystore_jobs") == 2
-            await user.queue("plain").add({"x": 1})  # the store's own jobs database: any token
-        finally:
-            await user.close()
-            await boss.close()
-    finally:
-        server.stop()
+    boss, user = admin_and_data
+    await boss.database("app")
+    db = await user.database("app")
+    with pytest.raises(PermissionDeniedError, match="has no jobs tables yet, and making them needs the admin"):
+        await user.queue("mail", database=db).add({"to": "a@x"})
+    assert await db.scalar("select count(*) from sqlite_master where name = '_tinystore_jobs'") == 0
+    with pytest.raises(PermissionDeniedError, match="database nope does not exist"):
+        await user.queue("other", database="nope").add({"to": "a@x"})
+    assert not (tmp_path / "store" / "sql" / "nope.db").exists()
+    await boss.queue("mail", database=await boss.database("app")).add({"to": "boss@x"})
+    await user.queue("mail", database=db).add({"to": "b@x"})  # made by the admin: a data token adds
+    assert await db.scalar("select count(*) from _tinystore_jobs") == 2
+    await user.queue("plain").add({"x": 1})  # the store's own jobs database: any token

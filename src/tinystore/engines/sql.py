@@ -461,13 +461,18 @@ def own_sql(sql: str) -> str:
     return _OWN_MARK + sql
 
 
-def _own_execute(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+def _as_engine(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    """Run ``sql`` (already :func:`own_sql`'s text) on ``conn`` with the engine's rights."""
     c: Any = conn
     c.internal = True
     try:
-        return conn.execute(own_sql(sql), params)
+        return conn.execute(sql, params)
     finally:
         c.internal = False
+
+
+def _own_execute(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    return _as_engine(conn, own_sql(sql), params)
 
 
 def _rollback_quietly(conn: sqlite3.Connection) -> None:
@@ -1548,15 +1553,8 @@ class SqlDatabase:
             finally:
                 c.internal = False
         before = conn.total_changes
-        if own:  # an engine's own statement (own_sql): it may write the store's tables
-            c2: Any = conn
-            c2.internal = True
-            try:
-                cur = conn.execute(sql, params)
-            finally:
-                c2.internal = False
-        else:
-            cur = conn.execute(sql, params)
+        # an engine's own statement (own_sql) may write the store's tables
+        cur = _as_engine(conn, sql, params) if own else conn.execute(sql, params)
         desc = cur.description
         rows = [] if desc is None else _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
         changes = cur.rowcount
