@@ -174,6 +174,8 @@ ROW_BYTES = (
     "coalesce(length(cast(progress as blob)), 0) + coalesce(length(cast(error as blob)), 0) + 256"
 )
 """About how many bytes a job's row takes in a page (its large texts, and some for the rest)."""
+COMPACT_MIN = 1024
+"""A deadline heap is first looked through for items that no longer matter at this many items (_Deadlines)."""
 COLUMNS = (
     "id, queue, state, attempts, fence, value, key, tenant, user, type, priority, progress, result, error, "
     "errors, steps, run_at, created_at, started_at, finished_at"
@@ -287,23 +289,44 @@ class _Waiter:
 
 
 class _Deadlines:
-    """A heap of ``(when, item)`` with one clock timer at its earliest; ``on_due(item)`` for each due item."""
+    """A heap of ``(when, item)`` with one clock timer at its earliest; ``on_due(item)`` for each due item.
 
-    def __init__(self, clock: Clock, on_due: Callable[[Any], None]) -> None:
+    An item stays in the heap until its time even when it no longer matters (a cancelled delayed job, the lease of
+    an attempt that ended): ``live(item)`` is false for such an item, whose ``on_due`` would do nothing. Once the
+    heap reaches ``compact_at`` items, those are dropped, and the next look comes at twice what is left (at least
+    :data:`COMPACT_MIN`): the heap holds at most about twice its live items, for O(1) amortized work a push. A
+    delayed job added and cancelled stayed in memory until its time (days); every claimed attempt's lease and
+    ``expected`` deadlines stayed 30 s after it ended (at 10,000 jobs/s, 600,000 items)."""
+
+    def __init__(
+        self, clock: Clock, on_due: Callable[[Any], None], live: Callable[[Any], bool] = lambda item: True
+    ) -> None:
         self.clock = clock
         self.on_due = on_due
+        self.live = live
         self.heap: list[tuple[float, int, Any]] = []
         self.seq = itertools.count()
         self.timer: Timer | None = None
         self.when = math.inf
         self.closed = False
+        self.compact_at = COMPACT_MIN
 
     def push(self, when: float, item: Any) -> None:
         if self.closed or math.isinf(when):
             return
         heapq.heappush(self.heap, (when, next(self.seq), item))
+        if len(self.heap) >= self.compact_at:
+            self._compact()
         if when < self.when:
             self._arm(when)
+
+    def _compact(self) -> None:
+        # (the timer stays armed where it is: should its item be gone, it fires early, finds nothing due and arms
+        # itself at the earliest left)
+        live = self.live
+        self.heap = [entry for entry in self.heap if live(entry[2])]
+        heapq.heapify(self.heap)
+        self.compact_at = max(COMPACT_MIN, 2 * len(self.heap))
 
     def _arm(self, when: float) -> None:
         if self.timer is not None:
@@ -358,9 +381,14 @@ class _Queue:
         self.blocked: set[str] = set()  # tenants with due jobs at max_running_per_tenant
         self.waiters: deque[_Waiter] = deque()
         self.watchers: dict[str, list[asyncio.Future[None]]] = {}
-        self.delayed = _Deadlines(engine.clock, lambda e: engine._on_due(self, e))
-        self.leases = _Deadlines(engine.clock, lambda item: engine._on_lease(self, *item))
-        self.stuck_at = _Deadlines(engine.clock, lambda item: engine._on_stuck(self, *item))
+        # each ``live`` is what its ``on_due`` looks at before it does anything
+        self.delayed = _Deadlines(engine.clock, lambda e: engine._on_due(self, e), self._delayed)
+        self.leases = _Deadlines(engine.clock, lambda item: engine._on_lease(self, *item), self._running)
+        self.stuck_at = _Deadlines(
+            engine.clock,
+            lambda item: engine._on_stuck(self, *item),
+            lambda item: self._running(item) and not item[0].stuck,
+        )
         self.sweep_timer: Timer | None = None
         self.sweep_when = math.inf
         self.stuck_reports = 0
@@ -370,6 +398,15 @@ class _Queue:
         # adds asked for in this loop turn, written together at its end: (rows, future of the ids)
         self.adds: list[tuple[list[list[Any]], Later]] = []
         self.schema: asyncio.Future[Any] | None = None  # the tables being made in an application database
+
+    def _delayed(self, e: _Entry) -> bool:
+        """Whether ``e`` still waits for its time (what a delayed job's deadline is for)."""
+        return e.where == DELAYED and self.entries.get(e.id) is e
+
+    def _running(self, item: tuple[_Entry, int]) -> bool:
+        """Whether the attempt ``(entry, fence)`` still runs (what a lease's or an ``expected`` deadline is for)."""
+        e, fence = item
+        return e.where == RUNNING and e.fence == fence and self.entries.get(e.id) is e
 
     def schema_ready(self) -> bool:
         return self.schema is None or (

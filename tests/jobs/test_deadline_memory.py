@@ -1,0 +1,72 @@
+"""The jobs engine's deadline heaps hold about what is still live: a delayed job added and cancelled, or an attempt that
+ended, no longer stays in memory until its deadline (trial X: 20,000 delayed jobs added and cancelled with a 30-day
+delay stayed in the server for 30 days; each claimed attempt's lease and ``expected`` deadlines stayed 30 s after
+it ended)."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tinystore.clock import Clock
+from tinystore.engines.jobs import COMPACT_MIN, _Deadlines
+
+from ..helpers import open_store
+
+T0 = datetime(2031, 1, 1, tzinfo=UTC)
+
+
+# contract: JOB-01
+async def test_items_that_no_longer_matter_are_dropped_and_the_live_ones_all_fire_in_order() -> None:
+    clock = Clock(T0)
+    t0 = clock.now()
+    dead: set[int] = set()
+    fired: list[int] = []
+    deadlines = _Deadlines(clock, fired.append, lambda item: item not in dead)
+    rng = random.Random(7)
+    when = {i: t0 + rng.uniform(1, 100) for i in range(6 * COMPACT_MIN)}
+    for i, at in when.items():
+        deadlines.push(at, i)
+        if i % 10:
+            dead.add(i)  # nine in ten stop mattering (cancelled, ended) before their time
+        assert len(deadlines) <= 2 * COMPACT_MIN, len(deadlines)
+    clock.advance(101)
+    live = [i for i in when if i not in dead]
+    # every live item fired once, in the order of its time (the dead ones left may fire too: their on_due does
+    # nothing, as before)
+    assert [i for i in fired if i not in dead] == sorted(live, key=lambda i: when[i])
+    assert len(fired) < len(when) // 2
+    deadlines.close()
+    clock.close()
+
+
+# contract: JOB-09
+async def test_delayed_jobs_added_and_cancelled_leave_nothing_behind(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s", clock=T0) as store:
+        q = store.queue("later")
+        for i in range(3 * COMPACT_MIN):
+            await q.cancel(await q.add({"i": i}, delay="30d"))
+        kept = await q.add({"i": "kept"}, delay="1h")
+        engine: Any = store._core.engines["jobs"]  # type: ignore[attr-defined]
+        index = engine.queues["later"]
+        assert len(index.delayed) <= 2 * COMPACT_MIN, len(index.delayed)
+        ran: list[Any] = []
+        store.clock.advance("1h")
+        assert await q.run_due(lambda value, run: ran.append(value)) == 1
+        assert ran == [{"i": "kept"}]
+        assert (await q.get(kept)).state == "succeeded"
+
+
+# contract: JOB-08
+async def test_ended_attempts_leave_their_lease_and_expected_deadlines(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s", clock=T0) as store:
+        q = store.queue("quick")
+        await q.add_many([{"i": i} for i in range(3 * COMPACT_MIN)])
+        ran = await q.run_due(lambda value, run: None)
+        assert ran == 3 * COMPACT_MIN
+        engine: Any = store._core.engines["jobs"]  # type: ignore[attr-defined]
+        index = engine.queues["quick"]
+        assert len(index.leases) <= 2 * COMPACT_MIN, len(index.leases)
+        assert len(index.stuck_at) <= 2 * COMPACT_MIN, len(index.stuck_at)
