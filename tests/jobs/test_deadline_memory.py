@@ -70,3 +70,25 @@ async def test_ended_attempts_leave_their_lease_and_expected_deadlines(tmp_path:
         index = engine.queues["quick"]
         assert len(index.leases) <= 2 * COMPACT_MIN, len(index.leases)
         assert len(index.stuck_at) <= 2 * COMPACT_MIN, len(index.stuck_at)
+
+
+# contract: JOB-09
+async def test_due_jobs_cancelled_behind_a_waiting_one_leave_nothing_behind(tmp_path: Path) -> None:
+    """Due jobs leave their tenant's line lazily, as a worker passes them: with no worker, jobs added and cancelled
+    behind one that waits stayed in the line (and their priorities' keys in the heap of tenants) for good."""
+    async with open_store("embedded", tmp_path / "s", clock=T0) as store:
+        q = store.queue("due")
+        first = await q.add({"i": "first"}, tenant="t")
+        for i in range(4 * COMPACT_MIN):
+            # the most behind "first" in its line; one in four at a higher priority, changing the tenant's key
+            await q.cancel(await q.add({"i": i}, tenant="t", priority=2 if i % 4 == 0 else 0))
+        last = await q.add({"i": "last"}, tenant="u", priority=1)
+        engine: Any = store._core.engines["jobs"]  # type: ignore[attr-defined]
+        index = engine.queues["due"]
+        in_lines = sum(len(line) for prios in index.ready.values() for line in prios.values())
+        assert in_lines <= COMPACT_MIN + 2, in_lines
+        assert len(index.tenants) <= COMPACT_MIN + 2, len(index.tenants)
+        ran: list[Any] = []
+        assert await q.run_due(lambda value, run: ran.append(value)) == 2
+        assert ran == [{"i": "last"}, {"i": "first"}]  # the higher priority first
+        assert (await q.get(first)).state == (await q.get(last)).state == "succeeded"

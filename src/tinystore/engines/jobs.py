@@ -378,6 +378,7 @@ class _Queue:
         self.serve_count = 0
         self.tenants: list[tuple[int, int, str]] = []  # heap of (-priority, last served, tenant), lazily exact
         self.tenant_keys: dict[str, tuple[int, int]] = {}  # each tenant's current key in that heap
+        self.stale_ready = 0  # jobs ended while due, left in their lines (and keys in ``tenants``) until passed
         self.blocked: set[str] = set()  # tenants with due jobs at max_running_per_tenant
         self.waiters: deque[_Waiter] = deque()
         self.watchers: dict[str, list[asyncio.Future[None]]] = {}
@@ -831,6 +832,21 @@ class JobsEngine:
             self._place(q, e)
             self._pump(q)
 
+    @staticmethod
+    def _compact_ready(q: _Queue) -> None:
+        """Drop the ended jobs from the lines of due jobs, and the outdated keys from the heap of tenants. Both
+        are dropped lazily as a worker passes them, so with no worker (or behind a job that waits) cancelled jobs
+        stayed in memory. Called once there are more of them than live jobs: O(1) amortized a cancel."""
+        for prios in q.ready.values():
+            for line in prios.values():
+                kept = [x for x in line if x.where == READY and q.entries.get(x.id) is x]
+                if len(kept) != len(line):
+                    line.clear()
+                    line.extend(kept)
+        q.tenants = [(key[0], key[1], tenant) for tenant, key in q.tenant_keys.items()]
+        heapq.heapify(q.tenants)
+        q.stale_ready = 0
+
     def _pick(self, q: _Queue, due_before: float) -> _Entry | None:
         """The next job to run: a higher priority first; within it, the tenant served least recently (tenants never
         served first, by name); tenants at ``max_running_per_tenant`` are passed over, and nothing runs past
@@ -1212,6 +1228,8 @@ class JobsEngine:
             e.where = GONE
             if q.entries.get(e.id) is e:
                 del q.entries[e.id]
+            if q.stale_ready >= COMPACT_MIN and q.stale_ready > len(q.entries):
+                self._compact_ready(q)
             self._arm_sweep(q, self.clock.now() + q.options.keep)
         else:
             if run_at is not None:
@@ -1720,6 +1738,8 @@ class JobsEngine:
             e.cancel_queued = True
             sql_state = "('queued', 'failed', 'running')"
         else:
+            if e.where == READY:
+                q.stale_ready += 1  # it stays in its line until passed (or _compact_ready)
             e.where = ENDING
             sql_state = "('queued', 'failed')"
         busy = self._begin_write(e)
