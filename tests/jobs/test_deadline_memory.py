@@ -5,15 +5,21 @@ it ended)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+import tinystore
+import tinystore.engines.jobs as jobs_engine
 from tinystore.clock import Clock
 from tinystore.engines.jobs import COMPACT_MIN, _Deadlines
 
 from ..helpers import open_store
+from .util import claim, other_client, report
 
 T0 = datetime(2031, 1, 1, tzinfo=UTC)
 
@@ -92,3 +98,42 @@ async def test_due_jobs_cancelled_behind_a_waiting_one_leave_nothing_behind(tmp_
         assert await q.run_due(lambda value, run: ran.append(value)) == 2
         assert ran == [{"i": "last"}, {"i": "first"}]  # the higher priority first
         assert (await q.get(first)).state == (await q.get(last)).state == "succeeded"
+
+
+# contract: JOB-08
+async def test_an_attempt_whose_end_failed_keeps_its_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While an attempt's end is being written, its deadlines may be dropped as no longer running (by a compaction,
+    or by its lease coming due then); should the write fail, the attempt runs on, and its lease must still end it
+    when its worker is gone (trial Y: the job stayed running for good)."""
+    monkeypatch.setattr(jobs_engine, "COMPACT_MIN", 4)  # compactions at once
+    failing: dict[str, Any] = {}
+    write_ending = jobs_engine.JobsEngine._write_ending
+
+    def held_then_failed(self: Any, q: Any, values: list[Any]) -> Any:
+        if values[0] == failing.get("id") and "fut" not in failing:
+            failing["fut"] = self.loop.create_future()
+            return failing["fut"]
+        return write_ending(self, q, values)
+
+    monkeypatch.setattr(jobs_engine.JobsEngine, "_write_ending", held_then_failed)
+    async with open_store("embedded", tmp_path / "s", clock=T0) as store, other_client(store) as worker:
+        q = store.queue("lq", lease="30s", expected="60s")
+        x = await q.add({"x": 1})
+        await q.add_many([{"i": i} for i in range(8)])
+        [cx] = await claim(worker, "lq")
+        failing["id"] = cx.id
+        ending = asyncio.ensure_future(report(worker, "lq", cx))
+        while "fut" not in failing:
+            await asyncio.sleep(0.01)
+        for _ in range(8):  # other attempts claimed and ended: their deadlines fill the heaps, which compact
+            [c] = await claim(worker, "lq")
+            assert await report(worker, "lq", c)
+        failing["fut"].set_exception(tinystore.UnavailableError("database or disk is full"))
+        with pytest.raises(tinystore.UnavailableError):
+            await ending
+        # x's worker is gone: past its lease, x is failed as "worker lost" (to be retried)
+        for _ in range(4):
+            store.clock.advance("10s")
+            await asyncio.sleep(0.05)
+        job = await q.get(x)
+        assert (job.state, job.error) == ("failed", "worker lost"), job

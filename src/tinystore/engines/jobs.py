@@ -405,9 +405,10 @@ class _Queue:
         return e.where == DELAYED and self.entries.get(e.id) is e
 
     def _running(self, item: tuple[_Entry, int]) -> bool:
-        """Whether the attempt ``(entry, fence)`` still runs (what a lease's or an ``expected`` deadline is for)."""
+        """Whether the attempt ``(entry, fence)`` still runs, or may again: its end's write is in flight, and
+        should it fail the attempt runs on (what a lease's or an ``expected`` deadline is for)."""
         e, fence = item
-        return e.where == RUNNING and e.fence == fence and self.entries.get(e.id) is e
+        return (e.where == RUNNING or e.where == ENDING) and e.fence == fence and self.entries.get(e.id) is e
 
     def schema_ready(self) -> bool:
         return self.schema is None or (
@@ -839,7 +840,8 @@ class JobsEngine:
         stayed in memory. Called once there are more of them than live jobs: O(1) amortized a cancel."""
         for prios in q.ready.values():
             for line in prios.values():
-                kept = [x for x in line if x.where == READY and q.entries.get(x.id) is x]
+                # (a job whose cancel is being written keeps its place: should the write fail, it waits on there)
+                kept = [x for x in line if (x.where == READY or x.where == ENDING) and q.entries.get(x.id) is x]
                 if len(kept) != len(line):
                     line.clear()
                     line.extend(kept)
@@ -1301,6 +1303,12 @@ class JobsEngine:
             if row is None:
                 if e.where == ENDING:
                     e.where = RUNNING
+                    if e.fence == fence and q.entries.get(e.id) is e:
+                        # the attempt runs on: its deadlines again (one that came while its end was being written
+                        # found it not running and was dropped)
+                        q.leases.push(e.lease_until, (e, fence))
+                        if not e.stuck:
+                            q.stuck_at.push(e.started_at + q.options.expected, (e, fence))
                 if out.done():
                     pass
                 elif f.cancelled():
