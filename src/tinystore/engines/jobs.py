@@ -1167,7 +1167,13 @@ class JobsEngine:
         return self.renew(peer, queue, attempts)
 
     def _on_lease(self, q: _Queue, e: _Entry, fence: int) -> None:
-        if e.where != RUNNING or e.fence != fence or q.entries.get(e.id) is not e:
+        if e.fence != fence or q.entries.get(e.id) is not e:
+            return
+        if e.where == ENDING:
+            # its end is being written; should the write fail, the attempt runs on: look again a second later
+            q.leases.push(max(e.lease_until, self.clock.now() + 1.0), (e, fence))
+            return
+        if e.where != RUNNING:
             return
         if e.lease_until > self.clock.now():
             q.leases.push(e.lease_until, (e, fence))
@@ -1190,7 +1196,12 @@ class JobsEngine:
             q.leases.push(self.clock.now() + 1.0, (e, fence))
 
     def _on_stuck(self, q: _Queue, e: _Entry, fence: int) -> None:
-        if e.where != RUNNING or e.fence != fence or e.stuck or q.entries.get(e.id) is not e:
+        if e.fence != fence or e.stuck or q.entries.get(e.id) is not e:
+            return
+        if e.where == ENDING:
+            q.stuck_at.push(self.clock.now() + 1.0, (e, fence))  # as in _on_lease
+            return
+        if e.where != RUNNING:
             return
         e.stuck = True
         q.stuck_reports += 1
@@ -1302,13 +1313,7 @@ class JobsEngine:
             row = None if f.cancelled() or exc is not None else f.result()
             if row is None:
                 if e.where == ENDING:
-                    e.where = RUNNING
-                    if e.fence == fence and q.entries.get(e.id) is e:
-                        # the attempt runs on: its deadlines again (one that came while its end was being written
-                        # found it not running and was dropped)
-                        q.leases.push(e.lease_until, (e, fence))
-                        if not e.stuck:
-                            q.stuck_at.push(e.started_at + q.options.expected, (e, fence))
+                    e.where = RUNNING  # (its deadlines are still armed: see _on_lease)
                 if out.done():
                     pass
                 elif f.cancelled():
