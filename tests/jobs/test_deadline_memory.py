@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +18,12 @@ from tinystore.clock import Clock
 from tinystore.engines.jobs import COMPACT_MIN, _Deadlines
 
 from ..helpers import open_store
-from .util import claim, other_client, report
-
-T0 = datetime(2031, 1, 1, tzinfo=UTC)
+from .util import START, claim, other_client, report
 
 
 # contract: JOB-01
 async def test_items_that_no_longer_matter_are_dropped_and_the_live_ones_all_fire_in_order() -> None:
-    clock = Clock(T0)
+    clock = Clock(START)
     t0 = clock.now()
     dead: set[int] = set()
     fired: list[int] = []
@@ -50,7 +47,7 @@ async def test_items_that_no_longer_matter_are_dropped_and_the_live_ones_all_fir
 
 # contract: JOB-09
 async def test_delayed_jobs_added_and_cancelled_leave_nothing_behind(tmp_path: Path) -> None:
-    async with open_store("embedded", tmp_path / "s", clock=T0) as store:
+    async with open_store("embedded", tmp_path / "s", clock=START) as store:
         q = store.queue("later")
         for i in range(3 * COMPACT_MIN):
             await q.cancel(await q.add({"i": i}, delay="30d"))
@@ -67,7 +64,7 @@ async def test_delayed_jobs_added_and_cancelled_leave_nothing_behind(tmp_path: P
 
 # contract: JOB-08
 async def test_ended_attempts_leave_their_lease_and_expected_deadlines(tmp_path: Path) -> None:
-    async with open_store("embedded", tmp_path / "s", clock=T0) as store:
+    async with open_store("embedded", tmp_path / "s", clock=START) as store:
         q = store.queue("quick")
         await q.add_many([{"i": i} for i in range(3 * COMPACT_MIN)])
         ran = await q.run_due(lambda value, run: None)
@@ -82,7 +79,7 @@ async def test_ended_attempts_leave_their_lease_and_expected_deadlines(tmp_path:
 async def test_due_jobs_cancelled_behind_a_waiting_one_leave_nothing_behind(tmp_path: Path) -> None:
     """Due jobs leave their tenant's line lazily, as a worker passes them: with no worker, jobs added and cancelled
     behind one that waits stayed in the line (and their priorities' keys in the heap of tenants) for good."""
-    async with open_store("embedded", tmp_path / "s", clock=T0) as store:
+    async with open_store("embedded", tmp_path / "s", clock=START) as store:
         q = store.queue("due")
         first = await q.add({"i": "first"}, tenant="t")
         for i in range(4 * COMPACT_MIN):
@@ -120,7 +117,7 @@ async def test_an_attempt_whose_end_failed_keeps_its_lease(
         return write_ending(self, q, values)
 
     monkeypatch.setattr(jobs_engine.JobsEngine, "_write_ending", held_then_failed)
-    async with open_store("embedded", tmp_path / "s", clock=T0) as store, other_client(store) as worker:
+    async with open_store("embedded", tmp_path / "s", clock=START) as store, other_client(store) as worker:
         q = store.queue("lq", lease="30s", expected="60s")
         x = await q.add({"x": 1})
         await q.add_many([{"i": i} for i in range(8)])
