@@ -7,8 +7,10 @@
   tx.with_(queue).add, kept for one commit): jobs per second.
 - add_tx_100: 100 jobs added inside one transaction of an application database, its queue in that file
   (ours: store.queue(..., database=db); the original: db.queue(...)): jobs per second.
-- end_to_end: a worker of concurrency 8 runs; 8 producers add no-op jobs (2,000; 300 with --quick); jobs per
+- end_to_end: a worker of concurrency 8 runs; 8 producers add no-op jobs (6,000; 300 with --quick); jobs per
   second from the first add to the last job run. end_to_end_adds: the producers' add rate meanwhile.
+- pickup_p50_us, pickup_p99_us: an idle worker of concurrency 1; one job added at a time (300; 30 with
+  --quick), 2 ms after the last one started: from just before the add to the handler's start.
 
 Systems: tinystore embedded and sidecar (ours; durability "full", each add on disk when it returns), the
 original's embedded mode and sidecar (its jobs commit "full" by default), Huey with its SQLite storage
@@ -32,9 +34,12 @@ from workloads import (
     BATCH,
     PRODUCERS,
     WORKER_CONCURRENCY,
+    Starts,
     case_timeout,
     e2e_jobs,
     measure_tinystore,
+    pickup_latency,
+    pickups,
 )
 
 SYSTEMS = ["tinystore_embedded", "tinystore_sidecar", "huey", "arq", "original_embedded", "original_sidecar"]
@@ -123,11 +128,7 @@ async def huey_load(sizes: Sizes) -> dict[str, Any]:
         async def end_to_end() -> dict[str, Any]:
             total = e2e_jobs(sizes)
             target[0] = total
-            consumer = queue.create_consumer(**HUEY_CONSUMER)
-            handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-            consumer.start()
-            for sig, handler in handlers.items():  # the consumer's own; this process keeps its own
-                signal.signal(sig, handler)
+            consumer = _start_consumer(queue, HUEY_CONSUMER)
             try:
                 start = time.perf_counter()
 
@@ -145,7 +146,33 @@ async def huey_load(sizes: Sizes) -> dict[str, Any]:
             return _e2e(ran[0], total, elapsed, added)
 
         await soft(results, "end_to_end", end_to_end(), timeout + 60)
+
+        starts = Starts(threaded=True)
+
+        @queue.task()
+        def mark(n: int) -> None:
+            starts.mark()
+
+        async def pickup() -> dict[str, Any]:
+            consumer = _start_consumer(queue, {**HUEY_CONSUMER, "workers": 1})
+            try:
+                return await pickup_latency(pickups(sizes), lambda i: asyncio.to_thread(mark, i), starts)
+            finally:
+                await asyncio.to_thread(consumer.stop, True)
+
+        await soft(results, "pickup", pickup(), timeout + 60)
     return results
+
+
+def _start_consumer(queue: Any, options: dict[str, Any]) -> Any:
+    """A Huey consumer of ``queue``, started in this process's threads (its signal handlers undone: this process
+    keeps its own)."""
+    consumer = queue.create_consumer(**options)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    consumer.start()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    return consumer
 
 
 def _e2e(ran: int, total: int, elapsed: float, added: float) -> dict[str, Any]:
@@ -226,6 +253,28 @@ async def arq_load(server: RedisServer, sizes: Sizes) -> dict[str, Any]:
             return _e2e(ran, total, elapsed, added)
 
         await soft(results, "end_to_end", end_to_end(), timeout + 60)
+
+        async def pickup() -> dict[str, Any]:
+            starts = Starts()
+
+            async def mark(ctx: Any, n: int) -> None:
+                starts.mark()
+
+            worker = Worker(
+                functions=[func(mark, name="mark")],
+                redis_settings=settings,
+                handle_signals=False,
+                max_jobs=1,
+                poll_delay=ARQ_POLL_DELAY,
+            )
+            running = asyncio.create_task(worker.async_run())
+            try:
+                return await pickup_latency(pickups(sizes), lambda i: pool.enqueue_job("mark", i), starts)
+            finally:
+                running.cancel()
+                await asyncio.gather(running, worker.close(), return_exceptions=True)
+
+        await soft(results, "pickup", pickup(), timeout + 60)
     finally:
         await pool.aclose()
     return results
@@ -247,6 +296,7 @@ if __name__ == "__main__":
             f"add_tx_{BATCH}": f"jobs added per second, {BATCH} inside one application-database transaction",
             "end_to_end": "no-op jobs added and run per second, worker running meanwhile",
             "end_to_end_adds": "the producers' adds per second in the same run",
+            "pickup_pN_us": "an idle worker: microseconds from just before an add to its handler's start",
         },
         params={
             "add_callers": list(ADD_CALLERS),

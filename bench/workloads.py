@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from common import Sizes, import_ours, latency_summary, log, open_store, rate, run_original, soft
@@ -400,7 +402,73 @@ async def jobs_load(store: Any, sizes: Sizes, flavor: Flavor) -> dict[str, Any]:
 
     await soft(results, f"add_tx_{BATCH}", add_in_tx_rate(), timeout)
     await soft(results, "end_to_end", end_to_end(store, flavor, e2e_jobs(sizes)), timeout + 60)
+    await soft(results, "pickup", pickup(store, flavor, pickups(sizes)), timeout + 60)
     return results
+
+
+def pickups(sizes: Sizes) -> int:
+    """Jobs of one pickup run, one at a time."""
+    return 30 if sizes.quick else 300
+
+
+PICKUP_PAUSE = 0.002
+"""Seconds between a job's start and the next add: the worker is waiting again by then."""
+
+
+class Starts:
+    """When handlers started, one at a time: ``mark()`` from a handler, ``await next()`` for its time
+    (``time.perf_counter``). ``threaded``: handlers run in other threads (Huey's consumer)."""
+
+    def __init__(self, threaded: bool = False) -> None:
+        self.event: asyncio.Event | threading.Event = threading.Event() if threaded else asyncio.Event()
+        self.at = 0.0
+
+    def mark(self) -> None:
+        self.at = time.perf_counter()
+        self.event.set()
+
+    async def next(self) -> float:
+        event = self.event
+        if isinstance(event, threading.Event):
+            if not await asyncio.to_thread(event.wait, 10):
+                raise TimeoutError("a job did not start within 10 s")
+        else:
+            async with asyncio.timeout(10):
+                await event.wait()
+        event.clear()
+        return self.at
+
+
+async def pickup_latency(total: int, add: Callable[[int], Awaitable[object]], starts: Starts) -> dict[str, Any]:
+    """``total`` jobs added one at a time to an idle worker, each :data:`PICKUP_PAUSE` after the last one started:
+    ``pickup_p50_us`` and ``pickup_p99_us`` from just before the add to the handler's start."""
+    waits: list[float] = []
+    for i in range(total):
+        await asyncio.sleep(PICKUP_PAUSE)
+        t0 = time.perf_counter()
+        await add(i)
+        waits.append(await starts.next() - t0)
+    return latency_summary(waits, "pickup")
+
+
+async def pickup(store: Any, flavor: Flavor, total: int) -> dict[str, Any]:
+    """:func:`pickup_latency` of an idle worker of concurrency 1, ours or the original's."""
+    queue = flavor.queue(store, "pickup", concurrency=1)
+    starts = Starts()
+
+    async def handler(value: Any, run: Any) -> None:
+        starts.mark()
+
+    async def add(i: int) -> None:
+        await queue.add({"n": i})
+
+    worker = queue.work(handler, concurrency=1)
+    if asyncio.iscoroutine(worker):
+        worker = await worker
+    try:
+        return await pickup_latency(total, add, starts)
+    finally:
+        await worker.stop()
 
 
 async def end_to_end(store: Any, flavor: Flavor, total: int) -> dict[str, Any]:

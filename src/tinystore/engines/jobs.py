@@ -19,7 +19,9 @@ The index costs about 250 bytes of memory per job that has not ended (a queue's 
 about 250 MB), and a queue loads it from its rows at its first use after a start (about 5 s per million).
 
 Nothing polls. A worker's claim waits in the queue's line of waiters; the engine hands it jobs when one is
-added, comes due (a clock timer at the earliest due time), or when a running job ends and frees a slot.
+added, comes due (a clock timer at the earliest due time), or when a running job ends and frees a slot. A job
+added while a claim waits is handed to it as its insert goes to the writer: the claim's write follows the insert
+in the same commit, so an idle worker starts a new job after one fsync rather than two.
 
 - Claim: the chosen jobs become ``running`` with ``attempts + 1`` (the attempt counts before the handler
   runs, JOB-03) and ``fence + 1`` in one write; the lease starts then. A lease runs out ``lease`` after the
@@ -185,6 +187,9 @@ _OUTCOMES = frozenset({"succeeded", "error", "fail", "snooze"})
 
 # where an entry of the in-memory index is
 READY, DELAYED, CLAIMING, RUNNING, ENDING, GONE = range(6)
+# where a job placed in the index before its row was written (_place_early) stands: its insert is in flight, or it
+# was not written after all
+INSERTING, UNWRITTEN = 1, 2
 
 _json_encode = msgspec.json.encode
 _json_decode = msgspec.json.decode
@@ -273,6 +278,7 @@ class _Entry:
     stuck: bool = False
     cancel_queued: bool = False  # a cancel write waits behind this job's claim write
     busy: asyncio.Future[None] | None = None  # a write changing this job is in flight
+    unwritten: int = 0  # placed early (_place_early): INSERTING until its insert is answered, UNWRITTEN if it failed
 
 
 @dataclass(eq=False, slots=True)
@@ -997,6 +1003,11 @@ class JobsEngine:
                 if e.where == CLAIMING:
                     e.counted = False
                     self._count(q, e, -1)
+                    if e.unwritten:  # placed early, and its row was not written either: nothing to run
+                        e.where = GONE
+                        if q.entries.get(e.id) is e:
+                            del q.entries[e.id]
+                        continue
                     self._place(q, e, front=True)
             if not w.fut.done():
                 w.fut.set_exception(err or ClosedError("jobs: the claim failed"))
@@ -1043,7 +1054,8 @@ class JobsEngine:
                 e.counted = False
                 self._count(q, e, -1)
             e.where = GONE
-            q.entries.pop(e.id, None)
+            if q.entries.get(e.id) is e:
+                del q.entries[e.id]
         if w.fut.done():  # the claim was given up meanwhile: hand the jobs back
             if got:
                 self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got]))
@@ -1657,25 +1669,74 @@ class JobsEngine:
         if group:
             self._insert_group(q, group)
 
-    def _insert_group(self, q: _Queue, group: list[tuple[list[list[Any]], Later]]) -> None:
-        w = q.db.write(*self._insert([r for rows, _ in group for r in rows]), own=True)
+    def _insert_group(self, q: _Queue, group: list[tuple[list[list[Any]], Later]], early: bool = True) -> None:
+        rows = [r for batch, _ in group for r in batch]
+        w = q.db.write(*self._insert(rows), own=True)
+        placed = self._place_early(q, rows) if early else []
 
         def done(f: asyncio.Future[Any]) -> None:
             if f.cancelled() or f.exception() is not None:
+                self._unplace(q, placed)
                 if len(group) > 1:
                     for item in group:  # each alone: an add that fails fails alone
-                        self._insert_group(q, [item])
+                        self._insert_group(q, [item], early=False)
                     return
                 exc = None if f.cancelled() else f.exception()
                 group[0][1].deliver(None, exc or ClosedError(f"queue {q.name}: the add did not run: the store closes"))
                 return
             found = self._returned(f.result().rows)
-            for rows, fut in group:
-                ids, new = self._ids_of(rows, found)
+            if placed:
+                self._written_early(q, placed, found)
+            for batch, fut in group:
+                ids, new = self._ids_of(batch, found)
                 self._added(q, new)
                 fut.deliver(ids, None)
 
         w.add_done_callback(done)
+
+    def _place_early(self, q: _Queue, rows: list[list[Any]]) -> list[tuple[_Entry, str | None]]:
+        """When a claim waits for jobs and ``rows`` are all due, put them in the index while their insert is still
+        on its way to the writer, and hand them to the waiting claims at once: the claim's write follows the
+        insert's in the same commit, and the job starts one commit (one fsync) sooner. Returns the entries placed,
+        with their idempotency keys (the insert's answer tells whether each row was written)."""
+        if self.closed or not any(not w.fut.done() and not w.claiming for w in q.waiters):
+            return []
+        now_ms = _ms(self.clock.now())
+        if any(r[8] > now_ms for r in rows):
+            return []
+        placed: list[tuple[_Entry, str | None]] = []
+        for jid, _, key, tenant, _, _, priority, _, run_at, _ in rows:
+            if jid in q.entries:
+                continue
+            e = _Entry(jid, tenant, priority, run_at / 1000, unwritten=INSERTING)
+            q.entries[jid] = e
+            self._place(q, e)
+            placed.append((e, key))
+        self._pump(q)
+        return placed
+
+    def _written_early(self, q: _Queue, placed: list[tuple[_Entry, str | None]], found: dict[str, str]) -> None:
+        """The insert of jobs placed early was answered: those whose rows it wrote are queued (their event goes out
+        before the claim's); one whose idempotency key another job holds was not written, and leaves the index."""
+        gone: list[tuple[_Entry, str | None]] = []
+        for e, key in placed:
+            if found.get("k:" + key if key is not None else "i:" + e.id) == e.id:
+                e.unwritten = 0
+                self._event(q, "state", e.id, "queued", None, 0, None)
+            else:
+                gone.append((e, key))
+        if gone:
+            self._unplace(q, gone)
+
+    def _unplace(self, q: _Queue, placed: list[tuple[_Entry, str | None]]) -> None:
+        """Jobs placed early whose rows were not written (a failed insert, or a key another job holds) leave the
+        index. One being claimed is left to its claim, which finds no row to claim and drops it."""
+        for e, _ in placed:
+            e.unwritten = UNWRITTEN
+            if e.where == READY and q.entries.get(e.id) is e:
+                e.where = GONE
+                del q.entries[e.id]
+                q.stale_ready += 1
 
     @staticmethod
     def _insert(rows: list[list[Any]]) -> tuple[str, list[Any]]:
