@@ -453,6 +453,8 @@ async def test_linger_keeps_the_log_for_a_reconnect_then_forgets() -> None:
         "bytes": 0,
         "messages": 0,
         "bytes_limit": Limits().channel_total_bytes,
+        "tombstones": 1,  # where the forgotten branch's seqs stopped
+        "unheard_kept": 0,
     }
     late = FakePeer(eng).subscribe("ch", ("l",), after=first.id)
     assert late.missed is None  # the branch was forgotten: cannot tell

@@ -641,7 +641,9 @@ class ChannelsEngine:
 
     def status(self) -> dict[str, Any]:
         """Counts: ``branches`` known, ``subscriptions``, ``peers`` with one, ``bytes`` of payload and
-        ``messages`` held in all logs, ``bytes_limit`` (``channel_total_bytes``)."""
+        ``messages`` held in all logs, ``bytes_limit`` (``channel_total_bytes``); ``tombstones``: forgotten
+        branches whose last seq is remembered, and ``unheard_kept``: channels whose last unheard publish is
+        remembered (each at most :data:`TOMBS_KEPT`, the memory the engine keeps beyond what it holds)."""
         return {
             "branches": len(self._branches),
             "subscriptions": len(self._subs),
@@ -649,6 +651,8 @@ class ChannelsEngine:
             "bytes": self._total_bytes,
             "messages": self._held,
             "bytes_limit": self._total_max,
+            "tombstones": len(self._tombs),
+            "unheard_kept": len(self._unheard_at),
         }
 
     def close(self) -> None:

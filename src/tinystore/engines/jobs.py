@@ -2122,7 +2122,10 @@ class JobsEngine:
         return out
 
     def status(self) -> dict[str, Any]:
-        """What ``store.status()["jobs"]`` shows: the loaded queues and the stuck reports so far."""
+        """What ``store.status()["jobs"]`` shows: the loaded queues and the stuck reports so far; the memory the
+        engine keeps: ``claims_kept`` (claims remembered in case their answer was lost, at most
+        :data:`CLAIMS_KEPT`), and per queue ``index`` (jobs not ended, about 250 bytes each) and ``deadlines``
+        (timer items: delayed jobs, leases, ``expected`` times; at most about twice the live ones)."""
         queues = []
         for q in self.queues.values():
             info = self._info(q)
@@ -2136,9 +2139,11 @@ class JobsEngine:
                     "stuck": info.stuck,
                     "waiting_claims": sum(1 for w in q.waiters if not w.fut.done()),
                     "stuck_reports": q.stuck_reports,
+                    "index": len(q.entries),
+                    "deadlines": len(q.delayed) + len(q.leases) + len(q.stuck_at),
                 }
             )
-        return {"stuck_reports": self.stuck_reports, "queues": queues}
+        return {"stuck_reports": self.stuck_reports, "claims_kept": len(self._claims), "queues": queues}
 
     def begin_stop(self) -> None:
         """The store begins to stop: waiting claims end at once (``UnavailableError``: the worker claims again

@@ -234,7 +234,13 @@ def install(core: Core) -> None:
         return [release_(session, lease) for lease in req.leases]
 
     def status() -> dict[str, Any]:
-        return lock_status(engine, core.clock.datetime)
+        out = lock_status(engine, core.clock.datetime)
+        # what is kept beyond the leases, each capped: run-out leases (for their late renewals), granted tickets
+        # of open sessions and of closed ones (for abandon)
+        out["ended_kept"] = engine.statistics()["ended"]
+        out["granted_kept"] = sum(len(g) for g in granted.values())
+        out["orphans_kept"] = len(orphans)
+        return out
 
     def on_close(session: Session) -> None:
         engine.drop_peer(session)  # its waiters leave their lines (queued items too); its leases stay
@@ -265,7 +271,8 @@ def install(core: Core) -> None:
 
 
 def lock_status(engine: LocksEngine, to_datetime: Any) -> dict[str, Any]:
-    """``status()["locks"]``: ``{"epoch": int (ms), "leases": int, "waiters": int, "keys": [...]}`` with one
+    """``status()["locks"]``: ``{"epoch": int (ms), "leases": int, "waiters": int, "keys": [...]}`` (and, from
+    the status hook, ``ended_kept``, ``granted_kept``, ``orphans_kept``: capped memory kept beyond leases) with one
     row per key held or waited for: ``lock``, ``key``, ``limit``, ``held`` (live leases), ``waiters``,
     ``fences`` (decimal, comma-separated, oldest first), ``expires`` (the earliest deadline as ISO text, or
     ``"never"``: a lease of the embedded process), ``sessions`` (the holders' session ids, comma-separated).
