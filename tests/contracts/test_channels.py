@@ -345,6 +345,30 @@ async def test_tx_publish_is_heard_only_after_the_commit_returned(store: tinysto
     await sub.stop()
 
 
+# contract: CHAN-01
+# contract: CHAN-03
+async def test_a_publish_after_the_commit_returned_comes_after_the_transactions_own(store: tinystore.Store) -> None:
+    """Publish order per branch holds across ``db.tx``: what the transaction published, then what its caller
+    publishes once it returned (trial Z: an embedded store gave the later publish the lower seq)."""
+    db = await store.database("app", migrations=SCHEMA)
+    ch = store.channel("order", str)
+    heard: list[tuple[str, int]] = []
+    sub = await ch.under(1).subscribe(lambda m: heard.append((m.value, m.seq)))
+    for round_ in range(3):
+
+        async def save(tx: tinystore.SqlTx, round_: int = round_) -> None:
+            await tx.exec("update t set v = ? where id = 1", f"r{round_}")
+            await tx.with_(ch).under(1).publish(f"tx {round_}")
+            await tx.with_(ch).under(1).publish(f"tx {round_} again")
+
+        await db.tx(save)
+        await ch.under(1).publish(f"after {round_}")
+    await eventually(lambda: len(heard) >= 9)
+    assert [v for v, _ in heard] == [v for r in range(3) for v in (f"tx {r}", f"tx {r} again", f"after {r}")], heard
+    assert [seq for _, seq in heard] == sorted(seq for _, seq in heard)
+    await sub.stop()
+
+
 # contract: CHAN-03
 async def test_tx_rollback_publishes_nothing_and_tells_no_gap(store: tinystore.Store) -> None:
     db = await store.database("app", migrations=SCHEMA)

@@ -50,31 +50,55 @@ if TYPE_CHECKING:
 log = logging.getLogger("tinystore.channels")
 
 
-class _TxPublishes:
-    """The messages one SQL transaction published, handed to the engine after its commit (an after_commit hook).
+class _Committed:
+    """Messages of committed transactions, not yet published: they go to the engine on a later loop turn than
+    their commit's, so the commit's answer is written before the deliveries its messages cause (nobody hears a
+    message before its transaction's commit returned), or at once before any other publish, so that they keep
+    their place: a publish made once ``db.tx`` returned comes after the transaction's own (CHAN-01; trial Z: an
+    embedded store's caller resumed and published before that later turn, and its message got the lower seq).
+    Each transaction's messages are published all or nothing, in the order of the commits."""
 
-    Published on a later loop turn than the commit's own, so the commit's answer is written before the
-    deliveries its messages cause: nobody hears a message before its transaction's commit returned.
-    """
-
-    __slots__ = ("engine", "items")
+    __slots__ = ("batches", "engine", "handle")
 
     def __init__(self, engine: ChannelsEngine) -> None:
         self.engine = engine
+        self.batches: list[list[tuple[str, Branch, bytes]]] = []
+        self.handle: asyncio.Handle | None = None
+
+    def add(self, items: list[tuple[str, Branch, bytes]]) -> None:
+        self.batches.append(items)
+        if self.handle is None:
+            self.handle = asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Publish what is waiting, now (a no-op when nothing is)."""
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        batches, self.batches = self.batches, []
+        for items in batches:
+            try:
+                self.engine.publish_many(items)
+            except ClosedError:
+                return  # the store stopped between the commit and now
+            except Exception:
+                log.exception("channels: publishing the messages of a committed transaction failed")
+
+
+class _TxPublishes:
+    """The messages one SQL transaction published, handed to :class:`_Committed` after its commit (an
+    after_commit hook)."""
+
+    __slots__ = ("committed", "items")
+
+    def __init__(self, committed: _Committed) -> None:
+        self.committed = committed
         self.items: list[tuple[str, Branch, bytes]] = []
 
     def __call__(self) -> None:
         if self.items:
-            asyncio.get_running_loop().call_soon(self._publish)
-
-    def _publish(self) -> None:
-        items, self.items = self.items, []
-        try:
-            self.engine.publish_many(items)
-        except ClosedError:
-            pass  # the store stopped between the commit and this turn
-        except Exception:
-            log.exception("channels: publishing the messages of a committed transaction failed")
+            items, self.items = self.items, []
+            self.committed.add(items)
 
 
 _SHAPE = msgspec.msgpack.Decoder(msgspec.Raw)  # walks a MessagePack value without building it (about 0.2 µs)
@@ -105,6 +129,7 @@ def install(core: Core) -> None:
     core.channels = engine  # type: ignore[attr-defined]
     core.engines["channels"] = engine
     sql = core.sql
+    committed = _Committed(engine)
 
     def publish(session: Session, req: Publish) -> Published | None:
         """Raises ``InvalidError`` (a bad name or branch, a value holding a NaN or an infinity, the channel
@@ -115,6 +140,8 @@ def install(core: Core) -> None:
             check_finite(req)
         branch = tuple(req.branch)
         if not req.tx:
+            if committed.batches:
+                committed.flush()
             return engine.publish(req.channel, branch, req.payload)
         tx = sql.transactions.get(req.tx)
         if tx is None or req.tx not in session.transactions or tx.done:
@@ -125,7 +152,7 @@ def install(core: Core) -> None:
         engine.check(req.channel, branch, req.payload)
         hook = next((h for h in tx.after_commit if isinstance(h, _TxPublishes)), None)
         if hook is None:
-            hook = _TxPublishes(engine)
+            hook = _TxPublishes(committed)
             tx.after_commit.append(hook)
         hook.items.append((req.channel, branch, req.payload))
         return None
@@ -136,6 +163,8 @@ def install(core: Core) -> None:
             check_client_publish(p.channel)
             if not session.local:
                 check_finite(p)
+        if committed.batches:
+            committed.flush()
         return engine.publish_many([(p.channel, tuple(p.branch), p.payload) for p in req.items])
 
     def subscribe(session: Session, req: Subscribe) -> Subscribed:
@@ -165,6 +194,7 @@ def install(core: Core) -> None:
         return engine.unsubscribe(session, req.sub)
 
     async def stop() -> None:
+        committed.flush()
         engine.close()
 
     core.session_close_hooks.append(engine.drop_peer)
