@@ -516,6 +516,9 @@ class JobsEngine:
         self.queues: dict[str, _Queue] = {}
         self._loading: dict[str, asyncio.Future[_Queue]] = {}
         self._options: dict[str, QueueOptions] = {}
+        # the options this engine wrote last for each queue (configure): what the store keeps, whatever a read of
+        # the options under way meanwhile gives
+        self._configured: dict[str, QueueOptions] = {}
         self._jobs_db: asyncio.Future[SqlDatabase] | None = None
         self._ids = _Ids()
         self.closed = False
@@ -599,7 +602,7 @@ class JobsEngine:
             log.error("jobs: a background write failed: %s", exc, exc_info=exc)
 
     async def _stored_options(self, name: str) -> QueueOptions | None:
-        opts = self._options.get(name)
+        opts = self._configured.get(name) or self._options.get(name)
         if opts is not None:
             return opts
         db = await self.jobs_db()
@@ -684,12 +687,16 @@ class JobsEngine:
         await db.write(
             f"update {QUEUES} set options = ? where name = ?", [_json_encode(merged.to_wire()).decode(), name], own=True
         )
-        self._options.pop(name, None)
+        # (the writes of configure commit in the order they were asked for, and resume their callers in that order:
+        # the last one here is what the store keeps. A read of the options or a load of the queue already under way
+        # may have read them before this write: they take these instead, see _stored_options and _load)
+        self._configured[name] = merged
         q = self.queues.get(name)
-        if q is not None:
-            q.options = merged
-            self._pump_soon(q)
-        return self._info(q) if q is not None else self._info(await self._queue(name))
+        if q is None:
+            q = await self._queue(name)
+        q.options = self._configured[name]
+        self._pump_soon(q)
+        return self._info(q)
 
     async def _queue(self, name: str) -> _Queue:
         q = self.queues.get(name)
@@ -763,6 +770,10 @@ class JobsEngine:
                 self._place(q, e)
         if self.closed:
             raise ClosedError("jobs: the store is stopping")
+        # a configure that wrote while this load ran: its options, not the ones read at the load's start (trial Z:
+        # a configure during the load at a store's start was stored, answered with the old options, and the queue
+        # ran with them until the next start)
+        q.options = self._configured.get(name, q.options)
         self.queues[name] = q
         if not made:
             return q
@@ -772,7 +783,7 @@ class JobsEngine:
             "scalar",
         )
         if oldest.rows and oldest.rows[0][0] is not None:
-            self._arm_sweep(q, oldest.rows[0][0] / 1000 + opts.keep)
+            self._arm_sweep(q, oldest.rows[0][0] / 1000 + q.options.keep)
         return q
 
     def _check_open(self) -> None:
