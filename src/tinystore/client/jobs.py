@@ -369,10 +369,13 @@ class Run:
         """Return this from the handler to run the job again after ``after``; the attempt is not counted."""
         return Outcome("snooze", seconds(after, f"{self._where}: snooze: after"))
 
-    def fail(self, reason: str) -> Outcome:
-        """Return this from the handler to end the job ``dead`` at once, with ``reason`` (a str) kept (JOB-04).
-        Raises ``InvalidError`` for a reason that is not a str: raised in the handler, that is the handler's
+    def fail(self, reason: str | None = None) -> Outcome:
+        """Return this from the handler to end the job ``dead`` at once, with ``reason`` (a str) kept (JOB-04);
+        without one (``None``, as ``PermanentError()``), the job's error says the handler gave no reason.
+        Raises ``InvalidError`` for a reason of another type: raised in the handler, that is the handler's
         error (a failed attempt, retried), not the job's end."""
+        if reason is None:
+            reason = ""
         if not isinstance(reason, str):
             raise InvalidError(
                 f"{self._where}: fail: reason {shown(reason)} is not a str (say why the job cannot succeed)"
