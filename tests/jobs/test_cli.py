@@ -84,6 +84,25 @@ def test_list_show_retry_cancel(tmp_path: Path) -> None:
     assert r.exit_code == 0 and "cancelled" in r.output
     r = cli("jobs", str(d), "cancel", ids["queued"])
     assert r.exit_code == 1
+    # --json, as every jobs command takes (trial Z: retry and cancel refused it)
+    r = cli("jobs", str(d), "cancel", ids["queued"], "--json")
+    assert r.exit_code == 1
+    assert json.loads(r.output) == {
+        "id": ids["queued"],
+        "action": "cancel",
+        "changed": False,
+        "state_before": "cancelled",
+    }
+    r = cli("jobs", str(d), "retry", ids["queued"], "--json")
+    assert r.exit_code == 0
+    assert json.loads(r.output) == {
+        "id": ids["queued"],
+        "action": "retry",
+        "changed": True,
+        "state_before": "cancelled",
+    }
+    r = cli("jobs", str(d), "cancel", ids["queued"], "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["changed"] is True
 
     r = cli("jobs", str(d), "show", ids["bad"], "--json")
     assert json.loads(r.output)["state"] == "queued" and json.loads(r.output)["attempts"] == 0

@@ -163,7 +163,7 @@ def register(main: click.Group) -> None:
                 "failed attempts", ["attempt", "at", "error"], [[e.attempt, _at(e.at), e.error] for e in job.errors]
             )
 
-    def _change(directory: Path, job_id: str, what: str) -> None:
+    def _change(directory: Path, job_id: str, what: str, as_json: bool = False) -> None:
         from ..client.jobs import cancel_job, find, retry_job
         from ..errors import InvalidError
 
@@ -179,6 +179,11 @@ def register(main: click.Group) -> None:
                 await store.close()
 
         ok, state = run_async(go)
+        if as_json:
+            click.echo(to_json({"id": job_id, "action": what, "changed": ok, "state_before": state}))
+            if not ok:
+                raise SystemExit(1)
+            return
         if ok:
             console.print(f"job {job_id}: {'cancelled' if what == 'cancel' else 'queued again'}", highlight=False)
         else:
@@ -187,17 +192,24 @@ def register(main: click.Group) -> None:
 
     @jobs.command()
     @click.argument("job_id")
+    @click.option(
+        "--json", "as_json", is_flag=True, help='Print {"id", "action", "changed", "state_before"} as JSON.'
+    )
     @pass_store_dir
-    def retry(directory: Path, job_id: str) -> None:
-        """Put a dead or cancelled job back to queued, attempts from 0."""
-        _change(directory, job_id, "retry")
+    def retry(directory: Path, job_id: str, as_json: bool) -> None:
+        """Put a dead or cancelled job back to queued, attempts from 0. Exits 1 when it changed nothing."""
+        _change(directory, job_id, "retry", as_json)
 
     @jobs.command()
     @click.argument("job_id")
+    @click.option(
+        "--json", "as_json", is_flag=True, help='Print {"id", "action", "changed", "state_before"} as JSON.'
+    )
     @pass_store_dir
-    def cancel(directory: Path, job_id: str) -> None:
-        """Cancel a job: a waiting one never runs; a running one's handler is cancelled."""
-        _change(directory, job_id, "cancel")
+    def cancel(directory: Path, job_id: str, as_json: bool) -> None:
+        """Cancel a job: a waiting one never runs; a running one's handler is cancelled. Exits 1 when it changed
+        nothing."""
+        _change(directory, job_id, "cancel", as_json)
 
     @jobs.command("queues")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")
