@@ -347,3 +347,18 @@ async def test_a_client_cannot_publish_fake_job_events(store: tinystore.Store) -
         await events.under("spoofed", jid).publish(tinystore.JobEvent(kind="state", job_id=jid, state="succeeded"))
     job = await q.get(jid)
     assert job is not None and job.state == "queued"
+
+
+# contract: JOB-02
+async def test_a_queue_cannot_make_a_database_named_like_the_stores_own(store: tinystore.Store) -> None:
+    """``tinystore-…`` names are kept for the store's own databases: ``store.database()`` refuses to make one, and so
+    does a queue's ``database=`` (trial Z: the queue made it, and then store.database() opened it)."""
+    q = store.queue("tq", database="tinystore-other")
+    with pytest.raises(PermissionDeniedError, match=r"queue tq: option database: tinystore-other starts with"):
+        await q.add({"x": 1})
+    with pytest.raises(PermissionDeniedError):
+        await store.database("tinystore-other")
+    assert store.directory is not None
+    assert not (store.directory / "sql" / "tinystore-other.db").exists()
+    jid = await store.queue("tq", database="tinystore-jobs").add({"x": 1})  # the jobs database is the default
+    assert (await store.queue("tq").get(jid)) is not None

@@ -192,9 +192,7 @@ def register(main: click.Group) -> None:
 
     @jobs.command()
     @click.argument("job_id")
-    @click.option(
-        "--json", "as_json", is_flag=True, help='Print {"id", "action", "changed", "state_before"} as JSON.'
-    )
+    @click.option("--json", "as_json", is_flag=True, help='Print {"id", "action", "changed", "state_before"} as JSON.')
     @pass_store_dir
     def retry(directory: Path, job_id: str, as_json: bool) -> None:
         """Put a dead or cancelled job back to queued, attempts from 0. Exits 1 when it changed nothing."""
@@ -202,9 +200,7 @@ def register(main: click.Group) -> None:
 
     @jobs.command()
     @click.argument("job_id")
-    @click.option(
-        "--json", "as_json", is_flag=True, help='Print {"id", "action", "changed", "state_before"} as JSON.'
-    )
+    @click.option("--json", "as_json", is_flag=True, help='Print {"id", "action", "changed", "state_before"} as JSON.')
     @pass_store_dir
     def cancel(directory: Path, job_id: str, as_json: bool) -> None:
         """Cancel a job: a waiting one never runs; a running one's handler is cancelled. Exits 1 when it changed

@@ -57,9 +57,9 @@ from typing import Any
 import msgspec
 
 from ..clock import Clock, Timer
-from ..errors import ClosedError, InvalidError, LimitError, TinystoreError, UnavailableError
+from ..errors import ClosedError, InvalidError, LimitError, PermissionDeniedError, TinystoreError, UnavailableError
 from ..limits import Limits
-from ..names import check_name
+from ..names import RESERVED_DB_PREFIX, check_name
 from ..protocol.jobs import (
     CANCEL_PUSH,
     DELAY_MAX_MS,
@@ -619,7 +619,8 @@ class JobsEngine:
 
         The first open of a queue keeps its options (given ones, the rest from the limits) in the jobs
         database; a later open whose given options differ from the kept ones raises ``InvalidError`` naming the
-        option. Also ``InvalidError`` for a bad name or an option out of bounds.
+        option. Also ``InvalidError`` for a bad name or an option out of bounds; ``PermissionDeniedError`` for a
+        ``database`` named like the store's own (``tinystore-…``, but for the jobs database).
         """
         self._check_open()
         check_name("queue", name)
@@ -629,6 +630,13 @@ class JobsEngine:
                 check_name("database", given.database)
             except InvalidError as exc:
                 raise InvalidError(f"queue {name}: option database: {exc.message}") from None
+            if given.database.startswith(RESERVED_DB_PREFIX) and given.database != JOBS_DB:
+                # (trial Z: a queue made such a database, which store.database() refuses to make)
+                raise PermissionDeniedError(
+                    f"queue {name}: option database: {given.database} starts with {RESERVED_DB_PREFIX!r}, kept for "
+                    f"the store's own databases; a queue's jobs live in {JOBS_DB} (the default) or in an "
+                    "application database"
+                )
         stored = await self._stored_options(name)
         if stored is None:
             merged = _merge(self.limits, given)
