@@ -142,3 +142,32 @@ async def test_an_attempt_whose_end_failed_keeps_its_lease(
             await asyncio.sleep(0.05)
         job = await q.get(x)
         assert (job.state, job.error) == ("failed", "worker lost"), job
+
+
+# contract: JOB-07
+async def test_tenants_long_gone_are_forgotten_and_fairness_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When each tenant was last served is kept only while it can still matter (trial Z: one entry per tenant ever
+    served stayed for good; with a user id as the tenant that grew without bound)."""
+    monkeypatch.setattr(jobs_engine, "COMPACT_MIN", 64)
+    async with open_store("embedded", tmp_path / "s", clock=START) as store:
+        q = store.queue("users")
+        for i in range(5 * 64):
+            await q.add({"i": i}, tenant=f"user-{i}")
+        assert await q.run_due(lambda value, run: None) == 5 * 64
+        engine: Any = store._core.engines["jobs"]
+        index = engine.queues["users"]
+        assert len(index.served) <= 2 * 64, len(index.served)
+
+        # fairness after forgetting: "recent" was served last; then a backlog of "a" (never served), a job of
+        # "user-0" (served first of all, forgotten) and one of "recent". The two served least recently, "a" and
+        # "user-0", go first (by name, as tenants never served do), then "recent", then the rest of "a"
+        await q.add({"t": "recent"}, tenant="recent")
+        assert await q.run_due(lambda value, run: None) == 1
+        await q.add_many([{"t": "a", "n": n} for n in range(3)], tenant="a")
+        await q.add({"t": "user-0"}, tenant="user-0")
+        await q.add({"t": "recent"}, tenant="recent")
+        order: list[str] = []
+        assert await q.run_due(lambda value, run: order.append(value["t"]), concurrency=1) == 5
+        assert order == ["a", "user-0", "recent", "a", "a"], order

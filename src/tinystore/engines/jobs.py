@@ -382,6 +382,7 @@ class _Queue:
         self.running_total = 0
         self.served: dict[str, int] = {}
         self.serve_count = 0
+        self.served_compact_at = COMPACT_MIN  # (see JobsEngine._compact_served)
         self.tenants: list[tuple[int, int, str]] = []  # heap of (-priority, last served, tenant), lazily exact
         self.tenant_keys: dict[str, tuple[int, int]] = {}  # each tenant's current key in that heap
         self.stale_ready = 0  # jobs ended while due, left in their lines (and keys in ``tenants``) until passed
@@ -947,7 +948,22 @@ class JobsEngine:
         self._count(q, e, 1)
         q.serve_count += 1
         q.served[e.tenant] = q.serve_count
+        if len(q.served) >= q.served_compact_at:
+            self._compact_served(q)
         self._refresh(q, e.tenant)
+
+    @staticmethod
+    def _compact_served(q: _Queue) -> None:
+        """Forget when tenants with no due or running job were last served, if that was before every tenant that has
+        one (and was served): such a tenant, back with a job, goes before those as it would have, and among the
+        tenants never served or forgotten, by name. Called once ``served`` doubled since the last look: O(1)
+        amortized a claim (trial Z: one entry per tenant ever served stayed until the store stopped; with a user id
+        as the tenant, 400,000 tenants took some 50 MB)."""
+        live = q.ready.keys() | q.running.keys()
+        served = q.served
+        floor = min((served[t] for t in live if t in served), default=math.inf)
+        q.served = {t: n for t, n in served.items() if n >= floor or t in live}
+        q.served_compact_at = max(COMPACT_MIN, 2 * len(q.served))
 
     def _count(self, q: _Queue, e: _Entry, delta: int) -> None:
         n = q.running.get(e.tenant, 0) + delta
