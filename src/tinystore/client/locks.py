@@ -515,17 +515,22 @@ class _Hold(Generic[R]):
         lock = self._lock
         key = self._key
         hub = lock._hub or lock._get_hub()
+        mine = 0
         for other in _held.get():
             if other._in_block and other.key == key and other.lock == lock.name and other._hub is hub:
-                again = (
-                    "try_hold inside its own hold would always give None"
-                    if self._wait is None
-                    else "holding it again inside its own hold would wait for itself"
-                )
-                raise InvalidError(
-                    f"{_where(lock._kind, lock.name, key)}: already held by this task (or the task that started "
-                    f"it); {again}"
-                )
+                mine += 1
+        if mine >= lock.limit:  # (a semaphore's task holding some of its permits may ask for one more)
+            again = (
+                "try_hold inside its own hold would always give None"
+                if self._wait is None
+                else "holding it again inside its own hold would wait for itself"
+            )
+            held = (
+                "already held by this task"
+                if lock.limit == 1
+                else f"all {lock.limit} permits already held by this task"
+            )
+            raise InvalidError(f"{_where(lock._kind, lock.name, key)}: {held} (or the task that started it); {again}")
         lease = await hub.acquire(lock, key, self._wait)
         if lease is None:
             return cast(R, None)
