@@ -281,3 +281,45 @@ async def test_progress_is_sent_at_most_ten_times_a_second(store: tinystore.Stor
         assert 3 <= len(events) <= 7, [e.progress for e in events]
     finally:
         await sub.stop()
+
+
+# contract: JOB-03
+async def test_an_embedded_test_clock_moves_a_handlers_timeout(tmp_path: Path) -> None:
+    """A test of "a hanging handler is cancelled at its timeout" needs no real wait: in an embedded store the
+    handler's timeout follows the test clock, as the store's leases, backoffs and ``expected`` do (trial Z: it ran
+    on real time only)."""
+    async with open_store("embedded", tmp_path / "s", clock=START) as store:
+        q = store.queue("hangs", attempts=2, timeout="1m", expected="10m", backoff=("1s", "1s"))
+        jid = await q.add({})
+        started = asyncio.Event()
+        cancelled: list[int] = []
+
+        async def handler(value: Any, run: tinystore.Run) -> str:
+            if run.attempt == 1:
+                started.set()
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    cancelled.append(run.attempt)
+                    raise
+            return "done"
+
+        worker = q.work(handler)
+        try:
+            await asyncio.wait_for(started.wait(), 10)
+            store.clock.advance("30s")
+            await asyncio.sleep(0.05)
+            assert cancelled == []  # not yet
+            store.clock.advance("31s")
+            await wait_until(lambda: cancelled == [1], timeout=5, what="the handler was cancelled at its timeout")
+            await wait_until(lambda: _failed(q, jid), timeout=5, what="the attempt failed")
+            store.clock.advance("2s")  # the backoff
+            job = await wait_state(q, jid, "succeeded", timeout=5)
+        finally:
+            await worker.stop()
+        assert job.attempts == 2 and job.errors[0].error == "timed out after 60s"
+
+
+async def _failed(q: tinystore.Queue[Any], jid: str) -> bool:
+    job = await q.get(jid)
+    return job is not None and job.state == "failed"

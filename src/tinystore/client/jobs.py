@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, cas
 
 import msgspec
 
+from ..clock import Clock, Timer
 from ..durations import Duration, seconds
 from ..errors import (
     ClosedError,
@@ -478,6 +479,9 @@ class _Runner:
         self.handler = handler
         self.worker = worker
         self.loop = asyncio.get_running_loop()
+        # an embedded store's test clock: handlers' timeouts follow it, as the store's leases and expected times do
+        core = queue.store._core
+        self.test_clock: Clock | None = core.clock if core is not None and core.clock.is_test else None
         self.hold_fatal = False
         self.fatal: BaseException | None = None
         self.attempts: dict[tuple[str, int], _Attempt] = {}
@@ -660,8 +664,12 @@ class _Runner:
         # the timeout as asyncio.timeout keeps it (its cancel is told from others by the task's cancel count),
         # for the price of one timer
         loop = self.loop
-        deadline = loop.time() + timeout
-        timer = loop.call_at(deadline, a.time_out)
+        clock = self.test_clock
+        now: Callable[[], float] = loop.time if clock is None else clock.now
+        deadline = now() + timeout
+        timer: asyncio.TimerHandle | Timer = (
+            loop.call_at(deadline, a.time_out) if clock is None else clock.call_at(deadline, a.time_out)
+        )
         try:
             try:
                 result = self.handler(value, run)
@@ -681,7 +689,7 @@ class _Runner:
                 if a.task is not None:
                     a.task.uncancel()
                 timed_out = True
-            elif not timed_out and loop.time() > deadline:
+            elif not timed_out and now() > deadline:
                 timed_out = True  # a handler that blocked the loop past its timeout (the timer could not fire)
         except asyncio.CancelledError as exc:
             if a.why in ("lost", "cancelled"):
