@@ -171,3 +171,22 @@ async def test_tenants_long_gone_are_forgotten_and_fairness_holds(
         order: list[str] = []
         assert await q.run_due(lambda value, run: order.append(value["t"]), concurrency=1) == 5
         assert order == ["a", "user-0", "recent", "a", "a"], order
+
+
+# contract: JOB-08
+async def test_the_claims_kept_for_lost_answers_are_capped_by_their_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims are remembered for a while in case their answer is lost (then they are handed back); a claim may hold
+    up to 1,000 attempts, so the cap counts attempts too (trial Z: 10,000 claims could keep 10 million)."""
+    monkeypatch.setattr(jobs_engine, "CLAIMED_KEPT", 10)
+    async with open_store("embedded", tmp_path / "s", clock=START) as store, other_client(store) as worker:
+        q = store.queue("many")
+        await q.add_many([{"i": i} for i in range(40)])
+        engine: Any = store._core.engines["jobs"]
+        for _ in range(10):
+            assert len(await claim(worker, "many", n=4)) == 4
+            status = (await store.status())["jobs"]
+            assert status["claimed_attempts_kept"] <= 10, status
+        assert status["claimed_attempts_kept"] == 8 and status["claims_kept"] == 2
+        assert sum(len(a) for _, a in engine._claims.values()) == 8

@@ -114,7 +114,10 @@ STEPS_VALUES = 8
 """A job's steps together hold at most this many times ``Limits.job_value_bytes`` (8 MiB by default)."""
 CLAIMS_KEPT = 10_000
 CLAIM_KEPT_FOR = 300.0
-"""How many answered claims (at most), and for how long (seconds), ``jobs.release_claim`` can still hand back."""
+CLAIMED_KEPT = 100_000
+"""How many answered claims (at most), holding how many attempts in all (at most), and for how long (seconds),
+``jobs.release_claim`` can still hand back (a claim holds up to 1,000 attempts: without the second cap, 10,000
+of them could keep 10 million)."""
 
 END_CHUNK = 400
 """Attempt ends per statement (10 parameters each)."""
@@ -527,6 +530,7 @@ class JobsEngine:
         self.stuck_reports = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._claims: OrderedDict[str, tuple[float, list[Attempt]]] = OrderedDict()
+        self._claimed_kept = 0  # attempts in _claims
 
     # ------------------------------------------------------------------------------------------- setup
 
@@ -1104,9 +1108,14 @@ class JobsEngine:
         """Keep what claim ``token`` got for a while, in case its answer never reaches the caller."""
         now = time.monotonic()
         claims = self._claims
-        while claims and (len(claims) >= CLAIMS_KEPT or next(iter(claims.values()))[0] < now - CLAIM_KEPT_FOR):
-            claims.popitem(last=False)
+        while claims and (
+            len(claims) >= CLAIMS_KEPT
+            or self._claimed_kept + len(attempts) > CLAIMED_KEPT
+            or next(iter(claims.values()))[0] < now - CLAIM_KEPT_FOR
+        ):
+            self._claimed_kept -= len(claims.popitem(last=False)[1][1])
         claims[token] = (now, attempts)
+        self._claimed_kept += len(attempts)
 
     async def release_claim(self, queue: str, token: str) -> int:
         """Hand back the attempts that claim ``token`` got (those still unreported and current): for a caller whose
@@ -1114,6 +1123,7 @@ class JobsEngine:
         entry = self._claims.pop(token, None)
         if entry is None:
             return 0
+        self._claimed_kept -= len(entry[1])
         return await self.release(queue, entry[1])
 
     async def claim(self, peer: Peer, req: Claim) -> list[Claimed]:
@@ -2178,7 +2188,12 @@ class JobsEngine:
                     "deadlines": len(q.delayed) + len(q.leases) + len(q.stuck_at),
                 }
             )
-        return {"stuck_reports": self.stuck_reports, "claims_kept": len(self._claims), "queues": queues}
+        return {
+            "stuck_reports": self.stuck_reports,
+            "claims_kept": len(self._claims),
+            "claimed_attempts_kept": self._claimed_kept,
+            "queues": queues,
+        }
 
     def begin_stop(self) -> None:
         """The store begins to stop: waiting claims end at once (``UnavailableError``: the worker claims again
