@@ -87,3 +87,35 @@ def test_the_command_line_shows_them_too(tmp_path: Path) -> None:
         check=True,
     ).stdout
     assert "claims_kept 0" in text and "ended_kept 0" in text and "tombstones 0" in text, text
+
+
+# contract: SQL-02
+def test_status_lists_the_databases_not_opened_since_the_start(tmp_path: Path) -> None:
+    """A store just started has opened none of its databases: status lists them all the same, with their files'
+    sizes (trial AA: a user checking a store after a restart saw no databases and could think the data gone)."""
+    import subprocess
+
+    directory = tmp_path / "s"
+
+    async def fill() -> None:
+        async with open_store("embedded", directory) as store:
+            db = await store.database("app", migrations=[("001.sql", "create table t (x)")])
+            await db.exec("insert into t values (1)")
+
+    asyncio.run(fill())
+
+    async def look() -> dict[str, Any]:
+        async with open_store("embedded", directory) as store:
+            return await store.status()
+
+    status = asyncio.run(look())
+    app = status["databases"]["app"]
+    assert app["open"] is False and app["bytes"] > 0 and app["path"].endswith("app.db")
+    text = subprocess.run(
+        [sys.executable, "-m", "tinystore", "status", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "app" in text and "no (" in text, text

@@ -345,8 +345,12 @@ def status(directory: Path, as_json: bool) -> None:
     dbs = st.get("databases", {})
     print_table(
         "databases",
-        ["name", "path", "writes", "commits", "reads", "transactions"],
-        [[n, d["path"], d["writes"], d["commits"], d["reads"], d["transactions"]] for n, d in dbs.items()],
+        ["name", "path", "open", "writes", "commits", "reads", "transactions"],
+        [
+            [n, d["path"], "yes" if d.get("open", True) else f"no ({d.get('bytes', 0):,} bytes)"]
+            + [d.get(k, "") for k in ("writes", "commits", "reads", "transactions")]
+            for n, d in dbs.items()
+        ],
     )
     for key in ("channels", "locks", "jobs"):
         if key in st:

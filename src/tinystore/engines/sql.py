@@ -54,7 +54,7 @@ from ..errors import (
     UnavailableError,
 )
 from ..limits import Limits
-from ..names import a_or_an, check_name
+from ..names import NAME, a_or_an, check_name
 from ..protocol.sql import Done, Rows
 
 log = logging.getLogger("tinystore.sql")
@@ -2094,14 +2094,31 @@ class SqlEngine:
         return db
 
     def status(self) -> dict[str, Any]:
-        return {
+        """Each database of the store, by name: ``path``, ``open``; an open one's ``writes``, ``commits``,
+        ``reads``, ``transactions`` (since it was opened) and ``open_transactions``; one not opened since the
+        store started (its file is there: its data is) has ``bytes``, its file's size."""
+        out: dict[str, Any] = {
             name: {
                 "path": str(db.path),
+                "open": True,
                 **db.stats,
                 "open_transactions": sum(1 for t in self.transactions.values() if t.db is db),
             }
             for name, db in self.databases.items()
         }
+        try:
+            files = sorted(self.directory.glob("*.db"))
+        except OSError:
+            files = []
+        for path in files:
+            name = path.name[: -len(".db")]
+            if name not in out and NAME.fullmatch(name) is not None:
+                try:
+                    size = path.stat().st_size
+                except OSError:
+                    continue
+                out[name] = {"path": str(path), "open": False, "bytes": size}
+        return out
 
     async def close(self, timeout: float = 10.0) -> None:
         """Close every database (see :meth:`SqlDatabase.close`) and wait for their threads; a later
