@@ -594,7 +594,7 @@ class _Shared:
 
     async def open(self, branch: Channel[Any]) -> None:
         try:
-            self.sub = await branch.subscribe(self.on_message, on_missed=self.on_missed)
+            self.sub = await branch.subscribe(self.on_message, on_missed=self.on_missed, on_error=self.on_error)
             self.position = _position(self.sub)
         except BaseException as exc:
             if self.registry.get(self.key) is self:
@@ -616,6 +616,13 @@ class _Shared:
         self.position = m.id
         for stream in self.streams:
             stream.deliver(m)
+
+    def on_error(self, exc: Exception) -> None:
+        mid = _undecodable(exc, self.key[0])
+        if mid is not None:
+            self.position = mid
+            for stream in self.streams:
+                stream.skip(mid)
 
     def on_missed(self, missed: Missed) -> None:
         if missed.reason == "reconnect" and missed.count == 0:
@@ -702,12 +709,23 @@ class _ChannelStream(EventSourceResponse):
             return
         chunk = self.encode(m)
         if chunk is None:
-            self.reload("error", None, m.id)
+            self.skip(m.id)
             return
         outbox.push(chunk)
         if outbox.size > outbox.limit // 2:  # the browser fell behind: drop what follows until it caught up
             outbox.behind = True
             outbox.on_drained = self.caught_up
+
+    def skip(self, mid: str) -> None:
+        """Message ``mid`` cannot be sent (it does not decode as the channel's type, or its ``event`` or ``data``
+        function raised): it counts as missed, in a ``reload`` of its own (or in the one a stream that fell behind
+        gets once it caught up), so that the counts stay exact."""
+        assert self.outbox is not None
+        if self.outbox.behind:
+            self.dropped += 1
+            self.last_dropped = mid
+        else:
+            self.reload("error", 1, mid)
 
     def caught_up(self) -> None:
         if self.dropped:
@@ -770,7 +788,7 @@ class _ChannelStream(EventSourceResponse):
         def on_message(m: Message[Any]) -> asyncio.Future[None] | None:
             chunk = self.encode(m)
             if chunk is None:
-                return self.reload("error", None, m.id)
+                return self.reload("error", 1, m.id)
             if outbox.push(chunk):
                 return outbox.written()  # the browser is behind: take the next message once this one is out
             return None
@@ -780,13 +798,17 @@ class _ChannelStream(EventSourceResponse):
                 return None
             return self.reload(missed.reason, missed.count, _position(sub) if sub is not None else None)
 
+        def on_error(exc: Exception) -> asyncio.Future[None] | None:
+            mid = _undecodable(exc, self.branch.name)
+            return None if mid is None else self.reload("error", 1, mid)
+
         sub: Subscription[Any] | None = None
         try:
-            sub = await self.branch.subscribe(on_message, on_missed=on_missed, after=after)
+            sub = await self.branch.subscribe(on_message, on_missed=on_missed, on_error=on_error, after=after)
         except InvalidError:
             if after is None:
                 raise
-            sub = await self.branch.subscribe(on_message, on_missed=on_missed)
+            sub = await self.branch.subscribe(on_message, on_missed=on_missed, on_error=on_error)
             malformed = True
         self.subscription = sub
         if malformed:  # first in line: the subscription's task has not run yet
@@ -816,6 +838,17 @@ def _parse_last_event_id(value: str | None) -> tuple[str | None, bool]:
     if _MESSAGE_ID.fullmatch(value):
         return value, False
     return None, True
+
+
+def _undecodable(exc: Exception, where: object) -> str | None:
+    """The id of the message ``exc`` (from a subscription's ``on_error``) says does not decode as the channel's
+    type (a publisher without the type, such as ``tinystore channels publish``); ``None`` for another error."""
+    mid = exc.extra.get("message_id") if isinstance(exc, TinystoreError) else None
+    if not isinstance(mid, str):
+        log.error("sse: channel %s: %r", where, exc)
+        return None
+    log.error("sse: %s; sending reload", exc)
+    return mid
 
 
 def _position(sub: Subscription[Any]) -> str | None:
@@ -857,7 +890,8 @@ def event_stream(
     log drops them), or when the store's connection dropped and messages were lost meanwhile. ``n`` is
     exact: for every stream, the events delivered plus the counts of its reloads is the number of messages
     published after it opened. A slow browser never slows a publisher, nor the other streams. A message
-    whose ``event`` or ``data`` function raises is logged and sent as a ``reload``.
+    whose ``event`` or ``data`` function raises, or that does not decode as the channel's type (a publisher
+    without the type), is logged and sent as a ``reload`` whose ``missed`` is 1.
 
     When the browser goes away, the stream leaves the shared subscription, which stops with its last stream,
     within :data:`STOP_WITHIN` seconds; nothing of it is left in the store (SSE-04). When the store closes,

@@ -127,6 +127,24 @@ async def test_reconnect_with_last_event_id_gets_exactly_what_it_missed(store: t
 
 
 # contract: SSE-03
+@pytest.mark.parametrize("own", [False, True])
+async def test_a_message_that_does_not_decode_is_a_reload_of_one(store: tinystore.Store, web: str, own: bool) -> None:
+    """A publisher without the channel's type (the command line, an untyped client) can publish what the stream's
+    type cannot read: the stream counts it as missed, so that events plus reload counts still add up (trial AA: it
+    vanished, and the log blamed "the handler")."""
+    untyped = store.channel("chat-events").under(5)
+    events = events_of(store).under(5)
+    async with client() as http, open_sse(http, f"{web}/events/5{'?own=1' if own else ''}") as sse:
+        await wait_subscriptions(store, 1)
+        bad = [await untyped.publish("junk"), await untyped.publish({"kind": 5})]
+        good = await events.publish(ChatEvent("message", 1))
+        got = [await sse.next() for _ in range(3)]
+        assert [(e.type, e.last_event_id) for e in got] == [("reload", bad[0]), ("reload", bad[1]), ("message", good)]
+        assert [json.loads(e.data) for e in got[:2]] == [{"kind": "reload", "reason": "error", "missed": 1}] * 2
+        await sse.none_within(0.2)
+
+
+# contract: SSE-03
 async def test_reload_when_more_was_published_than_the_log_holds(store: tinystore.Store, web: str) -> None:
     events = events_of(store).under(5)
     async with client() as http:

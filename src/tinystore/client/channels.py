@@ -772,7 +772,7 @@ class Subscription(Generic[T]):
             value = self._decode(item.payload)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
             self.errors += 1
-            return InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}")
+            return InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}", message_id=mid)
         return Message(value, list(item.branch) if self._copy_branch else item.branch, item.seq, mid)
 
     async def _wait(self) -> None:
@@ -832,7 +832,9 @@ class Subscription(Generic[T]):
                 value = decode(item.payload)
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
                 self.errors += 1
-                await self._report(InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}"))
+                await self._report(
+                    InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}", message_id=mid)
+                )
             else:
                 self.handled += 1
                 try:
