@@ -432,3 +432,18 @@ async def test_async_with_each_subscribes_on_entering(store: tinystore.Store) ->
             async for m in msgs:
                 assert m.value == 7
                 break
+
+
+# contract: CHAN-01
+async def test_a_message_that_does_not_decode_is_logged_as_the_messages_not_the_handlers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        typed = store.channel("typed", int)
+        heard: list[int] = []
+        sub = await typed.subscribe(lambda m: heard.append(m.value))
+        await store.channel("typed").publish("not an int")
+        await typed.publish(7)
+        await eventually(lambda: heard == [7])
+        assert any("does not decode" in r.getMessage() and "handler" not in r.getMessage() for r in caplog.records)
+        await sub.stop()

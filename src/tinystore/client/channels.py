@@ -905,7 +905,10 @@ class Subscription(Generic[T]):
     async def _report(self, exc: Exception) -> None:
         cb = self._on_error
         if cb is None:
-            self._warner.warn("%r: the handler raised %r; the subscription goes on", self, exc, exc=exc)
+            if isinstance(exc, InvalidError) and "message_id" in exc.extra:  # not the handler's: the message's
+                self._warner.warn("%r: %s; the subscription goes on", self, exc.message, exc=exc)
+            else:
+                self._warner.warn("%r: the handler raised %r; the subscription goes on", self, exc, exc=exc)
             return
         try:
             r = cb(exc)
