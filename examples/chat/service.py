@@ -32,16 +32,20 @@ SUMMARY_AFTER = 100
 SUMMARY_EVERY = 20
 HISTORY = 40
 """Messages of a chat the model sees (the summary stands for the older ones)."""
+REPLY_ATTEMPTS = 5
+"""Attempts of a reply job: after the last one fails, the tabs are told the model gave up (``gave_up``)."""
 
 
 @dataclasses.dataclass
 class ChatEvent:
     """What the chat's channel carries, one branch per chat (``events.under(chat_id)``).
 
-    ``kind``: ``"message"`` (message ``id`` was saved: read it), ``"token"`` (a piece ``text`` of the reply
+    ``kind``: ``"message"`` (message ``id`` was saved: read it), ``"start"`` (an attempt starts streaming the
+    reply to message ``id``: what an earlier attempt streamed goes), ``"token"`` (a piece ``text`` of the reply
     to message ``id``, as the model streams it), ``"done"`` (the reply to message ``id`` is complete),
-    ``"failed"`` (the model failed answering message ``id``; the job retries), ``"summary"`` (chat ``id``'s
-    summary changed).
+    ``"failed"`` (the model failed answering message ``id``, ``text`` says why; the job retries),
+    ``"gave_up"`` (the model could not answer message ``id``, ``text`` says why, and nothing retries: kept in
+    ``reply_failures``), ``"summary"`` (chat ``id``'s summary changed).
     """
 
     kind: str
@@ -89,7 +93,13 @@ class Chat:
         self.events = store.channel("chat-events", ChatEvent)
         self.summaries = store.lock("summaries", ttl="30s")
         self.replies = store.queue(
-            "replies", Ask, database=self.db, attempts=5, backoff=("2s", "60s"), timeout="2m", expected="1m"
+            "replies",
+            Ask,
+            database=self.db,
+            attempts=REPLY_ATTEMPTS,
+            backoff=("2s", "60s"),
+            timeout="2m",
+            expected="1m",
         )
         self.summary_jobs = store.queue(
             "summaries", Summarize, database=self.db, attempts=3, backoff=("5s", "2m"), timeout="5m"
@@ -126,9 +136,11 @@ class Chat:
         return row
 
     async def messages(self, chat_id: int, after: int = 0, limit: int = 500) -> list[dict[str, Any]]:
+        """The messages after ``after``, in order; ``failed``: why the model could not answer it (else None)."""
         return await self.db.all(
-            "select id, chat_id, role, text, created_at, reply_to from messages"
-            " where chat_id = ? and id > ? order by id limit ?",
+            "select m.id, m.chat_id, m.role, m.text, m.created_at, m.reply_to, f.reason as failed"
+            " from messages m left join reply_failures f on f.message_id = m.id"
+            " where m.chat_id = ? and m.id > ? order by m.id limit ?",
             chat_id,
             after,
             limit,
@@ -207,6 +219,8 @@ class Chat:
             return {"reply": saved}
         branch = events.under(chat_id)
         pieces: list[str] = []
+        # (an attempt after one that streamed part of the reply, then died or timed out: the tabs start over)
+        await branch.publish(ChatEvent(kind="start", id=message_id))
         try:
             async for token in model.stream(await self.history(chat_id, upto=message_id)):
                 pieces.append(token)
@@ -214,7 +228,21 @@ class Chat:
                 run.set_progress({"tokens": len(pieces)})
         except Exception as exc:
             log.warning("chat %s: the model failed answering message %s: %r", chat_id, message_id, exc)
-            await branch.publish(ChatEvent(kind="failed", id=message_id, text=str(exc)[:200]))
+            reason = str(exc)[:200]
+            last = isinstance(exc, tinystore.PermanentError) or (run is not None and run.attempt >= REPLY_ATTEMPTS)
+            if not last:
+                await branch.publish(ChatEvent(kind="failed", id=message_id, text=reason))
+                raise
+
+            async def give_up(tx: tinystore.SqlTx) -> None:
+                await tx.exec(
+                    "insert into reply_failures (message_id, reason, at) values (?, ?, ?)"
+                    " on conflict (message_id) do update set reason = excluded.reason, at = excluded.at",
+                    message_id, reason, time.time_ns() // 1_000_000,
+                )  # fmt: skip
+                await tx.with_(events).under(chat_id).publish(ChatEvent(kind="gave_up", id=message_id, text=reason))
+
+            await db.tx(give_up)
             raise
         answer = "".join(pieces).strip() or "(no answer)"
         await branch.publish(ChatEvent(kind="done", id=message_id))
@@ -224,6 +252,7 @@ class Chat:
                 "insert into messages (chat_id, role, text, created_at, reply_to) values (?, 'assistant', ?, ?, ?)",
                 chat_id, answer, time.time_ns() // 1_000_000, message_id,
             )  # fmt: skip
+            await tx.exec("delete from reply_failures where message_id = ?", message_id)
             await tx.with_(events).under(chat_id).publish(ChatEvent(kind="message", id=reply.last_insert_rowid))
 
         await db.tx(save)

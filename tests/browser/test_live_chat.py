@@ -191,3 +191,64 @@ async def test_a_phone_reaches_the_chat_list_and_a_too_long_message_is_kept_with
         await phone.page.wait_for_function("document.querySelectorAll('#chats a').length === 2", timeout=5000)
         await phone.page.click("#new-chat")  # the phone can make one too
         await phone.page.wait_for_function("document.querySelectorAll('#chats a').length === 3", timeout=5000)
+
+
+class _Refusing:
+    """An OpenAI-compatible endpoint that refuses every key (401), in a thread of this process."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                body = b'{"error": {"message": "Incorrect API key provided"}}'
+                self.send_response(401)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+async def test_a_reply_the_model_gives_up_on_says_why_and_stays_after_a_reload(
+    tmp_path: Path, tabs: tuple[Tab, Tab]
+) -> None:
+    """Trial AA: a reply job that ended dead (the endpoint refused the key) left the tab saying "trying again
+    shortly" for ever, and a reload showed the question as if its answer were still coming."""
+    laptop, _ = tabs
+    endpoint = _Refusing()
+    try:
+        async with run_demo(tmp_path / "data", "--model-url", endpoint.url, "--model-name", "x") as demo:
+            (url,) = demo.urls
+            await laptop.open(url)
+            await laptop.post("hi model")
+            gave_up = "#messages li.msg.failed"
+            await laptop.page.wait_for_selector(gave_up, timeout=15_000)
+            await laptop.page.wait_for_function(
+                f"document.querySelector('{gave_up}').textContent.includes('could not answer')", timeout=10_000
+            )
+            text = await laptop.page.text_content(gave_up)
+            assert text is not None and "401" in text and "trying again" not in text, text
+            await laptop.page.reload()
+            await laptop.page.wait_for_selector('#status[data-state="live"]', timeout=10_000)
+            after = await laptop.page.eval_on_selector_all(
+                "#messages li.msg", "els => els.map(e => [e.className, e.textContent])"
+            )
+            assert [c for c, _ in after] == ["msg user", "msg assistant failed"], after
+            assert "401" in after[1][1]
+    finally:
+        endpoint.close()

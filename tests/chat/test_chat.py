@@ -55,6 +55,8 @@ async def test_a_post_streams_the_reply_then_saves_it(store: tinystore.Store, we
                     "message",
                     {"kind": "message", "id": asked["id"], "text": ""},
                 )
+                start = await tab.next()
+                assert (start.type, json.loads(start.data)["id"]) == ("start", asked["id"])
                 tokens = []
                 while (ev := await tab.next()).type == "token":
                     tokens.append(json.loads(ev.data)["text"])
@@ -165,6 +167,74 @@ async def test_a_failed_reply_is_retried_with_backoff_and_saved_once(tmp_path: P
         kinds = [e.kind for e in seen]
         assert kinds[0] == "message" and "failed" in kinds and kinds[-1] == "message"
         assert kinds.index("failed") < kinds.index("done")
+        # each attempt starts the reply over: a tab drops what the failed one streamed ("partial ")
+        assert [k for k in kinds if k in ("start", "failed", "done")] == ["start", "failed", "start", "done"]
+        assert "gave_up" not in kinds
+        assert (await chat.messages(chat_id))[0]["failed"] is None
+
+
+class Refused:
+    """A model whose endpoint refuses the key (a 4xx that will not fix itself), until ``fixed``."""
+
+    def __init__(self) -> None:
+        self.fixed = False
+        self.inner = fast_model()
+
+    async def stream(self, history: Sequence[Any]) -> AsyncIterator[str]:
+        if not self.fixed:
+            raise tinystore.PermanentError("the model endpoint answered 401: bad key")
+        async for t in self.inner.stream(history):
+            yield t
+
+    async def summarize(self, history: Sequence[Any]) -> str:
+        return await self.inner.summarize(history)
+
+
+async def test_a_reply_the_model_gives_up_on_is_told_and_kept_until_a_retry_answers(tmp_path: Path) -> None:
+    """Trial AA: a reply job that ended dead left the tab saying "trying again shortly" for ever, and a reload
+    showed the message as if it still waited for its answer."""
+    async with open_store("embedded", tmp_path / "s", clock=datetime.now(UTC)) as store:
+        refused = Refused()
+        chat = await service.Chat(store, refused).open()
+        chat_id = (await chat.create_chat("t"))["id"]
+        seen: list[Any] = []
+        sub = await chat.events.under(chat_id).subscribe(lambda m: seen.append(m.value))
+        message = await chat.post(chat_id, "hi")
+        assert await chat.replies.run_due(chat.reply) == 1
+        [job] = (await chat.replies.list()).jobs
+        assert job.state == "dead" and job.attempts == 1
+        await asyncio.sleep(0.05)
+        kinds = [(e.kind, e.text) for e in seen if e.kind != "message"]
+        assert kinds == [("start", ""), ("gave_up", "the model endpoint answered 401: bad key")]
+        rows = await chat.messages(chat_id)
+        assert [(m["id"], m["failed"]) for m in rows] == [(message["id"], "the model endpoint answered 401: bad key")]
+
+        refused.fixed = True  # the key is mended; the job is retried by hand (tinystore jobs DIR retry ID)
+        assert await chat.replies.retry(job.id)
+        assert await chat.replies.run_due(chat.reply) == 1
+        rows = await chat.messages(chat_id)
+        assert [(m["role"], m["failed"]) for m in rows] == [("user", None), ("assistant", None)]
+        await sub.stop()
+
+
+async def test_the_last_attempt_that_fails_gives_up_too(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s", clock=datetime.now(UTC)) as store:
+
+        class Down(Refused):
+            async def stream(self, history: Sequence[Any]) -> AsyncIterator[str]:
+                raise model.ModelError("503 the model is overloaded")
+                yield ""
+
+        chat = await service.Chat(store, Down()).open()
+        chat_id = (await chat.create_chat("t"))["id"]
+        message = await chat.post(chat_id, "hi")
+        for _ in range(service.REPLY_ATTEMPTS):
+            assert await chat.replies.run_due(chat.reply) == 1
+            await store.clock.advance("61s")
+        [job] = (await chat.replies.list()).jobs
+        assert (job.state, job.attempts) == ("dead", service.REPLY_ATTEMPTS)
+        [row] = await chat.messages(chat_id)
+        assert (row["id"], row["failed"]) == (message["id"], "503 the model is overloaded")
 
 
 async def test_a_long_chat_gets_its_summary_from_one_fenced_writer(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ const state = {
   rendered: new Map(), // message id -> its <li>
   answered: new Set(), // ids of user messages whose reply is saved
   streaming: new Map(), // id of a user message -> the <li> its reply streams into
+  gaveUp: new Map(), // id of a user message -> the <li> saying the model gave up answering it
   source: null, // the EventSource
 };
 
@@ -51,23 +52,44 @@ function render(msg) {
   if (msg.reply_to) {
     li.dataset.replyTo = msg.reply_to;
     state.answered.add(msg.reply_to);
-    const live = state.streaming.get(msg.reply_to);
-    if (live) {
-      live.remove();
-      state.streaming.delete(msg.reply_to);
+    for (const gone of [state.streaming.get(msg.reply_to), state.gaveUp.get(msg.reply_to)]) {
+      if (gone) gone.remove();
     }
+    state.streaming.delete(msg.reply_to);
+    state.gaveUp.delete(msg.reply_to);
   }
+  insertInOrder(li, msg.id);
+  state.rendered.set(msg.id, li);
+  if (msg.failed && !state.answered.has(msg.id)) gaveUpBubble(msg.id, msg.failed);
+  scrollDown();
+}
+
+// Saved bubbles are in id order; a bubble still streaming (no id) stays after them.
+function insertInOrder(li, id) {
   const list = $("messages");
   let before = null;
   for (const child of list.children) {
-    if (!child.dataset.id || +child.dataset.id > msg.id) {
+    if (!child.dataset.id || +child.dataset.id > id) {
       before = child;
       break;
     }
   }
   list.insertBefore(li, before);
-  state.rendered.set(msg.id, li);
-  scrollDown();
+}
+
+// The model gave up answering message `id` (nothing retries it): said under that message, after a reload too.
+function gaveUpBubble(id, reason) {
+  const streaming = state.streaming.get(id);
+  if (streaming) {
+    streaming.remove();
+    state.streaming.delete(id);
+  }
+  if (state.gaveUp.has(id)) return;
+  const li = bubble("assistant", `The model could not answer: ${reason}`);
+  li.classList.add("failed");
+  li.dataset.id = id + 0.5; // right after the message it was for
+  state.gaveUp.set(id, li);
+  insertInOrder(li, id + 0.5);
 }
 
 // Read the messages after the newest one read; calls while one runs make it go once more.
@@ -125,6 +147,15 @@ function streamingBubble(messageId) {
   return li;
 }
 
+function onStart(ev) {
+  // an attempt starts the reply (again, after one that died or timed out): what streamed before goes
+  if (state.answered.has(ev.id)) return;
+  const li = streamingBubble(ev.id);
+  li.classList.remove("failed");
+  li.classList.add("streaming");
+  li.textContent = "";
+}
+
 function onToken(ev) {
   if (state.answered.has(ev.id)) return; // already saved: a replay after a reconnect
   const li = streamingBubble(ev.id);
@@ -147,7 +178,12 @@ function onFailed(ev) {
   const li = streamingBubble(ev.id);
   li.classList.remove("streaming");
   li.classList.add("failed");
-  li.textContent = "The model failed to answer; trying again shortly…";
+  li.textContent = `The model failed to answer (${ev.text || "no reason given"}); trying again shortly…`;
+}
+
+function onGaveUp(ev) {
+  if (state.answered.has(ev.id)) return;
+  gaveUpBubble(ev.id, ev.text || "no reason given");
 }
 
 function connect() {
@@ -159,7 +195,9 @@ function connect() {
     refresh(); // whatever was saved while the stream was down
   };
   es.addEventListener("message", () => refresh());
+  es.addEventListener("start", (e) => onStart(JSON.parse(e.data)));
   es.addEventListener("token", (e) => onToken(JSON.parse(e.data)));
+  es.addEventListener("gave_up", (e) => onGaveUp(JSON.parse(e.data)));
   es.addEventListener("done", (e) => onDone(JSON.parse(e.data)));
   es.addEventListener("failed", (e) => onFailed(JSON.parse(e.data)));
   es.addEventListener("summary", () => loadChat());
@@ -221,6 +259,7 @@ async function openChat(id) {
   state.rendered.clear();
   state.answered.clear();
   state.streaming.clear();
+  state.gaveUp.clear();
   $("messages").replaceChildren();
   markCurrent();
   loadChat();
