@@ -68,3 +68,17 @@ async def test_options_configured_during_the_load_at_start_apply_at_once(
             store.clock.advance("2s")
         job = await q.get(jid)
         assert job is not None and (job.state, job.attempts) == ("dead", 6)
+
+
+# contract: JOB-03
+async def test_two_configures_at_once_both_apply(tmp_path: Path) -> None:
+    """Each configure changes only the options it names (trial AB: two at once each wrote the whole set read before
+    the other's write, and one change was lost)."""
+    async with open_store("embedded", tmp_path / "s") as store:
+        q = store.queue("mail", attempts=3, lease="30s")
+        await q.add({"x": 1})
+        await asyncio.gather(
+            configure(store, "mail", Options(attempts=7)), configure(store, "mail", Options(lease_ms=10_000))
+        )
+        options = await store.queue("mail").options()
+        assert (options["attempts"], options["lease"]) == (7, 10.0), options

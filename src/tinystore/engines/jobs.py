@@ -282,6 +282,8 @@ class _Entry:
     cancel_queued: bool = False  # a cancel write waits behind this job's claim write
     busy: asyncio.Future[None] | None = None  # a write changing this job is in flight
     unwritten: int = 0  # placed early (_place_early): INSERTING until its insert is answered, UNWRITTEN if it failed
+    turn: int = 0  # its tenant's turn when it was picked (``served``), and the turn before, or -1 for none: a job
+    turn_before: int = -1  # placed early whose row was not written after all gives its turn back (_unserve)
 
 
 @dataclass(eq=False, slots=True)
@@ -295,6 +297,7 @@ class _Waiter:
     fut: asyncio.Future[list[Claimed]]
     token: str = ""
     claiming: bool = False
+    expired: bool = False  # its wait ran out while it was claiming: should that claim get nothing, it ends
 
 
 class _Deadlines:
@@ -523,6 +526,7 @@ class JobsEngine:
         # the options this engine wrote last for each queue (configure): what the store keeps, whatever a read of
         # the options under way meanwhile gives
         self._configured: dict[str, QueueOptions] = {}
+        self._configure_lock = asyncio.Lock()
         self._jobs_db: asyncio.Future[SqlDatabase] | None = None
         self._ids = _Ids()
         self.closed = False
@@ -682,28 +686,32 @@ class JobsEngine:
         self._check_open()
         check_name("queue", name)
         check_options(name, given)
-        stored = await self._stored_options(name)
-        if stored is None:
-            raise InvalidError(f"queue {name} does not exist (open it with store.queue({name!r}, ...) first)")
-        kept = stored.to_wire()
-        if given.database is not None and given.database != kept.database:
-            raise InvalidError(
-                f"queue {name}: option database cannot change (its jobs live in database {kept.database})"
+        # one configure at a time: each reads the kept options, changes the given ones and writes them all, so two
+        # at once would each undo the other's change (trial AB)
+        async with self._configure_lock:
+            stored = await self._stored_options(name)
+            if stored is None:
+                raise InvalidError(f"queue {name} does not exist (open it with store.queue({name!r}, ...) first)")
+            kept = stored.to_wire()
+            if given.database is not None and given.database != kept.database:
+                raise InvalidError(
+                    f"queue {name}: option database cannot change (its jobs live in database {kept.database})"
+                )
+            changed = msgspec.structs.replace(
+                kept, **{f: getattr(given, f) for f in Options.__struct_fields__ if getattr(given, f) is not None}
             )
-        changed = msgspec.structs.replace(
-            kept, **{f: getattr(given, f) for f in Options.__struct_fields__ if getattr(given, f) is not None}
-        )
-        merged = _merge(self.limits, changed)
-        if merged.backoff_first > merged.backoff_cap:
-            raise InvalidError(f"queue {name}: option backoff: the first delay is above the cap")
-        db = await self.jobs_db()
-        await db.write(
-            f"update {QUEUES} set options = ? where name = ?", [_json_encode(merged.to_wire()).decode(), name], own=True
-        )
-        # (the writes of configure commit in the order they were asked for, and resume their callers in that order:
-        # the last one here is what the store keeps. A read of the options or a load of the queue already under way
-        # may have read them before this write: they take these instead, see _stored_options and _load)
-        self._configured[name] = merged
+            merged = _merge(self.limits, changed)
+            if merged.backoff_first > merged.backoff_cap:
+                raise InvalidError(f"queue {name}: option backoff: the first delay is above the cap")
+            db = await self.jobs_db()
+            await db.write(
+                f"update {QUEUES} set options = ? where name = ?",
+                [_json_encode(merged.to_wire()).decode(), name],
+                own=True,
+            )
+            # (a read of the options or a load of the queue already under way may have read them before this write:
+            # they take these instead, see _stored_options and _load)
+            self._configured[name] = merged
         q = self.queues.get(name)
         if q is None:
             q = await self._queue(name)
@@ -951,7 +959,8 @@ class JobsEngine:
         e.counted = True
         self._count(q, e, 1)
         q.serve_count += 1
-        q.served[e.tenant] = q.serve_count
+        e.turn_before = q.served.get(e.tenant, -1)
+        e.turn = q.served[e.tenant] = q.serve_count
         if len(q.served) >= q.served_compact_at:
             self._compact_served(q)
         self._refresh(q, e.tenant)
@@ -960,14 +969,33 @@ class JobsEngine:
     def _compact_served(q: _Queue) -> None:
         """Forget when tenants with no due or running job were last served, if that was before every tenant that has
         one (and was served): such a tenant, back with a job, goes before those as it would have, and among the
-        tenants never served or forgotten, by name. Called once ``served`` doubled since the last look: O(1)
-        amortized a claim (trial Z: one entry per tenant ever served stayed until the store stopped; with a user id
-        as the tenant, 400,000 tenants took some 50 MB)."""
+        tenants never served or forgotten, by name. Of the others with nothing to do, the :data:`COMPACT_MIN`
+        served most recently are kept; one forgotten among the rest, back, goes first as well, ahead of its due
+        turn by one job at most. Called once ``served`` doubled since the last look: O(1) amortized a claim, and
+        ``served`` holds about twice the tenants with jobs, plus :data:`COMPACT_MIN` (trial Z: one entry per tenant
+        ever served stayed until the store stopped; with a user id as the tenant, 400,000 tenants took some 50 MB;
+        trial AB: a tenant whose job runs for hours held every later one)."""
         live = q.ready.keys() | q.running.keys()
         served = q.served
         floor = min((served[t] for t in live if t in served), default=math.inf)
-        q.served = {t: n for t, n in served.items() if n >= floor or t in live}
-        q.served_compact_at = max(COMPACT_MIN, 2 * len(q.served))
+        kept = {t: n for t, n in served.items() if n >= floor or t in live}
+        idle = [(n, t) for t, n in kept.items() if t not in live]
+        if len(idle) > COMPACT_MIN:  # (a tenant whose job runs for hours holds the floor down)
+            idle.sort()
+            for _, t in idle[: len(idle) - COMPACT_MIN]:
+                del kept[t]
+        q.served = kept
+        q.served_compact_at = max(COMPACT_MIN, 2 * len(kept))
+
+    def _unserve(self, q: _Queue, e: _Entry) -> None:
+        """``e`` was picked, but its row turned out never written (placed early, see :meth:`_place_early`): its
+        tenant gets back the turn it had, unless it was served again since."""
+        if q.served.get(e.tenant) == e.turn:
+            if e.turn_before < 0:
+                del q.served[e.tenant]
+            else:
+                q.served[e.tenant] = e.turn_before
+            self._refresh(q, e.tenant)
 
     def _count(self, q: _Queue, e: _Entry, delta: int) -> None:
         n = q.running.get(e.tenant, 0) + delta
@@ -1042,7 +1070,8 @@ class JobsEngine:
                 if e.where == CLAIMING:
                     e.counted = False
                     self._count(q, e, -1)
-                    if e.unwritten:  # placed early, and its row was not written either: nothing to run
+                    if e.unwritten == UNWRITTEN:  # placed early, and its row was not written either
+                        self._unserve(q, e)
                         e.where = GONE
                         if q.entries.get(e.id) is e:
                             del q.entries[e.id]
@@ -1092,12 +1121,18 @@ class JobsEngine:
             if e.counted:
                 e.counted = False
                 self._count(q, e, -1)
+            if e.unwritten:
+                self._unserve(q, e)  # (placed early: nothing ran, the turn was not taken)
             e.where = GONE
             if q.entries.get(e.id) is e:
                 del q.entries[e.id]
         if w.fut.done():  # the claim was given up meanwhile: hand the jobs back
             if got:
                 self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got]))
+        elif not got and not w.expired:
+            # (every job it took was placed early and not written after all: it waits on, first in line)
+            w.claiming = False
+            q.waiters.appendleft(w)
         else:
             w.fut.set_result(got)
             if w.token and got:
@@ -1150,8 +1185,11 @@ class JobsEngine:
             else:
 
                 def timeout() -> None:
-                    if not w.fut.done() and not w.claiming:
-                        w.fut.set_result([])
+                    if not w.fut.done():
+                        if w.claiming:
+                            w.expired = True
+                        else:
+                            w.fut.set_result([])
 
                 handle = loop.call_later(req.wait_ms / 1000, timeout)
         try:
