@@ -82,6 +82,11 @@ subscription (so the branch's log, not this process, holds the backlog, and drop
 
 KEEPALIVE_COMMENT = b": keep-alive\n\n"
 
+STALL = 60.0
+"""Seconds one write to a browser may wait (its connection takes nothing: a tab frozen in the background, a
+client that never reads) before the stream ends; the browser, if it comes back, reconnects and resumes. Without
+it such a stream held its events (up to half of ``max_pending``) for as long as its connection stayed open."""
+
 FIRST_CHUNK = b": ok\n\n"
 """Written right after the headers, so that the browser's ``EventSource`` opens at once."""
 
@@ -331,7 +336,8 @@ class EventSourceResponse(Response):
     A ``starlette.responses.Response``, so Starlette and FastAPI endpoints return it as it is (see
     :func:`sse_response` and :func:`event_stream`, which make one). ``producer(send, closed)`` runs once the
     headers are sent; the stream ends when it returns (or raises: logged), when :func:`end_streams` is called,
-    when more than ``max_pending`` bytes wait for the browser, or when the browser goes away. However it ends,
+    when more than ``max_pending`` bytes wait for the browser, when one write waits :data:`STALL` seconds (the
+    browser takes nothing), or when the browser goes away. However it ends,
     ``closed`` is set and the producer has :data:`STOP_WITHIN` seconds to return before it is cancelled; what
     was queued and not written is dropped.
 
@@ -453,7 +459,9 @@ class EventSourceResponse(Response):
                     chunk, futures = outbox.take()
                     wake.clear()
                     outbox.keepalive_due = False
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if not await _within(STALL, send({"type": "http.response.body", "body": chunk, "more_body": True})):
+                        log.warning("sse: the browser took nothing for %gs; ending the stream", STALL)
+                        break
                     last_write = loop.time()
                     if futures:
                         _resolve(futures)
@@ -465,7 +473,11 @@ class EventSourceResponse(Response):
                     break
                 if outbox.keepalive_due:
                     outbox.keepalive_due = False
-                    await send({"type": "http.response.body", "body": KEEPALIVE_COMMENT, "more_body": True})
+                    if not await _within(
+                        STALL, send({"type": "http.response.body", "body": KEEPALIVE_COMMENT, "more_body": True})
+                    ):
+                        log.warning("sse: the browser took nothing for %gs; ending the stream", STALL)
+                        break
                     last_write = loop.time()
                     continue
                 wake.clear()
@@ -484,6 +496,16 @@ class EventSourceResponse(Response):
                 await _finish(task)
             with contextlib.suppress(BaseException):
                 await listener
+
+
+async def _within(seconds: float, write: Awaitable[None]) -> bool:
+    """Await ``write``; False when it took longer than ``seconds`` (it is cancelled then)."""
+    try:
+        async with asyncio.timeout(seconds):
+            await write
+    except TimeoutError:
+        return False
+    return True
 
 
 async def _produce(producer: Producer, send: SendEvent, closed: asyncio.Event) -> None:

@@ -388,3 +388,41 @@ async def test_a_dropped_store_connection_loses_no_event_of_an_open_stream(tmp_p
                 await tab.none_within(0.3)
         finally:
             await other.close()
+
+
+# contract: SSE-04
+async def test_a_stream_whose_browser_takes_nothing_ends(
+    store: tinystore.Store, web: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that keeps its connection open and never reads: once a write waits STALL seconds, the stream ends
+    and what it held goes (trial AA: such streams stayed for good, some 0.5 MiB each)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    import tinystore.sse as sse_module
+
+    monkeypatch.setattr(sse_module, "STALL", 0.5, raising=False)
+    parts = urlsplit(web)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (parts.hostname, parts.port))
+    request = f"GET /events/9 HTTP/1.1\r\nHost: {parts.hostname}\r\nAccept: text/event-stream\r\n\r\n"
+    await loop.sock_sendall(sock, request.encode())
+    try:
+        await wait_subscriptions(store, 1)
+        events = events_of(store).under(9)
+        text = "x" * 4000
+        for i in range(3000):  # some 12 MB: past what the sockets' buffers hold
+            await events.publish(ChatEvent("token", i, text))
+            if i % 200 == 0 and await subscriptions(store) == 0:
+                break
+        await wait_subscriptions(store, 0, within=10.0)  # the stream ended, and its subscription with it
+        # another tab of the branch is served as before
+        async with client() as http, open_sse(http, f"{web}/events/9") as tab:
+            await wait_subscriptions(store, 1)
+            mid = await events.publish(ChatEvent("message", 1))
+            assert (await tab.next()).last_event_id == mid
+    finally:
+        sock.close()
