@@ -36,6 +36,20 @@ async def _a_claim_waits(store: tinystore.Store, queue: str) -> bool:
     return waiting == 1
 
 
+def _record_states(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """(job id, state) of every state event the jobs engine publishes from now on, in order."""
+    seen: list[tuple[str, str]] = []
+    event = jobs_engine.JobsEngine._event
+
+    def recorded(self: Any, q: Any, kind: str, jid: str, state: str, *rest: Any) -> None:
+        if kind == "state":
+            seen.append((jid, state))
+        event(self, q, kind, jid, state, *rest)
+
+    monkeypatch.setattr(jobs_engine.JobsEngine, "_event", recorded)
+    return seen
+
+
 # contract: JOB-03
 @pytest.mark.parametrize("mode", ["embedded", "sidecar"])
 async def test_a_job_added_to_a_waiting_worker_is_claimed_in_the_commit_of_its_add(tmp_path: Path, mode: str) -> None:
@@ -87,15 +101,7 @@ async def _collect(q: tinystore.Queue[Any], jid: str, events: list[Any]) -> None
 async def test_the_events_of_a_job_claimed_with_its_add_come_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[tuple[str, str]] = []
-    event = jobs_engine.JobsEngine._event
-
-    def recorded(self: Any, q: Any, kind: str, jid: str, state: str, *rest: Any) -> None:
-        if kind == "state":
-            seen.append((jid, state))
-        event(self, q, kind, jid, state, *rest)
-
-    monkeypatch.setattr(jobs_engine.JobsEngine, "_event", recorded)
+    seen = _record_states(monkeypatch)
     async with open_store("embedded", tmp_path / "s") as store:
         q = store.queue("ordered")
         worker = q.work(lambda value, run: None, concurrency=2)
@@ -301,14 +307,7 @@ async def test_a_claim_write_that_fails_at_once_leaves_one_queued_event(
 ) -> None:
     """Trial AB: the claim that followed an insert failed before the insert was answered; its job was dropped as if
     never written, then indexed again by the insert's answer: two "queued" events."""
-    seen: list[tuple[str, str]] = []
-    event = jobs_engine.JobsEngine._event
-
-    def recorded(self: Any, q: Any, kind: str, jid: str, state: str, *rest: Any) -> None:
-        if kind == "state":
-            seen.append((jid, state))
-        event(self, q, kind, jid, state, *rest)
-
+    seen = _record_states(monkeypatch)
     write = SqlDatabase.write
     fail = {"on": False}
 
@@ -320,7 +319,6 @@ async def test_a_claim_write_that_fails_at_once_leaves_one_queued_event(
             return fut
         return write(self, sql, params, own=own)
 
-    monkeypatch.setattr(jobs_engine.JobsEngine, "_event", recorded)
     monkeypatch.setattr(SqlDatabase, "write", refused)
     async with open_store("embedded", tmp_path / "s", clock=START) as store, other_client(store) as worker:
         q = store.queue("once")

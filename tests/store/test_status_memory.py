@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..helpers import open_store
 from ..jobs.util import START, claim, other_client, report
+
+
+def _status_command(*args: str) -> str:
+    """What ``tinystore status ARGS`` prints."""
+    return subprocess.run(
+        [sys.executable, "-m", "tinystore", "status", *args], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
 
 
 def _queue(status: dict[str, Any], name: str) -> dict[str, Any]:
@@ -60,8 +68,6 @@ async def test_status_shows_what_each_engine_keeps(tmp_path: Path) -> None:
 
 # contract: CHAN-08
 def test_the_command_line_shows_them_too(tmp_path: Path) -> None:
-    import subprocess
-
     directory = tmp_path / "s"
 
     async def fill() -> None:
@@ -69,23 +75,11 @@ def test_the_command_line_shows_them_too(tmp_path: Path) -> None:
             await store.queue("kept").add({"x": 1})
 
     asyncio.run(fill())
-    out = subprocess.run(
-        [sys.executable, "-m", "tinystore", "status", str(directory), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    out = _status_command(str(directory), "--json")
     status = json.loads(out)
     assert "claims_kept" in status["jobs"] and "ended_kept" in status["locks"]
     assert "tombstones" in status["channels"]
-    text = subprocess.run(
-        [sys.executable, "-m", "tinystore", "status", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    text = _status_command(str(directory))
     assert "claims_kept 0" in text and "ended_kept 0" in text and "tombstones 0" in text, text
 
 
@@ -93,8 +87,6 @@ def test_the_command_line_shows_them_too(tmp_path: Path) -> None:
 def test_status_lists_the_databases_not_opened_since_the_start(tmp_path: Path) -> None:
     """A store just started has opened none of its databases: status lists them all the same, with their files'
     sizes (trial AA: a user checking a store after a restart saw no databases and could think the data gone)."""
-    import subprocess
-
     directory = tmp_path / "s"
 
     async def fill() -> None:
@@ -111,11 +103,5 @@ def test_status_lists_the_databases_not_opened_since_the_start(tmp_path: Path) -
     status = asyncio.run(look())
     app = status["databases"]["app"]
     assert app["open"] is False and app["bytes"] > 0 and app["path"].endswith("app.db")
-    text = subprocess.run(
-        [sys.executable, "-m", "tinystore", "status", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    text = _status_command(str(directory))
     assert "app" in text and "no (" in text, text

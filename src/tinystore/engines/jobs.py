@@ -623,6 +623,14 @@ class JobsEngine:
         self._options[name] = opts
         return opts
 
+    def _merged(self, name: str, given: Options) -> QueueOptions:
+        """``given`` with the limits' defaults for what it leaves out; ``InvalidError`` for a backoff whose first
+        delay is above its cap."""
+        merged = _merge(self.limits, given)
+        if merged.backoff_first > merged.backoff_cap:
+            raise InvalidError(f"queue {name}: option backoff: the first delay is above the cap")
+        return merged
+
     async def open_queue(self, name: str, given: Options) -> QueueInfo:
         """Open queue ``name`` with the options the caller gave (``None`` fields: not given).
 
@@ -648,9 +656,7 @@ class JobsEngine:
                 )
         stored = await self._stored_options(name)
         if stored is None:
-            merged = _merge(self.limits, given)
-            if merged.backoff_first > merged.backoff_cap:
-                raise InvalidError(f"queue {name}: option backoff: the first delay is above the cap")
+            merged = self._merged(name, given)
             db = await self.jobs_db()
             await db.write(
                 f"insert into {QUEUES} (name, options, created_at) values (?, ?, ?) on conflict (name) do nothing",
@@ -700,9 +706,7 @@ class JobsEngine:
             changed = msgspec.structs.replace(
                 kept, **{f: getattr(given, f) for f in Options.__struct_fields__ if getattr(given, f) is not None}
             )
-            merged = _merge(self.limits, changed)
-            if merged.backoff_first > merged.backoff_cap:
-                raise InvalidError(f"queue {name}: option backoff: the first delay is above the cap")
+            merged = self._merged(name, changed)
             db = await self.jobs_db()
             await db.write(
                 f"update {QUEUES} set options = ? where name = ?",
