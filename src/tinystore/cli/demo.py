@@ -157,6 +157,28 @@ async def _serve(server: Any, host: str, on_ready: Any) -> None:
         )
 
 
+def _check_ports(host: str, ports: list[int]) -> None:
+    """Raise ``click.ClickException`` when one of ``ports`` is taken on ``host``: before anything starts, so a busy
+    port leaves no new store directory and no web server's own error behind (trial AA)."""
+    import socket
+
+    for port in ports:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            return  # (a host that does not resolve: the web server says so)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise click.ClickException(
+                    f"port {port} on {host} is not free ({exc.strerror or exc}): pick another with --port, or "
+                    "--port 0 for any free one"
+                ) from None
+
+
 def _run(coro_fn: Any) -> None:
     try:
         import uvloop
@@ -373,6 +395,8 @@ def register(main: click.Group) -> None:
         from . import fail
 
         directory = directory.resolve()
+        if role is None and port:
+            _check_ports(host, [port + i for i in range(max(web_processes, 1))])
         try:
             make_directory(directory, "demo")
         except PermissionError as exc:
