@@ -459,8 +459,7 @@ class EventSourceResponse(Response):
                     chunk, futures = outbox.take()
                     wake.clear()
                     outbox.keepalive_due = False
-                    if not await _within(STALL, send({"type": "http.response.body", "body": chunk, "more_body": True})):
-                        log.warning("sse: the browser took nothing for %gs; ending the stream", STALL)
+                    if not await _write(send, chunk):
                         break
                     last_write = loop.time()
                     if futures:
@@ -473,10 +472,7 @@ class EventSourceResponse(Response):
                     break
                 if outbox.keepalive_due:
                     outbox.keepalive_due = False
-                    if not await _within(
-                        STALL, send({"type": "http.response.body", "body": KEEPALIVE_COMMENT, "more_body": True})
-                    ):
-                        log.warning("sse: the browser took nothing for %gs; ending the stream", STALL)
+                    if not await _write(send, KEEPALIVE_COMMENT):
                         break
                     last_write = loop.time()
                     continue
@@ -498,12 +494,14 @@ class EventSourceResponse(Response):
                 await listener
 
 
-async def _within(seconds: float, write: Awaitable[None]) -> bool:
-    """Await ``write``; False when it took longer than ``seconds`` (it is cancelled then)."""
+async def _write(send: Send, body: bytes) -> bool:
+    """Hand ``body`` to the server as more of the response; False (logged) when that waited :data:`STALL` seconds:
+    the browser takes nothing (the write is cancelled, and the stream is to end)."""
     try:
-        async with asyncio.timeout(seconds):
-            await write
+        async with asyncio.timeout(STALL):
+            await send({"type": "http.response.body", "body": body, "more_body": True})
     except TimeoutError:
+        log.warning("sse: the browser took nothing for %gs; ending the stream", STALL)
         return False
     return True
 

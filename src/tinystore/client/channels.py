@@ -772,7 +772,7 @@ class Subscription(Generic[T]):
             value = self._decode(item.payload)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
             self.errors += 1
-            return InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}", message_id=mid)
+            return self._undecodable(mid, exc)
         return Message(value, list(item.branch) if self._copy_branch else item.branch, item.seq, mid)
 
     async def _wait(self) -> None:
@@ -832,9 +832,7 @@ class Subscription(Generic[T]):
                 value = decode(item.payload)
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
                 self.errors += 1
-                await self._report(
-                    InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}", message_id=mid)
-                )
+                await self._report(self._undecodable(mid, exc))
             else:
                 self.handled += 1
                 try:
@@ -901,6 +899,11 @@ class Subscription(Generic[T]):
                 await r
         except Exception as exc:
             await self._report(exc)
+
+    def _undecodable(self, mid: str, exc: Exception) -> InvalidError:
+        """The error for message ``mid``, which does not decode as this subscription's type (``extra["message_id"]``
+        names it)."""
+        return InvalidError(f"channel {self.channel.name}: message {mid} does not decode: {exc}", message_id=mid)
 
     async def _report(self, exc: Exception) -> None:
         cb = self._on_error

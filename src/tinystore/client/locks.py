@@ -515,10 +515,11 @@ class _Hold(Generic[R]):
         lock = self._lock
         key = self._key
         hub = lock._hub or lock._get_hub()
-        mine = 0
-        for other in _held.get():
-            if other._in_block and other.key == key and other.lock == lock.name and other._hub is hub:
-                mine += 1
+        mine = sum(
+            1
+            for other in _held.get()
+            if other._in_block and other.key == key and other.lock == lock.name and other._hub is hub
+        )
         if mine >= lock.limit:  # (a semaphore's task holding some of its permits may ask for one more)
             again = (
                 "try_hold inside its own hold would always give None"

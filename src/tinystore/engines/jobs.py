@@ -1772,53 +1772,52 @@ class JobsEngine:
                 group[0][1].deliver(None, exc or ClosedError(f"queue {q.name}: the add did not run: the store closes"))
                 return
             found = self._returned(f.result().rows)
+            answers = [self._ids_of(batch, found) for batch, _ in group]
             if placed:
-                self._written_early(q, placed, found)
-            for batch, fut in group:
-                ids, new = self._ids_of(batch, found)
+                self._written_early(q, placed, {r[0] for _, new in answers for r in new})
+            for (_, fut), (ids, new) in zip(group, answers, strict=True):
                 self._added(q, new)
                 fut.deliver(ids, None)
 
         w.add_done_callback(done)
 
-    def _place_early(self, q: _Queue, rows: list[list[Any]]) -> list[tuple[_Entry, str | None]]:
+    def _place_early(self, q: _Queue, rows: list[list[Any]]) -> list[_Entry]:
         """When a claim waits for jobs and ``rows`` are all due, put them in the index while their insert is still
         on its way to the writer, and hand them to the waiting claims at once: the claim's write follows the
-        insert's in the same commit, and the job starts one commit (one fsync) sooner. Returns the entries placed,
-        with their idempotency keys (the insert's answer tells whether each row was written)."""
+        insert's in the same commit, and the job starts one commit (one fsync) sooner. Returns the entries placed
+        (the insert's answer tells whether each row was written)."""
         if self.closed or not any(not w.fut.done() and not w.claiming for w in q.waiters):
             return []
         now_ms = _ms(self.clock.now())
         if any(r[8] > now_ms for r in rows):
             return []
-        placed: list[tuple[_Entry, str | None]] = []
-        for jid, _, key, tenant, _, _, priority, _, run_at, _ in rows:
-            if jid in q.entries:
-                continue
+        placed: list[_Entry] = []
+        for jid, _, _, tenant, _, _, priority, _, run_at, _ in rows:
             e = _Entry(jid, tenant, priority, run_at / 1000, unwritten=INSERTING)
             q.entries[jid] = e
             self._place(q, e)
-            placed.append((e, key))
+            placed.append(e)
         self._pump(q)
         return placed
 
-    def _written_early(self, q: _Queue, placed: list[tuple[_Entry, str | None]], found: dict[str, str]) -> None:
-        """The insert of jobs placed early was answered: those whose rows it wrote are queued (their event goes out
-        before the claim's); one whose idempotency key another job holds was not written, and leaves the index."""
-        gone: list[tuple[_Entry, str | None]] = []
-        for e, key in placed:
-            if found.get("k:" + key if key is not None else "i:" + e.id) == e.id:
+    def _written_early(self, q: _Queue, placed: list[_Entry], written: set[str]) -> None:
+        """The insert of jobs placed early was answered: those whose rows it wrote (ids in ``written``) are queued
+        (their event goes out before the claim's); one whose idempotency key another job holds was not written, and
+        leaves the index."""
+        gone: list[_Entry] = []
+        for e in placed:
+            if e.id in written:
                 e.unwritten = 0
                 self._event(q, "state", e.id, "queued", None, 0, None)
             else:
-                gone.append((e, key))
+                gone.append(e)
         if gone:
             self._unplace(q, gone)
 
-    def _unplace(self, q: _Queue, placed: list[tuple[_Entry, str | None]]) -> None:
+    def _unplace(self, q: _Queue, placed: list[_Entry]) -> None:
         """Jobs placed early whose rows were not written (a failed insert, or a key another job holds) leave the
         index. One being claimed is left to its claim, which finds no row to claim and drops it."""
-        for e, _ in placed:
+        for e in placed:
             e.unwritten = UNWRITTEN
             if e.where == READY and q.entries.get(e.id) is e:
                 e.where = GONE
