@@ -10,6 +10,7 @@ seed's fenced update.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -86,6 +87,7 @@ class Chat:
         self.model: Model = model or OfflineModel()
         self.summary_after = summary_after
         self.workers: list[tinystore.Worker] = []
+        self.watcher: asyncio.Task[None] | None = None
 
     async def open(self) -> Chat:
         store = self.store
@@ -109,14 +111,80 @@ class Chat:
     # ------------------------------------------------------------------------------------ workers
 
     def start_workers(self, replies: int = 4, summaries: int = 2) -> None:
-        """Run the reply and summary jobs in this process until :meth:`stop_workers` (or the store closes)."""
+        """Run the reply and summary jobs in this process until :meth:`stop_workers` (or the store closes), and
+        tell the tabs of every reply job that ends dead (:meth:`watch_dead_replies`)."""
         self.workers = [self.replies.work(self.reply, concurrency=replies)]
         self.workers.append(self.summary_jobs.work(self.summarize, concurrency=summaries))
+        self.watcher = asyncio.create_task(self.watch_dead_replies(), name="chat: dead replies")
 
     async def stop_workers(self) -> None:
         for w in self.workers:
             await w.stop("5s")
         self.workers = []
+        if self.watcher is not None:
+            self.watcher.cancel()
+            try:
+                await self.watcher
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                log.exception("the watcher of dead replies failed")
+            self.watcher = None
+
+    async def watch_dead_replies(self) -> None:
+        """Record and tell each reply job that ended dead, until cancelled or the store closes.
+
+        A handler's last attempt that raises tells the tabs itself (:meth:`reply`); this covers the ends it
+        cannot: a last attempt cancelled at the queue's ``timeout``, or whose worker was lost (its lease ran
+        out). It hears the queue's job events (``tinystore-jobs``, under ``replies``), and goes through the
+        dead reply jobs when it starts and after missed events (those that died while nobody listened).
+        Recording twice is harmless: a failure already kept, or a reply saved, is left as it is.
+        """
+        jobs = self.store.channel("tinystore-jobs", tinystore.JobEvent)
+        missed = asyncio.Event()
+        async with jobs.under("replies").each(recursive=True, on_missed=lambda _: missed.set()) as it:
+            await self.sweep_dead_replies()
+            async for m in it:
+                try:
+                    if missed.is_set():
+                        missed.clear()
+                        await self.sweep_dead_replies()
+                    elif m.value.kind == "state" and m.value.state == "dead":
+                        job = await self.replies.get(m.value.job_id)
+                        if job is not None and job.state == "dead":
+                            await self.gave_up(job.value, job.error or "the reply failed")
+                except tinystore.TinystoreError as exc:  # the store closing, a full disk: the next event tries again
+                    log.warning("could not record dead reply job %s: %s", m.value.job_id, exc)
+
+    async def sweep_dead_replies(self) -> int:
+        """:meth:`gave_up` for every dead reply job not yet told; returns how many it told."""
+        told, after = 0, None
+        while True:
+            page = await self.replies.list(state="dead", limit=500, after=after)
+            for job in page.jobs:
+                told += await self.gave_up(job.value, job.error or "the reply failed")
+            if page.next is None:
+                return told
+            after = page.next
+
+    async def gave_up(self, ask: Ask, reason: str) -> bool:
+        """Keep why message ``ask.message_id`` got no reply and tell its chat's tabs (``gave_up``), in one
+        transaction; False (and nothing done) when it has a reply or a failure kept already."""
+        events, message_id, reason = self.events, ask.message_id, reason[:200]
+
+        async def record(tx: tinystore.SqlTx) -> bool:
+            if await tx.scalar("select id from messages where reply_to = ?", message_id) is not None:
+                return False
+            done = await tx.exec(
+                "insert into reply_failures (message_id, reason, at) values (?, ?, ?) on conflict do nothing",
+                message_id, reason, time.time_ns() // 1_000_000,
+            )  # fmt: skip
+            if not done.changes:
+                return False
+            await tx.with_(events).under(ask.chat_id).publish(ChatEvent(kind="gave_up", id=message_id, text=reason))
+            return True
+
+        return await self.db.tx(record)
 
     # ------------------------------------------------------------------------------------ reads
 
@@ -214,9 +282,16 @@ class Chat:
         """The reply job: stream the model's answer to the tabs, then save it and tell them (the seed's save)."""
         db, events, model = self.db, self.events, self.model
         chat_id, message_id = ask.chat_id, ask.message_id
-        saved = await db.scalar("select id from messages where reply_to = ?", message_id)
-        if saved is not None:  # an earlier attempt saved it: jobs run at least once
-            return {"reply": saved}
+        row = await db.one(
+            "select (select id from messages where reply_to = ?1) as saved,"
+            " exists (select 1 from reply_failures where message_id = ?1) as failed",
+            message_id,
+        )
+        assert row is not None
+        if row["saved"] is not None:  # an earlier attempt saved it: jobs run at least once
+            return {"reply": row["saved"]}
+        if row["failed"]:  # the job was retried after it gave up: the message waits for its reply again
+            await db.exec("delete from reply_failures where message_id = ?", message_id)
         branch = events.under(chat_id)
         pieces: list[str] = []
         # (an attempt after one that streamed part of the reply, then died or timed out: the tabs start over)

@@ -237,6 +237,114 @@ async def test_the_last_attempt_that_fails_gives_up_too(tmp_path: Path) -> None:
         assert (row["id"], row["failed"]) == (message["id"], "503 the model is overloaded")
 
 
+class Hangs(Refused):
+    """A model that never answers: each attempt is cancelled at the queue's timeout (2 minutes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.streams = 0  # attempts that began streaming (their timeout's timer is set by then)
+
+    async def stream(self, history: Sequence[Any]) -> AsyncIterator[str]:
+        self.streams += 1
+        await asyncio.Event().wait()
+        yield ""
+
+
+async def until(check: Any, what: str) -> Any:
+    for _ in range(1000):
+        got = await check()
+        if got:
+            return got
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_last_attempt_that_times_out_is_told_by_the_workers(tmp_path: Path) -> None:
+    """Trial AA, left then: a reply whose last attempt timed out (or lost its worker) ended dead with nothing told
+    and nothing kept, so its tab said 'trying again shortly' for ever."""
+    async with open_store("embedded", tmp_path / "s", clock=datetime.now(UTC)) as store:
+        hangs = Hangs()
+        chat = await service.Chat(store, hangs).open()
+        chat_id = (await chat.create_chat("t"))["id"]
+        seen: list[Any] = []
+        sub = await chat.events.under(chat_id).subscribe(lambda m: seen.append(m.value))
+        chat.start_workers()
+        try:
+            message = await chat.post(chat_id, "hi")
+            [job] = (await chat.replies.list()).jobs
+            for attempt in range(1, service.REPLY_ATTEMPTS + 1):
+
+                async def running(n: int = attempt) -> bool:
+                    return hangs.streams == n
+
+                await until(running, f"attempt {attempt}")
+                await store.clock.advance("121s")  # past the timeout; then past the backoff (60 s at most)
+
+                async def ended(n: int = attempt) -> bool:
+                    j = await chat.replies.get(job.id)
+                    return j is not None and j.state in ("failed", "dead")
+
+                await until(ended, f"attempt {attempt}'s end")
+                await store.clock.advance("61s")
+
+            async def told() -> bool:
+                return any(e.kind == "gave_up" for e in seen)
+
+            await until(told, "gave_up")
+            assert (await chat.replies.get(job.id)).state == "dead"
+            [gave_up] = [e for e in seen if e.kind == "gave_up"]
+            assert (gave_up.id, gave_up.text) == (message["id"], "timed out after 120s")
+            [row] = await chat.messages(chat_id)
+            assert row["failed"] == "timed out after 120s"
+        finally:
+            await chat.stop_workers()
+            await sub.stop()
+
+
+async def test_reply_jobs_that_died_while_no_worker_ran_are_told_when_workers_start(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s", clock=datetime.now(UTC)) as store:
+        hangs = Hangs()
+        chat = await service.Chat(store, hangs).open()
+        chat_id = (await chat.create_chat("t"))["id"]
+        message = await chat.post(chat_id, "hi")
+        for attempt in range(1, service.REPLY_ATTEMPTS + 1):
+            run = asyncio.create_task(chat.replies.run_due(chat.reply))
+
+            async def running(n: int = attempt) -> bool:
+                return hangs.streams == n
+
+            await until(running, f"attempt {attempt}")
+            await store.clock.advance("121s")
+            assert await run == 1
+            await store.clock.advance("61s")
+        [job] = (await chat.replies.list()).jobs
+        assert job.state == "dead"
+        assert [m["failed"] for m in await chat.messages(chat_id)] == [None]  # nothing told: no worker heard it
+        seen: list[Any] = []
+        sub = await chat.events.under(chat_id).subscribe(lambda m: seen.append(m.value))
+        chat.start_workers()
+        try:
+
+            async def told() -> bool:
+                return any(e.kind == "gave_up" for e in seen)
+
+            await until(told, "gave_up")
+            assert [(m["id"], m["failed"]) for m in await chat.messages(chat_id)] == [
+                (message["id"], "timed out after 120s")
+            ]
+            assert await chat.sweep_dead_replies() == 0  # told once only
+            # retried by hand: the message waits for its reply again, and a new death is told again
+            assert await chat.replies.retry(job.id)
+
+            async def waiting() -> bool:
+                return [m["failed"] for m in await chat.messages(chat_id)] == [None]
+
+            await until(waiting, "the kept failure to go when the retry starts")
+        finally:
+            await chat.stop_workers()
+            await sub.stop()
+
+
 async def test_a_long_chat_gets_its_summary_from_one_fenced_writer(tmp_path: Path) -> None:
     async with open_store("embedded", tmp_path / "s") as store:
         chat = await service.Chat(store, fast_model(), summary_after=3).open()
