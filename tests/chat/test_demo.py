@@ -8,6 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+import tinystore
+from tinystore.server import paths
+
 from ..sse.harness import client, open_sse
 from .demo_proc import run_demo
 
@@ -54,6 +57,20 @@ async def test_two_web_processes_and_a_worker_share_one_store(tmp_path: Path) ->
         await post_and_hear_the_reply(http, one, two)  # posted through one, heard on the other
         await post_and_hear_the_reply(http, two, one)
         assert await demo.stop() == 0
+        # the sidecar the demo started stops with it (trial AA: it stayed some 30 s, until idle)
+        assert paths.read_address((tmp_path / "data").resolve()) is None
+
+
+async def test_a_server_that_served_before_the_demo_keeps_serving_after_it(tmp_path: Path) -> None:
+    directory = tmp_path / "data"
+    store = await tinystore.open(directory)  # a sidecar, serving before the demo starts
+    try:
+        async with run_demo(directory, "--web-processes", "1", "--token-delay", "0.002", urls=1) as demo:
+            assert await demo.stop() == 0
+            pid = (paths.read_address(directory.resolve()) or {}).get("pid")
+            assert pid is not None and (await store.status())["pid"] == pid  # the same server, still serving
+    finally:
+        await store.close()
 
 
 def test_the_chat_is_found_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

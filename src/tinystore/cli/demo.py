@@ -279,7 +279,11 @@ def run_many(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        # the store's server (a sidecar), kept up while the demo runs; migrations applied once, here
+        # the store's server (a sidecar), kept up while the demo runs; migrations applied once, here. One this
+        # demo started is stopped with it (else it would stay until idle); one already serving is left running.
+        from ..server import paths
+
+        serving = paths.read_address(directory.resolve()) is not None
         store = await tinystore.open(directory)
         service = importlib.import_module(f"{PACKAGE}.service")
         await service.Chat(store).open()
@@ -313,6 +317,9 @@ def run_many(
                 click.echo("a demo process exited; stopping the others", err=True)
         finally:
             await _stop_children(children)
+            if not serving:
+                with contextlib.suppress(tinystore.TinystoreError, OSError):
+                    await store.stop_server(5.0)
             await store.close()
 
     _run(main)
