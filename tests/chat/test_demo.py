@@ -110,3 +110,16 @@ def test_a_taken_port_is_one_clear_error_without_a_traceback(tmp_path: Path) -> 
     # directory was left behind)
     assert "Errno" not in done.stderr.split("\n")[0] and "ERROR" not in done.stderr, done.stderr
     assert not (tmp_path / "data").exists()
+
+
+async def test_a_stale_address_file_does_not_keep_the_demos_sidecar(tmp_path: Path) -> None:
+    """An embedded store that served left ``server/address`` behind when it closed: a later --web-processes demo
+    took it for a server serving before it, and left its own sidecar running."""
+    directory = tmp_path / "data"
+    store = await tinystore.open(directory, embedded=True)
+    await store.close()
+    assert paths.read_address(directory.resolve()) is None  # an embedded store's address goes when it closes
+    paths.write_address(directory.resolve(), {"pid": 2**22 + 1, "mode": "embedded"})  # as a killed one leaves
+    async with run_demo(directory, "--web-processes", "1", "--token-delay", "0.002", urls=1) as demo:
+        assert await demo.stop() == 0
+        assert paths.read_address(directory.resolve()) is None

@@ -281,9 +281,10 @@ def run_many(
             loop.add_signal_handler(sig, stop.set)
         # the store's server (a sidecar), kept up while the demo runs; migrations applied once, here. One this
         # demo started is stopped with it (else it would stay until idle); one already serving is left running.
+        from ..client.store import _can_connect
         from ..server import paths
 
-        serving = paths.read_address(directory.resolve()) is not None
+        serving = directory.is_dir() and await asyncio.to_thread(_can_connect, paths.socket_path(directory))
         store = await tinystore.open(directory)
         service = importlib.import_module(f"{PACKAGE}.service")
         await service.Chat(store).open()

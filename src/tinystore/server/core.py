@@ -254,6 +254,8 @@ class Core:
             self.clock.close()
         finally:
             self.running = False
+            # the address this process wrote, if it served, goes before the directory does (a stale one misleads)
+            paths.remove_address(self.directory)
             self._lock.release()
             self.stopped.set()
 

@@ -195,15 +195,6 @@ async def start_listeners(
     return listeners
 
 
-def remove_address(core: Core) -> None:
-    info = paths.read_address(core.directory)
-    if info and info.get("pid") == os.getpid():
-        try:
-            paths.address_file(core.directory).unlink()
-        except OSError:
-            pass
-
-
 async def serve(opts: ServeOptions, ready: Any = None) -> int:
     """Run a server until SIGTERM/SIGINT, ``tinystore stop``, idle exit, or the parent's exit. Returns 0.
 
@@ -253,8 +244,7 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
         for w in watchers:
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
-        await core.stop(core.stop_grace)
-        remove_address(core)
+        await core.stop(core.stop_grace)  # (its address file goes with it)
     return 0
 
 

@@ -7,6 +7,7 @@ the directory, and ``DIR/server/address`` says where.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -159,6 +160,14 @@ def write_address(directory: Path, info: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=2))
     os.replace(tmp, path)
+
+
+def remove_address(directory: Path) -> None:
+    """Remove ``DIR/server/address`` when this process wrote it (a server letting the directory go)."""
+    info = read_address(directory)
+    if info and info.get("pid") == os.getpid():
+        with contextlib.suppress(OSError):
+            address_file(directory).unlink()
 
 
 def read_address(directory: Path) -> dict[str, Any] | None:
