@@ -34,7 +34,7 @@ from ..errors import (
 from ..limits import Limits
 from ..names import check_name
 from ..protocol.messages import Welcome
-from ..protocol.store import Advance, Empty, Stop
+from ..protocol.store import Advance, Backup, Empty, Stop
 from ..server import paths
 from ..server.dirlock import LOCK, held_here, unserved_here
 from .sql import Database, read_migrations
@@ -276,6 +276,28 @@ class Store:
         anything stops."""
         grace_s = seconds(grace, f"store {self.directory or self.transport.description}: stop_server: grace")
         await self._call("store.stop", Stop(grace_s), Any, write=True)
+
+    async def backup(self, dest: str | os.PathLike[str]) -> dict[str, Any]:
+        """Copy the store, while it runs, into the folder ``dest`` (made, mode 0700; it must not exist or be
+        empty): a store directory of its own, which ``tinystore serve DEST`` or ``open(DEST)`` opens. Needs the
+        admin capability. Returns ``{"dest": str, "databases": {name: bytes}, "seconds": float}``.
+
+        Each database is copied with SQLite's online backup API as one read transaction sees it (writes go on
+        meanwhile), one after another: each is consistent in itself, not at one instant with the others. The
+        copy of ``EPOCH`` keeps fences and message ids growing on a store started from the copy (LOCK-02).
+        ``dest`` is a path on the server's machine: a relative one is taken from this process's working folder,
+        except over a URL (``connect``), where it must be absolute.
+
+        Raises ``InvalidError`` (``dest`` inside the store, holding it, or an existing folder that is not
+        empty), ``PermissionDeniedError`` (not an admin token, or ``dest`` cannot be made), ``InUseError``
+        (another backup is under way), ``UnavailableError`` (a disk error: the databases copied before it stay
+        in ``dest``, none half written). A cancel leaves the copy going on in the server until it ends.
+        """
+        path = os.fspath(dest)
+        if self.mode != "remote":
+            path = os.path.abspath(path)
+        result: dict[str, Any] = await self._call("store.backup", Backup(path), Any, retry=False)
+        return result
 
     async def close(self) -> None:
         """Close the store: stop what this SDK runs (subscriptions, leases, workers), then the connection.

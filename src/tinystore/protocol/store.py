@@ -15,6 +15,12 @@ class Advance(msgspec.Struct):
     seconds: float
 
 
+class Backup(msgspec.Struct):
+    """``store.backup``: copy the store into ``dest``, an absolute path on the server's machine."""
+
+    dest: str
+
+
 class Stop(msgspec.Struct):
     """``store.stop``: stop the server gracefully, waiting at most ``grace`` seconds for calls under way."""
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..durations import seconds
-from ..errors import InvalidError
-from ..protocol.store import Advance, Empty, Stop
+from ..errors import InUseError, InvalidError
+from ..protocol.store import Advance, Backup, Empty, Stop
+from . import backup as backups
 from . import sql_methods
 
 if TYPE_CHECKING:
@@ -43,11 +46,23 @@ def install(core: Core) -> None:
     def ping(session: Session, req: Empty) -> bool:
         return True
 
+    copying: list[asyncio.Task[Any]] = []  # the backup under way (one at a time)
+
+    async def backup(session: Session, req: Backup) -> dict[str, Any]:
+        if copying and not copying[0].done():
+            raise InUseError(f"store {core.directory}: backup: another backup is under way; try again once it ended")
+        dest = Path(req.dest)
+        backups.check_destination(core.directory, dest)  # bad input at once, before anything is made
+        task = core.spawn(asyncio.to_thread(backups.backup, core.directory, dest), name="backup")
+        copying[:] = [task]
+        return await asyncio.shield(task)  # a cancelled call leaves the copy going on to its end
+
     core.register(Method("store.status", Empty, status))
     core.register(Method("store.ping", Empty, ping))
     core.register(Method("clock.advance", Advance, advance, write=True, admin=True))
     core.register(Method("clock.now", Empty, now))
     core.register(Method("store.stop", Stop, stop, write=True, admin=True))
+    core.register(Method("store.backup", Backup, backup, admin=True))
     sql_methods.install(core)
     for name in ("channel_methods", "lock_methods", "job_methods"):
         try:

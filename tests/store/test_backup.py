@@ -1,0 +1,179 @@
+"""``store.backup`` and ``tinystore backup``: a copy of a running store, as a store directory of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tinystore
+
+from ..helpers import ServerProcess, open_store, write_tokens
+
+MODES = ["embedded", "private", "sidecar", "tcp"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_backup_taken_under_writes_opens_as_a_store_with_all_it_committed(mode: str, tmp_path: Path) -> None:
+    # contract: LOCK-02
+    dest = tmp_path / "copy"
+    async with open_store(mode, tmp_path / "s") as store:
+        db = await store.database("app")
+        await db.exec("create table a (id integer primary key, n)")
+        await db.exec("create table b (id integer primary key, n)")
+        queue = store.queue("mail", dict, database=db)
+        job = await queue.add({"to": "ann"})
+        async with store.lock("l").hold("k") as lease:
+            fence = lease.fence
+        stop = asyncio.Event()
+        committed = 0
+
+        async def writer() -> None:  # each transaction writes a row in both tables: a copy has as many in each
+            nonlocal committed
+            n = 0
+            while not stop.is_set():
+                n += 1
+
+                async def both(tx: tinystore.SqlTx, n: int = n) -> None:
+                    await tx.exec("insert into a (n) values (?)", n)
+                    await tx.exec("insert into b (n) values (?)", n)
+
+                await db.tx(both)
+                committed = n
+
+        task = asyncio.ensure_future(writer())
+        while committed < 20:
+            await asyncio.sleep(0.01)
+        before = committed
+        result = await store.backup(dest)
+        stop.set()
+        await task
+    assert result["dest"] == str(dest) and set(result["databases"]) >= {"app"}
+    assert result["databases"]["app"] == (dest / "sql" / "app.db").stat().st_size
+    assert oct(dest.stat().st_mode & 0o777) == "0o700"
+    copy = await tinystore.open(dest, embedded=True)
+    try:
+        cdb = await copy.database("app")
+        a, b = await cdb.scalar("select count(*) from a"), await cdb.scalar("select count(*) from b")
+        assert a == b >= before  # every transaction committed before the backup, none half
+        got = await copy.queue("mail", dict, database=cdb).get(job)
+        assert got is not None and got.value == {"to": "ann"}
+        async with copy.lock("l").hold("k") as lease:
+            assert lease.fence > fence  # fences grow on a store started from the copy
+    finally:
+        await copy.close()
+
+
+async def test_databases_not_opened_since_the_start_are_copied_too(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        await (await store.database("old")).exec("create table t (x)")
+    async with open_store("embedded", tmp_path / "s") as store:
+        assert set((await store.backup(tmp_path / "copy"))["databases"]) == {"old"}
+    async with open_store("embedded", tmp_path / "copy") as copy:
+        assert await (await copy.database("old")).scalar("select count(*) from t") == 0
+
+
+async def test_bad_destinations_are_refused_naming_them_and_nothing_is_made(tmp_path: Path) -> None:
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "f").write_text("mine")
+    async with open_store("embedded", tmp_path / "s") as store:
+        await (await store.database("app")).exec("create table t (x)")
+        for dest, words in (
+            (tmp_path / "s" / "inside", "inside the store"),
+            (tmp_path, "inside the store, or holds it"),
+            (full, "exists and is not an empty folder"),
+            (full / "f", "exists and is not an empty folder"),
+        ):
+            with pytest.raises(tinystore.InvalidError, match=words) as info:
+                await store.backup(dest)
+            assert str(dest) in str(info.value)
+        assert not (tmp_path / "s" / "inside").exists() and (full / "f").read_text() == "mine"
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        assert set((await store.backup(empty))["databases"]) == {"app"}  # an empty folder is fine
+
+
+async def test_a_backup_needs_the_admin_capability_and_an_absolute_path_over_a_url(tmp_path: Path) -> None:
+    tokens, admin, data = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "s", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    try:
+        store = await tinystore.connect(server.tcp, token=data)
+        try:
+            with pytest.raises(tinystore.PermissionDeniedError, match="admin"):
+                await store.backup(tmp_path / "copy")
+        finally:
+            await store.close()
+        store = await tinystore.connect(server.tcp, token=admin)
+        try:
+            with pytest.raises(tinystore.InvalidError, match="absolute"):
+                await store.backup("copy")  # a path on the server's machine: relative to nothing known
+            assert not (tmp_path / "copy").exists()
+        finally:
+            await store.close()
+    finally:
+        server.stop()
+
+
+def test_the_cli_copies_a_running_store_and_names_a_bad_destination(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    cli = [sys.executable, "-m", "tinystore"]
+    server = ServerProcess(tmp_path / "s").start()
+    try:
+        subprocess.run([*cli, "sql", str(tmp_path / "s"), "--write", "create table t (x)"], check=True, env=env)
+        out = subprocess.run(
+            [*cli, "backup", str(tmp_path / "s"), str(tmp_path / "copy"), "--json"],
+            check=True, capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        assert set(json.loads(out.stdout)["databases"]) == {"main"}
+        bad = subprocess.run(
+            [*cli, "backup", str(tmp_path / "s"), str(tmp_path / "copy")], capture_output=True, text=True, env=env
+        )
+        assert bad.returncode != 0 and "exists and is not an empty folder" in bad.stderr
+        assert "Traceback" not in bad.stderr
+    finally:
+        server.stop()
+    rows = subprocess.run(
+        [*cli, "sql", str(tmp_path / "copy"), "select count(*) as n from t", "--json"],
+        check=True, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert json.loads(rows.stdout.splitlines()[0]) == {"n": 0}
+
+
+async def test_one_backup_at_a_time_and_a_cancelled_call_leaves_the_copy_going(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from tinystore.server import backup as backups
+
+    release, started = threading.Event(), threading.Event()
+    real = backups.backup
+
+    def slow(directory: Path, dest: Path) -> dict[str, object]:
+        started.set()
+        release.wait(10)
+        return real(directory, dest)
+
+    monkeypatch.setattr(backups, "backup", slow)
+    async with open_store("embedded", tmp_path / "s") as store:
+        await (await store.database("app")).exec("create table t (x)")
+        first = asyncio.ensure_future(store.backup(tmp_path / "one"))
+        await asyncio.to_thread(started.wait, 5)
+        with pytest.raises(tinystore.InUseError, match="another backup is under way"):
+            await store.backup(tmp_path / "two")
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        release.set()
+        for _ in range(200):  # the copy goes on to its end
+            if (tmp_path / "one" / "sql" / "app.db").exists():
+                break
+            await asyncio.sleep(0.02)
+        assert (tmp_path / "one" / "sql" / "app.db").exists()
+        await store.backup(tmp_path / "two")  # and the next one may start
