@@ -252,3 +252,43 @@ async def test_a_reply_the_model_gives_up_on_says_why_and_stays_after_a_reload(
             assert "401" in after[1][1]
     finally:
         endpoint.close()
+
+
+async def test_eight_tabs_of_one_chat_in_one_browser_share_one_stream(tmp_path: Path, browser: Any) -> None:
+    """Over HTTP/1.1 a browser opens at most 6 connections to a host: with a stream each, a seventh tab of the
+    chat waited, its stream and its requests too (trial AA). The tabs of a chat now share one stream."""
+    ctx = await browser.new_context(**LAPTOP)
+    try:
+        await ctx.add_init_script(WATCH_STREAMING)
+        async with run_demo(tmp_path / "data", "--token-delay", "0.005") as demo:
+            (url,) = demo.urls
+            first = Tab(await ctx.new_page())
+            await first.open(url)
+            tabs = [first]
+            for _ in range(7):
+                tab = Tab(await ctx.new_page())
+                await tab.open(first.page.url)
+                tabs.append(tab)
+            streams = [r for t in tabs for r in t.requests if r[2].endswith("/events")]
+            assert len(streams) == 1, streams  # the first tab keeps the stream; the others hear it from it
+
+            await tabs[-1].post("asked from the eighth tab")
+            await asyncio.gather(*(t.wait_saved(2, timeout=10.0) for t in tabs))
+            for t in tabs[1:]:
+                assert await t.saved() == await first.saved()
+                assert await t.page.evaluate("window.__streamed") > 20  # the tokens were relayed as they came
+
+            # the tab that kept the stream closes: another takes it over, and every tab stays live
+            await first.page.close()
+            tabs = tabs[1:]
+            await tabs[0].page.wait_for_function(
+                "document.getElementById('status').dataset.state === 'live'", timeout=10_000
+            )
+            await tabs[2].post("asked after the first tab closed")
+            await asyncio.gather(*(t.wait_saved(4, timeout=10.0) for t in tabs))
+            streams = [r for t in tabs for r in t.requests if r[2].endswith("/events")]
+            assert len(streams) == 1, streams  # one of the seven opened the stream again
+            for t in tabs:
+                assert await t.page.locator("#status").get_attribute("data-state") == "live"
+    finally:
+        await ctx.close()

@@ -1,6 +1,13 @@
-// The chat page: plain JavaScript, no build step. Live updates come from one EventSource per page
-// (server-sent events); messages are read from the database through the JSON API, so an event only
-// says "look again" and a missed one costs one refetch, never a wrong screen.
+// The chat page: plain JavaScript, no build step. Live updates come from an EventSource (server-sent
+// events); messages are read from the database through the JSON API, so an event only says "look
+// again" and a missed one costs one refetch, never a wrong screen.
+//
+// The tabs of one chat in one browser share one stream: over HTTP/1.1 a browser opens at most 6
+// connections to a host, so a stream for each tab would leave a seventh tab (its stream and its
+// requests) waiting. The tab that holds the Web Lock "chat-events/ID" keeps the EventSource and
+// relays every event on the BroadcastChannel of that name; the others hear them there, and one of
+// them takes the lock, and the stream, when that tab closes. Where a browser has neither (Web Locks
+// need a secure context: localhost, or HTTPS), each tab keeps its own stream.
 "use strict";
 
 const state = {
@@ -10,7 +17,9 @@ const state = {
   answered: new Set(), // ids of user messages whose reply is saved
   streaming: new Map(), // id of a user message -> the <li> its reply streams into
   gaveUp: new Map(), // id of a user message -> the <li> saying the model gave up answering it
-  source: null, // the EventSource
+  source: null, // the EventSource, in the tab that keeps the chat's stream
+  channel: null, // the BroadcastChannel the chat's events are relayed on
+  leave: null, // gives back the Web Lock of the chat's stream (and closes it) when this tab leaves the chat
 };
 
 const $ = (id) => document.getElementById(id);
@@ -186,33 +195,94 @@ function onGaveUp(ev) {
   gaveUpBubble(ev.id, ev.text || "no reason given");
 }
 
-function connect() {
-  if (state.source) state.source.close();
-  const es = new EventSource(`/api/chats/${state.chatId}/events`);
-  state.source = es;
-  es.onopen = () => {
-    setStatus("live");
-    refresh(); // whatever was saved while the stream was down
-  };
-  es.addEventListener("message", () => refresh());
-  es.addEventListener("start", (e) => onStart(JSON.parse(e.data)));
-  es.addEventListener("token", (e) => onToken(JSON.parse(e.data)));
-  es.addEventListener("gave_up", (e) => onGaveUp(JSON.parse(e.data)));
-  es.addEventListener("done", (e) => onDone(JSON.parse(e.data)));
-  es.addEventListener("failed", (e) => onFailed(JSON.parse(e.data)));
-  es.addEventListener("summary", () => loadChat());
-  es.addEventListener("reload", () => {
+const HANDLERS = {
+  open: () => refresh(), // the stream (re)opened: whatever was saved while it was down
+  message: () => refresh(),
+  start: (ev) => onStart(ev),
+  token: (ev) => onToken(ev),
+  gave_up: (ev) => onGaveUp(ev),
+  done: (ev) => onDone(ev),
+  failed: (ev) => onFailed(ev),
+  summary: () => loadChat(),
+  reload: () => {
     refresh();
     loadChat();
-  });
+  },
+};
+
+// An event of the chat's stream, heard or relayed: handled here, and relayed to the other tabs by the
+// tab that keeps the stream.
+function dispatch(type, data, relay) {
+  if (relay && state.channel) state.channel.postMessage({ type, data });
+  const ev = data ? JSON.parse(data) : null;
+  HANDLERS[type](ev);
+}
+
+function shareStatus(s) {
+  setStatus(s);
+  if (state.channel) state.channel.postMessage({ status: s });
+}
+
+// Follow the chat's events: through its shared stream where the browser can share it, else a stream of
+// this tab's own.
+function connect() {
+  if (state.leave) state.leave();
+  if (state.source) state.source.close();
+  if (state.channel) state.channel.close();
+  state.source = state.channel = state.leave = null;
+  const chatId = state.chatId;
+  if (!(navigator.locks && window.BroadcastChannel)) {
+    openStream(chatId, false);
+    return;
+  }
+  const name = `chat-events/${chatId}`;
+  const channel = new BroadcastChannel(name);
+  state.channel = channel;
+  channel.onmessage = (m) => {
+    const msg = m.data;
+    if (msg.ask) {
+      if (state.source) shareStatus($("status").dataset.state); // a tab that joined asks how the stream is
+    } else if (!state.source) {
+      if (msg.status) setStatus(msg.status);
+      else dispatch(msg.type, msg.data, false);
+    }
+  };
+  let gone = false;
+  let release = null;
+  state.leave = () => {
+    gone = true;
+    if (release) release();
+  };
+  setStatus("connecting");
+  channel.postMessage({ ask: true }); // the tab that keeps the stream says how it is
+  navigator.locks
+    .request(name, () => {
+      if (gone) return null; // left the chat while waiting for the lock
+      openStream(chatId, true);
+      return new Promise((resolve) => (release = resolve)); // held until this tab leaves the chat or closes
+    })
+    .catch(() => {});
+}
+
+function openStream(chatId, relay) {
+  const es = new EventSource(`/api/chats/${chatId}/events`);
+  state.source = es;
+  const status = relay ? shareStatus : setStatus;
+  es.onopen = () => {
+    status("live");
+    dispatch("open", null, relay);
+  };
+  for (const type of Object.keys(HANDLERS)) {
+    if (type !== "open") es.addEventListener(type, (e) => dispatch(type, e.data, relay));
+  }
   es.onerror = () => {
     if (es !== state.source) return;
     if (es.readyState === EventSource.CLOSED) {
       // refused (the server is at its stream limit, or gone): try again once in a while
-      setStatus("offline");
-      setTimeout(() => es === state.source && connect(), 3000);
+      status("offline");
+      setTimeout(() => es === state.source && openStream(chatId, relay), 3000);
     } else {
-      setStatus("reconnecting"); // the browser reconnects by itself, with Last-Event-ID
+      status("reconnecting"); // the browser reconnects by itself, with Last-Event-ID
     }
   };
 }
@@ -347,7 +417,8 @@ document.addEventListener("visibilitychange", () => {
 window.addEventListener("focus", refreshChats);
 
 window.addEventListener("online", () => {
-  if (state.source && state.source.readyState === EventSource.CLOSED) connect();
+  const es = state.source;
+  if (es && es.readyState === EventSource.CLOSED) openStream(state.chatId, !!state.channel);
   refresh(); // what was saved while this device was offline
   loadChat();
 });
