@@ -64,13 +64,13 @@ async def test_two_web_processes_and_a_worker_share_one_store(tmp_path: Path) ->
 async def test_a_server_that_served_before_the_demo_keeps_serving_after_it(tmp_path: Path) -> None:
     directory = tmp_path / "data"
     store = await tinystore.open(directory)  # a sidecar, serving before the demo starts
-    try:
-        async with run_demo(directory, "--web-processes", "1", "--token-delay", "0.002", urls=1) as demo:
+    async with run_demo(directory, "--web-processes", "1", "--token-delay", "0.002", urls=1) as demo:
+        try:
             assert await demo.stop() == 0
             pid = (paths.read_address(directory.resolve()) or {}).get("pid")
             assert pid is not None and (await store.status())["pid"] == pid  # the same server, still serving
-    finally:
-        await store.close()
+        finally:
+            await store.close()  # before run_demo stops the sidecar: else the SDK would start it again
 
 
 def test_the_chat_is_found_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
