@@ -102,9 +102,10 @@ _NAME_CHAR = "A-Za-z0-9_\\x80-\\U0010ffff"
 # inside a name), and any other run of characters that starts none of these
 _NOT_A_PLACEHOLDER = re.compile(
     r"(?:'[^']*+(?:'|$)|\"[^\"]*+(?:\"|$)|`[^`]*+(?:`|$)|\[[^\]]*+(?:\]|$)|--[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|$)"
-    rf"|[{_NAME_CHAR}][{_NAME_CHAR}$]*+|[^'\"`\[\-/:@$#{_NAME_CHAR}]++|[-/]|[:@$#]+(?![{_NAME_CHAR}]))*+"
+    rf"|[{_NAME_CHAR}][{_NAME_CHAR}$]*+|[^'\"`\[\-/:@$#{_NAME_CHAR}]++|[-/]|[:@$#](?![{_NAME_CHAR}$]))*+"
 )
-_PLACEHOLDER = re.compile(rf"[:@$#][{_NAME_CHAR}][{_NAME_CHAR}$:]*+")
+# a sigil, then a name of SQLite's identifier characters, "$" among them (tokenize.c: "@$", "$$" are names too)
+_PLACEHOLDER = re.compile(rf"[:@$#][{_NAME_CHAR}$][{_NAME_CHAR}$:]*+")
 _CACHED_SQL = 4096
 """Statements up to this many characters have their scan kept (the usual ones, sent again and again)."""
 
@@ -330,13 +331,33 @@ _DEFER_WHY = (
 )
 
 
+def _word(head: str, word: str) -> str | None:
+    """``head`` after its first keyword when that is ``word`` (and blanks and comments after it), else None."""
+    n = len(word)
+    if head[:n].lower() == word and (len(head) == n or not (head[n].isalnum() or head[n] == "_")):
+        return _skip_comments(head[n:])
+    return None
+
+
 @_cached_for_short_texts(256)
 def _defers_foreign_keys(sql: str) -> bool:
-    """Whether ``sql`` is a ``PRAGMA defer_foreign_keys`` (set or read: in an exec both are refused)."""
-    return _skip_comments(sql)[:6].lower() == "pragma" and "defer_foreign_keys" in sql.lower()
+    """Whether ``sql`` is a ``PRAGMA defer_foreign_keys`` (set or read: in an exec both are refused), also under
+    ``EXPLAIN`` (SQLite sets a pragma's flag when it prepares the statement, explained or not)."""
+    if "defer_foreign_keys" not in sql.lower():
+        return False
+    head = _skip_comments(sql)
+    explained = _word(head, "explain")
+    if explained is not None:
+        head = explained
+        query = _word(head, "query")
+        if query is not None:
+            head = _word(query, "plan") or ""
+    return _word(head, "pragma") is not None
 
 
-_SQL_NOISE = re.compile(r"'(?:[^']|'')*'|--[^\n]*|/\*.*?(?:\*/|\Z)", re.S)
+# strings, quoted names ("a", `a`, [a]) and comments: what a keyword inside is not one (a name with a quote in it
+# would open a "string" that swallows the rest)
+_SQL_NOISE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`(?:[^`]|``)*`|\[[^\]]*\]|--[^\n]*|/\*.*?(?:\*/|\Z)", re.S)
 _INITIALLY_DEFERRED = re.compile(r"\binitially\s+deferred\b", re.I)
 
 
@@ -366,16 +387,21 @@ _SHARED = frozenset(
         "case_sensitive_like",
         "cell_size_check",
         "count_changes",
+        "checkpoint_fullfsync",
         "data_store_directory",
+        "default_cache_size",
         "empty_result_callbacks",
         "foreign_keys",
         "full_column_names",
+        "fullfsync",
         "hard_heap_limit",
         "ignore_check_constraints",
         "journal_size_limit",
         "legacy_alter_table",
+        "legacy_file_format",
         "max_page_count",
         "mmap_size",
+        "parser_trace",
         "read_uncommitted",
         "recursive_triggers",
         "reverse_unordered_selects",
@@ -386,6 +412,10 @@ _SHARED = frozenset(
         "temp_store_directory",
         "threads",
         "trusted_schema",
+        "vdbe_addoptrace",
+        "vdbe_debug",
+        "vdbe_listing",
+        "vdbe_trace",
         "wal_autocheckpoint",
         "writable_schema",
     }
@@ -446,6 +476,10 @@ _CTL_TAG = " --ts " + secrets.token_hex(8)
 # rowid of the last row another client inserted
 # (``_CTL_TAG`` on it too: a client's statement of the same words must not find it prepared, see _ctl)
 _ROWID_RESET = "replace into temp._tinystore_rowid (rowid) values (0)" + _CTL_TAG
+# in a transaction, the same REPLACE sets it to the rowid of the transaction's last insert instead (then that row
+# goes): SQL's last_insert_rowid() sees what it would on a connection of the client's own (see SqlDatabase._exec)
+_ROWID_SET = "replace into temp._tinystore_rowid (rowid) values (?)" + _CTL_TAG
+_ROWID_DROP = "delete from temp._tinystore_rowid where rowid = ?" + _CTL_TAG
 
 
 _OWN_MARK = f"/* ts {secrets.token_hex(8)} */ "
@@ -496,6 +530,20 @@ def _ctl(conn: sqlite3.Connection, sql: str) -> None:
         conn.execute(sql + _CTL_TAG)
     finally:
         c.internal = c.control = False
+
+
+def _set_rowid(conn: sqlite3.Connection, rowid: int) -> None:
+    """Set the writer's last insert rowid (SQL's ``last_insert_rowid()``) to ``rowid``, through its TEMP table."""
+    c: Any = conn
+    c.internal = True  # a client may not write the engine's TEMP table (authorizer)
+    try:
+        if rowid:
+            conn.execute(_ROWID_SET, (rowid,))
+            conn.execute(_ROWID_DROP, (rowid,))
+        else:
+            conn.execute(_ROWID_RESET)
+    finally:
+        c.internal = False
 
 
 def _rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False) -> TinystoreError:
@@ -1402,8 +1450,13 @@ class SqlDatabase:
         Optimistic first: the statements run one after another with no savepoint of their own (a savepoint
         and its release cost two more statements each). Should one fail, the whole transaction is rolled
         back (what the failed statement did before failing goes too) and the batch runs again, each
-        statement in its own savepoint, but for the failed one, whose error stands: the same outcome as
-        savepoints all along, for the price of a rollback, and only when a write fails.
+        statement in its own savepoint: the same outcome as savepoints all along, for the price of a rollback,
+        and only when a write fails. A statement that failed on a constraint runs again too (what the statements
+        before it did may differ the second time: ``random()``, the time); one that failed otherwise (a time or
+        size limit) keeps its error.
+
+        A statement of the batch that makes a constraint ``INITIALLY DEFERRED`` (a ``CREATE TABLE``): the batch
+        is rolled back and runs one write a commit (:meth:`_one_by_one`), as every batch after it.
         """
         results: list[_Outcome]
         if self._deferred_constraints(conn):
@@ -1415,6 +1468,7 @@ class SqlDatabase:
             exec_ = self._exec
             monotonic = time.monotonic
             failure: BaseException | None = None
+            rerun = False
             while failure is None:
                 for w in batch[len(done) :]:
                     arm(monotonic())
@@ -1422,6 +1476,7 @@ class SqlDatabase:
                         done.append(exec_(conn, w.sql, w.params, w.own))
                     except BaseException as exc:
                         failure = self._error(exc) if isinstance(exc, sqlite3.Error) else exc
+                        rerun = isinstance(exc, sqlite3.IntegrityError) and conn.in_transaction
                         break
                 more = late(BATCH_MAX - len(batch)) if failure is None and len(batch) < BATCH_MAX else []
                 if not more:
@@ -1430,7 +1485,14 @@ class SqlDatabase:
             if failure is None:
                 results = [(w.fut, d, None) for w, d in zip(batch, done, strict=True)]
             else:
-                results = self._batch_again(conn, batch, len(done), failure, arm)
+                results = self._batch_again(conn, batch, len(done), failure, arm, rerun)
+            if self._schema_seen != conn.execute("pragma schema_version").fetchone()[0] and self._deferred_constraints(
+                conn
+            ):
+                # the batch made a deferred constraint: the writes after it must not share its commit
+                _ctl(conn, "rollback")
+                self.results.put_many(self._one_by_one(conn, batch, arm))
+                return
             try:
                 _ctl(conn, "commit")
             except sqlite3.IntegrityError:
@@ -1490,12 +1552,13 @@ class SqlDatabase:
         failed: int,
         failure: BaseException,
         arm: _Arm,
+        rerun: bool = False,
     ) -> list[_Outcome]:
         """After ``batch[failed]`` failed with ``failure``: roll back, begin again, run the others each in a
-        savepoint. A statement that takes the whole transaction with it (``raise(rollback)`` in a trigger,
-        an interrupt) fails alone too: the batch starts over without it. Raises what fails the transaction
-        itself (the caller fails the whole batch with it)."""
-        errors: dict[int, BaseException] = {failed: failure}
+        savepoint (and the failed one too, when ``rerun``). A statement that takes the whole transaction with it
+        (``raise(rollback)`` in a trigger, an interrupt) fails alone too: the batch starts over without it.
+        Raises what fails the transaction itself (the caller fails the whole batch with it)."""
+        errors: dict[int, BaseException] = {} if rerun else {failed: failure}
         while True:
             if conn.in_transaction:
                 _ctl(conn, "rollback")
@@ -1539,19 +1602,21 @@ class SqlDatabase:
         self.stats["writes"] += 1
         self.results.put(w.fut, Done(0, 0, [], []), None)
 
-    def _exec(self, conn: sqlite3.Connection, sql: str, params: list[Any], own: bool = False) -> Done:
+    def _exec(
+        self, conn: sqlite3.Connection, sql: str, params: list[Any], own: bool = False, last_rowid: int = 0
+    ) -> Done:
         """One statement on the writer; ``own``: an engine's (:func:`own_sql`), with the engine's rights. A
-        client's never has them, whatever its text."""
+        client's never has them, whatever its text. ``last_rowid``: in a transaction, the rowid its last insert
+        added (0 for none, and for an exec: a transaction of its own), which SQL's ``last_insert_rowid()`` gives
+        while the statement runs, and after one that added no row."""
         if len(sql) > _CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
         inserts = _inserts(sql)
         if inserts and conn.resets_rowid:  # type: ignore[attr-defined]
-            c: Any = conn
-            c.internal = True  # a client may not write the engine's TEMP table (authorizer)
-            try:
-                conn.execute(_ROWID_RESET)
-            finally:
-                c.internal = False
+            if last_rowid and "last_insert_rowid" in sql.lower():
+                _set_rowid(conn, last_rowid)
+            else:
+                _set_rowid(conn, 0)
         before = conn.total_changes
         # an engine's own statement (own_sql) may write the store's tables
         cur = _as_engine(conn, sql, params) if own else conn.execute(sql, params)
@@ -1568,14 +1633,18 @@ class SqlDatabase:
             elif desc is None and _no_statement(sql):
                 raise no_statement(self.name, sql)
         rowid = (cur.lastrowid or 0) if changes and inserts else 0
+        if last_rowid and inserts and not rowid:
+            _set_rowid(conn, last_rowid)  # it added no row: the transaction's last insert is still the last
         return Done(changes, rowid, list(map(_first, desc)) if desc else [], rows)
 
-    def _exec_alone(self, conn: sqlite3.Connection, sql: str, params: list[Any], own: bool = False) -> Done:
+    def _exec_alone(
+        self, conn: sqlite3.Connection, sql: str, params: list[Any], own: bool = False, last_rowid: int = 0
+    ) -> Done:
         """:meth:`_exec` inside a transaction, in a savepoint: a statement that fails after it ran (its
         ``returning`` rows over ``sql_result_bytes``) leaves nothing either, like one SQLite stopped."""
         _ctl(conn, "savepoint s")
         try:
-            done = self._exec(conn, sql, params, own)
+            done = self._exec(conn, sql, params, own, last_rowid)
         except BaseException:
             if conn.in_transaction:
                 _ctl(conn, "rollback to s")
@@ -1652,6 +1721,7 @@ class SqlDatabase:
         started = time.monotonic()
         end_reason: TinystoreError | None = None
         quiet = False
+        last_rowid = 0  # the rowid the transaction's last insert added (SQL's last_insert_rowid())
         while True:
             now = time.monotonic()
             wait = min(limits.tx_idle, started + limits.tx_max - now)
@@ -1706,9 +1776,15 @@ class SqlDatabase:
             # a read in a transaction stops when its caller goes away; a write goes on (interrupting it would
             # roll back the whole transaction, which a caller that only gave up waiting may go on with)
             arm(time.monotonic(), call.fut if call.op == "query" else None)
+            if writer and _defers_foreign_keys(call.sql):
+                # SQLite (3.40) prepares a statement without its ON DELETE/UPDATE RESTRICT while the pragma is on,
+                # and the statement cache would hand it to other clients after this transaction: a new connection
+                conn.big = RECYCLE_BYTES + 1  # type: ignore[attr-defined]
             try:
                 if call.op == "exec":
-                    value: Any = self._exec_alone(conn, call.sql, call.params, call.own)
+                    value: Any = self._exec_alone(conn, call.sql, call.params, call.own, last_rowid)
+                    if value.last_insert_rowid:
+                        last_rowid = value.last_insert_rowid
                 elif writer:
                     # tx.one/all/scalar only read, on the writer too: a write there would have none of tx.exec's
                     # care (its savepoint; never stopped when its caller goes away)
