@@ -323,3 +323,27 @@ async def test_an_embedded_test_clock_moves_a_handlers_timeout(tmp_path: Path) -
 async def _failed(q: tinystore.Queue[Any], jid: str) -> bool:
     job = await q.get(jid)
     return job is not None and job.state == "failed"
+
+
+async def test_watch_raises_unavailable_once_the_store_stays_away_past_reconnect_timeout(tmp_path: Path) -> None:
+    """Trial AC: with the server down for 40 s and reconnect_timeout=3, every other call raised at 3 s, and watch
+    went on silently for the whole 40 s (its docstring said it raises when the store stays unreachable)."""
+    import time
+
+    from ..helpers import ServerProcess
+
+    server = ServerProcess(tmp_path / "s").start()
+    store = await tinystore.open(tmp_path / "s", reconnect_timeout=1.0)
+    try:
+        q = store.queue("w", dict)
+        job = await q.add({})
+        watching = q.watch(job)
+        assert (await anext(watching)).state == "queued"
+        server.kill()
+        start = time.monotonic()
+        with pytest.raises(tinystore.UnavailableError):
+            await asyncio.wait_for(anext(watching), 10)
+        assert time.monotonic() - start < 5
+    finally:
+        await store.close()
+        server.stop()

@@ -661,8 +661,10 @@ class Subscription(Generic[T]):
         if hub.closed:
             raise ClosedError(f"channel {self.channel.name}: the store is closed")
         req = self._request(after, False)
-        gen = hub.conn_gen
         got = await self._call_subscribe(req, retry=True)
+        # the connection that answered (the call waits out a reconnect and is sent again on the new one): a
+        # subscription made there is not made again, which would drop the notice below and count from its start
+        gen = hub.conn_gen
         early = hub.take_early(got.sub)
         if hub.closed:
             self._stopped = True
@@ -696,7 +698,12 @@ class Subscription(Generic[T]):
             hub.subs.pop(old, None)
             hub.grants.pop(old, None)
         self._sid = 0
-        self._buf.clear()
+        # messages received and not handled go (the store sends them again, or counts them); notices this SDK made
+        # stay, in order: their counts are of messages before the position it subscribes again after (a "behind"
+        # of subscribe(after=...), an earlier "reconnect")
+        kept = [item for item in self._buf if type(item) is Missed]
+        self._buf.clear()  # (in place: the delivery loop holds this deque)
+        self._buf.extend(kept)
         self._in_hand = False
         self._owed = 0
         if self.recursive:
@@ -967,7 +974,6 @@ class _Hub:
         self.live: dict[Subscription[Any], None] = {}
         self.early: dict[int, list[DeliveryItem]] = {}
         self.subscribing = 0
-        self.conn_gen = 0
         self.closed = False
         self.tasks: set[asyncio.Task[Any]] = set()
         self.resub_task: asyncio.Task[None] | None = None
@@ -1138,8 +1144,13 @@ class _Hub:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    @property
+    def conn_gen(self) -> int:
+        """The connection now: the transport's count of reconnects, which grows as a new connection is up (before
+        the calls that waited for it are sent on it, and before this hub hears of it)."""
+        return int(getattr(self.transport, "reconnects", 0))
+
     async def _on_reconnect(self, old_epoch: int, new_epoch: int) -> None:
-        self.conn_gen += 1
         self.orphans.clear()
         if self.live and not self.closed and (self.resub_task is None or self.resub_task.done()):
             self.resub_task = asyncio.ensure_future(self._resubscribe_all())

@@ -1414,18 +1414,23 @@ class Queue(Generic[T]):
 
     async def watch(self, job_id: str) -> AsyncIterator[Job[T]]:
         """Yield the job now, then again at each change (state, attempts, progress, stuck) until it ends; nothing
-        for an unknown id. Waits in the store (no polling), across reconnects; ``break`` stops it. Raises
-        ``ClosedError`` when the store is closed, ``UnavailableError`` when it stays unreachable; ``InvalidError``
-        for an id that is not a str."""
+        for an unknown id. Waits in the store (no polling), across reconnects and a restart of the store;
+        ``break`` stops it. Raises ``ClosedError`` when the store is closed, ``UnavailableError`` once it has been
+        unreachable for the store's ``reconnect_timeout`` (30 s unless given to ``open``), as other calls do;
+        ``InvalidError`` for an id that is not a str."""
         check_job_id(self.name, "watch", job_id)
         await self._ensure()
         row: JobRow | None = await self.store._call("jobs.get", Get(queue=self.name, id=job_id), JobRow | None)
+        loop = asyncio.get_running_loop()
+        patience = float(getattr(self.store.transport, "reconnect_timeout", 30.0))
         while row is not None:
             yield self._job(row)
             if row.state in ENDED:
                 return
             seen = snapshot(row)
+            down_since: float | None = None  # when the calls that fail since began
             while True:
+                asked = loop.time()
                 try:
                     nxt: JobRow | None = await self.store._call(
                         "jobs.wait", Wait(queue=self.name, id=job_id, seen=seen, wait_ms=30_000), JobRow | None
@@ -1433,8 +1438,12 @@ class Queue(Generic[T]):
                 except (UnavailableError, ClosedError):
                     if self.store._closed or self.store.transport.closed:
                         raise
+                    down_since = asked if down_since is None else down_since
+                    if loop.time() - down_since >= patience:
+                        raise
                     await asyncio.sleep(0.2)  # the store is stopping or restarting: wait for it to come back
                     continue
+                down_since = None
                 if nxt is None or snapshot(nxt) != seen:
                     row = nxt
                     break
