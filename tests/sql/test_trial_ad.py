@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -242,3 +243,46 @@ async def test_a_failed_or_fail_statement_leaves_nothing_in_exec_and_in_a_transa
 
         await db.tx(fill)
         assert [r["x"] for r in await db.all("select x from t order by x")] == [2, 6]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_last_insert_rowid_outside_an_insert_is_never_another_clients(mode: str, tmp_path: Path) -> None:
+    """Trial AD2: outside an insert's own text the function gave the shared writer's value (another client's
+    rowid) in an exec and in a transaction before its first insert, and 0 after a failed insert in a transaction
+    (SQLite keeps the earlier one)."""
+    async with open_store(mode, tmp_path / "s") as store:
+        db = await store.database("app")
+        await db.exec("create table p (id integer primary key, k integer unique, note)")
+        for i in range(5):
+            await db.exec("insert into p (k) values (?)", 100 + i)  # rowids 1..5, as another client's
+        assert (await db.exec("select last_insert_rowid() as r")).rows == [[0]]
+        await db.exec("update p set note = last_insert_rowid() where k = 100")
+        assert await db.scalar("select note from p where k = 100") == 0
+
+        async def before_and_after(tx: tinystore.SqlTx) -> tuple[Any, int, Any]:
+            before = await tx.scalar("select last_insert_rowid()")
+            ok = await tx.exec("insert into p (k) values (200)")
+            with pytest.raises(tinystore.ConflictError):
+                await tx.exec("insert into p (k) values (200)")
+            return before, ok.last_insert_rowid, await tx.scalar("select last_insert_rowid()")
+
+        assert await db.tx(before_and_after) == (0, 6, 6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_deferring_transaction_costs_other_clients_no_new_connection(mode: str, tmp_path: Path) -> None:
+    """Trial AD2: the writer's connection was replaced after each transaction that deferred foreign keys (some
+    0.5 ms each, other clients' writes halved); its statements are now prepared apart instead."""
+    async with open_store(mode, tmp_path / "s") as store:
+        db = await store.database("app")
+        await db.exec("create table t (x)")
+
+        async def deferring(tx: tinystore.SqlTx) -> None:
+            await tx.exec("pragma defer_foreign_keys = on")
+            await tx.exec("insert into t values (1)")
+
+        for _ in range(20):
+            await db.tx(deferring)
+        stats = (await store.status())["databases"]["app"]
+        assert stats.get("connections_recycled", 0) == 0
+        assert await db.scalar("select count(*) from t") == 20

@@ -642,6 +642,19 @@ def _inserts(sql: str) -> bool:
     return head.startswith("with") and _INSERT_WORD.search(sql) is not None
 
 
+@_cached_for_short_texts(512)
+def _names_last_rowid(sql: str) -> bool:
+    """Whether ``sql`` calls SQL's ``last_insert_rowid()`` (or says the word anywhere): then the writer's value is
+    set to what the client's own connection would hold first (:meth:`SqlDatabase._exec`)."""
+    return "last_insert_rowid" in sql.lower()
+
+
+_DEFERRING_TAG = "\n-- ts deferring " + secrets.token_hex(8)
+"""Ends the texts a transaction runs after its ``PRAGMA defer_foreign_keys``: SQLite (3.40) prepares a statement
+without its ``ON DELETE``/``ON UPDATE RESTRICT`` while the pragma is on, and the writer's statement cache (keyed by
+the text) would hand that statement to other clients after the transaction."""
+
+
 def sql_error(db: str, exc: BaseException, statement_timeout: float | None = None) -> TinystoreError:
     """Map a sqlite3 exception to a TinyStore error that keeps SQLite's message (``statement_timeout``: the
     limit a statement that was interrupted ran past, for its message)."""
@@ -1453,7 +1466,8 @@ class SqlDatabase:
         statement in its own savepoint: the same outcome as savepoints all along, for the price of a rollback,
         and only when a write fails. A statement that failed on a constraint runs again too (what the statements
         before it did may differ the second time: ``random()``, the time); one that failed otherwise (a time or
-        size limit) keeps its error.
+        size limit), or that rolled the whole transaction back (``OR ROLLBACK``: the batch commits without it),
+        keeps its error.
 
         A statement of the batch that makes a constraint ``INITIALLY DEFERRED`` (a ``CREATE TABLE``): the batch
         is rolled back and runs one write a commit (:meth:`_one_by_one`), as every batch after it.
@@ -1612,11 +1626,12 @@ class SqlDatabase:
         if len(sql) > _CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
         inserts = _inserts(sql)
-        if inserts and conn.resets_rowid:  # type: ignore[attr-defined]
-            if last_rowid and "last_insert_rowid" in sql.lower():
-                _set_rowid(conn, last_rowid)
-            else:
-                _set_rowid(conn, 0)
+        names = _names_last_rowid(sql)
+        if (inserts or names) and conn.resets_rowid:  # type: ignore[attr-defined]
+            # an insert starts from 0, so that one that adds no rowid row gives 0 (the writer's value is whatever
+            # another client inserted last); a statement that calls last_insert_rowid() sees the transaction's own
+            # (0 in an exec). (One that does both and adds no row gives the transaction's, as SQLite's does.)
+            _set_rowid(conn, last_rowid if names else 0)
         before = conn.total_changes
         # an engine's own statement (own_sql) may write the store's tables
         cur = _as_engine(conn, sql, params) if own else conn.execute(sql, params)
@@ -1722,6 +1737,7 @@ class SqlDatabase:
         end_reason: TinystoreError | None = None
         quiet = False
         last_rowid = 0  # the rowid the transaction's last insert added (SQL's last_insert_rowid())
+        deferring = False  # it ran PRAGMA defer_foreign_keys (see _DEFERRING_TAG)
         while True:
             now = time.monotonic()
             wait = min(limits.tx_idle, started + limits.tx_max - now)
@@ -1776,21 +1792,24 @@ class SqlDatabase:
             # a read in a transaction stops when its caller goes away; a write goes on (interrupting it would
             # roll back the whole transaction, which a caller that only gave up waiting may go on with)
             arm(time.monotonic(), call.fut if call.op == "query" else None)
-            if writer and _defers_foreign_keys(call.sql):
-                # SQLite (3.40) prepares a statement without its ON DELETE/UPDATE RESTRICT while the pragma is on,
-                # and the statement cache would hand it to other clients after this transaction: a new connection
-                conn.big = RECYCLE_BYTES + 1  # type: ignore[attr-defined]
+            sql = call.sql
+            if deferring:
+                sql += _DEFERRING_TAG  # (see _DEFERRING_TAG: prepared apart from every other client's text)
+            elif writer and _defers_foreign_keys(sql):
+                deferring = True
             try:
                 if call.op == "exec":
-                    value: Any = self._exec_alone(conn, call.sql, call.params, call.own, last_rowid)
+                    value: Any = self._exec_alone(conn, sql, call.params, call.own, last_rowid)
                     if value.last_insert_rowid:
                         last_rowid = value.last_insert_rowid
                 elif writer:
                     # tx.one/all/scalar only read, on the writer too: a write there would have none of tx.exec's
                     # care (its savepoint; never stopped when its caller goes away)
+                    if _names_last_rowid(sql):
+                        _set_rowid(conn, last_rowid)
                     _ctl(conn, "pragma query_only = 1")
                     try:
-                        value = self._query(conn, call.sql, call.params, call.mode)
+                        value = self._query(conn, sql, call.params, call.mode)
                     finally:
                         _ctl(conn, "pragma query_only = 0")
                 else:
