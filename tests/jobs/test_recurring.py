@@ -16,14 +16,13 @@ class Reembed:
     night: str
 
 
-def reembed_job(night: date) -> tuple[Reembed, str, datetime]:
-    at = datetime.combine(night, time(2, 0), tzinfo=UTC)
-    return Reembed(night.isoformat()), f"reembed/{night}", at
+def coming_night(now: datetime) -> date:
+    return now.date() if now.time() < time(2, 0) else now.date() + timedelta(days=1)
 
 
 async def plan(queue: tinystore.Queue[Reembed], night: date) -> None:
-    value, key, at = reembed_job(night)
-    await queue.add(value, key=key, at=at)
+    at = datetime.combine(night, time(2, 0), tzinfo=UTC)
+    await queue.add(Reembed(night.isoformat()), key=f"reembed/{night}", at=at)
 
 
 async def test_the_recurring_job_recipe_runs_once_a_night_and_survives_a_dead_run(tmp_path: Path) -> None:
@@ -33,7 +32,8 @@ async def test_the_recurring_job_recipe_runs_once_a_night_and_survives_a_dead_ru
         ran: list[str] = []
 
         async def reembed(job: Reembed, run: tinystore.Run) -> None:
-            await plan(queue, date.fromisoformat(job.night) + timedelta(days=1))
+            now = datetime.fromtimestamp(await store.clock.now(), UTC)
+            await plan(queue, max(date.fromisoformat(job.night) + timedelta(days=1), coming_night(now)))
             ran.append(job.night)
             if job.night == "2026-12-02":
                 raise tinystore.PermanentError("the model endpoint is down")  # dead: the chain goes on
@@ -56,3 +56,12 @@ async def test_the_recurring_job_recipe_runs_once_a_night_and_survives_a_dead_ru
             "2026-12-04": "succeeded",
             "2026-12-05": "queued",
         }
+
+        # four nights when nothing ran (trial AE: every missed night then ran, back to back): the one planned runs
+        # once, and plans the coming night, not the next of its own
+        await store.clock.advance("4d")
+        assert await queue.run_due(reembed) == 1
+        assert await queue.run_due(reembed) == 0
+        assert ran[-1] == "2026-12-05"
+        queued = [j.value.night for j in (await queue.list(state="queued")).jobs]
+        assert queued == ["2026-12-09"]  # the clock is at 2026-12-08 02:00: the coming 02:00 is the 9th's

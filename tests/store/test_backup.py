@@ -155,10 +155,10 @@ async def test_one_backup_at_a_time_and_a_cancelled_call_leaves_the_copy_going(
     release, started = threading.Event(), threading.Event()
     real = backups.backup
 
-    def slow(directory: Path, dest: Path) -> dict[str, object]:
+    def slow(directory: Path, dest: Path, cancelled: threading.Event | None = None) -> dict[str, object]:
         started.set()
         release.wait(10)
-        return real(directory, dest)
+        return real(directory, dest, cancelled)
 
     monkeypatch.setattr(backups, "backup", slow)
     async with open_store("embedded", tmp_path / "s") as store:
@@ -177,3 +177,74 @@ async def test_one_backup_at_a_time_and_a_cancelled_call_leaves_the_copy_going(
             await asyncio.sleep(0.02)
         assert (tmp_path / "one" / "sql" / "app.db").exists()
         await store.backup(tmp_path / "two")  # and the next one may start
+
+
+async def test_odd_destinations_are_named_not_internal_errors(tmp_path: Path) -> None:
+    """Trial AE: a NUL or an over-long name gave 'internal error', a dangling symlink 'File exists', and an empty
+    folder of another user was taken as it was (its mode kept, its owner free to change the copy)."""
+    elsewhere = tmp_path / "elsewhere"
+    (tmp_path / "link").symlink_to(elsewhere)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    os.chown(foreign, 65534, 65534)
+    async with open_store("embedded", tmp_path / "s") as store:
+        await (await store.database("app")).exec("create table t (x)")
+        for dest, error, words in (
+            (str(tmp_path / "a\0b"), tinystore.InvalidError, "NUL"),
+            (str(tmp_path / ("x" * 300)), tinystore.InvalidError, "too long"),
+            (str(tmp_path / "link"), tinystore.InvalidError, "symbolic link"),
+            (str(foreign), tinystore.PermissionDeniedError, "another user"),
+        ):
+            with pytest.raises(error, match=words):
+                await store.backup(dest)
+        assert not elsewhere.exists()
+
+
+async def test_what_is_no_database_is_skipped_and_named_and_the_rest_copied(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        await (await store.database("app")).exec("create table t (x)")
+        await (await store.database("zed")).exec("create table t (x)")
+        (tmp_path / "s" / "sql" / "junk.db").write_bytes(b"not a database at all" * 100)
+        (tmp_path / "outside.db").write_bytes(b"")
+        (tmp_path / "s" / "sql" / "linked.db").symlink_to(tmp_path / "outside.db")
+        result = await store.backup(tmp_path / "copy")
+    assert set(result["databases"]) == {"app", "zed"}
+    assert set(result["skipped"]) == {"junk", "linked"}
+    assert "symbolic link" in result["skipped"]["linked"] and "not a database" in result["skipped"]["junk"]
+
+
+async def test_a_store_that_stops_during_a_backup_says_so_and_leaves_no_store_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial AE: the copy went on after the store stopped (a new server had the directory meanwhile) and ended as
+    a whole store, though its caller was told it failed; embedded, the caller got a bare CancelledError."""
+    import threading
+
+    from tinystore.server import backup as backups
+
+    release, started, finished = threading.Event(), threading.Event(), threading.Event()
+    real = backups.backup
+
+    def slow(directory: Path, dest: Path, cancelled: threading.Event | None = None) -> dict[str, object]:
+        started.set()
+        release.wait(10)
+        try:
+            return real(directory, dest, cancelled)
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(backups, "backup", slow)
+    store = await tinystore.open(tmp_path / "s", embedded=True)
+    try:
+        await (await store.database("app")).exec("create table t (x)")
+        call = asyncio.ensure_future(store.backup(tmp_path / "copy"))
+        await asyncio.to_thread(started.wait, 5)
+        closing = asyncio.ensure_future(store.close())
+        with pytest.raises(tinystore.ClosedError, match=r"stopped during the backup.*remove it"):
+            await call
+    finally:
+        release.set()
+        await closing
+    await asyncio.to_thread(finished.wait, 10)
+    assert not (tmp_path / "copy" / "LOCK").exists()
+    assert not (tmp_path / "copy" / "sql" / "app.db").exists()

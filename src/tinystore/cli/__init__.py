@@ -381,6 +381,8 @@ def backup(directory: Path, dest: Path, as_json: bool) -> None:
         return
     dbs = result["databases"]
     print_table("databases copied", ["name", "bytes"], [[n, f"{b:,}"] for n, b in dbs.items()])
+    for name, why in result.get("skipped", {}).items():
+        err_console.print(f"not copied: sql/{name}.db: {why}", highlight=False)
     err_console.print(
         f"backed up {directory} into {result['dest']}: {len(dbs)} database{'s' if len(dbs) != 1 else ''} in "
         f"{result['seconds']:.2f}s",

@@ -280,7 +280,9 @@ class Store:
     async def backup(self, dest: str | os.PathLike[str]) -> dict[str, Any]:
         """Copy the store, while it runs, into the folder ``dest`` (made, mode 0700; it must not exist or be
         empty): a store directory of its own, which ``tinystore serve DEST`` or ``open(DEST)`` opens. Needs the
-        admin capability. Returns ``{"dest": str, "databases": {name: bytes}, "seconds": float}``.
+        admin capability. Returns ``{"dest": str, "databases": {name: bytes}, "skipped": {name: why},
+        "seconds": float}``: ``skipped`` names the files of ``DIR/sql`` that are no database the store could open
+        (a symbolic link, a file that is not SQLite's), which are not copied.
 
         Each database is copied with SQLite's online backup API as one read transaction sees it (writes go on
         meanwhile), one after another: each is consistent in itself, not at one instant with the others. The
@@ -288,10 +290,12 @@ class Store:
         ``dest`` is a path on the server's machine: a relative one is taken from this process's working folder,
         except over a URL (``connect``), where it must be absolute.
 
-        Raises ``InvalidError`` (``dest`` inside the store, holding it, or an existing folder that is not
-        empty), ``PermissionDeniedError`` (not an admin token, or ``dest`` cannot be made), ``InUseError``
-        (another backup is under way), ``UnavailableError`` (a disk error: the databases copied before it stay
-        in ``dest``, none half written). A cancel leaves the copy going on in the server until it ends.
+        Raises ``InvalidError`` (``dest`` inside the store, holding it, a symbolic link, an existing folder that
+        is not empty, no path), ``PermissionDeniedError`` (not an admin token, ``dest`` a folder of another user or
+        one that cannot be made), ``InUseError`` (another backup is under way), ``UnavailableError`` (a disk
+        error), ``ClosedError`` (the store stopped during the backup). After an error ``dest`` holds no ``LOCK``
+        and no half-written database: remove it before trying again. A cancel leaves the copy going on in the
+        server until it ends.
         """
         path = os.fspath(dest)
         if self.mode != "remote":

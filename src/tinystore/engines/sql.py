@@ -293,6 +293,9 @@ def _authorizer(
         elif (
             action in _TEMP_OBJECTS
             or (db == "temp" and action in _WRITES and arg1 not in _TEMP_SCHEMA)
+            # a new row of the TEMP schema is a TEMP object made, whatever the words (``create trigger temp.x on
+            # t`` is a CREATE_TRIGGER of main's table t, then this insert); SQLite's own rewrites only update it
+            or (db == "temp" and action == sqlite3.SQLITE_INSERT and arg1 is not None and arg1.lower() in _SCHEMAS)
             or (action == sqlite3.SQLITE_ALTER_TABLE and arg1 == "temp")
         ):
             if not internal():
@@ -438,6 +441,7 @@ _WRITES = frozenset({sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLIT
 # the TEMP schema: SQLite rewrites it itself in ALTER TABLE ... RENAME and DROP COLUMN (the writer has a TEMP
 # table), and refuses a client's own write to it (it needs writable_schema, which is refused)
 _TEMP_SCHEMA = frozenset({"sqlite_temp_master", "sqlite_temp_schema"})
+_SCHEMAS = frozenset({"sqlite_master", "sqlite_schema", *_TEMP_SCHEMA})
 OWN_PREFIX = "_tinystore"
 """Tables, indexes and triggers named so are the store's (``_tinystore_migrations``, the jobs tables of a database
 that holds queues): clients read them, only the engines' own statements (:func:`own_sql`) write them."""
@@ -973,6 +977,7 @@ class SqlDatabase:
         self.inline_budget = self.limits.inline_read
         self._schema_seen = -1  # the schema version _deferred was read at (writer thread)
         self._deferred = False  # whether the schema has INITIALLY DEFERRED constraints (see _deferred_constraints)
+        self._schema_rowid = False  # whether a view or trigger of the schema calls last_insert_rowid() (same)
 
     # -- connections -----------------------------------------------------------------------------
 
@@ -1535,6 +1540,8 @@ class SqlDatabase:
             if version != self._schema_seen:
                 texts = [t for (t,) in conn.execute("select sql from sqlite_master where sql is not null")]
                 self._deferred = has_deferred_constraint(texts)
+                # a view or trigger that calls last_insert_rowid(): every statement may, whatever its words
+                self._schema_rowid = any(_names_last_rowid(t) for t in texts)
                 self._schema_seen = version
         except sqlite3.Error:
             return self._deferred  # (what the writes then run into is theirs to report)
@@ -1626,7 +1633,7 @@ class SqlDatabase:
         if len(sql) > _CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
         inserts = _inserts(sql)
-        names = _names_last_rowid(sql)
+        names = self._schema_rowid or _names_last_rowid(sql)
         if (inserts or names) and conn.resets_rowid:  # type: ignore[attr-defined]
             # an insert starts from 0, so that one that adds no rowid row gives 0 (the writer's value is whatever
             # another client inserted last); a statement that calls last_insert_rowid() sees the transaction's own
@@ -1726,6 +1733,7 @@ class SqlDatabase:
             return
         self.active_tx = tx
         self.stats["transactions"] += 1
+        self._deferred_constraints(conn)  # (which also tells whether the schema calls last_insert_rowid())
         put(fut, tx, None)
         self._serve_tx(conn, tx, arm, writer=True)
         self.active_tx = None
@@ -1805,7 +1813,7 @@ class SqlDatabase:
                 elif writer:
                     # tx.one/all/scalar only read, on the writer too: a write there would have none of tx.exec's
                     # care (its savepoint; never stopped when its caller goes away)
-                    if _names_last_rowid(sql):
+                    if self._schema_rowid or _names_last_rowid(sql):
                         _set_rowid(conn, last_rowid)
                     _ctl(conn, "pragma query_only = 1")
                     try:

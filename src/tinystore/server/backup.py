@@ -3,9 +3,9 @@
 Each database of ``DIR/sql`` (the open ones and those not opened since the start) is copied with SQLite's
 online backup API (https://sqlite.org/backup.html) from a connection of its own, in one step: the copy is the
 database as one read transaction saw it, while the store's writer goes on (WAL). Each copy is written as
-``NAME.db.partial``, synced, then renamed, and the copy gets a ``LOCK`` file (the mark of a store
-directory); the store's ``EPOCH`` is copied too, so a store started on the copy
-gives fences and message ids above every one the original gave before the copy (LOCK-02).
+``NAME.db.partial``, synced, then renamed; the store's ``EPOCH`` is copied too, so a store started on the copy
+gives fences and message ids above every one the original gave before the copy (LOCK-02). The copy's ``LOCK``
+file, the mark of a store directory, is written last: a backup that did not end holds none.
 
 Databases are copied one after another: each is consistent in itself (a queue kept in an application database
 with ``database=`` is in the same file as its rows), not at one instant with the others.
@@ -14,81 +14,145 @@ with ``database=`` is in the same file as its rows), not at one instant with the
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import sqlite3
+import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidError, PermissionDeniedError, TinystoreError, UnavailableError
+from ..errors import ClosedError, InvalidError, PermissionDeniedError, UnavailableError
 from ..names import NAME
 from .dirlock import LOCK
 
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _what(directory: Path) -> str:
+    return f"backup of store {directory}"
+
 
 def check_destination(directory: Path, dest: Path) -> None:
-    """Refuse (``InvalidError``) a destination that is not absolute, lies inside the store or holds the store,
-    or exists and is not an empty folder."""
-    what = f"backup of store {directory}"
+    """Refuse a destination: ``InvalidError`` when it is not absolute, not a path (a NUL, a name too long), a
+    symbolic link, inside the store or holding it, or an existing folder that is not empty;
+    ``PermissionDeniedError`` when it is a folder of another user (who could change the copy)."""
+    what = _what(directory)
+    text = str(dest)
+    if "\0" in text:
+        raise InvalidError(f"{what}: the destination {text!r} holds a NUL character")
     if not dest.is_absolute():
-        raise InvalidError(f"{what}: the destination {str(dest)!r} must be an absolute path (the server's)")
-    store, target = directory.resolve(), dest.resolve()
-    if target == store or store in target.parents or target in store.parents:
-        raise InvalidError(f"{what}: the destination {dest} is inside the store, or holds it; pick a folder outside")
-    if target.exists() or target.is_symlink():
-        if not target.is_dir() or target.is_symlink() or any(target.iterdir()):
+        raise InvalidError(f"{what}: the destination {text!r} must be an absolute path (the server's)")
+    try:
+        if dest.is_symlink():
+            raise InvalidError(f"{what}: the destination {dest} is a symbolic link; name a folder itself")
+        store, target = directory.resolve(), dest.resolve()
+        if target == store or store in target.parents or target in store.parents:
+            raise InvalidError(
+                f"{what}: the destination {dest} is inside the store, or holds it; pick a folder outside"
+            )
+        try:
+            st = os.lstat(target)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(st.st_mode) or any(target.iterdir()):
             raise InvalidError(
                 f"{what}: the destination {dest} exists and is not an empty folder; a backup goes into a new one"
             )
+        if st.st_uid != os.getuid():
+            raise PermissionDeniedError(
+                f"{what}: the destination {dest} belongs to another user (uid {st.st_uid}; this server runs as "
+                f"uid {os.getuid()}), who could change the copy; name a new folder"
+            )
+    except OSError as exc:
+        raise InvalidError(f"{what}: the destination {dest}: {exc.strerror or exc}") from None
 
 
-def database_files(sql_dir: Path) -> list[tuple[str, Path]]:
-    """The store's databases: ``(name, path)`` of each ``NAME.db`` in ``DIR/sql``, by name."""
-    out = []
-    for path in sorted(sql_dir.glob("*.db")):
-        name = path.name[: -len(".db")]
-        if NAME.fullmatch(name) is not None and path.is_file() and not path.is_symlink():
-            out.append((name, path))
-    return out
+def _skip_reason(path: Path) -> str | None:
+    """Why ``DIR/sql/NAME.db`` is not a database the store can open (so not copied), or None."""
+    if path.is_symlink():
+        return "a symbolic link (the store refuses to open it)"
+    if not path.is_file():
+        return "not a file"
+    return None
 
 
-def backup(directory: Path, dest: Path) -> dict[str, Any]:
+def backup(directory: Path, dest: Path, cancelled: threading.Event | None = None) -> dict[str, Any]:
     """Copy the store of ``directory`` into ``dest`` (blocking: run it on a thread). Returns ``{"dest": str,
-    "databases": {name: bytes}, "seconds": float}``.
+    "databases": {name: bytes}, "skipped": {name: why}, "seconds": float}``: ``skipped`` names the files of
+    ``DIR/sql`` that are no database the store can open (a symbolic link, a file that is not SQLite's).
 
-    Raises ``InvalidError`` (see :func:`check_destination`), ``PermissionDeniedError`` (the destination cannot
-    be written), ``UnavailableError`` (a disk error while copying). A failure leaves no ``NAME.db`` half
-    written: what was copied before stays in ``dest``, the rest is missing.
+    Raises ``InvalidError`` or ``PermissionDeniedError`` (see :func:`check_destination`; also a destination that
+    cannot be made, on a read-only file system), ``UnavailableError`` (a disk error while copying),
+    ``ClosedError`` (``cancelled`` was set: the store stopped). A failure leaves no ``NAME.db`` half written and
+    no ``LOCK``: ``dest`` is no store, and its error says to remove it before trying again.
     """
     check_destination(directory, dest)
     started = time.monotonic()
-    what = f"backup of store {directory} into {dest}"
+    what = f"{_what(directory)} into {dest}"
+    incomplete = f"{dest} is incomplete (it has no {LOCK}): remove it before trying again"
     try:
         dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(dest, 0o700)
         (dest / "sql").mkdir(mode=0o700, exist_ok=True)
-    except PermissionError as exc:
-        raise PermissionDeniedError(f"{what}: cannot make the folder: {exc.strerror or exc}") from None
     except OSError as exc:
+        if isinstance(exc, PermissionError) or exc.errno in _DENIED:
+            raise PermissionDeniedError(f"{what}: cannot make the folder: {exc.strerror or exc}") from None
         raise UnavailableError(f"{what}: cannot make the folder: {exc.strerror or exc}") from None
+
+    def stop_if_cancelled() -> None:
+        if cancelled is not None and cancelled.is_set():
+            raise ClosedError(f"{what}: the store stopped during the backup; {incomplete}")
+
     sizes: dict[str, int] = {}
+    skipped: dict[str, str] = {}
     for name, path in database_files(directory / "sql"):
-        sizes[name] = _copy_database(name, path, dest / "sql" / path.name, what)
+        stop_if_cancelled()
+        why = _skip_reason(path)
+        if why is None:
+            try:
+                sizes[name] = _copy_database(path, dest / "sql" / path.name, stop_if_cancelled)
+                continue
+            except sqlite3.DatabaseError as exc:
+                if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+                    raise UnavailableError(f"{what}: database {name}: {exc}; {incomplete}") from None
+                why = f"not a database SQLite can read ({exc})"
+            except OSError as exc:
+                raise UnavailableError(f"{what}: database {name}: {exc.strerror or exc}; {incomplete}") from None
+        skipped[name] = why
+    stop_if_cancelled()
     epoch = directory / "EPOCH"
     try:
         if epoch.is_file():
             shutil.copyfile(epoch, dest / "EPOCH")
             os.chmod(dest / "EPOCH", 0o600)
             _fsync(dest / "EPOCH")
-        # the mark of a store directory (the file a server locks): the copy opens as a store
-        os.close(os.open(dest / LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         _fsync(dest / "sql")
+        # last: the mark of a store directory (the file a server locks), so the copy opens as a store only whole
+        os.close(os.open(dest / LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         _fsync(dest)
     except OSError as exc:
-        raise UnavailableError(f"{what}: {exc.strerror or exc}") from None
-    return {"dest": str(dest), "databases": sizes, "seconds": round(time.monotonic() - started, 3)}
+        raise UnavailableError(f"{what}: {exc.strerror or exc}; {incomplete}") from None
+    return {
+        "dest": str(dest),
+        "databases": sizes,
+        "skipped": skipped,
+        "seconds": round(time.monotonic() - started, 3),
+    }
 
 
-def _copy_database(name: str, source: Path, target: Path, what: str) -> int:
+def database_files(sql_dir: Path) -> list[tuple[str, Path]]:
+    """``(name, path)`` of each ``NAME.db`` in ``DIR/sql`` (a valid name), by name."""
+    return [
+        (path.name[: -len(".db")], path)
+        for path in sorted(sql_dir.glob("*.db"))
+        if NAME.fullmatch(path.name[: -len(".db")]) is not None
+    ]
+
+
+def _copy_database(source: Path, target: Path, stop_if_cancelled: Any) -> int:
     partial = target.with_name(target.name + ".partial")
     with contextlib.suppress(FileNotFoundError):
         partial.unlink()
@@ -105,13 +169,13 @@ def _copy_database(name: str, source: Path, target: Path, what: str) -> int:
             src.close()
         os.chmod(partial, 0o600)
         _fsync(partial)
+        stop_if_cancelled()  # (a copy the store stopped during is not kept as done)
         os.replace(partial, target)
         return target.stat().st_size
-    except (sqlite3.Error, OSError) as exc:
+    except BaseException:
         with contextlib.suppress(OSError):
             partial.unlink()
-        error: TinystoreError = UnavailableError(f"{what}: database {name}: {exc}")
-        raise error from None
+        raise
 
 
 def _fsync(path: Path) -> None:

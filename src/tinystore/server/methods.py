@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..durations import seconds
-from ..errors import InUseError, InvalidError
+from ..errors import ClosedError, InUseError, InvalidError
 from ..protocol.store import Advance, Backup, Empty, Stop
 from . import backup as backups
 from . import sql_methods
@@ -48,14 +49,31 @@ def install(core: Core) -> None:
 
     copying: list[asyncio.Task[Any]] = []  # the backup under way (one at a time)
 
+    async def copy(dest: Path) -> dict[str, Any]:
+        cancelled = threading.Event()
+        try:
+            return await asyncio.to_thread(backups.backup, core.directory, dest, cancelled)
+        except asyncio.CancelledError:
+            cancelled.set()  # the store stops: the copy keeps nothing more as done, and writes no LOCK
+            raise
+
     async def backup(session: Session, req: Backup) -> dict[str, Any]:
         if copying and not copying[0].done():
             raise InUseError(f"store {core.directory}: backup: another backup is under way; try again once it ended")
         dest = Path(req.dest)
         backups.check_destination(core.directory, dest)  # bad input at once, before anything is made
-        task = core.spawn(asyncio.to_thread(backups.backup, core.directory, dest), name="backup")
+        task = core.spawn(copy(dest), name="backup")
         copying[:] = [task]
-        return await asyncio.shield(task)  # a cancelled call leaves the copy going on to its end
+        try:
+            return await asyncio.shield(task)  # a cancelled call leaves the copy going on to its end
+        except asyncio.CancelledError:
+            this = asyncio.current_task()
+            if task.cancelled() and (this is None or not this.cancelling()):
+                raise ClosedError(
+                    f"backup of store {core.directory} into {dest}: the store stopped during the backup; {dest} is "
+                    "incomplete: remove it before trying again"
+                ) from None
+            raise
 
     core.register(Method("store.status", Empty, status))
     core.register(Method("store.ping", Empty, ping))
