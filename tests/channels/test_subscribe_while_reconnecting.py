@@ -43,7 +43,9 @@ async def test_subscribe_after_an_id_while_a_killed_sidecar_comes_back_is_told_n
             try:
                 await eventually(lambda h=heard, v=f"{round_}-new": v in h.values, timeout=10, what="the new message")
             except AssertionError:
-                raise AssertionError(f"round {round_}: {heard.shape()} {sub!r} {sub.stats()}") from None
+                raise AssertionError(
+                    f"round {round_}: {heard.shape()} {sub!r} {sub.statistics()} sid {sub._sid} gen {sub._conn_gen}"
+                ) from None
             assert heard.shape() == [("missed", "behind", None), ("m", f"{round_}-new")]
             await sub.stop()
         await keep.stop()

@@ -57,10 +57,44 @@ async def test_last_insert_rowid_through_a_view_or_a_trigger_is_the_clients_own(
         await db.exec("insert into secret (id) values (888888)")
         assert (await db.exec("select r from lr")).rows == [[0]]
 
-        async def own(tx: tinystore.SqlTx) -> tuple[object, object]:
+        async def own(tx: tinystore.SqlTx) -> tuple[object, object, object]:
             before = await tx.scalar("select r from lr")
             done = await tx.exec("insert into t (v) values ('c')")
+            await tx.exec("update t set v = 'e' where v = 'c'")  # its trigger sees the transaction's own
+            # an insert that does not name it sees 0 through the view, and its Done stays exact (trial AF)
             await tx.exec("insert into t (v, seen) select 'd', r from lr")
-            return before, (done.last_insert_rowid, await tx.scalar("select seen from t where v = 'd'"))
+            seen = await tx.all("select v, seen from t where v in ('e', 'd') order by id")
+            return before, done.last_insert_rowid, seen
 
-        assert await db.tx(own) == (0, (2, 2))
+        assert await db.tx(own) == (0, 2, [{"v": "e", "seen": 2}, {"v": "d", "seen": 0}])
+
+        await db.exec("create table k (id text primary key) without rowid")
+
+        async def exact(tx: tinystore.SqlTx) -> tuple[int, int]:
+            await tx.exec("insert into t (v) values ('f')")
+            keyed = await tx.exec("insert into k (id) values ('a')")  # adds no rowid row
+            upsert = await tx.exec("insert into t (id, v) values (1, 'g') on conflict (id) do update set v = 'g'")
+            return keyed.last_insert_rowid, upsert.last_insert_rowid
+
+        assert await db.tx(exact) == (0, 0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_what_a_deferring_transaction_runs_shows_no_mark_of_the_engines(mode: str, tmp_path: Path) -> None:
+    """Trial AF: the statements after ``pragma defer_foreign_keys`` had a mark appended, which an error (a text
+    ending inside a quote) or a column name (inside a comment) showed."""
+    async with open_store(mode, tmp_path / "s") as store:
+        db = await store.database("app")
+        seen: list[str] = []
+
+        async def deferring(tx: tinystore.SqlTx) -> None:
+            await tx.exec("pragma defer_foreign_keys = on")
+            for sql in ("select 'abc", 'select "abc', "select [abc"):
+                with pytest.raises(tinystore.InvalidError) as info:
+                    await tx.one(sql)
+                seen.append(str(info.value))
+            seen.extend((await tx.exec("select 1 /* note")).columns)
+
+        await db.tx(deferring)
+        assert seen[-1] == "1 /* note"
+        assert not any("ts " in text for text in seen), seen

@@ -694,8 +694,10 @@ class Subscription(Generic[T]):
         hub = self._hub
         # what was received and not handled is dropped: the store sends it again (or counts it as missed)
         old = self._sid
-        if old:
-            hub.subs.pop(old, None)
+        if old and hub.subs.get(old) is self:
+            # (an id of the last connection: the new one may have given the same id to another subscription
+            # already, made while this one waited its turn here; that one's entry and credit stay)
+            del hub.subs[old]
             hub.grants.pop(old, None)
         self._sid = 0
         # messages received and not handled go (the store sends them again, or counts them); notices this SDK made
@@ -735,8 +737,7 @@ class Subscription(Generic[T]):
         if early:
             self._buf.extend(early)
         self._wake()
-        if old and old != got.sub:
-            hub.spawn(hub.unsubscribe(old))  # in case the old one lives on this connection; else ignored
+        # (the old id was the last connection's, which ended it: on this one it may name another subscription)
 
     # ------------------------------------------------------------------ delivery
 

@@ -653,8 +653,9 @@ def _names_last_rowid(sql: str) -> bool:
     return "last_insert_rowid" in sql.lower()
 
 
-_DEFERRING_TAG = "\n-- ts deferring " + secrets.token_hex(8)
-"""Ends the texts a transaction runs after its ``PRAGMA defer_foreign_keys``: SQLite (3.40) prepares a statement
+_DEFERRING_TAG = f"/* ts deferring {secrets.token_hex(8)} */ "
+"""Starts the texts a transaction runs after its ``PRAGMA defer_foreign_keys`` (first, so that no error or column
+name shows it, as an ending could for a text that ends inside a quote or a comment): SQLite (3.40) prepares a statement
 without its ``ON DELETE``/``ON UPDATE RESTRICT`` while the pragma is on, and the writer's statement cache (keyed by
 the text) would hand that statement to other clients after the transaction."""
 
@@ -1633,7 +1634,9 @@ class SqlDatabase:
         if len(sql) > _CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
         inserts = _inserts(sql)
-        names = self._schema_rowid or _names_last_rowid(sql)
+        # (a view or trigger of the schema may call it, whatever the words; for an insert only its own words count,
+        # so that one adding no rowid row still reports 0: a trigger it fires sees 0)
+        names = _names_last_rowid(sql) or (self._schema_rowid and not inserts)
         if (inserts or names) and conn.resets_rowid:  # type: ignore[attr-defined]
             # an insert starts from 0, so that one that adds no rowid row gives 0 (the writer's value is whatever
             # another client inserted last); a statement that calls last_insert_rowid() sees the transaction's own
@@ -1802,7 +1805,7 @@ class SqlDatabase:
             arm(time.monotonic(), call.fut if call.op == "query" else None)
             sql = call.sql
             if deferring:
-                sql += _DEFERRING_TAG  # (see _DEFERRING_TAG: prepared apart from every other client's text)
+                sql = _DEFERRING_TAG + sql  # (see _DEFERRING_TAG: prepared apart from every other client's text)
             elif writer and _defers_foreign_keys(sql):
                 deferring = True
             try:
