@@ -81,6 +81,17 @@ def write_tokens(directory: Path) -> tuple[Path, str, str]:
     return path, admin, data
 
 
+async def gone(pid: int, within: float = 10.0) -> bool:
+    """Wait until process ``pid`` is gone, ``within`` seconds at most; whether it is."""
+    for _ in range(int(within / 0.025)):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return True
+        await asyncio.sleep(0.025)
+    return False
+
+
 async def stop_sidecar(directory: Path) -> None:
     """Stop whatever server owns ``directory`` and wait until it let go."""
     info = paths.read_address(directory)
@@ -89,14 +100,9 @@ async def stop_sidecar(directory: Path) -> None:
     pid = int(info["pid"])
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGTERM)
-    for _ in range(400):
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return
-        await asyncio.sleep(0.025)
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)
+    if not await gone(pid):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.asynccontextmanager

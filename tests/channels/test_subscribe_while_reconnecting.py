@@ -10,18 +10,8 @@ from pathlib import Path
 
 import tinystore
 
-from ..helpers import drop_connection, open_store
+from ..helpers import drop_connection, gone, open_store
 from .support import Heard, eventually
-
-
-async def _gone(pid: int) -> None:
-    for _ in range(400):
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"pid {pid} did not exit")
 
 
 async def test_subscribe_after_an_id_while_a_killed_sidecar_comes_back_is_told_none(tmp_path: Path) -> None:
@@ -36,7 +26,7 @@ async def test_subscribe_after_an_id_while_a_killed_sidecar_comes_back_is_told_n
             ids = [await ch.publish(f"{round_}-{i}") for i in range(5)]
             pid = int((await store.status())["pid"])
             os.kill(pid, signal.SIGKILL)
-            await _gone(pid)
+            assert await gone(pid), f"pid {pid} did not exit"
             heard = Heard()
             sub = await ch.subscribe(heard.on_message, on_missed=heard.on_missed, after=ids[2])  # while reconnecting
             await ch.publish(f"{round_}-new")
