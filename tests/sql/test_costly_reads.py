@@ -20,6 +20,7 @@ import pytest
 import tinystore
 from tinystore import LimitError
 from tinystore.engines import sql as engine_sql
+from tinystore.engines import sql_text
 
 from ..helpers import open_store
 
@@ -80,21 +81,21 @@ async def test_a_result_fails_once_it_is_over_the_limit_not_once_it_is_whole(tmp
 
 def test_scans_of_a_statement_are_linear_and_long_texts_are_not_kept() -> None:
     # 15 MB of lone ':' took the loop 4 s (one Python step each); 10^6 comments before a keyword were quadratic
-    assert engine_sql.named_placeholder("select 1 " + ":" * 2_000_000) is None
-    assert engine_sql.named_placeholder("select ::::x") == ":x"
-    assert engine_sql.named_placeholder("select '::', @@y") == "@y"
-    assert engine_sql.changes_schema("/**/" * 200_000 + "create table x (a)")
-    assert engine_sql.changes_schema(" ; /* a */ ;\n-- b\n alter table t add column c")
-    assert not engine_sql.changes_schema("/* create */ select 1")
-    assert engine_sql._skip_comments("/* open") == ""
+    assert sql_text.named_placeholder("select 1 " + ":" * 2_000_000) is None
+    assert sql_text.named_placeholder("select ::::x") == ":x"
+    assert sql_text.named_placeholder("select '::', @@y") == "@y"
+    assert sql_text.changes_schema("/**/" * 200_000 + "create table x (a)")
+    assert sql_text.changes_schema(" ; /* a */ ;\n-- b\n alter table t add column c")
+    assert not sql_text.changes_schema("/* create */ select 1")
+    assert sql_text._skip_comments("/* open") == ""
     long_text = "insert into t values (1) -- " + "x" * 10_000
-    judges = (engine_sql._inserts, engine_sql.changes_schema, engine_sql._is_vacuum, engine_sql._defers_foreign_keys)
+    judges = (sql_text.is_insert, sql_text.changes_schema, sql_text.is_vacuum, sql_text.defers_foreign_keys)
     sizes = [fn.cache.cache_info().currsize for fn in judges]  # type: ignore[attr-defined]
-    assert engine_sql._inserts(long_text) and not engine_sql.changes_schema(long_text)
-    assert not engine_sql._is_vacuum(long_text) and not engine_sql._defers_foreign_keys(long_text)
+    assert sql_text.is_insert(long_text) and not sql_text.changes_schema(long_text)
+    assert not sql_text.is_vacuum(long_text) and not sql_text.defers_foreign_keys(long_text)
     assert [fn.cache.cache_info().currsize for fn in judges] == sizes  # type: ignore[attr-defined]
-    assert engine_sql._inserts("insert into t values (2)")
-    assert engine_sql._inserts.cache.cache_info().currsize >= 1  # type: ignore[attr-defined]
+    assert sql_text.is_insert("insert into t values (2)")
+    assert sql_text.is_insert.cache.cache_info().currsize >= 1  # type: ignore[attr-defined]
 
 
 async def test_connections_that_ran_many_long_statements_are_replaced(

@@ -11,7 +11,7 @@ import pytest
 
 import tinystore
 from tinystore import ConflictError, InvalidError
-from tinystore.engines.sql import has_deferred_constraint
+from tinystore.engines.sql_text import has_deferred_constraint
 
 T = [("1.sql", "create table t (id integer primary key, v text);")]
 

@@ -184,7 +184,7 @@ async def test_a_named_placeholder_is_refused_naming_it(any_store: tinystore.Sto
 
 
 def test_the_named_placeholder_scan() -> None:
-    from tinystore.engines.sql import named_placeholder
+    from tinystore.engines.sql_text import named_placeholder
 
     assert named_placeholder("select ?") is None
     assert named_placeholder("select ?12, ?") is None

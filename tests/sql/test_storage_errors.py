@@ -12,7 +12,8 @@ import pytest
 
 import tinystore
 from tinystore.engines import sql as engine_sql
-from tinystore.engines.sql import sql_error
+from tinystore.engines.sql_errors import sql_error
+from tinystore.engines.sql_guard import statement_authorizer
 
 from ..helpers import open_store
 
@@ -53,7 +54,7 @@ async def test_a_full_database_refuses_writes_clearly_and_keeps_what_was_committ
         if self.name == "app" and not readonly:
             conn.set_authorizer(None)
             conn.execute("pragma max_page_count = 12")  # a disk that fills after a few rows
-            conn.set_authorizer(engine_sql._authorizer(conn))
+            conn.set_authorizer(statement_authorizer(conn))
         return conn
 
     monkeypatch.setattr(engine_sql.SqlDatabase, "connect", connect)

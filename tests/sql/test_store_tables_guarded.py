@@ -63,7 +63,7 @@ async def test_the_engines_rights_never_come_from_a_statements_text(tmp_path: Pa
     # trial V: the mark of the engines' statements ended their text, SQLite kept it in sqlite_master (readable by
     # any token), and any statement ending with it ran with the engine's rights (query_only set on the writer,
     # forged migration records)
-    from tinystore.engines import sql as engine_sql
+    from tinystore.engines import sql_guard
 
     async with await tinystore.open(tmp_path / "s", embedded=True, serve=False) as store:
         db = await store.database("app", migrations=[("001.sql", "create table t (a)")])
@@ -72,13 +72,13 @@ async def test_the_engines_rights_never_come_from_a_statements_text(tmp_path: Pa
         schema += " ".join(
             r["sql"] or "" for r in await (await store.database("tinystore-jobs")).all("select sql from sqlite_master")
         )
-        assert engine_sql._OWN_MARK.strip() not in schema and engine_sql._CTL_TAG.strip() not in schema
+        assert sql_guard._OWN_MARK.strip() not in schema and sql_guard._CTL_TAG.strip() not in schema
         for text in (
             "insert into _tinystore_migrations (name, text, applied_at) values ('x', 'y', 0)",
             "pragma query_only = 1",
             "pragma schema_version = 1",
         ):
-            for marked in (engine_sql._OWN_MARK + text, text + engine_sql._CTL_TAG):
+            for marked in (sql_guard._OWN_MARK + text, text + sql_guard._CTL_TAG):
                 with pytest.raises(InvalidError, match="not allowed here"):
                     await db.exec(marked)
         await db.exec("insert into t values (1)")  # the writer still writes

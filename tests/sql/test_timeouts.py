@@ -52,7 +52,8 @@ async def test_the_engines_own_begin_and_commit_are_never_stopped(tmp_path: Path
     prepared statement's steps across its runs). Those ran under the last statement's limit: after an idle
     writer (a limit long past) or a read whose caller was done, a write or a commit failed with TimeoutError_
     (and a COMMIT stopped so may have committed all the same). They run under no limit now; statements still do."""
-    from tinystore.engines.sql import SqlEngine, _ctl
+    from tinystore.engines.sql import SqlEngine
+    from tinystore.engines.sql_guard import ctl
     from tinystore.limits import Limits
 
     eng = SqlEngine(tmp_path, Limits(statement_timeout=0.001))
@@ -62,14 +63,14 @@ async def test_the_engines_own_begin_and_commit_are_never_stopped(tmp_path: Path
         arm = db._progress_guard(conn)
         arm(0.0)  # a limit long past, as after a writer sat idle
         for _ in range(30_000):  # the handler fires in some of these (every 10,000 steps)
-            _ctl(conn, "begin immediate --ts")
-            _ctl(conn, "commit --ts")
+            ctl(conn, "begin immediate --ts")
+            ctl(conn, "commit --ts")
         done = asyncio.get_running_loop().create_future()
         done.set_result(None)
         arm(1e18, done)  # a read whose caller is done: its own statement stops, the engine's do not
         for _ in range(30_000):
-            _ctl(conn, "begin --ts")
-            _ctl(conn, "rollback --ts")
+            ctl(conn, "begin --ts")
+            ctl(conn, "rollback --ts")
         with pytest.raises(Exception, match="interrupt"):
             conn.execute(RUNAWAY_READ).fetchall()
     finally:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 import msgspec
 
-from ..engines.sql import check_params
+from ..engines.sql_text import check_params
 from ..errors import ClosedError, InvalidError, UnavailableError
 from ..names import a_or_an, check_name
 from ..protocol.messages import decode

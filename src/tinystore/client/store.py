@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from ..clock import Clock
 from ..durations import Duration, format_seconds, seconds
-from ..engines.sql import check_migrations
+from ..engines.sql_text import check_migrations
 from ..errors import (
     ClosedError,
     InUseError,

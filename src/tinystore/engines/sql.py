@@ -16,7 +16,7 @@ thread, which hands its result back to the loop (a future, or a :class:`Later` f
 - Interactive transactions (:meth:`SqlDatabase.begin`) take the writer at their start (``BEGIN IMMEDIATE``)
   and hold it until commit, rollback, or until they stay idle past ``tx_idle`` or run past ``tx_max``.
   Read-only transactions hold one reader connection with a snapshot instead.
-- A client's statements may not control transactions, nor attach files (SQLite's authorizer, ``_Conn``).
+- A client's statements may not control transactions, nor attach files (SQLite's authorizer: ``sql_guard``).
 """
 
 from __future__ import annotations
@@ -29,13 +29,9 @@ import math
 import operator
 import os
 import queue
-import re
-import resource
-import secrets
 import sqlite3
 import threading
 import time
-import weakref
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,277 +50,43 @@ from ..errors import (
     UnavailableError,
 )
 from ..limits import Limits
-from ..names import NAME, a_or_an, check_name
+from ..names import NAME, check_name
 from ..protocol.sql import Done, Rows
+from .sql_errors import autoincrement_spent, migration_error, rolled_back_by, sql_error
+from .sql_guard import (
+    DEFERRING_TAG,
+    MOVE_OFF_LOOP,
+    GuardedConnection,
+    as_engine,
+    ctl,
+    denial,
+    own_execute,
+    own_sql,
+    rollback_quietly,
+    set_rowid,
+    statement_authorizer,
+)
+from .sql_text import (
+    CACHED_SQL,
+    INT_MAX,
+    check_migrations,
+    check_params,
+    defers_foreign_keys,
+    has_deferred_constraint,
+    holds_no_statement,
+    is_insert,
+    is_vacuum,
+    names_last_rowid,
+    no_statement,
+    split_sql,
+)
 
 log = logging.getLogger("tinystore.sql")
 
 _first = operator.itemgetter(0)
-INT_MIN = -(1 << 63)
-INT_MAX = (1 << 63) - 1
 MIGRATIONS_TABLE = "_tinystore_migrations"
 BATCH_MAX = 512
 """At most this many single writes share one commit."""
-
-
-_PLAIN = frozenset({str, bytes, type(None)})
-
-
-def check_params(db: str, sql: str, params: Sequence[Any]) -> list[Any]:
-    """Return ``params`` as a list of SQLite values for ``sql``; ``InvalidError`` for a value SQLite cannot
-    hold, or for a named placeholder in ``sql`` (parameters are ``?`` placeholders, in order).
-
-    A list whose values are all fine already is returned as it is (not copied)."""
-    named = named_placeholder(sql)
-    if named is not None:
-        raise InvalidError(
-            f"database {db}: the statement has the named placeholder {named}: parameters are ? placeholders, "
-            "passed in order after the SQL"
-        )
-    for v in params:
-        t = type(v)
-        if t is int:
-            if not INT_MIN <= v <= INT_MAX:
-                break
-        elif t is float:
-            if v != v:  # NaN
-                break
-        elif t not in _PLAIN:
-            break
-    else:
-        return params if type(params) is list else list(params)
-    return _check_params(db, params)
-
-
-_NAME_CHAR = "A-Za-z0-9_\\x80-\\U0010ffff"
-# what a statement holds outside its placeholders, eaten without backtracking (possessive): strings, quoted
-# names, comments (a quote or comment left open runs to the end), names and numbers (with the "$" SQLite allows
-# inside a name), and any other run of characters that starts none of these
-_NOT_A_PLACEHOLDER = re.compile(
-    r"(?:'[^']*+(?:'|$)|\"[^\"]*+(?:\"|$)|`[^`]*+(?:`|$)|\[[^\]]*+(?:\]|$)|--[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|$)"
-    rf"|[{_NAME_CHAR}][{_NAME_CHAR}$]*+|[^'\"`\[\-/:@$#{_NAME_CHAR}]++|[-/]|[:@$#](?![{_NAME_CHAR}$]))*+"
-)
-# a sigil, then a name of SQLite's identifier characters, "$" among them (tokenize.c: "@$", "$$" are names too)
-_PLACEHOLDER = re.compile(rf"[:@$#][{_NAME_CHAR}$][{_NAME_CHAR}$:]*+")
-_CACHED_SQL = 4096
-"""Statements up to this many characters have their scan kept (the usual ones, sent again and again)."""
-
-
-def _cached_for_short_texts(size: int) -> Callable[[Callable[[str], bool]], Callable[[str], bool]]:
-    """An LRU cache of ``size`` answers for statements up to :data:`_CACHED_SQL` characters (the usual ones,
-    sent again and again); a longer text is judged each time, not kept (a client's large texts would stay in
-    the server's memory)."""
-
-    def wrap(fn: Callable[[str], bool]) -> Callable[[str], bool]:
-        cached = functools.lru_cache(maxsize=size)(fn)
-
-        @functools.wraps(fn)
-        def judge(sql: str) -> bool:
-            return cached(sql) if len(sql) <= _CACHED_SQL else fn(sql)
-
-        judge.cache = cached  # type: ignore[attr-defined]
-        return judge
-
-    return wrap
-
-
-def named_placeholder(sql: str) -> str | None:
-    """The first named placeholder (``:a``, ``@a``, ``$a``, ``#a``) of ``sql`` outside its strings, quoted
-    names and comments, or ``None``. SQLite would bind positional values to them by number, silently."""
-    if ":" not in sql and "@" not in sql and "$" not in sql and "#" not in sql:
-        return None
-    if len(sql) <= _CACHED_SQL:
-        return _named_placeholder_cached(sql)
-    return _named_placeholder(sql)
-
-
-@functools.lru_cache(maxsize=1024)
-def _named_placeholder_cached(sql: str) -> str | None:
-    return _named_placeholder(sql)
-
-
-def _named_placeholder(sql: str) -> str | None:
-    pos, n = 0, len(sql)
-    while True:
-        m = _NOT_A_PLACEHOLDER.match(sql, pos)
-        pos = m.end() if m is not None else pos
-        if pos >= n:
-            return None
-        found = _PLACEHOLDER.match(sql, pos)
-        if found is not None:
-            return found.group()
-        pos += 1  # (not reached: a sigil on its own is eaten above; SQLite's to judge)
-
-
-def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
-    """:func:`check_params`' slow path, for a list with a value not of the plain types: subclasses of ``str``,
-    ``int``, ``float`` and ``bytes`` (an enum's member, ``bool``) become their base type's value, as a socket can
-    carry them; a value out of range or of another type raises ``InvalidError``."""
-    out = list(params)
-    for i, v in enumerate(out):
-        t = type(v)
-        if v is None or t is str or t is bytes:
-            continue
-        if t is not int and t is not float:
-            # the base type's own value, taken without calling what a subclass may override (__str__, __int__,
-            # __float__, __bytes__): True is 1, an IntEnum member its int, a StrEnum member its text
-            if isinstance(v, str):
-                out[i] = str.__str__(v)
-                continue
-            if isinstance(v, int):
-                v = out[i] = int.__index__(v)
-            elif isinstance(v, float):
-                v = out[i] = float.__float__(v)
-            elif isinstance(v, bytes | bytearray | memoryview):
-                out[i] = bytes.__bytes__(v) if isinstance(v, bytes) else bytes(memoryview(v))
-                continue
-            else:
-                raise InvalidError(
-                    f"database {db}: parameter {i + 1}: {a_or_an(type(v).__name__)} is not a SQL value "
-                    "(use None, int, float, str, bytes or bool)"
-                )
-        if type(v) is int:
-            if not INT_MIN <= v <= INT_MAX:
-                raise InvalidError(f"database {db}: parameter {i + 1}: {v} does not fit in 64 bits")
-        elif math.isnan(v):
-            raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
-    return out
-
-
-class _Conn(sqlite3.Connection):
-    """A connection whose statements may not control transactions (``BEGIN``, ``COMMIT``, ``ROLLBACK``,
-    ``END``, ``SAVEPOINT``, ``RELEASE``): the engine does, and a client's ``COMMIT`` in the middle of a group
-    commit, or a ``BEGIN`` left open on a reader, would break what it promises. SQLite's authorizer refuses
-    them when a statement is prepared, unless :func:`_ctl` runs it (the engine's own)."""
-
-    internal = False
-    big = 0  # characters of long statements (over _CACHED_SQL) run here: sqlite3 keeps them prepared (see _recycle)
-    writer = False  # a reader's statements write nothing (query_only): the store's own tables need no guard there
-    resets_rowid = False  # a writer's: see _ROWID_RESET
-    control = False  # one of the engine's own transaction statements runs (never stopped by the progress handler)
-
-
-_TX_ACTIONS = frozenset({sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT})
-_DENIED = frozenset({"not authorized", "authorization denied"})
-_denied = threading.local()  # why the authorizer refused the statement last prepared on this thread
-_TX_WHY = (
-    "BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE are run by the store (each exec is a transaction of its own; "
-    "db.tx runs several statements in one)"
-)
-
-
-def _deny(why: str) -> int:
-    _denied.why = why
-    return sqlite3.SQLITE_DENY
-
-
-_OFF_LOOP = frozenset({"like", "glob", "instr", "replace", "trim", "ltrim", "rtrim", "printf", "format", "match"})
-"""Functions a read on the event loop may not call (the inline connection refuses them; the read then runs on a
-reader thread): ``like``, ``glob``, ``instr``, ``replace`` and the ``trim`` functions work in time that grows with
-the product of their arguments' sizes, in one SQLite step that the progress handler cannot cut (seconds, on
-texts under 1 MiB); ``printf``/``format`` give NULL, not an error, past a connection's length limit; ``match``
-(full-text search) works in its own table's code. A view that calls one counts too (SQLite asks about the
-view's functions when it prepares a statement that reads the view)."""
-_OFF_LOOP_PRAGMAS = frozenset({"wal_checkpoint", "integrity_check", "quick_check", "foreign_key_check", "optimize"})
-"""Pragmas that may work or wait long (a checkpoint waits for the writer): off the loop, as :data:`_OFF_LOOP`."""
-_HIDDEN_TABLES = frozenset({"sqlite_stmt", "sqlite_dbpage"})
-"""Virtual tables no client may read: the prepared statements of a connection (their texts: other clients' SQL,
-and the marks that keep the engines' cached statements apart), and the raw pages of the file."""
-_MOVE = "(run it on a reader thread)"
-"""The ``why`` of a refusal on the inline connection: :meth:`SqlDatabase.read_now` moves the read, silently."""
-
-
-def _authorizer(
-    conn: _Conn, inline: bool = False
-) -> Callable[[int, str | None, str | None, str | None, str | None], int]:
-    ref = weakref.ref(conn)
-
-    def internal() -> bool:
-        c = ref()
-        return c is not None and c.internal
-
-    def writer() -> bool:
-        c = ref()
-        return c is not None and c.writer
-
-    def authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
-        if action == sqlite3.SQLITE_READ and arg1 is not None and arg1.lower() in _HIDDEN_TABLES and not internal():
-            return _deny(
-                f"{arg1.lower()} is refused (it shows the statements the store has prepared, other clients' "
-                "among them, or the file's raw pages)"
-            )
-        if inline and action == sqlite3.SQLITE_PRAGMA and arg1 is not None and arg1.lower() in _OFF_LOOP_PRAGMAS:
-            return _deny(_MOVE)
-        if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
-            if action == sqlite3.SQLITE_ATTACH and arg1 == "":
-                # VACUUM (its scratch database has no file name): the engine's own, run alone on the writer
-                if internal():
-                    return sqlite3.SQLITE_OK
-                return _deny(
-                    "VACUUM writes: it runs alone on the writer (db.exec outside any transaction; "
-                    "`tinystore sql --write`)"
-                )
-            # a database is one file of the store: ATTACH (and VACUUM INTO) would let a client write files
-            # anywhere the server can, and ATTACH would stay attached on a connection other clients share
-            return _deny(
-                "ATTACH, DETACH and VACUUM INTO are refused (each database is one file of the store; they would "
-                "reach files elsewhere)"
-            )
-        if action in _TX_ACTIONS:
-            if not internal():
-                return _deny(_TX_WHY)
-        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and not internal():
-            name = arg1.lower()
-            if name == "schema_version":
-                return _deny(
-                    "setting PRAGMA schema_version is refused (SQLite's own count of schema changes: a wrong value "
-                    "leaves the store's other connections on a stale schema, and SQLite warns it can corrupt)"
-                )
-            if name in _KEPT:
-                # readers are read-only by query_only: a client that turned it off could write through a read (and
-                # through a read of the store's own databases); turned on, it would stop the writer for everyone.
-                # journal_mode, synchronous and locking_mode are what durability and readers in parallel stand on.
-                return _deny(f"setting PRAGMA {name} is refused (the store's durability and its readers stand on it)")
-            if name in _SHARED:
-                return _deny(
-                    f"setting PRAGMA {name} is refused (it would change the connection that every client of the "
-                    "store shares)"
-                )
-        elif (
-            action in _TEMP_OBJECTS
-            or (db == "temp" and action in _WRITES and arg1 not in _TEMP_SCHEMA)
-            # a new row of the TEMP schema is a TEMP object made, whatever the words (``create trigger temp.x on
-            # t`` is a CREATE_TRIGGER of main's table t, then this insert); SQLite's own rewrites only update it
-            or (db == "temp" and action == sqlite3.SQLITE_INSERT and arg1 is not None and arg1.lower() in _SCHEMAS)
-            or (action == sqlite3.SQLITE_ALTER_TABLE and arg1 == "temp")
-        ):
-            if not internal():
-                return _deny(
-                    "TEMP tables, views, triggers and indexes are refused (they would stay on a connection that "
-                    "every client of the store shares, and a TEMP trigger would fire on their writes): use a table "
-                    "of the database"
-                )
-        elif action == sqlite3.SQLITE_FUNCTION and arg2 is not None:
-            name = arg2.lower()
-            if inline and name in _OFF_LOOP:
-                return _deny(_MOVE)
-            if name == "load_extension":
-                return _deny("load_extension is refused (an extension would run its code inside the store's process)")
-            if name == "fts3_tokenizer":
-                return _deny("fts3_tokenizer is refused (it hands out addresses inside the store's process)")
-        if action in _OWN_TABLE_ACTIONS:
-            table = arg2 if action in _OWN_TABLE_IN_ARG2 else arg1
-            other = arg1 if action in _OWN_TABLE_IN_ARG2 and action != sqlite3.SQLITE_ALTER_TABLE else None
-            own = next((n for n in (table, other) if n is not None and n.lower().startswith(OWN_PREFIX)), None)
-            if own is not None and not internal() and writer():
-                return _deny(
-                    f"{own} belongs to the store (names starting with {OWN_PREFIX} are its own: the record of "
-                    "migrations, the jobs): a client may read such a table, not write, create, alter or drop one, "
-                    "nor put an index or trigger on it"
-                )
-        return sqlite3.SQLITE_OK
-
-    return authorize
 
 
 _DEFER_WHY = (
@@ -332,421 +94,6 @@ _DEFER_WHY = (
     "transaction of its own, committed with other clients' writes (whose foreign keys it would defer too); "
     "set it inside db.tx"
 )
-
-
-def _word(head: str, word: str) -> str | None:
-    """``head`` after its first keyword when that is ``word`` (and blanks and comments after it), else None."""
-    n = len(word)
-    if head[:n].lower() == word and (len(head) == n or not (head[n].isalnum() or head[n] == "_")):
-        return _skip_comments(head[n:])
-    return None
-
-
-@_cached_for_short_texts(256)
-def _defers_foreign_keys(sql: str) -> bool:
-    """Whether ``sql`` is a ``PRAGMA defer_foreign_keys`` (set or read: in an exec both are refused), also under
-    ``EXPLAIN`` (SQLite sets a pragma's flag when it prepares the statement, explained or not)."""
-    if "defer_foreign_keys" not in sql.lower():
-        return False
-    head = _skip_comments(sql)
-    explained = _word(head, "explain")
-    if explained is not None:
-        head = explained
-        query = _word(head, "query")
-        if query is not None:
-            head = _word(query, "plan") or ""
-    return _word(head, "pragma") is not None
-
-
-# strings, quoted names ("a", `a`, [a]) and comments: what a keyword inside is not one (a name with a quote in it
-# would open a "string" that swallows the rest)
-_SQL_NOISE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`(?:[^`]|``)*`|\[[^\]]*\]|--[^\n]*|/\*.*?(?:\*/|\Z)", re.S)
-_INITIALLY_DEFERRED = re.compile(r"\binitially\s+deferred\b", re.I)
-
-
-def has_deferred_constraint(schema: Sequence[str]) -> bool:
-    """Whether one of the ``CREATE`` texts of ``schema`` declares a constraint ``INITIALLY DEFERRED`` (one that
-    SQLite checks only at COMMIT). Comments and string literals do not count."""
-    return any(_INITIALLY_DEFERRED.search(_SQL_NOISE.sub(" ", text)) for text in schema)
-
-
-@_cached_for_short_texts(256)
-def _is_vacuum(sql: str) -> bool:
-    """Whether ``sql`` is a ``VACUUM``: the writer runs it alone, outside a transaction."""
-    head = _skip_comments(sql)
-    return head[:6].lower() == "vacuum" and (len(head) == 6 or not (head[6].isalnum() or head[6] == "_"))
-
-
-# pragmas a client may read but not set (the store sets them)
-_KEPT = frozenset({"query_only", "journal_mode", "synchronous", "locking_mode"})
-# pragmas that set a state of the connection, which the clients of a database share (its writer, its readers)
-_SHARED = frozenset(
-    {
-        "analysis_limit",
-        "automatic_index",
-        "busy_timeout",
-        "cache_size",
-        "cache_spill",
-        "case_sensitive_like",
-        "cell_size_check",
-        "count_changes",
-        "checkpoint_fullfsync",
-        "data_store_directory",
-        "default_cache_size",
-        "empty_result_callbacks",
-        "foreign_keys",
-        "full_column_names",
-        "fullfsync",
-        "hard_heap_limit",
-        "ignore_check_constraints",
-        "journal_size_limit",
-        "legacy_alter_table",
-        "legacy_file_format",
-        "max_page_count",
-        "mmap_size",
-        "parser_trace",
-        "read_uncommitted",
-        "recursive_triggers",
-        "reverse_unordered_selects",
-        "secure_delete",
-        "short_column_names",
-        "soft_heap_limit",
-        "temp_store",
-        "temp_store_directory",
-        "threads",
-        "trusted_schema",
-        "vdbe_addoptrace",
-        "vdbe_debug",
-        "vdbe_listing",
-        "vdbe_trace",
-        "wal_autocheckpoint",
-        "writable_schema",
-    }
-)
-# TEMP objects: a client's would stay on a connection that all clients share; the engine's own (the writer's
-# _tinystore_rowid) must stay as the engine made it, or every later insert of every client would fail
-_TEMP_OBJECTS = frozenset(
-    {
-        sqlite3.SQLITE_CREATE_TEMP_INDEX,
-        sqlite3.SQLITE_CREATE_TEMP_TABLE,
-        sqlite3.SQLITE_CREATE_TEMP_TRIGGER,
-        sqlite3.SQLITE_CREATE_TEMP_VIEW,
-        sqlite3.SQLITE_DROP_TEMP_INDEX,
-        sqlite3.SQLITE_DROP_TEMP_TABLE,
-        sqlite3.SQLITE_DROP_TEMP_TRIGGER,
-        sqlite3.SQLITE_DROP_TEMP_VIEW,
-    }
-)
-_WRITES = frozenset({sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE})
-# the TEMP schema: SQLite rewrites it itself in ALTER TABLE ... RENAME and DROP COLUMN (the writer has a TEMP
-# table), and refuses a client's own write to it (it needs writable_schema, which is refused)
-_TEMP_SCHEMA = frozenset({"sqlite_temp_master", "sqlite_temp_schema"})
-_SCHEMAS = frozenset({"sqlite_master", "sqlite_schema", *_TEMP_SCHEMA})
-OWN_PREFIX = "_tinystore"
-"""Tables, indexes and triggers named so are the store's (``_tinystore_migrations``, the jobs tables of a database
-that holds queues): clients read them, only the engines' own statements (:func:`own_sql`) write them."""
-# what makes, changes or drops a table, an index or a trigger, or writes rows: the name is arg1, or for those in
-# _OWN_TABLE_IN_ARG2 the table is arg2 (arg1: the index or trigger; for ALTER TABLE, the database)
-_OWN_TABLE_ACTIONS = frozenset(
-    {
-        *_WRITES,
-        sqlite3.SQLITE_CREATE_TABLE,
-        sqlite3.SQLITE_CREATE_VIEW,
-        sqlite3.SQLITE_CREATE_INDEX,
-        sqlite3.SQLITE_CREATE_TRIGGER,
-        sqlite3.SQLITE_CREATE_VTABLE,
-        sqlite3.SQLITE_DROP_TABLE,
-        sqlite3.SQLITE_DROP_VIEW,
-        sqlite3.SQLITE_DROP_INDEX,
-        sqlite3.SQLITE_DROP_TRIGGER,
-        sqlite3.SQLITE_DROP_VTABLE,
-        sqlite3.SQLITE_ALTER_TABLE,
-    }
-)
-_OWN_TABLE_IN_ARG2 = frozenset(
-    {
-        sqlite3.SQLITE_CREATE_INDEX,
-        sqlite3.SQLITE_CREATE_TRIGGER,
-        sqlite3.SQLITE_DROP_INDEX,
-        sqlite3.SQLITE_DROP_TRIGGER,
-        sqlite3.SQLITE_ALTER_TABLE,
-    }
-)
-_CTL_TAG = " --ts " + secrets.token_hex(8)
-"""Ends the texts of the engine's own statements (:func:`_ctl`)."""
-
-# the writer's own TEMP table: a REPLACE of its row 0 before each insert sets the connection's last insert rowid
-# to 0, so that an insert that adds no rowid row (an upsert's DO UPDATE, a WITHOUT ROWID table) gives 0, not the
-# rowid of the last row another client inserted
-# (``_CTL_TAG`` on it too: a client's statement of the same words must not find it prepared, see _ctl)
-_ROWID_RESET = "replace into temp._tinystore_rowid (rowid) values (0)" + _CTL_TAG
-# in a transaction, the same REPLACE sets it to the rowid of the transaction's last insert instead (then that row
-# goes): SQL's last_insert_rowid() sees what it would on a connection of the client's own (see SqlDatabase._exec)
-_ROWID_SET = "replace into temp._tinystore_rowid (rowid) values (?)" + _CTL_TAG
-_ROWID_DROP = "delete from temp._tinystore_rowid where rowid = ?" + _CTL_TAG
-
-
-_OWN_MARK = f"/* ts {secrets.token_hex(8)} */ "
-"""Starts the texts of the engines' own statements (:func:`own_sql`)."""
-
-
-def own_sql(sql: str) -> str:
-    """``sql`` as an engine's own statement's text. Its rights (to write the store's tables, :data:`OWN_PREFIX`)
-    come with the call (``own=True``), never from a text; the text differs from any a client can send (a
-    random mark, in each process), so that a client's statement of the same words is not found prepared, with the
-    engine's rights, in sqlite3's statement cache. The mark leads: SQLite keeps a CREATE's text in the schema
-    from its first keyword, so no client can read it there."""
-    return _OWN_MARK + sql
-
-
-def _as_engine(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-    """Run ``sql`` (already :func:`own_sql`'s text) on ``conn`` with the engine's rights."""
-    c: Any = conn
-    c.internal = True
-    try:
-        return conn.execute(sql, params)
-    finally:
-        c.internal = False
-
-
-def _own_execute(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-    return _as_engine(conn, own_sql(sql), params)
-
-
-def _rollback_quietly(conn: sqlite3.Connection) -> None:
-    """Roll back what ``conn`` has open, if anything; a rollback that fails (the transaction is gone) is no news."""
-    if conn.in_transaction:
-        try:
-            _ctl(conn, "rollback")
-        except sqlite3.Error:
-            pass
-
-
-def _ctl(conn: sqlite3.Connection, sql: str) -> None:
-    """Run one of the engine's own transaction statements on ``conn``, ``sql`` with :data:`_CTL_TAG` added.
-
-    SQLite's authorizer runs when a statement is prepared, and sqlite3 keeps prepared statements by their text:
-    a client's statement of the very same text would run the one prepared (and allowed) for the engine. The
-    tag, random in each process, is a text no client can know."""
-    c: Any = conn
-    c.internal = c.control = True
-    try:
-        conn.execute(sql + _CTL_TAG)
-    finally:
-        c.internal = c.control = False
-
-
-def _set_rowid(conn: sqlite3.Connection, rowid: int) -> None:
-    """Set the writer's last insert rowid (SQL's ``last_insert_rowid()``) to ``rowid``, through its TEMP table."""
-    c: Any = conn
-    c.internal = True  # a client may not write the engine's TEMP table (authorizer)
-    try:
-        if rowid:
-            conn.execute(_ROWID_SET, (rowid,))
-            conn.execute(_ROWID_DROP, (rowid,))
-        else:
-            conn.execute(_ROWID_RESET)
-    finally:
-        c.internal = False
-
-
-def _rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False) -> TinystoreError:
-    """The error of a statement that made SQLite roll back its whole transaction (``this``), or of what the
-    transaction is asked for after it: the same kind as the statement's."""
-    why = err.message.removeprefix(f"database {db}: ")
-    if this:
-        msg = f"database {db}: {why}; this rolled back the whole transaction {tx_id}, which has ended"
-    else:
-        msg = f"database {db}: transaction {tx_id} was rolled back by a statement that failed ({why})"
-    kind = type(err) if type(err) in (ConflictError, TimeoutError_, InvalidError, UnavailableError) else ConflictError
-    return kind(msg)
-
-
-MIGRATION_NAME_MAX = 255
-"""The longest migration name (a file name's bound on most file systems)."""
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-
-
-def check_migrations(db: str, migrations: Sequence[tuple[str, str]]) -> None:
-    """Refuse, with ``InvalidError`` naming the database and the migration, a name that is empty, over
-    :data:`MIGRATION_NAME_MAX` characters, holds a control character or is given twice, and a name or text that
-    is not valid Unicode (a lone surrogate, which UTF-8 cannot store)."""
-    seen: set[str] = set()
-    for name, text in migrations:
-        shown = repr(name) if len(name) <= 40 else repr(name[:37]) + "..."
-        if not name or len(name) > MIGRATION_NAME_MAX or _CONTROL.search(name) is not None:
-            has = f" (this one has {len(name)})" if len(name) > MIGRATION_NAME_MAX else ""
-            raise InvalidError(
-                f"database {db}: migration {shown}: a migration's name is 1 to {MIGRATION_NAME_MAX} characters, "
-                f"with no control characters{has}"
-            )
-        if name in seen:
-            raise InvalidError(f"database {db}: migration {shown} is given twice")
-        seen.add(name)
-        for what, value in (("name", name), ("text", text)):
-            try:
-                value.encode()
-            except UnicodeEncodeError as exc:
-                raise InvalidError(
-                    f"database {db}: migration {shown}: its {what} is not valid Unicode ({exc.reason} at character "
-                    f"{exc.start}): UTF-8 cannot store it"
-                ) from None
-
-
-def _migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidError:
-    """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name."""
-    why = exc.message.removeprefix(f"database {db}: ")
-    return InvalidError(f"database {db}: migration {migration}: {why}")
-
-
-_SCHEMA_WORD = re.compile(r"(?:create|drop|alter|analyze|reindex|vacuum)\b", re.IGNORECASE)
-
-
-@_cached_for_short_texts(256)
-def changes_schema(sql: str) -> bool:
-    """Whether ``sql`` is a ``CREATE``, ``DROP`` or ``ALTER`` statement (what a migration is for), or an
-    ``ANALYZE``, ``REINDEX`` or ``VACUUM`` (which make or rebuild the database's own tables and indexes)."""
-    return _SCHEMA_WORD.match(_skip_comments(sql)) is not None
-
-
-def _no_statement(sql: str) -> bool:
-    """Whether ``sql`` holds no statement: only blanks, comments and semicolons (SQLite runs nothing, and says
-    nothing). Asked only of a statement that gave no columns and changed nothing."""
-    return not _skip_comments(sql)
-
-
-def no_statement(db: str, sql: str) -> InvalidError:
-    shown = repr(sql) if len(sql) <= 40 else repr(sql[:37]) + "..."
-    return InvalidError(f"database {db}: no statement: the SQL text {shown} holds only blanks, comments or semicolons")
-
-
-_LEAD = re.compile(r"(?:\s++|;|--[^\n]*+\n?|/\*(?:[^*]|\*(?!/))*+(?:\*/)?)*+")
-"""Blanks, comments and semicolons (empty statements, which SQLite skips too) before a statement's first
-keyword; a comment left open runs to the end."""
-
-
-def _skip_comments(sql: str) -> str:
-    """``sql`` from its first keyword: leading blanks, comments and semicolons skipped (one regex: linear
-    in the text, however many comments it starts with)."""
-    m = _LEAD.match(sql)
-    return sql[m.end() :] if m is not None else sql
-
-
-_INSERT_WORD = re.compile(r"\b(?:insert|replace)\b", re.IGNORECASE)
-
-
-@_cached_for_short_texts(512)
-def _inserts(sql: str) -> bool:
-    """Whether ``sql`` is an INSERT or REPLACE (also after a WITH): the statements whose ``last_insert_rowid``
-    means something. SQLite's ``last_insert_rowid()`` belongs to the connection, and the writer's is shared by
-    every client: after any other statement it names somebody else's row."""
-    head = _skip_comments(sql)[:7].lower()
-    if head.startswith(("insert", "replace")):
-        return True
-    return head.startswith("with") and _INSERT_WORD.search(sql) is not None
-
-
-@_cached_for_short_texts(512)
-def _names_last_rowid(sql: str) -> bool:
-    """Whether ``sql`` calls SQL's ``last_insert_rowid()`` (or says the word anywhere): then the writer's value is
-    set to what the client's own connection would hold first (:meth:`SqlDatabase._exec`)."""
-    return "last_insert_rowid" in sql.lower()
-
-
-_DEFERRING_TAG = f"/* ts deferring {secrets.token_hex(8)} */ "
-"""Starts the texts a transaction runs after its ``PRAGMA defer_foreign_keys`` (first, so that no error or column
-name shows it, as an ending could for a text that ends inside a quote or a comment): SQLite (3.40) prepares a statement
-without its ``ON DELETE``/``ON UPDATE RESTRICT`` while the pragma is on, and the writer's statement cache (keyed by
-the text) would hand that statement to other clients after the transaction."""
-
-
-def sql_error(db: str, exc: BaseException, statement_timeout: float | None = None) -> TinystoreError:
-    """Map a sqlite3 exception to a TinyStore error that keeps SQLite's message (``statement_timeout``: the
-    limit a statement that was interrupted ran past, for its message)."""
-    if isinstance(exc, TinystoreError):
-        return exc
-    if isinstance(exc, UnicodeEncodeError):
-        text = exc.object if isinstance(exc.object, str) else ""
-        return InvalidError(
-            f"database {db}: the text {text[:40]!r} (a parameter or the statement) is not valid Unicode: it holds a "
-            "lone surrogate, which UTF-8 cannot store"
-        )
-    msg = str(exc)
-    if isinstance(exc, sqlite3.DatabaseError) and (
-        msg in _DENIED or msg.startswith("not authorized") or (msg.startswith("access to ") and "prohibited" in msg)
-    ):
-        why = getattr(_denied, "why", None)
-        _denied.why = None
-        if why is None:
-            why = (
-                f"{_TX_WHY}; ATTACH, DETACH, VACUUM INTO and load_extension are refused, and so is setting "
-                "PRAGMA query_only, journal_mode, synchronous or locking_mode (the store's durability and its "
-                "readers stand on them)"
-            )
-        return InvalidError(f"database {db}: not allowed here: {why}")
-    if isinstance(exc, sqlite3.IntegrityError):
-        return ConflictError(f"database {db}: {msg}", sqlite_code=getattr(exc, "sqlite_errorname", ""))
-    if isinstance(exc, OverflowError):
-        return InvalidError(f"database {db}: {msg}")
-    if isinstance(exc, sqlite3.OperationalError) and msg == "interrupted":
-        limit = "" if statement_timeout is None else f" ({statement_timeout:g}s)"
-        return TimeoutError_(
-            f"database {db}: the statement ran past its time limit, Limits.statement_timeout{limit}, and was stopped"
-        )
-    if isinstance(exc, sqlite3.ProgrammingError) and msg.startswith("You can only execute one statement"):
-        return InvalidError(
-            f"database {db}: the SQL text holds more than one statement, and a call runs one; run several in one "
-            "transaction with db.tx (a tx.exec each), or put schema changes in a migration"
-        )
-    name = getattr(exc, "sqlite_errorname", "") or ""
-    # (plain SQLITE_READONLY is a write on a reader's connection, below; its extended codes are the file's)
-    if name.startswith(("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READONLY_")):
-        return _storage_error(db, name, msg)
-    if isinstance(exc, sqlite3.OperationalError) and "readonly" in msg:
-        return InvalidError(f"database {db}: {msg} (this call reads; a statement that writes goes through exec)")
-    if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in msg or "not a database" in msg):
-        from ..errors import CorruptError
-
-        return CorruptError(f"database {db}: {msg}")
-    if isinstance(exc, sqlite3.Error | ValueError):
-        return InvalidError(f"database {db}: {msg}")
-    return TinystoreError(f"database {db}: {type(exc).__name__}: {msg}")
-
-
-def _autoincrement_spent(path: Path) -> str | None:
-    """The AUTOINCREMENT table of the database at ``path`` whose rowid has reached the largest SQLite allows (then
-    an insert gets SQLITE_FULL, as a full disk does), if one has; None otherwise, or when that cannot be read."""
-    try:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=1)
-        try:
-            row = conn.execute("select name from sqlite_sequence where seq >= ? limit 1", [INT_MAX]).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return None  # (no AUTOINCREMENT table, or the disk refuses even this)
-    return None if row is None else str(row[0])
-
-
-def _storage_error(db: str, name: str, msg: str) -> UnavailableError:
-    """What the file system refused (the disk is full, an I/O error, a file that cannot be opened or
-    written): ``UnavailableError``, which the caller may try again later, never ``InvalidError`` (its SQL is
-    not at fault). Nothing the statement wrote is kept."""
-    if name == "SQLITE_FULL":
-        why = "the disk is full: free some space (writes go on then; deleting rows needs room too)"
-    elif name.startswith("SQLITE_CANTOPEN"):
-        try:
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        except (OSError, ValueError):
-            soft = -1
-        why = (
-            "a file of the database cannot be opened: out of file descriptors (this process may open "
-            f"{soft} files: raise `ulimit -n`), or the store's directory was moved or made unwritable"
-        )
-    elif name.startswith("SQLITE_READONLY"):
-        why = "a file of the database cannot be written (a read-only file system, or its permissions)"
-    else:
-        why = "the file system failed a read or write (a full or failing disk, or the directory was removed)"
-    return UnavailableError(f"database {db}: {msg} ({name}): {why}")
 
 
 class Later:
@@ -970,7 +317,7 @@ class SqlDatabase:
         self._spare: list[sqlite3.Connection] = []
         self._spare_lock = threading.Lock()
         self._inline: sqlite3.Connection | None = None
-        self._off_loop: dict[str, None] = {}  # statements that call an _OFF_LOOP function (oldest first, 256 kept)
+        self._off_loop: dict[str, None] = {}  # statements that call an OFF_LOOP function (oldest first, 256 kept)
         self.applied_before_failure = -1  # at start: the migrations applied before one failed (-1: none failed)
         self._inline_deadline = 0.0
         self._turn_reads = 0  # inline reads in this turn of the loop
@@ -989,7 +336,7 @@ class SqlDatabase:
             check_same_thread=False,
             timeout=60,
             cached_statements=256,
-            factory=_Conn,
+            factory=GuardedConnection,
         )
         conn.execute("pragma busy_timeout = 60000")
         if readonly:
@@ -1008,7 +355,7 @@ class SqlDatabase:
         # at its own 1 GB (randomblob(1e9), zeroblob, replace), in a read and in a write alike (a read sent
         # through exec runs on the writer). printf and format give NULL past it, as SQLite's own limit
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(self.limits.sql_result_bytes, 1))
-        conn.set_authorizer(_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
+        conn.set_authorizer(statement_authorizer(conn))  # after the engine's own pragmas (it refuses query_only = ...)
         return conn
 
     def _own_files(self) -> None:
@@ -1056,7 +403,7 @@ class SqlDatabase:
             )
         err = sql_error(self.name, exc, self.limits.statement_timeout)
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
-            table = _autoincrement_spent(self.path)
+            table = autoincrement_spent(self.path)
             if table is not None:
                 return ConflictError(
                     f"database {self.name}: {exc} (SQLITE_FULL): not the disk: table {table} is AUTOINCREMENT and "
@@ -1090,7 +437,9 @@ class SqlDatabase:
                 # is kept small on the loop: past these, SQLite says "too big" and a reader thread runs the read
                 self._inline.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, INLINE_VALUE_BYTES)
                 self._inline.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, INLINE_SQL_BYTES)
-                self._inline.set_authorizer(_authorizer(cast(_Conn, self._inline), inline=True))  # (_OFF_LOOP)
+                self._inline.set_authorizer(
+                    statement_authorizer(cast(GuardedConnection, self._inline), inline=True)
+                )  # (OFF_LOOP)
         except BaseException as exc:
             writer.close()
             for conn in readers:
@@ -1113,7 +462,7 @@ class SqlDatabase:
         return applied
 
     def _migrate(self, conn: sqlite3.Connection, migrations: Sequence[tuple[str, str]]) -> list[str]:
-        _own_execute(
+        own_execute(
             conn,
             f"create table if not exists {MIGRATIONS_TABLE} (name text primary key, text text not null, "
             "applied_at integer not null)",
@@ -1129,20 +478,20 @@ class SqlDatabase:
                     )
                 continue
             try:
-                _ctl(conn, "begin immediate")
-                for stmt in _split_sql(text):
+                ctl(conn, "begin immediate")
+                for stmt in split_sql(text):
                     conn.execute(stmt)
-                _own_execute(
+                own_execute(
                     conn,
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     (name, text, int(time.time() * 1000)),
                 )
-                _ctl(conn, "commit")
+                ctl(conn, "commit")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
-                    _ctl(conn, "rollback")
+                    ctl(conn, "rollback")
                 self.applied_before_failure = len(applied)
-                raise _migration_error(self.name, name, self._error(exc)) from None
+                raise migration_error(self.name, name, self._error(exc)) from None
             applied.append(name)
         return applied
 
@@ -1183,7 +532,7 @@ class SqlDatabase:
     def _write_params(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """:func:`check_params` of a single write, which may not be a ``PRAGMA defer_foreign_keys``."""
         values = check_params(self.name, sql, params)
-        if _defers_foreign_keys(sql):
+        if defers_foreign_keys(sql):
             raise InvalidError(f"database {self.name}: {_DEFER_WHY}")
         return values
 
@@ -1238,7 +587,7 @@ class SqlDatabase:
             # what _query does, inline (the hot path of a point read)
             cur = conn.execute(sql, values)
             desc = cur.description
-            if desc is None and _no_statement(sql):
+            if desc is None and holds_no_statement(sql):
                 raise no_statement(self.name, sql)
             columns = list(map(_first, desc)) if desc else []
             if mode == "all":
@@ -1257,10 +606,10 @@ class SqlDatabase:
                         _check_size(self.name, found, self.limits.sql_result_bytes)
         except sqlite3.DatabaseError as exc:
             # past the inline budget (interrupted), a value or a text too big for the loop, or a function that
-            # may not run on it (_OFF_LOOP): a reader runs it
-            if getattr(_denied, "why", None) == _MOVE:
-                _denied.why = None
-                if len(sql) <= _CACHED_SQL:  # (known: the next time it goes to a reader at once)
+            # may not run on it (OFF_LOOP): a reader runs it
+            if getattr(denial, "why", None) == MOVE_OFF_LOOP:
+                denial.why = None
+                if len(sql) <= CACHED_SQL:  # (known: the next time it goes to a reader at once)
                     self._off_loop[sql] = None
                     if len(self._off_loop) > 256:
                         self._off_loop.pop(next(iter(self._off_loop)))
@@ -1282,9 +631,11 @@ class SqlDatabase:
         before its request was read, and any write whose completion its caller saw. (A completion seen by
         a task runs in a later turn than the one that resolved it, after the ``_end_turn`` scheduled at
         this turn's first read; a request from a socket is read in a later turn still.)"""
-        self._inline_deadline = math.inf  # the engine's own statements are never stopped (see _Conn.control)
+        self._inline_deadline = (
+            math.inf
+        )  # the engine's own statements are never stopped (see GuardedConnection.control)
         try:
-            _ctl(conn, "begin")
+            ctl(conn, "begin")
         except sqlite3.Error:
             return
         self._snapshot = True
@@ -1299,10 +650,10 @@ class SqlDatabase:
                 # commit, over 500 instructions when the loop was slow)
                 self._inline_deadline = math.inf
                 try:
-                    _ctl(conn, "commit")
+                    ctl(conn, "commit")
                 except sqlite3.Error:
                     try:
-                        _ctl(conn, "rollback")
+                        ctl(conn, "rollback")
                     except sqlite3.Error:
                         log.exception("database %s: ending the inline read transaction", self.name)
 
@@ -1423,7 +774,7 @@ class SqlDatabase:
         def writes_next(room: int) -> list[_Write]:
             # the single writes at the head of ``todo`` (a transaction or a VACUUM waits its turn), at most ``room``
             out: list[_Write] = []
-            while todo and len(out) < room and isinstance(todo[0], _Write) and not _is_vacuum(todo[0].sql):
+            while todo and len(out) < room and isinstance(todo[0], _Write) and not is_vacuum(todo[0].sql):
                 out.append(todo.popleft())
             return out
 
@@ -1437,7 +788,7 @@ class SqlDatabase:
                 break
             item = todo.popleft()
             if isinstance(item, _Write):
-                if _is_vacuum(item.sql):
+                if is_vacuum(item.sql):
                     self._vacuum(conn, item, arm)
                     continue
                 batch = [item, *writes_next(BATCH_MAX - 1)]
@@ -1483,7 +834,7 @@ class SqlDatabase:
             self.results.put_many(self._one_by_one(conn, batch, arm))
             return
         try:
-            _ctl(conn, "begin immediate")
+            ctl(conn, "begin immediate")
             done: list[Done] = []
             exec_ = self._exec
             monotonic = time.monotonic
@@ -1510,23 +861,23 @@ class SqlDatabase:
                 conn
             ):
                 # the batch made a deferred constraint: the writes after it must not share its commit
-                _ctl(conn, "rollback")
+                ctl(conn, "rollback")
                 self.results.put_many(self._one_by_one(conn, batch, arm))
                 return
             try:
-                _ctl(conn, "commit")
+                ctl(conn, "commit")
             except sqlite3.IntegrityError:
                 # a deferred constraint (a DEFERRABLE foreign key, or PRAGMA defer_foreign_keys) that one of the
                 # writes broke is checked only now, for all of them: find which, each write in a commit of its own
                 if len(batch) < 2 or not conn.in_transaction:
                     raise
-                _ctl(conn, "rollback")
+                ctl(conn, "rollback")
                 self.results.put_many(self._one_by_one(conn, batch, arm))
                 return
             self.stats["commits"] += 1
             self.stats["writes"] += len(batch)
         except BaseException as exc:
-            _rollback_quietly(conn)
+            rollback_quietly(conn)
             err = self._error(exc)
             self.results.put_many([(w.fut, None, err) for w in batch])
             return
@@ -1542,7 +893,7 @@ class SqlDatabase:
                 texts = [t for (t,) in conn.execute("select sql from sqlite_master where sql is not null")]
                 self._deferred = has_deferred_constraint(texts)
                 # a view or trigger that calls last_insert_rowid(): every statement may, whatever its words
-                self._schema_rowid = any(_names_last_rowid(t) for t in texts)
+                self._schema_rowid = any(names_last_rowid(t) for t in texts)
                 self._schema_seen = version
         except sqlite3.Error:
             return self._deferred  # (what the writes then run into is theirs to report)
@@ -1554,12 +905,12 @@ class SqlDatabase:
         results: list[_Outcome] = []
         for w in batch:
             try:
-                _ctl(conn, "begin immediate")
+                ctl(conn, "begin immediate")
                 arm(time.monotonic())
                 done = self._exec(conn, w.sql, w.params, w.own)
-                _ctl(conn, "commit")
+                ctl(conn, "commit")
             except BaseException as exc:
-                _rollback_quietly(conn)
+                rollback_quietly(conn)
                 results.append((w.fut, None, self._error(exc)))
                 continue
             self.stats["commits"] += 1
@@ -1583,8 +934,8 @@ class SqlDatabase:
         errors: dict[int, BaseException] = {} if rerun else {failed: failure}
         while True:
             if conn.in_transaction:
-                _ctl(conn, "rollback")
-            _ctl(conn, "begin immediate")
+                ctl(conn, "rollback")
+            ctl(conn, "begin immediate")
             results: list[_Outcome] = []
             for i, w in enumerate(batch):
                 error = errors.get(i)
@@ -1592,18 +943,18 @@ class SqlDatabase:
                     results.append((w.fut, None, self._error(error)))
                     continue
                 arm(time.monotonic())
-                _ctl(conn, "savepoint g")
+                ctl(conn, "savepoint g")
                 try:
                     value = self._exec(conn, w.sql, w.params, w.own)
                 except BaseException as exc:
                     if not conn.in_transaction:
                         errors[i] = self._error(exc) if isinstance(exc, sqlite3.Error) else exc
                         break
-                    _ctl(conn, "rollback to g")
-                    _ctl(conn, "release g")
+                    ctl(conn, "rollback to g")
+                    ctl(conn, "release g")
                     results.append((w.fut, None, self._error(exc)))
                     continue
-                _ctl(conn, "release g")
+                ctl(conn, "release g")
                 results.append((w.fut, value, None))
             else:
                 return results
@@ -1631,20 +982,20 @@ class SqlDatabase:
         client's never has them, whatever its text. ``last_rowid``: in a transaction, the rowid its last insert
         added (0 for none, and for an exec: a transaction of its own), which SQL's ``last_insert_rowid()`` gives
         while the statement runs, and after one that added no row."""
-        if len(sql) > _CACHED_SQL:
+        if len(sql) > CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
-        inserts = _inserts(sql)
+        inserts = is_insert(sql)
         # (a view or trigger of the schema may call it, whatever the words; for an insert only its own words count,
         # so that one adding no rowid row still reports 0: a trigger it fires sees 0)
-        names = _names_last_rowid(sql) or (self._schema_rowid and not inserts)
+        names = names_last_rowid(sql) or (self._schema_rowid and not inserts)
         if (inserts or names) and conn.resets_rowid:  # type: ignore[attr-defined]
             # an insert starts from 0, so that one that adds no rowid row gives 0 (the writer's value is whatever
             # another client inserted last); a statement that calls last_insert_rowid() sees the transaction's own
             # (0 in an exec). (One that does both and adds no row gives the transaction's, as SQLite's does.)
-            _set_rowid(conn, last_rowid if names else 0)
+            set_rowid(conn, last_rowid if names else 0)
         before = conn.total_changes
         # an engine's own statement (own_sql) may write the store's tables
-        cur = _as_engine(conn, sql, params) if own else conn.execute(sql, params)
+        cur = as_engine(conn, sql, params) if own else conn.execute(sql, params)
         desc = cur.description
         rows = [] if desc is None else _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
         changes = cur.rowcount
@@ -1655,11 +1006,11 @@ class SqlDatabase:
             changes = conn.total_changes - before
             if changes:
                 changes = conn.execute("select changes()").fetchone()[0]
-            elif desc is None and _no_statement(sql):
+            elif desc is None and holds_no_statement(sql):
                 raise no_statement(self.name, sql)
         rowid = (cur.lastrowid or 0) if changes and inserts else 0
         if last_rowid and inserts and not rowid:
-            _set_rowid(conn, last_rowid)  # it added no row: the transaction's last insert is still the last
+            set_rowid(conn, last_rowid)  # it added no row: the transaction's last insert is still the last
         return Done(changes, rowid, list(map(_first, desc)) if desc else [], rows)
 
     def _exec_alone(
@@ -1667,23 +1018,23 @@ class SqlDatabase:
     ) -> Done:
         """:meth:`_exec` inside a transaction, in a savepoint: a statement that fails after it ran (its
         ``returning`` rows over ``sql_result_bytes``) leaves nothing either, like one SQLite stopped."""
-        _ctl(conn, "savepoint s")
+        ctl(conn, "savepoint s")
         try:
             done = self._exec(conn, sql, params, own, last_rowid)
         except BaseException:
             if conn.in_transaction:
-                _ctl(conn, "rollback to s")
-                _ctl(conn, "release s")
+                ctl(conn, "rollback to s")
+                ctl(conn, "release s")
             raise
-        _ctl(conn, "release s")
+        ctl(conn, "release s")
         return done
 
     def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str) -> Rows:
-        if len(sql) > _CACHED_SQL:
+        if len(sql) > CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
         cur = conn.execute(sql, params)
         desc = cur.description
-        if desc is None and _no_statement(sql):
+        if desc is None and holds_no_statement(sql):
             raise no_statement(self.name, sql)
         columns = list(map(_first, desc)) if desc else []
         if mode == "all":
@@ -1729,7 +1080,7 @@ class SqlDatabase:
             self._drain(tx)
             return
         try:
-            _ctl(conn, "begin immediate")
+            ctl(conn, "begin immediate")
         except BaseException as exc:
             tx.done = True
             put(fut, None, self._error(exc))
@@ -1748,7 +1099,7 @@ class SqlDatabase:
         end_reason: TinystoreError | None = None
         quiet = False
         last_rowid = 0  # the rowid the transaction's last insert added (SQL's last_insert_rowid())
-        deferring = False  # it ran PRAGMA defer_foreign_keys (see _DEFERRING_TAG)
+        deferring = False  # it ran PRAGMA defer_foreign_keys (see DEFERRING_TAG)
         while True:
             now = time.monotonic()
             wait = min(limits.tx_idle, started + limits.tx_max - now)
@@ -1778,7 +1129,7 @@ class SqlDatabase:
                 break
             if call.op == "commit":
                 try:
-                    _ctl(conn, "commit")
+                    ctl(conn, "commit")
                     tx.done = True
                     if writer:
                         self.stats["commits"] += 1
@@ -1786,7 +1137,7 @@ class SqlDatabase:
                 except BaseException as exc:
                     err = self._error(exc)
                     if conn.in_transaction:
-                        _ctl(conn, "rollback")
+                        ctl(conn, "rollback")
                     tx.done = True
                     tx.error = err
                     put(call.fut, None, err)
@@ -1794,7 +1145,7 @@ class SqlDatabase:
                 return
             if call.op == "rollback":
                 if conn.in_transaction:
-                    _ctl(conn, "rollback")
+                    ctl(conn, "rollback")
                 tx.done = True
                 tx.error = ClosedError(f"database {self.name}: transaction {tx.id} was rolled back")
                 put(call.fut, None, None)
@@ -1805,8 +1156,8 @@ class SqlDatabase:
             arm(time.monotonic(), call.fut if call.op == "query" else None)
             sql = call.sql
             if deferring:
-                sql = _DEFERRING_TAG + sql  # (see _DEFERRING_TAG: prepared apart from every other client's text)
-            elif writer and _defers_foreign_keys(sql):
+                sql = DEFERRING_TAG + sql  # (see DEFERRING_TAG: prepared apart from every other client's text)
+            elif writer and defers_foreign_keys(sql):
                 deferring = True
             try:
                 if call.op == "exec":
@@ -1816,13 +1167,13 @@ class SqlDatabase:
                 elif writer:
                     # tx.one/all/scalar only read, on the writer too: a write there would have none of tx.exec's
                     # care (its savepoint; never stopped when its caller goes away)
-                    if self._schema_rowid or _names_last_rowid(sql):
-                        _set_rowid(conn, last_rowid)
-                    _ctl(conn, "pragma query_only = 1")
+                    if self._schema_rowid or names_last_rowid(sql):
+                        set_rowid(conn, last_rowid)
+                    ctl(conn, "pragma query_only = 1")
                     try:
                         value = self._query(conn, sql, call.params, call.mode)
                     finally:
-                        _ctl(conn, "pragma query_only = 0")
+                        ctl(conn, "pragma query_only = 0")
                 else:
                     value = self._query(conn, call.sql, call.params, call.mode)
                 put(call.fut, value, None)
@@ -1831,13 +1182,13 @@ class SqlDatabase:
                 if not conn.in_transaction:
                     # SQLite rolled back the whole transaction (INSERT OR ROLLBACK, a trigger's RAISE(ROLLBACK), an
                     # interrupt): it is over; what follows must not run in autocommit
-                    end_reason = _rolled_back_by(self.name, tx.id, err)
-                    put(call.fut, None, _rolled_back_by(self.name, tx.id, err, this=True))
+                    end_reason = rolled_back_by(self.name, tx.id, err)
+                    put(call.fut, None, rolled_back_by(self.name, tx.id, err, this=True))
                     quiet = True  # the application's own doing, not the store's: no warning in the log
                     break
                 put(call.fut, None, err)
         # ended without commit
-        _rollback_quietly(conn)
+        rollback_quietly(conn)
         tx.done = True
         tx.error = end_reason
         if end_reason is not None and not isinstance(end_reason, ClosedError) and not quiet:
@@ -1870,7 +1221,7 @@ class SqlDatabase:
                 return
         arm = self._progress_guard(conn)
         try:
-            _ctl(conn, "begin")
+            ctl(conn, "begin")
             conn.execute(f"select count(*) from {MIGRATIONS_TABLE}").fetchone()  # pin the snapshot now
         except BaseException as exc:
             tx.done = True
@@ -1880,7 +1231,7 @@ class SqlDatabase:
         self.results.put(fut, tx, None)
         self._serve_tx(conn, tx, arm, writer=False)
         if conn.in_transaction:
-            _ctl(conn, "rollback")
+            ctl(conn, "rollback")
         with self._spare_lock:
             if len(self._spare) < 4 and not self._closed and conn.big <= RECYCLE_BYTES:  # type: ignore[attr-defined]
                 self._spare.append(conn)
@@ -2007,24 +1358,6 @@ def _check_size(db: str, rows: list[Any], limit: int) -> None:
             limit=limit,
             wanted=total,
         )
-
-
-def _split_sql(text: str) -> list[str]:
-    """Split a migration script into statements (``sqlite3.complete_statement`` decides where one ends, so
-    a ``;`` inside a string, a comment or a trigger body does not)."""
-    out: list[str] = []
-    start = 0
-    for i, ch in enumerate(text):
-        if ch == ";":
-            chunk = text[start : i + 1]
-            if sqlite3.complete_statement(chunk):
-                if chunk.strip().strip(";").strip():
-                    out.append(chunk)
-                start = i + 1
-    rest = text[start:]
-    if rest.strip():
-        out.append(rest)
-    return out
 
 
 class SqlEngine:
@@ -2171,11 +1504,11 @@ class SqlEngine:
                 continue
             tx = await db.begin(owner=None)
             try:
-                for stmt in _split_sql(text):
+                for stmt in split_sql(text):
                     try:
                         await tx.exec(stmt, [])
                     except TinystoreError as exc:
-                        raise _migration_error(db.name, name, exc) from None
+                        raise migration_error(db.name, name, exc) from None
                 await tx.exec(
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     [name, text, int(time.time() * 1000)],

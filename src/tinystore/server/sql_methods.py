@@ -13,7 +13,8 @@ import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..engines.sql import SqlDatabase, SqlTx, changes_schema, check_params
+from ..engines.sql import SqlDatabase, SqlTx
+from ..engines.sql_text import changes_schema, check_params
 from ..errors import ClosedError, InvalidError, PermissionDeniedError
 from ..names import RESERVED_DB_PREFIX, check_db_writable, reserved_db_error
 from ..protocol.sql import Begin, Done, Exec, OpenDb, Opened, Query, TxRef

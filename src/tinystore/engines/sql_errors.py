@@ -1,0 +1,126 @@
+"""sqlite3's exceptions as TinyStore errors that name the database and say what was wrong (:func:`sql_error`)."""
+
+from __future__ import annotations
+
+import resource
+import sqlite3
+from pathlib import Path
+
+from ..errors import (
+    ConflictError,
+    InvalidError,
+    TimeoutError_,
+    TinystoreError,
+    UnavailableError,
+)
+from .sql_guard import DENIED_MESSAGES, TX_WHY, denial
+from .sql_text import INT_MAX
+
+
+def rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False) -> TinystoreError:
+    """The error of a statement that made SQLite roll back its whole transaction (``this``), or of what the
+    transaction is asked for after it: the same kind as the statement's."""
+    why = err.message.removeprefix(f"database {db}: ")
+    if this:
+        msg = f"database {db}: {why}; this rolled back the whole transaction {tx_id}, which has ended"
+    else:
+        msg = f"database {db}: transaction {tx_id} was rolled back by a statement that failed ({why})"
+    kind = type(err) if type(err) in (ConflictError, TimeoutError_, InvalidError, UnavailableError) else ConflictError
+    return kind(msg)
+
+
+def migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidError:
+    """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name."""
+    why = exc.message.removeprefix(f"database {db}: ")
+    return InvalidError(f"database {db}: migration {migration}: {why}")
+
+
+def sql_error(db: str, exc: BaseException, statement_timeout: float | None = None) -> TinystoreError:
+    """Map a sqlite3 exception to a TinyStore error that keeps SQLite's message (``statement_timeout``: the
+    limit a statement that was interrupted ran past, for its message)."""
+    if isinstance(exc, TinystoreError):
+        return exc
+    if isinstance(exc, UnicodeEncodeError):
+        text = exc.object if isinstance(exc.object, str) else ""
+        return InvalidError(
+            f"database {db}: the text {text[:40]!r} (a parameter or the statement) is not valid Unicode: it holds a "
+            "lone surrogate, which UTF-8 cannot store"
+        )
+    msg = str(exc)
+    if isinstance(exc, sqlite3.DatabaseError) and (
+        msg in DENIED_MESSAGES
+        or msg.startswith("not authorized")
+        or (msg.startswith("access to ") and "prohibited" in msg)
+    ):
+        why = getattr(denial, "why", None)
+        denial.why = None
+        if why is None:
+            why = (
+                f"{TX_WHY}; ATTACH, DETACH, VACUUM INTO and load_extension are refused, and so is setting "
+                "PRAGMA query_only, journal_mode, synchronous or locking_mode (the store's durability and its "
+                "readers stand on them)"
+            )
+        return InvalidError(f"database {db}: not allowed here: {why}")
+    if isinstance(exc, sqlite3.IntegrityError):
+        return ConflictError(f"database {db}: {msg}", sqlite_code=getattr(exc, "sqlite_errorname", ""))
+    if isinstance(exc, OverflowError):
+        return InvalidError(f"database {db}: {msg}")
+    if isinstance(exc, sqlite3.OperationalError) and msg == "interrupted":
+        limit = "" if statement_timeout is None else f" ({statement_timeout:g}s)"
+        return TimeoutError_(
+            f"database {db}: the statement ran past its time limit, Limits.statement_timeout{limit}, and was stopped"
+        )
+    if isinstance(exc, sqlite3.ProgrammingError) and msg.startswith("You can only execute one statement"):
+        return InvalidError(
+            f"database {db}: the SQL text holds more than one statement, and a call runs one; run several in one "
+            "transaction with db.tx (a tx.exec each), or put schema changes in a migration"
+        )
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    # (plain SQLITE_READONLY is a write on a reader's connection, below; its extended codes are the file's)
+    if name.startswith(("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READONLY_")):
+        return _storage_error(db, name, msg)
+    if isinstance(exc, sqlite3.OperationalError) and "readonly" in msg:
+        return InvalidError(f"database {db}: {msg} (this call reads; a statement that writes goes through exec)")
+    if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in msg or "not a database" in msg):
+        from ..errors import CorruptError
+
+        return CorruptError(f"database {db}: {msg}")
+    if isinstance(exc, sqlite3.Error | ValueError):
+        return InvalidError(f"database {db}: {msg}")
+    return TinystoreError(f"database {db}: {type(exc).__name__}: {msg}")
+
+
+def autoincrement_spent(path: Path) -> str | None:
+    """The AUTOINCREMENT table of the database at ``path`` whose rowid has reached the largest SQLite allows (then
+    an insert gets SQLITE_FULL, as a full disk does), if one has; None otherwise, or when that cannot be read."""
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=1)
+        try:
+            row = conn.execute("select name from sqlite_sequence where seq >= ? limit 1", [INT_MAX]).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None  # (no AUTOINCREMENT table, or the disk refuses even this)
+    return None if row is None else str(row[0])
+
+
+def _storage_error(db: str, name: str, msg: str) -> UnavailableError:
+    """What the file system refused (the disk is full, an I/O error, a file that cannot be opened or
+    written): ``UnavailableError``, which the caller may try again later, never ``InvalidError`` (its SQL is
+    not at fault). Nothing the statement wrote is kept."""
+    if name == "SQLITE_FULL":
+        why = "the disk is full: free some space (writes go on then; deleting rows needs room too)"
+    elif name.startswith("SQLITE_CANTOPEN"):
+        try:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (OSError, ValueError):
+            soft = -1
+        why = (
+            "a file of the database cannot be opened: out of file descriptors (this process may open "
+            f"{soft} files: raise `ulimit -n`), or the store's directory was moved or made unwritable"
+        )
+    elif name.startswith("SQLITE_READONLY"):
+        why = "a file of the database cannot be written (a read-only file system, or its permissions)"
+    else:
+        why = "the file system failed a read or write (a full or failing disk, or the directory was removed)"
+    return UnavailableError(f"database {db}: {msg} ({name}): {why}")

@@ -1,0 +1,334 @@
+"""The guard on the SQLite connections that a database's clients share (its writer, its readers).
+
+SQLite's authorizer (:func:`statement_authorizer`) refuses, when a client's statement is prepared: transaction control
+(the engine's), ``ATTACH``/``DETACH``, TEMP objects, pragmas that change the shared connection or what durability
+stands on, writes to the store's own tables (:data:`OWN_PREFIX`), and, on the event loop's inline connection, functions
+whose cost a progress handler cannot cut. The engine's own statements (:func:`own_sql`, :func:`ctl`) carry a mark
+random in each process, so that a client's statement of the same words never finds them prepared, with the engine's
+rights, in sqlite3's statement cache.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class GuardedConnection(sqlite3.Connection):
+    """A connection whose statements may not control transactions (``BEGIN``, ``COMMIT``, ``ROLLBACK``,
+    ``END``, ``SAVEPOINT``, ``RELEASE``): the engine does, and a client's ``COMMIT`` in the middle of a group
+    commit, or a ``BEGIN`` left open on a reader, would break what it promises. SQLite's authorizer refuses
+    them when a statement is prepared, unless :func:`ctl` runs it (the engine's own)."""
+
+    internal = False
+    big = 0  # characters of long statements (over CACHED_SQL) run here: sqlite3 keeps them prepared (see _recycle)
+    writer = False  # a reader's statements write nothing (query_only): the store's own tables need no guard there
+    resets_rowid = False  # a writer's: see _ROWID_RESET
+    control = False  # one of the engine's own transaction statements runs (never stopped by the progress handler)
+
+
+_TX_ACTIONS = frozenset({sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT})
+DENIED_MESSAGES = frozenset({"not authorized", "authorization denied"})
+denial = threading.local()  # why the authorizer refused the statement last prepared on this thread
+TX_WHY = (
+    "BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE are run by the store (each exec is a transaction of its own; "
+    "db.tx runs several statements in one)"
+)
+
+
+def _deny(why: str) -> int:
+    denial.why = why
+    return sqlite3.SQLITE_DENY
+
+
+OFF_LOOP = frozenset({"like", "glob", "instr", "replace", "trim", "ltrim", "rtrim", "printf", "format", "match"})
+"""Functions a read on the event loop may not call (the inline connection refuses them; the read then runs on a
+reader thread): ``like``, ``glob``, ``instr``, ``replace`` and the ``trim`` functions work in time that grows with
+the product of their arguments' sizes, in one SQLite step that the progress handler cannot cut (seconds, on
+texts under 1 MiB); ``printf``/``format`` give NULL, not an error, past a connection's length limit; ``match``
+(full-text search) works in its own table's code. A view that calls one counts too (SQLite asks about the
+view's functions when it prepares a statement that reads the view)."""
+_OFF_LOOP_PRAGMAS = frozenset({"wal_checkpoint", "integrity_check", "quick_check", "foreign_key_check", "optimize"})
+"""Pragmas that may work or wait long (a checkpoint waits for the writer): off the loop, as :data:`OFF_LOOP`."""
+_HIDDEN_TABLES = frozenset({"sqlite_stmt", "sqlite_dbpage"})
+"""Virtual tables no client may read: the prepared statements of a connection (their texts: other clients' SQL,
+and the marks that keep the engines' cached statements apart), and the raw pages of the file."""
+MOVE_OFF_LOOP = "(run it on a reader thread)"
+"""The ``why`` of a refusal on the inline connection: :meth:`SqlDatabase.read_now` moves the read, silently."""
+
+
+def statement_authorizer(
+    conn: GuardedConnection, inline: bool = False
+) -> Callable[[int, str | None, str | None, str | None, str | None], int]:
+    ref = weakref.ref(conn)
+
+    def internal() -> bool:
+        c = ref()
+        return c is not None and c.internal
+
+    def writer() -> bool:
+        c = ref()
+        return c is not None and c.writer
+
+    def authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
+        if action == sqlite3.SQLITE_READ and arg1 is not None and arg1.lower() in _HIDDEN_TABLES and not internal():
+            return _deny(
+                f"{arg1.lower()} is refused (it shows the statements the store has prepared, other clients' "
+                "among them, or the file's raw pages)"
+            )
+        if inline and action == sqlite3.SQLITE_PRAGMA and arg1 is not None and arg1.lower() in _OFF_LOOP_PRAGMAS:
+            return _deny(MOVE_OFF_LOOP)
+        if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
+            if action == sqlite3.SQLITE_ATTACH and arg1 == "":
+                # VACUUM (its scratch database has no file name): the engine's own, run alone on the writer
+                if internal():
+                    return sqlite3.SQLITE_OK
+                return _deny(
+                    "VACUUM writes: it runs alone on the writer (db.exec outside any transaction; "
+                    "`tinystore sql --write`)"
+                )
+            # a database is one file of the store: ATTACH (and VACUUM INTO) would let a client write files
+            # anywhere the server can, and ATTACH would stay attached on a connection other clients share
+            return _deny(
+                "ATTACH, DETACH and VACUUM INTO are refused (each database is one file of the store; they would "
+                "reach files elsewhere)"
+            )
+        if action in _TX_ACTIONS:
+            if not internal():
+                return _deny(TX_WHY)
+        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and not internal():
+            name = arg1.lower()
+            if name == "schema_version":
+                return _deny(
+                    "setting PRAGMA schema_version is refused (SQLite's own count of schema changes: a wrong value "
+                    "leaves the store's other connections on a stale schema, and SQLite warns it can corrupt)"
+                )
+            if name in _KEPT:
+                # readers are read-only by query_only: a client that turned it off could write through a read (and
+                # through a read of the store's own databases); turned on, it would stop the writer for everyone.
+                # journal_mode, synchronous and locking_mode are what durability and readers in parallel stand on.
+                return _deny(f"setting PRAGMA {name} is refused (the store's durability and its readers stand on it)")
+            if name in _SHARED:
+                return _deny(
+                    f"setting PRAGMA {name} is refused (it would change the connection that every client of the "
+                    "store shares)"
+                )
+        elif (
+            action in _TEMP_OBJECTS
+            or (db == "temp" and action in _WRITES and arg1 not in _TEMP_SCHEMA)
+            # a new row of the TEMP schema is a TEMP object made, whatever the words (``create trigger temp.x on
+            # t`` is a CREATE_TRIGGER of main's table t, then this insert); SQLite's own rewrites only update it
+            or (db == "temp" and action == sqlite3.SQLITE_INSERT and arg1 is not None and arg1.lower() in _SCHEMAS)
+            or (action == sqlite3.SQLITE_ALTER_TABLE and arg1 == "temp")
+        ):
+            if not internal():
+                return _deny(
+                    "TEMP tables, views, triggers and indexes are refused (they would stay on a connection that "
+                    "every client of the store shares, and a TEMP trigger would fire on their writes): use a table "
+                    "of the database"
+                )
+        elif action == sqlite3.SQLITE_FUNCTION and arg2 is not None:
+            name = arg2.lower()
+            if inline and name in OFF_LOOP:
+                return _deny(MOVE_OFF_LOOP)
+            if name == "load_extension":
+                return _deny("load_extension is refused (an extension would run its code inside the store's process)")
+            if name == "fts3_tokenizer":
+                return _deny("fts3_tokenizer is refused (it hands out addresses inside the store's process)")
+        if action in _OWN_TABLE_ACTIONS:
+            table = arg2 if action in _OWN_TABLE_IN_ARG2 else arg1
+            other = arg1 if action in _OWN_TABLE_IN_ARG2 and action != sqlite3.SQLITE_ALTER_TABLE else None
+            own = next((n for n in (table, other) if n is not None and n.lower().startswith(OWN_PREFIX)), None)
+            if own is not None and not internal() and writer():
+                return _deny(
+                    f"{own} belongs to the store (names starting with {OWN_PREFIX} are its own: the record of "
+                    "migrations, the jobs): a client may read such a table, not write, create, alter or drop one, "
+                    "nor put an index or trigger on it"
+                )
+        return sqlite3.SQLITE_OK
+
+    return authorize
+
+
+# pragmas a client may read but not set (the store sets them)
+_KEPT = frozenset({"query_only", "journal_mode", "synchronous", "locking_mode"})
+# pragmas that set a state of the connection, which the clients of a database share (its writer, its readers)
+_SHARED = frozenset(
+    {
+        "analysis_limit",
+        "automatic_index",
+        "busy_timeout",
+        "cache_size",
+        "cache_spill",
+        "case_sensitive_like",
+        "cell_size_check",
+        "count_changes",
+        "checkpoint_fullfsync",
+        "data_store_directory",
+        "default_cache_size",
+        "empty_result_callbacks",
+        "foreign_keys",
+        "full_column_names",
+        "fullfsync",
+        "hard_heap_limit",
+        "ignore_check_constraints",
+        "journal_size_limit",
+        "legacy_alter_table",
+        "legacy_file_format",
+        "max_page_count",
+        "mmap_size",
+        "parser_trace",
+        "read_uncommitted",
+        "recursive_triggers",
+        "reverse_unordered_selects",
+        "secure_delete",
+        "short_column_names",
+        "soft_heap_limit",
+        "temp_store",
+        "temp_store_directory",
+        "threads",
+        "trusted_schema",
+        "vdbe_addoptrace",
+        "vdbe_debug",
+        "vdbe_listing",
+        "vdbe_trace",
+        "wal_autocheckpoint",
+        "writable_schema",
+    }
+)
+# TEMP objects: a client's would stay on a connection that all clients share; the engine's own (the writer's
+# _tinystore_rowid) must stay as the engine made it, or every later insert of every client would fail
+_TEMP_OBJECTS = frozenset(
+    {
+        sqlite3.SQLITE_CREATE_TEMP_INDEX,
+        sqlite3.SQLITE_CREATE_TEMP_TABLE,
+        sqlite3.SQLITE_CREATE_TEMP_TRIGGER,
+        sqlite3.SQLITE_CREATE_TEMP_VIEW,
+        sqlite3.SQLITE_DROP_TEMP_INDEX,
+        sqlite3.SQLITE_DROP_TEMP_TABLE,
+        sqlite3.SQLITE_DROP_TEMP_TRIGGER,
+        sqlite3.SQLITE_DROP_TEMP_VIEW,
+    }
+)
+_WRITES = frozenset({sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE})
+# the TEMP schema: SQLite rewrites it itself in ALTER TABLE ... RENAME and DROP COLUMN (the writer has a TEMP
+# table), and refuses a client's own write to it (it needs writable_schema, which is refused)
+_TEMP_SCHEMA = frozenset({"sqlite_temp_master", "sqlite_temp_schema"})
+_SCHEMAS = frozenset({"sqlite_master", "sqlite_schema", *_TEMP_SCHEMA})
+OWN_PREFIX = "_tinystore"
+"""Tables, indexes and triggers named so are the store's (``_tinystore_migrations``, the jobs tables of a database
+that holds queues): clients read them, only the engines' own statements (:func:`own_sql`) write them."""
+# what makes, changes or drops a table, an index or a trigger, or writes rows: the name is arg1, or for those in
+# _OWN_TABLE_IN_ARG2 the table is arg2 (arg1: the index or trigger; for ALTER TABLE, the database)
+_OWN_TABLE_ACTIONS = frozenset(
+    {
+        *_WRITES,
+        sqlite3.SQLITE_CREATE_TABLE,
+        sqlite3.SQLITE_CREATE_VIEW,
+        sqlite3.SQLITE_CREATE_INDEX,
+        sqlite3.SQLITE_CREATE_TRIGGER,
+        sqlite3.SQLITE_CREATE_VTABLE,
+        sqlite3.SQLITE_DROP_TABLE,
+        sqlite3.SQLITE_DROP_VIEW,
+        sqlite3.SQLITE_DROP_INDEX,
+        sqlite3.SQLITE_DROP_TRIGGER,
+        sqlite3.SQLITE_DROP_VTABLE,
+        sqlite3.SQLITE_ALTER_TABLE,
+    }
+)
+_OWN_TABLE_IN_ARG2 = frozenset(
+    {
+        sqlite3.SQLITE_CREATE_INDEX,
+        sqlite3.SQLITE_CREATE_TRIGGER,
+        sqlite3.SQLITE_DROP_INDEX,
+        sqlite3.SQLITE_DROP_TRIGGER,
+        sqlite3.SQLITE_ALTER_TABLE,
+    }
+)
+_CTL_TAG = " --ts " + secrets.token_hex(8)
+"""Ends the texts of the engine's own statements (:func:`ctl`)."""
+
+# the writer's own TEMP table: a REPLACE of its row 0 before each insert sets the connection's last insert rowid
+# to 0, so that an insert that adds no rowid row (an upsert's DO UPDATE, a WITHOUT ROWID table) gives 0, not the
+# rowid of the last row another client inserted
+# (``_CTL_TAG`` on it too: a client's statement of the same words must not find it prepared, see ctl)
+_ROWID_RESET = "replace into temp._tinystore_rowid (rowid) values (0)" + _CTL_TAG
+# in a transaction, the same REPLACE sets it to the rowid of the transaction's last insert instead (then that row
+# goes): SQL's last_insert_rowid() sees what it would on a connection of the client's own (see SqlDatabase._exec)
+_ROWID_SET = "replace into temp._tinystore_rowid (rowid) values (?)" + _CTL_TAG
+_ROWID_DROP = "delete from temp._tinystore_rowid where rowid = ?" + _CTL_TAG
+
+
+_OWN_MARK = f"/* ts {secrets.token_hex(8)} */ "
+"""Starts the texts of the engines' own statements (:func:`own_sql`)."""
+
+
+def own_sql(sql: str) -> str:
+    """``sql`` as an engine's own statement's text. Its rights (to write the store's tables, :data:`OWN_PREFIX`)
+    come with the call (``own=True``), never from a text; the text differs from any a client can send (a
+    random mark, in each process), so that a client's statement of the same words is not found prepared, with the
+    engine's rights, in sqlite3's statement cache. The mark leads: SQLite keeps a CREATE's text in the schema
+    from its first keyword, so no client can read it there."""
+    return _OWN_MARK + sql
+
+
+def as_engine(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    """Run ``sql`` (already :func:`own_sql`'s text) on ``conn`` with the engine's rights."""
+    c: Any = conn
+    c.internal = True
+    try:
+        return conn.execute(sql, params)
+    finally:
+        c.internal = False
+
+
+def own_execute(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    return as_engine(conn, own_sql(sql), params)
+
+
+def rollback_quietly(conn: sqlite3.Connection) -> None:
+    """Roll back what ``conn`` has open, if anything; a rollback that fails (the transaction is gone) is no news."""
+    if conn.in_transaction:
+        try:
+            ctl(conn, "rollback")
+        except sqlite3.Error:
+            pass
+
+
+def ctl(conn: sqlite3.Connection, sql: str) -> None:
+    """Run one of the engine's own transaction statements on ``conn``, ``sql`` with :data:`_CTL_TAG` added.
+
+    SQLite's authorizer runs when a statement is prepared, and sqlite3 keeps prepared statements by their text:
+    a client's statement of the very same text would run the one prepared (and allowed) for the engine. The
+    tag, random in each process, is a text no client can know."""
+    c: Any = conn
+    c.internal = c.control = True
+    try:
+        conn.execute(sql + _CTL_TAG)
+    finally:
+        c.internal = c.control = False
+
+
+def set_rowid(conn: sqlite3.Connection, rowid: int) -> None:
+    """Set the writer's last insert rowid (SQL's ``last_insert_rowid()``) to ``rowid``, through its TEMP table."""
+    c: Any = conn
+    c.internal = True  # a client may not write the engine's TEMP table (authorizer)
+    try:
+        if rowid:
+            conn.execute(_ROWID_SET, (rowid,))
+            conn.execute(_ROWID_DROP, (rowid,))
+        else:
+            conn.execute(_ROWID_RESET)
+    finally:
+        c.internal = False
+
+
+DEFERRING_TAG = f"/* ts deferring {secrets.token_hex(8)} */ "
+"""Starts the texts a transaction runs after its ``PRAGMA defer_foreign_keys`` (first, so that no error or column
+name shows it, as an ending could for a text that ends inside a quote or a comment): SQLite (3.40) prepares a statement
+without its ``ON DELETE``/``ON UPDATE RESTRICT`` while the pragma is on, and the writer's statement cache (keyed by
+the text) would hand that statement to other clients after the transaction."""

@@ -1,0 +1,291 @@
+"""What the SQL engine reads in a statement's text before SQLite does: the parameters (positional values that
+SQLite can hold; a named placeholder is refused), where the first keyword starts, and the kinds of statement the engine
+treats apart (schema changes, ``VACUUM``, inserts, ``PRAGMA defer_foreign_keys``, ``INITIALLY DEFERRED`` constraints);
+migrations' names checked and their scripts split into statements. Pure functions: no I/O, no threads."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import (
+    InvalidError,
+)
+from ..names import a_or_an
+
+INT_MIN = -(1 << 63)
+INT_MAX = (1 << 63) - 1
+
+
+_PLAIN = frozenset({str, bytes, type(None)})
+
+
+def check_params(db: str, sql: str, params: Sequence[Any]) -> list[Any]:
+    """Return ``params`` as a list of SQLite values for ``sql``; ``InvalidError`` for a value SQLite cannot
+    hold, or for a named placeholder in ``sql`` (parameters are ``?`` placeholders, in order).
+
+    A list whose values are all fine already is returned as it is (not copied)."""
+    named = named_placeholder(sql)
+    if named is not None:
+        raise InvalidError(
+            f"database {db}: the statement has the named placeholder {named}: parameters are ? placeholders, "
+            "passed in order after the SQL"
+        )
+    for v in params:
+        t = type(v)
+        if t is int:
+            if not INT_MIN <= v <= INT_MAX:
+                break
+        elif t is float:
+            if v != v:  # NaN
+                break
+        elif t not in _PLAIN:
+            break
+    else:
+        return params if type(params) is list else list(params)
+    return _check_params(db, params)
+
+
+_NAME_CHAR = "A-Za-z0-9_\\x80-\\U0010ffff"
+# what a statement holds outside its placeholders, eaten without backtracking (possessive): strings, quoted
+# names, comments (a quote or comment left open runs to the end), names and numbers (with the "$" SQLite allows
+# inside a name), and any other run of characters that starts none of these
+_NOT_A_PLACEHOLDER = re.compile(
+    r"(?:'[^']*+(?:'|$)|\"[^\"]*+(?:\"|$)|`[^`]*+(?:`|$)|\[[^\]]*+(?:\]|$)|--[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|$)"
+    rf"|[{_NAME_CHAR}][{_NAME_CHAR}$]*+|[^'\"`\[\-/:@$#{_NAME_CHAR}]++|[-/]|[:@$#](?![{_NAME_CHAR}$]))*+"
+)
+# a sigil, then a name of SQLite's identifier characters, "$" among them (tokenize.c: "@$", "$$" are names too)
+_PLACEHOLDER = re.compile(rf"[:@$#][{_NAME_CHAR}$][{_NAME_CHAR}$:]*+")
+CACHED_SQL = 4096
+"""Statements up to this many characters have their scan kept (the usual ones, sent again and again)."""
+
+
+def _cached_for_short_texts(size: int) -> Callable[[Callable[[str], bool]], Callable[[str], bool]]:
+    """An LRU cache of ``size`` answers for statements up to :data:`CACHED_SQL` characters (the usual ones,
+    sent again and again); a longer text is judged each time, not kept (a client's large texts would stay in
+    the server's memory)."""
+
+    def wrap(fn: Callable[[str], bool]) -> Callable[[str], bool]:
+        cached = functools.lru_cache(maxsize=size)(fn)
+
+        @functools.wraps(fn)
+        def judge(sql: str) -> bool:
+            return cached(sql) if len(sql) <= CACHED_SQL else fn(sql)
+
+        judge.cache = cached  # type: ignore[attr-defined]
+        return judge
+
+    return wrap
+
+
+def named_placeholder(sql: str) -> str | None:
+    """The first named placeholder (``:a``, ``@a``, ``$a``, ``#a``) of ``sql`` outside its strings, quoted
+    names and comments, or ``None``. SQLite would bind positional values to them by number, silently."""
+    if ":" not in sql and "@" not in sql and "$" not in sql and "#" not in sql:
+        return None
+    if len(sql) <= CACHED_SQL:
+        return _named_placeholder_cached(sql)
+    return _named_placeholder(sql)
+
+
+@functools.lru_cache(maxsize=1024)
+def _named_placeholder_cached(sql: str) -> str | None:
+    return _named_placeholder(sql)
+
+
+def _named_placeholder(sql: str) -> str | None:
+    pos, n = 0, len(sql)
+    while True:
+        m = _NOT_A_PLACEHOLDER.match(sql, pos)
+        pos = m.end() if m is not None else pos
+        if pos >= n:
+            return None
+        found = _PLACEHOLDER.match(sql, pos)
+        if found is not None:
+            return found.group()
+        pos += 1  # (not reached: a sigil on its own is eaten above; SQLite's to judge)
+
+
+def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
+    """:func:`check_params`' slow path, for a list with a value not of the plain types: subclasses of ``str``,
+    ``int``, ``float`` and ``bytes`` (an enum's member, ``bool``) become their base type's value, as a socket can
+    carry them; a value out of range or of another type raises ``InvalidError``."""
+    out = list(params)
+    for i, v in enumerate(out):
+        t = type(v)
+        if v is None or t is str or t is bytes:
+            continue
+        if t is not int and t is not float:
+            # the base type's own value, taken without calling what a subclass may override (__str__, __int__,
+            # __float__, __bytes__): True is 1, an IntEnum member its int, a StrEnum member its text
+            if isinstance(v, str):
+                out[i] = str.__str__(v)
+                continue
+            if isinstance(v, int):
+                v = out[i] = int.__index__(v)
+            elif isinstance(v, float):
+                v = out[i] = float.__float__(v)
+            elif isinstance(v, bytes | bytearray | memoryview):
+                out[i] = bytes.__bytes__(v) if isinstance(v, bytes) else bytes(memoryview(v))
+                continue
+            else:
+                raise InvalidError(
+                    f"database {db}: parameter {i + 1}: {a_or_an(type(v).__name__)} is not a SQL value "
+                    "(use None, int, float, str, bytes or bool)"
+                )
+        if type(v) is int:
+            if not INT_MIN <= v <= INT_MAX:
+                raise InvalidError(f"database {db}: parameter {i + 1}: {v} does not fit in 64 bits")
+        elif math.isnan(v):
+            raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
+    return out
+
+
+def _word(head: str, word: str) -> str | None:
+    """``head`` after its first keyword when that is ``word`` (and blanks and comments after it), else None."""
+    n = len(word)
+    if head[:n].lower() == word and (len(head) == n or not (head[n].isalnum() or head[n] == "_")):
+        return _skip_comments(head[n:])
+    return None
+
+
+@_cached_for_short_texts(256)
+def defers_foreign_keys(sql: str) -> bool:
+    """Whether ``sql`` is a ``PRAGMA defer_foreign_keys`` (set or read: in an exec both are refused), also under
+    ``EXPLAIN`` (SQLite sets a pragma's flag when it prepares the statement, explained or not)."""
+    if "defer_foreign_keys" not in sql.lower():
+        return False
+    head = _skip_comments(sql)
+    explained = _word(head, "explain")
+    if explained is not None:
+        head = explained
+        query = _word(head, "query")
+        if query is not None:
+            head = _word(query, "plan") or ""
+    return _word(head, "pragma") is not None
+
+
+# strings, quoted names ("a", `a`, [a]) and comments: what a keyword inside is not one (a name with a quote in it
+# would open a "string" that swallows the rest)
+_SQL_NOISE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`(?:[^`]|``)*`|\[[^\]]*\]|--[^\n]*|/\*.*?(?:\*/|\Z)", re.S)
+_INITIALLY_DEFERRED = re.compile(r"\binitially\s+deferred\b", re.I)
+
+
+def has_deferred_constraint(schema: Sequence[str]) -> bool:
+    """Whether one of the ``CREATE`` texts of ``schema`` declares a constraint ``INITIALLY DEFERRED`` (one that
+    SQLite checks only at COMMIT). Comments and string literals do not count."""
+    return any(_INITIALLY_DEFERRED.search(_SQL_NOISE.sub(" ", text)) for text in schema)
+
+
+@_cached_for_short_texts(256)
+def is_vacuum(sql: str) -> bool:
+    """Whether ``sql`` is a ``VACUUM``: the writer runs it alone, outside a transaction."""
+    head = _skip_comments(sql)
+    return head[:6].lower() == "vacuum" and (len(head) == 6 or not (head[6].isalnum() or head[6] == "_"))
+
+
+MIGRATION_NAME_MAX = 255
+"""The longest migration name (a file name's bound on most file systems)."""
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def check_migrations(db: str, migrations: Sequence[tuple[str, str]]) -> None:
+    """Refuse, with ``InvalidError`` naming the database and the migration, a name that is empty, over
+    :data:`MIGRATION_NAME_MAX` characters, holds a control character or is given twice, and a name or text that
+    is not valid Unicode (a lone surrogate, which UTF-8 cannot store)."""
+    seen: set[str] = set()
+    for name, text in migrations:
+        shown = repr(name) if len(name) <= 40 else repr(name[:37]) + "..."
+        if not name or len(name) > MIGRATION_NAME_MAX or _CONTROL.search(name) is not None:
+            has = f" (this one has {len(name)})" if len(name) > MIGRATION_NAME_MAX else ""
+            raise InvalidError(
+                f"database {db}: migration {shown}: a migration's name is 1 to {MIGRATION_NAME_MAX} characters, "
+                f"with no control characters{has}"
+            )
+        if name in seen:
+            raise InvalidError(f"database {db}: migration {shown} is given twice")
+        seen.add(name)
+        for what, value in (("name", name), ("text", text)):
+            try:
+                value.encode()
+            except UnicodeEncodeError as exc:
+                raise InvalidError(
+                    f"database {db}: migration {shown}: its {what} is not valid Unicode ({exc.reason} at character "
+                    f"{exc.start}): UTF-8 cannot store it"
+                ) from None
+
+
+_SCHEMA_WORD = re.compile(r"(?:create|drop|alter|analyze|reindex|vacuum)\b", re.IGNORECASE)
+
+
+@_cached_for_short_texts(256)
+def changes_schema(sql: str) -> bool:
+    """Whether ``sql`` is a ``CREATE``, ``DROP`` or ``ALTER`` statement (what a migration is for), or an
+    ``ANALYZE``, ``REINDEX`` or ``VACUUM`` (which make or rebuild the database's own tables and indexes)."""
+    return _SCHEMA_WORD.match(_skip_comments(sql)) is not None
+
+
+def holds_no_statement(sql: str) -> bool:
+    """Whether ``sql`` holds no statement: only blanks, comments and semicolons (SQLite runs nothing, and says
+    nothing). Asked only of a statement that gave no columns and changed nothing."""
+    return not _skip_comments(sql)
+
+
+def no_statement(db: str, sql: str) -> InvalidError:
+    shown = repr(sql) if len(sql) <= 40 else repr(sql[:37]) + "..."
+    return InvalidError(f"database {db}: no statement: the SQL text {shown} holds only blanks, comments or semicolons")
+
+
+_LEAD = re.compile(r"(?:\s++|;|--[^\n]*+\n?|/\*(?:[^*]|\*(?!/))*+(?:\*/)?)*+")
+"""Blanks, comments and semicolons (empty statements, which SQLite skips too) before a statement's first
+keyword; a comment left open runs to the end."""
+
+
+def _skip_comments(sql: str) -> str:
+    """``sql`` from its first keyword: leading blanks, comments and semicolons skipped (one regex: linear
+    in the text, however many comments it starts with)."""
+    m = _LEAD.match(sql)
+    return sql[m.end() :] if m is not None else sql
+
+
+_INSERT_WORD = re.compile(r"\b(?:insert|replace)\b", re.IGNORECASE)
+
+
+@_cached_for_short_texts(512)
+def is_insert(sql: str) -> bool:
+    """Whether ``sql`` is an INSERT or REPLACE (also after a WITH): the statements whose ``last_insert_rowid``
+    means something. SQLite's ``last_insert_rowid()`` belongs to the connection, and the writer's is shared by
+    every client: after any other statement it names somebody else's row."""
+    head = _skip_comments(sql)[:7].lower()
+    if head.startswith(("insert", "replace")):
+        return True
+    return head.startswith("with") and _INSERT_WORD.search(sql) is not None
+
+
+@_cached_for_short_texts(512)
+def names_last_rowid(sql: str) -> bool:
+    """Whether ``sql`` calls SQL's ``last_insert_rowid()`` (or says the word anywhere): then the writer's value is
+    set to what the client's own connection would hold first (:meth:`SqlDatabase._exec`)."""
+    return "last_insert_rowid" in sql.lower()
+
+
+def split_sql(text: str) -> list[str]:
+    """Split a migration script into statements (``sqlite3.complete_statement`` decides where one ends, so
+    a ``;`` inside a string, a comment or a trigger body does not)."""
+    out: list[str] = []
+    start = 0
+    for i, ch in enumerate(text):
+        if ch == ";":
+            chunk = text[start : i + 1]
+            if sqlite3.complete_statement(chunk):
+                if chunk.strip().strip(";").strip():
+                    out.append(chunk)
+                start = i + 1
+    rest = text[start:]
+    if rest.strip():
+        out.append(rest)
+    return out
