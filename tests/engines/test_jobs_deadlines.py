@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from tinystore.clock import Clock
-from tinystore.engines.jobs import _Deadlines
+from tinystore.engines.jobs_index import Deadlines
 
 
 # contract: JOB-01
@@ -23,7 +23,7 @@ async def test_a_later_deadline_pushed_while_firing_does_not_hold_back_an_earlie
         if item == "a" and renewed.pop("a", None) is not None:
             deadlines.push(t0 + 17, "a")  # a's lease was renewed meanwhile: it ends later
 
-    deadlines = _Deadlines(clock, on_due)
+    deadlines = Deadlines(clock, on_due)
     deadlines.push(t0 + 10, "a")
     deadlines.push(t0 + 14, "b")  # b's worker is lost: its lease ends at 14
     for step in range(1, 20):

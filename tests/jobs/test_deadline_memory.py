@@ -14,8 +14,9 @@ import pytest
 
 import tinystore
 import tinystore.engines.jobs as jobs_engine
+import tinystore.engines.jobs_index as jobs_index
 from tinystore.clock import Clock
-from tinystore.engines.jobs import COMPACT_MIN, _Deadlines
+from tinystore.engines.jobs_index import COMPACT_MIN, Deadlines
 
 from ..helpers import open_store
 from .util import START, claim, other_client, report
@@ -27,7 +28,7 @@ async def test_items_that_no_longer_matter_are_dropped_and_the_live_ones_all_fir
     t0 = clock.now()
     dead: set[int] = set()
     fired: list[int] = []
-    deadlines = _Deadlines(clock, fired.append, lambda item: item not in dead)
+    deadlines = Deadlines(clock, fired.append, lambda item: item not in dead)
     rng = random.Random(7)
     when = {i: t0 + rng.uniform(1, 100) for i in range(6 * COMPACT_MIN)}
     for i, at in when.items():
@@ -106,7 +107,7 @@ async def test_an_attempt_whose_end_failed_keeps_its_lease(
     or by its lease coming due then); should the write fail, the attempt runs on, and its lease must still end it
     when its worker is gone (trial Y: the job stayed running for good)."""
     if meanwhile == "compaction":
-        monkeypatch.setattr(jobs_engine, "COMPACT_MIN", 4)  # compactions at once
+        monkeypatch.setattr(jobs_index, "COMPACT_MIN", 4)  # compactions at once
     failing: dict[str, Any] = {}
     write_ending = jobs_engine.JobsEngine._write_ending
 
@@ -150,7 +151,7 @@ async def test_tenants_long_gone_are_forgotten_and_fairness_holds(
 ) -> None:
     """When each tenant was last served is kept only while it can still matter (trial Z: one entry per tenant ever
     served stayed for good; with a user id as the tenant that grew without bound)."""
-    monkeypatch.setattr(jobs_engine, "COMPACT_MIN", 64)
+    monkeypatch.setattr(jobs_index, "COMPACT_MIN", 64)
     async with open_store("embedded", tmp_path / "s", clock=START) as store:
         q = store.queue("users")
         for i in range(5 * 64):

@@ -13,6 +13,7 @@ import pytest
 
 import tinystore
 import tinystore.engines.jobs as jobs_engine
+import tinystore.engines.jobs_index as jobs_index
 from tinystore.engines.sql import SqlDatabase
 
 from ..helpers import open_store
@@ -339,7 +340,7 @@ async def test_served_stays_bounded_while_one_tenants_job_runs_for_hours(
 ) -> None:
     """Trial AB: the turns of tenants served after one whose job still ran were all kept (its turn held the floor
     of what could be forgotten)."""
-    monkeypatch.setattr(jobs_engine, "COMPACT_MIN", 64)
+    monkeypatch.setattr(jobs_index, "COMPACT_MIN", 64)
     async with open_store("embedded", tmp_path / "s", clock=START) as store, other_client(store) as worker:
         q = store.queue("long", lease="1h")
         await q.add({"long": True}, tenant="old")

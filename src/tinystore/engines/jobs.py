@@ -42,21 +42,19 @@ milliseconds), so tests move backoffs, leases, stuck reports and ``keep`` with a
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import math
 import random
 import re
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from ..clock import Clock, Timer
+from ..clock import Clock
 from ..errors import ClosedError, InvalidError, LimitError, PermissionDeniedError, TinystoreError, UnavailableError
 from ..limits import Limits
 from ..names import RESERVED_DB_PREFIX, check_name
@@ -93,6 +91,19 @@ from ..protocol.jobs import (
 )
 from ..protocol.values import json_problem, valid_text
 from .base import Peer
+from .jobs_index import (
+    CLAIMING,
+    DELAYED,
+    ENDING,
+    GONE,
+    INSERTING,
+    READY,
+    RUNNING,
+    UNWRITTEN,
+    Entry,
+    JobQueue,
+    Waiter,
+)
 from .sql import Later, SqlDatabase, SqlEngine, SqlTx
 
 __all__ = ["JOBS_DB", "JobsEngine", "QueueOptions", "backoff_delay"]
@@ -179,8 +190,6 @@ ROW_BYTES = (
     "coalesce(length(cast(progress as blob)), 0) + coalesce(length(cast(error as blob)), 0) + 256"
 )
 """About how many bytes a job's row takes in a page (its large texts, and some for the rest)."""
-COMPACT_MIN = 1024
-"""A deadline heap is first looked through for items that no longer matter at this many items (_Deadlines)."""
 COLUMNS = (
     "id, queue, state, attempts, fence, value, key, tenant, user, type, priority, progress, result, error, "
     "errors, steps, run_at, created_at, started_at, finished_at"
@@ -188,11 +197,6 @@ COLUMNS = (
 
 _OUTCOMES = frozenset({"succeeded", "error", "fail", "snooze"})
 
-# where an entry of the in-memory index is
-READY, DELAYED, CLAIMING, RUNNING, ENDING, GONE = range(6)
-# where a job placed in the index before its row was written (_place_early) stands: its insert is in flight, or it
-# was not written after all
-INSERTING, UNWRITTEN = 1, 2
 
 _json_encode = msgspec.json.encode
 _json_decode = msgspec.json.decode
@@ -261,182 +265,6 @@ def _merge(limits: Limits, o: Options) -> QueueOptions:
         max_running_per_tenant=o.max_running_per_tenant or 0,
         keep=secs(o.keep_ms, limits.job_keep),
     )
-
-
-@dataclass(eq=False, slots=True)
-class _Entry:
-    """A job that has not ended, as the index knows it."""
-
-    id: str
-    tenant: str
-    priority: int
-    run_at: float
-    where: int = READY
-    attempts: int = 0
-    fence: int = 0
-    lease_until: float = math.inf
-    started_at: float = 0.0
-    peer: Peer | None = None
-    counted: bool = False  # counted in the running totals (claiming or running)
-    stuck: bool = False
-    cancel_queued: bool = False  # a cancel write waits behind this job's claim write
-    busy: asyncio.Future[None] | None = None  # a write changing this job is in flight
-    unwritten: int = 0  # placed early (_place_early): INSERTING until its insert is answered, UNWRITTEN if it failed
-    turn: int = 0  # its tenant's turn when it was picked (``served``), and the turn before, or -1 for none: a job
-    turn_before: int = -1  # placed early whose row was not written after all gives its turn back (_unserve)
-
-
-@dataclass(eq=False, slots=True)
-class _Waiter:
-    """A claim waiting for jobs."""
-
-    peer: Peer
-    n: int
-    worker: str
-    due_before: float
-    fut: asyncio.Future[list[Claimed]]
-    token: str = ""
-    claiming: bool = False
-    expired: bool = False  # its wait ran out while it was claiming: should that claim get nothing, it ends
-
-
-class _Deadlines:
-    """A heap of ``(when, item)`` with one clock timer at its earliest; ``on_due(item)`` for each due item.
-
-    An item stays in the heap until its time even when it no longer matters (a cancelled delayed job, the lease of
-    an attempt that ended): ``live(item)`` is false for such an item, whose ``on_due`` would do nothing. Once the
-    heap reaches ``compact_at`` items, those are dropped, and the next look comes at twice what is left (at least
-    :data:`COMPACT_MIN`): the heap holds at most about twice its live items, for O(1) amortized work a push. A
-    delayed job added and cancelled stayed in memory until its time (days); every claimed attempt's lease and
-    ``expected`` deadlines stayed 30 s after it ended (at 10,000 jobs/s, 600,000 items)."""
-
-    def __init__(
-        self, clock: Clock, on_due: Callable[[Any], None], live: Callable[[Any], bool] = lambda item: True
-    ) -> None:
-        self.clock = clock
-        self.on_due = on_due
-        self.live = live
-        self.heap: list[tuple[float, int, Any]] = []
-        self.seq = itertools.count()
-        self.timer: Timer | None = None
-        self.when = math.inf
-        self.closed = False
-        self.compact_at = COMPACT_MIN
-
-    def push(self, when: float, item: Any) -> None:
-        if self.closed or math.isinf(when):
-            return
-        heapq.heappush(self.heap, (when, next(self.seq), item))
-        if len(self.heap) >= self.compact_at:
-            self._compact()
-        if when < self.when:
-            self._arm(when)
-
-    def _compact(self) -> None:
-        # (the timer stays armed where it is: should its item be gone, it fires early, finds nothing due and arms
-        # itself at the earliest left)
-        live = self.live
-        self.heap = [entry for entry in self.heap if live(entry[2])]
-        heapq.heapify(self.heap)
-        self.compact_at = max(COMPACT_MIN, 2 * len(self.heap))
-
-    def _arm(self, when: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.when = when
-        self.timer = self.clock.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self.timer = None
-        self.when = math.inf
-        if self.closed:
-            return
-        now = self.clock.now()
-        due = []
-        while self.heap and self.heap[0][0] <= now:
-            due.append(heapq.heappop(self.heap)[2])
-        for item in due:
-            try:
-                self.on_due(item)
-            except Exception:
-                log.exception("a jobs timer failed")
-        # (an on_due may have pushed a later deadline, which armed the timer for then: the earliest one left
-        # in the heap must not wait for it)
-        if self.heap and self.heap[0][0] < self.when:
-            self._arm(self.heap[0][0])
-
-    def __len__(self) -> int:
-        return len(self.heap)
-
-    def close(self) -> None:
-        self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-        self.heap.clear()
-
-
-class _Queue:
-    """One loaded queue: its options, its database and the index of its jobs that have not ended."""
-
-    def __init__(self, engine: JobsEngine, name: str, options: QueueOptions, db: SqlDatabase) -> None:
-        self.name = name
-        self.options = options
-        self.db = db
-        self.entries: dict[str, _Entry] = {}
-        self.ready: dict[str, dict[int, deque[_Entry]]] = {}
-        self.running: dict[str, int] = {}
-        self.running_total = 0
-        self.served: dict[str, int] = {}
-        self.serve_count = 0
-        self.served_compact_at = COMPACT_MIN  # (see JobsEngine._compact_served)
-        self.tenants: list[tuple[int, int, str]] = []  # heap of (-priority, last served, tenant), lazily exact
-        self.tenant_keys: dict[str, tuple[int, int]] = {}  # each tenant's current key in that heap
-        self.stale_ready = 0  # jobs ended while due, left in their lines (and keys in ``tenants``) until passed
-        self.blocked: set[str] = set()  # tenants with due jobs at max_running_per_tenant
-        self.waiters: deque[_Waiter] = deque()
-        self.watchers: dict[str, list[asyncio.Future[None]]] = {}
-        # each ``live`` is what its ``on_due`` looks at before it does anything
-        self.delayed = _Deadlines(engine.clock, lambda e: engine._on_due(self, e), self._delayed)
-        self.leases = _Deadlines(engine.clock, lambda item: engine._on_lease(self, *item), self._running)
-        self.stuck_at = _Deadlines(
-            engine.clock,
-            lambda item: engine._on_stuck(self, *item),
-            lambda item: self._running(item) and not item[0].stuck,
-        )
-        self.sweep_timer: Timer | None = None
-        self.sweep_when = math.inf
-        self.stuck_reports = 0
-        self.pump_soon = False  # a _pump of this queue is due at the end of this loop turn
-        # attempt ends asked for in this loop turn, written together at its end: (values, future of the row)
-        self.ends: list[tuple[list[Any], asyncio.Future[tuple[Any, ...] | None]]] = []
-        # adds asked for in this loop turn, written together at its end: (rows, future of the ids)
-        self.adds: list[tuple[list[list[Any]], Later]] = []
-        self.schema: asyncio.Future[Any] | None = None  # the tables being made in an application database
-
-    def _delayed(self, e: _Entry) -> bool:
-        """Whether ``e`` still waits for its time (what a delayed job's deadline is for)."""
-        return e.where == DELAYED and self.entries.get(e.id) is e
-
-    def _running(self, item: tuple[_Entry, int]) -> bool:
-        """Whether the attempt ``(entry, fence)`` still runs, or may again: its end's write is in flight, and
-        should it fail the attempt runs on (what a lease's or an ``expected`` deadline is for)."""
-        e, fence = item
-        return (e.where == RUNNING or e.where == ENDING) and e.fence == fence and self.entries.get(e.id) is e
-
-    def schema_ready(self) -> bool:
-        return self.schema is None or (
-            self.schema.done() and not self.schema.cancelled() and not self.schema.exception()
-        )
-
-    async def wait_schema(self) -> None:
-        if self.schema is not None and not self.schema_ready():
-            await asyncio.shield(self.schema)
-
-    def close(self) -> None:
-        for d in (self.delayed, self.leases, self.stuck_at):
-            d.close()
-        if self.sweep_timer is not None:
-            self.sweep_timer.cancel()
 
 
 def _now_ms(clock: Clock) -> int:
@@ -520,8 +348,8 @@ class JobsEngine:
         self.publish = publish
         self.listened = listened
         self._spawn = spawn or asyncio.ensure_future
-        self.queues: dict[str, _Queue] = {}
-        self._loading: dict[str, asyncio.Future[_Queue]] = {}
+        self.queues: dict[str, JobQueue] = {}
+        self._loading: dict[str, asyncio.Future[JobQueue]] = {}
         self._options: dict[str, QueueOptions] = {}
         # the options this engine wrote last for each queue (configure): what the store keeps, whatever a read of
         # the options under way meanwhile gives
@@ -723,7 +551,7 @@ class JobsEngine:
         self._pump_soon(q)
         return self._info(q)
 
-    async def _queue(self, name: str) -> _Queue:
+    async def _queue(self, name: str) -> JobQueue:
         q = self.queues.get(name)
         if q is not None:
             return q
@@ -738,7 +566,7 @@ class JobsEngine:
             if fut.done() and self._loading.get(name) is fut:
                 del self._loading[name]
 
-    async def _load(self, name: str) -> _Queue:
+    async def _load(self, name: str) -> JobQueue:
         opts = await self._stored_options(name)
         if opts is None:
             check_name("queue", name)
@@ -760,7 +588,7 @@ class JobsEngine:
                     )
                 ).rows[0][0]
             )
-        q = _Queue(self, name, opts, db)
+        q = JobQueue(self, name, opts, db)
         rows: list[list[Any]] = []
         if not made:
             q.schema = asyncio.gather(*(db.write(stmt, [], own=True) for stmt in SCHEMA))
@@ -775,7 +603,7 @@ class JobsEngine:
             ).rows
         now = self.clock.now()
         for jid, tenant, priority, run_at, state, attempts, fence, started_at, lease_until in rows:
-            e = _Entry(jid, tenant, priority, run_at / 1000, attempts=attempts, fence=fence)
+            e = Entry(jid, tenant, priority, run_at / 1000, attempts=attempts, fence=fence)
             q.entries[jid] = e
             if state == "running":
                 e.where = RUNNING
@@ -792,7 +620,7 @@ class JobsEngine:
                 q.leases.push(e.lease_until, (e, fence))
                 q.stuck_at.push(e.started_at + opts.expected, (e, fence))
             else:
-                self._place(q, e)
+                q.place(e)
         if self.closed:
             raise ClosedError("jobs: the store is stopping")
         # a configure that wrote while this load ran: its options, not the ones read at the load's start (trial Z:
@@ -815,213 +643,24 @@ class JobsEngine:
         if self.closed:
             raise ClosedError("jobs: the store is stopping")
 
-    # ------------------------------------------------------------------------------------------- index
-
-    def _place(self, q: _Queue, e: _Entry, front: bool = False) -> None:
-        """Put a waiting job where it belongs: due (ready, by tenant and priority) or delayed (a timer)."""
-        if e.run_at <= self.clock.now():
-            e.where = READY
-            prios = q.ready.get(e.tenant)
-            if prios is None:
-                prios = q.ready[e.tenant] = {}
-            line = prios.get(e.priority)
-            if line is None:
-                line = prios[e.priority] = deque()
-            if front:
-                line.appendleft(e)
-            else:
-                line.append(e)
-            self._refresh(q, e.tenant)
-        else:
-            e.where = DELAYED
-            q.delayed.push(e.run_at, e)
-
-    @staticmethod
-    def _head(q: _Queue, tenant: str) -> _Entry | None:
-        """The tenant's next due job (highest priority, first in), dropping what is no longer due in its lines."""
-        prios = q.ready.get(tenant)
-        if not prios:
-            q.ready.pop(tenant, None)
-            return None
-        for p in sorted(prios, reverse=True) if len(prios) > 1 else list(prios):
-            line = prios[p]
-            while line and (line[0].where != READY or q.entries.get(line[0].id) is not line[0]):
-                line.popleft()
-            if line:
-                return line[0]
-            del prios[p]
-        q.ready.pop(tenant, None)
-        return None
-
-    def _refresh(self, q: _Queue, tenant: str) -> None:
-        """Put the tenant in the heap of tenants with due jobs at its current key (-priority, last served);
-        a tenant at ``max_running_per_tenant`` waits aside until one of its jobs ends."""
-        if tenant in q.blocked:
-            return
-        head = self._head(q, tenant)
-        if head is None:
-            q.tenant_keys.pop(tenant, None)
-            return
-        key = (-head.priority, q.served.get(tenant, 0))
-        if q.tenant_keys.get(tenant) != key:
-            q.tenant_keys[tenant] = key
-            heapq.heappush(q.tenants, (key[0], key[1], tenant))
-
-    def _on_due(self, q: _Queue, e: _Entry) -> None:
+    def _on_due(self, q: JobQueue, e: Entry) -> None:
         if e.where == DELAYED and q.entries.get(e.id) is e:
             if e.run_at > self.clock.now():
                 q.delayed.push(e.run_at, e)
                 return
-            self._place(q, e)
+            q.place(e)
             self._pump(q)
 
-    @staticmethod
-    def _compact_ready(q: _Queue) -> None:
-        """Drop the ended jobs from the lines of due jobs, and the outdated keys from the heap of tenants. Both
-        are dropped lazily as a worker passes them, so with no worker (or behind a job that waits) cancelled jobs
-        stayed in memory. Called once there are more of them than live jobs: O(1) amortized a cancel."""
-        for prios in q.ready.values():
-            for line in prios.values():
-                # (a job whose cancel is being written keeps its place: should the write fail, it waits on there)
-                kept = [x for x in line if (x.where == READY or x.where == ENDING) and q.entries.get(x.id) is x]
-                if len(kept) != len(line):
-                    line.clear()
-                    line.extend(kept)
-        q.tenants = [(key[0], key[1], tenant) for tenant, key in q.tenant_keys.items()]
-        heapq.heapify(q.tenants)
-        q.stale_ready = 0
-
-    def _pick(self, q: _Queue, due_before: float) -> _Entry | None:
-        """The next job to run: a higher priority first; within it, the tenant served least recently (tenants never
-        served first, by name); tenants at ``max_running_per_tenant`` are passed over, and nothing runs past
-        ``max_running``. O(log tenants)."""
-        opts = q.options
-        if opts.max_running and q.running_total >= opts.max_running:
-            return None
-        if due_before:
-            return self._pick_due_before(q, due_before)
-        per_tenant = opts.max_running_per_tenant
-        heap = q.tenants
-        while heap:
-            neg_prio, served, tenant = heap[0]
-            if q.tenant_keys.get(tenant) != (neg_prio, served):
-                heapq.heappop(heap)  # stale: the tenant was served or its best priority changed since
-                continue
-            if per_tenant and q.running.get(tenant, 0) >= per_tenant:
-                heapq.heappop(heap)
-                del q.tenant_keys[tenant]
-                q.blocked.add(tenant)
-                continue
-            head = self._head(q, tenant)
-            if head is None or head.priority != -neg_prio:
-                heapq.heappop(heap)
-                del q.tenant_keys[tenant]
-                self._refresh(q, tenant)
-                continue
-            q.ready[tenant][head.priority].popleft()
-            self._serve(q, head)
-            return head
-        return None
-
-    def _pick_due_before(self, q: _Queue, due_before: float) -> _Entry | None:
-        """:meth:`_pick` for ``run_due``: only jobs due at or before ``due_before`` (a scan of the tenants)."""
-        per_tenant = q.options.max_running_per_tenant
-        best: _Entry | None = None
-        best_key: tuple[int, int, str] = (0, 0, "")
-        for tenant in list(q.ready):
-            if per_tenant and q.running.get(tenant, 0) >= per_tenant:
-                continue
-            head = self._head_due_before(q, tenant, due_before)
-            if head is None:
-                continue
-            key = (-head.priority, q.served.get(tenant, 0), tenant)
-            if best is None or key < best_key:
-                best, best_key = head, key
-        if best is not None:
-            q.ready[best.tenant][best.priority].popleft()
-            self._serve(q, best)
-        return best
-
-    @staticmethod
-    def _head_due_before(q: _Queue, tenant: str, due_before: float) -> _Entry | None:
-        """The tenant's next job due at or before ``due_before``: the highest priority whose line has one first (a
-        job of a higher priority made due again since, by a snooze or a retry, does not hide it)."""
-        prios = q.ready.get(tenant)
-        if not prios:
-            return None
-        for p in sorted(prios, reverse=True):
-            line = prios[p]
-            while line and (line[0].where != READY or q.entries.get(line[0].id) is not line[0]):
-                line.popleft()
-            if line and line[0].run_at <= due_before:
-                return line[0]
-        return None
-
-    def _serve(self, q: _Queue, e: _Entry) -> None:
-        """``e`` was picked: it counts as running from now, and its tenant moves back in the line."""
-        e.where = CLAIMING
-        e.counted = True
-        self._count(q, e, 1)
-        q.serve_count += 1
-        e.turn_before = q.served.get(e.tenant, -1)
-        e.turn = q.served[e.tenant] = q.serve_count
-        if len(q.served) >= q.served_compact_at:
-            self._compact_served(q)
-        self._refresh(q, e.tenant)
-
-    @staticmethod
-    def _compact_served(q: _Queue) -> None:
-        """Forget when tenants with no due or running job were last served, if that was before every tenant that has
-        one (and was served): such a tenant, back with a job, goes before those as it would have, and among the
-        tenants never served or forgotten, by name. Of the others with nothing to do, the :data:`COMPACT_MIN`
-        served most recently are kept; one forgotten among the rest, back, goes first as well, ahead of its due
-        turn by one job at most. Called once ``served`` doubled since the last look: O(1) amortized a claim, and
-        ``served`` holds about twice the tenants with jobs, plus :data:`COMPACT_MIN` (trial Z: one entry per tenant
-        ever served stayed until the store stopped; with a user id as the tenant, 400,000 tenants took some 50 MB;
-        trial AB: a tenant whose job runs for hours held every later one)."""
-        live = q.ready.keys() | q.running.keys()
-        served = q.served
-        floor = min((served[t] for t in live if t in served), default=math.inf)
-        kept = {t: n for t, n in served.items() if n >= floor or t in live}
-        idle = [(n, t) for t, n in kept.items() if t not in live]
-        if len(idle) > COMPACT_MIN:  # (a tenant whose job runs for hours holds the floor down)
-            idle.sort()
-            for _, t in idle[: len(idle) - COMPACT_MIN]:
-                del kept[t]
-        q.served = kept
-        q.served_compact_at = max(COMPACT_MIN, 2 * len(kept))
-
-    def _unserve(self, q: _Queue, e: _Entry) -> None:
-        """``e`` was picked, but its row turned out never written (placed early, see :meth:`_place_early`): its
-        tenant gets back the turn it had, unless it was served again since."""
-        if q.served.get(e.tenant) == e.turn:
-            if e.turn_before < 0:
-                del q.served[e.tenant]
-            else:
-                q.served[e.tenant] = e.turn_before
-            self._refresh(q, e.tenant)
-
-    def _count(self, q: _Queue, e: _Entry, delta: int) -> None:
-        n = q.running.get(e.tenant, 0) + delta
-        if n > 0:
-            q.running[e.tenant] = n
-        else:
-            q.running.pop(e.tenant, None)
-        q.running_total += delta
-        if delta < 0 and e.tenant in q.blocked:
-            q.blocked.discard(e.tenant)
-            self._refresh(q, e.tenant)
-
-    def _pump(self, q: _Queue) -> None:
+    def _pump(self, q: JobQueue) -> None:
         """Hand due jobs to waiting claims, first come first served, as far as the limits allow."""
         while q.waiters:
             w = q.waiters[0]
             if w.fut.done():
                 q.waiters.popleft()
                 continue
-            picked: list[_Entry] = []
+            picked: list[Entry] = []
             while len(picked) < w.n:
-                e = self._pick(q, w.due_before)
+                e = q.pick(w.due_before)
                 if e is None:
                     break
                 picked.append(e)
@@ -1031,21 +670,21 @@ class JobsEngine:
             w.claiming = True
             self._claim(q, w, picked)
 
-    def _pump_soon(self, q: _Queue) -> None:
+    def _pump_soon(self, q: JobQueue) -> None:
         """:meth:`_pump` once the callbacks ready now have run: the adds and ends written in one commit all reach the
         index first, so a waiting claim takes them in one write rather than one job at a time."""
         if not q.pump_soon:
             q.pump_soon = True
             self.loop.call_soon(self._pump_later, q)
 
-    def _pump_later(self, q: _Queue) -> None:
+    def _pump_later(self, q: JobQueue) -> None:
         q.pump_soon = False
         if not self.closed:
             self._pump(q)
 
     # ------------------------------------------------------------------------------------------- claims
 
-    def _claim(self, q: _Queue, w: _Waiter, picked: list[_Entry]) -> None:
+    def _claim(self, q: JobQueue, w: Waiter, picked: list[Entry]) -> None:
         now = self.clock.now()
         local = bool(getattr(w.peer, "local", False))
         lease_until = math.inf if local else now + q.options.lease
@@ -1061,9 +700,9 @@ class JobsEngine:
 
     def _claimed(
         self,
-        q: _Queue,
-        w: _Waiter,
-        picked: list[_Entry],
+        q: JobQueue,
+        w: Waiter,
+        picked: list[Entry],
         now: float,
         lease_until: float,
         f: asyncio.Future[Any],
@@ -1073,14 +712,14 @@ class JobsEngine:
             for e in picked:
                 if e.where == CLAIMING:
                     e.counted = False
-                    self._count(q, e, -1)
+                    q.count(e, -1)
                     if e.unwritten == UNWRITTEN:  # placed early, and its row was not written either
-                        self._unserve(q, e)
+                        q.unserve(e)
                         e.where = GONE
                         if q.entries.get(e.id) is e:
                             del q.entries[e.id]
                         continue
-                    self._place(q, e, front=True)
+                    q.place(e, front=True)
             if not w.fut.done():
                 w.fut.set_exception(err or ClosedError("jobs: the claim failed"))
             self._pump(q)
@@ -1124,9 +763,9 @@ class JobsEngine:
         for e in by_id.values():  # the row was not claimable after all: forget it
             if e.counted:
                 e.counted = False
-                self._count(q, e, -1)
+                q.count(e, -1)
             if e.unwritten:
-                self._unserve(q, e)  # (placed early: nothing ran, the turn was not taken)
+                q.unserve(e)  # (placed early: nothing ran, the turn was not taken)
             e.where = GONE
             if q.entries.get(e.id) is e:
                 del q.entries[e.id]
@@ -1179,7 +818,7 @@ class JobsEngine:
         if not 1 <= req.n <= 1000:
             raise InvalidError(f"queue {req.queue}: claim: n = {req.n} is not between 1 and 1000")
         loop = self.loop
-        w = _Waiter(peer, req.n, req.worker, req.due_before_ms / 1000, loop.create_future(), req.token)
+        w = Waiter(peer, req.n, req.worker, req.due_before_ms / 1000, loop.create_future(), req.token)
         q.waiters.append(w)
         self._pump(q)
         handle: asyncio.TimerHandle | None = None
@@ -1265,7 +904,7 @@ class JobsEngine:
             return [a.id for a in attempts]
         return self.renew(peer, queue, attempts)
 
-    def _on_lease(self, q: _Queue, e: _Entry, fence: int) -> None:
+    def _on_lease(self, q: JobQueue, e: Entry, fence: int) -> None:
         if e.fence != fence or q.entries.get(e.id) is not e:
             return
         if e.where == ENDING:
@@ -1283,7 +922,7 @@ class JobsEngine:
             peer.push(CANCEL_PUSH, CancelRun(queue=q.name, id=e.id, fence=fence, reason="lost"))
         self._track(self._lease_ran_out(q, e, fence))
 
-    async def _lease_ran_out(self, q: _Queue, e: _Entry, fence: int) -> None:
+    async def _lease_ran_out(self, q: JobQueue, e: Entry, fence: int) -> None:
         """End a lost attempt as failed; when that write fails (not at close), try again a second later, so a
         lost attempt never stays running."""
         try:
@@ -1294,7 +933,7 @@ class JobsEngine:
             log.warning("queue %s: job %s: ending the lost attempt failed (%s); trying again", q.name, e.id, exc)
             q.leases.push(self.clock.now() + 1.0, (e, fence))
 
-    def _on_stuck(self, q: _Queue, e: _Entry, fence: int) -> None:
+    def _on_stuck(self, q: JobQueue, e: Entry, fence: int) -> None:
         if e.fence != fence or e.stuck or q.entries.get(e.id) is not e:
             return
         if e.where == ENDING:
@@ -1319,38 +958,35 @@ class JobsEngine:
 
     # ------------------------------------------------------------------------------------------- ends
 
-    def _begin_write(self, e: _Entry) -> asyncio.Future[None]:
+    def _begin_write(self, e: Entry) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self.loop.create_future()
         e.busy = fut
         return fut
 
-    def _end_write(self, e: _Entry, fut: asyncio.Future[None]) -> None:
+    def _end_write(self, e: Entry, fut: asyncio.Future[None]) -> None:
         if e.busy is fut:
             e.busy = None
         if not fut.done():
             fut.set_result(None)
 
-    def _settle(self, q: _Queue, e: _Entry, state: str, run_at: float | None) -> None:
+    def _settle(self, q: JobQueue, e: Entry, state: str, run_at: float | None) -> None:
         """The row of ``e`` is now ``state``: move the index with it."""
         if e.counted:
             e.counted = False
-            self._count(q, e, -1)
+            q.count(e, -1)
         e.peer = None
         if state in ENDED:
             e.where = GONE
-            if q.entries.get(e.id) is e:
-                del q.entries[e.id]
-            if q.stale_ready >= COMPACT_MIN and q.stale_ready > len(q.entries):
-                self._compact_ready(q)
+            q.drop(e)
             self._arm_sweep(q, self.clock.now() + q.options.keep)
         else:
             if run_at is not None:
                 e.run_at = run_at
-            self._place(q, e)
+            q.place(e)
         self._pump_soon(q)
 
     def _fail_now(
-        self, q: _Queue, e: _Entry, error: str, after: float | None, progress: str | None = None
+        self, q: JobQueue, e: Entry, error: str, after: float | None, progress: str | None = None
     ) -> asyncio.Future[bool]:
         """A failed attempt (a raise, a timeout, a lost worker, ``run.retry``): retried after the backoff (or
         ``after``), or ``dead`` when it was the last attempt. The future as :meth:`_end_now`'s."""
@@ -1364,8 +1000,8 @@ class JobsEngine:
 
     def _end_now(
         self,
-        q: _Queue,
-        e: _Entry,
+        q: JobQueue,
+        e: Entry,
         fence: int,
         state: str,
         *,
@@ -1435,7 +1071,7 @@ class JobsEngine:
         written.add_done_callback(done)
         return out
 
-    def _write_ending(self, q: _Queue, values: list[Any]) -> asyncio.Future[tuple[Any, ...] | None]:
+    def _write_ending(self, q: JobQueue, values: list[Any]) -> asyncio.Future[tuple[Any, ...] | None]:
         """Write one attempt's end (``values`` as in :data:`END_MANY`'s rows); the future gets the row's
         ``(attempts, progress, errors)`` after the change, or ``None`` when the attempt was not the job's current
         running one. The ends asked for in one loop turn go to the writer as one statement."""
@@ -1446,7 +1082,7 @@ class JobsEngine:
         q.ends.append((values, fut))
         return fut
 
-    def _flush_ends(self, q: _Queue) -> None:
+    def _flush_ends(self, q: JobQueue) -> None:
         ends, q.ends = q.ends, []
         if len(ends) == 1 or len({v[0] for v, _ in ends}) < len(ends):
             for values, fut in ends:
@@ -1455,7 +1091,7 @@ class JobsEngine:
         for i in range(0, len(ends), END_CHUNK):
             self._end_many(q, ends[i : i + END_CHUNK])
 
-    def _end_one(self, q: _Queue, values: list[Any], fut: asyncio.Future[tuple[Any, ...] | None]) -> None:
+    def _end_one(self, q: JobQueue, values: list[Any], fut: asyncio.Future[tuple[Any, ...] | None]) -> None:
         jid, fence, state, run_at, error, entry, result, progress, finished, uncount = values
         w = q.db.write(
             END_ONE, [state, run_at, error, entry, entry, result, progress, finished, uncount, jid, fence], own=True
@@ -1474,7 +1110,7 @@ class JobsEngine:
 
         w.add_done_callback(done)
 
-    def _end_many(self, q: _Queue, ends: list[tuple[list[Any], asyncio.Future[tuple[Any, ...] | None]]]) -> None:
+    def _end_many(self, q: JobQueue, ends: list[tuple[list[Any], asyncio.Future[tuple[Any, ...] | None]]]) -> None:
         marks = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(ends))
         w = q.db.write(END_MANY.format(marks=marks), [v for values, _ in ends for v in values], own=True)
 
@@ -1491,7 +1127,7 @@ class JobsEngine:
 
         w.add_done_callback(done)
 
-    async def _trim_errors(self, q: _Queue, jid: str) -> None:
+    async def _trim_errors(self, q: JobQueue, jid: str) -> None:
         rows = (await q.db.read(f"select errors from {TABLE} where id = ?", [jid], "one")).rows
         if rows and rows[0][0]:
             kept = _json_decode(rows[0][0])[-ERRORS_KEPT:]
@@ -1730,7 +1366,7 @@ class JobsEngine:
         self._check_open()
         return self._insert_soon(q, self._new_rows(queue, jobs))
 
-    def _insert_soon(self, q: _Queue, rows: list[list[Any]]) -> Later:
+    def _insert_soon(self, q: JobQueue, rows: list[list[Any]]) -> Later:
         """Write ``rows`` (at most :data:`CHUNK`) and put the new jobs in the index; the future gets their ids. The
         adds asked for in one loop turn go to the writer as one statement (a statement that fails is tried again
         one add at a time, so an add fails only for its own rows). Once handed over, the rows are written (and
@@ -1743,7 +1379,7 @@ class JobsEngine:
         q.adds.append((rows, fut))
         return fut
 
-    def _flush_adds(self, q: _Queue) -> None:
+    def _flush_adds(self, q: JobQueue) -> None:
         adds, q.adds = q.adds, []
         group: list[tuple[list[list[Any]], Later]] = []
         size = 0
@@ -1756,7 +1392,7 @@ class JobsEngine:
         if group:
             self._insert_group(q, group)
 
-    def _insert_group(self, q: _Queue, group: list[tuple[list[list[Any]], Later]], early: bool = True) -> None:
+    def _insert_group(self, q: JobQueue, group: list[tuple[list[list[Any]], Later]], early: bool = True) -> None:
         rows = [r for batch, _ in group for r in batch]
         w = q.db.write(*self._insert(rows), own=True)
         placed = self._place_early(q, rows) if early else []
@@ -1781,7 +1417,7 @@ class JobsEngine:
 
         w.add_done_callback(done)
 
-    def _place_early(self, q: _Queue, rows: list[list[Any]]) -> list[_Entry]:
+    def _place_early(self, q: JobQueue, rows: list[list[Any]]) -> list[Entry]:
         """When a claim waits for jobs and ``rows`` are all due, put them in the index while their insert is still
         on its way to the writer, and hand them to the waiting claims at once: the claim's write follows the
         insert's in the same commit, and the job starts one commit (one fsync) sooner. Returns the entries placed
@@ -1791,20 +1427,20 @@ class JobsEngine:
         now_ms = _ms(self.clock.now())
         if any(r[8] > now_ms for r in rows):
             return []
-        placed: list[_Entry] = []
+        placed: list[Entry] = []
         for jid, _, _, tenant, _, _, priority, _, run_at, _ in rows:
-            e = _Entry(jid, tenant, priority, run_at / 1000, unwritten=INSERTING)
+            e = Entry(jid, tenant, priority, run_at / 1000, unwritten=INSERTING)
             q.entries[jid] = e
-            self._place(q, e)
+            q.place(e)
             placed.append(e)
         self._pump(q)
         return placed
 
-    def _written_early(self, q: _Queue, placed: list[_Entry], written: set[str]) -> None:
+    def _written_early(self, q: JobQueue, placed: list[Entry], written: set[str]) -> None:
         """The insert of jobs placed early was answered: those whose rows it wrote (ids in ``written``) are queued
         (their event goes out before the claim's); one whose idempotency key another job holds was not written, and
         leaves the index."""
-        gone: list[_Entry] = []
+        gone: list[Entry] = []
         for e in placed:
             if e.id in written:
                 e.unwritten = 0
@@ -1814,7 +1450,7 @@ class JobsEngine:
         if gone:
             self._unplace(q, gone)
 
-    def _unplace(self, q: _Queue, placed: list[_Entry]) -> None:
+    def _unplace(self, q: JobQueue, placed: list[Entry]) -> None:
         """Jobs placed early whose rows were not written (a failed insert, or a key another job holds) leave the
         index. One being claimed is left to its claim, which finds no row to claim and drops it."""
         for e in placed:
@@ -1857,15 +1493,15 @@ class JobsEngine:
             ids.append(got)
         return ids, new
 
-    def _added(self, q: _Queue, rows: list[list[Any]]) -> None:
+    def _added(self, q: JobQueue, rows: list[list[Any]]) -> None:
         if self.closed or self.queues.get(q.name) is not q:
             return
         for jid, _, _, tenant, _, _, priority, _, run_at, _ in rows:
             if jid in q.entries:
                 continue
-            e = _Entry(jid, tenant, priority, run_at / 1000)
+            e = Entry(jid, tenant, priority, run_at / 1000)
             q.entries[jid] = e
-            self._place(q, e)
+            q.place(e)
             self._event(q, "state", jid, "queued", None, 0, None)
         self._pump_soon(q)
 
@@ -1899,7 +1535,7 @@ class JobsEngine:
             sql_state = "('queued', 'failed', 'running')"
         else:
             if e.where == READY:
-                q.stale_ready += 1  # it stays in its line until passed (or _compact_ready)
+                q.stale_ready += 1  # it stays in its line until passed (or JobQueue.compact_ready)
             e.where = ENDING
             sql_state = "('queued', 'failed')"
         busy = self._begin_write(e)
@@ -1912,14 +1548,14 @@ class JobsEngine:
             )
         except BaseException:
             if e.where == ENDING:
-                self._place(q, e)
+                q.place(e)
             e.cancel_queued = False
             self._end_write(e, busy)
             raise
         self._end_write(e, busy)
         if not done.rows:
             if e.where == ENDING:
-                self._place(q, e)
+                q.place(e)
             return False
         attempts, prog, fence = done.rows[0]
         peer = e.peer
@@ -1947,9 +1583,9 @@ class JobsEngine:
         if not done.rows or jid in q.entries:
             return bool(done.rows)
         tenant, priority, prog = done.rows[0]
-        e = _Entry(jid, tenant, priority, now_ms / 1000)
+        e = Entry(jid, tenant, priority, now_ms / 1000)
         q.entries[jid] = e
-        self._place(q, e)
+        q.place(e)
         self._event(q, "state", jid, "queued", _json_decode(prog) if prog else None, 0, None)
         self._notify(q, jid)
         self._pump(q)
@@ -1957,7 +1593,7 @@ class JobsEngine:
 
     # ------------------------------------------------------------------------------------------- reads
 
-    def _row(self, q: _Queue | None, r: Sequence[Any]) -> JobRow:
+    def _row(self, q: JobQueue | None, r: Sequence[Any]) -> JobRow:
         (
             jid,
             queue,
@@ -2036,7 +1672,7 @@ class JobsEngine:
         ``"stuck"`` lists running jobs past their expected time. Raises ``InvalidError`` for a bad filter."""
         check_list(req.queue, req)
         names = [req.queue] if req.queue else await self.queue_names()
-        found: list[tuple[str, int, _Queue]] = []  # (id, bytes of its row, its queue)
+        found: list[tuple[str, int, JobQueue]] = []  # (id, bytes of its row, its queue)
         for name in names:
             q = await self._queue(name)
             await q.wait_schema()
@@ -2071,7 +1707,7 @@ class JobsEngine:
         # a page holds at most `limit` jobs, and no more bytes than half a frame (or of a SQL result): a page of
         # large jobs is shorter, never refused; its `next` goes on from its last job
         budget = min(self.limits.frame_body_bytes, self.limits.sql_result_bytes) // 2
-        take: list[tuple[str, int, _Queue]] = []
+        take: list[tuple[str, int, JobQueue]] = []
         total = 0
         for item in found[: req.limit]:
             if take and total + item[1] > budget:
@@ -2121,7 +1757,7 @@ class JobsEngine:
                 if not lst:
                     del q.watchers[jid]
 
-    def _notify(self, q: _Queue, jid: str) -> None:
+    def _notify(self, q: JobQueue, jid: str) -> None:
         for fut in q.watchers.pop(jid, ()):
             if not fut.done():
                 fut.set_result(None)
@@ -2129,7 +1765,7 @@ class JobsEngine:
     # ------------------------------------------------------------------------------------------- events, keep
 
     def _event(
-        self, q: _Queue, kind: str, jid: str, state: str, progress: Any, attempts: int, error: str | None
+        self, q: JobQueue, kind: str, jid: str, state: str, progress: Any, attempts: int, error: str | None
     ) -> None:
         """Publish a job event on ``tinystore-jobs`` under ``(queue, job id)`` when channels are there (and, when
         ``listened`` can tell, when somebody could hear it: an event nobody can get is not even encoded)."""
@@ -2146,7 +1782,7 @@ class JobsEngine:
         except Exception as exc:  # an event that cannot go out never harms the job
             log.debug("queue %s: job %s: event not published: %s", q.name, jid, exc)
 
-    def _arm_sweep(self, q: _Queue, when: float) -> None:
+    def _arm_sweep(self, q: JobQueue, when: float) -> None:
         if when >= q.sweep_when or self.closed:
             return
         if q.sweep_timer is not None:
@@ -2154,7 +1790,7 @@ class JobsEngine:
         q.sweep_when = when
         q.sweep_timer = self.clock.call_at(when, lambda: self._track(self._sweep(q)))
 
-    async def _sweep(self, q: _Queue) -> None:
+    async def _sweep(self, q: JobQueue) -> None:
         """Delete ended jobs older than ``keep`` (their keys go with them), then wait for the next to come due."""
         q.sweep_timer = None
         q.sweep_when = math.inf
@@ -2183,7 +1819,7 @@ class JobsEngine:
 
     # ------------------------------------------------------------------------------------------- status, close
 
-    def _info(self, q: _Queue) -> QueueInfo:
+    def _info(self, q: JobQueue) -> QueueInfo:
         counts = {"queued": 0, "delayed": 0, "running": q.running_total}
         stuck = 0
         for e in q.entries.values():
