@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,21 @@ async def test_a_connect_cancelled_in_the_handshake_closes_its_connection(caplog
     finally:
         server.close()
         await server.wait_closed()
+
+
+# contract: STORE-01
+@pytest.mark.parametrize("after", [0.02, 0.15, 0.4])
+async def test_a_private_open_cancelled_while_its_server_starts_leaves_no_owner(tmp_path: Path, after: float) -> None:
+    """Trial AH: ``open(dir, private=True)`` cancelled (a ``wait_for`` timeout) while its child server started left
+    the child running and owning the directory until this process ended: every later private open of it in this
+    process failed with InUseError."""
+    directory = tmp_path / "s"
+    try:
+        store = await asyncio.wait_for(tinystore.open(directory, private=True), after)
+    except TimeoutError:
+        pass
+    else:
+        await store.close()  # (started within the time: nothing was cancelled)
+    async with await tinystore.open(directory, private=True) as store:
+        db = await store.database("app")
+        assert await db.scalar("select 1") == 1

@@ -87,7 +87,7 @@ from ..protocol.jobs import (
 from ..protocol.jobs import List as ListRequest
 from ..protocol.store import Empty
 from ..protocol.values import json_problem, valid_text
-from .sql import _active
+from .sql import in_open_tx
 
 if TYPE_CHECKING:
     from .sql import Database, SqlTx
@@ -1166,7 +1166,7 @@ class Queue(Generic[T]):
         """Refuse a call that writes to this queue's database from inside a transaction of that database (it
         would wait for the transaction, which waits for it)."""
         info = self._info
-        if info is not None and info.options.database and (id(self.store), info.options.database) in _active.get():
+        if info is not None and info.options.database and in_open_tx((id(self.store), info.options.database)):
             raise InvalidError(
                 f"queue {self.name}: {what} inside a transaction of database {info.options.database}, where the "
                 "queue's jobs live, would wait for itself; call it outside the transaction"

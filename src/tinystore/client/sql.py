@@ -6,8 +6,9 @@ import asyncio
 import contextvars
 import inspect
 import os
+import types
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
@@ -28,9 +29,27 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 R = TypeVar("R")
 
-_active: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.ContextVar(
-    "tinystore_tx", default=frozenset()
+
+class _TxMark:
+    """A writing transaction of ``db.tx`` whose ``fn`` runs (``open``), as the context of ``fn`` sees it: a task
+    started inside ``fn`` inherits the mark, and is free of it once ``fn`` has returned or raised."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open = True
+
+
+_active: contextvars.ContextVar[Mapping[tuple[int, str], _TxMark]] = contextvars.ContextVar(
+    "tinystore_tx", default=types.MappingProxyType({})
 )
+
+
+def in_open_tx(key: tuple[int, str]) -> bool:
+    """Whether this context runs inside the ``fn`` of a writing ``db.tx`` of the database ``key`` (``(id(store),
+    name)``) that is still open: a write to that database would wait for the writer the transaction holds."""
+    mark = _active.get().get(key)
+    return mark is not None and mark.open
 
 
 def read_migrations(
@@ -220,7 +239,7 @@ class Database(_Runner):
         return f"<tinystore.Database {self.name} of {self.store!r}>"
 
     def _no_tx(self, what: str) -> None:
-        if self._key in _active.get():
+        if in_open_tx(self._key):
             raise InvalidError(
                 f"database {self.name}: {what} inside a transaction of the same database would wait for itself; "
                 "use the transaction's own calls (tx.exec, tx.one, ...)"
@@ -282,7 +301,9 @@ class Database(_Runner):
         a moment after the cancel.
         Calling ``db.exec`` or a ``db.tx`` that writes on the same database inside a transaction that writes
         raises ``InvalidError`` (it would wait for the writer its own transaction holds); a read-only
-        transaction holds no writer, and anything may be called inside it or around it. On one of
+        transaction holds no writer, and anything may be called inside it or around it. So does a task started
+        inside ``fn`` (a subscription's handler, a worker) while ``fn`` runs; once ``fn`` has returned or raised,
+        such a task writes as any other. On one of
         the store's own databases (``tinystore-…``) only ``read_only=True`` is allowed, else
         ``PermissionDeniedError``.
         """
@@ -299,8 +320,9 @@ class Database(_Runner):
             self._no_tx("tx")
         tx_id: int = await self.store._call("sql.begin", Begin(self.name, read_only), int, undo=self._unwanted_tx)
         tx = SqlTx(self, tx_id, read_only)
+        mark = _TxMark()
         active = _active.get()
-        token = _active.set(active if read_only else active | {self._key})
+        token = _active.set(active if read_only else {**active, self._key: mark})
         try:
             try:
                 result = fn(tx)
@@ -316,9 +338,11 @@ class Database(_Runner):
             if inspect.isawaitable(result):
                 result = await result
         except BaseException:
+            mark.open = False
             _active.reset(token)
             await tx._rollback()
             raise
+        mark.open = False
         _active.reset(token)
         await tx._commit()
         return result

@@ -116,7 +116,8 @@ class Store:
         self.transport = transport
         self.mode = mode
         self.directory = directory
-        self.limits = limits or Limits()
+        self._limits = limits or Limits()
+        self._server_limits: tuple[str, Limits] | None = None  # the last Welcome's limits, read
         self._core = core
         self._child = child
         self._closed = False
@@ -129,6 +130,27 @@ class Store:
         self._close_hooks: list[Any] = []
         self._undoing: set[asyncio.Task[Any]] = set()  # calls that give back what a cancelled call was handed
         self._close_task: asyncio.Task[None] | None = None
+
+    @property
+    def limits(self) -> Limits:
+        """The :class:`~tinystore.Limits` the store's server holds to: those it was started with (by this call's
+        ``limits``, or by whoever started it), as its handshake tells them; the SDK checks values against them
+        before it sends them (a job's value, a message, a lock's ttl)."""
+        if self._core is not None:
+            limits: Limits = self._core.limits
+            return limits
+        welcome = getattr(self.transport, "welcome", None)
+        text = getattr(welcome, "limits", "")
+        if not text:
+            return self._limits
+        known = self._server_limits
+        if known is None or known[0] != text:
+            try:
+                known = (text, Limits.from_json(text))
+            except InvalidError:  # (a server of another version: its fields differ)
+                known = (text, self._limits)
+            self._server_limits = known
+        return known[1]
 
     async def _call(
         self,
@@ -384,7 +406,9 @@ async def open(
 
     ``durability``: ``"full"`` (each commit on disk before it returns) or ``"os"``. ``clock``: a datetime
     to start a test clock at (private and embedded only; then ``await store.clock.advance("1h")``).
-    ``limits``: :class:`~tinystore.Limits` (private and embedded, or a sidecar this call starts). ``serve``
+    ``limits``: :class:`~tinystore.Limits` (private and embedded, or a sidecar this call starts; a server found
+    running keeps those it was started with, and so does its ``durability``: a warning on the ``tinystore.client``
+    logger names what differs, and :attr:`Store.limits` shows what the server holds to). ``serve``
     (embedded only; default ``True``). ``reconnect_timeout``: how long a call waits for the server to come back
     (a duration: seconds, a timedelta or text such as ``"30s"``; sidecar and private only; default 30 s), as
     :func:`connect` takes it.
@@ -393,6 +417,9 @@ async def open(
     (the server could not be started or reached), ``InvalidError`` (bad options; an empty ``directory``, which
     is not taken to mean the current directory: pass ``"."`` for that), ``PermissionDeniedError`` (this process
     may not write or enter the directory, or reach the socket of a server another user runs).
+
+    Cancelled, it leaves no connection open; a private server it was starting is stopped, an embedded store's
+    engines are closed; a sidecar it started stays, and exits after ``idle`` without connections.
     """
     try:
         text = os.fspath(directory)
@@ -496,9 +523,16 @@ def _limits_args(limits: Limits | None) -> list[str]:
 
 
 async def _spawn_private(cmd: list[str]) -> subprocess.Popen[bytes]:
-    """Start a private server and wait for its ``ready`` line; raise the error it printed otherwise."""
+    """Start a private server and wait for its ``ready`` line; raise the error it printed otherwise. Cancelled
+    meanwhile, it stops the child (which would own the directory until this process ends) before it re-raises."""
     child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    line = await asyncio.to_thread(_read_ready, child)
+    try:
+        line = await asyncio.to_thread(_read_ready, child)
+    except BaseException:
+        child.terminate()
+        # (shielded: a second cancel does not leave the child unreaped; the thread goes on either way)
+        await asyncio.shield(asyncio.to_thread(_reap, child, 10.0))
+        raise
     if not line.startswith("ready"):
         raise await asyncio.to_thread(_child_error, child)
     threading.Thread(target=_drain_stderr, args=(child,), daemon=True).start()
@@ -630,7 +664,35 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
             if not served.found or attempt == 4:
                 raise
             await asyncio.sleep(0.05 * 2**attempt)
-    return Store(transport, mode="sidecar", directory=path, limits=limits)
+    store = Store(transport, mode="sidecar", directory=path, limits=limits)
+    _warn_if_not_as_asked(store, limits, durability)
+    return store
+
+
+def _warn_if_not_as_asked(store: Store, limits: Limits | None, durability: str) -> None:
+    """Log a warning when the server this call found running holds to other limits or another durability than
+    the call asked for: those of its start hold (``store.limits`` shows them), not this call's."""
+    welcome = getattr(store.transport, "welcome", None)
+    if welcome is None:
+        return
+    differ: list[str] = []
+    if limits is not None and welcome.limits:
+        held = store.limits
+        differ += [
+            f"{name} {getattr(held, name)!r} (asked {getattr(limits, name)!r})"
+            for name in limits.__struct_fields__
+            if getattr(held, name) != getattr(limits, name)
+        ]
+    if welcome.durability and welcome.durability != durability:
+        differ.append(f"durability {welcome.durability!r} (asked {durability!r})")
+    if differ:
+        logging.getLogger("tinystore.client").warning(
+            "store %s: its server (pid %s) was running already, started with other settings, which hold: %s; "
+            "stop it (tinystore stop DIR) to start one with these",
+            store.directory,
+            welcome.pid,
+            ", ".join(differ),
+        )
 
 
 def _gone(path: str | Path) -> UnavailableError:

@@ -27,6 +27,8 @@ class Welcome(msgspec.Struct, kw_only=True):
     max_body: int
     pid: int
     test_clock: bool = False
+    limits: str = ""  # the server's Limits (Limits.to_json), which its engines hold to; "" from an older server
+    durability: str = ""  # the server's durability ("full" or "os"); "" from an older server
 
 
 class ErrorBody(msgspec.Struct, kw_only=True):

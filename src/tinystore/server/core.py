@@ -107,6 +107,7 @@ class Core:
         self.directory = Path(directory).resolve()
         self.clock = clock or Clock()
         self.limits = limits or Limits()
+        self.limits_json = self.limits.to_json()  # told to each client in its Welcome
         self.durability = durability
         self.methods: dict[str, Method] = {}
         self.sessions: dict[int, Session] = {}

@@ -402,6 +402,8 @@ class ServerConnection(asyncio.Protocol):
                 max_body=self.conn.max_body,
                 pid=os.getpid(),
                 test_clock=self.core.clock.is_test,
+                limits=self.core.limits_json,
+                durability=self.core.durability,
             )
         )
         self.write(self.conn.send_welcome(body))
