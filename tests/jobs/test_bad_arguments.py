@@ -170,6 +170,10 @@ async def test_what_a_handler_hands_back_is_checked(store: tinystore.Store) -> N
         "permanent-int": lambda run: _raise(tinystore.PermanentError(5)),  # type: ignore[arg-type]
         "permanent-text": lambda run: _raise(tinystore.PermanentError("not a PDF")),
         "step-none": lambda run: run.step(None, lambda: 1),
+        # trial AH: each was a bare TypeError or msgspec.ValidationError, and a result that did not fit was kept
+        "step-fn-none": lambda run: run.step("s", None),
+        "step-type-5": lambda run: run.step("s", lambda: 1, type=5),
+        "step-misfit": lambda run: run.step("s", lambda: "abc", type=int),
         "retry-soon": lambda run: run.retry("soon"),
     }
     ids = {name: await q.add({"case": name}) for name in cases}
@@ -186,6 +190,7 @@ async def test_what_a_handler_hands_back_is_checked(store: tinystore.Store) -> N
         job = await q.get(jid)
         assert job is not None
         got[name] = (job.state, (job.error or "").replace(jid, "<id>"))
+    assert (await q.get(ids["step-misfit"])).steps == {}  # nothing kept: the next attempt runs the step again
     assert got == {
         # a reason that is not a str is the handler's error: a failed attempt, retried
         # (trial Z: run.fail(None) and run.fail() were retried, while PermanentError(None) ended the job)
@@ -207,6 +212,18 @@ async def test_what_a_handler_hands_back_is_checked(store: tinystore.Store) -> N
             "failed",
             "InvalidError: queue hq: job <id>: step name None: a str of 1 to 256 characters, "
             "without quotes or backslashes",
+        ),
+        "step-fn-none": (
+            "failed",
+            "InvalidError: queue hq: job <id>: step 's': fn must be a function called with no arguments, not None",
+        ),
+        "step-type-5": (
+            "failed",
+            "InvalidError: queue hq: job <id>: step 's': type 5 is not a type a result can be read as (Type '5' is not supported)",
+        ),
+        "step-misfit": (
+            "failed",
+            "InvalidError: queue hq: job <id>: step 's': its result (not kept) 'abc' does not fit int: Expected `int`, got `str`",
         ),
         "retry-soon": (
             "failed",

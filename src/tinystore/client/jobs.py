@@ -279,6 +279,18 @@ class JobPage(Generic[T]):
     next: str | None
 
 
+def _as_step_type(value: Any, type: Any, what: str) -> Any:
+    """A step's result ``value`` (as JSON decodes it) as ``type`` (as it is when ``None``); ``InvalidError`` naming
+    ``what`` when it does not fit."""
+    if type is None:
+        return value
+    try:
+        return msgspec.convert(value, type, strict=False)
+    except msgspec.ValidationError as exc:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise InvalidError(f"{what} {shown} does not fit {getattr(type, '__name__', type)}: {exc}") from None
+
+
 class Run:
     """What a handler gets beside the value: the attempt, and ways to report on it.
 
@@ -331,20 +343,32 @@ class Run:
         result (JSON, at most 1 MiB) on the job, and return it. The result comes back as JSON decodes it (or as
         ``type`` when given), the same on the first run and on a resumed one.
 
-        Raises what ``fn`` raises (nothing is kept then), ``InvalidError`` (a result that is not JSON, a bad
-        name, a call from inside a transaction of the queue's own database), ``LimitError``, ``LostError``
-        (the attempt is no longer current: the job was cancelled or taken by another worker; the step's result
-        was not kept). A cancel while ``fn`` runs keeps nothing.
+        Raises what ``fn`` raises (nothing is kept then), ``InvalidError`` (a result that is not JSON, or that does
+        not fit ``type``: nothing is kept then either; a kept result that does not fit ``type``; a bad name, an
+        ``fn`` that is not callable, a ``type`` msgspec cannot convert to, a call from inside a transaction of the
+        queue's own database), ``LimitError``, ``LostError`` (the attempt is no longer current: the job was
+        cancelled or taken by another worker; the step's result was not kept). A cancel while ``fn`` runs keeps
+        nothing.
         """
         check_step_name(self._where, name)
+        where = f"queue {self.queue}: job {self.job_id}: step {name!r}"
+        if not callable(fn):
+            raise InvalidError(f"{where}: fn must be a function called with no arguments, not {fn!r}")
+        if type is not None:
+            try:
+                msgspec.json.Decoder(type)
+            except TypeError as exc:
+                raise InvalidError(f"{where}: type {type!r} is not a type a result can be read as ({exc})") from None
         if name in self._steps:
             kept = self._steps[name]
-            return msgspec.convert(kept, type, strict=False) if type is not None else kept
+            return _as_step_type(kept, type, f"{where}: its result, kept by an earlier attempt,")
         self._a.runner.queue._not_in_own_tx(f"step {name!r}")
         result = fn()
         if inspect.isawaitable(result):
             result = await result
         text = _json(result, f"queue {self.queue}: job {self.job_id}: the result of step {name!r}")
+        if type is not None:
+            _as_step_type(msgspec.json.decode(text), type, f"{where}: its result (not kept)")
         ok = await self._a.runner.call(
             "jobs.step",
             Step(queue=self.queue, id=self.job_id, fence=self.fence, name=name, result=text),
@@ -357,7 +381,7 @@ class Run:
             )
         value = msgspec.json.decode(text)
         self._steps[name] = value
-        return msgspec.convert(value, type, strict=False) if type is not None else value
+        return _as_step_type(value, type, f"{where}: its result")
 
     def retry(self, after: Duration | None = None) -> Outcome:
         """Return this from the handler to fail this attempt and retry the job after ``after`` (default: the
