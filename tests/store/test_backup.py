@@ -179,7 +179,7 @@ async def test_one_backup_at_a_time_and_a_cancelled_call_leaves_the_copy_going(
         await store.backup(tmp_path / "two")  # and the next one may start
 
 
-async def test_odd_destinations_are_named_not_internal_errors(tmp_path: Path) -> None:
+async def test_odd_destinations_are_named_not_internal_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Trial AE: a NUL or an over-long name gave 'internal error', a dangling symlink 'File exists', and an empty
     folder of another user was taken as it was (its mode kept, its owner free to change the copy)."""
     elsewhere = tmp_path / "elsewhere"
@@ -187,6 +187,9 @@ async def test_odd_destinations_are_named_not_internal_errors(tmp_path: Path) ->
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     os.chown(foreign, 65534, 65534)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     async with open_store("embedded", tmp_path / "s") as store:
         await (await store.database("app")).exec("create table t (x)")
         for dest, error, words in (
@@ -194,10 +197,15 @@ async def test_odd_destinations_are_named_not_internal_errors(tmp_path: Path) ->
             (str(tmp_path / ("x" * 300)), tinystore.InvalidError, "too long"),
             (str(tmp_path / "link"), tinystore.InvalidError, "symbolic link"),
             (str(foreign), tinystore.PermissionDeniedError, "another user"),
+            # trial AH: "" copied the store into the working folder; None and 5 were bare TypeErrors
+            ("", tinystore.InvalidError, "give the folder"),
+            (None, tinystore.InvalidError, "expected a path"),
+            (5, tinystore.InvalidError, "expected a path"),
         ):
             with pytest.raises(error, match=words):
-                await store.backup(dest)
+                await store.backup(dest)  # type: ignore[arg-type]
         assert not elsewhere.exists()
+        assert list(cwd.iterdir()) == []
 
 
 async def test_what_is_no_database_is_skipped_and_named_and_the_rest_copied(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,18 @@ BAD_OPEN_OPTIONS = [
     ({"private": True, "clock": "2030-01-01"}, "open: clock '2030-01-01': expected a datetime"),
     ({"embedded": True, "limits": {"tx_idle": 1}}, "open: limits {'tx_idle': 1}: expected a tinystore.Limits"),
     ({"private": True, "limits": {"tx_idle": 1}}, "open: limits {'tx_idle': 1}: expected a tinystore.Limits"),
+    # trial AH: accepted, then every add failed about an `at` nobody gave
+    (
+        {"embedded": True, "clock": datetime(1960, 1, 1, tzinfo=UTC)},
+        "open: clock 1960-01-01T00:00:00+00:00: a test clock starts between 1970 and the end of 9999",
+    ),
 ]
+
+
+async def test_open_refuses_a_path_with_a_nul_by_name(tmp_path: Path) -> None:
+    # trial AH: a bare ValueError ("embedded null byte")
+    with pytest.raises(tinystore.InvalidError, match="cannot hold a NUL"):
+        await tinystore.open(f"{tmp_path}/a\0b", embedded=True)
 
 
 @pytest.mark.parametrize("options", range(len(BAD_OPEN_OPTIONS)))

@@ -319,7 +319,13 @@ class Store:
         and no half-written database: remove it before trying again. A cancel leaves the copy going on in the
         server until it ends.
         """
-        path = os.fspath(dest)
+        try:
+            path = os.fspath(dest)
+        except TypeError:
+            raise InvalidError(f"backup: dest {dest!r}: expected a path (str or os.PathLike)") from None
+        if not isinstance(path, str) or not path:
+            # ("" would be this process's working folder, as os.path.abspath takes it; open refuses it too)
+            raise InvalidError(f"backup: dest {path!r}: give the folder to copy the store into")
         if self.mode != "remote":
             path = os.path.abspath(path)
         result: dict[str, Any] = await self._call("store.backup", Backup(path), Any, retry=False)
@@ -427,12 +433,19 @@ async def open(
         raise InvalidError(f"open: directory {directory!r}: expected a path (str or os.PathLike)") from None
     if not isinstance(text, str) or not text.strip():
         raise InvalidError(f'open: directory {directory!r}: give the store\'s directory (".", for the current one)')
+    if "\0" in text:
+        raise InvalidError(f"open: directory {text!r}: a path cannot hold a NUL character")
     path = Path(text).resolve()
     for option, value in (("private", private), ("embedded", embedded), ("serve", serve)):
         if not isinstance(value, bool) and not (option == "serve" and value is None):
             raise InvalidError(f"open: {option} {value!r}: expected True or False")
     if clock is not None and not isinstance(clock, datetime):
         raise InvalidError(f"open: clock {clock!r}: expected a datetime to start the test clock at")
+    if clock is not None and not 0 <= clock.timestamp() < 253402300800:
+        raise InvalidError(
+            f"open: clock {clock.isoformat()}: a test clock starts between 1970 and the end of 9999 (the times a "
+            "job's row can hold)"
+        )
     if limits is not None and not isinstance(limits, Limits):
         raise InvalidError(f"open: limits {limits!r}: expected a tinystore.Limits")
     if private and embedded:
