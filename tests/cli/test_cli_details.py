@@ -74,6 +74,8 @@ async def test_without_db_the_only_database_or_main_else_a_choice(tmp_path: Path
     done = run_cli("sql", str(directory), "select 1", "--db", "tinystore-jobs")
     assert "no database 'tinystore-jobs' (it is made when the store first opens a queue)" in done.stderr
     assert "--write" not in done.stderr  # the store makes it, not --write
+    done = run_cli("sql", str(directory), "select 1", "--db", "BAD")  # trial AH: "no database 'BAD'"
+    assert "database name 'BAD': names are 1 to 64 characters" in done.stderr, done.stderr
 
 
 async def test_status_of_a_directory_whose_owner_does_not_serve_says_so(tmp_path: Path) -> None:

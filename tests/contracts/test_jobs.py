@@ -529,6 +529,20 @@ async def test_a_queue_only_takes_transactions_of_its_own_database(store: tinyst
     assert (await q.list()).jobs == []
 
 
+# contract: JOB-06
+async def test_a_read_only_transaction_adds_no_job_and_says_so(store: tinystore.Store) -> None:
+    db = await store.database("app", migrations=SCHEMA)
+    q = store.queue("mail", database=db)
+
+    async def save(tx: tinystore.SqlTx) -> None:
+        await tx.with_(q).add({"n": 1})
+
+    # trial AH: the error named exec, not the queue or its add
+    with pytest.raises(InvalidError, match="queue mail: a read-only transaction of database app cannot add jobs"):
+        await db.tx(save, read_only=True)
+    assert (await q.list()).jobs == []
+
+
 # ---------------------------------------------------------------------------------------------- JOB-07
 
 
@@ -758,6 +772,7 @@ async def test_a_job_running_past_expected_is_reported_once(
     release = asyncio.Event()
 
     async def handler(value: Any, run: tinystore.Run) -> None:
+        run.set_progress({"done": 2, "total": 3})
         started.set()
         await release.wait()
 
@@ -766,6 +781,7 @@ async def test_a_job_running_past_expected_is_reported_once(
     try:
         caplog.set_level(logging.WARNING, logger="tinystore.jobs")
         await asyncio.wait_for(started.wait(), 5)
+        await wait_until(lambda: any(e.kind == "progress" for e in events), what="the progress event")
         assert (await q.list(state="stuck")).jobs == []
         await clocked.clock.advance("31s")
         await wait_until(lambda: any(e.kind == "stuck" for e in events), what="the stuck event")
@@ -779,6 +795,9 @@ async def test_a_job_running_past_expected_is_reported_once(
         await asyncio.sleep(0.1)
         assert (await clocked.status())["jobs"]["stuck_reports"] == 1  # once
         assert [e.kind for e in events].count("stuck") == 1
+        # the event tells the job's state at that moment, its progress too (trial AH: it said None)
+        [told] = [e for e in events if e.kind == "stuck"]
+        assert (told.state, told.progress, told.attempts) == ("running", {"done": 2, "total": 3}, 1)
         if clocked.mode == "embedded":
             assert any("stuck" in r.getMessage() for r in caplog.records)
         release.set()

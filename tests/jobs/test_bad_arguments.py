@@ -219,11 +219,13 @@ async def test_what_a_handler_hands_back_is_checked(store: tinystore.Store) -> N
         ),
         "step-type-5": (
             "failed",
-            "InvalidError: queue hq: job <id>: step 's': type 5 is not a type a result can be read as (Type '5' is not supported)",
+            "InvalidError: queue hq: job <id>: step 's': type 5 is not a type a result can be read as "
+            "(Type '5' is not supported)",
         ),
         "step-misfit": (
             "failed",
-            "InvalidError: queue hq: job <id>: step 's': its result (not kept) 'abc' does not fit int: Expected `int`, got `str`",
+            "InvalidError: queue hq: job <id>: step 's': its result (not kept) 'abc' does not fit int: "
+            "Expected `int`, got `str`",
         ),
         "retry-soon": (
             "failed",
@@ -235,3 +237,11 @@ async def test_what_a_handler_hands_back_is_checked(store: tinystore.Store) -> N
 
 def _raise(exc: BaseException) -> Any:
     raise exc
+
+
+async def test_a_workers_stop_names_the_queue_of_a_bad_grace(store: tinystore.Store) -> None:
+    # trial AH: "grace: cannot read '10x' ..." named no queue nor worker
+    worker = store.queue("gq").work(lambda value, run: None)
+    with pytest.raises(InvalidError, match="queue gq: worker stop: grace: cannot read '10x'"):
+        await worker.stop(grace="10x")
+    await worker.stop()

@@ -126,6 +126,10 @@ async def test_a_task_may_take_another_permit_of_a_semaphore_while_one_is_free(a
             ):
                 async with slots.try_hold("gpu"):
                     pass
+            # trial AH: a smaller limit than the leases held was told "all 2 permits already held"
+            with pytest.raises(InvalidError, match=r"limit 1 differs from the limit of the 2 leases this task holds"):
+                async with any_mode.semaphore("renders", limit=1).try_hold("gpu"):
+                    pass
         async with slots.hold("gpu", wait="1s") as again:
             assert again is not None
 

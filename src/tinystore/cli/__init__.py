@@ -429,7 +429,7 @@ def sql(
 
     async def go() -> tuple[list[str], list[list[Any]], Any]:
         from ..errors import InvalidError
-        from ..names import RESERVED_DB_PREFIX, reserved_db_error
+        from ..names import RESERVED_DB_PREFIX, check_name, reserved_db_error
 
         known = sorted(p.stem for p in (directory / "sql").glob("*.db"))
         name = database
@@ -437,6 +437,8 @@ def sql(
             apps = [k for k in known if not k.startswith(RESERVED_DB_PREFIX)]
             name = apps[0] if len(apps) == 1 and "main" not in known else "main"
         if name not in known and not (write and not name.startswith(RESERVED_DB_PREFIX)):
+            if not name.startswith(RESERVED_DB_PREFIX):
+                check_name("database", name)  # a name no database can have: say so, not "no database"
             if name.startswith(RESERVED_DB_PREFIX):
                 hint = " (it is made when the store first opens a queue)" if name == "tinystore-jobs" else ""
                 make = ""

@@ -926,11 +926,12 @@ class Worker:
     async def stop(self, grace: Duration = "10s") -> None:
         """Stop claiming; let running handlers finish for ``grace`` (10 s), then cancel them: their jobs are
         handed back to the queue, due now, the cancelled attempt not counted. Idempotent; also run when the store
-        closes. Raises nothing: a store that is gone leaves the attempts to their leases.
+        closes. Raises ``InvalidError`` for a ``grace`` that is no duration (before anything stops); nothing
+        else: a store that is gone leaves the attempts to their leases.
 
         A cancel of ``stop`` leaves the stop going on; a later call waits for it (with a shorter ``grace``, it
         cuts the grace short), so when any call returns, no handler of this worker runs."""
-        grace_s = seconds(grace, "grace")
+        grace_s = seconds(grace, f"queue {self.queue.name}: worker stop: grace")
         task = self._stop_task
         if task is None:
             self._stopping = True
@@ -1539,6 +1540,11 @@ class TxQueue(Generic[T]):
         self.tx = tx
 
     async def _check(self) -> None:
+        if self.tx.read_only:
+            raise InvalidError(
+                f"queue {self.queue.name}: a read-only transaction of database {self.tx.name} cannot add jobs (use "
+                "db.tx without read_only=True)"
+            )
         info = await self.queue._ensure()
         if info.options.database != self.tx.name:
             raise InvalidError(

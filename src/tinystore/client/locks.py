@@ -526,6 +526,11 @@ class _Hold(Generic[R]):
                 if self._wait is None
                 else "holding it again inside its own hold would wait for itself"
             )
+            if mine > lock.limit:  # (held under another limit: the server would refuse the limit, it must agree)
+                raise InvalidError(
+                    f"{_where(lock._kind, lock.name, key)}: limit {lock.limit} differs from the limit of the "
+                    f"{mine} leases this task holds on it already; every call must give a key the same limit"
+                )
             held = (
                 "already held by this task"
                 if lock.limit == 1

@@ -953,8 +953,22 @@ class JobsEngine:
             ran,
             q.options.expected,
         )
-        self._event(q, "stuck", e.id, "running", None, e.attempts, None)
+        self._event(q, "stuck", e.id, "running", self._progress_now(q, e), e.attempts, None)
         self._notify(q, e.id)
+
+    def _progress_now(self, q: JobQueue, e: Entry) -> Any:
+        """The progress of running job ``e`` as its row holds it, for an event that tells the job's state (read on
+        the loop, only when somebody listens for the job's events; ``None`` when the read would not fit there)."""
+        if self.publish is None or (self.listened is not None and not self.listened(EVENTS_CHANNEL, (q.name, e.id))):
+            return None
+        try:
+            rows = q.db.read_now(f"select progress from {TABLE} where id = ?", [e.id], "one")
+        except TinystoreError as exc:
+            log.debug("queue %s: job %s: progress not read for its event: %s", q.name, e.id, exc)
+            return None
+        if rows is None or not rows.rows or rows.rows[0][0] is None:
+            return None
+        return _json_decode(rows.rows[0][0])
 
     # ------------------------------------------------------------------------------------------- ends
 
