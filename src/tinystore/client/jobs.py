@@ -385,13 +385,16 @@ class Run:
 
     def retry(self, after: Duration | None = None) -> Outcome:
         """Return this from the handler to fail this attempt and retry the job after ``after`` (default: the
-        queue's backoff). It counts as a failed attempt: past ``attempts`` the job is ``dead``."""
+        queue's backoff). It counts as a failed attempt: past ``attempts`` the job is ``dead``. Raises
+        ``InvalidError`` for an ``after`` that is no duration (raised in the handler, that fails the attempt)."""
         if after is None:
             return Outcome("retry", None, "retry asked by the handler")
         return Outcome("retry", seconds(after, f"{self._where}: retry: after"), "retry asked by the handler")
 
     def snooze(self, after: Duration) -> Outcome:
-        """Return this from the handler to run the job again after ``after``; the attempt is not counted."""
+        """Return this from the handler to run the job again after ``after`` (a duration: seconds, a timedelta or
+        text such as ``"30s"``); the attempt is not counted. Raises ``InvalidError`` for an ``after`` that is no
+        duration (raised in the handler, that fails the attempt)."""
         return Outcome("snooze", seconds(after, f"{self._where}: snooze: after"))
 
     def fail(self, reason: str | None = None) -> Outcome:
@@ -846,10 +849,12 @@ class Worker:
 
     @property
     def ran(self) -> int:
+        """How many attempts this worker's handlers have finished (whatever their outcome) since it started."""
         return self._runner.finished
 
     @property
     def running(self) -> int:
+        """How many of this worker's handlers run now (at most its ``concurrency``)."""
         return self._runner.handling
 
     async def _loop(self) -> None:
@@ -1318,7 +1323,9 @@ class Queue(Generic[T]):
         is due (default: now).
 
         Raises ``InvalidError`` (a value that does not encode as the queue's type, a key of 0 or over 512
-        characters, a negative delay, options differing from the store's; a call inside a transaction of the
+        characters, a negative delay, both ``delay`` and ``at``, an ``at`` before 1970 or after 9999, a
+        ``priority`` that is not an int or past 64 bits, a ``tenant``, ``user`` or ``type`` that is not a str of at
+        most 256 characters, options differing from the store's; a call inside a transaction of the
         database the queue's jobs live in: use ``tx.with_(queue).add`` there), ``LimitError`` (a value over 1 MiB
         of JSON), ``OutcomeUnknownError`` (the answer was lost: it may have been added; adding again with the
         same key is safe). A cancel after the request was sent may leave the job added.
@@ -1496,7 +1503,8 @@ class Queue(Generic[T]):
         at a time, and return how many attempts ran. A job made due again by its own run waits for the next call.
         A cancel stops the handlers running (their jobs are handed back, not counted). A handler that raises
         ``KeyboardInterrupt`` or ``SystemExit`` fails its attempt, and the exception is raised here, once the
-        attempts running with it have ended."""
+        attempts running with it have ended. Raises ``InvalidError`` (a ``concurrency`` that is not an int of 1
+        to 1000, a ``handler`` that is not callable), ``ClosedError``, ``UnavailableError``."""
         check_concurrency(self.name, "run_due", concurrency)
         _check_handler(self.name, "run_due", handler)
         await self._ensure()

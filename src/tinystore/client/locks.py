@@ -142,7 +142,10 @@ class Lease:
     """A lease on one key of a lock, live while its ``async with`` block runs.
 
     - ``fence``: an ``int`` of up to 128 bits, larger than every fence the store gave before, across restarts
-      too (LOCK-02). ``f"{lease.fence:040d}"`` is 40 digits that sort as text in the same order.
+      too (LOCK-02). ``f"{lease.fence:040d}"`` is 40 digits that sort as text in the same order. Write it beside
+      what the lease protects and refuse a write whose fence is below the one stored: a holder paused past its
+      lease cannot then overwrite its successor's work (the fencing token of Martin Kleppmann, "How to do
+      distributed locking", 2016).
     - ``expires_at``: an aware UTC ``datetime``: when the lease runs out unless renewed (the store's clock);
       it moves on with each renewal. ``NEVER`` (``datetime.max``, UTC) for a lease of the embedded store's
       own process without ``max_hold``.

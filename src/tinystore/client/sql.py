@@ -166,7 +166,9 @@ class _Runner:
 
         Raises ``InvalidError`` with SQLite's message for bad SQL or a statement that writes; ``LimitError``
         when the statement with its parameters is over the frame limit (``frame_body_bytes``, 16 MiB encoded:
-        nothing is sent).
+        nothing is sent), or its result over ``sql_result_bytes``; ``TimeoutError_`` (it ran past
+        ``statement_timeout``, 30 s, and was stopped); ``UnavailableError`` (the file system failed the read);
+        ``ClosedError`` (the store is closed). A cancel stops the read where it runs (it holds nothing).
         """
         if args and type(args[0]) is str:
             if self._tx:
@@ -262,8 +264,9 @@ class Database(_Runner):
         with its parameters is over the frame limit, ``frame_body_bytes``, 16 MiB encoded: nothing is sent, in
         every mode), ``ConflictError`` (a constraint), ``OutcomeUnknownError`` (the answer was lost: it may have
         committed), ``PermissionDeniedError`` (a statement that writes to one of the store's own databases,
-        ``tinystore-…``). Concurrent ``exec`` calls share commits (group commit). A cancel after sending leaves
-        the write to happen.
+        ``tinystore-…``), ``TimeoutError_`` (it ran past ``statement_timeout``, 30 s: stopped, nothing kept),
+        ``UnavailableError`` (the disk is full or failed: nothing kept). Concurrent ``exec`` calls share commits
+        (group commit). A cancel after sending leaves the write to happen.
         """
         if type(sql) is not str:
             _not_sql(self.name, "exec", sql)
@@ -305,7 +308,8 @@ class Database(_Runner):
         inside ``fn`` (a subscription's handler, a worker) while ``fn`` runs; once ``fn`` has returned or raised,
         such a task writes as any other. On one of
         the store's own databases (``tinystore-…``) only ``read_only=True`` is allowed, else
-        ``PermissionDeniedError``.
+        ``PermissionDeniedError``. ``LimitError``: more read-only transactions open at once than
+        ``read_transactions`` allows.
         """
         if not callable(fn):
             raise InvalidError(

@@ -75,7 +75,11 @@ class StoreClock:
         return datetime.fromtimestamp(self._base + (time.monotonic() - self._mono0) + self._advanced, UTC)
 
     def advance(self, by: Duration) -> asyncio.Future[float]:
-        """Move every engine's time forward by ``by``. Raises ``InvalidError`` on a real clock."""
+        """Move every engine's time forward by ``by`` (a duration: seconds, a timedelta or text such as ``"1h"``);
+        the future gives the store's time after the move (epoch seconds). Await it: embedded, the move is made
+        before this returns, but over a socket (``private=True``) it is sent by a task of its own, and a call made
+        before it is awaited may reach the server first. Raises ``InvalidError`` (a real clock; ``by`` no
+        duration or below 0). A cancel of the future leaves the move to happen."""
         secs = seconds(by, "clock advance")
         loop = asyncio.get_running_loop()
         core = self._store._core
@@ -221,6 +225,9 @@ class Store:
 
     @property
     def epoch(self) -> int:
+        """The server's epoch: an int that grows at each start of the store's server (its start time in
+        milliseconds since the Unix epoch, or one more than the last epoch when the clock went back); message ids
+        (``<epoch>-<seq>``) and fences start from it."""
         return self.transport.epoch
 
     async def database(
@@ -235,7 +242,9 @@ class Store:
 
         Raises ``InvalidError`` (a bad name, a migration that fails), ``ConflictError`` (an applied migration
         whose text changed), ``PermissionDeniedError`` (a ``data`` token that would run migrations; migrations
-        for one of the store's own databases, or one of those the store has not made).
+        for one of the store's own databases, or one of those the store has not made), ``LimitError`` (more
+        databases than ``Limits.databases``). A cancel leaves the opening, and its migrations, going on in the
+        server: a later call finds them applied.
         """
         check_name("database", name)
         pairs = read_migrations(migrations, name)
@@ -286,7 +295,12 @@ class Store:
         return Queue(self, name, type, **options)
 
     async def status(self) -> dict[str, Any]:
-        """Version, connections, databases and what each engine holds, as a dict."""
+        """What the server holds, as a dict: ``version``, ``directory``, ``pid``, ``epoch``, ``started`` and ``now``
+        (epoch seconds), ``uptime`` (seconds), ``test_clock``, ``durability``, ``mode`` (how the server runs) and
+        ``client`` (how this store reaches it), ``connections`` (a list, one dict each), ``databases`` (by name:
+        its counts of writes, commits, reads and transactions), and one dict per engine: ``channels``, ``locks``,
+        ``jobs``. Raises ``ClosedError`` (the store is closed), ``UnavailableError`` (the server cannot be
+        reached)."""
         status: dict[str, Any] = await self._call("store.status", Empty(), Any)
         status.setdefault("mode", self.mode)
         status["client"] = self.mode
@@ -295,7 +309,8 @@ class Store:
     async def stop_server(self, grace: Duration = 10.0) -> None:
         """Ask the server to stop gracefully (needs the admin capability): calls under way get ``grace`` (10 s)
         to finish. Raises ``InvalidError`` for a ``grace`` that is not a duration (negative, NaN), before
-        anything stops."""
+        anything stops, and for an embedded store (close it instead); ``PermissionDeniedError`` for a ``data``
+        token. A cancel leaves the stop going on once it was sent."""
         grace_s = seconds(grace, f"store {self.directory or self.transport.description}: stop_server: grace")
         await self._call("store.stop", Stop(grace_s), Any, write=True)
 
@@ -812,7 +827,9 @@ async def connect(
     """Connect to a server over TCP (``tcp://host:port``) or TLS (``tls://host:port``, verified with
     ``ssl_context`` or the system's CAs before the token is sent) with ``token``.
 
-    When the connection drops, the SDK reconnects by itself (backoff with full jitter); calls made meanwhile
+    When the connection drops, the SDK reconnects by itself (exponential backoff, 50 ms doubling to 2 s, with
+    "equal jitter": each wait drawn between half and all of it, as Marc Brooker's "Exponential Backoff And
+    Jitter", AWS Architecture Blog, 2015, names it); calls made meanwhile
     wait for it up to ``reconnect_timeout`` (a duration; 30 s), then raise ``UnavailableError``. Reads are sent
     again; a write whose answer was lost raises ``OutcomeUnknownError`` (STORE-06).
 

@@ -2,7 +2,8 @@
 (:class:`RemoteTransport`, with reconnects).
 
 Both offer ``call(method, request, response_type, write=...)`` and push handlers. Over a socket, a dropped
-connection is re-made by itself with exponential backoff and full jitter (STORE-06); a read whose answer was
+connection is re-made by itself with exponential backoff and equal jitter (M. Brooker, "Exponential Backoff And
+Jitter", AWS Architecture Blog, 2015: each wait drawn between half and all of it), STORE-06; a read whose answer was
 lost is sent again; a write whose answer was lost raises ``OutcomeUnknownError`` and is never sent twice.
 
 Both refuse a request whose encoding is over the frame limit (``Limits.frame_body_bytes``; over a socket, what
@@ -704,7 +705,8 @@ class RemoteTransport(Transport):
         old_epoch = self.epoch
         attempt = 0
         while not self.closed:
-            # exponential backoff with full jitter: 50 ms doubling to a 2 s cap, times uniform(0.5, 1)
+            # exponential backoff with equal jitter: 50 ms doubling to a 2 s cap, times uniform(0.5, 1) (never 0: a
+            # server restarting is not hammered, nor left waiting for a client that drew a long nothing)
             delay = min(2.0, 0.05 * (2**attempt)) * random.uniform(0.5, 1.0)
             attempt += 1
             await asyncio.sleep(delay)
