@@ -1,6 +1,9 @@
 """Durations: a ``timedelta``, a number of seconds, or text such as ``"30s"``, ``"1m30s"``, ``"250ms"``, ``"2h"``.
 
-Units: ``ms``, ``s``, ``m``, ``h``, ``d``; parts may be combined largest first (``"1h30m"``).
+Text is one or more parts, each a number of ASCII digits (``"1.5"``, never an exponent such as ``"1e3"``) and
+a unit: ``ms``, ``s``, ``m``, ``h``, ``d``; parts are combined largest unit first, each unit once (``"1h30m"``,
+``"1m30s"``). A bare number in text (``"30"``, ``"1.5"``) is that many seconds. Spaces are ignored; a leading
+``-`` makes the duration negative (refused as a negative number is).
 """
 
 from __future__ import annotations
@@ -15,15 +18,21 @@ Duration = timedelta | int | float | str
 
 MAX_SECONDS = 100 * 365 * 86400.0
 """The longest duration taken: 100 years (36500d). ``None`` is "for ever" where an API allows it."""
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_ORDER = {unit: i for i, unit in enumerate(_UNITS)}  # largest first
+_NUMBER = r"[0-9]+(?:\.[0-9]+)?"  # ASCII digits only: \d would take any script's digits ("٣")
+_PART = re.compile(rf"({_NUMBER})(ms|s|m|h|d)")
+_TEXT = re.compile(rf"(-?)(?:({_NUMBER})|((?:{_NUMBER}(?:ms|s|m|h|d))+))")
 
 
 def seconds(value: Duration, what: str = "duration") -> float:
     """Return ``value`` in seconds (a float).
 
-    Raises ``InvalidError`` naming ``what`` for text that does not parse, a negative or non-finite number, one
-    over :data:`MAX_SECONDS`, or a value of another type.
+    ``value``: a ``timedelta``, an int or float of seconds, or text as the module describes (``"250ms"``,
+    ``"30s"``, ``"1m30s"``, ``"2h"``, ``"7d"``, or a bare ``"30"`` or ``"1.5"`` for seconds). Raises
+    ``InvalidError`` naming ``what`` for text that does not read as a duration (an unknown unit, an exponent
+    such as ``"1e3"``, digits other than ASCII ``0``-``9``, units out of order or repeated), a negative or
+    non-finite number, one over :data:`MAX_SECONDS`, or a value of another type.
     """
     if isinstance(value, bool):
         raise InvalidError(f"{what}: expected a duration, got a bool")
@@ -32,27 +41,7 @@ def seconds(value: Duration, what: str = "duration") -> float:
     elif isinstance(value, int | float):
         out = float(value)
     elif isinstance(value, str):
-        text = value.strip().replace(" ", "")
-        if not text:
-            raise InvalidError(f"{what}: empty duration")
-        pos = 0
-        out = 0.0
-        for match in _PART.finditer(text):
-            if match.start() != pos:
-                break
-            out += float(match.group(1)) * _UNITS[match.group(2)]
-            pos = match.end()
-        if pos != len(text):
-            try:
-                out = float(text)
-            except ValueError:
-                # "-1s" reads as a negative duration (refused below as -1 is), not as text that does not parse
-                rest = _text_seconds(text[1:]) if text.startswith("-") else None
-                if rest is None:
-                    raise InvalidError(
-                        f'{what}: cannot read {value!r} as a duration (use "250ms", "30s", "1m30s", "2h", "7d")'
-                    ) from None
-                out = -rest if rest else 0.0
+        out = _text_seconds(value, what)
     else:
         raise InvalidError(f"{what}: expected a duration (timedelta, seconds, or text), got {type(value).__name__}")
     if not math.isfinite(out) or out < 0:
@@ -62,12 +51,36 @@ def seconds(value: Duration, what: str = "duration") -> float:
     return out
 
 
-def _text_seconds(text: str) -> float | None:
-    """``text`` (with no sign) in seconds, or ``None`` when it does not read as a duration."""
-    try:
-        return seconds(text)
-    except InvalidError:
-        return None
+def _text_seconds(value: str, what: str) -> float:
+    """``value``, text, in seconds (negative for a leading ``-``); ``InvalidError`` when it does not read."""
+    text = value.strip().replace(" ", "")
+    if not text:
+        raise InvalidError(f"{what}: empty duration")
+    match = _TEXT.fullmatch(text)
+    if match is None:
+        raise _unreadable(value, what)
+    sign, number, parts = match.groups()
+    if number is not None:
+        out = float(number)
+    else:
+        out = 0.0
+        last = -1
+        for part in _PART.finditer(parts):
+            unit = _ORDER[part.group(2)]
+            if unit <= last:
+                raise _unreadable(value, what, ": give each unit once, largest first")
+            last = unit
+            out += float(part.group(1)) * _UNITS[part.group(2)]
+    if math.isinf(out):  # so many digits that the float overflowed
+        raise InvalidError(f"{what}: a duration is at most 100 years (36500d), got {value[:40]!r}...")
+    return -out if sign and out else out
+
+
+def _unreadable(value: str, what: str, why: str = "") -> InvalidError:
+    shown = repr(value) if len(value) <= 60 else repr(value[:60]) + "..."
+    if not why and any(ch.isdigit() and not "0" <= ch <= "9" for ch in value):
+        why = ": its digits must be ASCII 0-9"
+    return InvalidError(f'{what}: cannot read {shown} as a duration{why} (use "250ms", "30s", "1m30s", "2h", "7d")')
 
 
 def optional_seconds(value: Duration | None, what: str = "duration") -> float | None:

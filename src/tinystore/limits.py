@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
 import msgspec
+import msgspec.structs
 
 from .errors import InvalidError
 
@@ -17,8 +19,12 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     their defaults. Every value is checked when a ``Limits`` is made (or read from JSON): counts and sizes are
     ints of 1 or more (``frame_body_bytes`` at most what a frame can carry, ``readers`` at most 1024,
     ``job_attempts`` at most 1000), durations finite numbers of seconds above 0 and at most ten years
-    (``inline_read`` and ``job_keep`` may be 0), and ``lock_ttl_min`` is at most ``lock_ttl_max``; else
-    ``InvalidError`` naming the field, the value and the allowed range.
+    (``inline_read`` and ``job_keep`` may be 0), ``lock_ttl_min`` is at most ``lock_ttl_max``, ``lock_ttl``
+    (the ttl of a lock made without one) lies within ``lock_ttl_min`` .. ``lock_ttl_max``, and
+    ``job_backoff_first`` is at most ``job_backoff_cap``; else ``InvalidError`` naming the field, the value and
+    the allowed range (or both bounds). ``lock_ttl`` and ``job_backoff_first`` left at their defaults (10 s)
+    (or given equal to them) follow bounds given that exclude them: ``Limits(lock_ttl_max=5)`` has a
+    ``lock_ttl`` of 5 s, and ``Limits(job_backoff_cap=5)`` a ``job_backoff_first`` of 5 s.
     """
 
     channel_message_bytes: int = 64 * 1024
@@ -67,17 +73,50 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidError(
                 f"Limits: lock_ttl_min ({self.lock_ttl_min!r}) is above lock_ttl_max ({self.lock_ttl_max!r})"
             )
+        # a default and the bounds it must lie within: a value given out of them is refused; the default itself,
+        # when the bounds given exclude it, takes the nearest bound (Limits(lock_ttl_max=5) has a lock_ttl of 5)
+        for name, low, high in _WITHIN:
+            value = getattr(self, name)
+            lo = getattr(self, low) if low is not None else -math.inf
+            hi = getattr(self, high)
+            if lo <= value <= hi:
+                continue
+            if value != _DEFAULTS[name]:
+                bounds = f"within {low} ({lo!r}) .. {high} ({hi!r})" if low is not None else f"at most {high} ({hi!r})"
+                raise InvalidError(f"Limits: {name} = {value!r}: it must be {bounds}")
+            msgspec.structs.force_setattr(self, name, float(min(max(value, lo), hi)))
 
     def to_json(self) -> str:
+        """These limits as JSON text, for :meth:`from_json`: one object holding every field under its name
+        (``{"channel_message_bytes": 65536, ..., "lock_ttl": 10.0, ...}``), sizes in bytes and counts as
+        integers, durations as numbers of seconds. Raises nothing."""
         return msgspec.json.encode(self).decode()
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Limits:
-        """Limits from :meth:`to_json`'s text. Raises ``InvalidError`` (a value out of its range, not JSON, or
-        of the wrong type)."""
+        """Limits from JSON text (str or UTF-8 bytes) such as :meth:`to_json` writes: one object whose keys are
+        field names, sizes in bytes, counts as ints, durations as numbers of seconds; the fields it leaves out
+        keep their defaults.
+
+        Raises ``InvalidError`` for text that is not JSON or not an object, a ``text`` that is neither str nor
+        bytes, a key that names no field (naming the key and the nearest field name, or all of them), a value
+        of the wrong type, and a value out of its range (as ``Limits(...)`` does)."""
+        if not isinstance(text, str | bytes | bytearray | memoryview):
+            raise InvalidError(f"Limits.from_json: expected JSON text (str or bytes), got {type(text).__name__}")
         try:
-            return msgspec.json.decode(text, type=cls)
+            raw = msgspec.json.decode(text)
         except msgspec.DecodeError as exc:
+            raise InvalidError(f"Limits: {exc}") from None
+        if not isinstance(raw, dict):
+            raise InvalidError(f"Limits: expected a JSON object of limits, got {type(raw).__name__} {raw!r:.40}")
+        for key in raw:
+            if key not in _FIELDS:
+                near = difflib.get_close_matches(key, cls.__struct_fields__, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else f"; the limits are {', '.join(sorted(_FIELDS))}"
+                raise InvalidError(f"Limits: unknown limit {key!r}{hint}")
+        try:
+            return msgspec.convert(raw, cls)
+        except msgspec.ValidationError as exc:
             raise InvalidError(f"Limits: {exc}") from None
 
 
@@ -90,6 +129,13 @@ FRAME_BODY_MAX = (1 << 32) - 8
 _INTS = frozenset(f.name for f in msgspec.structs.fields(Limits) if f.type is int)
 _INT_MAX: dict[str, int] = {"frame_body_bytes": FRAME_BODY_MAX, "readers": 1024, "job_attempts": 1000}
 _ZERO_OK = frozenset({"inline_read", "job_keep"})
+_FIELDS = frozenset(Limits.__struct_fields__)
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in msgspec.structs.fields(Limits)}
+_WITHIN: tuple[tuple[str, str | None, str], ...] = (
+    ("lock_ttl", "lock_ttl_min", "lock_ttl_max"),  # the ttl of a lock made without one
+    ("job_backoff_first", None, "job_backoff_cap"),  # a queue refuses a first delay above its cap
+)
+"""``(name, low, high)``: a default that must lie within other fields (``low`` None: only below ``high``)."""
 
 
 def _check(name: str, value: Any) -> None:

@@ -34,6 +34,7 @@ import contextlib
 import inspect
 import json
 import logging
+import math
 import re
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
@@ -46,6 +47,7 @@ from starlette.types import Receive, Scope, Send
 
 from .durations import Duration, seconds
 from .errors import InvalidError, LimitError, TinystoreError
+from .protocol.values import _at
 
 if TYPE_CHECKING:
     from .client.channels import Channel, Message, Missed, Subscription
@@ -130,9 +132,20 @@ def encode_event(
     - ``id``: the id the browser sends back as ``Last-Event-ID`` when it reconnects; ``""`` resets it.
     - ``retry``: the browser's reconnection delay (a duration; written in milliseconds).
 
-    Returns the bytes of the event, ending with a blank line. Raises ``InvalidError`` for an ``event`` or
-    ``id`` holding a line break, an ``id`` holding a NUL, or a bad ``retry``.
+    Returns the bytes of the event, ending with a blank line. Raises ``InvalidError`` for a ``data``,
+    ``event`` or ``id`` that is neither a str nor ``None`` (naming the field and the type given; for other
+    values, :func:`encode_json` makes the ``data`` text), an ``event`` or ``id`` holding a line break, an
+    ``id`` holding a NUL, or a bad ``retry`` (see :func:`~tinystore.durations.seconds`).
     """
+    if not isinstance(data, str | None):
+        raise InvalidError(
+            f"sse: the data of an event must be a str or None, got {_kind(data)}; encode_json(value) makes JSON "
+            "text of other values"
+        )
+    if not isinstance(event, str | None):
+        raise InvalidError(f"sse: the event field must be a str or None, got {_kind(event)}")
+    if not isinstance(id, str | None):
+        raise InvalidError(f"sse: the id field must be a str or None, got {_kind(id)}")
     out: list[str] = []
     if event:
         _check_field("event", event)
@@ -161,14 +174,45 @@ _json_encode = msgspec.json.Encoder().encode
 def encode_json(value: Any) -> str:
     """``value`` as JSON text for a ``data`` field: dicts, lists, str, numbers, bools, None, dataclasses,
     msgspec Structs, TypedDicts, datetimes, UUIDs. JSON escapes line breaks, so the text is one ``data`` line
-    and comes back exactly with ``JSON.parse`` (lone surrogates as ``\\udxxx`` escapes). Raises
-    ``InvalidError`` for a value JSON cannot hold."""
+    and comes back exactly with ``JSON.parse`` (lone surrogates as ``\\udxxx`` escapes).
+
+    Raises ``InvalidError`` for a value JSON cannot hold: an object of a type it does not encode, or a float
+    that is NaN or infinite (JSON has no such number; the error names it and where, ``nan is not a JSON number
+    (at $.readings[2])``), rather than writing it as ``null``."""
     try:
-        return _json_encode(value).decode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(msgspec.to_builtins(value), ensure_ascii=True, separators=(",", ":"))
-    except (TypeError, ValueError, OverflowError) as exc:
+        out = _json_encode(value)
+        if b"null" not in out:  # the common case: msgspec writes a NaN or an infinity as null, so there is none
+            return out.decode("utf-8")
+        builtins = msgspec.to_builtins(value)
+    except UnicodeEncodeError:  # a lone surrogate, which UTF-8 cannot hold: JSON escapes it
+        builtins = msgspec.to_builtins(value)
+        out = b""
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
         raise InvalidError(f"sse: the data does not encode as JSON: {exc}") from None
+    problem = _non_finite(builtins)
+    if problem is not None:
+        raise InvalidError(f"sse: the data does not encode as JSON: {problem}")
+    if out:
+        return out.decode("utf-8")
+    return json.dumps(builtins, ensure_ascii=True, separators=(",", ":"))
+
+
+def _non_finite(value: Any) -> str | None:
+    """Where plain data (what ``msgspec.to_builtins`` makes) holds a float that is NaN or infinite, as text
+    (``inf is not a JSON number (at $.x[2])``, as :func:`~tinystore.protocol.values.json_problem` words it), or
+    ``None``. Unlike that check, ints past 64 bits and keys that are not text pass: JSON for a browser holds
+    them."""
+    stack: list[tuple[Any, Any]] = [(value, None)]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return f"{v!r} is not a JSON number{_at(where)}"
+        elif isinstance(v, dict):
+            stack.extend((item, (where, k)) for k, item in v.items())
+        elif isinstance(v, list | tuple):
+            stack.extend((item, (where, i)) for i, item in enumerate(v))
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- the outbox
@@ -310,8 +354,10 @@ class SendEvent(Protocol):
     one ``data:`` line of JSON; ``event`` the event type; ``id`` the event's id (no line break, no NUL). It
     queues the event at once and returns an awaitable that completes when the event was handed to the server
     (or the stream ended); awaiting it makes the producer go at the browser's pace, and not awaiting it is fine
-    too. After the stream ended, ``send`` does nothing. Raises ``InvalidError`` (data that is not JSON, a bad
-    ``event`` or ``id``) before anything is queued.
+    too. After the stream ended, ``send`` does nothing. Raises ``InvalidError`` before anything is queued: for
+    ``data`` that JSON cannot hold (see :func:`encode_json`: an object it does not encode, a NaN or an
+    infinity), an ``event`` or ``id`` that is not a str (naming the field and the type given), or one holding a
+    line break (or, for ``id``, a NUL).
     """
 
     def __call__(self, data: Any, event: str | None = None, id: str | None = None) -> asyncio.Future[None]: ...
@@ -343,8 +389,9 @@ class EventSourceResponse(Response):
 
     ``keepalive``: a duration (seconds, or text such as ``"15s"``) of silence before a comment line; ``retry``:
     the browser's reconnection delay, sent first; ``headers``: extra response headers; ``status_code``: 200;
-    ``max_pending``: bytes (1 MiB). Raises ``InvalidError`` for a ``keepalive`` that is not above 0 or a bad
-    ``retry``. A cancel of the response (an ASGI server past its graceful shutdown) also sets ``closed`` and
+    ``max_pending``: bytes (1 MiB). Raises ``InvalidError`` for a ``keepalive`` that is not above 0, a bad
+    ``retry``, ``headers`` that are not a mapping of str to str, or a ``max_pending`` that is not an int of 1
+    or more. A cancel of the response (an ASGI server past its graceful shutdown) also sets ``closed`` and
     waits for the producer as above before the ``CancelledError`` goes on: no task of the stream is left.
     """
 
@@ -367,6 +414,13 @@ class EventSourceResponse(Response):
             raise InvalidError("sse: keepalive must be above 0 seconds")
         self.retry = retry
         self.first_chunk = FIRST_CHUNK + (encode_event(retry=retry) if retry is not None else b"")
+        if headers is not None and (
+            not isinstance(headers, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        ):
+            raise InvalidError(f"sse: headers must be a mapping of str to str, got {_kind(headers)} {headers!r:.60}")
+        if type(max_pending) is not int or max_pending < 1:
+            raise InvalidError(f"sse: max_pending must be an int of 1 or more (bytes), got {max_pending!r:.40}")
         self.max_pending = max_pending
         self._producer = producer
         self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
@@ -562,10 +616,13 @@ def sse_response(
         return sse_response(request, lambda send, closed: stream(chat_id, send, closed))
 
     ``keepalive`` (a duration, 15 s): a comment line after that much silence. ``retry``: the browser's
-    reconnection delay, sent first. ``headers``: extra response headers. Raises ``InvalidError`` for a bad
-    ``keepalive`` or ``retry``. After the browser went away the producer has :data:`STOP_WITHIN` seconds to
-    return, then it is cancelled; an exception it raises is logged and ends the stream. ``request`` is the
-    request being answered (its headers, such as ``Last-Event-ID``, are the producer's to read).
+    reconnection delay, sent first. ``headers``: extra response headers. After the browser went away the
+    producer has :data:`STOP_WITHIN` seconds to return, then it is cancelled; an exception it raises is logged
+    and ends the stream. ``request`` is the request being answered (its headers, such as ``Last-Event-ID``,
+    are the producer's to read).
+
+    Raises ``InvalidError`` for a ``request`` that is not a Starlette request or a ``producer`` that is not a
+    function, a bad ``keepalive`` or ``retry``, and ``headers`` that are not a mapping of str to str.
     """
     if not isinstance(request, HTTPConnection) or not callable(producer) or isinstance(producer, HTTPConnection):
         raise InvalidError(
@@ -703,12 +760,18 @@ class _ChannelStream(EventSourceResponse):
     # -- encoding, for both ways
 
     def encode(self, m: Message[Any]) -> bytes | None:
+        """The event of ``m``; None (logged as an error saying why) when it cannot be sent: the ``event``
+        function raised or returned something other than a str or None, the ``data`` function raised, or the
+        value does not encode as JSON."""
         event = self.event
         try:
             name = event if event is None or isinstance(event, str) else event(m)
+            if not isinstance(name, str | None):
+                raise InvalidError(f"the event function returned {type(name).__name__}, not str")
             return encode_event(encode_json(m.value if self.data is None else self.data(m)), event=name, id=m.id)
         except Exception as exc:
-            log.error("sse: channel %s: message %s cannot be sent (%r); sending reload", self.branch.name, m.id, exc)
+            why = exc.message if isinstance(exc, InvalidError) else repr(exc)
+            log.error("sse: channel %s: message %s cannot be sent: %s; sending reload", self.branch.name, m.id, why)
             return None
 
     def reload(self, reason: str, missed: int | None, position: str | None) -> asyncio.Future[None]:
@@ -915,8 +978,14 @@ def event_stream(
 
     When the browser goes away, the stream leaves the shared subscription, which stops with its last stream,
     within :data:`STOP_WITHIN` seconds; nothing of it is left in the store (SSE-04). When the store closes,
-    the stream ends at its next keep-alive tick and the browser reconnects. Raises ``InvalidError`` for a bad
-    ``keepalive`` or ``retry``.
+    the stream ends at its next keep-alive tick and the browser reconnects. An ``event`` function that returns
+    something other than a str or None for a message is logged (``the event function returned int, not str``)
+    and that message is sent as such a ``reload``.
+
+    Raises ``InvalidError`` for a ``branch`` that is not a channel or a ``request`` that is not a Starlette
+    request, an ``event`` that is neither a str, a function nor None (naming ``event`` and the type given), an
+    ``event`` str holding a line break, a ``data`` that is not a function (nor None), a bad ``keepalive`` or
+    ``retry``, and ``headers`` that are not a mapping of str to str.
     """
     from .client.channels import Channel
 
@@ -925,6 +994,14 @@ def event_stream(
             f"event_stream(branch, request): got {_kind(branch)} and {_kind(request)}; give a channel's branch "
             "(events.under(chat_id)) first, then the request"
         )
+    if isinstance(event, str):
+        _check_field("event", event)
+    elif event is not None and not callable(event):
+        raise InvalidError(
+            f"event_stream: event must be a str, a function of the message or None, got {_kind(event)} {event!r:.40}"
+        )
+    if data is not None and not callable(data):
+        raise InvalidError(f"event_stream: data must be a function of the message or None, got {_kind(data)}")
     return _ChannelStream(
         branch,
         request.headers.get("last-event-id"),
