@@ -47,7 +47,7 @@ from starlette.types import Receive, Scope, Send
 
 from .durations import Duration, seconds
 from .errors import InvalidError, LimitError, TinystoreError
-from .protocol.values import _at
+from .protocol.values import at_path
 
 if TYPE_CHECKING:
     from .client.channels import Channel, Message, Missed, Subscription
@@ -207,7 +207,7 @@ def _non_finite(value: Any) -> str | None:
         v, where = stack.pop()
         if isinstance(v, float):
             if not math.isfinite(v):
-                return f"{v!r} is not a JSON number{_at(where)}"
+                return f"{v!r} is not a JSON number{at_path(where)}"
         elif isinstance(v, dict):
             stack.extend((item, (where, k)) for k, item in v.items())
         elif isinstance(v, list | tuple):

@@ -40,28 +40,30 @@ def json_problem(value: Any, keys: bool = True) -> str | None:
             continue
         if t is float:
             if not math.isfinite(v):
-                return f"{v!r} is not a JSON number{_at(where)}"
+                return f"{v!r} is not a JSON number{at_path(where)}"
         elif t is int:
             if not INT_MIN <= v <= INT_MAX:
-                return f"the integer {v} does not fit in 64 bits{_at(where)}"
+                return f"the integer {v} does not fit in 64 bits{at_path(where)}"
         elif t is dict:
             for k, item in v.items():
                 if type(k) is not str:
                     if keys:
-                        return f"the key {k!r} is not a str (JSON keys are text){_at(where)}"
+                        return f"the key {k!r} is not a str (JSON keys are text){at_path(where)}"
                     if type(k) is float and not math.isfinite(k):
-                        return f"the key {k!r} is not a JSON number{_at(where)}"
+                        return f"the key {k!r} is not a JSON number{at_path(where)}"
                 stack.append((item, (where, k)))
         elif t is list or t is tuple:
             stack.extend((item, (where, i)) for i, item in enumerate(v))
         elif isinstance(v, float) and not math.isfinite(v):
-            return f"{v!r} is not a JSON number{_at(where)}"
+            return f"{v!r} is not a JSON number{at_path(where)}"
         elif isinstance(v, int) and not isinstance(v, bool) and not INT_MIN <= v <= INT_MAX:
-            return f"the integer {v} does not fit in 64 bits{_at(where)}"
+            return f"the integer {v} does not fit in 64 bits{at_path(where)}"
     return None
 
 
-def _at(where: Any) -> str:
+def at_path(where: Any) -> str:
+    """Where a value lies in a JSON document, for an error message: `` (at $.x[2])`` for ``where`` =
+    ``((None, "x"), 2)`` (nested ``(parent, key)`` pairs); ``""`` at the top."""
     parts: list[str] = []
     while where is not None:
         where, key = where
