@@ -725,6 +725,13 @@ class JobsEngine:
             self._pump(q)
             return
         done = f.result()
+        # The lease and the ``expected`` time count from now, when the claim took effect, not from when it was asked
+        # for: a claim that waited for the writer behind a long transaction would otherwise start with its lease
+        # used up, and every attempt would end "worker lost" (the row's lease_until, written with the claim, is only
+        # read by a restart, which gives a running attempt at least a whole lease anyway).
+        now = self.clock.now()
+        if lease_until != math.inf:
+            lease_until = now + q.options.lease
         got: list[Claimed] = []
         by_id = {e.id: e for e in picked}
         for jid, fence, attempts, value, steps, tenant, key, type_, user, priority, progress in done.rows:
