@@ -891,6 +891,13 @@ class Worker:
                     t.cancel()
                 await asyncio.wait(list(claims), timeout=10)
 
+    async def _hand_back_now(self, got: builtins.list[Claimed]) -> None:
+        """Hand back attempts claimed for a worker that is stopping (errors logged, not raised)."""
+        with contextlib.suppress(TinystoreError, OSError):
+            await self._runner.call(
+                "jobs.release", Release(queue=self.queue.name, attempts=[Attempt(c.id, c.fence) for c in got]), int
+            )
+
     async def _claim_some(self, n: int) -> None:
         """One claim of up to ``n`` attempts for free slots; starts what it gets. A failed claim waits out its
         backoff before its slots may be claimed again."""
@@ -915,10 +922,15 @@ class Worker:
                 return
             if self._stopping:
                 if got:
-                    with contextlib.suppress(TinystoreError, OSError):
-                        await runner.call(
-                            "jobs.release", Release(queue=q.name, attempts=[Attempt(c.id, c.fence) for c in got]), int
-                        )
+                    # the stop cancels this task once its loop ends: the hand-back goes on all the same (left
+                    # undone, the attempts stay running until their lease runs out, and count as lost; an
+                    # embedded store's own workers have no lease at all)
+                    back = asyncio.ensure_future(self._hand_back_now(got))
+                    try:
+                        await asyncio.shield(back)
+                    except asyncio.CancelledError:
+                        await asyncio.wait([back], timeout=10)
+                        raise
                 return
             for c in got:
                 runner.start(c)

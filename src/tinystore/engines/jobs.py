@@ -419,12 +419,13 @@ class JobsEngine:
                     log.warning("queue %s: not loaded: %s", name, exc.message)
             return
 
-    def _track(self, coro: Any) -> None:
+    def _track(self, coro: Any) -> asyncio.Task[Any]:
         """Run ``coro`` as a task the engine owns: cancelled at close, and what it raises is logged (never left
-        for "Task exception was never retrieved")."""
+        for "Task exception was never retrieved"). Returns the task."""
         task = self._spawn(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tracked_done)
+        return task
 
     def _tracked_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -1206,8 +1207,15 @@ class JobsEngine:
 
     async def release(self, queue: str, attempts: Sequence[Attempt]) -> int:
         """Hand back claimed attempts that did not run (or were stopped with their worker): each job is queued
-        again, due now, and the attempt is not counted. Returns how many were handed back."""
+        again, due now, and the attempt is not counted. Returns how many were handed back.
+
+        A cancel of the caller leaves the hand-back going on in a task of the engine's: cut short between two
+        attempts, it would leave the rest running, and an embedded store's own workers have no lease to end them
+        (a worker stopped as its claim lands is cancelled while it hands that claim back)."""
         q = await self._queue(queue)
+        return int(await asyncio.shield(self._track(self._release(q, attempts))))
+
+    async def _release(self, q: JobQueue, attempts: Sequence[Attempt]) -> int:
         n = 0
         for a in attempts:
             e = q.entries.get(a.id)

@@ -1,0 +1,41 @@
+"""From trial AG2: a worker stopped in the one loop turn between its claim's commit and the claim task's resuming
+hands back every attempt it got, even though the stop cancels that task meanwhile. An embedded store's own
+workers have no lease: an attempt not handed back would stay running for ever."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import tinystore
+from tinystore.engines.jobs_index import RUNNING
+
+from ..helpers import open_store
+from .util import START
+
+
+# contract: JOB-01
+async def test_a_stop_as_a_claim_of_several_lands_hands_every_attempt_back(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "store", clock=START) as store:
+        q = store.queue("q", timeout="5s", lease="3s", expected="2s")
+        await q.options()
+        index = store._core.engines["jobs"].queues["q"]  # read only: to time the stop
+
+        async def handler(value: Any, run: tinystore.Run) -> None:
+            await asyncio.sleep(20)
+
+        worker = q.work(handler, concurrency=5)
+        await asyncio.sleep(0.2)  # the worker's claim waits in the store
+        ids = await q.add_many([1, 2, 3, 4, 5])
+        for _ in range(10_000):
+            if any(e.where == RUNNING for e in index.entries.values()):
+                break  # the claim's write has committed; the claim task has not resumed yet
+            await asyncio.sleep(0)
+        await worker.stop(grace="0.5s")
+        assert worker.running == 0
+        await asyncio.sleep(0.2)  # (a hand-back cut short would leave its jobs running here, and for ever)
+        states = [(await q.get(i)).state for i in ids]  # type: ignore[union-attr]
+        assert states == ["queued"] * 5
+        status = (await store.status())["jobs"]["queues"][0]
+        assert (status["running"], status["queued"]) == (0, 5)
