@@ -208,6 +208,13 @@ def test_serve_refuses_tls_files_with_a_tcp_address(tmp_path: Path, free_port: i
     assert "given but there is no --listen address" in line, line
 
 
+def test_serve_refuses_tokens_with_no_address_to_guard(tmp_path: Path) -> None:
+    tokens, _, _ = write_tokens(tmp_path)
+    line = one_error_line(serve(tmp_path / "store", "--tokens", str(tokens)))
+    assert f"--tokens {tokens} given but there is no --listen address" in line, line
+    assert not (tmp_path / "store").exists()
+
+
 @pytest.mark.parametrize("case", ["no files", "no key", "missing cert", "swapped", "not PEM"])
 def test_serve_refuses_tls_files_it_cannot_use(tmp_path: Path, case: str) -> None:
     tokens, _, _ = write_tokens(tmp_path)

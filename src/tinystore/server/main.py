@@ -63,7 +63,8 @@ def check_listen(opts: ServeOptions) -> ListenPlan:
     ``tls://HOST:PORT`` (a port from 0 to 65535), a host that does not resolve, ``--listen`` without
     ``--tokens`` or a tokens file that cannot be used (:func:`load_tokens`), ``tls://`` without
     ``--tls-cert``/``--tls-key``, TLS files with no ``tls://`` address to use them (a ``tcp://`` address is
-    plain text: they would be silently ignored), a certificate or key that cannot be read or used.
+    plain text: they would be silently ignored), ``--tokens`` without ``--listen`` (ignored as well), a
+    certificate or key that cannot be read or used.
     """
     parsed: list[tuple[str, str, str, int]] = []
     for addr in opts.listen:
@@ -81,6 +82,13 @@ def check_listen(opts: ServeOptions) -> ListenPlan:
         where = f"the address {plain[0]} is tcp:// (plain text)" if plain else "there is no --listen address"
         raise InvalidError(f"{' and '.join(tls_files)} given but {where}: listen on tls://HOST:PORT to use TLS")
     if not parsed:
+        if opts.tokens:
+            # (a tokens file guards the TCP listeners only: the Unix socket is guarded by its folder, which only
+            # the server's user may enter; a file given for nothing would look like protection that is not there)
+            raise InvalidError(
+                f"--tokens {opts.tokens} given but there is no --listen address: tokens guard TCP listeners only "
+                "(the Unix socket is this user's alone); add --listen tcp://HOST:PORT, or leave --tokens out"
+            )
         return ListenPlan([], None)
     if not opts.tokens:
         raise InvalidError("--listen needs --tokens FILE: a TCP listener refuses every client without a token")
