@@ -87,6 +87,9 @@ _first = operator.itemgetter(0)
 MIGRATIONS_TABLE = "_tinystore_migrations"
 BATCH_MAX = 512
 """At most this many single writes share one commit."""
+STALL_SLACK = 1.0
+"""Seconds a transaction's thread may wake past its idle wait before the wait is taken as the server's own stall
+(the process stopped or starved), not the client's idleness: the idle wait then starts again."""
 
 
 _DEFER_WHY = (
@@ -1112,7 +1115,13 @@ class SqlDatabase:
             try:
                 call = tx.calls.get(timeout=wait)
             except queue.Empty:
-                if time.monotonic() - started >= limits.tx_max:
+                woke = time.monotonic()
+                if woke - now - wait > STALL_SLACK and woke - started < limits.tx_max:
+                    # woken far later than asked: the process was stopped (SIGSTOP, a suspended machine) or starved,
+                    # and the client's next statement may be waiting unread in its socket. Idle is the client's
+                    # doing, not the server's: the wait starts again, giving the loop the time to read it.
+                    continue
+                if woke - started >= limits.tx_max:
                     end_reason = TimeoutError_(
                         f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) "
                         "and was rolled back"
