@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 import tinystore
 from tinystore.server import paths
@@ -174,3 +177,31 @@ async def test_socket_path_too_long_falls_back_to_a_short_path(tmp_path: Path) -
         await store.close()
         await stop_sidecar(d)
     assert not sock.exists()
+
+
+# contract: STORE-02
+async def test_open_gives_up_soon_on_a_sidecar_that_takes_connections_and_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From trial AK: open() on a stopped (SIGSTOP) sidecar waited out five whole handshakes (over a minute); it
+    now gives up after one, naming it, and never starts a second server on the directory."""
+    from tinystore.client import store, transport
+
+    directory = tmp_path / "store"
+    first = await tinystore.open(directory)
+    pid = (await first.status())["pid"]
+    monkeypatch.setattr(transport, "HANDSHAKE_WAIT", 0.5)  # (15 s)
+    monkeypatch.setattr(
+        store, "QUICK_FAILURE", 0.3, raising=False
+    )  # (2 s: a failure sooner is a race with an exiting sidecar)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(tinystore.UnavailableError, match="did not answer the handshake"):
+            await tinystore.open(directory)
+        assert time.monotonic() - started < 2.5  # one handshake's wait (0.5 s here), not five
+        assert serving(directory) == {pid}
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await first.close()
+        await stop_sidecar(directory)

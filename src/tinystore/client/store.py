@@ -656,6 +656,10 @@ class _ServedBy:
         self.sidecar = self.mode in ("sidecar", "")  # a server that wrote no mode: as before, a sidecar
 
 
+QUICK_FAILURE = 2.0
+"""Seconds: a connection to a sidecar that failed sooner was a race with its exit, and is tried again."""
+
+
 async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle: float) -> Store:
     sock = paths.socket_path(path)
     extra = ["--sidecar", "--idle", format_seconds(idle), "--durability", durability, *_limits_args(limits)]
@@ -681,15 +685,19 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
         await served.learn(path, welcome)
 
     transport = RemoteTransport(endpoint, description=str(path), where=str(path), on_connected=connected)
+    loop = asyncio.get_running_loop()
     for attempt in range(5):
         served.found = False
+        began = loop.time()
         try:
             await transport.connect()
             break
         except UnavailableError:
             # a server was found but the connection failed (it was exiting, idle or killed, as we came): the
-            # next look starts a new sidecar. A server that could not be started or found is not looked for again.
-            if not served.found or attempt == 4:
+            # next look starts a new sidecar. A server that could not be started or found is not looked for again,
+            # nor one that took the connection and then did not answer (stopped or stuck: each try would wait out
+            # the whole handshake, five of them over a minute, and the same server would be found each time).
+            if not served.found or attempt == 4 or loop.time() - began >= QUICK_FAILURE:
                 raise
             await asyncio.sleep(0.05 * 2**attempt)
     store = Store(transport, mode="sidecar", directory=path, limits=limits)

@@ -285,6 +285,9 @@ _DECODERS: dict[Any, Callable[[bytes], Any]] = {}
 
 # the socket's buffer of requests not yet taken by the server: new requests wait above HIGH_WATER bytes until it
 # is down to LOW_WATER (a frame is never cut: one request of up to the frame limit goes whole)
+HANDSHAKE_WAIT = 15.0
+"""Seconds a connection waits for the server's answer to its handshake before it gives up (``UnavailableError``:
+a server stopped or stuck)."""
 HIGH_WATER = 4 * 1024 * 1024
 LOW_WATER = 1024 * 1024
 
@@ -600,7 +603,7 @@ class RemoteTransport(Transport):
             )
         )
         try:
-            async with asyncio.timeout(15.0):
+            async with asyncio.timeout(HANDSHAKE_WAIT):
                 welcome = await proto.welcome
         except TimeoutError:
             proto.transport.close()
