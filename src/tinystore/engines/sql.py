@@ -42,6 +42,7 @@ import msgspec
 from ..errors import (
     ClosedError,
     ConflictError,
+    CorruptError,
     InvalidError,
     LimitError,
     PermissionDeniedError,
@@ -329,6 +330,9 @@ class SqlDatabase:
         self._schema_seen = -1  # the schema version _deferred was read at (writer thread)
         self._deferred = False  # whether the schema has INITIALLY DEFERRED constraints (see _deferred_constraints)
         self._schema_rowid = False  # whether a view or trigger of the schema calls last_insert_rowid() (same)
+        self._file_id: tuple[int, int] | None = None  # (device, inode) of the file at the open: see _files_gone
+        self._wal = path.with_name(path.name + "-wal")
+        self._told_gone = False
 
     # -- connections -----------------------------------------------------------------------------
 
@@ -376,6 +380,18 @@ class SqlDatabase:
                     "its directory (move the file there in place of the link)"
                 )
         wal, shm = self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")
+        try:
+            orphan_wal = not self.path.exists() and wal.stat().st_size > 0
+        except OSError:
+            orphan_wal = False
+        if orphan_wal:
+            # the database file was removed (or moved) while a server had it open, and that server then died: a
+            # new, empty file here would have the WAL's commits applied to it, pages of another database
+            raise CorruptError(
+                f"database {self.name}: its WAL file {wal} holds commits but the database file {self.path} is gone "
+                "(removed or moved while the store ran): put the database file back, or move the WAL and "
+                f"{shm.name} away to start the database empty"
+            )
         for path, create in ((self.path, os.O_CREAT), (wal, 0), (shm, 0)):
             try:
                 fd = os.open(path, os.O_RDWR | create | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -387,6 +403,54 @@ class SqlDatabase:
                 pass
             finally:
                 os.close(fd)
+
+    def _files_gone(self, conn: sqlite3.Connection) -> TinystoreError | None:
+        """After a commit (writer thread): ``UnavailableError`` when it went into files the store's next start
+        will not find, else ``None``. SQLite keeps writing into a database file, or a WAL, removed (or renamed)
+        under it: each write is acknowledged, and lost at the next start. The database file must still be the
+        one opened (its device and inode); a removed WAL's commits are copied into the database file at once
+        (a passive checkpoint, synced as the database's durability says), which keeps them, and only when that
+        cannot copy all of them (a reader holds an older snapshot) is the commit refused. Two ``stat`` calls a
+        commit: a few microseconds beside its fsync."""
+        try:
+            st = os.stat(self.path)
+            same = self._file_id is None or (st.st_dev, st.st_ino) == self._file_id
+        except OSError:
+            same = False
+        if not same:
+            return self._gone(
+                f"its file {self.path} was removed or replaced while the store ran, so this commit went into a file "
+                "the store will not find at its next start"
+            )
+        if os.path.exists(self._wal):
+            return None
+        try:
+            busy, frames, copied = conn.execute("pragma wal_checkpoint(passive)").fetchone()
+        except sqlite3.Error:
+            busy, frames, copied = 1, 1, 0
+        if not self._told_gone:
+            self._told_gone = True
+            log.error(
+                "database %s: its WAL file %s was removed while the store ran: each commit is copied into the "
+                "database file at once, to be kept; restart the store (tinystore stop DIR) to end this",
+                self.name,
+                self._wal,
+            )
+        if busy or copied < frames:
+            return self._gone(
+                f"its WAL file {self._wal} was removed while the store ran, and this commit could not be copied "
+                "into the database file (a read held an older snapshot): it may be lost at the next start"
+            )
+        return None
+
+    def _gone(self, what: str) -> TinystoreError:
+        if not self._told_gone:
+            self._told_gone = True
+            log.error("database %s: %s; restart the store (tinystore stop DIR)", self.name, what)
+        return UnavailableError(
+            f"database {self.name}: {what}; restart the store (tinystore stop DIR, or close an embedded store) to "
+            "go on with the file in its place"
+        )
 
     def _error(self, exc: BaseException) -> TinystoreError:
         """:func:`sql_error` for this database."""
@@ -426,6 +490,11 @@ class SqlDatabase:
             writer = self.connect(readonly=False)
         except sqlite3.Error as exc:
             raise self._error(exc) from None
+        try:
+            st = os.stat(self.path)
+            self._file_id = (st.st_dev, st.st_ino)
+        except OSError:
+            self._file_id = None
         readers: list[sqlite3.Connection] = []
         try:
             applied = self._migrate(writer, migrations)
@@ -879,10 +948,14 @@ class SqlDatabase:
                 return
             self.stats["commits"] += 1
             self.stats["writes"] += len(batch)
+            gone = self._files_gone(conn)
         except BaseException as exc:
             rollback_quietly(conn)
             err = self._error(exc)
             self.results.put_many([(w.fut, None, err) for w in batch])
+            return
+        if gone is not None:
+            self.results.put_many([(w.fut, None, gone) for w in batch])
             return
         self.results.put_many(results)
 
@@ -918,7 +991,8 @@ class SqlDatabase:
                 continue
             self.stats["commits"] += 1
             self.stats["writes"] += 1
-            results.append((w.fut, done, None))
+            gone = self._files_gone(conn)
+            results.append((w.fut, None, gone) if gone is not None else (w.fut, done, None))
         return results
 
     def _batch_again(
@@ -1140,9 +1214,11 @@ class SqlDatabase:
                 try:
                     ctl(conn, "commit")
                     tx.done = True
+                    gone = None
                     if writer:
                         self.stats["commits"] += 1
-                    put(call.fut, None, None)
+                        gone = self._files_gone(conn)
+                    put(call.fut, None, gone)
                 except BaseException as exc:
                     err = self._error(exc)
                     if conn.in_transaction:

@@ -1,0 +1,75 @@
+"""From trial AJ: a database file or its WAL removed (or renamed) while the store runs. SQLite goes on writing into
+the removed file, so every write was acknowledged and lost at the next start. A commit into a database file that
+is gone is now refused, naming it; a removed WAL's commits are copied into the database file before they are
+acknowledged, so they survive a kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tests.helpers import open_store
+
+MIGRATION = [("1.sql", "create table t (x integer);")]
+
+
+# contract: SQL-02
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+@pytest.mark.parametrize("how", ["removed", "renamed"])
+async def test_a_commit_into_a_database_file_no_longer_in_place_is_refused(tmp_path: Path, mode: str, how: str) -> None:
+    directory = tmp_path / "store"
+    async with open_store(mode, directory) as store:
+        db = await store.database("app", migrations=MIGRATION)
+        await db.exec("insert into t (x) values (1)")
+        path = directory / "sql" / "app.db"
+        if how == "removed":
+            path.unlink()
+        else:
+            path.rename(path.with_name("elsewhere.db"))
+        for write in (db.exec("insert into t (x) values (2)"), db.tx(lambda tx: tx.exec("insert into t values (3)"))):
+            with pytest.raises(tinystore.UnavailableError, match=r"database app: its file .*app\.db was removed or"):
+                await write
+        # the store's other databases go on
+        other = await store.database("other", migrations=MIGRATION)
+        await other.exec("insert into t (x) values (1)")
+        assert await other.scalar("select count(*) from t") == 1
+
+
+# contract: SQL-02
+async def test_commits_acknowledged_after_the_wal_was_removed_survive_a_kill_9(tmp_path: Path) -> None:
+    directory = tmp_path / "store"
+    async with open_store("private", directory) as store:
+        db = await store.database("app", migrations=MIGRATION)
+        await db.exec("insert into t (x) values (0)")
+        (directory / "sql" / "app.db-wal").unlink()
+        for i in range(1, 21):
+            await db.exec("insert into t (x) values (?)", i)
+
+        async def body(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (x) values (21)")
+
+        await db.tx(body)
+        pid = (await store.status())["pid"]
+        os.kill(pid, signal.SIGKILL)
+    async with open_store("private", directory) as store:
+        db = await store.database("app")
+        assert await db.scalar("select count(*) from t") == 22
+
+
+# contract: SQL-02
+async def test_a_wal_left_without_its_database_file_is_refused_not_applied_to_a_new_one(tmp_path: Path) -> None:
+    directory = tmp_path / "store"
+    async with open_store("private", directory) as store:
+        db = await store.database("app", migrations=MIGRATION)
+        await db.exec("insert into t (x) values (1)")
+        (directory / "sql" / "app.db").unlink()  # removed, then the server dies with the WAL left behind
+        os.kill((await store.status())["pid"], signal.SIGKILL)
+    assert (directory / "sql" / "app.db-wal").stat().st_size > 0
+    async with open_store("embedded", directory) as store:
+        with pytest.raises(tinystore.CorruptError, match=r"database app: its WAL file .* the database file .* is gone"):
+            await store.database("app")
+        assert not (directory / "sql" / "app.db").exists()  # no empty database made in its place
