@@ -53,7 +53,7 @@ from ..errors import (
 from ..limits import Limits
 from ..names import NAME, check_name
 from ..protocol.sql import Done, Rows
-from .sql_errors import autoincrement_spent, migration_error, rolled_back_by, sql_error
+from .sql_errors import autoincrement_spent, migration_error, rolled_back_by, sql_error, storage_error
 from .sql_guard import (
     DEFERRING_TAG,
     MOVE_OFF_LOOP,
@@ -452,6 +452,13 @@ class SqlDatabase:
             "go on with the file in its place"
         )
 
+    def _writable(self) -> bool:
+        """Whether this process may write the database's files and its folder (as SQLite needs, to write)."""
+        paths = (self.path, self._wal, self.path.with_name(self.path.name + "-shm"))
+        if not os.access(self.path.parent, os.W_OK | os.X_OK):
+            return False
+        return all(os.access(p, os.W_OK) for p in paths if p.exists())
+
     def _error(self, exc: BaseException) -> TinystoreError:
         """:func:`sql_error` for this database."""
         if isinstance(exc, MemoryError):  # SQLITE_NOMEM: past the hard heap limit (Limits.sql_memory_bytes)
@@ -468,6 +475,10 @@ class SqlDatabase:
                 f"limit sql_result_bytes: no value can be larger than a result may be); SQLite: {exc}",
                 limit=limit,
             )
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY" and not self._writable():
+            # SQLite opened the file read-only, for want of permission, and says so with the code of a write on a
+            # reader's connection: the file system refused, the statement is not at fault
+            return storage_error(self.name, "SQLITE_READONLY", str(exc))
         err = sql_error(self.name, exc, self.limits.statement_timeout)
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
             table = autoincrement_spent(self.path)

@@ -78,7 +78,7 @@ def sql_error(db: str, exc: BaseException, statement_timeout: float | None = Non
     name = getattr(exc, "sqlite_errorname", "") or ""
     # (plain SQLITE_READONLY is a write on a reader's connection, below; its extended codes are the file's)
     if name.startswith(("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READONLY_")):
-        return _storage_error(db, name, msg)
+        return storage_error(db, name, msg)
     if isinstance(exc, sqlite3.OperationalError) and "readonly" in msg:
         return InvalidError(f"database {db}: {msg} (this call reads; a statement that writes goes through exec)")
     if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in msg or "not a database" in msg):
@@ -104,7 +104,7 @@ def autoincrement_spent(path: Path) -> str | None:
     return None if row is None else str(row[0])
 
 
-def _storage_error(db: str, name: str, msg: str) -> UnavailableError:
+def storage_error(db: str, name: str, msg: str) -> UnavailableError:
     """What the file system refused (the disk is full, an I/O error, a file that cannot be opened or
     written): ``UnavailableError``, which the caller may try again later, never ``InvalidError`` (its SQL is
     not at fault). Nothing the statement wrote is kept."""
