@@ -36,7 +36,7 @@ from ..names import check_name
 from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Backup, Empty, Stop
 from ..server import paths
-from ..server.dirlock import LOCK, held_here, unserved_here
+from ..server.dirlock import LOCK, held_here, socket_gone, unserved_here
 from .sql import Database, read_migrations
 
 if TYPE_CHECKING:
@@ -799,8 +799,8 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
             # it said why it could not start (a full disk, a read-only directory, a corrupt file): that will not
             # pass by starting it again. A busy directory may: another process's sidecar is starting.
             err = _sidecar_error(log_path, start)
-            if err is not None and not isinstance(err, InUseError):
-                raise err
+            if err is not None and (not isinstance(err, InUseError) or socket_gone(directory) is not None):
+                raise err  # (a busy directory may pass, but not a server whose socket was removed)
     err = _sidecar_error(log_path, 0)
     why = err.message if err is not None else _last_line(log_path)
     raise UnavailableError(f"store {directory}: the sidecar did not start within {timeout:g}s ({why})")

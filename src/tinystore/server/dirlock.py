@@ -73,6 +73,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def socket_gone(directory: Path) -> str | None:
+    """The socket that the live server of ``directory`` said it serves (in its address file), when that socket
+    file is gone (removed while the server ran: a server writes its address only once it listens); else None."""
+    from . import paths
+
+    info = paths.read_address(directory)
+    if not info or not str(info.get("pid", "")).isdigit() or not _alive(int(info["pid"])):
+        return None
+    sock = info.get("socket")
+    if not isinstance(sock, str) or os.path.exists(sock):
+        return None
+    return sock
+
+
 def is_store(directory: Path) -> bool:
     """Whether ``directory`` holds a store: every store has its ``LOCK`` file, made when it is first opened
     (and kept: the lock is let go, the file stays)."""
@@ -167,8 +181,16 @@ class DirLock:
             # connect to it
             return InUseError(
                 f"{where}: the directory is owned by another process (pid {owner}), which does not serve its "
-                "socket (an embedded store opened with serve=False, or a server still starting): nothing can "
+                "socket (an embedded store opened with serve=False, a server still starting, or one whose server/ "
+                "folder was removed while it ran): nothing can "
                 "connect to it; use the store in that process, or open it there with serve=True"
+            )
+        sock = socket_gone(self.path.parent)
+        if sock is not None:
+            return InUseError(
+                f"{where}: the directory is owned by another process (pid {owner}) whose socket {sock} is gone "
+                "(removed while it ran): nothing can connect to it here; stop that process (SIGTERM stops it "
+                "gracefully) and open the store again"
             )
         return InUseError(
             f"{where}: the directory is owned by another process (pid {owner}); connect to it with "

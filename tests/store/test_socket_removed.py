@@ -1,0 +1,35 @@
+"""From trial AJ: the socket of a `tinystore serve` removed while it runs. A new `open(dir)` waited 20 s, then said
+"connect to it with tinystore.open() instead of owning it" (it had called open). It now says at once that the
+owner's socket is gone, and never starts a second server on the directory."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tinystore.server import paths
+
+from ..helpers import ServerProcess
+
+
+# contract: STORE-01
+# contract: STORE-02
+async def test_open_says_at_once_that_the_owners_socket_was_removed(tmp_path: Path) -> None:
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    try:
+        sock = paths.socket_path(directory.resolve())
+        sock.unlink()
+        started = time.monotonic()
+        with pytest.raises(tinystore.InUseError) as caught:
+            await tinystore.open(directory)
+        assert time.monotonic() - started < 10  # not the 20 s a sidecar is given to start
+        message = caught.value.message
+        assert f"(pid {server.proc.pid if server.proc else '?'}) whose socket {sock} is gone" in message, message
+        assert "instead of owning it" not in message
+        assert server.proc is not None and server.proc.poll() is None  # the owner goes on, alone
+    finally:
+        server.stop()
