@@ -122,6 +122,27 @@ async def test_a_sidecar_that_cannot_start_says_why_at_once(tmp_path: Path) -> N
     assert time.monotonic() - started < 10
 
 
+# contract: STORE-02
+async def test_a_sidecar_that_exits_without_a_word_on_a_full_disk_is_said_to_have_found_it_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From trial AJ: on a full disk the sidecar cannot even write its log; open() started one after another for
+    20 s, then guessed. It now says at once that the disk is full."""
+    from tinystore.client import store as store_module
+
+    class Full:
+        f_files, f_favail, f_bavail, f_frsize = 1000, 900, 3, 4096
+
+    real_statvfs = os.statvfs
+    directory = tmp_path / "store"
+    monkeypatch.setattr(store_module, "_server_cmd", lambda *a: [sys.executable, "-c", "raise SystemExit(1)"])
+    monkeypatch.setattr(os, "statvfs", lambda p: Full() if Path(p) == directory else real_statvfs(p))
+    started = time.monotonic()
+    with pytest.raises(tinystore.UnavailableError, match=r"the sidecar could not start: the disk is full \(12 KiB"):
+        await tinystore.open(directory)
+    assert time.monotonic() - started < 10
+
+
 async def test_queues_that_cannot_be_loaded_at_start_are_loaded_once_they_can(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -801,6 +801,12 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
             err = _sidecar_error(log_path, start)
             if err is not None and (not isinstance(err, InUseError) or socket_gone(directory) is not None):
                 raise err  # (a busy directory may pass, but not a server whose socket was removed)
+            full = _disk_full(directory) if err is None else None
+            if full is not None:  # (it could not even write why to its log)
+                raise UnavailableError(
+                    f"store {directory}: the sidecar could not start: the disk is full ({full}); free some space "
+                    "and open the store again"
+                )
     err = _sidecar_error(log_path, 0)
     why = err.message if err is not None else _last_line(log_path)
     raise UnavailableError(f"store {directory}: the sidecar did not start within {timeout:g}s ({why})")
@@ -819,6 +825,23 @@ def _sidecar_error(log_path: Path, start: int) -> TinystoreError | None:
         if sep and code.startswith("error[") and message:
             return error_from(code.removeprefix("error["), message)
     return None
+
+
+DISK_FULL_BYTES = 256 * 1024
+"""Below this much free space (for this user), a sidecar that exited without a word is taken to have found the
+disk full."""
+
+
+def _disk_full(directory: Path) -> str | None:
+    """How the file system holding ``directory`` is full (``"12 KiB free"``, ``"no free inodes"``), or None."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    if st.f_files and st.f_favail == 0:
+        return "no free inodes"
+    free = st.f_bavail * st.f_frsize
+    return f"{free // 1024} KiB free" if free < DISK_FULL_BYTES else None
 
 
 def _last_line(log_path: Path) -> str:
