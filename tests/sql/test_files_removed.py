@@ -73,3 +73,24 @@ async def test_a_wal_left_without_its_database_file_is_refused_not_applied_to_a_
         with pytest.raises(tinystore.CorruptError, match=r"database app: its WAL file .* the database file .* is gone"):
             await store.database("app")
         assert not (directory / "sql" / "app.db").exists()  # no empty database made in its place
+
+
+async def test_a_database_that_cannot_be_made_leaves_no_empty_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From trial AJ: database() on a full disk failed, naming it, and left a 0-byte NAME.db behind."""
+    import sqlite3
+
+    from tinystore.engines import sql
+
+    def full(self: sql.SqlDatabase, *, readonly: bool) -> sqlite3.Connection:
+        exc = sqlite3.OperationalError("database or disk is full")
+        exc.sqlite_errorname = "SQLITE_FULL"  # type: ignore[attr-defined]
+        raise exc
+
+    directory = tmp_path / "store"
+    async with open_store("embedded", directory) as store:
+        monkeypatch.setattr(sql.SqlDatabase, "connect", full)
+        with pytest.raises(tinystore.UnavailableError, match="database new2: database or disk is full"):
+            await store.database("new2")
+        assert not (directory / "sql" / "new2.db").exists()

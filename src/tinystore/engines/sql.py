@@ -298,6 +298,13 @@ class SqlTx:
             self.calls.put(None)
 
 
+def _empty_file(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except OSError:
+        return False
+
+
 class SqlDatabase:
     """One SQLite file with its writer thread and reader threads. Create with :meth:`SqlEngine.open`."""
 
@@ -734,11 +741,19 @@ class SqlDatabase:
                 self._inline_deadline = math.inf
                 try:
                     ctl(conn, "commit")
-                except sqlite3.Error:
+                except sqlite3.Error as exc:
+                    # (a file that went bad under the read: the read's caller was told already, as CorruptError or
+                    # UnavailableError; SQLite may have ended the transaction itself)
                     try:
-                        ctl(conn, "rollback")
-                    except sqlite3.Error:
-                        log.exception("database %s: ending the inline read transaction", self.name)
+                        if conn.in_transaction:
+                            ctl(conn, "rollback")
+                    except sqlite3.Error as again:
+                        log.warning(
+                            "database %s: the inline read transaction could not be ended (%s, then %s)",
+                            self.name,
+                            exc,
+                            again,
+                        )
 
     def read_later(self, sql: str, values: list[Any], mode: str = "all") -> asyncio.Future[Rows]:
         """A read on a reader thread (``values`` checked already, see :meth:`read_now`)."""
@@ -1555,8 +1570,9 @@ class SqlEngine:
                     start.add_done_callback(functools.partial(self._started_unseen, db, lock))
                     raise
                 except TinystoreError:
-                    if not existed and db.applied_before_failure == 0:
-                        # made by this open, whose first migration failed: leave no file with nothing in it
+                    if not existed and (db.applied_before_failure == 0 or _empty_file(path)):
+                        # made by this open, whose first migration failed (or that failed before any, a full disk):
+                        # leave no file with nothing in it
                         for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
                             leftover.unlink(missing_ok=True)
                     raise
