@@ -257,8 +257,8 @@ def test_serve_refuses_a_directory_it_cannot_write(tmp_path: Path) -> None:
             done = serve(directory)
         finally:
             parent.chmod(0o755)
-    line = one_error_line(done)
-    assert line.startswith(f"error[invalid] store {directory}: permission denied on "), line
+    line = one_error_line(done, "permission_denied")  # as an embedded open() says it
+    assert line.startswith(f"error[permission_denied] store {directory}: permission denied on "), line
     assert not directory.exists()
 
 

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 from .. import __version__
 from ..clock import Clock
-from ..errors import InvalidError
+from ..errors import InvalidError, PermissionDeniedError
 from ..limits import Limits
 from ..protocol.frames import PROTOCOL_VERSION
 from . import paths
@@ -256,9 +256,9 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
     return 0
 
 
-def permission_error(directory: Path, exc: PermissionError) -> InvalidError:
-    """A store directory this process may not write, as one clear error."""
-    return InvalidError(
+def permission_error(directory: Path, exc: PermissionError) -> PermissionDeniedError:
+    """A store directory this process may not write, as one clear error (as an embedded ``open`` gives it)."""
+    return PermissionDeniedError(
         f"store {directory}: permission denied on {exc.filename or directory}: this user (uid {os.getuid()}) "
         "cannot own a store there"
     )
