@@ -88,9 +88,21 @@ _first = operator.itemgetter(0)
 MIGRATIONS_TABLE = "_tinystore_migrations"
 BATCH_MAX = 512
 """At most this many single writes share one commit."""
-STALL_SLACK = 1.0
+STALL_SLACK = 0.1
 """Seconds a transaction's thread may wake past its idle wait before the wait is taken as the server's own stall
 (the process stopped or starved), not the client's idleness: the idle wait then starts again."""
+IDLE_GRACE = 0.25
+"""Seconds of a last look for a transaction's next call once its idle wait ended on time (a stop of the process
+that ended just then: its loop has yet to read the call)."""
+_NO_CALL: Any = object()
+
+
+def _take(calls: queue.SimpleQueue[Any], timeout: float) -> Any:
+    """The next call of a transaction within ``timeout`` seconds, or ``_NO_CALL``."""
+    try:
+        return calls.get(timeout=timeout)
+    except queue.Empty:
+        return _NO_CALL
 
 
 _DEFER_WHY = (
@@ -1212,16 +1224,21 @@ class SqlDatabase:
                     "and was rolled back"
                 )
                 break
-            try:
-                call = tx.calls.get(timeout=wait)
-            except queue.Empty:
+            call = _take(tx.calls, wait)
+            if call is _NO_CALL:
                 woke = time.monotonic()
-                if woke - now - wait > STALL_SLACK and woke - started < limits.tx_max:
-                    # woken far later than asked: the process was stopped (SIGSTOP, a suspended machine) or starved,
+                in_time = woke - started < limits.tx_max
+                if in_time and woke - now - wait > STALL_SLACK:
+                    # woken later than asked: the process was stopped (SIGSTOP, a suspended machine) or starved,
                     # and the client's next statement may be waiting unread in its socket. Idle is the client's
                     # doing, not the server's: the wait starts again, giving the loop the time to read it.
                     continue
-                if woke - started >= limits.tx_max:
+                if in_time:
+                    # woken on time, yet a stop may have ended just now, the loop not having read yet what the
+                    # client sent meanwhile: a last look, a moment later
+                    call = _take(tx.calls, IDLE_GRACE)
+            if call is _NO_CALL:
+                if time.monotonic() - started >= limits.tx_max:
                     end_reason = TimeoutError_(
                         f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) "
                         "and was rolled back"
