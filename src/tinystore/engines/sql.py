@@ -45,6 +45,7 @@ from ..errors import (
     CorruptError,
     InvalidError,
     LimitError,
+    OutcomeUnknownError,
     PermissionDeniedError,
     TimeoutError_,
     TinystoreError,
@@ -349,7 +350,8 @@ class SqlDatabase:
         self._schema_seen = -1  # the schema version _deferred was read at (writer thread)
         self._deferred = False  # whether the schema has INITIALLY DEFERRED constraints (see _deferred_constraints)
         self._schema_rowid = False  # whether a view or trigger of the schema calls last_insert_rowid() (same)
-        self._file_id: tuple[int, int] | None = None  # (device, inode) of the file at the open: see _files_gone
+        self._file_id: tuple[int, int] | None = None  # (device, inode) of the file at the open: _check_in_place
+        self._wal_id: tuple[int, int] | None = None  # (device, inode) of its WAL at the first commit: _wal_kept
         self._wal = path.with_name(path.name + "-wal")
         self._told_gone = False
 
@@ -423,53 +425,61 @@ class SqlDatabase:
             finally:
                 os.close(fd)
 
-    def _files_gone(self, conn: sqlite3.Connection) -> TinystoreError | None:
-        """After a commit (writer thread): ``UnavailableError`` when it went into files the store's next start
-        will not find, else ``None``. SQLite keeps writing into a database file, or a WAL, removed (or renamed)
-        under it: each write is acknowledged, and lost at the next start. The database file must still be the
-        one opened (its device and inode); a removed WAL's commits are copied into the database file at once
-        (a passive checkpoint, synced as the database's durability says), which keeps them, and only when that
-        cannot copy all of them (a reader holds an older snapshot) is the commit refused. Two ``stat`` calls a
-        commit: a few microseconds beside its fsync."""
+    def _check_in_place(self) -> None:
+        """Before a commit (writer thread): raise ``UnavailableError`` when the database file is no longer the one
+        opened (its device and inode), removed or renamed while the store ran. SQLite would go on writing into
+        it: each commit acknowledged, and lost at the next start. The caller rolls back, so nothing of it is kept.
+        One ``stat`` call a commit, beside its fsync."""
         try:
             st = os.stat(self.path)
             same = self._file_id is None or (st.st_dev, st.st_ino) == self._file_id
         except OSError:
             same = False
         if not same:
-            return self._gone(
-                f"its file {self.path} was removed or replaced while the store ran, so this commit went into a file "
-                "the store will not find at its next start"
+            what = f"its file {self.path} was removed or replaced while the store ran"
+            self._tell_once(what)
+            raise UnavailableError(
+                f"database {self.name}: {what}, so nothing more can be committed where the store will find it at "
+                "its next start (nothing of this was committed); restart the store (tinystore stop DIR, or close "
+                "an embedded store) to go on with the file in its place"
             )
-        if os.path.exists(self._wal):
+
+    def _wal_kept(self, conn: sqlite3.Connection) -> TinystoreError | None:
+        """After a commit (writer thread): ``None`` when it is kept, else the error to answer. The WAL must be the
+        file SQLite writes: removed or replaced while the store ran (another program opening the database makes
+        an empty one in its place), SQLite goes on writing into the removed file, lost at a crash. Then each
+        commit is copied into the database file at once (a passive checkpoint, synced as the database's
+        durability says), which keeps it; only when that cannot copy all of it (a read holds an older snapshot)
+        is it ``OutcomeUnknownError``: kept if the store stops gracefully, lost if it dies. One ``stat`` call."""
+        try:
+            st = os.stat(self._wal)
+            ident: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            ident = None
+        if ident is not None and self._wal_id is None:
+            self._wal_id = ident  # (its first commit: the WAL SQLite made at the open)
+        if ident is not None and ident == self._wal_id:
             return None
+        self._tell_once(
+            f"its WAL file {self._wal} was removed or replaced while the store ran: each commit is copied into the "
+            "database file at once, to be kept"
+        )
         try:
             busy, frames, copied = conn.execute("pragma wal_checkpoint(passive)").fetchone()
         except sqlite3.Error:
             busy, frames, copied = 1, 1, 0
-        if not self._told_gone:
-            self._told_gone = True
-            log.error(
-                "database %s: its WAL file %s was removed while the store ran: each commit is copied into the "
-                "database file at once, to be kept; restart the store (tinystore stop DIR) to end this",
-                self.name,
-                self._wal,
-            )
         if busy or copied < frames:
-            return self._gone(
-                f"its WAL file {self._wal} was removed while the store ran, and this commit could not be copied "
-                "into the database file (a read held an older snapshot): it may be lost at the next start"
+            return OutcomeUnknownError(
+                f"database {self.name}: its WAL file {self._wal} was removed or replaced while the store ran, and "
+                "this commit could not be copied into the database file (a read held an older snapshot): it is "
+                "kept if the store stops gracefully, lost if it dies; restart the store (tinystore stop DIR)"
             )
         return None
 
-    def _gone(self, what: str) -> TinystoreError:
+    def _tell_once(self, what: str) -> None:
         if not self._told_gone:
             self._told_gone = True
             log.error("database %s: %s; restart the store (tinystore stop DIR)", self.name, what)
-        return UnavailableError(
-            f"database {self.name}: {what}; restart the store (tinystore stop DIR, or close an embedded store) to "
-            "go on with the file in its place"
-        )
 
     def _writable(self) -> bool:
         """Whether this process may write the database's files and its folder (as SQLite needs, to write)."""
@@ -974,6 +984,7 @@ class SqlDatabase:
                 ctl(conn, "rollback")
                 self.results.put_many(self._one_by_one(conn, batch, arm))
                 return
+            self._check_in_place()
             try:
                 ctl(conn, "commit")
             except sqlite3.IntegrityError:
@@ -986,7 +997,7 @@ class SqlDatabase:
                 return
             self.stats["commits"] += 1
             self.stats["writes"] += len(batch)
-            gone = self._files_gone(conn)
+            gone = self._wal_kept(conn)
         except BaseException as exc:
             rollback_quietly(conn)
             err = self._error(exc)
@@ -1022,6 +1033,7 @@ class SqlDatabase:
                 ctl(conn, "begin immediate")
                 arm(time.monotonic())
                 done = self._exec(conn, w.sql, w.params, w.own)
+                self._check_in_place()
                 ctl(conn, "commit")
             except BaseException as exc:
                 rollback_quietly(conn)
@@ -1029,7 +1041,7 @@ class SqlDatabase:
                 continue
             self.stats["commits"] += 1
             self.stats["writes"] += 1
-            gone = self._files_gone(conn)
+            gone = self._wal_kept(conn)
             results.append((w.fut, None, gone) if gone is not None else (w.fut, done, None))
         return results
 
@@ -1255,12 +1267,14 @@ class SqlDatabase:
                 break
             if call.op == "commit":
                 try:
+                    if writer:
+                        self._check_in_place()
                     ctl(conn, "commit")
                     tx.done = True
                     gone = None
                     if writer:
                         self.stats["commits"] += 1
-                        gone = self._files_gone(conn)
+                        gone = self._wal_kept(conn)
                     put(call.fut, None, gone)
                 except BaseException as exc:
                     err = self._error(exc)
