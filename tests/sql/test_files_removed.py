@@ -34,6 +34,10 @@ async def test_a_commit_into_a_database_file_no_longer_in_place_is_refused(tmp_p
         for write in (db.exec("insert into t (x) values (2)"), db.tx(lambda tx: tx.exec("insert into t values (3)"))):
             with pytest.raises(tinystore.UnavailableError, match=r"database app: its file .*app\.db was removed or"):
                 await write
+        try:  # a read may still see the removed file, or fail: then its error names the file too
+            await db.scalar("select count(*) from t")
+        except tinystore.UnavailableError as exc:
+            assert f"its file {path} was removed or replaced" in exc.message, exc.message
         if how == "renamed":  # what was refused was not kept: the file put back holds none of it
             path.with_name("elsewhere.db").rename(path)
             with sqlite3.connect(path) as conn:

@@ -425,17 +425,20 @@ class SqlDatabase:
             finally:
                 os.close(fd)
 
+    def _in_place(self) -> bool:
+        """Whether the database file at its path is still the one opened (its device and inode)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return self._file_id is None or (st.st_dev, st.st_ino) == self._file_id
+
     def _check_in_place(self) -> None:
         """Before a commit (writer thread): raise ``UnavailableError`` when the database file is no longer the one
         opened (its device and inode), removed or renamed while the store ran. SQLite would go on writing into
         it: each commit acknowledged, and lost at the next start. The caller rolls back, so nothing of it is kept.
         One ``stat`` call a commit, beside its fsync."""
-        try:
-            st = os.stat(self.path)
-            same = self._file_id is None or (st.st_dev, st.st_ino) == self._file_id
-        except OSError:
-            same = False
-        if not same:
+        if not self._in_place():
             what = f"its file {self.path} was removed or replaced while the store ran"
             self._tell_once(what)
             raise UnavailableError(
@@ -504,7 +507,14 @@ class SqlDatabase:
                 f"limit sql_result_bytes: no value can be larger than a result may be); SQLite: {exc}",
                 limit=limit,
             )
-        if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY" and not self._writable():
+        code = getattr(exc, "sqlite_errorname", "") or ""
+        if code.startswith("SQLITE_IOERR") and not self._in_place():
+            return UnavailableError(
+                f"database {self.name}: {exc} ({code}): its file {self.path} was removed or replaced while the store "
+                "ran; restart the store (tinystore stop DIR, or close an embedded store) to go on with the file in "
+                "its place"
+            )
+        if code == "SQLITE_READONLY" and not self._writable():
             # SQLite opened the file read-only, for want of permission, and says so with the code of a write on a
             # reader's connection: the file system refused, the statement is not at fault
             return storage_error(self.name, "SQLITE_READONLY", str(exc))
@@ -1087,8 +1097,9 @@ class SqlDatabase:
                 return results
 
     def _vacuum(self, conn: sqlite3.Connection, w: _Write, arm: _Arm) -> None:
-        """``VACUUM``: alone on the writer, outside any transaction (SQLite cannot vacuum inside one). It rewrites
-        the whole file, so it takes as long as the database is large (and stops at the statement time limit)."""
+        """``VACUUM`` (or ``PRAGMA wal_checkpoint``): alone on the writer, outside any transaction (SQLite runs
+        neither inside one). A VACUUM rewrites the whole file, so it takes as long as the database is large (and
+        stops at the statement time limit)."""
         arm(time.monotonic())
         c: Any = conn
         c.internal = True  # its own BEGIN and scratch database; VACUUM INTO a file stays refused (authorizer)

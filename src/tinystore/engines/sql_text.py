@@ -181,11 +181,17 @@ def has_deferred_constraint(schema: Sequence[str]) -> bool:
     return any(_INITIALLY_DEFERRED.search(_SQL_NOISE.sub(" ", text)) for text in schema)
 
 
+_CHECKPOINT = re.compile(r"pragma\s+(?:[a-z_][a-z0-9_]*\s*\.\s*)?wal_checkpoint\b", re.IGNORECASE)
+
+
 @_cached_for_short_texts(256)
 def is_vacuum(sql: str) -> bool:
-    """Whether ``sql`` is a ``VACUUM``: the writer runs it alone, outside a transaction."""
+    """Whether ``sql`` is a ``VACUUM`` or a ``PRAGMA wal_checkpoint``: the writer runs it alone, outside a
+    transaction (SQLite runs neither inside one: a checkpoint there fails as "database table is locked")."""
     head = _skip_comments(sql)
-    return head[:6].lower() == "vacuum" and (len(head) == 6 or not (head[6].isalnum() or head[6] == "_"))
+    if head[:6].lower() == "vacuum" and (len(head) == 6 or not (head[6].isalnum() or head[6] == "_")):
+        return True
+    return head[:6].lower() == "pragma" and _CHECKPOINT.match(head) is not None
 
 
 MIGRATION_NAME_MAX = 255
