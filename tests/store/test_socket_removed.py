@@ -33,3 +33,24 @@ async def test_open_says_at_once_that_the_owners_socket_was_removed(tmp_path: Pa
         assert server.proc is not None and server.proc.poll() is None  # the owner goes on, alone
     finally:
         server.stop()
+
+
+# contract: STORE-05
+def test_stop_stops_a_server_whose_socket_was_removed(tmp_path: Path) -> None:
+    """From trial AL: `tinystore stop DIR` said no server was running there; it now stops it with SIGTERM (as
+    gracefully), saying so."""
+    import subprocess
+    import sys
+
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    try:
+        paths.socket_path(directory.resolve()).unlink()
+        done = subprocess.run(
+            [sys.executable, "-m", "tinystore", "stop", str(directory)], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert "lost its socket" in done.stderr and "sent it SIGTERM" in done.stderr, done.stderr
+        assert server.proc is not None and server.proc.wait(10) == 0  # a graceful stop
+    finally:
+        server.stop()

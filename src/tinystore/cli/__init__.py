@@ -6,7 +6,9 @@ import asyncio
 import functools
 import json
 import math
+import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import datetime
@@ -286,11 +288,26 @@ def stop(directory: Path, grace: str) -> None:
         import time
 
         from ..server import paths
+        from ..server.dirlock import socket_gone
 
-        store = await _connect_dir(directory)
-        pid = (paths.read_address(directory.resolve()) or {}).get("pid")
-        await store.stop_server(grace_s)
-        await store.close()
+        pid: Any
+        try:
+            store = await _connect_dir(directory)
+        except UnavailableError:
+            sock = socket_gone(directory.resolve())
+            if sock is None:
+                raise
+            # its server runs, but its socket was removed: nothing can ask it to stop; SIGTERM stops it as
+            # gracefully (STORE-05)
+            pid = int((paths.read_address(directory.resolve()) or {}).get("pid", 0))
+            if pid <= 0:
+                raise
+            os.kill(pid, signal.SIGTERM)
+            err_console.print(f"the server of {directory} (pid {pid}) lost its socket {sock}: sent it SIGTERM")
+        else:
+            pid = (paths.read_address(directory.resolve()) or {}).get("pid")
+            await store.stop_server(grace_s)
+            await store.close()
         deadline = time.monotonic() + grace_s + 5
         # the server removes DIR/server/address once it let the directory go (a zombie pid would fool kill 0)
         while pid and time.monotonic() < deadline:
