@@ -607,7 +607,10 @@ class RemoteTransport(Transport):
                 welcome = await proto.welcome
         except TimeoutError:
             proto.transport.close()
-            raise UnavailableError(f"the store at {self.description or where} did not answer the handshake") from None
+            raise UnavailableError(
+                f"the store at {self.description or where} did not answer the handshake within {HANDSHAKE_WAIT:g}s: "
+                "its server took the connection but is stopped (SIGSTOP), stuck or overloaded"
+            ) from None
         except _HandshakeClosed as exc:
             hint = (
                 " (a TLS listener closes a plain-text client: if the server listens with TLS, use tls:// in place "
