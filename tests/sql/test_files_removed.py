@@ -5,6 +5,7 @@ acknowledged, so they survive a kill -9."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -31,6 +32,7 @@ async def test_a_commit_into_a_database_file_no_longer_in_place_is_refused(tmp_p
             path.unlink()
         else:
             path.rename(path.with_name("elsewhere.db"))
+        await asyncio.sleep(0.05)  # (the writer looks at its files every 10 ms at most)
         for write in (db.exec("insert into t (x) values (2)"), db.tx(lambda tx: tx.exec("insert into t values (3)"))):
             with pytest.raises(tinystore.UnavailableError, match=r"database app: its file .*app\.db was removed or"):
                 await write
@@ -55,6 +57,7 @@ async def test_commits_acknowledged_after_the_wal_was_removed_survive_a_kill_9(t
         db = await store.database("app", migrations=MIGRATION)
         await db.exec("insert into t (x) values (0)")
         (directory / "sql" / "app.db-wal").unlink()
+        await asyncio.sleep(0.05)  # (the writer looks at its files every 10 ms at most: commits before are the window)
         for i in range(1, 21):
             await db.exec("insert into t (x) values (?)", i)
 
@@ -78,6 +81,7 @@ async def test_commits_after_the_wal_was_replaced_survive_a_kill_9(tmp_path: Pat
         await db.exec("insert into t (x) values (0)")
         wal = directory / "sql" / "app.db-wal"
         wal.unlink()
+        await asyncio.sleep(0.05)  # (the writer looks at its files every 10 ms at most: commits before are the window)
         if how != "removed":  # (any program opening the database makes its WAL again, empty)
             other = sqlite3.connect(f"file:{directory / 'sql' / 'app.db'}?mode=ro", uri=True)
             try:
