@@ -189,8 +189,8 @@ class DirLock:
         if sock is not None:
             return InUseError(
                 f"{where}: the directory is owned by another process (pid {owner}) whose socket {sock} is gone "
-                "(removed while it ran): nothing can connect to it here; stop that process (SIGTERM stops it "
-                "gracefully) and open the store again"
+                f"(removed while it ran): nothing can connect to it here; stop it (tinystore stop {self.path.parent}, "
+                "or SIGTERM: both graceful) and open the store again"
             )
         return InUseError(
             f"{where}: the directory is owned by another process (pid {owner}); connect to it with "
