@@ -697,17 +697,9 @@ class JobsEngine:
             [_ms(now), None if local else _ms(lease_until), *(e.id for e in picked)],
             own=True,
         )
-        fut.add_done_callback(lambda f: self._claimed(q, w, picked, now, lease_until, f))
+        fut.add_done_callback(lambda f: self._claimed(q, w, picked, local, f))
 
-    def _claimed(
-        self,
-        q: JobQueue,
-        w: Waiter,
-        picked: list[Entry],
-        now: float,
-        lease_until: float,
-        f: asyncio.Future[Any],
-    ) -> None:
+    def _claimed(self, q: JobQueue, w: Waiter, picked: list[Entry], local: bool, f: asyncio.Future[Any]) -> None:
         if f.cancelled() or f.exception() is not None:
             err = ClosedError("jobs: the claim was cancelled") if f.cancelled() else f.exception()
             for e in picked:
@@ -731,8 +723,7 @@ class JobsEngine:
         # used up, and every attempt would end "worker lost" (the row's lease_until, written with the claim, is only
         # read by a restart, which gives a running attempt at least a whole lease anyway).
         now = self.clock.now()
-        if lease_until != math.inf:
-            lease_until = now + q.options.lease
+        lease_until = math.inf if local else now + q.options.lease
         got: list[Claimed] = []
         by_id = {e.id: e for e in picked}
         for jid, fence, attempts, value, steps, tenant, key, type_, user, priority, progress in done.rows:

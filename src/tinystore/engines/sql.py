@@ -360,6 +360,7 @@ class SqlDatabase:
         self._moved = False  # the database file was found removed or replaced (for good, until a restart)
         self._wal_moved = False  # the WAL was (each commit is then copied into the database file)
         self._wal = path.with_name(path.name + "-wal")
+        self._shm = path.with_name(path.name + "-shm")
         self._told_gone = False
 
     # -- connections -----------------------------------------------------------------------------
@@ -397,17 +398,13 @@ class SqlDatabase:
         """The database's file made when missing, readable by this user only (0600: SQLite gives its ``-wal``
         and ``-shm`` files the same mode); none of its three files may be a symbolic link, which SQLite would
         follow (out of the store's directory, turning whatever file is there into a database)."""
-        for path in (
-            self.path,
-            self.path.with_name(self.path.name + "-wal"),
-            self.path.with_name(self.path.name + "-shm"),
-        ):
+        wal, shm = self._wal, self._shm
+        for path in (self.path, wal, shm):
             if path.is_symlink():
                 raise PermissionDeniedError(
                     f"database {self.name}: {path} is a symbolic link; a database's files are the store's own, in "
                     "its directory (move the file there in place of the link)"
                 )
-        wal, shm = self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")
         try:
             orphan_wal = not self.path.exists() and wal.stat().st_size > 0
         except OSError:
@@ -510,7 +507,7 @@ class SqlDatabase:
 
     def _writable(self) -> bool:
         """Whether this process may write the database's files and its folder (as SQLite needs, to write)."""
-        paths = (self.path, self._wal, self.path.with_name(self.path.name + "-shm"))
+        paths = (self.path, self._wal, self._shm)
         if not os.access(self.path.parent, os.W_OK | os.X_OK):
             return False
         return all(os.access(p, os.W_OK) for p in paths if p.exists())
