@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import tinystore
-from tinystore.engines.jobs_index import RUNNING
+from tinystore.engines.jobs_index import CLAIMING, RUNNING
 
 from ..helpers import open_store
 from .util import START
@@ -39,3 +39,35 @@ async def test_a_stop_as_a_claim_of_several_lands_hands_every_attempt_back(tmp_p
         assert states == ["queued"] * 5
         status = (await store.status())["jobs"]["queues"][0]
         assert (status["running"], status["queued"]) == (0, 5)
+
+
+# contract: JOB-01
+async def test_the_jobs_of_a_stopped_worker_are_queued_when_stop_returns(tmp_path: Path) -> None:
+    # stopped while its claim's write is on its way (CLAIMING) or just landed (RUNNING): once stop() returns, the
+    # status and every job say what happened, with no hand-back still under way behind it
+    async with open_store("embedded", tmp_path / "store", clock=START) as store:
+        q = store.queue("q", timeout="5s", lease="3s", expected="2s")
+        await q.options()
+        index = store._core.engines["jobs"].queues["q"]  # read only: to time the stop
+
+        async def handler(value: Any, run: tinystore.Run) -> None:
+            await asyncio.sleep(20)
+
+        for where in (CLAIMING, RUNNING):
+            worker = q.work(handler, concurrency=5)
+            await asyncio.sleep(0.2)  # the worker's claim waits in the store
+            adding = asyncio.ensure_future(q.add_many([1, 2, 3, 4, 5]))
+            for _ in range(10_000):
+                if any(e.where == where for e in index.entries.values()):
+                    break
+                await asyncio.sleep(0)
+            else:
+                raise AssertionError(f"no job was seen {where}")
+            await worker.stop(grace="0.5s")
+            ids = await adding
+            status = (await store.status())["jobs"]["queues"][0]
+            assert (status["running"], status["queued"]) == (0, 5), where
+            states = [(await q.get(i)).state for i in ids]  # type: ignore[union-attr]
+            assert states == ["queued"] * 5, where
+            for i in ids:
+                await q.cancel(i)

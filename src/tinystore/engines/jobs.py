@@ -321,6 +321,12 @@ _PAIRS = [a + b for a in _Ids.ALPHABET for b in _Ids.ALPHABET]
 _SHIFTS = tuple(range(120, -1, -10))
 
 
+def _settle(w: Waiter) -> None:
+    """The cancelled claim of ``w`` has landed and handed back what it got (see :meth:`JobsEngine.claim`)."""
+    if w.settled is not None and not w.settled.done():
+        w.settled.set_result(None)
+
+
 class JobsEngine:
     """The job queues of one store.
 
@@ -715,6 +721,7 @@ class JobsEngine:
                     q.place(e, front=True)
             if not w.fut.done():
                 w.fut.set_exception(err or ClosedError("jobs: the claim failed"))
+            _settle(w)
             self._pump(q)
             return
         done = f.result()
@@ -770,7 +777,10 @@ class JobsEngine:
                 del q.entries[e.id]
         if w.fut.done():  # the claim was given up meanwhile: hand the jobs back
             if got:
-                self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got]))
+                handing = self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got]))
+                handing.add_done_callback(lambda t: _settle(w))
+            else:
+                _settle(w)
         elif not got and not w.expired:
             # (every job it took was placed early and not written after all: it waits on, first in line)
             w.claiming = False
@@ -808,7 +818,8 @@ class JobsEngine:
         for one. Returns the attempts (possibly none). Each is ``running``, its attempt counted.
 
         A cancel of this call (or :meth:`unwait`) gives the jobs back, unstarted and not counted, when the claim
-        was already under way. Raises ``InvalidError`` (bad queue or n), ``UnavailableError`` (the store is
+        was already under way: the cancel ends once they are back (a claim's write on its way first lands).
+        Raises ``InvalidError`` (bad queue or n), ``UnavailableError`` (the store is
         stopping: waiting claims end with it at once), ``ClosedError`` (stopped).
         """
         q = await self._queue(req.queue)
@@ -837,10 +848,17 @@ class JobsEngine:
         try:
             return await w.fut
         except asyncio.CancelledError:
+            # Once the cancel is through, no job of this claim is running: a claim whose write has landed hands its
+            # jobs back, one whose write is on its way waits for it to land and hands back what it got (so that a
+            # worker's stop() returns with its jobs queued again, the status saying so). A second cancel ends the
+            # wait, not the hand-back.
             if w.fut.done() and not w.fut.cancelled() and w.fut.exception() is None:
                 got = w.fut.result()
                 if got:
-                    self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got]))
+                    await asyncio.shield(self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got])))
+            elif w.claiming:
+                w.settled = loop.create_future()
+                await asyncio.shield(w.settled)
             raise
         finally:
             if handle is not None:

@@ -75,6 +75,8 @@ class Waiter:
     token: str = ""
     claiming: bool = False
     expired: bool = False  # its wait ran out while it was claiming: should that claim get nothing, it ends
+    settled: asyncio.Future[None] | None = None  # its claim was cancelled while claiming: set once that claim's
+    # write has landed and what it got is handed back
 
 
 class Deadlines:
