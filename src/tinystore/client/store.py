@@ -76,10 +76,10 @@ class StoreClock:
 
     def advance(self, by: Duration) -> asyncio.Future[float]:
         """Move every engine's time forward by ``by`` (a duration: seconds, a timedelta or text such as ``"1h"``);
-        the future gives the store's time after the move (epoch seconds). Await it: embedded, the move is made
-        before this returns, but over a socket (``private=True``) it is sent by a task of its own, and a call made
-        before it is awaited may reach the server first. Raises ``InvalidError`` (a real clock; ``by`` no
-        duration or below 0). A cancel of the future leaves the move to happen."""
+        the future gives the store's time after the move (epoch seconds). Embedded, the move is made before this
+        returns; over a socket (``private=True``) every call made after this one waits until the move is made,
+        so the future need not be awaited. Raises ``InvalidError`` (a real clock; ``by`` no duration or below
+        0). A cancel of the future leaves the move to happen."""
         secs = seconds(by, "clock advance")
         loop = asyncio.get_running_loop()
         core = self._store._core
@@ -90,7 +90,9 @@ class StoreClock:
             return fut
         if self._base is not None:
             self._advanced += secs
-        return asyncio.ensure_future(self._store._call("clock.advance", Advance(secs), float, write=True))
+        if self._store._dead is not None:
+            return asyncio.ensure_future(self._store._call("clock.advance", Advance(secs), float, write=True))
+        return self._store.transport.call_first("clock.advance", Advance(secs), float, write=True)
 
     def __repr__(self) -> str:
         core = self._store._core

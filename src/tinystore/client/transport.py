@@ -173,6 +173,13 @@ class Transport:
         given back. In this process a cancel reaches the method itself, which gives back what it made."""
         raise NotImplementedError
 
+    def call_first(
+        self, method: str, request: Any, response_type: Any = Any, *, write: bool = False
+    ) -> asyncio.Future[Any]:
+        """:meth:`call` in a task of its own, started now, that every call made after this one waits behind (until
+        its answer). Returns the task, whose outcome is the call's."""
+        return asyncio.ensure_future(self.call(method, request, response_type, write=write))
+
     def call_now(self, method: str, request: Any) -> Any:
         """In this process only (``local``): the method's result as the core gives it (a value, or something
         to await: a future, a coroutine, a ``Later``), with no coroutine of the transport in between. Raises
@@ -571,6 +578,7 @@ class RemoteTransport(Transport):
         self.reconnects = 0
         self._turns = {method: _Turns() for method in _PARKING}  # calls of _PARKING methods in flight
         self._park_cap = parking_cap(frames.DEFAULT_MAX_INFLIGHT)
+        self._first: asyncio.Task[Any] | None = None  # a call every later one waits behind (see call_first)
 
     async def connect(self) -> None:
         """Make the first connection; raises ``UnavailableError`` / ``UnauthenticatedError``."""
@@ -804,6 +812,12 @@ class RemoteTransport(Transport):
     ) -> Any:
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
+        first = self._first
+        if first is not None:
+            if first.done():
+                self._first = None
+            elif first is not asyncio.current_task():
+                await asyncio.wait([first])  # (its outcome is its caller's; a cancel here ends this call only)
         turns = None
         if method in _PARKING and not (method in _IN_TX and request.tx):
             # a call that may wait long at the server: once fewer than its method's share of them are in flight
@@ -892,6 +906,16 @@ class RemoteTransport(Transport):
                 turns.count -= 1
                 if turns.waiters:
                     turns.wake()
+
+    def call_first(
+        self, method: str, request: Any, response_type: Any = Any, *, write: bool = False
+    ) -> asyncio.Task[Any]:
+        """:meth:`call` in a task of its own, started now, that every call made after this one waits behind (until
+        its answer): what the caller does next, even without awaiting it, reaches the server after it (a test
+        clock's ``advance``). Returns the task, whose outcome is the call's."""
+        task: asyncio.Task[Any] = asyncio.ensure_future(self.call(method, request, response_type, write=write))
+        self._first = task
+        return task
 
     def _no_tx_elsewhere(self, method: str, request: Any, why: str | None) -> None:
         """A call of a transaction (``request.tx``) is never sent on another connection than the one it began on
