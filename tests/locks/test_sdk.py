@@ -78,6 +78,20 @@ async def test_a_semaphore_and_a_lock_of_one_name_must_agree_on_the_limit(any_mo
             await fresh(_try(any_mode.lock("renders"), "k"))
 
 
+# contract: LOCK-03
+async def test_the_limit_is_a_keys_own_another_key_or_an_idle_one_may_have_another(any_mode: tinystore.Store) -> None:
+    # from trial AM: the limit was kept for the whole name, so while key "a" was held under 2, the idle key "b" was
+    # refused under 3, with a message saying "b" had leases (docs/locks.md: the store keeps no limit for an idle key)
+    async with any_mode.semaphore("renders", limit=2).hold("a"):
+        assert await fresh(_try(any_mode.semaphore("renders", limit=3), "b")) is True
+        assert await fresh(_try(any_mode.lock("renders"), "c")) is True
+        with pytest.raises(InvalidError, match='key "a": limit 3 differs from limit 2'):
+            await fresh(_try(any_mode.semaphore("renders", limit=3), "a"))
+    assert await fresh(_try(any_mode.semaphore("renders", limit=3), "a")) is True  # idle now: a new limit holds
+    keys = (await any_mode.status())["locks"]["keys"]
+    assert keys == []
+
+
 async def test_keys_are_str_or_int_and_7_is_the_same_key_as_seven_text(any_mode: tinystore.Store) -> None:
     lock = any_mode.lock("summaries")
     async with lock.hold(7) as lease:

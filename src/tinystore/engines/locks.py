@@ -73,24 +73,25 @@ def _where(lock: str, key: str) -> str:
 
 
 class _Lock:
-    """One lock name while any key of it has leases or waiters: its ``limit`` and those keys."""
+    """One lock name while any key of it has leases or waiters: those keys."""
 
-    __slots__ = ("keys", "limit", "name")
+    __slots__ = ("keys", "name")
 
-    def __init__(self, name: str, limit: int) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.limit = limit
         self.keys: dict[str, _Key] = {}
 
 
 class _Key:
-    """One key of a lock: its live leases (by id) and its line of waiters (oldest first)."""
+    """One key of a lock while it has leases or waiters: its ``limit`` (what they were given under), its live
+    leases (by id) and its line of waiters (oldest first)."""
 
-    __slots__ = ("key", "leases", "lock", "waiters")
+    __slots__ = ("key", "leases", "limit", "lock", "waiters")
 
-    def __init__(self, lock: _Lock, key: str) -> None:
+    def __init__(self, lock: _Lock, key: str, limit: int) -> None:
         self.lock = lock
         self.key = key
+        self.limit = limit
         self.leases: dict[int, _Lease] = {}
         self.waiters: OrderedDict[_Waiter, None] = OrderedDict()
 
@@ -249,21 +250,22 @@ class LocksEngine:
         lk = self._locks.get(lock)
         slot: _Key | None = None
         if lk is not None:
-            if lk.limit != limit:
-                raise InvalidError(
-                    f"{_where(lock, key)}: limit {limit} differs from limit {lk.limit}, the limit its leases "
-                    "and waiters have now; give one limit for a lock everywhere (a lock is limit 1)"
-                )
             slot = lk.keys.get(key)
-            if slot is not None and len(slot.leases) >= limit:
+            if slot is not None and (len(slot.leases) >= limit or slot.limit != limit):
                 self._expire_due(slot)  # deadlines passed whose timer has not run yet: LOCK-01 at any instant
                 lk = self._locks.get(lock)  # passing the key on may have dropped it
                 slot = None if lk is None else lk.keys.get(key)
+            if slot is not None and slot.limit != limit:
+                # (the limit is the key's: another key of the name, or this one once idle, may have another)
+                raise InvalidError(
+                    f"{_where(lock, key)}: limit {limit} differs from limit {slot.limit}, the limit its leases "
+                    "and waiters have now; give one limit for a lock everywhere (a lock is limit 1)"
+                )
         if lk is None:
             check_name("lock", lock)
-            lk = self._locks[lock] = _Lock(lock, limit)
+            lk = self._locks[lock] = _Lock(lock)
         if slot is None:
-            slot = lk.keys[key] = _Key(lk, key)
+            slot = lk.keys[key] = _Key(lk, key, limit)
         if len(slot.leases) < limit and not slot.waiters:
             return self._grant(slot, peer, ttl, max_hold)
         if wait is None:
@@ -502,7 +504,7 @@ class LocksEngine:
     def _pass(self, slot: _Key) -> None:
         """Give free places of ``slot`` to its waiters, oldest first (LOCK-04); drop the key when empty."""
         waiters = slot.waiters
-        limit = slot.lock.limit
+        limit = slot.limit
         while waiters and len(slot.leases) < limit:
             waiter, _ = waiters.popitem(last=False)
             self._unindex(waiter)
@@ -650,7 +652,7 @@ class LocksEngine:
                     {
                         "lock": name,
                         "key": key,
-                        "limit": lk.limit,
+                        "limit": slot.limit,
                         "waiters": pending,
                         "leases": [
                             {
