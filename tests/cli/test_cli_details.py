@@ -110,6 +110,7 @@ async def test_stop_takes_a_duration_for_grace(tmp_path: Path) -> None:
             await asyncio.sleep(0.05)
         done = run_cli("stop", str(directory), "--grace", "2s")
         assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"stopped the server of {directory}"  # the command's result: on stdout
         assert server.wait(10) == 0
     finally:
         if server.poll() is None:

@@ -315,7 +315,7 @@ def stop(directory: Path, grace: str) -> None:
             if not info or info.get("pid") != pid:
                 break
             await asyncio.sleep(0.05)
-        err_console.print(f"stopped the server of {directory}")
+        console.print(f"stopped the server of {directory}", highlight=False)
 
     run_async(go)
 
