@@ -151,14 +151,16 @@ async def test_a_limit_below_one_or_above_the_largest_is_invalid(engine: LocksEn
 
 
 # contract: LOCK-01
-async def test_one_limit_per_lock_while_it_is_in_use(engine: LocksEngine) -> None:
+async def test_one_limit_per_key_while_it_is_in_use(engine: LocksEngine) -> None:
     a = FakePeer()
     grant = await must_take(engine, a, "x", lock="renders", limit=3)
-    with pytest.raises(InvalidError, match=r'lock renders: key "y": limit 1 differs from limit 3'):
-        await take(engine, a, "y", lock="renders", limit=1)
+    with pytest.raises(InvalidError, match=r'lock renders: key "x": limit 1 differs from limit 3'):
+        await take(engine, a, "x", lock="renders", limit=1)
+    other = await must_take(engine, a, "y", lock="renders", limit=1)  # another key: its own limit
     engine.release(a, grant.lease)
-    # nothing held or awaited any more: the lock may come back with another limit
-    assert await take(engine, a, "y", lock="renders", limit=1) is not None
+    engine.release(a, other.lease)
+    # nothing held or awaited any more: the key may come back with another limit
+    assert await take(engine, a, "x", lock="renders", limit=1) is not None
 
 
 # contract: LOCK-01
