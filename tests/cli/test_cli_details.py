@@ -118,3 +118,30 @@ async def test_stop_takes_a_duration_for_grace(tmp_path: Path) -> None:
             server.wait()
     done = run_cli("stop", str(directory), "--grace", "soon")
     assert done.returncode == 1 and "error[invalid] --grace: cannot read 'soon' as a duration" in done.stderr
+
+
+# contract: SQL-04
+async def test_sql_parameters_are_ints_only_when_ascii_digits(tmp_path: Path) -> None:
+    # from trial AM: Python's int() read "1_000", " 7" and digits of other scripts as ints
+    directory = await _store_with(tmp_path, "app")
+    run_cli("sql", str(directory), "--db", "app", "--write", "create table p (v)")
+    for text in ["1_000", " 7", "０７", "٣", "nan", "inf", "12", "-3", "1.5", "-2e3"]:
+        done = run_cli("sql", str(directory), "--db", "app", "--write", "insert into p values (?)", "--", text)
+        assert done.returncode == 0, done.stderr
+    done = run_cli("sql", str(directory), "--db", "app", "--json", "select v, typeof(v) as type from p order by rowid")
+    got = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(g["v"], g["type"]) for g in got] == [
+        ("1_000", "text"),
+        (" 7", "text"),
+        ("０７", "text"),
+        ("٣", "text"),
+        ("nan", "text"),
+        ("inf", "text"),
+        (12, "integer"),
+        (-3, "integer"),
+        (1.5, "real"),
+        (-2000.0, "real"),
+    ]
+    done = run_cli("sql", str(directory), "--db", "app", "--write", "insert into p values (?)", "9223372036854775808")
+    assert done.returncode == 1 and "parameter 1: 9223372036854775808 is past 64 bits" in done.stderr
+    assert "--text" in done.stderr

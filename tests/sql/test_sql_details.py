@@ -204,3 +204,25 @@ def test_the_named_placeholder_scan() -> None:
     assert named_placeholder("select 'open :a") is None  # a string left open: SQLite's error, not ours
     big = "insert into t values " + ",".join("(1, 'a:b $c', x'00', 12.5e3)" for _ in range(20_000))
     assert named_placeholder(big) is None and named_placeholder(big + ", (:last)") == ":last"
+
+
+# contract: SQL-05
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+@pytest.mark.parametrize("open_first", [False, True])
+async def test_a_new_migration_that_sorts_before_an_applied_one_is_refused(
+    tmp_path: Path, mode: str, open_first: bool
+) -> None:
+    # from trial AM: after 001 and 003, a 002 (the merge of two branches) was applied after 003, out of name order
+    m = [("001_log.sql", "create table log (n text);"), ("003_c.sql", "insert into log values ('003');")]
+    late = [("002_b.sql", "insert into log values ('002');"), ("004_d.sql", "insert into log values ('004');")]
+    async with open_store(mode, tmp_path / "s") as store:
+        await store.database("app", migrations=m)
+    async with open_store(mode, tmp_path / "s") as store:
+        if open_first:
+            await store.database("app", migrations=m)
+        with pytest.raises(ConflictError, match=r"migration 002_b\.sql is new but sorts before 003_c\.sql"):
+            await store.database("app", migrations=m + late)
+        db = await store.database("app", migrations=m)  # nothing of the refused set applied, not even 004
+        assert [r["n"] for r in await db.all("select n from log order by rowid")] == ["003"]
+        await store.database("app", migrations=m + late[1:])
+        assert [r["n"] for r in await db.all("select n from log order by rowid")] == ["003", "004"]

@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import sys
@@ -469,6 +470,12 @@ def sql(
         try:
             db = await store.database(name)
             values = list(params) if as_text else [_param(p) for p in params]
+            for i, v in enumerate(values, 1):
+                if type(v) is int and not -(1 << 63) <= v < 1 << 63:
+                    raise InvalidError(
+                        f"parameter {i}: {params[i - 1]} is past 64 bits, which SQLite cannot hold as an int; "
+                        "--text sends every parameter as text (a 40-digit fence stays whole)"
+                    )
             if write:
                 done = await db.exec(statement, *values)
                 return done.columns, [list(r) for r in done.rows], done
@@ -497,15 +504,19 @@ def sql(
         console.print(f"{done.changes} row(s) changed, last rowid {done.last_insert_rowid}")
 
 
+_INT_TEXT = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z", re.ASCII)
+
+
 def _param(text: str) -> Any:
-    try:
+    """A parameter of ``tinystore sql``: an int when it is ASCII digits (an optional sign first), else a float when
+    it is a decimal number (``1.5``, ``-2e3``), else the text itself. Not Python's ``int()``, which also reads
+    ``1_000``, `` 7`` and digits of other scripts (``٣``); ``nan`` and ``inf`` stay text."""
+    if _INT_TEXT.match(text):
         return int(text)
-    except ValueError:
-        pass
-    try:
+    if _FLOAT_TEXT.match(text):
         return float(text)
-    except ValueError:
-        return text
+    return text
 
 
 def _load_groups() -> None:

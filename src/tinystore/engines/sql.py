@@ -54,7 +54,14 @@ from ..errors import (
 from ..limits import Limits
 from ..names import NAME, check_name
 from ..protocol.sql import Done, Rows
-from .sql_errors import autoincrement_spent, migration_error, rolled_back_by, sql_error, storage_error
+from .sql_errors import (
+    autoincrement_spent,
+    check_migration_order,
+    migration_error,
+    rolled_back_by,
+    sql_error,
+    storage_error,
+)
 from .sql_guard import (
     DEFERRING_TAG,
     MOVE_OFF_LOOP,
@@ -611,6 +618,7 @@ class SqlDatabase:
             "applied_at integer not null)",
         )
         known = {r[0]: r[1] for r in conn.execute(f"select name, text from {MIGRATIONS_TABLE}")}
+        check_migration_order(self.name, known, migrations)
         applied: list[str] = []
         for name, text in sorted(migrations, key=lambda m: m[0]):
             if name in known:
@@ -1668,6 +1676,7 @@ class SqlEngine:
         """New migrations for a database already open: in name order, each in its own transaction (SQL-05), as at
         open. A migration that fails leaves nothing of itself; those before it stay applied."""
         known = {r[0]: r[1] for r in (await db.read(f"select name, text from {MIGRATIONS_TABLE}", [])).rows}
+        check_migration_order(db.name, known, migrations)
         applied: list[str] = []
         for name, text in sorted(migrations, key=lambda m: m[0]):
             if name in known:  # applied: checked without taking the writer

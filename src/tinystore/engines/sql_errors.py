@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import sqlite3
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..errors import (
@@ -33,6 +34,23 @@ def migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidErro
     """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name."""
     why = exc.message.removeprefix(f"database {db}: ")
     return InvalidError(f"database {db}: migration {migration}: {why}")
+
+
+def check_migration_order(db: str, known: Iterable[str], migrations: Sequence[tuple[str, str]]) -> None:
+    """Raise ``ConflictError`` when a migration of ``migrations`` not in ``known`` (the names applied) sorts before
+    the last one applied: migrations apply in name order (SQL-05), and one applied after a later name would run
+    out of that order (the merge of two branches, each with a new migration). Refused before anything applies,
+    as Flyway refuses one "resolved but not applied" unless told ``outOfOrder``."""
+    applied = set(known)
+    if not applied:
+        return
+    last = max(applied)
+    late = sorted(name for name, _ in migrations if name not in applied and name < last)
+    if late:
+        raise ConflictError(
+            f"database {db}: migration {late[0]} is new but sorts before {last}, which is applied: migrations "
+            f"apply in name order, so it would run out of order; give it a name that sorts after {last}"
+        )
 
 
 def sql_error(db: str, exc: BaseException, statement_timeout: float | None = None) -> TinystoreError:
