@@ -272,6 +272,17 @@ def is_insert(sql: str) -> bool:
     return head.startswith("with") and _INSERT_WORD.search(sql) is not None
 
 
+_WRITE_HEADS = ("insert", "replace", "update", "delete", "create", "drop", "alter", "begin", "commit", "end", "rollb")
+
+
+@_cached_for_short_texts(512)
+def may_return_rows(sql: str) -> bool:
+    """Whether a statement run with ``exec`` may answer with rows (a ``RETURNING``, a ``SELECT``, a ``PRAGMA``
+    ...): errs on the side of yes. A plain INSERT, UPDATE or DELETE answers with two numbers only."""
+    head = _skip_comments(sql)[:7].lower()
+    return not head.startswith(_WRITE_HEADS) or "returning" in sql.lower()
+
+
 @_cached_for_short_texts(512)
 def names_last_rowid(sql: str) -> bool:
     """Whether ``sql`` calls SQL's ``last_insert_rowid()`` (or says the word anywhere): then the writer's value is

@@ -178,6 +178,13 @@ class Connection:
 
     # -- receiving -------------------------------------------------------------------------------
 
+    def discard(self) -> None:
+        """The connection ended: forget what was received and not parsed (a part of a frame, up to the frame limit),
+        now rather than when the object holding this one is collected. Later data is ignored."""
+        self._buf = b""
+        self._pos = 0
+        self._eof = True
+
     def receive_data(self, data: bytes) -> None:
         """Buffer bytes received from the peer; ``b""`` means the peer closed its side."""
         if not data:

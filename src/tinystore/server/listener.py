@@ -38,6 +38,7 @@ import msgspec
 
 from .. import __version__
 from ..engines.sql import Later
+from ..engines.sql_text import may_return_rows
 from ..errors import (
     ClosedError,
     InvalidError,
@@ -72,6 +73,12 @@ BIG_BODY = 64 * 1024
 # hold all their answers
 BOUNDED_READS = frozenset({"sql.query", "jobs.list", "jobs.get", "jobs.find"})
 READS_MAX = 8
+# An ``sql.exec`` outside a transaction whose statement may answer with rows (``may_return_rows``: a RETURNING, a
+# SELECT) is one of them too; a plain INSERT, UPDATE or DELETE is not (its answer is two numbers, and a
+# connection's many writes must reach the writer together to share a commit). The calls of a transaction
+# (``tx``) that may answer with rows are bounded alike, in a line of their own: they run one after another on
+# their transaction and wait for nothing else, whereas a read or an exec outside it may wait for the writer that
+# transaction holds (sharing one line, the transaction's next call could wait behind a write waiting for it).
 INFLIGHT_HIGH = 64 * 1024 * 1024
 INFLIGHT_LOW = 16 * 1024 * 1024
 CHUNK = 1 << 20  # a response body past this many bytes goes out in several frames (flag MORE)
@@ -210,6 +217,8 @@ class ServerConnection(asyncio.Protocol):
         self.not_reading = False  # whether the transport's reading is paused (see steer_reading)
         self.reads: set[int] = set()  # streams of BOUNDED_READS under way
         self.waiting: collections.deque[tuple[int, str, Any, int]] = collections.deque()  # reads not begun
+        self.tx_reads: set[int] = set()  # streams of transactions' calls that may answer with rows, under way
+        self.tx_waiting: collections.deque[tuple[int, str, Any, int]] = collections.deque()  # those not begun
         self.out: list[bytes] = []
         self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
@@ -307,6 +316,10 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.conn.discard()  # a part of a frame (up to 16 MiB) goes now, not at the next full collection
+        self.waiting.clear()  # (requests not begun, and their bodies)
+        self.tx_waiting.clear()
+        self.out.clear()
         if self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
@@ -349,7 +362,7 @@ class ServerConnection(asyncio.Protocol):
             self.steer_reading()
             if self.session is not None and not self.closing:
                 self.session.full(False)
-            if self.waiting:
+            if self.waiting or self.tx_waiting:
                 self.pump_reads()
 
     # -- frames ------------------------------------------------------------------------------------
@@ -442,7 +455,13 @@ class ServerConnection(asyncio.Protocol):
         except BaseException as exc:
             self.send_error(stream, exc)
             return
-        if name in BOUNDED_READS and not getattr(req, "tx", 0):
+        if name in BOUNDED_READS or (name == "sql.exec" and may_return_rows(req.sql)):
+            if getattr(req, "tx", 0):
+                if self.tx_waiting or self.paused or len(self.tx_reads) >= READS_MAX:
+                    self.tx_waiting.append((stream, name, req, len(body)))
+                    return
+                self.run_in_tx_line(stream, name, req, len(body))
+                return
             if self.waiting or self.paused or len(self.reads) >= READS_MAX:
                 self.waiting.append((stream, name, req, len(body)))
                 return
@@ -463,6 +482,8 @@ class ServerConnection(asyncio.Protocol):
             self.laters[stream] = (result, size)
             if size >= BIG_BODY and not result.done():
                 self.big_started(stream, size)
+            if bounded:
+                self.reads.add(stream)
             result.then(partial(self.answer, stream, result))
         elif isinstance(result, _Future):
             if result.done():
@@ -494,10 +515,21 @@ class ServerConnection(asyncio.Protocol):
         while waiting and not self.paused and not self.closing and len(self.reads) < READS_MAX:
             stream, name, req, size = waiting.popleft()
             self.run(stream, name, req, size, True)
+        waiting = self.tx_waiting
+        while waiting and not self.paused and not self.closing and len(self.tx_reads) < READS_MAX:
+            stream, name, req, size = waiting.popleft()
+            self.run_in_tx_line(stream, name, req, size)
+
+    def run_in_tx_line(self, stream: int, name: str, req: Any, size: int) -> None:
+        """:meth:`run` a transaction's call that may answer with rows, counted in ``tx_reads`` while under way."""
+        self.run(stream, name, req, size, False)
+        if stream in self.tasks or stream in self.futures or stream in self.laters:
+            self.tx_reads.add(stream)
 
     def read_done(self, stream: int) -> None:
         self.reads.discard(stream)
-        if self.waiting:
+        self.tx_reads.discard(stream)
+        if self.waiting or self.tx_waiting:
             self.pump_reads()
 
     def big_started(self, stream: int, size: int) -> None:
@@ -527,12 +559,12 @@ class ServerConnection(asyncio.Protocol):
                     undo(self.session, running.result())
                 except Exception:
                     log.exception("giving back what a cancelled %s call was handed", stream)
-        if self.waiting:
-            for item in self.waiting:
+        for waiting in (self.waiting, self.tx_waiting):
+            for item in waiting:
                 if item[0] == stream:  # a read that had not begun: forgotten
-                    self.waiting.remove(item)
+                    waiting.remove(item)
                     break
-        if self.reads and stream in self.reads:
+        if (self.reads and stream in self.reads) or (self.tx_reads and stream in self.tx_reads):
             self.read_done(stream)
         held = self.laters.pop(stream, None)
         if held is not None and not held[0].done():
@@ -579,7 +611,7 @@ class ServerConnection(asyncio.Protocol):
         if self.big:
             self.big_done(stream)
         self.settle(stream, fut)
-        if self.reads and stream in self.reads:
+        if (self.reads and stream in self.reads) or (self.tx_reads and stream in self.tx_reads):
             self.read_done(stream)
 
     def settle(self, stream: int, fut: asyncio.Future[Any]) -> None:
@@ -610,6 +642,8 @@ class ServerConnection(asyncio.Protocol):
             self.send_error(stream, exc)
         else:
             self.send_result(stream, value)
+        if (self.reads and stream in self.reads) or (self.tx_reads and stream in self.tx_reads):
+            self.read_done(stream)
 
     def send_result(self, stream: int, value: Any) -> None:
         if self.closing:
