@@ -112,6 +112,40 @@ def test_a_taken_port_is_one_clear_error_without_a_traceback(tmp_path: Path) -> 
     assert not (tmp_path / "data").exists()
 
 
+def test_a_model_url_that_is_no_http_address_is_refused_at_start(tmp_path: Path) -> None:
+    # from trial AN: "notaurl" was taken, and every reply then failed and was tried again five times
+    import subprocess
+    import sys
+
+    for url in ["notaurl", "localhost:11434/v1", "ftp://example.com/v1", "http://"]:
+        done = subprocess.run(
+            [sys.executable, "-m", "tinystore", "demo", str(tmp_path / "data"), "--model-url", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1, done.stderr
+        assert f"--model-url {url!r}: expected an http:// or https:// address" in done.stderr, done.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_wildcard_host_is_shown_with_the_address_a_phone_opens() -> None:
+    from types import SimpleNamespace
+
+    from tinystore.cli import demo
+
+    class Sock:
+        def getsockname(self) -> tuple[str, int]:
+            return ("0.0.0.0", 8600)
+
+    server = SimpleNamespace(servers=[SimpleNamespace(sockets=[Sock()])])
+    lan = demo._network_address()
+    shown = demo._address(server, "0.0.0.0")
+    assert shown.startswith("http://127.0.0.1:8600")
+    assert (f"(on this network: http://{lan}:8600)" in shown) if lan else shown == "http://127.0.0.1:8600"
+    assert demo._address(server, "127.0.0.1") == "http://127.0.0.1:8600"
+
+
 async def test_a_stale_address_file_does_not_keep_the_demos_sidecar(tmp_path: Path) -> None:
     """An embedded store that served left ``server/address`` behind when it closed: a later --web-processes demo
     took it for a server serving before it, and left its own sidecar running."""

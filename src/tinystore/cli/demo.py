@@ -118,11 +118,31 @@ def _uvicorn_server(app: Any, host: str, port: int) -> Any:
 
 
 def _address(server: Any, host: str) -> str:
-    """The address to open: a wildcard host (0.0.0.0, ::) is shown as this machine's loopback address."""
+    """The address to open: a wildcard host (0.0.0.0, ::) is shown as this machine's loopback address, followed by
+    its address on the network (what a phone on the same network opens), when it has one."""
     sock = server.servers[0].sockets[0]
     port = sock.getsockname()[1]
     shown = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, f"[{host}]" if ":" in host else host)
-    return f"http://{shown}:{port}"
+    address = f"http://{shown}:{port}"
+    if host in ("0.0.0.0", "::", ""):
+        lan = _network_address()
+        if lan:
+            address += f" (on this network: http://{lan}:{port})"
+    return address
+
+
+def _network_address() -> str | None:
+    """This machine's IPv4 address on its network: the source address of a route outwards (a UDP socket's
+    connect sends nothing), or ``None`` when there is no such route."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1 (RFC 5737): never reached, only routed
+            addr = str(s.getsockname()[0])
+    except OSError:
+        return None
+    return None if addr.startswith("127.") or addr == "0.0.0.0" else addr
 
 
 async def _serve(server: Any, host: str, on_ready: Any) -> None:
@@ -284,7 +304,9 @@ def run_many(
         from ..client.store import _can_connect
         from ..server import paths
 
-        serving = directory.is_dir() and await asyncio.to_thread(_can_connect, paths.socket_path(directory))
+        serving = (
+            directory.is_dir() and (await asyncio.to_thread(_can_connect, paths.socket_path(directory))) is not False
+        )
         store = await tinystore.open(directory)
         service = importlib.import_module(f"{PACKAGE}.service")
         await service.Chat(store).open()
@@ -397,12 +419,23 @@ def register(main: click.Group) -> None:
     ) -> None:
         """Run the live chat on a store in DIRECTORY (./data): open the address it prints in two tabs."""
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from ..errors import TinystoreError
+        from ..errors import InvalidError, TinystoreError
         from ..server.main import permission_error
         from ..server.paths import make_directory
         from . import fail
 
         directory = directory.resolve()
+        if model_url is not None:
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(model_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                fail(
+                    InvalidError(
+                        f"--model-url {model_url!r}: expected an http:// or https:// address of an OpenAI-compatible "
+                        "API, such as http://localhost:11434/v1"
+                    )
+                )
         if role is None and port:
             _check_ports(host, [port + i for i in range(max(web_processes, 1))])
         try:
