@@ -133,3 +133,19 @@ async def test_tx_with_names_the_type_with_the_right_article(tmp_path: Path) -> 
                 await db.tx(lambda tx, thing=thing: use(tx, thing))
         with pytest.raises(tinystore.InvalidError, match="parameter 1: an object is not a SQL value"):
             await db.exec("select ?", object())
+
+
+# contract: STORE-01
+async def test_open_reads_a_leading_tilde_as_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # from trial AN: "~/x" made a folder named "~" in the current directory
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    store = await tinystore.open("~/data", embedded=True, serve=False)
+    try:
+        assert store.directory == home / "data"
+    finally:
+        await store.close()
+    assert (home / "data" / "LOCK").is_file() and list(cwd.iterdir()) == []

@@ -181,3 +181,38 @@ async def test_sigint_is_a_graceful_stop_too(tmp_path: Path) -> None:
         await owner.close()
     finally:
         server.stop()
+
+
+# contract: STORE-05
+@pytest.mark.parametrize("how", ["stop_server", "cli", "sigterm"])
+async def test_a_private_server_stopped_on_purpose_stays_stopped(tmp_path: Path, how: str) -> None:
+    # from trial AN: the store's next call started it again (its locks and subscriptions gone without a word)
+    directory = tmp_path / "s"
+    store = await tinystore.open(directory, private=True)
+    try:
+        db = await store.database("app")
+        await db.exec("create table t (x)")
+        pid = (await store.status())["pid"]
+        if how == "stop_server":
+            await store.stop_server()
+        elif how == "cli":
+            done = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "tinystore", "stop", str(directory)], capture_output=True
+            )
+            assert done.returncode == 0, done.stderr
+        else:
+            os.kill(pid, signal.SIGTERM)
+        for _ in range(200):
+            if paths.read_address(directory) is None:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # (a restart, were there one, would be under way)
+        with pytest.raises(UnavailableError, match="its private server was stopped"):
+            await db.exec("insert into t values (1)")
+        with pytest.raises(UnavailableError, match="its private server was stopped"):
+            await store.status()
+        assert paths.read_address(directory) is None  # nobody serves the directory
+    finally:
+        await store.close()
+    async with await tinystore.open(directory, private=True) as again:  # opened again: a new server
+        assert await (await again.database("app")).scalar("select count(*) from t") == 0

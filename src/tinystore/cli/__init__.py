@@ -61,6 +61,10 @@ class NoAnswer(UnavailableError):
     """The directory's server is there (it holds the socket) but does not answer."""
 
 
+class Busy(NoAnswer):
+    """The directory's server listens and takes no connection: its queue of connections is full."""
+
+
 def need_store_dir(directory: Path) -> None:
     """Refuse a DIRECTORY that does not exist or holds no store (exit 1, ``error[invalid] …``), before anything
     is made: every command but ``serve`` and ``demo`` works on an existing store, and a typo (``tinystore
@@ -249,6 +253,11 @@ async def _connect_dir(directory: Path) -> Any:
             f"(no handshake within {ANSWER_TIMEOUT:g}s): is it suspended or stuck?"
         ) from None
     except UnavailableError:
+        from ..client.store import _busy, _can_connect
+
+        if await asyncio.to_thread(_can_connect, sock) is None:
+            # it listens and takes no connection: its queue of connections is full (out of descriptors?)
+            raise Busy(_busy(directory.resolve(), sock).message) from None
         raise UnavailableError(
             f"store {directory}: no server is running there "
             f"(start one with `tinystore serve {shlex.quote(str(directory))}`)"
@@ -294,6 +303,14 @@ def stop(directory: Path, grace: str) -> None:
         pid: Any
         try:
             store = await _connect_dir(directory)
+        except Busy as exc:
+            # its server runs and takes no connection (out of descriptors?): SIGTERM stops it as gracefully
+            # (STORE-05)
+            pid = int((paths.read_address(directory.resolve()) or {}).get("pid", 0))
+            if pid <= 0:
+                raise
+            os.kill(pid, signal.SIGTERM)
+            err_console.print(f"{exc.message}: sent it SIGTERM", highlight=False)
         except UnavailableError:
             sock = socket_gone(directory.resolve())
             if sock is None:
@@ -316,6 +333,12 @@ def stop(directory: Path, grace: str) -> None:
             if not info or info.get("pid") != pid:
                 break
             await asyncio.sleep(0.05)
+        else:
+            if pid:
+                raise UnavailableError(
+                    f"store {directory}: its server (pid {pid}) did not stop within {grace_s + 5:g}s; it was told to, "
+                    f"and stops once it runs again (`kill -9 {pid}` ends it at once)"
+                )
         console.print(f"stopped the server of {directory}", highlight=False)
 
     run_async(go)

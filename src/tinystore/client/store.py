@@ -184,9 +184,18 @@ class Store:
         task.add_done_callback(self._undoing.discard)
 
     def _child_exited(self, child: subprocess.Popen[bytes], code: int) -> None:
-        """The private server (our child) exited while the store is open: start it again (the SDK then
-        reconnects by itself, STORE-06); after 5 exits within a minute, give up and fail every call at once."""
+        """The private server (our child) exited while the store is open. Stopped on purpose (``stop_server``,
+        ``tinystore stop``, SIGTERM: it exits with status 0), it stays stopped, and every call fails at once with
+        ``UnavailableError`` saying so. Otherwise (killed, crashed) it is started again (the SDK then reconnects by
+        itself, STORE-06); after 5 exits within a minute, the store gives up and fails every call at once."""
         if self._closed or child is not self._child:
+            return
+        if code == 0:
+            self._dead = UnavailableError(
+                f"store {self.directory}: its private server was stopped (stop_server, tinystore stop or SIGTERM); "
+                "close this store, and open it again to start another"
+            )
+            self._dead_task = asyncio.ensure_future(self.transport.close())
             return
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
         now = time.monotonic()
@@ -419,7 +428,7 @@ async def open(
     serve: bool | None = None,
     reconnect_timeout: Duration | None = None,
 ) -> Store:
-    """Open the store in ``directory``.
+    """Open the store in ``directory`` (a leading ``~`` is the user's home folder, as in a shell).
 
     - default: connect to the directory's server, or start one (a detached sidecar that exits after
       ``idle`` without connections; ``"0s"`` for never) and connect (STORE-02);
@@ -452,7 +461,7 @@ async def open(
         raise InvalidError(f'open: directory {directory!r}: give the store\'s directory (".", for the current one)')
     if "\0" in text:
         raise InvalidError(f"open: directory {text!r}: a path cannot hold a NUL character")
-    path = Path(text).resolve()
+    path = Path(text).expanduser().resolve()  # "~/x" is the home folder's x, as a shell reads it
     for option, value in (("private", private), ("embedded", embedded), ("serve", serve)):
         if not isinstance(value, bool) and not (option == "serve" and value is None):
             raise InvalidError(f"open: {option} {value!r}: expected True or False")
@@ -674,7 +683,9 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
             raise _gone(path)
         if served.sidecar:
             await ensure_server(path, sock, extra)
-        elif not await asyncio.to_thread(_can_connect, sock):
+        elif (state := await asyncio.to_thread(_can_connect, sock)) is not True:
+            if state is None:
+                raise _busy(path, sock)
             what = "tinystore serve" if served.mode == "serve" else f"a {served.mode} server"
             raise UnavailableError(
                 f"store {path}: its server ({what}, pid {served.pid}) is gone; waiting for it to come back "
@@ -743,8 +754,10 @@ def _gone(path: str | Path) -> UnavailableError:
     )
 
 
-def _can_connect(sock: Path) -> bool:
-    """Whether a server listens on ``sock``. Raises ``PermissionError`` when this process may not reach it."""
+def _can_connect(sock: Path) -> bool | None:
+    """Whether a server listens on ``sock``: ``True``, ``False`` (nothing listens there), or ``None`` when one
+    listens but takes no connection now (its listen backlog is full: ``EAGAIN``, as Linux answers a Unix socket's
+    connect then; or the connect timed out). Raises ``PermissionError`` when this process may not reach it."""
     import socket
 
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -754,10 +767,21 @@ def _can_connect(sock: Path) -> bool:
         return True
     except PermissionError:
         raise
+    except (BlockingIOError, TimeoutError):
+        return None
     except OSError:
         return False
     finally:
         s.close()
+
+
+def _busy(directory: Path, sock: Path) -> UnavailableError:
+    pid = (paths.read_address(directory) or {}).get("pid")
+    who = f"its server (pid {pid})" if pid else "its server"
+    return UnavailableError(
+        f"store {directory}: {who} listens on {sock} but takes no connection: its queue of connections is full "
+        "(it may be out of file descriptors: see its ulimit -n; or it is stuck)"
+    )
 
 
 async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: float = 20.0) -> None:
@@ -767,7 +791,8 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
     Raises ``PermissionDeniedError`` when this process may not reach the socket (the server runs as another
     user: STORE-03) or not write the directory, ``UnavailableError`` when no sidecar came up."""
     try:
-        if await asyncio.to_thread(_can_connect, sock):
+        state = await asyncio.to_thread(_can_connect, sock)
+        if state:
             return
     except PermissionError as exc:
         raise PermissionDeniedError(
@@ -779,8 +804,13 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
     log_path = paths.server_dir(directory) / "sidecar.log"
     child: subprocess.Popen[bytes] | None = None
     start = 0
+    busy = state is None
     while time.monotonic() < deadline:
         now = time.monotonic()
+        if busy:
+            # a server listens and is overloaded: starting a sidecar would not help (the directory is owned);
+            # keep trying to get in until the deadline
+            next_spawn = now + 2.0
         if now >= next_spawn:
             with log_path.open("ab") as log:
                 start = log.tell()
@@ -795,8 +825,10 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
             threading.Thread(target=child.wait, daemon=True).start()  # reap it when it exits
             next_spawn = now + 2.0
         await asyncio.sleep(0.02)
-        if await asyncio.to_thread(_can_connect, sock):
+        state = await asyncio.to_thread(_can_connect, sock)
+        if state:
             return
+        busy = state is None
         if child is not None and child.returncode not in (None, 0):
             # it said why it could not start (a full disk, a read-only directory, a corrupt file): that will not
             # pass by starting it again. A busy directory may: another process's sidecar is starting.
@@ -809,6 +841,8 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
                     f"store {directory}: the sidecar could not start: the disk is full ({full}); free some space "
                     "and open the store again"
                 )
+    if busy:
+        raise _busy(directory, sock)
     err = _sidecar_error(log_path, 0)
     why = err.message if err is not None else _last_line(log_path)
     raise UnavailableError(f"store {directory}: the sidecar did not start within {timeout:g}s ({why})")
