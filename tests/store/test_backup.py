@@ -176,7 +176,15 @@ async def test_one_backup_at_a_time_and_a_cancelled_call_leaves_the_copy_going(
                 break
             await asyncio.sleep(0.02)
         assert (tmp_path / "one" / "sql" / "app.db").exists()
-        await store.backup(tmp_path / "two")  # and the next one may start
+        for _ in range(500):  # and the next one may start once it ended (its LOCK comes last, then it lets go)
+            try:
+                await store.backup(tmp_path / "two")
+                break
+            except tinystore.InUseError:
+                await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the cancelled backup never ended")
+        assert (tmp_path / "one" / "LOCK").exists() and (tmp_path / "two" / "LOCK").exists()
 
 
 async def test_odd_destinations_are_named_not_internal_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
