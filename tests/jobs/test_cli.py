@@ -22,7 +22,7 @@ def make_store(d: Path) -> dict[str, str]:
     async def go() -> dict[str, str]:
         store = await tinystore.open(d, embedded=True, clock=datetime.now(UTC) - timedelta(minutes=10))
         try:
-            q = store.queue("mail", attempts=1, expected="1m")
+            q = store.queue("mail", attempts=1, expected="1m", timeout="1h")
             ok = await q.add({"to": "a@x"}, tenant="org-1", type="send")
             bad = await q.add({"to": "b@x", "fail": True}, tenant="org-2", type="send")
 

@@ -321,6 +321,14 @@ _PAIRS = [a + b for a in _Ids.ALPHABET for b in _Ids.ALPHABET]
 _SHIFTS = tuple(range(120, -1, -10))
 
 
+def _overdue_at(started_at: float, options: QueueOptions) -> float:
+    """When an attempt started at ``started_at`` ends whatever its worker says: its timeout and a lease more. The
+    worker cancels its handler at the timeout and reports the attempt failed; a handler that does not stop
+    (it swallows the cancel, it blocks the thread) would otherwise keep its job running, its lease renewed, for
+    ever (JOB-01). Renewals never carry a lease past this; the attempt then ends failed, "timed out"."""
+    return started_at + options.timeout + options.lease
+
+
 def _settle(w: Waiter) -> None:
     """The cancelled claim of ``w`` has landed and handed back what it got (see :meth:`JobsEngine.claim`)."""
     if w.settled is not None and not w.settled.done():
@@ -622,6 +630,8 @@ class JobsEngine:
                     e.lease_until = now
                 else:
                     e.lease_until = max(lease_until / 1000, now + opts.lease)
+                e.overdue_at = _overdue_at(e.started_at, opts)
+                e.lease_until = min(e.lease_until, e.overdue_at)
                 q.running[tenant] = q.running.get(tenant, 0) + 1
                 q.running_total += 1
                 q.leases.push(e.lease_until, (e, fence))
@@ -730,7 +740,9 @@ class JobsEngine:
         # used up, and every attempt would end "worker lost" (the row's lease_until, written with the claim, is only
         # read by a restart, which gives a running attempt at least a whole lease anyway).
         now = self.clock.now()
-        lease_until = math.inf if local else now + q.options.lease
+        # an attempt of this process's own worker has no lease, but ends at its hard deadline (see _overdue_at)
+        overdue_at = _overdue_at(now, q.options)
+        lease_until = overdue_at if local else now + q.options.lease
         got: list[Claimed] = []
         by_id = {e.id: e for e in picked}
         for jid, fence, attempts, value, steps, tenant, key, type_, user, priority, progress in done.rows:
@@ -740,6 +752,7 @@ class JobsEngine:
             e.attempts = attempts
             e.started_at = now
             e.lease_until = lease_until
+            e.overdue_at = overdue_at
             e.peer = w.peer
             e.stuck = False
             q.leases.push(lease_until, (e, fence))
@@ -901,8 +914,9 @@ class JobsEngine:
                 continue
             e.peer = peer
             was = e.lease_until
-            e.lease_until = math.inf if peer.local else now + q.options.lease
-            if math.isinf(was) and e.where == RUNNING:
+            hard = e.overdue_at if e.where == RUNNING else math.inf
+            e.lease_until = hard if peer.local else min(now + q.options.lease, hard)
+            if e.lease_until < was and e.where == RUNNING:
                 q.leases.push(e.lease_until, (e, e.fence))
         return lost
 
@@ -930,20 +944,29 @@ class JobsEngine:
             return
         if e.where != RUNNING:
             return
-        if e.lease_until > self.clock.now():
+        now = self.clock.now()
+        if e.lease_until > now:
             q.leases.push(e.lease_until, (e, fence))
             return
-        log.info("queue %s: job %s: attempt %d: the lease ran out (worker lost)", q.name, e.id, e.attempts)
+        if now >= e.overdue_at:
+            why = (
+                f"timed out: the handler ran past its timeout of {q.options.timeout:g}s and a lease more "
+                "without ending (it did not stop when cancelled)"
+            )
+            log.warning("queue %s: job %s: attempt %d: %s", q.name, e.id, e.attempts, why)
+        else:
+            why = "worker lost"
+            log.info("queue %s: job %s: attempt %d: the lease ran out (worker lost)", q.name, e.id, e.attempts)
         peer = e.peer
         if peer is not None:
             peer.push(CANCEL_PUSH, CancelRun(queue=q.name, id=e.id, fence=fence, reason="lost"))
-        self._track(self._lease_ran_out(q, e, fence))
+        self._track(self._lease_ran_out(q, e, fence, why))
 
-    async def _lease_ran_out(self, q: JobQueue, e: Entry, fence: int) -> None:
+    async def _lease_ran_out(self, q: JobQueue, e: Entry, fence: int, why: str = "worker lost") -> None:
         """End a lost attempt as failed; when that write fails (not at close), try again a second later, so a
         lost attempt never stays running."""
         try:
-            await self._fail_now(q, e, "worker lost", None)
+            await self._fail_now(q, e, why, None)
         except Exception as exc:
             if self.closed or isinstance(exc, ClosedError):
                 return

@@ -52,6 +52,7 @@ class Entry:
     fence: int = 0
     lease_until: float = math.inf
     started_at: float = 0.0
+    overdue_at: float = math.inf  # a running attempt ends here, renewed or not (its timeout and a lease more)
     peer: Peer | None = None
     counted: bool = False  # counted in the running totals (claiming or running)
     stuck: bool = False
