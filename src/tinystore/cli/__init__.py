@@ -431,6 +431,11 @@ def backup(directory: Path, dest: Path, as_json: bool) -> None:
     )
 
 
+STATUS_ROWS = 100
+"""The most rows ``tinystore status`` prints of a list (its ``--json`` gives what the store lists: printing a table
+of 10,000 queues took 10 s)."""
+
+
 def _print_engine(key: str, value: Any) -> None:
     if isinstance(value, dict):
         scalars = {k: v for k, v in value.items() if not isinstance(v, list | dict)}
@@ -440,7 +445,12 @@ def _print_engine(key: str, value: Any) -> None:
         for k, v in value.items():
             if isinstance(v, list) and v and isinstance(v[0], dict):
                 cols = list(v[0].keys())
-                print_table(f"{key}: {k}", cols, [[row.get(c) for c in cols] for row in v])
+                total = value.get(f"{k}_total", len(v))
+                shown = v[:STATUS_ROWS]
+                print_table(f"{key}: {k}", cols, [[row.get(c) for c in cols] for row in shown])
+                if total > len(shown):
+                    more = total - len(shown)
+                    console.print(f"  ... {more:,} more {k} of {key} (--json lists more)", highlight=False)
 
 
 @main.command()

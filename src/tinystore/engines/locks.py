@@ -43,6 +43,8 @@ log = logging.getLogger("tinystore.locks")
 KEY_MAX = 256
 LIMIT_MAX = 1_000_000
 """The largest ``limit`` of a semaphore."""
+STATUS_KEYS = 1000
+"""The most keys :meth:`LocksEngine.status` lists (it counts them all)."""
 """The longest key, in characters."""
 ENDED_KEPT = 4096
 """How many leases that ran out are remembered, so that their late renewal says when and why."""
@@ -633,40 +635,55 @@ class LocksEngine:
         """The fence epoch of this run (ms)."""
         return self._epoch
 
-    def status(self) -> dict[str, Any]:
+    def status(self, max_keys: int = STATUS_KEYS) -> dict[str, Any]:
         """What is held and awaited now, for ``tinystore status`` (plain data, msgpack- and JSON-safe).
 
-        ``{"epoch": int, "leases": int, "waiters": int, "keys": [{"lock": str, "key": str, "limit": int,
-        "waiters": int, "leases": [{"lease": int, "fence": str (decimal), "expires_at": float | None (epoch
-        seconds; None: never), "max_hold_at": float | None, "peer": int}]}]}``. Keys sorted by lock, key.
+        ``{"epoch": int, "leases": int, "waiters": int, "keys_total": int, "keys": [{"lock": str, "key": str,
+        "limit": int, "waiters": int, "leases": [{"lease": int, "fence": str (decimal), "expires_at": float |
+        None (epoch seconds; None: never), "max_hold_at": float | None, "peer": int}]}]}``: the first ``max_keys``
+        keys (sorted by lock, key) of the ``keys_total`` held or waited for. (A status listing 100,000 keys took
+        the event loop two seconds, every client waiting.)
         """
         keys: list[dict[str, Any]] = []
-        waiting = 0
-        for name in sorted(self._locks):
-            lk = self._locks[name]
-            for key in sorted(lk.keys):
-                slot = lk.keys[key]
-                pending = sum(1 for w in slot.waiters if not w.future.done())
-                waiting += pending
-                keys.append(
-                    {
-                        "lock": name,
-                        "key": key,
-                        "limit": slot.limit,
-                        "waiters": pending,
-                        "leases": [
-                            {
-                                "lease": x.id,
-                                "fence": str(x.fence),
-                                "expires_at": None if x.deadline == _INF else x.deadline,
-                                "max_hold_at": x.max_hold_at,
-                                "peer": x.peer.id,
-                            }
-                            for x in sorted(slot.leases.values(), key=lambda x: x.fence)
-                        ],
-                    }
-                )
-        return {"epoch": self._epoch, "leases": len(self._leases), "waiters": waiting, "keys": keys}
+        waiting = self._waiting()
+        total = sum(len(lk.keys) for lk in self._locks.values())
+        if total <= max_keys:
+            first = sorted((name, key) for name, lk in self._locks.items() for key in lk.keys)
+        else:
+            first = heapq.nsmallest(max_keys, ((name, key) for name, lk in self._locks.items() for key in lk.keys))
+        for name, key in first:
+            slot = self._locks[name].keys[key]
+            pending = sum(1 for w in slot.waiters if not w.future.done())
+            keys.append(
+                {
+                    "lock": name,
+                    "key": key,
+                    "limit": slot.limit,
+                    "waiters": pending,
+                    "leases": [
+                        {
+                            "lease": x.id,
+                            "fence": str(x.fence),
+                            "expires_at": None if x.deadline == _INF else x.deadline,
+                            "max_hold_at": x.max_hold_at,
+                            "peer": x.peer.id,
+                        }
+                        for x in sorted(slot.leases.values(), key=lambda x: x.fence)
+                    ],
+                }
+            )
+        return {
+            "epoch": self._epoch,
+            "leases": len(self._leases),
+            "waiters": waiting,
+            "keys_total": total,
+            "keys": keys,
+        }
+
+    def _waiting(self) -> int:
+        return sum(
+            1 for lk in self._locks.values() for slot in lk.keys.values() for w in slot.waiters if not w.future.done()
+        )
 
     def statistics(self) -> dict[str, int]:
         """Counts of what the engine holds: ``locks``, ``keys``, ``leases``, ``waiters``, ``heap`` (deadline

@@ -271,7 +271,8 @@ def install(core: Core) -> None:
 
 
 def lock_status(engine: LocksEngine, to_datetime: Any) -> dict[str, Any]:
-    """``status()["locks"]``: ``{"epoch": int (ms), "leases": int, "waiters": int, "keys": [...]}`` (and, from
+    """``status()["locks"]``: ``{"epoch": int (ms), "leases": int, "waiters": int, "keys_total": int, "keys": [...]}``
+    (the first 1,000 keys of ``keys_total``; and, from
     the status hook, ``ended_kept``, ``granted_kept``, ``orphans_kept``: capped memory kept beyond leases) with one
     row per key held or waited for: ``lock``, ``key``, ``limit``, ``held`` (live leases), ``waiters``,
     ``fences`` (decimal, comma-separated, oldest first), ``expires`` (the earliest deadline as ISO text, or
@@ -298,4 +299,10 @@ def lock_status(engine: LocksEngine, to_datetime: Any) -> dict[str, Any]:
                 "sessions": ",".join(str(x["peer"]) for x in leases),
             }
         )
-    return {"epoch": raw["epoch"], "leases": raw["leases"], "waiters": raw["waiters"], "keys": keys}
+    return {
+        "epoch": raw["epoch"],
+        "leases": raw["leases"],
+        "waiters": raw["waiters"],
+        "keys_total": raw["keys_total"],
+        "keys": keys,
+    }
