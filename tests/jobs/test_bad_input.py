@@ -81,6 +81,11 @@ async def test_bad_names_and_options(store: tinystore.Store) -> None:
     with pytest.raises(InvalidError, match=r"queue q6: option attempts is 3 here but the store keeps 2"):
         await store.queue("q6", attempts=3).add({})
     assert len((await store.queue("q6").list()).jobs) == 1
+    # from trial AM: durations as written ("518400s" before), no limit as None (the store's 0 before)
+    with pytest.raises(InvalidError, match=r"option keep is 6d here but the store keeps 7d"):
+        await store.queue("q6", keep="6d").add({})
+    with pytest.raises(InvalidError, match=r"option max_running is 2 here but the store keeps None \(no limit\)"):
+        await store.queue("q6", max_running=2).add({})
 
 
 async def test_a_raw_add_with_a_value_that_is_not_json_is_refused_by_the_server(store: tinystore.Store) -> None:

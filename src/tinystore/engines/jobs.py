@@ -55,6 +55,7 @@ from typing import Any
 import msgspec
 
 from ..clock import Clock
+from ..durations import format_seconds
 from ..errors import ClosedError, InvalidError, LimitError, PermissionDeniedError, TinystoreError, UnavailableError
 from ..limits import Limits
 from ..names import RESERVED_DB_PREFIX, check_name
@@ -515,8 +516,10 @@ class JobsEngine:
             if want is not None and want != getattr(kept, fname):
                 have = getattr(kept, fname)
                 label = _OPTION_NAMES[fname]
-                if fname.endswith("_ms"):
-                    want, have = f"{want / 1000:g}s", f"{have / 1000:g}s"
+                if fname.endswith("_ms"):  # as a duration is written: "6d", "1m30s"
+                    want, have = format_seconds(want / 1000), format_seconds(have / 1000)
+                elif fname.startswith("max_running"):  # 0 is kept for no limit, which the caller wrote as None
+                    want, have = (v if v else "None (no limit)" for v in (want, have))
                 raise InvalidError(
                     f"queue {name}: option {label} is {want} here but the store keeps {have} for this queue "
                     "(every process must open a queue with the same options)"
