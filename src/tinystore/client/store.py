@@ -190,7 +190,8 @@ class Store:
         itself, STORE-06); after 5 exits within a minute, the store gives up and fails every call at once."""
         if self._closed or child is not self._child:
             return
-        if code == 0:
+        if code == 0 and (self.directory is None or (self.directory / LOCK).is_file()):
+            # (a server whose directory went away exits 0 too: that is told below)
             self._dead = UnavailableError(
                 f"store {self.directory}: its private server was stopped (stop_server, tinystore stop or SIGTERM); "
                 "close this store, and open it again to start another"
