@@ -47,11 +47,26 @@ class ChatEvent:
     ``"failed"`` (the model failed answering message ``id``, ``text`` says why; the job retries),
     ``"gave_up"`` (the model could not answer message ``id``, ``text`` says why, and nothing retries: kept in
     ``reply_failures``), ``"summary"`` (chat ``id``'s summary changed).
+
+    A ``"token"`` also says where its text goes: ``at``, the characters of the reply before it; and every
+    :data:`SO_FAR_EVERY` tokens (every one at first), ``so_far``, those characters themselves. A tab that joins
+    while a reply streams (opened, reloaded, or hearing the stream of another tab) starts from the first
+    ``so_far`` it hears instead of the middle of a sentence, and a token heard twice (a replay after a
+    reconnect) is told by its ``at``.
     """
 
     kind: str
     id: int
     text: str = ""
+    at: int | None = None
+    so_far: str | None = None
+
+
+SO_FAR_ALWAYS = 512
+SO_FAR_EVERY = 16
+"""How often a token event carries the whole reply before it (``ChatEvent.so_far``): every token while the reply
+is under :data:`SO_FAR_ALWAYS` characters (a joining tab shows it at once), then every 16th (a joining tab waits
+about half a second, and a long reply of n tokens sends some n²/32 tokens' worth, not n²/2)."""
 
 
 @dataclasses.dataclass
@@ -297,9 +312,12 @@ class Chat:
         # (an attempt after one that streamed part of the reply, then died or timed out: the tabs start over)
         await branch.publish(ChatEvent(kind="start", id=message_id))
         try:
+            at = 0
             async for token in model.stream(await self.history(chat_id, upto=message_id)):
+                so_far = "".join(pieces) if at < SO_FAR_ALWAYS or len(pieces) % SO_FAR_EVERY == 0 else None
                 pieces.append(token)
-                await branch.publish(ChatEvent(kind="token", id=message_id, text=token))
+                await branch.publish(ChatEvent(kind="token", id=message_id, text=token, at=at, so_far=so_far))
+                at += len(token)
                 run.set_progress({"tokens": len(pieces)})
         except Exception as exc:
             log.warning("chat %s: the model failed answering message %s: %r", chat_id, message_id, exc)

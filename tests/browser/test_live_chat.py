@@ -292,3 +292,49 @@ async def test_eight_tabs_of_one_chat_in_one_browser_share_one_stream(tmp_path: 
                 assert await t.page.locator("#status").get_attribute("data-state") == "live"
     finally:
         await ctx.close()
+
+
+# records every text the streaming bubble of a reply shows, in order
+RECORD_STREAMING = """
+window.__shown = [];
+new MutationObserver(() => {
+  for (const li of document.querySelectorAll('li.msg[data-stream-for]')) {
+    const t = li.textContent;
+    if (window.__shown[window.__shown.length - 1] !== t) window.__shown.push(t);
+  }
+}).observe(document, {subtree: true, childList: true, characterData: true});
+"""
+
+
+async def test_a_tab_opened_while_a_reply_streams_shows_it_from_its_first_word(tmp_path: Path, browser: Any) -> None:
+    """From trial AN: a tab opened (or reloaded) while a reply streamed showed it from the middle of a sentence
+    until it was saved. It now shows "…" for a moment, then the reply from its start, in another browser (its
+    own stream) and in another tab of the same browser (the stream of the first tab, relayed)."""
+    first_ctx = await browser.new_context(**LAPTOP)
+    other_ctx = await browser.new_context(**PHONE)
+    try:
+        for ctx in (first_ctx, other_ctx):
+            await ctx.add_init_script(RECORD_STREAMING)
+        async with run_demo(tmp_path / "data", "--token-delay", "0.03") as demo:
+            (url,) = demo.urls
+            first = Tab(await first_ctx.new_page())
+            await first.open(url)
+            await first.post("Tell me how a tab that joins late sees the whole reply.")
+            await first.page.wait_for_function(
+                "document.querySelector('li.msg[data-stream-for]')?.textContent.length > 40", timeout=10_000
+            )
+            late = [Tab(await other_ctx.new_page()), Tab(await first_ctx.new_page())]
+            for tab in late:
+                await tab.open(first.page.url)
+            await asyncio.gather(*(t.wait_saved(2, timeout=20.0) for t in [first, *late]))
+            reply = await first.page.eval_on_selector_all("#messages li.msg.assistant", "els => els[0].textContent")
+            assert len(reply) > 60, reply
+            for tab in late:
+                shown = await tab.page.evaluate("window.__shown")
+                texts = [t for t in shown if t not in ("", "…")]
+                assert texts, f"the late tab never showed the reply streaming: {shown}"
+                for t in texts:  # each a beginning of the reply, never its middle
+                    assert reply.startswith(t.strip()) or t.strip() == reply.strip(), (t, reply)
+    finally:
+        await first_ctx.close()
+        await other_ctx.close()

@@ -53,13 +53,16 @@ async def test_a_post_streams_the_reply_then_saves_it(store: tinystore.Store, we
                 first = await tab.next()
                 assert (first.type, json.loads(first.data)) == (
                     "message",
-                    {"kind": "message", "id": asked["id"], "text": ""},
+                    {"kind": "message", "id": asked["id"], "text": "", "at": None, "so_far": None},
                 )
                 start = await tab.next()
                 assert (start.type, json.loads(start.data)["id"]) == ("start", asked["id"])
                 tokens = []
                 while (ev := await tab.next()).type == "token":
-                    tokens.append(json.loads(ev.data)["text"])
+                    token = json.loads(ev.data)
+                    assert token["at"] == sum(map(len, tokens))  # where it goes: after the characters before it
+                    assert token["so_far"] in (None, "".join(tokens))
+                    tokens.append(token["text"])
                 assert ev.type == "done"
                 saved = await tab.next()
                 assert saved.type == "message"

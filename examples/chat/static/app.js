@@ -163,17 +163,39 @@ function onStart(ev) {
   li.classList.remove("failed");
   li.classList.add("streaming");
   li.textContent = "";
+  li.dataset.have = "0"; // the characters of the reply this bubble holds, from its start
 }
 
+// A token says where its text goes (ev.at: the characters before it) and, now and then, what comes before it
+// (ev.so_far). A bubble that holds the reply from its start appends the token that follows what it holds,
+// and skips one it holds already (a replay); a tab that joined while the reply streamed shows "…" until a
+// token brings the text before it, then goes on from there, from the reply's first word.
 function onToken(ev) {
   if (state.answered.has(ev.id)) return; // already saved: a replay after a reconnect
   const li = streamingBubble(ev.id);
   if (li.classList.contains("failed")) {
     li.classList.remove("failed");
     li.textContent = "";
+    li.dataset.have = "0";
   }
   li.classList.add("streaming");
-  li.textContent += ev.text;
+  if (typeof ev.at !== "number") {
+    li.textContent += ev.text; // (a server of before ev.at)
+  } else {
+    const have = li.dataset.have === undefined ? -1 : Number(li.dataset.have);
+    if (have === ev.at) {
+      li.textContent += ev.text;
+    } else if (typeof ev.so_far === "string" && ev.so_far.length === ev.at && !(have > ev.at)) {
+      li.textContent = ev.so_far + ev.text;
+    } else if (have > ev.at) {
+      return; // heard already
+    } else {
+      li.textContent = "…"; // joined in the middle: the text before this token comes with a later one
+      delete li.dataset.have;
+      return;
+    }
+    li.dataset.have = String(ev.at + ev.text.length);
+  }
   scrollDown();
 }
 
