@@ -105,7 +105,8 @@ class OfflineModel:
 
     async def summarize(self, history: Sequence[Turn]) -> str:
         await asyncio.sleep(self.first_delay)
-        users = [t.text for t in history if t.role == "user"]
+        turns = [t for t in history if t.role != "system"]  # (the summary before this one is not a message)
+        users = [t.text for t in turns if t.role == "user"]
         counts: dict[str, int] = {}
         for text in users:
             for w in _WORD.findall(text.lower()):
@@ -113,7 +114,7 @@ class OfflineModel:
                     counts[w] = counts.get(w, 0) + 1
         top = sorted(counts, key=lambda w: (-counts[w], w))[:5]
         about = ", ".join(top) if top else "nothing in particular"
-        return f"{len(history)} messages, {len(users)} from the user, mostly about: {about}."
+        return f"the last {len(turns)} messages ({len(users)} from the user) are mostly about: {about}."
 
 
 # ------------------------------------------------------------------------------------------ OpenAI-compatible

@@ -286,7 +286,10 @@ class Chat:
             )
             message = dict(zip(done.columns, done.rows[0], strict=True))
             await tx.with_(events).under(chat_id).publish(ChatEvent(kind="message", id=message["id"]))
-            await tx.with_(replies).add(Ask(chat_id=chat_id, message_id=message["id"]), key=f"reply/{message['id']}")
+            # one tenant a chat: a chat that posts a hundred messages does not keep the others' replies waiting
+            await tx.with_(replies).add(
+                Ask(chat_id=chat_id, message_id=message["id"]), key=f"reply/{message['id']}", tenant=f"chat-{chat_id}"
+            )
             return message
 
         return await self.db.tx(post)

@@ -338,3 +338,24 @@ async def test_a_tab_opened_while_a_reply_streams_shows_it_from_its_first_word(t
     finally:
         await first_ctx.close()
         await other_ctx.close()
+
+
+async def test_a_chat_that_does_not_exist_is_named_so_not_offline(tmp_path: Path, browser: Any) -> None:
+    """From trial AN: /chats/999 said "offline" and asked again and again, for ever."""
+    ctx = await browser.new_context(**LAPTOP)
+    try:
+        async with run_demo(tmp_path / "data") as demo:
+            (url,) = demo.urls
+            tab = Tab(await ctx.new_page())
+            await tab.open(url)  # makes the first chat
+            await tab.page.goto(url.rstrip("/") + "/chats/999")
+            await tab.page.wait_for_selector('#status[data-state="not found"]', timeout=10_000)
+            assert "There is no chat 999" in await tab.page.locator("#error").inner_text()
+            mark = time.monotonic()
+            await asyncio.sleep(3.5)
+            late = [r for r in tab.requests if r[0] > mark]
+            assert late == [], late  # nothing asked again
+            await tab.page.click("#chats a")  # a chat of the list opens, live
+            await tab.page.wait_for_selector('#status[data-state="live"]', timeout=10_000)
+    finally:
+        await ctx.close()

@@ -25,10 +25,31 @@ const state = {
 const $ = (id) => document.getElementById(id);
 
 async function api(path, options = {}) {
-  const res = await fetch(path, { headers: { "content-type": "application/json" }, ...options });
+  let res;
+  try {
+    res = await fetch(path, { headers: { "content-type": "application/json" }, ...options });
+  } catch {
+    throw new Error("the server cannot be reached (is the demo running?)"); // not the browser's "Failed to fetch"
+  }
   const body = await res.json().catch(() => null);
-  if (!res.ok) throw new Error(body && body.error ? body.error : `${res.status} ${res.statusText}`);
+  if (!res.ok) {
+    const err = new Error(body && body.error ? body.error : `${res.status} ${res.statusText}`);
+    err.status = res.status;
+    throw err;
+  }
   return body;
+}
+
+// The chat of this page does not exist (a mistyped or old address): say so once, and stop listening and
+// asking (a 404 is not "offline": trying again would never end).
+function chatGone(chatId) {
+  if (chatId !== state.chatId) return;
+  if (state.leave) state.leave();
+  if (state.source) state.source.close();
+  if (state.channel) state.channel.close();
+  state.source = state.channel = state.leave = null;
+  setStatus("not found");
+  showError(`There is no chat ${chatId}: pick one from the list, or start a new one.`);
 }
 
 function showError(text) {
@@ -125,6 +146,10 @@ async function refresh() {
     retryDelay = 1000;
     showError("");
   } catch (err) {
+    if (err.status === 404) {
+      chatGone(state.chatId);
+      return;
+    }
     // offline, or the server is restarting: try again after a growing delay (only while it fails)
     showError(`${err.message} (trying again)`);
     retryLater();
@@ -319,7 +344,8 @@ async function loadChat() {
     $("summary").textContent = chat.summary ? `Summary: ${chat.summary}` : "";
     $("summary").hidden = !chat.summary;
   } catch (err) {
-    showError(err.message);
+    if (err.status === 404) chatGone(chatId);
+    else showError(err.message);
   }
 }
 
