@@ -93,6 +93,13 @@ def _uvicorn_server(app: Any, host: str, port: int) -> Any:
         not raising the signal again once it stopped, so the store closes cleanly after it."""
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if not self.should_exit:  # (said once)
+                print(
+                    "stopping: a reply being written gets a few seconds, else it is handed back to its queue and "
+                    "finishes after the next start",
+                    file=sys.stderr,
+                    flush=True,
+                )
             end_streams()
             super().handle_exit(sig, frame)
 
