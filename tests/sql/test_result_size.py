@@ -58,3 +58,18 @@ async def test_the_result_limit_holds_for_any_row_count(tmp_path: Path, mode: st
         assert row is not None and row["b"] == bytes(60000)
         assert len(await db.all("select length(b) as n from t")) == 2
         assert await db.all("select 1 as a where 0") == []
+
+
+# contract: STORE-04
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_many_small_rows_count_what_they_cost_in_memory(tmp_path: Path, mode: str) -> None:
+    # from trial AO: 5 million one-integer rows were 10 MB encoded and 278 MB in the server; each row now counts
+    # 56 bytes more and 24 a column
+    many = "with recursive c(x) as (select 1 union all select x + 1 from c limit ?) select x from c"
+    limits = tinystore.Limits(sql_result_bytes=1 << 20)
+    async with open_store(mode, tmp_path / "s", limits=limits) as store:
+        db = await store.database("app")
+        assert len(await db.all(many, 10_000)) == 10_000  # about 30 KB encoded, 800 KB in all
+        with pytest.raises(tinystore.LimitError, match=r"counted 80 bytes more: what it costs in memory"):
+            await db.all(many, 20_000)  # about 60 KB encoded: under the limit by its encoding alone
+        assert await db.scalar("select 1") == 1
