@@ -154,3 +154,27 @@ async def test_a_renewal_that_comes_before_its_queue_is_loaded_keeps_the_attempt
         assert gone == [jid]
     finally:
         await store.close()
+
+
+# contract: JOB-02
+async def test_a_queue_of_many_jobs_loads_whole_after_a_restart(tmp_path: Path) -> None:
+    # from trial AO: the load of a big queue held the event loop for seconds (now it yields every 10,000 jobs),
+    # and its read was held to sql_result_bytes, which a queue of millions of jobs is over (now it is not)
+    from tinystore.engines import jobs as jobs_engine
+
+    limits = tinystore.Limits(sql_result_bytes=1 << 20)  # the jobs' rows are over it: the load is not held to it
+    async with open_store("embedded", tmp_path / "s", limits=limits) as store:
+        q = store.queue("later")
+        for i in range(25):
+            await q.add_many([{"i": i * 1000 + j} for j in range(1000)], delay="1h")
+        first = await q.add("soon")
+    assert jobs_engine.LOAD_SLICE < 25_001
+    async with open_store("embedded", tmp_path / "s", limits=limits) as store:
+        q = store.queue("later")
+        page = await q.list(limit=5)
+        assert len(page.jobs) == 5
+        status = (await store.status())["jobs"]["queues"]
+        (later,) = [s for s in status if s["queue"] == "later"]
+        assert later["queued"] + later.get("delayed", 0) == 25_001, later
+        got = await q.run_due(lambda value, run: None)
+        assert got == 1 and (await q.get(first)).state == "succeeded"  # type: ignore[union-attr]

@@ -322,6 +322,10 @@ _PAIRS = [a + b for a in _Ids.ALPHABET for b in _Ids.ALPHABET]
 _SHIFTS = tuple(range(120, -1, -10))
 
 
+LOAD_SLICE = 10_000
+"""Jobs a queue's load indexes in one turn of the event loop (some 50 ms)."""
+
+
 def _overdue_at(started_at: float, options: QueueOptions) -> float:
     """When an attempt started at ``started_at`` ends whatever its worker says: its timeout and a lease more. The
     worker cancels its handler at the timeout and reports the attempt failed; a handler that does not stop
@@ -617,10 +621,17 @@ class JobsEngine:
                     f"select id, tenant, priority, run_at, state, attempts, fence, started_at, lease_until "
                     f"from {TABLE} where queue = ? and state in ('queued', 'failed', 'running') order by id",
                     [name],
+                    unlimited=True,  # (a queue of millions of jobs is over what a client's read may be)
                 )
             ).rows
         now = self.clock.now()
-        for jid, tenant, priority, run_at, state, attempts, fence, started_at, lease_until in rows:
+        for i, (jid, tenant, priority, run_at, state, attempts, fence, started_at, lease_until) in enumerate(rows):
+            if i % LOAD_SLICE == LOAD_SLICE - 1:
+                # a queue of a million jobs takes seconds to index: other clients' calls go on meanwhile (the
+                # queue is not in self.queues yet; a deadline of an entry indexed already may fire, as after)
+                await asyncio.sleep(0)
+                if self.closed:
+                    raise ClosedError("jobs: the store is stopping")
             e = Entry(jid, tenant, priority, run_at / 1000, attempts=attempts, fence=fence)
             q.entries[jid] = e
             if state == "running":

@@ -245,6 +245,7 @@ class _Read:
     params: list[Any]
     mode: str
     fut: asyncio.Future[Rows]
+    unlimited: bool = False  # an engine's own read of what it keeps (see SqlDatabase.read)
 
 
 @dataclass(slots=True)
@@ -700,12 +701,21 @@ class SqlDatabase:
     def _inline_check(self) -> int:
         return 1 if time.monotonic() > self._inline_deadline else 0
 
-    def read(self, sql: str, params: Sequence[Any], mode: str = "all") -> asyncio.Future[Rows]:
+    def read(
+        self, sql: str, params: Sequence[Any], mode: str = "all", *, unlimited: bool = False
+    ) -> asyncio.Future[Rows]:
         """A read. ``mode``: "all", "one" (at most one row) or "scalar". It runs on the loop when it fits the
-        inline budget (the future is then already resolved), else on a reader thread."""
+        inline budget (the future is then already resolved), else on a reader thread. ``unlimited``: an engine's
+        read of what it keeps (a queue's jobs, loaded at its first use), on a reader thread and not held to
+        ``sql_result_bytes``, which bounds what a client may ask for (a queue of millions of jobs is over it)."""
         fut: asyncio.Future[Rows] = self.loop.create_future()
         try:
             values = check_params(self.name, sql, params)
+            if unlimited:
+                if self._closed:
+                    raise ClosedError(f"database {self.name} is closed")
+                self._reads.put(_Read(sql, values, mode, fut, True))
+                return fut
             rows = self.read_now(sql, values, mode)
         except TinystoreError as exc:
             fut.set_exception(exc)
@@ -1196,7 +1206,7 @@ class SqlDatabase:
         ctl(conn, "release s")
         return done
 
-    def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str) -> Rows:
+    def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str, unlimited: bool = False) -> Rows:
         if len(sql) > CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
         cur = conn.execute(sql, params)
@@ -1204,7 +1214,14 @@ class SqlDatabase:
         if desc is None and holds_no_statement(sql):
             raise no_statement(self.name, sql)
         columns = list(map(_first, desc)) if desc else []
-        if mode == "all":
+        if unlimited:
+            try:
+                rows = cur.fetchall()
+            finally:
+                cur.close()
+            if mode != "all":
+                rows = rows[:1]
+        elif mode == "all":
             rows = _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
         else:
             try:
@@ -1224,7 +1241,7 @@ class SqlDatabase:
                 break
             arm(time.monotonic(), item.fut)
             try:
-                value = self._query(conn, item.sql, item.params, item.mode)
+                value = self._query(conn, item.sql, item.params, item.mode, item.unlimited)
                 put(item.fut, value, None)
             except BaseException as exc:
                 put(item.fut, None, self._error(exc))
