@@ -14,7 +14,7 @@ import pytest
 from tinystore.protocol import frames
 from tinystore.protocol.frames import Frame, Kind
 from tinystore.protocol.messages import decode, encode
-from tinystore.protocol.sql import Begin, Exec, OpenDb, Query
+from tinystore.protocol.sql import Begin, Exec, OpenDb, Query, TxRef
 from tinystore.server import paths
 from tinystore.server.listener import READS_MAX
 
@@ -103,3 +103,36 @@ async def test_a_connection_that_ends_in_the_middle_of_a_frame_leaves_nothing_of
                 break
             await asyncio.sleep(0.01)
         assert conn.closing and len(conn.conn._buf) == 0
+
+
+# contract: STORE-04
+async def test_a_transactions_commit_waits_behind_its_reads_that_wait(tmp_path: Path) -> None:
+    # the reads of a transaction wait while the client does not read; its commit, sent after them, waits too
+    # (run at once, it ended the transaction under its own reads)
+    async with open_store("embedded", tmp_path / "s") as store:
+        await store.database("x")
+        raw = await RawClient.open(("unix", paths.socket_path(tmp_path / "s")))
+        try:
+            assert (await raw.hello()).kind is Kind.WELCOME
+            raw.send(frames.request_frame(1, "sql.open", encode(OpenDb(db="x"))))
+            await answer(raw, 1)
+            raw.send(frames.request_frame(2, "sql.begin", encode(Begin("x", True))))
+            tx = await answer(raw, 2)
+            reads = [
+                frames.request_frame(
+                    10 + i, "sql.query", encode(Query("x", f"select zeroblob({ANSWER})", [], "all", tx))
+                )
+                for i in range(CALLS)
+            ]
+            raw.send(b"".join(reads) + frames.request_frame(9, "sql.commit", encode(TxRef(tx))))
+            await asyncio.sleep(0.3)  # not reading meanwhile
+            order = []
+            while len(order) < CALLS + 1:
+                f = await raw.frame(timeout=20)
+                assert isinstance(f, Frame)
+                if f.kind is Kind.RESPONSE and f.stream not in order and not (f.flags & frames.MORE):
+                    order.append(f.stream)
+                assert f.kind is not Kind.ERROR, decode(f.body)
+            assert order[-1] == 9 and sorted(order[:-1]) == list(range(10, 10 + CALLS))
+        finally:
+            await raw.close()

@@ -455,13 +455,18 @@ class ServerConnection(asyncio.Protocol):
         except BaseException as exc:
             self.send_error(stream, exc)
             return
-        if name in BOUNDED_READS or (name == "sql.exec" and may_return_rows(req.sql)):
-            if getattr(req, "tx", 0):
-                if self.tx_waiting or self.paused or len(self.tx_reads) >= READS_MAX:
-                    self.tx_waiting.append((stream, name, req, len(body)))
-                    return
+        rows = name in BOUNDED_READS or (name == "sql.exec" and may_return_rows(req.sql))
+        if getattr(req, "tx", 0):
+            # a transaction's call: one that may answer with rows waits in the transactions' line while the
+            # client does not read; any call waits behind the calls that wait there (a commit after its reads)
+            if self.tx_waiting or (rows and (self.paused or len(self.tx_reads) >= READS_MAX)):
+                self.tx_waiting.append((stream, name, req, len(body)))
+            elif rows:
                 self.run_in_tx_line(stream, name, req, len(body))
-                return
+            else:
+                self.run(stream, name, req, len(body), False)
+            return
+        if rows:
             if self.waiting or self.paused or len(self.reads) >= READS_MAX:
                 self.waiting.append((stream, name, req, len(body)))
                 return
