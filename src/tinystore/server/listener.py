@@ -67,18 +67,23 @@ ORPHAN_COST = 512
 # them its next requests wait unread until they are down to INFLIGHT_LOW (its request credit alone would let it
 # have 1,024 requests of the frame limit, 16 GiB, in the server's memory)
 BIG_BODY = 64 * 1024
-# reads whose answers may be large (outside a transaction): a connection has at most READS_MAX of them under way
-# (on a reader thread, or a task), and none starts while its answers wait unwritten (``paused``): the rest wait
-# here, in order, as requests, so a client that sends many big reads and stops reading cannot make the server
-# hold all their answers
+# Calls whose answers may be large: a connection has at most a line's ``most`` of them under way (on a reader
+# thread, the writer, a task), and none starts while its answers wait unwritten (``paused``): the rest wait in
+# their line, in order, as requests, so a client that sends many big calls and stops reading cannot make the
+# server hold all their answers (trial AO: 1,024 answers of 8 MB, past 4 GB). Three lines, so that no call waits
+# behind one that waits for it:
+# - reads outside a transaction (BOUNDED_READS), READS_MAX of them: they wait for nothing else;
+# - ``sql.exec`` outside a transaction whose statement may answer with rows (``may_return_rows``: a RETURNING, a
+#   SELECT), EXECS_MAX: they wait for the writer, which a transaction of the same connection may hold while its
+#   own next call is a read (sharing the reads' line, that read waited behind them until the transaction timed
+#   out: trial AP); a plain INSERT, UPDATE or DELETE is in no line (two numbers for an answer, and a
+#   connection's writes must reach the writer together to share a commit: EXECS_MAX of these share one too);
+# - the calls of transactions (``tx``) that may answer with rows, READS_MAX: they run one after another on their
+#   transaction; while some wait, every call of a transaction waits behind them, so that a transaction's calls
+#   run in the order they came (its commit after its reads).
 BOUNDED_READS = frozenset({"sql.query", "jobs.list", "jobs.get", "jobs.find"})
 READS_MAX = 8
-# An ``sql.exec`` outside a transaction whose statement may answer with rows (``may_return_rows``: a RETURNING, a
-# SELECT) is one of them too; a plain INSERT, UPDATE or DELETE is not (its answer is two numbers, and a
-# connection's many writes must reach the writer together to share a commit). The calls of a transaction
-# (``tx``) that may answer with rows are bounded alike, in a line of their own: they run one after another on
-# their transaction and wait for nothing else, whereas a read or an exec outside it may wait for the writer that
-# transaction holds (sharing one line, the transaction's next call could wait behind a write waiting for it).
+EXECS_MAX = 32
 INFLIGHT_HIGH = 64 * 1024 * 1024
 INFLIGHT_LOW = 16 * 1024 * 1024
 CHUNK = 1 << 20  # a response body past this many bytes goes out in several frames (flag MORE)
@@ -189,6 +194,18 @@ def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
     return tokens
 
 
+class _Line:
+    """A line of calls whose answers may be large (see :data:`BOUNDED_READS`): at most ``most`` ``running``, the
+    rest ``waiting`` as ``(stream, name, request, size, rows)``."""
+
+    __slots__ = ("most", "running", "waiting")
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.running: set[int] = set()
+        self.waiting: collections.deque[tuple[int, str, Any, int, bool]] = collections.deque()
+
+
 class ServerConnection(asyncio.Protocol):
     """One client connection."""
 
@@ -215,10 +232,11 @@ class ServerConnection(asyncio.Protocol):
         self.big_bytes = 0
         self.loaded = False  # too many bytes of big requests under way
         self.not_reading = False  # whether the transport's reading is paused (see steer_reading)
-        self.reads: set[int] = set()  # streams of BOUNDED_READS under way
-        self.waiting: collections.deque[tuple[int, str, Any, int]] = collections.deque()  # reads not begun
-        self.tx_reads: set[int] = set()  # streams of transactions' calls that may answer with rows, under way
-        self.tx_waiting: collections.deque[tuple[int, str, Any, int]] = collections.deque()  # those not begun
+        self.reads = _Line(READS_MAX)  # the lines of calls whose answers may be large (see BOUNDED_READS)
+        self.execs = _Line(EXECS_MAX)
+        self.txs = _Line(READS_MAX)
+        self.lines = (self.reads, self.execs, self.txs)
+        self.line_of: dict[int, _Line] = {}  # stream → the line it is under way in
         self.out: list[bytes] = []
         self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
@@ -317,8 +335,8 @@ class ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.conn.discard()  # a part of a frame (up to 16 MiB) goes now, not at the next full collection
-        self.waiting.clear()  # (requests not begun, and their bodies)
-        self.tx_waiting.clear()
+        for line in self.lines:
+            line.waiting.clear()  # (requests not begun, and their bodies)
         self.out.clear()
         if self.deadline is not None:
             self.deadline.cancel()
@@ -362,8 +380,7 @@ class ServerConnection(asyncio.Protocol):
             self.steer_reading()
             if self.session is not None and not self.closing:
                 self.session.full(False)
-            if self.waiting or self.tx_waiting:
-                self.pump_reads()
+            self.pump_lines()
 
     # -- frames ------------------------------------------------------------------------------------
 
@@ -458,24 +475,31 @@ class ServerConnection(asyncio.Protocol):
         rows = name in BOUNDED_READS or (name == "sql.exec" and may_return_rows(req.sql))
         if getattr(req, "tx", 0):
             # a transaction's call: one that may answer with rows waits in the transactions' line while the
-            # client does not read; any call waits behind the calls that wait there (a commit after its reads)
-            if self.tx_waiting or (rows and (self.paused or len(self.tx_reads) >= READS_MAX)):
-                self.tx_waiting.append((stream, name, req, len(body)))
-            elif rows:
-                self.run_in_tx_line(stream, name, req, len(body))
+            # client does not read; any call waits behind those waiting there (see BOUNDED_READS)
+            line = self.txs
+            if line.waiting or (rows and (self.paused or len(line.running) >= line.most)):
+                line.waiting.append((stream, name, req, len(body), rows))
             else:
-                self.run(stream, name, req, len(body), False)
+                self.start(line if rows else None, stream, name, req, len(body))
             return
         if rows:
-            if self.waiting or self.paused or len(self.reads) >= READS_MAX:
-                self.waiting.append((stream, name, req, len(body)))
+            line = self.execs if name == "sql.exec" else self.reads
+            if line.waiting or self.paused or len(line.running) >= line.most:
+                line.waiting.append((stream, name, req, len(body), True))
                 return
-            self.run(stream, name, req, len(body), True)
+            self.start(line, stream, name, req, len(body))
         else:
-            self.run(stream, name, req, len(body), False)
+            self.run(stream, name, req, len(body))
 
-    def run(self, stream: int, name: str, req: Any, size: int, bounded: bool) -> None:
-        """Call method ``name`` for ``stream`` and see to its answer (``bounded``: one of ``BOUNDED_READS``)."""
+    def start(self, line: _Line | None, stream: int, name: str, req: Any, size: int) -> None:
+        """:meth:`run`, counted in ``line`` while under way."""
+        self.run(stream, name, req, size)
+        if line is not None and (stream in self.tasks or stream in self.futures or stream in self.laters):
+            line.running.add(stream)
+            self.line_of[stream] = line
+
+    def run(self, stream: int, name: str, req: Any, size: int) -> None:
+        """Call method ``name`` for ``stream`` and see to its answer."""
         session = self.session
         assert session is not None
         try:
@@ -487,8 +511,6 @@ class ServerConnection(asyncio.Protocol):
             self.laters[stream] = (result, size)
             if size >= BIG_BODY and not result.done():
                 self.big_started(stream, size)
-            if bounded:
-                self.reads.add(stream)
             result.then(partial(self.answer, stream, result))
         elif isinstance(result, _Future):
             if result.done():
@@ -497,8 +519,6 @@ class ServerConnection(asyncio.Protocol):
                 self.futures[stream] = result
                 if size >= BIG_BODY:
                     self.big_started(stream, size)
-                if bounded:
-                    self.reads.add(stream)
                 result.add_done_callback(partial(self.finish, stream))
         elif type(result) is CoroutineType:
             task = asyncio.ensure_future(result)
@@ -508,34 +528,28 @@ class ServerConnection(asyncio.Protocol):
                 self.undos[stream] = undo
             if size >= BIG_BODY:
                 self.big_started(stream, size)
-            if bounded:
-                self.reads.add(stream)
             task.add_done_callback(partial(self.finish, stream))
         else:
             self.send_result(stream, result)
 
-    def pump_reads(self) -> None:
-        """Begin the reads that wait, in order, while the client reads its answers and few enough are under way."""
-        waiting = self.waiting
-        while waiting and not self.paused and not self.closing and len(self.reads) < READS_MAX:
-            stream, name, req, size = waiting.popleft()
-            self.run(stream, name, req, size, True)
-        waiting = self.tx_waiting
-        while waiting and not self.paused and not self.closing and len(self.tx_reads) < READS_MAX:
-            stream, name, req, size = waiting.popleft()
-            self.run_in_tx_line(stream, name, req, size)
+    def pump_lines(self) -> None:
+        """Begin the calls that wait in each line, in order, while the client reads its answers and few enough
+        are under way (a call that answers with no rows, in the transactions' line, is not counted)."""
+        for line in self.lines:
+            waiting = line.waiting
+            while waiting and not self.paused and not self.closing:
+                rows = waiting[0][4]
+                if rows and len(line.running) >= line.most:
+                    break
+                stream, name, req, size, _ = waiting.popleft()
+                self.start(line if rows else None, stream, name, req, size)
 
-    def run_in_tx_line(self, stream: int, name: str, req: Any, size: int) -> None:
-        """:meth:`run` a transaction's call that may answer with rows, counted in ``tx_reads`` while under way."""
-        self.run(stream, name, req, size, False)
-        if stream in self.tasks or stream in self.futures or stream in self.laters:
-            self.tx_reads.add(stream)
-
-    def read_done(self, stream: int) -> None:
-        self.reads.discard(stream)
-        self.tx_reads.discard(stream)
-        if self.waiting or self.tx_waiting:
-            self.pump_reads()
+    def line_done(self, stream: int) -> None:
+        line = self.line_of.pop(stream, None)
+        if line is not None:
+            line.running.discard(stream)
+            if line.waiting:
+                self.pump_lines()
 
     def big_started(self, stream: int, size: int) -> None:
         """A big request is under way: past ``INFLIGHT_HIGH`` bytes of them, read no more from the client."""
@@ -564,13 +578,13 @@ class ServerConnection(asyncio.Protocol):
                     undo(self.session, running.result())
                 except Exception:
                     log.exception("giving back what a cancelled %s call was handed", stream)
-        for waiting in (self.waiting, self.tx_waiting):
-            for item in waiting:
-                if item[0] == stream:  # a read that had not begun: forgotten
-                    waiting.remove(item)
+        for line in self.lines:
+            for item in line.waiting:
+                if item[0] == stream:  # a call that had not begun: forgotten
+                    line.waiting.remove(item)
                     break
-        if (self.reads and stream in self.reads) or (self.tx_reads and stream in self.tx_reads):
-            self.read_done(stream)
+        if self.line_of:
+            self.line_done(stream)
         held = self.laters.pop(stream, None)
         if held is not None and not held[0].done():
             later, size = held
@@ -616,8 +630,8 @@ class ServerConnection(asyncio.Protocol):
         if self.big:
             self.big_done(stream)
         self.settle(stream, fut)
-        if (self.reads and stream in self.reads) or (self.tx_reads and stream in self.tx_reads):
-            self.read_done(stream)
+        if self.line_of:
+            self.line_done(stream)
 
     def settle(self, stream: int, fut: asyncio.Future[Any]) -> None:
         """Answer ``stream`` with the outcome of ``fut`` (done)."""
@@ -647,8 +661,8 @@ class ServerConnection(asyncio.Protocol):
             self.send_error(stream, exc)
         else:
             self.send_result(stream, value)
-        if (self.reads and stream in self.reads) or (self.tx_reads and stream in self.tx_reads):
-            self.read_done(stream)
+        if self.line_of:
+            self.line_done(stream)
 
     def send_result(self, stream: int, value: Any) -> None:
         if self.closing:
