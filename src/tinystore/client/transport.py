@@ -579,6 +579,7 @@ class RemoteTransport(Transport):
         self._turns = {method: _Turns() for method in _PARKING}  # calls of _PARKING methods in flight
         self._park_cap = parking_cap(frames.DEFAULT_MAX_INFLIGHT)
         self._first: asyncio.Task[Any] | None = None  # a call every later one waits behind (see call_first)
+        self._firsts: set[asyncio.Task[Any]] = set()  # call_first calls under way (each waits for the one before)
 
     async def connect(self) -> None:
         """Make the first connection; raises ``UnavailableError`` / ``UnauthenticatedError``."""
@@ -816,7 +817,7 @@ class RemoteTransport(Transport):
         if first is not None:
             if first.done():
                 self._first = None
-            elif first is not asyncio.current_task():
+            elif asyncio.current_task() not in self._firsts:
                 await asyncio.wait([first])  # (its outcome is its caller's; a cancel here ends this call only)
         turns = None
         if method in _PARKING and not (method in _IN_TX and request.tx):
@@ -913,7 +914,16 @@ class RemoteTransport(Transport):
         """:meth:`call` in a task of its own, started now, that every call made after this one waits behind (until
         its answer): what the caller does next, even without awaiting it, reaches the server after it (a test
         clock's ``advance``). Returns the task, whose outcome is the call's."""
-        task: asyncio.Task[Any] = asyncio.ensure_future(self.call(method, request, response_type, write=write))
+        before = self._first
+
+        async def in_turn() -> Any:
+            if before is not None and not before.done():
+                await asyncio.wait([before])  # (the one made before it: they reach the server in the order made)
+            return await self.call(method, request, response_type, write=write)
+
+        task: asyncio.Task[Any] = asyncio.ensure_future(in_turn())
+        self._firsts.add(task)
+        task.add_done_callback(self._firsts.discard)
         self._first = task
         return task
 
