@@ -77,3 +77,37 @@ async def test_an_embedded_workers_handler_that_swallows_its_cancel_is_timed_out
         finally:
             release.set()
             await worker.stop(grace="2s")
+
+
+# contract: JOB-01
+async def test_a_running_attempt_keeps_its_lease_and_outlives_a_shorter_timeout_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    # from trial AP: a configure that shortened the lease gave running attempts the short lease at their next
+    # renewal (they ended "worker lost"); one that shortened the timeout, then a restart, ended them at once
+    # "timed out". docs/jobs.md: an attempt already running keeps the lease and timeout it was given
+    import os
+    import signal
+
+    from tinystore.client.jobs import configure
+    from tinystore.protocol.jobs import Options
+
+    async with open_store("private", tmp_path / "s", clock=START) as store:
+        q = store.queue("q", timeout="1m", lease="10s", expected="1h")
+        await q.options()
+        job_id = await q.add("x")
+        (c,) = await claim(store, "q")
+        await configure(store, "q", Options(lease_ms=2_000, timeout_ms=5_000))
+        await store.clock.advance("5s")
+        assert await renew(store, "q", c) == []  # a lease of 10 s from now, as given, not 2 s
+        await store.clock.advance("6s")
+        assert (await q.get(job_id)).state == "running"  # type: ignore[union-attr]
+        for _ in range(2):  # 29 s: past the new timeout and lease, long before the one it was given
+            assert await renew(store, "q", c) == []
+            await store.clock.advance("9s")
+        assert await renew(store, "q", c) == []
+        pid = (await store.status())["pid"]
+        os.kill(pid, signal.SIGKILL)  # the store restarts (the SDK starts its private server again) and loads it
+        await wait_until(lambda: store.transport.connected, what="the SDK to reconnect")
+        job = await wait_state(q, job_id, "running", "failed", timeout=10)
+        assert job.state == "running" and not job.error, job

@@ -644,8 +644,10 @@ class JobsEngine:
                     e.lease_until = now
                 else:
                     e.lease_until = max(lease_until / 1000, now + opts.lease)
-                e.overdue_at = _overdue_at(e.started_at, opts)
-                e.lease_until = min(e.lease_until, e.overdue_at)
+                # the timeout it was given is not kept: it gets the queue's, and a whole one from now at least (a
+                # configure that shortened the timeout while it ran must not end it at once)
+                e.overdue_at = max(_overdue_at(e.started_at, opts), _overdue_at(now, opts))
+                e.lease = opts.lease
                 q.running[tenant] = q.running.get(tenant, 0) + 1
                 q.running_total += 1
                 q.leases.push(e.lease_until, (e, fence))
@@ -767,6 +769,7 @@ class JobsEngine:
             e.started_at = now
             e.lease_until = lease_until
             e.overdue_at = overdue_at
+            e.lease = q.options.lease
             e.peer = w.peer
             e.stuck = False
             q.leases.push(lease_until, (e, fence))
@@ -929,7 +932,8 @@ class JobsEngine:
             e.peer = peer
             was = e.lease_until
             hard = e.overdue_at if e.where == RUNNING else math.inf
-            e.lease_until = hard if peer.local else min(now + q.options.lease, hard)
+            # the lease it was given, whatever a configure since (docs/jobs.md)
+            e.lease_until = hard if peer.local else min(now + (e.lease or q.options.lease), hard)
             if e.lease_until < was and e.where == RUNNING:
                 q.leases.push(e.lease_until, (e, e.fence))
         return lost
@@ -962,10 +966,10 @@ class JobsEngine:
         if e.lease_until > now:
             q.leases.push(e.lease_until, (e, fence))
             return
-        if now >= e.overdue_at:
+        if e.lease_until >= e.overdue_at:  # renewed up to its end: its worker is there, its handler runs on
             why = (
-                f"timed out: the handler ran past its timeout of {q.options.timeout:g}s and a lease more "
-                "without ending (it did not stop when cancelled)"
+                f"timed out: still running {now - e.started_at:.0f}s after it started, past its timeout and a lease "
+                "more (a handler that does not stop when cancelled is ended so)"
             )
             log.warning("queue %s: job %s: attempt %d: %s", q.name, e.id, e.attempts, why)
         else:

@@ -53,6 +53,7 @@ class Entry:
     lease_until: float = math.inf
     started_at: float = 0.0
     overdue_at: float = math.inf  # a running attempt ends here, renewed or not (its timeout and a lease more)
+    lease: float = 0.0  # the lease a running attempt was given (renewals give it again, whatever a configure)
     peer: Peer | None = None
     counted: bool = False  # counted in the running totals (claiming or running)
     stuck: bool = False
