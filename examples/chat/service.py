@@ -48,7 +48,8 @@ class ChatEvent:
     ``"gave_up"`` (the model could not answer message ``id``, ``text`` says why, and nothing retries: kept in
     ``reply_failures``), ``"summary"`` (chat ``id``'s summary changed).
 
-    A ``"token"`` also says where its text goes: ``at``, the characters of the reply before it; and every
+    A ``"token"`` also says where its text goes: ``at``, the length of the reply before it in UTF-16 code units
+    (JavaScript's ``string.length``: an emoji is two, not one as in Python; trial AP); and every
     :data:`SO_FAR_EVERY` tokens (every one at first), ``so_far``, those characters themselves. A tab that joins
     while a reply streams (opened, reloaded, or hearing the stream of another tab) starts from the first
     ``so_far`` it hears instead of the middle of a sentence, and a token heard twice (a replay after a
@@ -60,6 +61,11 @@ class ChatEvent:
     text: str = ""
     at: int | None = None
     so_far: str | None = None
+
+
+def _utf16_length(text: str) -> int:
+    """``text.length`` in JavaScript: UTF-16 code units."""
+    return len(text.encode("utf-16-le")) // 2
 
 
 SO_FAR_ALWAYS = 512
@@ -320,7 +326,7 @@ class Chat:
                 so_far = "".join(pieces) if at < SO_FAR_ALWAYS or len(pieces) % SO_FAR_EVERY == 0 else None
                 pieces.append(token)
                 await branch.publish(ChatEvent(kind="token", id=message_id, text=token, at=at, so_far=so_far))
-                at += len(token)
+                at += _utf16_length(token)
                 run.set_progress({"tokens": len(pieces)})
         except Exception as exc:
             log.warning("chat %s: the model failed answering message %s: %r", chat_id, message_id, exc)

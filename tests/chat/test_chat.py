@@ -60,7 +60,8 @@ async def test_a_post_streams_the_reply_then_saves_it(store: tinystore.Store, we
                 tokens = []
                 while (ev := await tab.next()).type == "token":
                     token = json.loads(ev.data)
-                    assert token["at"] == sum(map(len, tokens))  # where it goes: after the characters before it
+                    # where it goes: after the reply before it, in UTF-16 code units (JavaScript's length)
+                    assert token["at"] == len("".join(tokens).encode("utf-16-le")) // 2
                     assert token["so_far"] in (None, "".join(tokens))
                     tokens.append(token["text"])
                 assert ev.type == "done"
@@ -455,3 +456,35 @@ async def test_the_openai_compatible_adapter(tmp_path: Path) -> None:
             message = await chat.post(chat_id, "hi")
             assert await chat.replies.run_due(chat.reply) == 1
             assert await chat.db.scalar("select text from messages where reply_to = ?", message["id"]) == "Hello, world"
+
+
+async def test_token_events_place_text_in_utf16_code_units_as_the_page_counts(tmp_path: Path) -> None:
+    # from trial AP: an emoji is one character in Python and two in JavaScript: after "👍" the page took every
+    # later token for one it had, and showed "…" for the rest of the reply
+    class Emoji:
+        async def stream(self, history: Sequence[Any]) -> AsyncIterator[str]:
+            for t in ["Sure ", "👍 ", "here ", "is ", "é", " the answer."]:
+                yield t
+
+        async def summarize(self, history: Sequence[Any]) -> str:
+            return ""
+
+    async with open_store("embedded", tmp_path / "s") as store:
+        chat = await service.Chat(store, Emoji()).open()
+        chat_id = (await chat.create_chat("t"))["id"]
+        seen: list[Any] = []
+        sub = await chat.events.under(chat_id).subscribe(lambda m: seen.append(m.value))
+        await chat.post(chat_id, "hi")
+        assert await chat.replies.run_due(chat.reply) == 1
+        await asyncio.sleep(0.2)
+        await sub.stop()
+        tokens = [e for e in seen if e.kind == "token"]
+        assert [(t.text, t.at) for t in tokens] == [
+            ("Sure ", 0),
+            ("👍 ", 5),
+            ("here ", 8),
+            ("is ", 13),
+            ("é", 16),
+            (" the answer.", 17),
+        ]
+        assert all(t.so_far is None or len(t.so_far.encode("utf-16-le")) // 2 == t.at for t in tokens)
