@@ -145,3 +145,5 @@ async def test_sql_parameters_are_ints_only_when_ascii_digits(tmp_path: Path) ->
     done = run_cli("sql", str(directory), "--db", "app", "--write", "insert into p values (?)", "9223372036854775808")
     assert done.returncode == 1 and "parameter 1: 9223372036854775808 is past 64 bits" in done.stderr
     assert "--text" in done.stderr
+    done = run_cli("sql", str(directory), "--db", "app", "--write", "insert into p values (?)", "--", "-1e999")
+    assert done.returncode == 1 and "parameter 1: -1e999 is past what a float holds" in done.stderr

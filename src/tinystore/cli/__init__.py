@@ -509,6 +509,11 @@ def sql(
                         f"parameter {i}: {params[i - 1]} is past 64 bits, which SQLite cannot hold as an int; "
                         "--text sends every parameter as text (a 40-digit fence stays whole)"
                     )
+                if type(v) is float and math.isinf(v):
+                    raise InvalidError(
+                        f"parameter {i}: {params[i - 1]} is past what a float holds (it would be stored as an "
+                        "infinity); --text sends every parameter as text"
+                    )
             if write:
                 done = await db.exec(statement, *values)
                 return done.columns, [list(r) for r in done.rows], done
