@@ -315,7 +315,8 @@ async def test_a_tab_opened_while_a_reply_streams_shows_it_from_its_first_word(t
     try:
         for ctx in (first_ctx, other_ctx):
             await ctx.add_init_script(RECORD_STREAMING)
-        async with run_demo(tmp_path / "data", "--token-delay", "0.03") as demo:
+        # (slow tokens: the late tabs open while the reply streams, even on a busy machine)
+        async with run_demo(tmp_path / "data", "--token-delay", "0.08") as demo:
             (url,) = demo.urls
             first = Tab(await first_ctx.new_page())
             await first.open(url)
@@ -326,7 +327,7 @@ async def test_a_tab_opened_while_a_reply_streams_shows_it_from_its_first_word(t
             late = [Tab(await other_ctx.new_page()), Tab(await first_ctx.new_page())]
             for tab in late:
                 await tab.open(first.page.url)
-            await asyncio.gather(*(t.wait_saved(2, timeout=20.0) for t in [first, *late]))
+            await asyncio.gather(*(t.wait_saved(2, timeout=30.0) for t in [first, *late]))
             reply = await first.page.eval_on_selector_all("#messages li.msg.assistant", "els => els[0].textContent")
             assert len(reply) > 60, reply
             for tab in late:
