@@ -303,25 +303,16 @@ def stop(directory: Path, grace: str) -> None:
         pid: Any
         try:
             store = await _connect_dir(directory)
-        except Busy as exc:
-            # its server runs and takes no connection (out of descriptors?): SIGTERM stops it as gracefully
-            # (STORE-05)
+        except UnavailableError as exc:
+            # its server runs and nothing can ask it to stop: it takes no connection (out of descriptors?), or its
+            # socket was removed. SIGTERM stops it as gracefully (STORE-05)
+            sock = None if isinstance(exc, Busy) else socket_gone(directory.resolve())
             pid = int((paths.read_address(directory.resolve()) or {}).get("pid", 0))
-            if pid <= 0:
+            if pid <= 0 or (sock is None and not isinstance(exc, Busy)):
                 raise
             os.kill(pid, signal.SIGTERM)
-            err_console.print(f"{exc.message}: sent it SIGTERM", highlight=False)
-        except UnavailableError:
-            sock = socket_gone(directory.resolve())
-            if sock is None:
-                raise
-            # its server runs, but its socket was removed: nothing can ask it to stop; SIGTERM stops it as
-            # gracefully (STORE-05)
-            pid = int((paths.read_address(directory.resolve()) or {}).get("pid", 0))
-            if pid <= 0:
-                raise
-            os.kill(pid, signal.SIGTERM)
-            err_console.print(f"the server of {directory} (pid {pid}) lost its socket {sock}: sent it SIGTERM")
+            why = exc.message if sock is None else f"the server of {directory} (pid {pid}) lost its socket {sock}"
+            err_console.print(f"{why}: sent it SIGTERM", highlight=False)
         else:
             pid = (paths.read_address(directory.resolve()) or {}).get("pid")
             await store.stop_server(grace_s)
