@@ -147,3 +147,16 @@ async def test_sql_parameters_are_ints_only_when_ascii_digits(tmp_path: Path) ->
     assert "--text" in done.stderr
     done = run_cli("sql", str(directory), "--db", "app", "--write", "insert into p values (?)", "--", "-1e999")
     assert done.returncode == 1 and "parameter 1: -1e999 is past what a float holds" in done.stderr
+
+
+async def test_a_quoted_tilde_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script that quotes its path (``tinystore sql "~/store" ...``) meant the home folder's store, as
+    ``tinystore.open("~/store")`` does; it reached the CLI as a folder named ``~`` ("no such directory")."""
+    directory = await _store_with(tmp_path, "app")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    done = run_cli("sql", "~/store", "select count(*) as n from t", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"n": 3}
+    done = run_cli("jobs", "~/store", "list", "--json")
+    assert done.returncode == 0, done.stderr
+    assert not (Path.cwd() / "~").exists() and directory.exists()

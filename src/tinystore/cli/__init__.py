@@ -52,6 +52,16 @@ def fail(exc: TinystoreError) -> NoReturn:
     sys.exit(1)
 
 
+class UserPath(click.Path):
+    """A path argument read as a shell reads it: a leading ``~`` or ``~user`` is that home folder (a shell expands
+    it only when unquoted; ``"~/data"`` in a script reached the CLI as a folder named ``~``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            value = os.path.expanduser(value)
+        return super().convert(value, param, ctx)
+
+
 #: seconds the CLI waits for the directory's server to answer its handshake (a local socket: it answers in
 #: milliseconds unless it is suspended or stuck)
 ANSWER_TIMEOUT = 5.0
@@ -152,16 +162,16 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
 @click.option("--listen", multiple=True, help="Also listen on tcp://HOST:PORT or tls://HOST:PORT.")
 @click.option(
     "--tokens",
-    type=click.Path(dir_okay=False),
+    type=UserPath(dir_okay=False),
     help="Tokens file: '<admin|data> <token>' a line ('#' comments); each token at least "
     f"{MIN_TOKEN} characters and on one line only. Needed with --listen.",
 )
-@click.option("--tls-cert", type=click.Path(dir_okay=False), help="Certificate (PEM) for the tls:// addresses.")
-@click.option("--tls-key", type=click.Path(dir_okay=False), help="Its private key (PEM), for the tls:// addresses.")
+@click.option("--tls-cert", type=UserPath(dir_okay=False), help="Certificate (PEM) for the tls:// addresses.")
+@click.option("--tls-key", type=UserPath(dir_okay=False), help="Its private key (PEM), for the tls:// addresses.")
 @click.option("--durability", type=click.Choice(["full", "os"]), default="full", show_default=True)
 @click.option("--idle", default=None, help="Exit after this long without connections (sidecars).")
 @click.option("--sidecar", is_flag=True, hidden=True)
@@ -280,7 +290,7 @@ async def open_for_cli(directory: Path) -> Any:
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
 @click.option(
     "--grace", default="10s", show_default=True, help='How long calls under way may take to finish ("2s", "500ms", 2).'
 )
@@ -336,7 +346,7 @@ def stop(directory: Path, grace: str) -> None:
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def status(directory: Path, as_json: bool) -> None:
     """Show the store of DIRECTORY: version, connections, databases, and what each engine holds.
@@ -390,8 +400,8 @@ def status(directory: Path, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("dest", type=click.Path(path_type=Path))
+@click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
+@click.argument("dest", type=UserPath(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def backup(directory: Path, dest: Path, as_json: bool) -> None:
     """Copy the store of DIRECTORY, while it runs, into DEST (a new or empty folder): a store directory of its
@@ -445,7 +455,7 @@ def _print_engine(key: str, value: Any) -> None:
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
 @click.argument("statement")
 @click.argument("params", nargs=-1)
 @click.option(

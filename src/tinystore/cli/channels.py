@@ -18,7 +18,7 @@ import click
 
 from ..durations import seconds
 from ..errors import InvalidError, TinystoreError
-from . import fail, open_for_cli, pass_store_dir, run_async, to_json
+from . import UserPath, fail, open_for_cli, pass_store_dir, run_async, to_json
 
 
 def split_target(target: str) -> tuple[str, list[str]]:
@@ -86,7 +86,7 @@ def when_stdout_reader_gone(on_gone: Callable[[], None]) -> Iterator[None]:
 
 def register(main: click.Group) -> None:
     @main.group()
-    @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+    @click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
     @click.pass_context
     def channels(ctx: click.Context, directory: Path) -> None:
         """Publish on and listen to the channels of DIRECTORY, which must exist (`tinystore serve DIRECTORY`

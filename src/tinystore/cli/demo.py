@@ -389,9 +389,10 @@ async def _stop_children(children: list[asyncio.subprocess.Process]) -> None:
 
 def register(main: click.Group) -> None:
     """Add ``tinystore demo`` to the command group ``main``."""
+    from . import UserPath
 
     @main.command()
-    @click.argument("directory", default="./data", type=click.Path(file_okay=False, path_type=Path))
+    @click.argument("directory", default="./data", type=UserPath(file_okay=False, path_type=Path))
     @click.option(
         "--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="The web port (0: any free one)."
     )

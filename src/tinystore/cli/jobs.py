@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from . import console, fail, open_for_cli, pass_store_dir, print_table, run_async, to_json, visible
+from . import UserPath, console, fail, open_for_cli, pass_store_dir, print_table, run_async, to_json, visible
 
 
 def _at(when: datetime | None) -> str:
@@ -60,7 +60,7 @@ def register(main: click.Group) -> None:
     """Add the ``jobs`` group to the ``tinystore`` command."""
 
     @main.group()
-    @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+    @click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
     @click.pass_context
     def jobs(ctx: click.Context, directory: Path) -> None:
         """Jobs of the store in DIRECTORY: list, show, retry, cancel, queues, configure.

@@ -30,7 +30,7 @@ from rich.text import Text
 
 from ..durations import seconds
 from ..errors import InvalidError
-from . import err_console, pass_store_dir, run_async
+from . import UserPath, err_console, pass_store_dir, run_async
 
 PR_SET_PDEATHSIG = 1
 """``prctl`` option: the signal the kernel sends this process when its parent (the thread that forked it) dies."""
@@ -135,7 +135,7 @@ def register(main: click.Group) -> None:
     """Add the ``lock`` group to the ``tinystore`` command."""
 
     @main.group()
-    @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+    @click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
     @click.pass_context
     def lock(ctx: click.Context, directory: Path) -> None:
         """Hold a key of a lock of DIRECTORY, which must exist (`tinystore serve DIRECTORY` makes a store
