@@ -54,3 +54,39 @@ def test_stop_stops_a_server_whose_socket_was_removed(tmp_path: Path) -> None:
         assert server.proc is not None and server.proc.wait(10) == 0  # a graceful stop
     finally:
         server.stop()
+
+
+# contract: STORE-05
+def test_stop_refuses_an_embedded_store_whose_socket_was_removed(tmp_path: Path) -> None:
+    """From trial AR: the SIGTERM meant for a server went to the program that embeds the store (it died, and stop
+    then waited 15 s for it). docs/serving.md: `stop` refuses an embedded store, naming the program's pid."""
+    import subprocess
+    import sys
+    import textwrap
+
+    directory = tmp_path / "store"
+    program = textwrap.dedent(
+        """
+        import asyncio, sys, tinystore
+        async def main():
+            store = await tinystore.open(sys.argv[1], embedded=True)
+            print("ready", flush=True)
+            await asyncio.sleep(60)
+        asyncio.run(main())
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", program, str(directory)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        sock = paths.socket_path(directory.resolve())
+        sock.unlink()
+        done = subprocess.run(
+            [sys.executable, "-m", "tinystore", "stop", str(directory)], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.startswith(f"error[invalid] store {directory}: the store is embedded in process {child.pid}")
+        assert f"lost its socket {sock}" in done.stderr and "stop that program" in done.stderr, done.stderr
+        assert child.poll() is None  # the program goes on
+    finally:
+        child.kill()
+        child.wait()

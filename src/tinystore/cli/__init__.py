@@ -289,6 +289,21 @@ async def open_for_cli(directory: Path) -> Any:
         return await tinystore.open(directory, embedded=True, serve=False)
 
 
+def _runs(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is no zombie (a zombie still answers ``kill 0``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
+
+
 @main.command()
 @click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
 @click.option(
@@ -317,9 +332,17 @@ def stop(directory: Path, grace: str) -> None:
             # its server runs and nothing can ask it to stop: it takes no connection (out of descriptors?), or its
             # socket was removed. SIGTERM stops it as gracefully (STORE-05)
             sock = None if isinstance(exc, Busy) else socket_gone(directory.resolve())
-            pid = int((paths.read_address(directory.resolve()) or {}).get("pid", 0))
+            info = paths.read_address(directory.resolve()) or {}
+            pid = int(info.get("pid", 0))
             if pid <= 0 or (sock is None and not isinstance(exc, Busy)):
                 raise
+            if info.get("mode") == "embedded":
+                # the program's own store: a signal would end the program, not a server (docs/serving.md)
+                what = "takes no connection" if sock is None else f"lost its socket {sock}"
+                raise InvalidError(
+                    f"store {directory}: the store is embedded in process {pid} (it {what}); stop that program "
+                    "(or close its store) to stop it"
+                ) from None
             os.kill(pid, signal.SIGTERM)
             why = exc.message if sock is None else f"the server of {directory} (pid {pid}) lost its socket {sock}"
             err_console.print(f"{why}: sent it SIGTERM", highlight=False)
@@ -331,8 +354,8 @@ def stop(directory: Path, grace: str) -> None:
         # the server removes DIR/server/address once it let the directory go (a zombie pid would fool kill 0)
         while pid and time.monotonic() < deadline:
             info = paths.read_address(directory.resolve())
-            if not info or info.get("pid") != pid:
-                break
+            if not info or info.get("pid") != pid or not _runs(int(pid)):
+                break  # (a server killed outright leaves its address behind)
             await asyncio.sleep(0.05)
         else:
             if pid:
