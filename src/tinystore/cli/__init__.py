@@ -353,8 +353,8 @@ def stop(directory: Path, grace: str) -> None:
         deadline = time.monotonic() + grace_s + 5
         # the server removes DIR/server/address once it let the directory go (a zombie pid would fool kill 0)
         while pid and time.monotonic() < deadline:
-            info = paths.read_address(directory.resolve())
-            if not info or info.get("pid") != pid or not _runs(int(pid)):
+            now = paths.read_address(directory.resolve())
+            if not now or now.get("pid") != pid or not _runs(int(pid)):
                 break  # (a server killed outright leaves its address behind)
             await asyncio.sleep(0.05)
         else:
