@@ -274,6 +274,31 @@ async def test_a_private_store_whose_directory_goes_away_is_not_made_again_empty
             await moved.close()
 
 
+# contract: STORE-06
+async def test_a_private_server_whose_socket_was_removed_is_started_again(tmp_path: Path) -> None:
+    """From trial AR: it stops (no new client could reach it) and exited 0, as a stop asked for, so the SDK kept
+    it stopped and every call said "stopped (stop_server, tinystore stop or SIGTERM)". Nobody asked: it exits
+    with EXIT_LOST_PLACE now, and the SDK starts it again on the same files (as after a kill)."""
+    from tinystore.server import paths
+
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, private=True)
+    try:
+        db = await store.database("app", migrations=[("001.sql", "create table t (v);")])
+        await db.exec("insert into t values (1)")
+        pid = int((paths.read_address(directory) or {})["pid"])
+        paths.socket_path(directory.resolve()).unlink()
+        async with asyncio.timeout(10):
+            while running(pid):
+                await asyncio.sleep(0.05)
+        async with asyncio.timeout(30):
+            assert await db.scalar("select count(*) from t") == 1
+        assert int((paths.read_address(directory) or {})["pid"]) != pid
+        assert store._dead is None
+    finally:
+        await store.close()
+
+
 async def test_a_store_made_again_where_one_was_removed_keeps_its_new_sidecar(tmp_path: Path) -> None:
     """``rm -rf data`` while its sidecar still runs, then a new store there: the old sidecar stops (its directory
     is gone) and used to take the new sidecar's socket file with it on its way out (the same path), so the new

@@ -234,9 +234,11 @@ def serve(
                     soft_wrap=True,  # one line, however long the paths: a log line, and scripts read it
                 )
 
-        run(opts, ready)
+        status = run(opts, ready)
     except TinystoreError as exc:
         fail(exc)
+    if status:
+        sys.exit(status)  # it stopped because its directory or socket went away (not asked to)
 
 
 async def _connect_dir(directory: Path) -> Any:

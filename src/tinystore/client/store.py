@@ -186,12 +186,13 @@ class Store:
     def _child_exited(self, child: subprocess.Popen[bytes], code: int) -> None:
         """The private server (our child) exited while the store is open. Stopped on purpose (``stop_server``,
         ``tinystore stop``, SIGTERM: it exits with status 0), it stays stopped, and every call fails at once with
-        ``UnavailableError`` saying so. Otherwise (killed, crashed) it is started again (the SDK then reconnects by
-        itself, STORE-06); after 5 exits within a minute, the store gives up and fails every call at once."""
+        ``UnavailableError`` saying so. Its directory gone (removed, moved), every call says so. Otherwise (killed,
+        crashed, its socket file removed) it is started again (the SDK then reconnects by itself, STORE-06); after
+        5 exits within a minute, the store gives up and fails every call at once."""
         if self._closed or child is not self._child:
             return
-        if code == 0 and (self.directory is None or (self.directory / LOCK).is_file()):
-            # (a server whose directory went away exits 0 too: that is told below)
+        if code == 0:
+            # (a server whose directory or socket went away exits with EXIT_LOST_PLACE: told below, or started again)
             self._dead = UnavailableError(
                 f"store {self.directory}: its private server was stopped (stop_server, tinystore stop or SIGTERM); "
                 "close this store, and open it again to start another"
@@ -199,6 +200,8 @@ class Store:
             self._dead_task = asyncio.ensure_future(self.transport.close())
             return
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        if code == paths.EXIT_LOST_PLACE:
+            how += ": its socket file or directory went away"
         now = time.monotonic()
         self._child_exits = [t for t in self._child_exits if now - t < 60.0] + [now]
         if len(self._child_exits) > 5 or not self._child_cmd:

@@ -125,6 +125,10 @@ class Core:
         self.stopped = asyncio.Event()
         self.stop_requested = asyncio.Event()
         self.stop_grace = 10.0
+        #: the server process's exit status: 0 for a stop asked for (SIGTERM, ``tinystore stop``, idle, its
+        #: parent's exit), :data:`~tinystore.server.paths.EXIT_LOST_PLACE` when it stopped because its directory or
+        #: socket went away (a private server's SDK starts another for a removed socket)
+        self.exit_status = 0
         self.mode = "serve"  # serve | sidecar | private | embedded
         self.sql: SqlEngine
         self.engines: dict[str, Any] = {}

@@ -204,7 +204,8 @@ async def start_listeners(
 
 
 async def serve(opts: ServeOptions, ready: Any = None) -> int:
-    """Run a server until SIGTERM/SIGINT, ``tinystore stop``, idle exit, or the parent's exit. Returns 0.
+    """Run a server until SIGTERM/SIGINT, ``tinystore stop``, idle exit, or the parent's exit. Returns 0, or
+    :data:`~tinystore.server.paths.EXIT_LOST_PLACE` when it stopped because its directory or socket went away.
 
     Raises ``InUseError`` when another process owns the directory.
     """
@@ -253,7 +254,7 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
         await core.stop(core.stop_grace)  # (its address file goes with it)
-    return 0
+    return core.exit_status
 
 
 def permission_error(directory: Path, exc: PermissionError) -> PermissionDeniedError:
@@ -337,6 +338,7 @@ async def _place_watch(core: Core, stop_when_unreachable: bool) -> None:
                 core.directory,
                 "removed" if removed else "moved or replaced",
             )
+            core.exit_status = paths.EXIT_LOST_PLACE
             core.stop_requested.set()
             return
         if sock_ino is not None and not told_sock and not _same_file(sock, sock_ino):
@@ -344,6 +346,7 @@ async def _place_watch(core: Core, stop_when_unreachable: bool) -> None:
                 log.error(
                     "store %s: its socket %s was removed: no new client can reach it; stopping", core.directory, sock
                 )
+                core.exit_status = paths.EXIT_LOST_PLACE
                 core.stop_requested.set()
                 return
             log.error(

@@ -154,6 +154,11 @@ def address_file(directory: Path) -> Path:
     return directory / "server" / "address"
 
 
+EXIT_LOST_PLACE = 75
+"""The exit status of a server that stopped because its directory or its socket file went away (sysexits'
+EX_TEMPFAIL): not a stop anyone asked for, which exits 0."""
+
+
 def write_address(directory: Path, info: dict[str, Any]) -> None:
     """Write ``DIR/server/address`` atomically (JSON: pid, socket, tcp, version, protocol, started)."""
     path = address_file(directory)
