@@ -191,3 +191,74 @@ async def test_pipelined_calls_of_one_transaction_run_in_the_order_they_were_sen
 
         got = await db.tx(fn)
         assert got[0::3] == [2 * i for i in range(50)]
+
+
+# contract: SQL-03
+@pytest.mark.parametrize("mode", ["private", "tcp"])
+async def test_a_transactions_exec_with_rows_on_another_database_never_waits_behind_writes_to_its_own(
+    tmp_path: Path, mode: str
+) -> None:
+    # from trial AR: 40 execs with RETURNING on app, sent while this connection's transaction held app's writer,
+    # took every place of the execs' line; the transaction's own audit exec on another database waited behind
+    # them until tx_idle rolled the transaction back
+    async with open_store(mode, tmp_path / "s", limits=tinystore.Limits(tx_idle=2.0)) as store:
+        db = await store.database("app")
+        audit = await store.database("audit")
+        await db.exec("create table t (id integer primary key, a int)")
+        await audit.exec("create table log (id integer primary key, what text)")
+        entered = asyncio.Event()
+        took: list[float] = []
+
+        async def fn(tx: tinystore.SqlTx) -> int:
+            await tx.exec("insert into t (a) values (1)")
+            entered.set()
+            await asyncio.sleep(0.3)  # the others are sent meanwhile, and wait for app's writer
+            t0 = time.monotonic()
+            done = await audit.exec("insert into log (what) values ('a') returning id")
+            took.append(time.monotonic() - t0)
+            return int(done.rows[0][0])
+
+        async def returning(i: int) -> Any:
+            await entered.wait()
+            return (await db.exec("insert into t (a) values (?) returning id", 100 + i)).rows
+
+        got = await asyncio.gather(db.tx(fn), *(returning(i) for i in range(2 * EXECS_MAX)))
+        assert got[0] == 1 and took[0] < 1.0, took
+        assert all(len(rows) == 1 for rows in got[1:])
+        assert await db.scalar("select count(*) from t") == 1 + 2 * EXECS_MAX
+
+
+# contract: SQL-01
+@pytest.mark.parametrize("mode", ["private", "tcp"])
+async def test_a_transaction_whose_call_waits_behind_slow_calls_is_not_idle(tmp_path: Path, mode: str) -> None:
+    # from trial AR: the transactions' line held a transaction's next call behind another transaction's slow
+    # reads, and its tx_idle ran out meanwhile: rolled back, "stayed idle", though its client was never idle
+    slow = "with recursive c(x) as (select 1 union all select x + 1 from c where x < ?) select count(*) from c"
+    async with open_store(mode, tmp_path / "s", limits=tinystore.Limits(tx_idle=0.2)) as store:
+        db = await store.database("app")
+        await db.exec("create table t (id integer primary key, a int)")
+        begun = asyncio.Event()
+        reads_sent = asyncio.Event()
+
+        async def reader(tx: tinystore.SqlTx) -> list[Any]:
+            await begun.wait()
+            # READS_MAX calls of one transaction under way: the first slow, the rest behind it on its thread
+            calls = [tx.scalar(slow, 4_000_000)] + [tx.scalar("select 1") for _ in range(READS_MAX - 1)]
+            sent = asyncio.gather(*calls)
+            await asyncio.sleep(0)  # (the calls are written in this loop turn)
+            reads_sent.set()
+            return list(await sent)
+
+        timing: list[float] = []
+
+        async def writer(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values (1)")
+            begun.set()
+            await reads_sent.wait()
+            t0 = time.monotonic()
+            assert await tx.scalar("select count(*) from t") == 1  # waits in the line behind the reads
+            timing.append(time.monotonic() - t0)
+
+        got = await asyncio.gather(db.tx(reader, read_only=True), db.tx(writer))
+        assert got[0][0] == 4_000_000
+        assert await db.scalar("select count(*) from t") == 1

@@ -274,6 +274,11 @@ class SqlTx:
     error: TinystoreError | None = None
     after_commit: list[Callable[[], None]] = field(default_factory=list)
     busy: int = 0
+    held: int = 0
+    """Calls for it that its client sent and the server holds before handing them over (its connection's line
+    of calls whose answers may be large, see ``server.listener``): while any is held, it is not idle."""
+    on_end: list[Callable[[], None]] = field(default_factory=list)
+    """Called on the loop once it ended (committed, rolled back, timed out, aborted), in order."""
 
     def _call(
         self, op: str, sql: str = "", params: list[Any] | None = None, mode: str = "all", own: bool = False
@@ -1297,6 +1302,8 @@ class SqlDatabase:
             if call is _NO_CALL:
                 woke = time.monotonic()
                 in_time = woke - started < limits.tx_max
+                if in_time and tx.held:
+                    continue  # its next call came, and waits at the server behind others: not idle (trial AR)
                 if in_time and woke - now - wait > STALL_SLACK:
                     # woken later than asked: the process was stopped (SIGSTOP, a suspended machine) or starved,
                     # and the client's next statement may be waiting unread in its socket. Idle is the client's
@@ -1614,8 +1621,15 @@ class SqlEngine:
             log.info("the store is stopping: %d open transactions rolled back", len(open_tx))
 
     def ended(self, tx_id: int, error: TinystoreError | None) -> None:
-        """Transaction ``tx_id`` ended (on the loop); ``error`` is why, when it was not its own doing."""
-        self.transactions.pop(tx_id, None)
+        """Transaction ``tx_id`` ended (on the loop); ``error`` is why, when it was not its own doing. Its
+        ``on_end`` hooks run now."""
+        tx = self.transactions.pop(tx_id, None)
+        if tx is not None:
+            for hook in tx.on_end:
+                try:
+                    hook()
+                except Exception:
+                    log.exception("a hook of transaction %d's end failed", tx_id)
         if error is not None and not isinstance(error, ClosedError):
             self._ended[tx_id] = error
             while len(self._ended) > ENDED_KEPT:

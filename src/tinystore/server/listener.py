@@ -80,7 +80,11 @@ BIG_BODY = 64 * 1024
 #   connection's writes must reach the writer together to share a commit: EXECS_MAX of these share one too);
 # - the calls of transactions (``tx``) that may answer with rows, READS_MAX: they run one after another on their
 #   transaction; while some wait, every call of a transaction waits behind them, so that a transaction's calls
-#   run in the order they came (its commit after its reads).
+#   run in the order they came (its commit after its reads). A transaction whose call waits here is not idle
+#   (``SqlTx.held``): its tx_idle does not run out while its client's other calls are slow (trial AR).
+# An exec of the execs' line on a database whose writer a transaction of the same connection holds cannot run
+# before that transaction ends: it is kept aside (``parked``), taking no place in the line, until it ends, so that
+# the transaction's own next calls (on another database) do not wait behind it (trial AR).
 BOUNDED_READS = frozenset({"sql.query", "jobs.list", "jobs.get", "jobs.find"})
 READS_MAX = 8
 EXECS_MAX = 32
@@ -237,6 +241,8 @@ class ServerConnection(asyncio.Protocol):
         self.txs = _Line(READS_MAX)
         self.lines = (self.reads, self.execs, self.txs)
         self.line_of: dict[int, _Line] = {}  # stream → the line it is under way in
+        # execs kept out of their line while a transaction of this connection holds their database's writer
+        self.parked: list[tuple[int, str, Any, int, bool]] = []
         self.out: list[bytes] = []
         self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
@@ -336,7 +342,10 @@ class ServerConnection(asyncio.Protocol):
         self.closing = True
         self.conn.discard()  # a part of a frame (up to 16 MiB) goes now, not at the next full collection
         for line in self.lines:
+            for item in line.waiting:
+                self.let_go(item)
             line.waiting.clear()  # (requests not begun, and their bodies)
+        self.parked.clear()
         self.out.clear()
         if self.deadline is not None:
             self.deadline.cancel()
@@ -478,14 +487,22 @@ class ServerConnection(asyncio.Protocol):
             # client does not read; any call waits behind those waiting there (see BOUNDED_READS)
             line = self.txs
             if line.waiting or (rows and (self.paused or len(line.running) >= line.most)):
-                line.waiting.append((stream, name, req, len(body), rows))
+                item = (stream, name, req, len(body), rows)
+                line.waiting.append(item)
+                self.hold(item)
             else:
                 self.start(line if rows else None, stream, name, req, len(body))
             return
         if rows:
-            line = self.execs if name == "sql.exec" else self.reads
+            item = (stream, name, req, len(body), True)
+            if name == "sql.exec":
+                line = self.execs
+                if self.park(item):
+                    return
+            else:
+                line = self.reads
             if line.waiting or self.paused or len(line.running) >= line.most:
-                line.waiting.append((stream, name, req, len(body), True))
+                line.waiting.append(item)
                 return
             self.start(line, stream, name, req, len(body))
         else:
@@ -541,8 +558,53 @@ class ServerConnection(asyncio.Protocol):
                 rows = waiting[0][4]
                 if rows and len(line.running) >= line.most:
                     break
-                stream, name, req, size, _ = waiting.popleft()
+                item = waiting.popleft()
+                stream, name, req, size, _ = item
+                if line is self.txs:
+                    self.let_go(item)
+                elif line is self.execs and self.park(item):
+                    continue
                 self.start(line if rows else None, stream, name, req, size)
+
+    def hold(self, item: tuple[int, str, Any, int, bool]) -> None:
+        """A transaction's call waits in the line: its transaction is not idle meanwhile (``SqlTx.held``)."""
+        tx = self.core.sql.transactions.get(item[2].tx)
+        if tx is not None:
+            tx.held += 1
+
+    def let_go(self, item: tuple[int, str, Any, int, bool]) -> None:
+        """A transaction's call leaves the line (begun, cancelled, or its connection gone): :meth:`hold` undone."""
+        tx_id = getattr(item[2], "tx", 0)
+        if tx_id:
+            tx = self.core.sql.transactions.get(tx_id)
+            if tx is not None and tx.held > 0:
+                tx.held -= 1
+
+    def park(self, item: tuple[int, str, Any, int, bool]) -> bool:
+        """Keep an exec aside when a transaction of this connection holds its database's writer: it could not run
+        before that transaction ends, and in the line it would hold a place the transaction's own next calls may
+        need (it ended at tx_idle). It goes back to the head of the line once the transaction ended."""
+        session = self.session
+        if session is None or not session.transactions:
+            return False
+        txs = self.core.sql.transactions
+        db = item[2].db
+        for tx_id in session.transactions:
+            tx = txs.get(tx_id)
+            if tx is not None and not tx.read_only and not tx.done and tx.db.name == db:
+                self.parked.append(item)
+                if self.unpark not in tx.on_end:
+                    tx.on_end.append(self.unpark)
+                return True
+        return False
+
+    def unpark(self) -> None:
+        """A transaction of this connection ended: the execs kept aside go back to the head of their line."""
+        if not self.parked or self.closing:
+            return
+        parked, self.parked = self.parked, []
+        self.execs.waiting.extendleft(reversed(parked))
+        self.pump_lines()  # (what is still held up by another transaction is kept aside again)
 
     def line_done(self, stream: int) -> None:
         line = self.line_of.pop(stream, None)
@@ -582,7 +644,11 @@ class ServerConnection(asyncio.Protocol):
             for item in line.waiting:
                 if item[0] == stream:  # a call that had not begun: forgotten
                     line.waiting.remove(item)
+                    if line is self.txs:
+                        self.let_go(item)
                     break
+        if self.parked:
+            self.parked = [item for item in self.parked if item[0] != stream]
         if self.line_of:
             self.line_done(stream)
         held = self.laters.pop(stream, None)
