@@ -174,6 +174,76 @@ async def test_a_frozen_server_is_dropped_by_the_keepalive(tmp_path: Path) -> No
         server.stop()
 
 
+# contract: STORE-06
+async def test_a_frozen_server_is_dropped_also_under_a_full_request_credit(tmp_path: Path) -> None:
+    """From trial AQ: with every request credit in use (1,024 calls waiting, a busy web process on a link cut
+    silently), the keep-alive had no credit for its ping and never probed: the calls waited for ever. The calls
+    leave the last credit to the probe now."""
+    d = tmp_path / "store"
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(d, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    store = await tinystore.connect(server.tcp, token=admin, reconnect_timeout=60)
+    try:
+        lower_keepalive(store, 0.3, 0.3)
+        db = await store.database("app", migrations=MIGRATIONS)
+        await db.exec("insert into t (a) values ('x')")
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            reads = [asyncio.ensure_future(db.scalar("select count(*) from t")) for _ in range(1_100)]
+            async with asyncio.timeout(10):
+                while store.transport._conn is not None:  # type: ignore[attr-defined]
+                    await asyncio.sleep(0.05)  # dropped by the keep-alive
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        assert await asyncio.wait_for(asyncio.gather(*reads), 60) == [1] * 1_100  # sent again, answered
+    finally:
+        await store.close()
+        server.stop()
+
+
+# contract: STORE-06
+# contract: CHAN-04
+async def test_a_subscriber_with_no_call_waiting_hears_of_a_frozen_server(tmp_path: Path) -> None:
+    """From trial AQ: the keep-alive probed only while calls waited, so a process that only listened (an SSE
+    endpoint's subscription) on a link cut silently heard nothing for ever and was never told it missed
+    anything. It probes any silent connection now: dropped, reconnected, the subscriber told of the gap."""
+    d = tmp_path / "store"
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(d, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    store = await tinystore.connect(server.tcp, token=admin, reconnect_timeout=60)
+    other = await tinystore.connect(server.tcp, token=admin)
+    try:
+        lower_keepalive(store, 0.3, 0.3)
+        heard: list[object] = []
+        missed: list[object] = []
+        await store.channel("c").subscribe(lambda m: heard.append(m.value), on_missed=missed.append)
+        await other.channel("c").publish("before")
+        async with asyncio.timeout(10):
+            while heard != ["before"]:
+                await asyncio.sleep(0.02)
+        before = store.transport.reconnects  # type: ignore[attr-defined]
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(10):
+                while store.transport._conn is not None:  # type: ignore[attr-defined]
+                    await asyncio.sleep(0.05)  # dropped by the keep-alive
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        async with asyncio.timeout(20):
+            while store.transport.reconnects == before or not missed:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.05)
+        await other.channel("c").publish("after")
+        async with asyncio.timeout(10):
+            while heard != ["before", "after"]:
+                await asyncio.sleep(0.02)
+    finally:
+        await other.close()
+        await store.close()
+        server.stop()
+
+
 async def test_the_keepalive_does_not_cut_a_long_wait_on_a_live_server(tmp_path: Path) -> None:
     d = tmp_path / "store"
     tokens, admin, _ = write_tokens(tmp_path)

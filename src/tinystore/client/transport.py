@@ -658,18 +658,19 @@ class RemoteTransport(Transport):
         return proto
 
     async def _keepalive(self, conn: _ClientConn) -> None:
-        """Probe a server that sent nothing for ``keepalive_idle`` seconds while calls wait for it; drop the
-        connection when the probe gets nothing back within ``keepalive_timeout`` seconds."""
+        """Probe a server that sent nothing for ``keepalive_idle`` seconds, whether calls wait for it or not (a
+        subscription or a lease waits for its pushes: trial AQ found a subscriber on a link cut silently deaf for
+        ever); drop the connection when the probe gets nothing back within ``keepalive_timeout`` seconds."""
         loop = conn.loop
         while not conn.lost and not self.closed:
             idle = self.keepalive_idle
             await asyncio.sleep(max(0.01, min(idle / 4, 1.0)))
-            if conn.lost or not conn.pending or conn.going() or self.closed:
+            if conn.lost or conn.going() or self.closed:
                 continue
             if loop.time() - conn.last_rx < self.keepalive_idle:
                 continue
             if len(conn.pending) >= conn.conn.max_inflight:
-                continue  # no request credit left for a probe: the answers it waits for are credit enough
+                continue  # (not reached: the calls leave the last of the credit to the probe)
             stream = next(self._ids)
             probe: asyncio.Future[bytes] = loop.create_future()
             conn.pending[stream] = probe
@@ -848,8 +849,10 @@ class RemoteTransport(Transport):
                     await conn.wait_gone()
                     continue
                 pending = conn.pending
-                if len(pending) >= conn.conn.max_inflight or conn.paused:
-                    # request credit used up (or the socket pushes back): wait for an answer before sending more
+                if len(pending) >= conn.conn.max_inflight - 1 or conn.paused:
+                    # request credit used up (or the socket pushes back): wait for an answer before sending more.
+                    # The last one is the keep-alive probe's: a link cut silently under a full credit is found too
+                    # (trial AQ: 1,024 calls waited on it for ever)
                     w: asyncio.Future[None] = conn.loop.create_future()
                     conn.waiters.append(w)
                     await w
