@@ -8,6 +8,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import tinystore
 from tinystore.engines.jobs_index import CLAIMING, RUNNING
 
@@ -71,3 +73,34 @@ async def test_the_jobs_of_a_stopped_worker_are_queued_when_stop_returns(tmp_pat
             assert states == ["queued"] * 5, where
             for i in ids:
                 await q.cancel(i)
+
+
+# contract: JOB-01
+@pytest.mark.parametrize("mode", ["private", "tcp"])
+async def test_over_a_socket_the_jobs_of_a_stopped_worker_are_queued_when_stop_returns(
+    tmp_path: Path, mode: str
+) -> None:
+    # from trial AR: over a socket the claim's cancel and its hand-back by token reached the server while the
+    # claim's write was on its way: the hand-back found nothing yet, stop() returned, and the jobs said running,
+    # attempt 1, until the claim landed (a third of the rounds). The hand-back waits for the claim to land now.
+    async with open_store(mode, tmp_path / "store") as store:
+        wrong = []
+        started: list[Any] = []
+
+        async def handler(value: Any, run: tinystore.Run) -> None:
+            started.append(value)
+            await asyncio.sleep(20)
+
+        for i in range(30):
+            q = store.queue(f"q{i}")
+            ids = await q.add_many([1, 2, 3])
+            started.clear()
+
+            worker = q.work(handler, concurrency=3)
+            await asyncio.sleep(0)  # its claim is on its way
+            await worker.stop(grace=0)
+            jobs = [await q.get(j) for j in ids]
+            if started:
+                continue  # (a handler began: its attempt counted, as documented)
+            wrong += [(i, j.state, j.attempts) for j in jobs if j is None or j.state != "queued" or j.attempts != 0]
+        assert wrong == []

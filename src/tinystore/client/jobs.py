@@ -1005,7 +1005,8 @@ async def claim(
 
     Cancel-safe: when this call is cancelled, or its answer is lost with the connection, what the store had
     claimed for it is handed back (queued again, the attempt not counted) by a short call made after it; a
-    store that cannot be reached then leaves those attempts to their lease. Raises ``ClosedError``,
+    cancel ends once that call is answered (at most :data:`HAND_BACK_WAIT` seconds); a store that cannot be
+    reached leaves those attempts to their lease. Raises ``ClosedError``,
     ``UnavailableError``, ``OutcomeUnknownError`` (the answer was lost; handed back as said), ``InvalidError``.
     """
     token = f"{_TOKEN_PREFIX}-{next(_tokens)}"
@@ -1022,12 +1023,25 @@ async def claim(
             "jobs.claim", req, builtins.list[Claimed], write=True, retry=False
         )
         return got
-    except (asyncio.CancelledError, OutcomeUnknownError, ClosedError):
+    except asyncio.CancelledError:
         if not store._closed:
+            # the cancel ends once what the claim got is handed back (a worker's stop() returns with its jobs
+            # queued: trial AR saw them running, attempt counted, for a moment over a socket), at most 10 s
+            task = asyncio.ensure_future(_hand_back(store, queue, token))
+            _handing_back.add(task)
+            task.add_done_callback(_handing_back.discard)
+            await asyncio.wait([task], timeout=HAND_BACK_WAIT)
+        raise
+    except (OutcomeUnknownError, ClosedError):
+        if not store._closed:  # (the connection is gone: handed back once the store is reached again)
             task = asyncio.ensure_future(_hand_back(store, queue, token))
             _handing_back.add(task)
             task.add_done_callback(_handing_back.discard)
         raise
+
+
+HAND_BACK_WAIT = 10.0
+"""Seconds a cancelled claim waits for its hand-back before its cancel goes on regardless."""
 
 
 async def _hand_back(store: Store, queue: str, token: str) -> None:

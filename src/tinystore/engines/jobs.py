@@ -381,6 +381,7 @@ class JobsEngine:
         self.stuck_reports = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._claims: OrderedDict[str, tuple[float, list[Attempt]]] = OrderedDict()
+        self._claiming: dict[str, Waiter] = {}  # token → a claim whose write is on its way
         self._claimed_kept = 0  # attempts in _claims
 
     # ------------------------------------------------------------------------------------------- setup
@@ -701,6 +702,8 @@ class JobsEngine:
                 return
             q.waiters.popleft()
             w.claiming = True
+            if w.token:
+                self._claiming[w.token] = w
             self._claim(q, w, picked)
 
     def _pump_soon(self, q: JobQueue) -> None:
@@ -732,6 +735,8 @@ class JobsEngine:
         fut.add_done_callback(lambda f: self._claimed(q, w, picked, local, f))
 
     def _claimed(self, q: JobQueue, w: Waiter, picked: list[Entry], local: bool, f: asyncio.Future[Any]) -> None:
+        if w.token and self._claiming.get(w.token) is w:
+            del self._claiming[w.token]
         if f.cancelled() or f.exception() is not None:
             err = ClosedError("jobs: the claim was cancelled") if f.cancelled() else f.exception()
             for e in picked:
@@ -815,10 +820,12 @@ class JobsEngine:
             # (every job it took was placed early and not written after all: it waits on, first in line)
             w.claiming = False
             q.waiters.appendleft(w)
+            _settle(w)
         else:
             w.fut.set_result(got)
             if w.token and got:
                 self._remember(w.token, [Attempt(c.id, c.fence) for c in got])
+            _settle(w)
         self._pump(q)
 
     def _remember(self, token: str, attempts: list[Attempt]) -> None:
@@ -836,7 +843,14 @@ class JobsEngine:
 
     async def release_claim(self, queue: str, token: str) -> int:
         """Hand back the attempts that claim ``token`` got (those still unreported and current): for a caller whose
-        claim was cancelled, or whose answer was lost. Returns how many were handed back."""
+        claim was cancelled, or whose answer was lost. Returns how many were handed back. A claim whose write is on
+        its way is waited for: it lands first, and a claim given up hands back what it got itself (a caller that
+        gave up its claim then finds its jobs queued once this returns; trial AR saw them running a moment)."""
+        w = self._claiming.get(token)
+        if w is not None:
+            if w.settled is None:
+                w.settled = self.loop.create_future()
+            await asyncio.shield(w.settled)
         entry = self._claims.pop(token, None)
         if entry is None:
             return 0
@@ -887,7 +901,8 @@ class JobsEngine:
                 if got:
                     await asyncio.shield(self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got])))
             elif w.claiming:
-                w.settled = loop.create_future()
+                if w.settled is None:  # (a release_claim of its token may wait for it too)
+                    w.settled = loop.create_future()
                 await asyncio.shield(w.settled)
             raise
         finally:

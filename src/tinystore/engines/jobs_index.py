@@ -77,8 +77,9 @@ class Waiter:
     token: str = ""
     claiming: bool = False
     expired: bool = False  # its wait ran out while it was claiming: should that claim get nothing, it ends
-    settled: asyncio.Future[None] | None = None  # its claim was cancelled while claiming: set once that claim's
-    # write has landed and what it got is handed back
+    settled: asyncio.Future[None] | None = None  # made by who waits for its claim to land (its cancel, a
+    # release_claim of its token): set once that claim's write has landed, and what it got is handed back when
+    # the claim was given up
 
 
 class Deadlines:
