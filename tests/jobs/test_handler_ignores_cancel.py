@@ -111,3 +111,10 @@ async def test_a_running_attempt_keeps_its_lease_and_outlives_a_shorter_timeout_
         await wait_until(lambda: store.transport.connected, what="the SDK to reconnect")
         job = await wait_state(q, job_id, "running", "failed", timeout=10)
         assert job.state == "running" and not job.error, job
+        # from trial AR: the restart gave it the queue's lease of now (2 s), and its worker, renewing at a third
+        # of the 10 s it was given, lost it. It keeps the 10 s across the restart too
+        assert await renew(store, "q", c) == []
+        await store.clock.advance("9s")
+        assert await renew(store, "q", c) == []
+        job = await q.get(job_id)
+        assert job is not None and job.state == "running" and not job.error, job

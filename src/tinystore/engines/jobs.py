@@ -326,12 +326,12 @@ LOAD_SLICE = 10_000
 """Jobs a queue's load indexes in one turn of the event loop (some 50 ms)."""
 
 
-def _overdue_at(started_at: float, options: QueueOptions) -> float:
+def _overdue_at(started_at: float, options: QueueOptions, lease: float | None = None) -> float:
     """When an attempt started at ``started_at`` ends whatever its worker says: its timeout and a lease more. The
     worker cancels its handler at the timeout and reports the attempt failed; a handler that does not stop
     (it swallows the cancel, it blocks the thread) would otherwise keep its job running, its lease renewed, for
     ever (JOB-01). Renewals never carry a lease past this; the attempt then ends failed, "timed out"."""
-    return started_at + options.timeout + options.lease
+    return started_at + options.timeout + (options.lease if lease is None else lease)
 
 
 def _settle(w: Waiter) -> None:
@@ -639,16 +639,20 @@ class JobsEngine:
                 e.where = RUNNING
                 e.counted = True
                 e.started_at = (started_at or 0) / 1000
+                # the lease it was given, whatever a configure since (its worker renews at a third of that one):
+                # the claim wrote started_at and lease_until a lease apart (trial AR: a lease shortened, then a
+                # restart, and a renewing worker lost its attempt)
+                given = (lease_until - started_at) / 1000 if lease_until is not None and started_at else 0.0
+                e.lease = given if given > 0 else opts.lease
                 if lease_until is None:
                     # claimed by a worker inside the process that owned the store before (no lease there): that
                     # process is gone, and so is the attempt. It ends "worker lost" at once, not a lease later
                     e.lease_until = now
                 else:
-                    e.lease_until = max(lease_until / 1000, now + opts.lease)
+                    e.lease_until = max(lease_until / 1000, now + e.lease)
                 # the timeout it was given is not kept: it gets the queue's, and a whole one from now at least (a
                 # configure that shortened the timeout while it ran must not end it at once)
-                e.overdue_at = max(_overdue_at(e.started_at, opts), _overdue_at(now, opts))
-                e.lease = opts.lease
+                e.overdue_at = max(_overdue_at(e.started_at, opts, e.lease), _overdue_at(now, opts, e.lease))
                 q.running[tenant] = q.running.get(tenant, 0) + 1
                 q.running_total += 1
                 q.leases.push(e.lease_until, (e, fence))
