@@ -95,6 +95,28 @@ async def test_a_list_of_large_jobs_comes_in_shorter_pages(tmp_path: Path) -> No
         assert pages >= 6
 
 
+# contract: JOB-02
+async def test_a_list_of_many_small_jobs_under_a_small_result_limit_comes_in_pages(tmp_path: Path) -> None:
+    # from trial AR: once a result's rows counted what they cost in memory (56 bytes a row, 24 a column), a page
+    # budgeted by the jobs' bytes alone was over sql_result_bytes (20 columns a job): list(limit=1000) of 1,000
+    # small jobs raised LimitError, and with 100 KB even its sizing query did. docs/jobs.md: a list never fails
+    # for the size of the jobs
+    limits = tinystore.Limits(sql_result_bytes=100_000)
+    async with open_store("embedded", tmp_path / "s", limits=limits) as store:
+        q = store.queue("small")
+        ids = await q.add_many(list(range(1_000)))
+        seen: list[str] = []
+        after = None
+        while True:
+            page = await q.list(limit=1_000, after=after)
+            assert page.jobs
+            seen += [j.id for j in page.jobs]
+            if page.next is None:
+                break
+            after = page.next
+        assert sorted(seen) == sorted(ids)
+
+
 async def test_a_jobs_steps_together_are_capped(tmp_path: Path) -> None:
     limits = tinystore.Limits(job_value_bytes=1000)
     async with open_store("embedded", tmp_path / "s", limits=limits) as store:

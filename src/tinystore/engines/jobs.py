@@ -105,7 +105,7 @@ from .jobs_index import (
     JobQueue,
     Waiter,
 )
-from .sql import Later, SqlDatabase, SqlEngine, SqlTx
+from .sql import Later, SqlDatabase, SqlEngine, SqlTx, row_cost
 
 __all__ = ["JOBS_DB", "JobsEngine", "QueueOptions", "backoff_delay"]
 
@@ -195,6 +195,8 @@ COLUMNS = (
     "id, queue, state, attempts, fence, value, key, tenant, user, type, priority, progress, result, error, "
     "errors, steps, run_at, created_at, started_at, finished_at"
 )
+ROW_COST = row_cost(COLUMNS.count(",") + 1)
+"""What a job's row costs against ``sql_result_bytes`` beyond its bytes (the SQL engine counts it so)."""
 
 _OUTCOMES = frozenset({"succeeded", "error", "fail", "snooze"})
 
@@ -1798,9 +1800,10 @@ class JobsEngine:
                 await q.db.read(
                     f"select id, {ROW_BYTES} from {TABLE} where {' and '.join(where)} order by id desc limit ?",
                     [*params, req.limit + 1],
+                    unlimited=True,  # (an id and a number a job, at most a page of them and one)
                 )
             ).rows
-            found.extend((jid, size, q) for jid, size in sized)
+            found.extend((jid, size + ROW_COST, q) for jid, size in sized)
         found.sort(key=lambda f: f[0], reverse=True)
         # a page holds at most `limit` jobs, and no more bytes than half a frame (or of a SQL result): a page of
         # large jobs is shorter, never refused; its `next` goes on from its last job

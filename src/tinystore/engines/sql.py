@@ -1519,7 +1519,7 @@ def _fetch_checked(cur: sqlite3.Cursor, db: str, limit: int) -> list[Any]:
         rows = cur.fetchmany(1)
         if not rows:
             return rows
-        per_row = _row_cost(len(rows[0]))
+        per_row = row_cost(len(rows[0]))
         total = len(_encode(rows))
         budget = max(limit // 8, 1)
         while total <= limit:
@@ -1548,7 +1548,8 @@ after the first): a Python tuple (56 bytes) and, for each value, its slot and a 
 result of millions of one-integer rows (10 MB encoded) held 28 times that in memory (trial AO: 278 MB)."""
 
 
-def _row_cost(columns: int) -> int:
+def row_cost(columns: int) -> int:
+    """What a row of ``columns`` values costs beyond its encoding (see :data:`ROW_COST`)."""
     return ROW_COST + VALUE_COST * columns
 
 
@@ -1560,7 +1561,7 @@ def _check_size(db: str, rows: list[Any], limit: int) -> None:
     n = len(rows)
     if n == 0:
         return
-    per_row = _row_cost(len(rows[0]))
+    per_row = row_cost(len(rows[0]))
     if n <= _SIZE_CHUNK:
         total = len(_encode(rows)) + per_row * (n - 1)
     else:
