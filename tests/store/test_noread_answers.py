@@ -86,6 +86,39 @@ async def test_big_answers_a_connection_does_not_read_are_made_a_few_at_a_time(t
         assert await db.scalar("select 1") == 1
 
 
+# contract: SQL-01
+async def test_a_transaction_whose_client_does_not_read_is_still_rolled_back_at_tx_idle(tmp_path: Path) -> None:
+    # a transaction's calls waiting because its client reads none of its answers do not keep it from being idle
+    # (only those waiting behind other calls do): it is rolled back at tx_idle, not left holding the writer
+    async with open_store("embedded", tmp_path / "s", limits=tinystore.Limits(tx_idle=0.5, tx_max=60)) as store:
+        db = await store.database("x", migrations=[("001.sql", "create table t (v);")])
+        raw = await RawClient.open(("unix", paths.socket_path(tmp_path / "s")))
+        try:
+            assert (await raw.hello()).kind is Kind.WELCOME
+            conn = server_side(store)
+            raw.send(frames.request_frame(1, "sql.open", encode(OpenDb(db="x"))))
+            await answer(raw, 1)
+            raw.send(frames.request_frame(2, "sql.begin", encode(Begin("x", False))))
+            tx = await answer(raw, 2)
+            pieces = [
+                frames.request_frame(
+                    10 + i, "sql.query", encode(Query("x", f"select zeroblob({ANSWER})", [], "all", tx))
+                )
+                for i in range(CALLS)
+            ]
+            raw.send(b"".join(pieces))  # then it reads nothing
+            for _ in range(200):
+                await asyncio.sleep(0.02)
+                if conn.paused and conn.txs.waiting:
+                    break
+            assert conn.paused and conn.txs.waiting
+            started = time.monotonic()
+            await asyncio.wait_for(db.exec("insert into t values (1)"), 10)  # the writer is given back
+            assert time.monotonic() - started < 5
+        finally:
+            await raw.close()
+
+
 # contract: STORE-04
 async def test_a_connection_that_ends_in_the_middle_of_a_frame_leaves_nothing_of_it(tmp_path: Path) -> None:
     # from trial AO: each ended connection's part of a frame (up to 16 MiB) stayed until a full garbage collection

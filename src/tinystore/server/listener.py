@@ -243,6 +243,7 @@ class ServerConnection(asyncio.Protocol):
         self.line_of: dict[int, _Line] = {}  # stream → the line it is under way in
         # execs kept out of their line while a transaction of this connection holds their database's writer
         self.parked: list[tuple[int, str, Any, int, bool]] = []
+        self.tx_held: dict[int, int] = {}  # transaction id → its calls waiting in the transactions' line
         self.out: list[bytes] = []
         self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
@@ -341,9 +342,10 @@ class ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.conn.discard()  # a part of a frame (up to 16 MiB) goes now, not at the next full collection
+        for tx_id in self.tx_held:
+            self.sync_held(tx_id)  # (closing: none held any more)
+        self.tx_held.clear()
         for line in self.lines:
-            for item in line.waiting:
-                self.let_go(item)
             line.waiting.clear()  # (requests not begun, and their bodies)
         self.parked.clear()
         self.out.clear()
@@ -382,6 +384,8 @@ class ServerConnection(asyncio.Protocol):
             self.steer_reading()
             if self.session is not None:
                 self.session.full(True)
+            for tx_id in self.tx_held:
+                self.sync_held(tx_id)
 
     def resume_writing(self) -> None:
         if self.transport is not None and self.paused:
@@ -389,6 +393,8 @@ class ServerConnection(asyncio.Protocol):
             self.steer_reading()
             if self.session is not None and not self.closing:
                 self.session.full(False)
+            for tx_id in self.tx_held:
+                self.sync_held(tx_id)
             self.pump_lines()
 
     # -- frames ------------------------------------------------------------------------------------
@@ -567,18 +573,27 @@ class ServerConnection(asyncio.Protocol):
                 self.start(line if rows else None, stream, name, req, size)
 
     def hold(self, item: tuple[int, str, Any, int, bool]) -> None:
-        """A transaction's call waits in the line: its transaction is not idle meanwhile (``SqlTx.held``)."""
-        tx = self.core.sql.transactions.get(item[2].tx)
-        if tx is not None:
-            tx.held += 1
+        """A transaction's call waits in the line: its transaction is not idle meanwhile (``SqlTx.held``), unless
+        it waits because the client does not read (that is the client's idleness)."""
+        tx_id = item[2].tx
+        self.tx_held[tx_id] = self.tx_held.get(tx_id, 0) + 1
+        self.sync_held(tx_id)
 
     def let_go(self, item: tuple[int, str, Any, int, bool]) -> None:
         """A transaction's call leaves the line (begun, cancelled, or its connection gone): :meth:`hold` undone."""
         tx_id = getattr(item[2], "tx", 0)
-        if tx_id:
-            tx = self.core.sql.transactions.get(tx_id)
-            if tx is not None and tx.held > 0:
-                tx.held -= 1
+        n = self.tx_held.get(tx_id, 0)
+        if n:
+            if n == 1:
+                del self.tx_held[tx_id]
+            else:
+                self.tx_held[tx_id] = n - 1
+            self.sync_held(tx_id)
+
+    def sync_held(self, tx_id: int) -> None:
+        tx = self.core.sql.transactions.get(tx_id)
+        if tx is not None:
+            tx.held = 0 if self.paused or self.closing else self.tx_held.get(tx_id, 0)
 
     def park(self, item: tuple[int, str, Any, int, bool]) -> bool:
         """Keep an exec aside when a transaction of this connection holds its database's writer: it could not run
