@@ -23,7 +23,8 @@ The response races its body against the client's disconnect, as Starlette's ``St
 task reads the ASGI ``receive`` channel, and on ``http.disconnect`` the stream stops writing, sets
 ``closed``, and gives the producer :data:`STOP_WITHIN` seconds to return before cancelling it; the channel
 subscription of :func:`event_stream` is stopped within that bound too (SSE-04). Nothing is left running.
-:func:`end_streams` ends every stream of the process when its server shuts down.
+:func:`end_streams` ends every stream of the process when its server shuts down (by itself at SIGTERM and
+SIGINT).
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ import inspect
 import json
 import logging
 import math
+import os
 import re
+import signal
+import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -309,9 +313,12 @@ def end_streams() -> int:
     the browsers reconnect (after their ``retry`` delay) to whichever server answers then. Returns how many
     streams were told. Safe to call from a signal handler or another thread.
 
-    Call it when the server starts shutting down: an ASGI server waits for open responses to finish before it
-    stops (uvicorn for ``timeout_graceful_shutdown``, then it cancels them and logs each; without it, until the
-    browsers go away). With uvicorn run from your code::
+    It runs by itself at SIGTERM and SIGINT: the first stream of a process served from its main thread puts it
+    before the handlers the process has then (uvicorn's, in each of its worker processes), since an ASGI server
+    waits for open responses to finish before it stops (uvicorn for ``timeout_graceful_shutdown``, then it
+    cancels them; without it, until the browsers go away: trial AU's deploy waited for a tab). Call it yourself
+    when the server stops by other means, or when the handlers are installed after the first stream. With
+    uvicorn run from your code::
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig, frame):
@@ -339,6 +346,39 @@ def end_streams() -> int:
                 outbox.loop.call_soon_threadsafe(outbox.end)
                 told += 1
     return told
+
+
+_hooked_pid = 0
+
+
+def _end_streams_at_shutdown() -> None:
+    """Put :func:`end_streams` before this process's SIGTERM and SIGINT handlers, once per process (a fork's
+    child too). Only the main thread may set handlers: streams served elsewhere leave them as they are. What
+    ran before still runs after it: a function handler is called, the default action is taken (the signal is
+    raised again under it), an ignored signal stays ignored."""
+    global _hooked_pid
+    pid = os.getpid()
+    if _hooked_pid == pid or threading.current_thread() is not threading.main_thread():
+        return
+    _hooked_pid = pid
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            before = signal.getsignal(sig)
+            if getattr(before, "ends_streams", False):
+                continue
+
+            def handler(signum: int, frame: Any, before: Any = before) -> None:
+                end_streams()
+                if callable(before):
+                    before(signum, frame)
+                elif before == signal.SIG_DFL:
+                    signal.signal(signum, signal.SIG_DFL)
+                    signal.raise_signal(signum)
+
+            handler.ends_streams = True  # type: ignore[attr-defined]
+            signal.signal(sig, handler)
+        except (ValueError, OSError):  # pragma: no cover - not the main interpreter
+            return
 
 
 def _resolve(futures: list[asyncio.Future[None]]) -> None:
@@ -474,6 +514,7 @@ class EventSourceResponse(Response):
 
         listener = asyncio.ensure_future(listen())
         _open.add(outbox)
+        _end_streams_at_shutdown()
         task: asyncio.Task[None] | None = None
         ended_by_us = False
         loop = outbox.loop

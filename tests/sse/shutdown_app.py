@@ -1,0 +1,35 @@
+"""An app as docs/jobs.md shows it (one event_stream route, the store opened in the lifespan), for the test that
+stops its uvicorn with SIGTERM while a stream is open."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+import tinystore
+from tinystore.sse import event_stream
+
+stores: dict[str, tinystore.Store] = {}
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: Any) -> AsyncIterator[None]:
+    stores["s"] = await tinystore.open(os.environ["SHUTDOWN_APP_DIR"])  # the sidecar: one per worker
+    try:
+        yield
+    finally:
+        await stores["s"].close()
+
+
+async def events(request: Request) -> Response:
+    return event_stream(stores["s"].channel("c").under(request.path_params["id"]), request)
+
+
+app = Starlette(routes=[Route("/events/{id}", events)], lifespan=lifespan)

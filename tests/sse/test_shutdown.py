@@ -1,0 +1,68 @@
+"""From trial AU: `uvicorn app:app` serving event streams did not stop at SIGTERM while a browser kept one open
+(it waited for the connection to close: a deploy waited for a tab). The first stream of a process puts
+``end_streams`` before its signal handlers: the streams end, the browsers reconnect elsewhere, uvicorn stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+# contract: SSE-04
+@pytest.mark.parametrize("workers", [1, 2])
+def test_uvicorn_stops_at_sigterm_while_a_stream_is_open(tmp_path: Path, workers: int) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = dict(os.environ, SHUTDOWN_APP_DIR=str(tmp_path / "store"))
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "tests.sse.shutdown_app:app",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    if workers > 1:
+        argv += ["--workers", str(workers)]
+    server = subprocess.Popen(argv, env=env, cwd=Path(__file__).parents[2], start_new_session=True)
+    try:
+        client = httpx.Client(timeout=httpx.Timeout(5, read=60))
+        for _ in range(200):
+            try:
+                resp = client.send(client.build_request("GET", f"http://127.0.0.1:{port}/events/1"), stream=True)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("uvicorn did not come up")
+        try:
+            assert resp.status_code == 200
+            time.sleep(0.3)
+            server.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            # (uvicorn raises the signal it captured again once it stopped: a single process ends by it)
+            assert server.wait(timeout=20) in (0, -signal.SIGTERM)
+            assert time.monotonic() - started < 10
+        finally:
+            resp.close()
+            client.close()
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
+        subprocess.run(
+            [sys.executable, "-m", "tinystore", "stop", str(tmp_path / "store")], capture_output=True, timeout=30
+        )
