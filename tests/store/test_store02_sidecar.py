@@ -92,6 +92,11 @@ async def test_many_processes_open_at_once_end_on_one_server(tmp_path: Path) -> 
         assert info is not None and info["pid"] == server_pid and info["mode"] == "sidecar"
         # the sidecars that lost the race have gone: exactly one server process for the directory
         await wait_for(lambda: serving(d) == {server_pid}, 10, f"one server only (have {serving(d)})")
+        # each said in the log that it was not needed (trial AU read their bare error[in_use] as faults)
+        log = (paths.server_dir(d) / "sidecar.log").read_text()
+        for line in log.splitlines():
+            if line.startswith("error[in_use]"):
+                assert line.startswith("error[in_use] sidecar not needed: "), line
         # nobody but the server opened the SQLite files: every client's row is there, once
         store = await tinystore.open(d, idle="1s")
         try:

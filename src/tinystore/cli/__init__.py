@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import InvalidError, TinystoreError, UnavailableError
+from ..errors import InUseError, InvalidError, TinystoreError, UnavailableError
 from ..server.listener import MIN_TOKEN
 
 T = TypeVar("T")
@@ -235,6 +235,12 @@ def serve(
                 )
 
         status = run(opts, ready)
+    except InUseError as exc:
+        if sidecar:  # (processes that open a store at once each start one; one wins: docs/serving.md)
+            from ..client.store import SIDECAR_NOT_NEEDED
+
+            exc.message = SIDECAR_NOT_NEEDED + exc.message
+        fail(exc)
     except TinystoreError as exc:
         fail(exc)
     if status:

@@ -914,6 +914,13 @@ class Worker:
                 self._failures += 1
                 await asyncio.sleep(min(2.0, 0.05 * 2**self._failures))
                 return
+            except OutcomeUnknownError:
+                # the connection dropped under the claim: what it got is handed back once the store is reached
+                # again (claim()), and the worker claims again then; nothing to warn of (trial AU)
+                self._failures += 1
+                log.info("queue %s: a claim was cut by a lost connection; what it got is handed back", q.name)
+                await asyncio.sleep(min(2.0, 0.05 * 2**self._failures))
+                return
             except (TinystoreError, OSError) as exc:
                 self._failures += 1
                 if self._failures in (1, 10):

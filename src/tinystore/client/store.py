@@ -863,8 +863,13 @@ def _sidecar_error(log_path: Path, start: int) -> TinystoreError | None:
     for line in reversed(text.splitlines()):
         code, sep, message = line.partition("] ")
         if sep and code.startswith("error[") and message:
-            return error_from(code.removeprefix("error["), message)
+            # (a sidecar that lost the race to start says so first: docs/serving.md)
+            return error_from(code.removeprefix("error["), message.removeprefix(SIDECAR_NOT_NEEDED))
     return None
+
+
+SIDECAR_NOT_NEEDED = "sidecar not needed: "
+"""How a sidecar that found the directory owned begins its error line in ``sidecar.log``."""
 
 
 DISK_FULL_BYTES = 256 * 1024
