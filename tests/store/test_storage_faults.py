@@ -67,6 +67,49 @@ async def test_a_child_forked_by_the_owner_keeps_neither_its_lock_nor_its_socket
 
 
 # contract: STORE-01
+# contract: STORE-02
+def test_a_child_forked_by_the_owner_opens_the_store_through_its_socket(tmp_path: Path) -> None:
+    """From trial AS: the child inherited the parent's list of directories it holds, and was told that it owned
+    the store itself without serving it (a multiprocessing worker could not open the store at all)."""
+    directory = tmp_path / "store"
+    script = textwrap.dedent(
+        f"""
+        import asyncio, os, sys
+        import tinystore
+
+        async def child():
+            store = await asyncio.wait_for(tinystore.open({str(directory)!r}), 20)
+            try:
+                n = await (await store.database("app")).scalar("select count(*) from t")
+                print("child", (await store.status())["mode"], n, flush=True)
+            finally:
+                await store.close()
+
+        async def main():
+            store = await tinystore.open({str(directory)!r}, embedded=True)
+            db = await store.database("app", migrations=[("001.sql", "create table t (v);")])
+            await db.exec("insert into t values (1)")
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    asyncio.run(child())
+                    os._exit(0)
+                except BaseException as exc:
+                    print("child failed:", type(exc).__name__, exc, flush=True)
+                    os._exit(1)
+            _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+            await store.close()
+            sys.exit(os.waitstatus_to_exitcode(status))
+
+        asyncio.run(main())
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.stdout, done.stderr[-2000:])
+    assert "child embedded 1" in done.stdout, done.stdout
+
+
+# contract: STORE-01
 def test_a_lock_held_by_another_program_is_not_blamed_on_a_stale_pid(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     directory.mkdir()
