@@ -568,7 +568,12 @@ def _limits_args(limits: Limits | None) -> list[str]:
 async def _spawn_private(cmd: list[str]) -> subprocess.Popen[bytes]:
     """Start a private server and wait for its ``ready`` line; raise the error it printed otherwise. Cancelled
     meanwhile, it stops the child (which would own the directory until this process ends) before it re-raises."""
-    child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # in a process group of its own: a terminal's Ctrl-C goes to this program, which may still use the store
+    # while it stops (trial AS: the server stopped at the same moment, and the program's clean-up failed); the
+    # server stops with the store, or when this process dies (--parent-pid)
+    child = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0
+    )
     try:
         line = await asyncio.to_thread(_read_ready, child)
     except BaseException:
@@ -588,6 +593,9 @@ def _watch_child(store: Store, child: subprocess.Popen[bytes]) -> None:
 
     def watch() -> None:
         code = child.wait()
+        if child.stdout is not None:
+            with contextlib.suppress(OSError):
+                child.stdout.close()  # (its one line, "ready", was read long ago)
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
             loop.call_soon_threadsafe(store._child_exited, child, code)
 
@@ -624,9 +632,15 @@ def _read_ready(child: subprocess.Popen[bytes]) -> str:
 
 
 def _drain_stderr(child: subprocess.Popen[bytes]) -> None:
+    """Copy the child's log to ours until it ends, then close the pipe (trial AS: each private store's two pipes
+    stayed open until a garbage collection)."""
     assert child.stderr is not None
-    for line in child.stderr:
-        sys.stderr.write(line.decode(errors="replace"))
+    try:
+        for line in child.stderr:
+            sys.stderr.write(line.decode(errors="replace"))
+    finally:
+        with contextlib.suppress(OSError):
+            child.stderr.close()
 
 
 def _child_error(child: subprocess.Popen[bytes]) -> Exception:
