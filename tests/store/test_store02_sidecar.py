@@ -154,6 +154,46 @@ async def test_a_running_server_is_found_not_replaced(tmp_path: Path) -> None:
 
 
 # contract: STORE-02
+async def test_a_long_paths_server_is_found_from_another_runtime_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From trial AS: a sidecar started under XDG_RUNTIME_DIR put a long path's socket there; a process without it
+    (cron, a service, su) looked under the temporary folder, started sidecars that could not own the store for
+    20 s, then failed "owned by another process; connect to it with tinystore.open()". The address file says
+    where the server listens: a client goes there."""
+    d = tmp_path / ("n" * 60) / ("e" * 40) / "store"
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    store = await tinystore.open(d, idle="2s")
+    try:
+        pid = (await store.status())["pid"]
+        assert str(paths.socket_path(d)).startswith(str(runtime))
+        monkeypatch.delenv("XDG_RUNTIME_DIR")
+        assert not str(paths.socket_path(d)).startswith(str(runtime))
+        async with asyncio.timeout(10):
+            other = await tinystore.open(d, idle="2s")
+        try:
+            assert (await other.status())["pid"] == pid
+        finally:
+            await other.close()
+        env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "tinystore", "status", str(d), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        assert f'"pid": {pid}' in done.stdout
+    finally:
+        await store.close()
+        await stop_sidecar(d)
+
+
+# contract: STORE-02
 async def test_socket_path_too_long_falls_back_to_a_short_path(tmp_path: Path) -> None:
     d = tmp_path / ("n" * 60) / ("e" * 40) / "store"
     long_path = d.resolve() / "server" / "sock"

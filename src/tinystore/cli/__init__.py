@@ -253,7 +253,7 @@ async def _connect_dir(directory: Path) -> Any:
     from ..client.transport import RemoteTransport
     from ..server import paths
 
-    sock = paths.socket_path(directory.resolve())
+    sock = paths.served_socket(directory.resolve())
 
     async def endpoint() -> tuple[str, Any]:
         return "unix", str(sock)

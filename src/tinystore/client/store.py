@@ -690,11 +690,11 @@ QUICK_FAILURE = 2.0
 
 
 async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle: float) -> Store:
-    sock = paths.socket_path(path)
     extra = ["--sidecar", "--idle", format_seconds(idle), "--durability", durability, *_limits_args(limits)]
     served = _ServedBy()
 
     async def endpoint() -> tuple[str, Any]:
+        sock = await asyncio.to_thread(paths.served_socket, path)
         if served.pid and not (path / LOCK).is_file():
             # connected before, and the store is gone from its path (removed, or moved away): starting a sidecar
             # would make a new, empty store in its place, and the writes of this process would go there

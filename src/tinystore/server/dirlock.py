@@ -27,8 +27,9 @@ def keep_in_child(fd: int) -> None:
 
 
 def _after_fork_in_child() -> None:
-    """In a child made by ``fork()``: it owns no directory (the lock is the parent's); point each such descriptor at ``/dev/null``, which lets go of the file
-    or socket; the number stays open, so the child's copies of the objects that hold it close it harmlessly."""
+    """In a child made by ``fork()``: it owns no directory (the lock is the parent's); point each such
+    descriptor at ``/dev/null``, which lets go of the file or socket; the number stays open, so the child's
+    copies of the objects that hold it close it harmlessly."""
     _HELD.clear()  # (the parent's: trial AS's forked child was told it owned the store and could not open it)
     fds = list(_CLOSE_IN_CHILD)
     _CLOSE_IN_CHILD.clear()

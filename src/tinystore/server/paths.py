@@ -145,6 +145,34 @@ def socket_path(directory: Path) -> Path:
     return base / f"{digest}.sock"
 
 
+def served_socket(directory: Path) -> Path:
+    """The socket at which ``directory``'s server is reached: the one its live server wrote in its address file
+    when that is another than :func:`socket_path` (a long path's socket goes under the runtime or temporary
+    folder of the server's environment: a client under another ``XDG_RUNTIME_DIR`` or ``TMPDIR``, as cron or a
+    service runs it, looked in its own and started sidecars that could not own the store: trial AS), else
+    :func:`socket_path`."""
+    own = socket_path(directory)
+    info = read_address(directory.resolve())
+    sock = info.get("socket") if info else None
+    if not isinstance(sock, str) or sock == str(own):
+        return own
+    pid = info.get("pid") if info else None
+    try:
+        if not isinstance(pid, int) or pid <= 0:
+            return own
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return own
+    except OSError:
+        pass  # (another user's: its socket is its to say)
+    try:
+        if not stat.S_ISSOCK(os.stat(sock).st_mode):
+            return own
+    except OSError:
+        return own
+    return Path(sock)
+
+
 def prepare_socket_dir(path: Path) -> None:
     """The folder of the socket ``path`` (see :func:`_private_dir`)."""
     _private_dir(path.parent, f"socket {path}")
