@@ -109,6 +109,28 @@ def test_a_child_forked_by_the_owner_opens_the_store_through_its_socket(tmp_path
     assert "child embedded 1" in done.stdout, done.stdout
 
 
+# contract: STORE-02
+async def test_a_sidecar_that_cannot_listen_on_its_socket_says_why_at_once(tmp_path: Path) -> None:
+    """From trial AS: a folder where the socket goes made the sidecar die with a traceback; open() started one
+    every 2 s for 20 s, and `tinystore serve` printed the traceback."""
+    directory = tmp_path / "store"
+    (directory / "server" / "sock").mkdir(parents=True)
+    (directory / "server").chmod(0o700)
+    started = time.monotonic()
+    with pytest.raises(tinystore.UnavailableError, match=r"cannot listen on its socket .*sock: Is a directory"):
+        await tinystore.open(directory)
+    assert time.monotonic() - started < 10
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "tinystore", "serve", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error[unavailable] store "), done.stderr
+
+
 # contract: STORE-01
 def test_a_lock_held_by_another_program_is_not_blamed_on_a_stale_pid(tmp_path: Path) -> None:
     directory = tmp_path / "store"

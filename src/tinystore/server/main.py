@@ -24,7 +24,7 @@ from ..limits import Limits
 from ..protocol.frames import PROTOCOL_VERSION
 from . import paths
 from .core import Core
-from .dirlock import LOCK
+from .dirlock import LOCK, storage_error
 from .listener import HANDSHAKE_TIMEOUT, Listener, bind_tcp, load_tokens
 
 log = logging.getLogger("tinystore.server")
@@ -173,12 +173,17 @@ async def start_listeners(
     if bound is None:
         bound = await bind_listen(plan)
     listeners: list[Listener] = []
+    sock = paths.socket_path(core.directory)
     try:
         paths.server_dir(core.directory)
-        sock = paths.socket_path(core.directory)
-        paths.prepare_socket_dir(sock)
         unix = Listener(core, handshake_timeout=opts.handshake_timeout)
-        await unix.start_unix(sock)
+        try:
+            paths.prepare_socket_dir(sock)
+            await unix.start_unix(sock)
+        except OSError as exc:
+            # something in its way (a folder where the socket goes, a file where its folder goes): said at once,
+            # as one error line, not a traceback (trial AS: open() then tried for 20 s)
+            raise storage_error(f"store {core.directory}: cannot listen on its socket {sock}", exc) from None
     except BaseException:
         close_sockets(bound)
         raise
