@@ -90,3 +90,38 @@ def test_stop_refuses_an_embedded_store_whose_socket_was_removed(tmp_path: Path)
     finally:
         child.kill()
         child.wait()
+
+
+# contract: STORE-05
+def test_stop_signals_no_process_that_does_not_hold_the_directory(tmp_path: Path) -> None:
+    """From trial AS: a server killed outright leaves its address; with its socket removed too, `tinystore stop`
+    sent SIGTERM to whatever process had that pid now (pid reuse: here an unrelated `sleep`). It signals only the
+    process that holds DIR/LOCK."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    paths.socket_path(directory.resolve()).unlink()
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        address = paths.address_file(directory.resolve())
+        info = json.loads(address.read_text())
+        info["pid"] = bystander.pid  # what a reused pid looks like
+        address.write_text(json.dumps(info))
+        done = subprocess.run(
+            [sys.executable, "-m", "tinystore", "stop", str(directory)], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 1, done.stderr
+        assert f"no server runs there: its address names pid {bystander.pid}" in done.stderr, done.stderr
+        time.sleep(0.2)
+        assert bystander.poll() is None  # left alone
+    finally:
+        bystander.kill()
+        bystander.wait()
+        server.stop()

@@ -331,7 +331,7 @@ def stop(directory: Path, grace: str) -> None:
         import time
 
         from ..server import paths
-        from ..server.dirlock import socket_gone
+        from ..server.dirlock import lock_holders, socket_gone
 
         pid: Any
         try:
@@ -344,6 +344,13 @@ def stop(directory: Path, grace: str) -> None:
             pid = int(info.get("pid", 0))
             if pid <= 0 or (sock is None and not isinstance(exc, Busy)):
                 raise
+            holders = lock_holders(directory.resolve())
+            if holders is not None and pid not in holders:
+                # a killed server's address, its pid perhaps another process's now: nothing to signal (trial AS)
+                raise UnavailableError(
+                    f"store {directory}: no server runs there: its address names pid {pid}, which does not hold "
+                    f"{directory / 'LOCK'} (a server killed outright leaves its address behind)"
+                ) from None
             if info.get("mode") == "embedded":
                 # the program's own store: a signal would end the program, not a server (docs/serving.md)
                 what = "takes no connection" if sock is None else f"lost its socket {sock}"

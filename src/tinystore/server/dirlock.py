@@ -95,6 +95,27 @@ def is_store(directory: Path) -> bool:
     return (directory / LOCK).is_file()
 
 
+def lock_holders(directory: Path) -> set[int] | None:
+    """The pids that hold ``DIR/LOCK`` (Linux's ``/proc/locks``: a lock taken with ``flock`` names the process
+    that took it), without taking it; ``None`` when that cannot be told (no ``/proc/locks``, no ``LOCK``)."""
+    try:
+        st = os.stat(directory / LOCK)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            table = f.read()
+    except OSError:
+        return None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    holders: set[int] = set()
+    for line in table.splitlines():
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:2146658 0 EOF" (a blocked waiter's line has "->" after its number)
+        if "FLOCK" in fields and where in fields:
+            i = fields.index(where)
+            if fields[i - 1].isdigit():
+                holders.add(int(fields[i - 1]))
+    return holders
+
+
 def held_here(directory: Path) -> InUseError | None:
     """The error of owning ``directory`` (resolved) again when this process already holds its lock (an embedded
     store, or a server of this process), else None: a private server started now would fail on the lock, and
