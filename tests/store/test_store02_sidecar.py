@@ -154,6 +154,48 @@ async def test_a_running_server_is_found_not_replaced(tmp_path: Path) -> None:
 
 
 # contract: STORE-02
+# contract: STORE-05
+async def test_open_waits_for_a_stopping_server_past_its_own_deadline(tmp_path: Path) -> None:
+    """From trial AS: a sidecar stopping with a grace longer than open()'s 20 s (a read under way) made open()
+    fail "owned by another process; connect to it with tinystore.open() instead of owning it". The server says in
+    its address that it stops, and until when: open() waits for it (here with a deadline of 2 s, a grace of 8)."""
+    from tinystore.client.store import ensure_server
+
+    d = tmp_path / "store"
+    slow = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 3000000000) select count(*) from c"
+    a = await tinystore.open(d, idle="30s")
+    try:
+        db = await a.database("app")
+        reading = asyncio.ensure_future(db.scalar(slow))  # a call under way: the stop waits for it
+        await asyncio.sleep(0.5)
+        stop = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tinystore",
+            "stop",
+            str(d),
+            "--grace",
+            "8s",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        async with asyncio.timeout(10):
+            while not (paths.read_address(d) or {}).get("stopping_until"):
+                await asyncio.sleep(0.02)
+        sock = paths.socket_path(d)
+        extra = ["--sidecar", "--idle", "2s"]
+        opening = asyncio.ensure_future(ensure_server(d, sock, extra, timeout=2.0))
+        await asyncio.sleep(3.0)  # past open()'s deadline: it waits on
+        assert not opening.done()
+        reading.cancel()  # the read ends: the old server lets the directory go, and a new sidecar starts
+        await asyncio.wait_for(opening, 20)
+        await stop.wait()
+    finally:
+        await a.close()
+        await stop_sidecar(d)
+
+
+# contract: STORE-02
 async def test_a_long_paths_server_is_found_from_another_runtime_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -829,6 +829,11 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
             # a server listens and is overloaded: starting a sidecar would not help (the directory is owned);
             # keep trying to get in until the deadline
             next_spawn = now + 2.0
+        elif now >= next_spawn and (until := _stopping_until(directory)) is not None:
+            # its server is stopping: the directory is owned until it is done, and a sidecar started now would
+            # only fail; wait for it (a grace longer than our deadline moves the deadline: trial AS)
+            deadline = max(deadline, now + min(until - time.time(), MAX_STOP_WAIT) + 5.0)
+            next_spawn = now + 0.1
         if now >= next_spawn:
             with log_path.open("ab") as log:
                 start = log.tell()
@@ -853,6 +858,11 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
             err = _sidecar_error(log_path, start)
             if err is not None and (not isinstance(err, InUseError) or socket_gone(directory) is not None):
                 raise err  # (a busy directory may pass, but not a server whose socket was removed)
+            until = _stopping_until(directory)
+            if until is not None:
+                # its server is stopping, its calls under way given a grace: the directory is free after it
+                # (trial AS: a grace of 25 s outlasted the 20 s, and open() failed as if another process kept it)
+                deadline = max(deadline, time.monotonic() + min(until - time.time(), MAX_STOP_WAIT) + 5.0)
             full = _disk_full(directory) if err is None else None
             if full is not None:  # (it could not even write why to its log)
                 raise UnavailableError(
@@ -861,9 +871,26 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
                 )
     if busy:
         raise _busy(directory, sock)
+    info = paths.read_address(directory) or {}
+    if info.get("stopping_until"):
+        raise UnavailableError(
+            f"store {directory}: its server (pid {info.get('pid')}) is stopping and has not let the directory go "
+            f"{time.time() - float(info['stopping_until']):.0f}s after its grace ended; open it again once it has"
+        )
     err = _sidecar_error(log_path, 0)
     why = err.message if err is not None else _last_line(log_path)
     raise UnavailableError(f"store {directory}: the sidecar did not start within {timeout:g}s ({why})")
+
+
+MAX_STOP_WAIT = 300.0
+"""Seconds at most that ``open`` waits for a stopping server's grace to end."""
+
+
+def _stopping_until(directory: Path) -> float | None:
+    """When the grace of ``directory``'s stopping server ends (Unix time), or None (none is stopping)."""
+    info = paths.read_address(directory) or {}
+    until = info.get("stopping_until")
+    return float(until) if isinstance(until, int | float) else None
 
 
 def _sidecar_error(log_path: Path, start: int) -> TinystoreError | None:

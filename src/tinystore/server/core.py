@@ -8,6 +8,7 @@ frames into :meth:`Core.invoke` calls, and the embedded store calls it directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import logging
@@ -237,6 +238,8 @@ class Core:
             await self.stopped.wait()
             return
         self.stopping.set()
+        with contextlib.suppress(OSError):
+            paths.mark_stopping(self.directory, time.time() + grace)
         try:
             if self.running:
                 # open transactions are rolled back now, not left to hold the writer until tx_idle while their

@@ -195,6 +195,16 @@ def write_address(directory: Path, info: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def mark_stopping(directory: Path, until: float) -> None:
+    """Say in ``DIR/server/address`` (when this process wrote it) that its server is stopping, its calls under
+    way having until ``until`` (Unix time): a client that opens the store meanwhile waits for the directory
+    instead of failing as if another process kept it."""
+    info = read_address(directory)
+    if info and info.get("pid") == os.getpid():
+        info["stopping_until"] = until
+        write_address(directory, info)
+
+
 def remove_address(directory: Path) -> None:
     """Remove ``DIR/server/address`` when this process wrote it (a server letting the directory go)."""
     info = read_address(directory)
