@@ -692,6 +692,16 @@ RING = 256
 ``Last-Event-ID`` resumes from them and joins it again."""
 
 
+class _Skipped:
+    """In a shared subscription's ring, a message that did not decode as the channel's type: a stream that
+    resumes across it gets it as missed (a ``reload`` of one), as the streams that were there did."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, mid: str) -> None:
+        self.id = mid
+
+
 class _Shared:
     """One subscription to a branch, shared by every stream of this process that listens to the branch.
 
@@ -705,7 +715,7 @@ class _Shared:
         self.registry = registry
         self.sub: Subscription[Any] | None = None
         self.streams: dict[_ChannelStream, None] = {}
-        self.ring: collections.deque[Message[Any]] = collections.deque(maxlen=RING)
+        self.ring: collections.deque[Message[Any] | _Skipped] = collections.deque(maxlen=RING)
         self.position: str | None = None  # the id just before the next message this subscription handles
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closing = False
@@ -738,6 +748,7 @@ class _Shared:
     def on_error(self, exc: Exception) -> None:
         mid = _undecodable(exc, self.key[0])
         if mid is not None:
+            self.ring.append(_Skipped(mid))  # (trial AV: a stream resuming from the ring went past it, uncounted)
             self.position = mid
             for stream in self.streams:
                 stream.skip(mid)
@@ -748,9 +759,9 @@ class _Shared:
         self.ring.clear()
         self.position = _position(self.sub) if self.sub is not None else self.position
         for stream in self.streams:
-            stream.reload(missed.reason, missed.count, self.position)
+            stream.missed_upstream(missed.reason, missed.count, self.position)
 
-    def replay_after(self, last_id: str) -> list[Message[Any]] | None:
+    def replay_after(self, last_id: str) -> list[Message[Any] | _Skipped] | None:
         """The messages after ``last_id``, when this process still holds them all; None when it does not."""
         if last_id == self.position:
             return []
@@ -796,7 +807,9 @@ class _ChannelStream(EventSourceResponse):
         self.hub: _Shared | None = None  # or the process's shared one
         self.outbox: _Outbox | None = None
         self.dropped = 0  # shared: messages dropped since the browser fell behind
+        self.dropped_unknown = False  # shared: and some the subscription missed, how many not known
         self.last_dropped: str | None = None
+        self.dropped_reason = "behind"  # what its reload will say, once it caught up
 
     # -- encoding, for both ways
 
@@ -818,6 +831,8 @@ class _ChannelStream(EventSourceResponse):
     def reload(self, reason: str, missed: int | None, position: str | None) -> asyncio.Future[None]:
         assert self.outbox is not None
         self.dropped = 0
+        self.dropped_unknown = False
+        self.dropped_reason = "behind"
         self.outbox.behind = False
         payload = {"kind": "reload", "reason": reason, "missed": missed}
         return self.outbox.put(encode_event(encode_json(payload), event="reload", id=position))
@@ -851,9 +866,24 @@ class _ChannelStream(EventSourceResponse):
         else:
             self.reload("error", 1, mid)
 
+    def missed_upstream(self, reason: str, count: int | None, position: str | None) -> None:
+        """The shared subscription missed ``count`` messages (``None``: not known), up to ``position``: a
+        ``reload`` now, or, for a stream behind, counted in the one it gets once it caught up (trial AV: that
+        reload forgot the stream's own drops, and the browser was told of fewer than it missed)."""
+        assert self.outbox is not None
+        if not self.outbox.behind:
+            self.reload(reason, count, position)
+            return
+        if count is None:
+            self.dropped_unknown = True
+        else:
+            self.dropped += count
+        self.dropped_reason = reason
+        self.last_dropped = position
+
     def caught_up(self) -> None:
-        if self.dropped:
-            self.reload("behind", self.dropped, self.last_dropped)
+        if self.dropped or self.dropped_unknown:
+            self.reload(self.dropped_reason, None if self.dropped_unknown else self.dropped, self.last_dropped)
         else:
             assert self.outbox is not None
             self.outbox.behind = False
@@ -873,7 +903,10 @@ class _ChannelStream(EventSourceResponse):
                 if malformed:
                     self.reload("malformed id", None, hub.position)
                 for m in replay:
-                    self.deliver(m)
+                    if isinstance(m, _Skipped):
+                        self.skip(m.id)
+                    else:
+                        self.deliver(m)
                 self.hub = hub
                 hub.streams[self] = None
                 return None

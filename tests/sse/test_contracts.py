@@ -227,6 +227,65 @@ async def test_a_browser_that_falls_behind_gets_reload_and_never_stalls_the_publ
         # reload tells the page to read the database again)
 
 
+# contract: SSE-03
+# contract: CHAN-02
+async def test_a_shared_stream_behind_when_its_subscription_misses_counts_both(
+    store: tinystore.Store, web: str
+) -> None:
+    """From trial AV: a shared stream whose browser was behind (dropping, counting) lost its count when the
+    shared subscription itself was told it missed messages (a burst past the branch's log): its reload said only
+    the subscription's count, and the browser was told of fewer messages than it missed."""
+    events = events_of(store).under(18)
+    big = "x" * 60_000
+    async with client() as http, http.stream("GET", f"{web}/events/18") as response:
+        await wait_subscriptions(store, 1)
+        for i in range(100):  # 6 MB the tab does not read: it falls behind, and its stream drops and counts
+            await events.publish(ChatEvent("token", i, big))
+            await asyncio.sleep(0)
+        # a burst past the branch's log (8): the shared subscription misses some of it
+        await asyncio.gather(*(events.publish(ChatEvent("token", 100 + i)) for i in range(60)))
+        total = 160
+        parser = EventStreamParser()
+        got: list[int] = []
+        missed = 0
+        async with asyncio.timeout(20):
+            async for chunk in response.aiter_raw():
+                for e in parser.feed(chunk):
+                    if e.type == "reload":
+                        missed += int(json.loads(e.data)["missed"])
+                    else:
+                        got.append(json.loads(e.data)["id"])
+                if len(got) + missed >= total:
+                    break
+            await asyncio.sleep(0.3)
+        assert got == sorted(got) and len(set(got)) == len(got)
+        assert len(got) + missed == total, (len(got), missed)
+
+
+# contract: SSE-03
+async def test_a_shared_stream_resumed_from_the_ring_counts_a_message_that_did_not_decode(
+    store: tinystore.Store, web: str
+) -> None:
+    """From trial AV: resumed from this process's ring (another tab kept the shared subscription), a stream went
+    past a message that did not decode as the channel's type without a reload: 1 delivered of 2 published."""
+    untyped = store.channel("chat-events").under(19)
+    events = events_of(store).under(19)
+    async with client() as http, open_sse(http, f"{web}/events/19") as keeper:
+        await wait_subscriptions(store, 1)
+        async with open_sse(http, f"{web}/events/19") as tab:
+            await events.publish(ChatEvent("message", 1))
+            first = await tab.next()
+            await keeper.next()
+        bad = await untyped.publish({"not": "a ChatEvent"})
+        third = await events.publish(ChatEvent("message", 3))
+        assert (await keeper.next()).type == "reload" and (await keeper.next()).last_event_id == third
+        async with open_sse(http, f"{web}/events/19", {"last-event-id": first.last_event_id}) as tab:
+            got = [await tab.next(), await tab.next()]
+            assert [(e.type, e.last_event_id) for e in got] == [("reload", bad), ("message", third)]
+            assert json.loads(got[0].data) == {"kind": "reload", "reason": "error", "missed": 1}
+            await tab.none_within(0.2)
+
+
 # contract: SSE-04
 async def test_the_subscription_stops_when_the_browser_goes_away(store: tinystore.Store, web: str) -> None:
     async with client() as http:
