@@ -489,6 +489,12 @@ class EventSourceResponse(Response):
             outbox.close()
             status = 503 if isinstance(exc, LimitError) or exc.code in ("closed", "unavailable") else 500
             log.warning("sse: cannot open the stream: %s", exc)
+            if status == 503 and _wants_event_stream(scope):
+                # an EventSource takes any status but 200 as the end for good (WHATWG HTML, "Server-sent
+                # events": "fail the connection"), Retry-After unread: a stream that ends at once, with a retry
+                # delay, has it try again then (trial AV: a tab stopped updating until it was reloaded)
+                await _ended_stream(send, f"event stream unavailable: {exc.message}")
+                return
             await _plain(send, status, f"event stream unavailable: {exc.message}\n")
             return
         try:
@@ -622,6 +628,34 @@ async def _finish(task: asyncio.Task[None]) -> None:
     exc = task.exception()
     if exc is not None:
         log.error("sse: the producer raised %r; the stream ended", exc, exc_info=exc)
+
+
+UNAVAILABLE_RETRY_MS = 5000
+"""The reconnection delay a browser is given when its stream cannot open for now (the store is closed or
+unreachable, or at its subscription limit)."""
+
+
+def _wants_event_stream(scope: Scope) -> bool:
+    """Whether the request asks for ``text/event-stream`` (an ``EventSource`` always does)."""
+    for name, value in scope.get("headers") or ():
+        if name.lower() == b"accept" and b"text/event-stream" in value.lower():
+            return True
+    return False
+
+
+async def _ended_stream(send: Send, why: str) -> None:
+    """A ``text/event-stream`` response that ends at once: the ``retry`` delay, and ``why`` as a comment."""
+    comment = " ".join(why.split())  # (one line)
+    body = f"retry: {UNAVAILABLE_RETRY_MS}\n: {comment}\n\n".encode()
+    headers = [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(UNAVAILABLE_RETRY_MS // 1000).encode()),
+    ]
+    with contextlib.suppress(OSError):
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _plain(send: Send, status: int, text: str) -> None:
@@ -1036,8 +1070,10 @@ def event_stream(
     Each message becomes an event whose ``id`` is the message's id (``"<epoch>-<seq>"``), in publish order.
     The streams of one branch in this process share one subscription (``shared=False``: each its own); it
     is made before the headers go out, and a store that is closed, unreachable or at its subscription limit
-    gives a 503 with ``Retry-After``. A request with ``Last-Event-ID`` resumes after that message (SSE-03):
-    from this process's last :data:`RING` messages of the branch, or else from the branch's log in the store,
+    gives a 503 with ``Retry-After`` (to an ``EventSource``, which ends for good at any status but 200, a stream
+    that ends at once with a ``retry`` of 5 s, so it tries again then). A request with ``Last-Event-ID``
+    resumes after that message (SSE-03): from this process's last :data:`RING` messages of the branch, or else
+    from the branch's log in the store,
     with a subscription of its own. When it cannot be (the log dropped messages, the store restarted, the id
     is malformed), and whenever the stream misses messages later, the browser gets one event ``reload`` with
     data ``{"kind": "reload", "reason": ..., "missed": n | null}`` and, as its id, the position after which

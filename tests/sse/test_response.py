@@ -21,6 +21,7 @@ from tinystore.sse import EventSourceResponse, end_streams, event_stream, sse_re
 
 from ..helpers import open_store
 from .harness import client, open_sse, serve
+from .parser import EventStreamParser
 
 
 def app_of(producer: Any, **kw: Any) -> Starlette:
@@ -137,6 +138,7 @@ async def test_end_streams_finishes_every_open_stream(tmp_path: Path) -> None:
             assert (await store.status())["channels"]["subscriptions"] == 0
 
 
+# contract: SSE-03
 async def test_a_store_at_its_subscription_limit_or_closed_gives_503(tmp_path: Path) -> None:
     async with open_store("embedded", tmp_path / "s", limits=tinystore.Limits(subscriptions=2)) as store:
         events = store.channel("e")
@@ -154,6 +156,13 @@ async def test_a_store_at_its_subscription_limit_or_closed_gives_503(tmp_path: P
             await store.close()
             r = await asyncio.wait_for(http.get(f"{url}/s/1"), 5)
             assert r.status_code == 503 and "closed" in r.text
+            # from trial AV: an EventSource takes any status but 200 as the end for good (it never tried again):
+            # to one, a stream that ends at once, with a retry delay, so that it tries again then
+            r = await asyncio.wait_for(http.get(f"{url}/s/1", headers={"accept": "text/event-stream"}), 5)
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            parser = EventStreamParser()
+            assert parser.feed(r.content) == []  # no event: the page is told nothing happened
+            assert parser.retry == 5000 and any("closed" in c for c in parser.comments), (r.text, parser.comments)
 
 
 def test_bad_options_are_refused() -> None:
