@@ -154,14 +154,80 @@ async def test_a_running_server_is_found_not_replaced(tmp_path: Path) -> None:
 
 
 # contract: STORE-02
+async def test_a_server_killed_while_it_stopped_leaves_no_wait_behind(tmp_path: Path) -> None:
+    """From trial AW: a server killed during its stop's grace left `stopping_until` in its address, and every
+    later open() waited for it, then failed "is stopping and has not let the directory go", for good."""
+    import json
+
+    from ..helpers import ServerProcess
+
+    d = tmp_path / "store"
+    server = ServerProcess(d).start()
+    assert server.proc is not None
+    address = paths.address_file(d)
+    info = json.loads(address.read_text())
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    info["stopping_until"] = time.time() + 3600  # what it had written as its stop began
+    address.write_text(json.dumps(info))
+    started = time.monotonic()
+    store = await asyncio.wait_for(tinystore.open(d, idle="2s"), 30)
+    try:
+        assert time.monotonic() - started < 10
+        assert (await store.status())["pid"] != info["pid"]
+    finally:
+        await store.close()
+        await stop_sidecar(d)
+        server.stop()
+
+
+# contract: STORE-01
+# contract: STORE-02
+@pytest.mark.parametrize("long", [False, True])
+async def test_a_copy_of_a_running_store_is_a_store_of_its_own(tmp_path: Path, long: bool) -> None:
+    """From trial AW: a copy made while the server ran (cp -r, a template store) carries the original's address
+    file, and open(copy) followed it to the original's socket: its writes went into the original."""
+    import shutil
+
+    base = tmp_path / ("n" * 60) / ("e" * 40) if long else tmp_path
+    orig, copy = base / "orig", base / "copy"
+    store = await tinystore.open(orig, idle="2s")
+    try:
+        db = await store.database("app", migrations=[("001.sql", "create table t (v);")])
+        await db.exec("insert into t values ('orig')")
+        shutil.copytree(orig, copy, ignore=shutil.ignore_patterns("sock"))
+        other = await tinystore.open(copy, idle="2s")
+        try:
+            assert (await other.status())["directory"] == str(copy.resolve())
+            await (await other.database("app")).exec("insert into t values ('copy')")
+        finally:
+            await other.close()
+        assert [r["v"] for r in await db.all("select v from t")] == ["orig"]
+    finally:
+        await store.close()
+        await stop_sidecar(orig)
+        await stop_sidecar(copy)
+
+
+# contract: STORE-02
 # contract: STORE-05
-async def test_open_waits_for_a_stopping_server_past_its_own_deadline(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runtimes", ["same", "other"])
+async def test_open_waits_for_a_stopping_server_past_its_own_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtimes: str
+) -> None:
     """From trial AS: a sidecar stopping with a grace longer than open()'s 20 s (a read under way) made open()
     fail "owned by another process; connect to it with tinystore.open() instead of owning it". The server says in
-    its address that it stops, and until when: open() waits for it (here with a deadline of 2 s, a grace of 8)."""
+    its address that it stops, and until when: open() waits for it (here with a deadline of 2 s, a grace of 8).
+    From trial AW ("other"): a long path's stopping server under another runtime folder than the one of the
+    sidecar started after it; open() kept looking at the stopping server's socket, and failed."""
     from tinystore.client.store import ensure_server
 
     d = tmp_path / "store"
+    if runtimes == "other":
+        d = tmp_path / ("n" * 60) / ("e" * 40) / "store"
+        for name in ("xa", "xb"):
+            (tmp_path / name).mkdir(mode=0o700)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xa"))  # the first sidecar's
     slow = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 3000000000) select count(*) from c"
     a = await tinystore.open(d, idle="30s")
     try:
@@ -182,13 +248,16 @@ async def test_open_waits_for_a_stopping_server_past_its_own_deadline(tmp_path: 
         async with asyncio.timeout(10):
             while not (paths.read_address(d) or {}).get("stopping_until"):
                 await asyncio.sleep(0.02)
-        sock = paths.socket_path(d)
+        if runtimes == "other":
+            monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xb"))  # this process's, and its new sidecar's
+        sock = paths.served_socket(d)
         extra = ["--sidecar", "--idle", "2s"]
         opening = asyncio.ensure_future(ensure_server(d, sock, extra, timeout=2.0))
         await asyncio.sleep(3.0)  # past open()'s deadline: it waits on
         assert not opening.done()
         reading.cancel()  # the read ends: the old server lets the directory go, and a new sidecar starts
-        await asyncio.wait_for(opening, 20)
+        got = await asyncio.wait_for(opening, 20)
+        assert got == paths.socket_path(d)  # the new sidecar's socket, where it listens
         await stop.wait()
     finally:
         await a.close()

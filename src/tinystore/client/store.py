@@ -36,7 +36,7 @@ from ..names import check_name
 from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Backup, Empty, Stop
 from ..server import paths
-from ..server.dirlock import LOCK, held_here, socket_gone, unserved_here
+from ..server.dirlock import LOCK, held_here, lock_holders, socket_gone, unserved_here
 from .sql import Database, read_migrations
 
 if TYPE_CHECKING:
@@ -700,7 +700,7 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
             # would make a new, empty store in its place, and the writes of this process would go there
             raise _gone(path)
         if served.sidecar:
-            await ensure_server(path, sock, extra)
+            sock = await ensure_server(path, sock, extra)
         elif (state := await asyncio.to_thread(_can_connect, sock)) is not True:
             if state is None:
                 raise _busy(path, sock)
@@ -802,16 +802,18 @@ def _busy(directory: Path, sock: Path) -> UnavailableError:
     )
 
 
-async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: float = 20.0) -> None:
+async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: float = 20.0) -> Path:
     """Make sure someone serves ``directory``: connect, or start a detached sidecar and wait for it.
-    Many processes racing here end on one server: only one sidecar gets the directory lock.
+    Many processes racing here end on one server: only one sidecar gets the directory lock. Returns the socket
+    that answered: ``sock``, or the one the server that came up says it serves (a long path's socket is under
+    the runtime or temporary folder of that server's environment).
 
     Raises ``PermissionDeniedError`` when this process may not reach the socket (the server runs as another
     user: STORE-03) or not write the directory, ``UnavailableError`` when no sidecar came up."""
     try:
         state = await asyncio.to_thread(_can_connect, sock)
         if state:
-            return
+            return sock
     except PermissionError as exc:
         raise PermissionDeniedError(
             f"store {directory}: cannot reach its server's socket {sock}: {exc.strerror}; only the user the "
@@ -848,9 +850,12 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
             threading.Thread(target=child.wait, daemon=True).start()  # reap it when it exits
             next_spawn = now + 2.0
         await asyncio.sleep(0.02)
+        # (the server that comes up may serve another socket than the one that was looked at first: a stopping
+        # server under another runtime folder, then ours: trial AW)
+        sock = await asyncio.to_thread(paths.served_socket, directory)
         state = await asyncio.to_thread(_can_connect, sock)
         if state:
-            return
+            return sock
         busy = state is None
         if child is not None and child.returncode not in (None, 0):
             # it said why it could not start (a full disk, a read-only directory, a corrupt file): that will not
@@ -872,7 +877,7 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
     if busy:
         raise _busy(directory, sock)
     info = paths.read_address(directory) or {}
-    if info.get("stopping_until"):
+    if _stopping_until(directory) is not None:
         raise UnavailableError(
             f"store {directory}: its server (pid {info.get('pid')}) is stopping and has not let the directory go "
             f"{time.time() - float(info['stopping_until']):.0f}s after its grace ended; open it again once it has"
@@ -887,10 +892,27 @@ MAX_STOP_WAIT = 300.0
 
 
 def _stopping_until(directory: Path) -> float | None:
-    """When the grace of ``directory``'s stopping server ends (Unix time), or None (none is stopping)."""
+    """When the grace of ``directory``'s stopping server ends (Unix time), or None: none is stopping (a server
+    killed while it stopped leaves its address behind: its pid no longer holds the directory, trial AW)."""
     info = paths.read_address(directory) or {}
     until = info.get("stopping_until")
-    return float(until) if isinstance(until, int | float) else None
+    pid = info.get("pid")
+    if not isinstance(until, int | float) or not isinstance(pid, int):
+        return None
+    holders = lock_holders(directory)
+    if holders is not None:
+        return float(until) if pid in holders else None
+    return float(until) if _runs(pid) else None
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _sidecar_error(log_path: Path, start: int) -> TinystoreError | None:

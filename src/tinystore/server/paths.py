@@ -188,7 +188,9 @@ EX_TEMPFAIL): not a stop anyone asked for, which exits 0."""
 
 
 def write_address(directory: Path, info: dict[str, Any]) -> None:
-    """Write ``DIR/server/address`` atomically (JSON: pid, socket, tcp, version, protocol, started)."""
+    """Write ``DIR/server/address`` atomically (JSON: pid, socket, tcp, version, protocol, started, and the
+    directory it is the address of)."""
+    info = {**info, "directory": info.get("directory") or str(directory.resolve())}
     path = address_file(directory)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=2))
@@ -214,8 +216,15 @@ def remove_address(directory: Path) -> None:
 
 
 def read_address(directory: Path) -> dict[str, Any] | None:
+    """What ``DIR/server/address`` says, or ``None``: no file, or the address of another directory (a copy of a
+    store made while its server ran carries the original's: trial AW's copy sent its writes to the original)."""
     try:
         data = json.loads(address_file(directory).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    of = data.get("directory")
+    if isinstance(of, str) and of != str(directory.resolve()):
+        return None
+    return data
