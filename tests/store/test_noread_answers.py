@@ -261,6 +261,45 @@ async def test_a_transactions_exec_with_rows_on_another_database_never_waits_beh
         assert await db.scalar("select count(*) from t") == 1 + 2 * EXECS_MAX
 
 
+# contract: SQL-03
+async def test_execs_kept_aside_wait_for_a_transaction_beginning_on_their_database(tmp_path: Path) -> None:
+    # from trial AW: execs with RETURNING kept aside while transaction T1 held app's writer went back to their line
+    # when T1 ended; T2 of the same connection, begun meanwhile, then held the writer, and they took every place
+    # of the line waiting for it: T2's own exec on another database waited behind them until tx_idle
+    async with open_store("private", tmp_path / "s", limits=tinystore.Limits(tx_idle=2.0)) as store:
+        db = await store.database("app")
+        audit = await store.database("audit")
+        await db.exec("create table t (id integer primary key, a int)")
+        await audit.exec("create table log (id integer primary key, what text)")
+        entered = asyncio.Event()
+        took: list[float] = []
+
+        async def first(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values (1)")
+            entered.set()
+            await asyncio.sleep(0.5)  # T2's begin and the execs are sent meanwhile
+
+        async def then(tx: tinystore.SqlTx) -> int:
+            await tx.exec("insert into t (a) values (2)")
+            t0 = time.monotonic()
+            done = await audit.exec("insert into log (what) values ('a') returning id")
+            took.append(time.monotonic() - t0)
+            return int(done.rows[0][0])
+
+        async def second() -> int:
+            await entered.wait()
+            return await db.tx(then)
+
+        async def returning(i: int) -> Any:
+            await entered.wait()
+            await asyncio.sleep(0.05)
+            return (await db.exec("insert into t (a) values (?) returning id", 100 + i)).rows
+
+        got = await asyncio.gather(db.tx(first), second(), *(returning(i) for i in range(2 * EXECS_MAX)))
+        assert got[1] == 1 and took[0] < 1.0, took
+        assert await db.scalar("select count(*) from t") == 2 + 2 * EXECS_MAX
+
+
 # contract: SQL-01
 @pytest.mark.parametrize("mode", ["private", "tcp"])
 async def test_a_transaction_whose_call_waits_behind_slow_calls_is_not_idle(tmp_path: Path, mode: str) -> None:

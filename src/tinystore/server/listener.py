@@ -244,6 +244,7 @@ class ServerConnection(asyncio.Protocol):
         # execs kept out of their line while a transaction of this connection holds their database's writer
         self.parked: list[tuple[int, str, Any, int, bool]] = []
         self.tx_held: dict[int, int] = {}  # transaction id → its calls waiting in the transactions' line
+        self.beginning: dict[str, int] = {}  # database → this connection's transactions that write, beginning
         self.out: list[bytes] = []
         self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
@@ -513,6 +514,11 @@ class ServerConnection(asyncio.Protocol):
             self.start(line, stream, name, req, len(body))
         else:
             self.run(stream, name, req, len(body))
+            if name == "sql.begin" and not req.read_only:
+                task = self.tasks.get(stream)
+                if task is not None:  # (a transaction of this connection about to hold the writer: see park)
+                    self.beginning[req.db] = self.beginning.get(req.db, 0) + 1
+                    task.add_done_callback(partial(self.begun, req.db))
 
     def start(self, line: _Line | None, stream: int, name: str, req: Any, size: int) -> None:
         """:meth:`run`, counted in ``line`` while under way."""
@@ -576,6 +582,8 @@ class ServerConnection(asyncio.Protocol):
         """A transaction's call waits in the line: its transaction is not idle meanwhile (``SqlTx.held``), unless
         it waits because the client does not read (that is the client's idleness)."""
         tx_id = item[2].tx
+        if self.session is None or tx_id not in self.session.transactions:
+            return  # (another connection's, or none: its call is refused when it runs)
         self.tx_held[tx_id] = self.tx_held.get(tx_id, 0) + 1
         self.sync_held(tx_id)
 
@@ -600,10 +608,17 @@ class ServerConnection(asyncio.Protocol):
         before that transaction ends, and in the line it would hold a place the transaction's own next calls may
         need (it ended at tx_idle). It goes back to the head of the line once the transaction ended."""
         session = self.session
-        if session is None or not session.transactions:
+        if session is None:
+            return False
+        db = item[2].db
+        if self.beginning.get(db):
+            # a transaction of this connection is beginning on it: queued after its begin, this would wait for
+            # it just the same (trial AW); it is looked at again once the begin is answered
+            self.parked.append(item)
+            return True
+        if not session.transactions:
             return False
         txs = self.core.sql.transactions
-        db = item[2].db
         for tx_id in session.transactions:
             tx = txs.get(tx_id)
             if tx is not None and not tx.read_only and not tx.done and tx.db.name == db:
@@ -612,6 +627,15 @@ class ServerConnection(asyncio.Protocol):
                     tx.on_end.append(self.unpark)
                 return True
         return False
+
+    def begun(self, db: str, _: object = None) -> None:
+        """A begin of a transaction that writes ``db`` is answered (or failed, or was cancelled)."""
+        n = self.beginning.get(db, 0)
+        if n <= 1:
+            self.beginning.pop(db, None)
+        else:
+            self.beginning[db] = n - 1
+        self.unpark()  # (kept aside again under the transaction, when it began)
 
     def unpark(self) -> None:
         """A transaction of this connection ended: the execs kept aside go back to the head of their line."""
