@@ -97,9 +97,13 @@ async def test_silent_connections_are_closed_on_every_listener(
     finally:
         for sock in silent.values():
             sock.close()
-    log = (server.directory / "serve.log").read_text()
-    assert "did not finish its handshake within 1s" in log, log
-    assert "its TLS handshake took over 1s" in log, log
+    want = ("did not finish its handshake within 1s", "its TLS handshake took over 1s")
+    for _ in range(100):  # (the server writes its log line after the close: on a busy machine, a moment later)
+        log = (server.directory / "serve.log").read_text()
+        if all(w in log for w in want):
+            break
+        await asyncio.sleep(0.05)
+    assert all(w in log for w in want), log
 
 
 # contract: STORE-03
