@@ -104,3 +104,37 @@ async def test_over_a_socket_the_jobs_of_a_stopped_worker_are_queued_when_stop_r
                 continue  # (a handler began: its attempt counted, as documented)
             wrong += [(i, j.state, j.attempts) for j in jobs if j is None or j.state != "queued" or j.attempts != 0]
         assert wrong == []
+
+
+# contract: JOB-01
+async def test_a_workers_stop_does_not_wait_for_a_server_that_is_gone(tmp_path: Path) -> None:
+    # from trial AW: the claim cancelled by the stop, never sent (the server was killed and the SDK waits for it),
+    # waited 10 s for a hand-back it could not send: stop() took 5 s. A store that is gone leaves the attempts
+    # to their leases (Worker.stop)
+    import signal
+    import time
+
+    from ..helpers import ServerProcess
+
+    server = ServerProcess(tmp_path / "store").start()
+    assert server.proc is not None
+    try:
+        store = await tinystore.open(tmp_path / "store")
+        try:
+            q = store.queue("q")
+
+            async def handler(value: Any, run: tinystore.Run) -> None:
+                return None
+
+            worker = q.work(handler, concurrency=2)
+            await asyncio.sleep(1.0)  # its claim waits in the store
+            server.proc.send_signal(signal.SIGKILL)
+            server.proc.wait()
+            await asyncio.sleep(1.0)  # the SDK saw it go; the worker claims again, waiting for it to come back
+            started = time.monotonic()
+            await asyncio.wait_for(worker.stop(), 30)
+            assert time.monotonic() - started < 3
+        finally:
+            await store.close()
+    finally:
+        server.stop()

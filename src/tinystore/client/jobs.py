@@ -1037,7 +1037,8 @@ async def claim(
             task = asyncio.ensure_future(_hand_back(store, queue, token))
             _handing_back.add(task)
             task.add_done_callback(_handing_back.discard)
-            await asyncio.wait([task], timeout=HAND_BACK_WAIT)
+            if store.transport.connected:  # (else it goes once the store is reached again: trial AW's stop
+                await asyncio.wait([task], timeout=HAND_BACK_WAIT)  # waited 5 s for a server that was gone)
         raise
     except (OutcomeUnknownError, ClosedError):
         if not store._closed:  # (the connection is gone: handed back once the store is reached again)
