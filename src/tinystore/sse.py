@@ -355,7 +355,7 @@ def _end_streams_at_shutdown() -> None:
     """Put :func:`end_streams` before this process's SIGTERM and SIGINT handlers, once per process (a fork's
     child too). Only the main thread may set handlers: streams served elsewhere leave them as they are. What
     ran before still runs after it: a function handler is called, the default action is taken (the signal is
-    raised again under it), an ignored signal stays ignored."""
+    raised again under it). An ignored signal, or one whose handler was set outside Python, is left alone."""
     global _hooked_pid
     pid = os.getpid()
     if _hooked_pid == pid or threading.current_thread() is not threading.main_thread():
@@ -364,7 +364,9 @@ def _end_streams_at_shutdown() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             before = signal.getsignal(sig)
-            if getattr(before, "ends_streams", False):
+            if getattr(before, "ends_streams", False) or not (callable(before) or before == signal.SIG_DFL):
+                # ignored (it stays so, also for the programs this one starts: trial AW), or set outside Python
+                # (None: it could not be called after ours): left as it is
                 continue
 
             def handler(signum: int, frame: Any, before: Any = before) -> None:

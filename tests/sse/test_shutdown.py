@@ -66,3 +66,18 @@ def test_uvicorn_stops_at_sigterm_while_a_stream_is_open(tmp_path: Path, workers
         subprocess.run(
             [sys.executable, "-m", "tinystore", "stop", str(tmp_path / "store")], capture_output=True, timeout=30
         )
+
+
+# contract: SSE-04
+def test_an_ignored_signal_stays_ignored() -> None:
+    """From trial AW: the first stream replaced an ignored SIGINT (a program started with `&` from a script) with
+    a handler: every SIGINT then ended the streams, and the programs it started no longer ignored it."""
+    program = (
+        "import signal, tinystore.sse as sse\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "sse._end_streams_at_shutdown()\n"
+        "print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN,"
+        " getattr(signal.getsignal(signal.SIGTERM), 'ends_streams', False))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=30)
+    assert done.stdout.split() == ["True", "True"], (done.stdout, done.stderr)
