@@ -69,6 +69,26 @@ async def test_a_backup_taken_under_writes_opens_as_a_store_with_all_it_committe
         await copy.close()
 
 
+# contract: JOB-08
+async def test_a_store_restored_from_a_backup_gives_jobs_fences_above_the_originals(tmp_path: Path) -> None:
+    """From trial AX: a job's fence counted in its row, so the restored copy gave the job fence 1 again while the
+    original's attempt 1 still ran: its renewals and report matched the new attempt. A claim's fence is at least
+    the store's epoch (which a store started from the copy raises above the original's)."""
+    fences: list[int] = []
+
+    async def handler(value: object, run: tinystore.Run) -> None:
+        fences.append(run.fence)
+
+    async with open_store("embedded", tmp_path / "s") as store:
+        queue = store.queue("q")
+        await queue.add("x")
+        await store.backup(tmp_path / "copy")
+        assert await queue.run_due(handler) == 1  # the original's attempt, after the copy
+    async with open_store("embedded", tmp_path / "copy") as restored:
+        assert await restored.queue("q").run_due(handler) == 1
+    assert len(fences) == 2 and fences[1] > fences[0], fences
+
+
 async def test_databases_not_opened_since_the_start_are_copied_too(tmp_path: Path) -> None:
     async with open_store("embedded", tmp_path / "s") as store:
         await (await store.database("old")).exec("create table t (x)")

@@ -24,8 +24,8 @@ added while a claim waits is handed to it as its insert goes to the writer: the 
 in the same commit, so an idle worker starts a new job after one fsync rather than two.
 
 - Claim: the chosen jobs become ``running`` with ``attempts + 1`` (the attempt counts before the handler
-  runs, JOB-03) and ``fence + 1`` in one write; the lease starts then. A lease runs out ``lease`` after the
-  claim or the last renewal; then the attempt failed with "worker lost" and the job is retried (or dead)
+  runs, JOB-03) and a fence above the last (and at least the store's epoch) in one write; the lease starts
+  then. A lease runs out ``lease`` after the claim or the last renewal; then the attempt failed with "worker lost" and the job is retried (or dead)
   (JOB-01). Attempts claimed by the store's own process (an embedded store's workers) have no lease: that
   process cannot die apart from the store, and a store restart finds them running and gives them a lease.
 - Fairness (JOB-07): a higher priority first; among the tenants whose best due job has that priority, the
@@ -360,8 +360,14 @@ class JobsEngine:
         publish: Callable[[str, tuple[str, ...], bytes], object] | None = None,
         listened: Callable[[str, tuple[str, ...]], bool] | None = None,
         spawn: Callable[[Any], asyncio.Task[Any]] | None = None,
+        epoch: int = 0,
     ) -> None:
         self.sql = sql
+        # the least fence a claim of this start gives: the store's epoch (ms, larger at each start), so that a
+        # store started from a backup gives every job a fence above those the original gave after the copy (a
+        # claim is a durable commit: a job's fence grows by far less than one a millisecond; trial AX saw the
+        # restored store give fence 1 again, while the original's attempt 1 still ran and renewed)
+        self.fence_floor = epoch
         # kept: self.loop makes a getpid system call each time on Python 3.11
         self.loop = sql.loop
         self.clock = clock
@@ -732,10 +738,10 @@ class JobsEngine:
         lease_until = math.inf if local else now + q.options.lease
         marks = ", ".join("?" for _ in picked)
         fut = q.db.write(
-            f"update {TABLE} set state = 'running', attempts = attempts + 1, fence = fence + 1, started_at = ?, "
-            f"lease_until = ? where id in ({marks}) and state in ('queued', 'failed') "
+            f"update {TABLE} set state = 'running', attempts = attempts + 1, fence = max(fence + 1, ?), "
+            f"started_at = ?, lease_until = ? where id in ({marks}) and state in ('queued', 'failed') "
             "returning id, fence, attempts, value, steps, tenant, key, type, user, priority, progress",
-            [_ms(now), None if local else _ms(lease_until), *(e.id for e in picked)],
+            [self.fence_floor, _ms(now), None if local else _ms(lease_until), *(e.id for e in picked)],
             own=True,
         )
         fut.add_done_callback(lambda f: self._claimed(q, w, picked, local, f))

@@ -59,7 +59,9 @@ def install(core: Core) -> None:
         channels = getattr(core, "channels", None)
         return None if channels is None else channels.publish(channel, branch, payload)
 
-    engine = JobsEngine(core.sql, core.clock, core.limits, publish=publish, listened=listened, spawn=core.spawn)
+    engine = JobsEngine(
+        core.sql, core.clock, core.limits, publish=publish, listened=listened, spawn=core.spawn, epoch=core.epoch
+    )
     core.engines["jobs"] = engine
 
     def own_tx(session: Session, tx_id: int) -> SqlTx:
