@@ -707,6 +707,7 @@ class _Hub:
         self.transport.on_push(LOST, self._on_lost, Lost)
         self.transport.on_push(SETTLED, self._on_settled, AcquireOutcome)
         self.transport.reconnect_hooks.append(self._on_reconnect)
+        self.transport.lost_hooks.append(self._on_dropped)
         store._close_hooks.append(self.close)
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -1089,16 +1090,20 @@ class _Hub:
             if not ask.fut.done():
                 ask.fut.set_exception(ClosedError(message))
 
+    def _on_dropped(self) -> None:
+        """The connection dropped: the asks waiting in line hear nothing more. Their callers ask again at once,
+        which waits for the next connection as any call does (bounded by ``reconnect_timeout``, or failed at once
+        by a token refused at the reconnect: trial AX's waiter, failed only at a reconnect, waited for ever). The
+        store may have granted them (the answer, or the settled push, lost on the way): nobody here holds those
+        leases, so they are let go by their tickets from the next connection, before anything is asked again."""
+        self.unheard += [ask.ticket for ask in self.asks.values() if ask.state == _QUEUED]
+        self._fail_asks("the connection to the store dropped while waiting in line")
+
     async def _on_reconnect(self, old_epoch: int, new_epoch: int) -> None:
-        # asks whose outcome the dropped connection took: the store may have granted them (the answer, or the
-        # settled push, lost on the way). Nobody here holds those leases: let go of them, by their tickets, or
-        # the keys stay held by nobody until their ttl (and this process's own asks again wait behind them)
         if new_epoch != old_epoch:
             self.unheard = []  # a new server: it holds nothing of the last one's
-        else:
-            self.unheard += [ask.ticket for ask in self.asks.values() if ask.state == _QUEUED]
-            if self.unheard and not self.closed:
-                self.spawn(self._let_go_unheard())
+        elif self.unheard and not self.closed:
+            self.spawn(self._let_go_unheard())
         self._fail_asks("the connection to the store dropped while waiting in line")
         for lease in list(self.leases.values()):
             if lease._state != _HELD:

@@ -129,6 +129,7 @@ class Transport:
     def __init__(self) -> None:
         self.push_handlers: dict[str, tuple[PushHandler, Any]] = {}
         self.reconnect_hooks: list[ReconnectHook] = []
+        self.lost_hooks: list[Callable[[], None]] = []  # called (on the loop) when the connection drops
         self.closed = False
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -714,6 +715,11 @@ class RemoteTransport(Transport):
         if self.closed:
             return
         self.last_error = UnavailableError(conn.goaway or "the connection to the store dropped")
+        for hook in list(self.lost_hooks):
+            try:
+                hook()
+            except Exception:
+                log.exception("a hook of a dropped connection failed")
         if self._reconnecting is None or self._reconnecting.done():
             self._reconnecting = asyncio.ensure_future(self._reconnect_loop())
 

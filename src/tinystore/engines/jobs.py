@@ -25,9 +25,10 @@ in the same commit, so an idle worker starts a new job after one fsync rather th
 
 - Claim: the chosen jobs become ``running`` with ``attempts + 1`` (the attempt counts before the handler
   runs, JOB-03) and a fence above the last (and at least the store's epoch) in one write; the lease starts
-  then. A lease runs out ``lease`` after the claim or the last renewal; then the attempt failed with "worker lost" and the job is retried (or dead)
-  (JOB-01). Attempts claimed by the store's own process (an embedded store's workers) have no lease: that
-  process cannot die apart from the store, and a store restart finds them running and gives them a lease.
+  then. A lease runs out ``lease`` after the claim or the last renewal; then the attempt failed with "worker
+  lost" and the job is retried (or dead) (JOB-01). Attempts claimed by the store's own process (an embedded
+  store's workers) have no lease: that process cannot die apart from the store, and a store restart finds them
+  running and gives them a lease.
 - Fairness (JOB-07): a higher priority first; among the tenants whose best due job has that priority, the
   tenant served least recently (a counter per tenant, bumped at each claim); tenants at
   ``max_running_per_tenant`` are skipped, and nobody is served while ``max_running`` jobs run.

@@ -1,0 +1,76 @@
+"""From trial AX: a `hold(wait=...)` waiting in line when its server restarted was failed only at a reconnect;
+with its token revoked across the restart there was none, and it waited for ever (past its wait and the
+reconnect timeout). A dropped connection ends the wait in line at once: the waiter asks again, which waits for
+the next connection as any call does (failed at once by a refused token)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+import tinystore
+
+from ..helpers import ServerProcess
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# contract: LOCK-03
+# contract: STORE-06
+@pytest.mark.parametrize("revoke", [True, False])
+async def test_a_waiter_in_line_when_the_server_restarts_is_answered(tmp_path: Path, revoke: bool) -> None:
+    holder_t, waiter_t = "holder-" + "a" * 20, "waiter-" + "b" * 20
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"data {holder_t}\ndata {waiter_t}\n")
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    server = ServerProcess(tmp_path / "store", "--listen", addr, "--tokens", str(tokens)).start()
+    try:
+        holder = await tinystore.connect(addr, token=holder_t)
+        waiter = await tinystore.connect(addr, token=waiter_t, reconnect_timeout=10)
+        try:
+            held = asyncio.Event()
+
+            async def hold() -> None:
+                try:
+                    async with holder.lock("nightly", ttl="5s").hold("report"):
+                        held.set()
+                        await asyncio.sleep(3600)
+                except tinystore.TinystoreError:
+                    pass
+
+            holding = asyncio.ensure_future(hold())
+            await held.wait()
+
+            async def wait_in_line() -> str:
+                try:
+                    async with waiter.lock("nightly", ttl="5s").hold("report", wait="5s"):
+                        return "held"
+                except tinystore.TinystoreError as exc:
+                    return type(exc).__name__
+
+            waiting = asyncio.ensure_future(wait_in_line())
+            await asyncio.sleep(0.5)  # in line now
+            if revoke:
+                tokens.write_text(f"data {holder_t}\n")
+            started = time.monotonic()
+            server.stop()
+            server.start()
+            got = await asyncio.wait_for(waiting, 30)
+            # revoked: refused at once; kept: the restarted store holds nothing, and the key is the waiter's
+            assert got == ("UnauthenticatedError" if revoke else "held"), got
+            assert time.monotonic() - started < 15
+            holding.cancel()
+            await asyncio.gather(holding, return_exceptions=True)
+        finally:
+            await asyncio.wait_for(waiter.close(), 10)
+            await asyncio.wait_for(holder.close(), 10)
+    finally:
+        server.stop()
