@@ -160,3 +160,49 @@ async def test_a_quoted_tilde_is_the_home_folder(tmp_path: Path, monkeypatch: py
     done = run_cli("jobs", "~/store", "list", "--json")
     assert done.returncode == 0, done.stderr
     assert not (Path.cwd() / "~").exists() and directory.exists()
+
+
+async def test_a_command_whose_output_is_closed_or_whose_reader_left_ends_quietly(tmp_path: Path) -> None:
+    """From trial AX: with stdout closed (`>&-`, as daemon wrappers start a server) every command died at import
+    with a traceback; with its reader gone (`| head -1`), `status` and `sql` exited 1 saying nothing."""
+    import subprocess
+    import sys
+
+    directory = await _store_with(tmp_path, "main")
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        db = await store.database("main")
+        await db.exec(
+            "insert into t (a) with recursive c(x) as (select 1 union all select x + 1 from c where x < 5000) "
+            "select x from c"
+        )
+    finally:
+        await store.close()
+    for args in (["--version"], ["status", str(directory)], ["sql", str(directory), "select * from t"]):
+        closed = await asyncio.to_thread(
+            subprocess.run,
+            ["sh", "-c", 'exec "$0" -m tinystore "$@" >&-', sys.executable, *args],
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+        assert closed.returncode == 0 and "Traceback" not in closed.stderr, (args, closed.stderr)
+        if args == ["--version"]:
+            continue  # (click's own option: exits 1 when its reader left, as click does)
+        reader_gone = subprocess.Popen(
+            [sys.executable, "-m", "tinystore", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        assert reader_gone.stdout is not None
+        reader_gone.stdout.close()  # the reader left before reading anything
+        _, err = await asyncio.to_thread(reader_gone.communicate, timeout=60)
+        assert reader_gone.returncode == 0 and err == b"", (args, reader_gone.returncode, err)
+
+
+async def test_messages_on_stderr_are_one_line_whatever_their_length(tmp_path: Path) -> None:
+    # from trial AX: written to a file, a backup's summary was folded at 80 columns, its path cut in two
+    directory = await _store_with(tmp_path, "main")
+    dest = tmp_path / ("a-destination-with-a-name-long-enough-to-pass-eighty-columns-" + "x" * 40)
+    done = await asyncio.to_thread(run_cli, "backup", str(directory), str(dest))
+    assert done.returncode == 0, done.stderr
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert any(str(dest) in line for line in lines), lines

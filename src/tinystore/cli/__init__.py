@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import math
@@ -26,11 +27,32 @@ from ..server.listener import MIN_TOKEN
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+def _closed_streams() -> None:
+    """A command started with its standard output or error closed (``>&-``, as some daemon wrappers start a
+    server) writes them to ``/dev/null`` (trial AX: Python has no ``sys.stdout`` then, and every command died
+    at import; uvloop aborted with no standard error). Opened in order, each takes its own descriptor number."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # (the process's own, to its end)
+
+
+_closed_streams()
 # written to a file or a pipe, rich would fold tables to 80 columns: give them room (a terminal keeps its width)
 # markup=False: what the store holds (a value "[/]", a job's error, a path) is printed as it is, never read as
 # rich markup (which would restyle it or fail); styles are given with Text
-console = Console(width=None if sys.stdout.isatty() else 200, markup=False)
-err_console = Console(stderr=True, markup=False)
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The output's reader went away (``| head -1``): it had what it wanted; status 0 (rich exits 1)."""
+        self.quiet = True
+        silence_stdout()
+        raise SystemExit(0)
+
+
+console = _Console(width=None if sys.stdout.isatty() else 200, markup=False)
+# messages are lines: never folded (trial AX: a backup's summary came out in three lines, a path cut in two)
+err_console = Console(stderr=True, markup=False, soft_wrap=True)
 
 
 def run_async(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -155,7 +177,32 @@ def _finite(value: Any) -> Any:
     return value
 
 
-@click.group()
+class _Group(click.Group):
+    """The command group: a command whose output's reader went away (``| head -1``) ends quietly with status 0,
+    its reader having had what it wanted (click exits 1 with nothing said; trial AX)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            result = super().invoke(ctx)
+            sys.stdout.flush()
+            return result
+        except BrokenPipeError:
+            silence_stdout()
+            ctx.exit(0)
+
+
+def silence_stdout() -> None:
+    """Point stdout at ``/dev/null``: its reader is gone, and the interpreter's last flush must not raise
+    ``BrokenPipeError`` at exit (the Python docs' advice for SIGPIPE)."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+
+
+@click.group(cls=_Group)
 @click.version_option(package_name="tinystore")
 def main() -> None:
     """TinyStore: SQL databases, job queues, channels and locks in one directory, owned by one process."""

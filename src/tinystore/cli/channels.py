@@ -18,7 +18,7 @@ import click
 
 from ..durations import seconds
 from ..errors import InvalidError, TinystoreError
-from . import UserPath, fail, open_for_cli, pass_store_dir, run_async, to_json
+from . import UserPath, fail, open_for_cli, pass_store_dir, run_async, silence_stdout, to_json
 
 
 def split_target(target: str) -> tuple[str, list[str]]:
@@ -28,17 +28,6 @@ def split_target(target: str) -> tuple[str, list[str]]:
     if any(not p for p in parts):
         raise InvalidError(f"channel {target!r}: a branch part is empty (write NAME/BRANCH/...)")
     return name, parts
-
-
-def silence_stdout() -> None:
-    """Point stdout at ``/dev/null``: its reader is gone, and the interpreter's last flush (of what is still
-    buffered) must not raise ``BrokenPipeError`` at exit (as the Python docs advise for SIGPIPE)."""
-    with contextlib.suppress(AttributeError, OSError, ValueError):  # stdout closed, or no file behind it
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, sys.stdout.fileno())
-        finally:
-            os.close(devnull)
 
 
 @contextlib.contextmanager
