@@ -39,6 +39,8 @@ def _closed_streams() -> None:
 
 
 _closed_streams()
+
+
 # written to a file or a pipe, rich would fold tables to 80 columns: give them room (a terminal keeps its width)
 # markup=False: what the store holds (a value "[/]", a job's error, a path) is printed as it is, never read as
 # rich markup (which would restyle it or fail); styles are given with Text
