@@ -315,3 +315,38 @@ def test_the_serve_banner_is_one_line_however_long_the_path(tmp_path: Path) -> N
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+# contract: STORE-05
+async def test_commands_during_a_graceful_stop_say_the_server_is_stopping(tmp_path: Path) -> None:
+    """From trial AX: while a server stopped within its grace, `status`, `sql` and the others said the directory
+    was "owned by another process; connect to it with tinystore.open()", and a second `stop` said no server ran."""
+    d = tmp_path / "store"
+    server = ServerProcess(d).start()
+    try:
+        store = await tinystore.open(d)
+        try:
+            db = await store.database("app")
+            slow = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 3000000000) "
+            slow += "select count(*) from c"
+            reading = asyncio.ensure_future(db.scalar(slow))  # under way: the stop waits for it
+            await asyncio.sleep(0.5)
+            stopping = asyncio.ensure_future(asyncio.to_thread(run_cli, "stop", str(d), "--grace", "30s", timeout=60))
+            for _ in range(200):
+                if (paths.read_address(d) or {}).get("stopping_until"):
+                    break
+                await asyncio.sleep(0.02)
+            status = await asyncio.to_thread(run_cli, "status", str(d))
+            assert status.returncode == 1 and "is stopping" in status.stderr, status.stderr
+            assert "instead of owning it" not in status.stderr
+            again = asyncio.ensure_future(asyncio.to_thread(run_cli, "stop", str(d), timeout=60))
+            await asyncio.sleep(1.0)
+            reading.cancel()  # the read ends: the server stops
+            done = await again
+            assert done.returncode == 0 and "is stopping already" in done.stderr, (done.stdout, done.stderr)
+            assert "stopped the server" in done.stdout
+            assert (await stopping).returncode == 0
+        finally:
+            await store.close()
+    finally:
+        server.stop()

@@ -12,6 +12,7 @@ import re
 import shlex
 import signal
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
@@ -89,6 +90,10 @@ class UserPath(click.Path):
 #: seconds the CLI waits for the directory's server to answer its handshake (a local socket: it answers in
 #: milliseconds unless it is suspended or stuck)
 ANSWER_TIMEOUT = 5.0
+
+
+class Stopping(UnavailableError):
+    """The directory's server is stopping: it takes no new connection, and owns the directory until done."""
 
 
 class NoAnswer(UnavailableError):
@@ -320,11 +325,22 @@ async def _connect_dir(directory: Path) -> Any:
             f"(no handshake within {ANSWER_TIMEOUT:g}s): is it suspended or stuck?"
         ) from None
     except UnavailableError:
-        from ..client.store import _busy, _can_connect
+        from ..client.store import _busy, _can_connect, _stopping_until
 
         if await asyncio.to_thread(_can_connect, sock) is None:
             # it listens and takes no connection: its queue of connections is full (out of descriptors?)
             raise Busy(_busy(directory.resolve(), sock).message) from None
+        until = _stopping_until(directory.resolve())
+        if until is not None:
+            # it stops, its calls under way given their grace: it takes no new connection, and owns the directory
+            # until it is done (trial AX: commands said "owned by another process" or "no server is running")
+            pid = (paths.read_address(directory.resolve()) or {}).get("pid")
+            left = max(0.0, until - time.time())
+            raise Stopping(
+                f"store {directory}: its server (pid {pid}) is stopping (the calls under way have {left:.0f}s "
+                "more at most); try again once it has stopped",
+                pid=pid,
+            ) from None
         raise UnavailableError(
             f"store {directory}: no server is running there "
             f"(start one with `tinystore serve {shlex.quote(str(directory))}`)"
@@ -338,7 +354,7 @@ async def open_for_cli(directory: Path) -> Any:
 
     try:
         return await _connect_dir(directory)
-    except NoAnswer:
+    except (NoAnswer, Stopping):
         raise  # a server owns the directory: opening it here would only say so, less clearly
     except UnavailableError:
         if not directory.exists():
@@ -377,14 +393,18 @@ def stop(directory: Path, grace: str) -> None:
         fail(exc)
 
     async def go() -> None:
-        import time
-
+        from ..client.store import _stopping_until
         from ..server import paths
         from ..server.dirlock import lock_holders, socket_gone
 
         pid: Any
+        wait = grace_s + 5
         try:
             store = await _connect_dir(directory)
+        except Stopping as exc:
+            pid = exc.extra.get("pid")  # stopping already: wait for it as for our own stop, to its grace's end
+            err_console.print(f"the server of {directory} (pid {pid}) is stopping already", highlight=False)
+            wait = max(0.0, (_stopping_until(directory.resolve()) or time.time()) - time.time()) + 5
         except UnavailableError as exc:
             # its server runs and nothing can ask it to stop: it takes no connection (out of descriptors?), or its
             # socket was removed. SIGTERM stops it as gracefully (STORE-05)
@@ -414,7 +434,7 @@ def stop(directory: Path, grace: str) -> None:
             pid = (paths.read_address(directory.resolve()) or {}).get("pid")
             await store.stop_server(grace_s)
             await store.close()
-        deadline = time.monotonic() + grace_s + 5
+        deadline = time.monotonic() + wait
         # the server removes DIR/server/address once it let the directory go (a zombie pid would fool kill 0)
         while pid and time.monotonic() < deadline:
             now = paths.read_address(directory.resolve())
@@ -424,7 +444,7 @@ def stop(directory: Path, grace: str) -> None:
         else:
             if pid:
                 raise UnavailableError(
-                    f"store {directory}: its server (pid {pid}) did not stop within {grace_s + 5:g}s; it was told to, "
+                    f"store {directory}: its server (pid {pid}) did not stop within {wait:.0f}s; it was told to, "
                     f"and stops once it runs again (`kill -9 {pid}` ends it at once)"
                 )
         console.print(f"stopped the server of {directory}", highlight=False)
