@@ -206,3 +206,10 @@ async def test_messages_on_stderr_are_one_line_whatever_their_length(tmp_path: P
     assert done.returncode == 0, done.stderr
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert any(str(dest) in line for line in lines), lines
+
+
+def test_an_empty_path_argument_is_refused_naming_it(tmp_path: Path) -> None:
+    # from trial AX: `backup DIR ""` took "" for the current folder and said it was inside the store
+    for args, name in ((["backup", str(tmp_path), ""], "DEST"), (["status", ""], "DIRECTORY")):
+        done = run_cli(*args)
+        assert done.returncode == 1 and done.stderr == f"error[invalid] {name}: '' is no path\n", done.stderr

@@ -96,3 +96,12 @@ async def test_status_lists_keys_held_and_waited_for(sidecar: tinystore.Store, t
         out, _ = await asyncio.wait_for(table.communicate(), 20)
         assert b"locks: keys" in out and b"summaries" in out
     assert await asyncio.wait_for(waiter.wait(), 20) == 0
+
+
+async def test_a_command_that_cannot_run_is_one_error_line(sidecar: tinystore.Store, tmp_path: Path) -> None:
+    # from trial AX: it said "error: cannot run ..." with no code, unlike every other error of the command line
+    proc = await cli("lock", str(tmp_path / "store"), "hold", "l", "k", "--", "/no/such/command")
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 127
+    assert err.decode().startswith("error[invalid] cannot run '/no/such/command': "), err
+    assert err.decode().count("\n") == 1

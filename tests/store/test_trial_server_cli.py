@@ -159,6 +159,15 @@ def test_a_comment_may_follow_a_token_on_its_line(tmp_path: Path) -> None:
     }
 
 
+def test_a_tokens_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    # from trial AX: an editor's BOM made the first line "neither admin nor data"
+    from tinystore.server.listener import load_tokens
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("\ufeffadmin aaaaaaaaaaaaaaaaaaaaaaaa\n", encoding="utf-8")
+    assert load_tokens(tokens) == {"aaaaaaaaaaaaaaaaaaaaaaaa": "admin"}
+
+
 def test_the_tokens_help_states_the_minimum_length() -> None:
     done = run_cli("serve", "--help")
     assert "at least 16 characters" in done.stdout and "one line only" in done.stdout, done.stdout

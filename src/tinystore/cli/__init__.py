@@ -83,6 +83,9 @@ class UserPath(click.Path):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str):
+            if not value.strip():
+                # (an empty argument would be the current folder: `backup DIR ""` said "inside the store")
+                fail(InvalidError(f"{param.human_readable_name if param else 'path'}: {value!r} is no path"))
             value = os.path.expanduser(value)
         return super().convert(value, param, ctx)
 

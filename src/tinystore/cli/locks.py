@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
-from rich.text import Text
 
 from ..durations import seconds
 from ..errors import InvalidError
@@ -106,9 +105,9 @@ async def hold_and_run(
                 # from this (the loop's, main) thread: the parent-death signal follows the thread that forks
                 proc = await asyncio.create_subprocess_exec(*command, env=env, preexec_fn=dies_with_this_process())
             except (OSError, subprocess.SubprocessError) as exc:
-                err_console.print(
-                    Text.assemble(("error", "red"), f": cannot run {command[0]!r}: {exc}"), highlight=False
-                )
+                # one line, as every error of the command line (the status is a shell's for a command it
+                # cannot run)
+                err_console.print(f"error[invalid] cannot run {command[0]!r}: {exc}", highlight=False)
                 return 127
             loop = asyncio.get_running_loop()
             forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

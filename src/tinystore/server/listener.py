@@ -161,6 +161,7 @@ def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
         raise InvalidError(f"tokens file {path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise InvalidError(f"tokens file {path}: cannot be read: {exc.strerror or exc}") from None
+    text = text.removeprefix("\ufeff")  # (a byte order mark, as some editors write: trial AX)
     tokens: dict[str, str] = {}
     lines: dict[str, int] = {}
     for n, line in enumerate(text.splitlines(), 1):
