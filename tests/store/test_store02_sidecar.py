@@ -15,7 +15,7 @@ import pytest
 import tinystore
 from tinystore.server import paths
 
-from ..helpers import stop_sidecar
+from ..helpers import ServerProcess, stop_sidecar
 
 CLIENT = """
 import asyncio, sys, tinystore
@@ -154,12 +154,51 @@ async def test_a_running_server_is_found_not_replaced(tmp_path: Path) -> None:
 
 
 # contract: STORE-02
+def test_a_long_paths_server_is_found_through_a_bind_mount(tmp_path: Path) -> None:
+    """From trial AY: an address file told by its directory's path was dropped when the same folder was reached
+    through a bind mount (another path), and open() of the mount's path looked for a socket nobody served, then
+    failed after 20 s. The address names its directory by device and inode."""
+    import shutil
+    import textwrap
+
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare and root, for a bind mount in a mount namespace of its own")
+    real = tmp_path / ("n" * 60) / ("e" * 40) / "store"
+    alias = tmp_path / ("m" * 60) / ("f" * 40) / "store"
+    alias.mkdir(parents=True)
+    server = ServerProcess(real).start()
+    try:
+        client = textwrap.dedent(
+            f"""
+            import asyncio, tinystore
+            async def main():
+                store = await asyncio.wait_for(tinystore.open({str(alias)!r}), 30)
+                try:
+                    print((await store.status())["pid"], flush=True)
+                finally:
+                    await store.close()
+            asyncio.run(main())
+            """
+        )
+        done = subprocess.run(
+            ["unshare", "-m", "sh", "-c", 'mount --bind "$0" "$1" && exec "$2" -c "$3"', str(real), str(alias),
+             sys.executable, client],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        if "mount" in done.stderr and done.returncode != 0 and not done.stdout:
+            pytest.skip(f"no bind mount here: {done.stderr.strip()[:200]}")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert server.proc is not None and done.stdout.strip() == str(server.proc.pid)
+    finally:
+        server.stop()
+
+
+# contract: STORE-02
 async def test_a_server_killed_while_it_stopped_leaves_no_wait_behind(tmp_path: Path) -> None:
     """From trial AW: a server killed during its stop's grace left `stopping_until` in its address, and every
     later open() waited for it, then failed "is stopping and has not let the directory go", for good."""
     import json
 
-    from ..helpers import ServerProcess
 
     d = tmp_path / "store"
     server = ServerProcess(d).start()

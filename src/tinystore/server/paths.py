@@ -190,7 +190,8 @@ EX_TEMPFAIL): not a stop anyone asked for, which exits 0."""
 def write_address(directory: Path, info: dict[str, Any]) -> None:
     """Write ``DIR/server/address`` atomically (JSON: pid, socket, tcp, version, protocol, started, and the
     directory it is the address of)."""
-    info = {**info, "directory": info.get("directory") or str(directory.resolve())}
+    st = os.stat(directory)
+    info = {**info, "directory": info.get("directory") or str(directory.resolve()), "dir_id": [st.st_dev, st.st_ino]}
     path = address_file(directory)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=2))
@@ -217,14 +218,18 @@ def remove_address(directory: Path) -> None:
 
 def read_address(directory: Path) -> dict[str, Any] | None:
     """What ``DIR/server/address`` says, or ``None``: no file, or the address of another directory (a copy of a
-    store made while its server ran carries the original's: trial AW's copy sent its writes to the original)."""
+    store made while its server ran carries the original's: trial AW's copy sent its writes to the original).
+    The directory is told by its device and inode, not its path: the same folder reached by another path (a
+    bind mount, a symbolic link) is the same store (trial AY)."""
     try:
         data = json.loads(address_file(directory).read_text())
+        if not isinstance(data, dict):
+            return None
+        of = data.get("dir_id")
+        if isinstance(of, list) and len(of) == 2:
+            st = os.stat(directory)
+            if [st.st_dev, st.st_ino] != of:
+                return None
     except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    of = data.get("directory")
-    if isinstance(of, str) and of != str(directory.resolve()):
         return None
     return data
