@@ -199,7 +199,6 @@ async def test_a_server_killed_while_it_stopped_leaves_no_wait_behind(tmp_path: 
     later open() waited for it, then failed "is stopping and has not let the directory go", for good."""
     import json
 
-
     d = tmp_path / "store"
     server = ServerProcess(d).start()
     assert server.proc is not None
