@@ -334,3 +334,31 @@ async def test_a_transaction_whose_call_waits_behind_slow_calls_is_not_idle(tmp_
         got = await asyncio.gather(db.tx(reader, read_only=True), db.tx(writer))
         assert got[0][0] == 4_000_000
         assert await db.scalar("select count(*) from t") == 1
+
+
+# contract: SQL-03
+async def test_an_exec_with_rows_is_not_starved_by_its_connections_transactions(tmp_path: Path) -> None:
+    # from trial AY: execs with rows were kept aside while a transaction of the same connection began on their
+    # database; with two tasks running transactions back to back one always began, and an exec waited 7.5 s
+    async with open_store("private", tmp_path / "s") as store:
+        db = await store.database("app")
+        await db.exec("create table t (id integer primary key, a int)")
+        stop = asyncio.Event()
+
+        async def loop() -> int:
+            n = 0
+            while not stop.is_set():
+                await db.tx(lambda tx: tx.exec("insert into t (a) values (1)"))
+                n += 1
+            return n
+
+        loops = [asyncio.ensure_future(loop()) for _ in range(2)]
+        try:
+            await asyncio.sleep(0.3)
+            t0 = time.monotonic()
+            done = await asyncio.wait_for(db.exec("insert into t (a) values (2) returning id"), 10)
+            took = time.monotonic() - t0
+        finally:
+            stop.set()
+            counts = await asyncio.gather(*loops)
+        assert len(done.rows) == 1 and took < 1.0, (took, counts)

@@ -84,7 +84,10 @@ BIG_BODY = 64 * 1024
 #   (``SqlTx.held``): its tx_idle does not run out while its client's other calls are slow (trial AR).
 # An exec of the execs' line on a database whose writer a transaction of the same connection holds cannot run
 # before that transaction ends: it is kept aside (``parked``), taking no place in the line, until it ends, so that
-# the transaction's own next calls (on another database) do not wait behind it (trial AR).
+# the transaction's own next calls (on another database) do not wait behind it (trial AR). And when execs under
+# way in the line wait for a writer a transaction of the same connection holds (sent before it began), a call
+# that finds the line full is let past it (``bypass``, READS_MAX at most), so that the transaction's own call
+# is not held until tx_idle (trial AW; keeping execs aside while a transaction began starved them: trial AY).
 BOUNDED_READS = frozenset({"sql.query", "jobs.list", "jobs.get", "jobs.find"})
 READS_MAX = 8
 EXECS_MAX = 32
@@ -245,7 +248,9 @@ class ServerConnection(asyncio.Protocol):
         # execs kept out of their line while a transaction of this connection holds their database's writer
         self.parked: list[tuple[int, str, Any, int, bool]] = []
         self.tx_held: dict[int, int] = {}  # transaction id → its calls waiting in the transactions' line
-        self.beginning: dict[str, int] = {}  # database → this connection's transactions that write, beginning
+        self.exec_db: dict[int, str] = {}  # stream → the database of an exec under way in the execs' line
+        # execs let past a full execs' line because what fills it waits for a transaction of this connection
+        self.bypass = _Line(READS_MAX)
         self.out: list[bytes] = []
         self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
@@ -350,6 +355,7 @@ class ServerConnection(asyncio.Protocol):
         for line in self.lines:
             line.waiting.clear()  # (requests not begun, and their bodies)
         self.parked.clear()
+        self.exec_db.clear()
         self.out.clear()
         if self.deadline is not None:
             self.deadline.cancel()
@@ -510,16 +516,14 @@ class ServerConnection(asyncio.Protocol):
             else:
                 line = self.reads
             if line.waiting or self.paused or len(line.running) >= line.most:
+                if line is self.execs and not self.paused and self.stuck_behind_own():
+                    self.start(self.bypass, stream, name, req, len(body))
+                    return
                 line.waiting.append(item)
                 return
             self.start(line, stream, name, req, len(body))
         else:
             self.run(stream, name, req, len(body))
-            if name == "sql.begin" and not req.read_only:
-                task = self.tasks.get(stream)
-                if task is not None:  # (a transaction of this connection about to hold the writer: see park)
-                    self.beginning[req.db] = self.beginning.get(req.db, 0) + 1
-                    task.add_done_callback(partial(self.begun, req.db))
 
     def start(self, line: _Line | None, stream: int, name: str, req: Any, size: int) -> None:
         """:meth:`run`, counted in ``line`` while under way."""
@@ -527,6 +531,8 @@ class ServerConnection(asyncio.Protocol):
         if line is not None and (stream in self.tasks or stream in self.futures or stream in self.laters):
             line.running.add(stream)
             self.line_of[stream] = line
+            if line is self.execs:
+                self.exec_db[stream] = req.db
 
     def run(self, stream: int, name: str, req: Any, size: int) -> None:
         """Call method ``name`` for ``stream`` and see to its answer."""
@@ -569,15 +575,18 @@ class ServerConnection(asyncio.Protocol):
             waiting = line.waiting
             while waiting and not self.paused and not self.closing:
                 rows = waiting[0][4]
+                bypass = None
                 if rows and len(line.running) >= line.most:
-                    break
+                    if line is not self.execs or not self.stuck_behind_own():
+                        break
+                    bypass = self.bypass
                 item = waiting.popleft()
                 stream, name, req, size, _ = item
                 if line is self.txs:
                     self.let_go(item)
                 elif line is self.execs and self.park(item):
                     continue
-                self.start(line if rows else None, stream, name, req, size)
+                self.start(bypass or (line if rows else None), stream, name, req, size)
 
     def hold(self, item: tuple[int, str, Any, int, bool]) -> None:
         """A transaction's call waits in the line: its transaction is not idle meanwhile (``SqlTx.held``), unless
@@ -612,11 +621,6 @@ class ServerConnection(asyncio.Protocol):
         if session is None:
             return False
         db = item[2].db
-        if self.beginning.get(db):
-            # a transaction of this connection is beginning on it: queued after its begin, this would wait for
-            # it just the same (trial AW); it is looked at again once the begin is answered
-            self.parked.append(item)
-            return True
         if not session.transactions:
             return False
         txs = self.core.sql.transactions
@@ -629,14 +633,17 @@ class ServerConnection(asyncio.Protocol):
                 return True
         return False
 
-    def begun(self, db: str, _: object = None) -> None:
-        """A begin of a transaction that writes ``db`` is answered (or failed, or was cancelled)."""
-        n = self.beginning.get(db, 0)
-        if n <= 1:
-            self.beginning.pop(db, None)
-        else:
-            self.beginning[db] = n - 1
-        self.unpark()  # (kept aside again under the transaction, when it began)
+    def stuck_behind_own(self) -> bool:
+        """Whether execs under way in the execs' line wait for the writer of a database that a transaction of this
+        connection holds: then a call of that transaction waiting behind them would wait until tx_idle (trial AW:
+        execs set aside during one transaction went back to the line as it ended, and the next transaction of the
+        connection, begun meanwhile, held the writer they waited for). Such a call is let past, a few at most."""
+        session = self.session
+        if session is None or not session.transactions or len(self.bypass.running) >= self.bypass.most:
+            return False
+        txs = self.core.sql.transactions
+        own = {tx.db.name for t in session.transactions if (tx := txs.get(t)) and not tx.read_only and not tx.done}
+        return bool(own) and any(self.exec_db.get(s) in own for s in self.execs.running)
 
     def unpark(self) -> None:
         """A transaction of this connection ended: the execs kept aside go back to the head of their line."""
@@ -650,7 +657,9 @@ class ServerConnection(asyncio.Protocol):
         line = self.line_of.pop(stream, None)
         if line is not None:
             line.running.discard(stream)
-            if line.waiting:
+            if line is self.execs:
+                self.exec_db.pop(stream, None)
+            if line.waiting or (line is self.bypass and self.execs.waiting):
                 self.pump_lines()
 
     def big_started(self, stream: int, size: int) -> None:
