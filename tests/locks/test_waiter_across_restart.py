@@ -74,3 +74,50 @@ async def test_a_waiter_in_line_when_the_server_restarts_is_answered(tmp_path: P
             await asyncio.wait_for(holder.close(), 10)
     finally:
         server.stop()
+
+
+# contract: LOCK-03
+async def test_a_waiter_whose_store_is_gone_gives_up_at_the_end_of_its_wait(tmp_path: Path) -> None:
+    """From trial AY: a waiter in line whose connection dropped asked again, waiting for the next connection up
+    to reconnect_timeout (30 s), past its own wait of 1 s. It gives up when its wait ends."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("data " + "c" * 24 + "\n")
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    server = ServerProcess(tmp_path / "store", "--listen", addr, "--tokens", str(tokens)).start()
+    try:
+        holder = await tinystore.connect(addr, token="c" * 24)
+        waiter = await tinystore.connect(addr, token="c" * 24, reconnect_timeout=30)
+        try:
+            held = asyncio.Event()
+
+            async def hold() -> None:
+                try:
+                    async with holder.lock("nightly", ttl="5s").hold("report"):
+                        held.set()
+                        await asyncio.sleep(3600)
+                except tinystore.TinystoreError:
+                    pass
+
+            holding = asyncio.ensure_future(hold())
+            await held.wait()
+            started = time.monotonic()
+
+            async def wait_in_line() -> str:
+                try:
+                    async with waiter.lock("nightly", ttl="5s").hold("report", wait="2s"):
+                        return "held"
+                except tinystore.TinystoreError as exc:
+                    return type(exc).__name__
+
+            waiting = asyncio.ensure_future(wait_in_line())
+            await asyncio.sleep(0.3)  # in line now
+            server.kill()  # gone, and not back within the wait
+            got = await asyncio.wait_for(waiting, 30)
+            assert got == "InUseError" and time.monotonic() - started < 5, (got, time.monotonic() - started)
+            holding.cancel()
+            await asyncio.gather(holding, return_exceptions=True)
+        finally:
+            await asyncio.wait_for(waiter.close(), 10)
+            await asyncio.wait_for(holder.close(), 10)
+    finally:
+        server.stop()

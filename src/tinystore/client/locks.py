@@ -46,6 +46,7 @@ from ..durations import Duration, format_seconds, seconds
 from ..engines.locks import LIMIT_MAX
 from ..errors import (
     ClosedError,
+    InUseError,
     InvalidError,
     LostError,
     OutcomeUnknownError,
@@ -764,7 +765,17 @@ class _Hub:
                 wait_ms=wait_ms,
             )
             try:
-                reply = await self._ask(req)
+                if deadline is not None and not transport.connected:
+                    # the ask waits for the next connection: not past the wait (trial AY: a wait of 1 s took 10)
+                    async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                        reply = await self._ask(req)
+                else:
+                    reply = await self._ask(req)
+            except TimeoutError:
+                raise InUseError(
+                    f"{_where(lock._kind, lock.name, key)}: not held within the {wait:g}s wait: the store could not "
+                    "be reached for the rest of it"
+                ) from None
             except ClosedError as exc:
                 if self.closed or transport.closed:
                     raise _named(exc, lock, key) from None
