@@ -23,6 +23,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def held_by(store: tinystore.Store) -> asyncio.Future[None]:
+    """A task holding key "report" of lock "nightly" until cancelled (or its lease is lost), once it holds it."""
+    held = asyncio.Event()
+
+    async def hold() -> None:
+        try:
+            async with store.lock("nightly", ttl="5s").hold("report"):
+                held.set()
+                await asyncio.sleep(3600)
+        except tinystore.TinystoreError:
+            pass
+
+    task = asyncio.ensure_future(hold())
+    await held.wait()
+    return task
+
+
+async def in_line(store: tinystore.Store, wait: str) -> str:
+    """Wait in line for that key: "held", or the name of the error it ended with."""
+    try:
+        async with store.lock("nightly", ttl="5s").hold("report", wait=wait):
+            return "held"
+    except tinystore.TinystoreError as exc:
+        return type(exc).__name__
+
+
 # contract: LOCK-03
 # contract: STORE-06
 @pytest.mark.parametrize("revoke", [True, False])
@@ -36,27 +62,8 @@ async def test_a_waiter_in_line_when_the_server_restarts_is_answered(tmp_path: P
         holder = await tinystore.connect(addr, token=holder_t)
         waiter = await tinystore.connect(addr, token=waiter_t, reconnect_timeout=10)
         try:
-            held = asyncio.Event()
-
-            async def hold() -> None:
-                try:
-                    async with holder.lock("nightly", ttl="5s").hold("report"):
-                        held.set()
-                        await asyncio.sleep(3600)
-                except tinystore.TinystoreError:
-                    pass
-
-            holding = asyncio.ensure_future(hold())
-            await held.wait()
-
-            async def wait_in_line() -> str:
-                try:
-                    async with waiter.lock("nightly", ttl="5s").hold("report", wait="5s"):
-                        return "held"
-                except tinystore.TinystoreError as exc:
-                    return type(exc).__name__
-
-            waiting = asyncio.ensure_future(wait_in_line())
+            holding = await held_by(holder)
+            waiting = asyncio.ensure_future(in_line(waiter, "5s"))
             await asyncio.sleep(0.5)  # in line now
             if revoke:
                 tokens.write_text(f"data {holder_t}\n")
@@ -88,28 +95,9 @@ async def test_a_waiter_whose_store_is_gone_gives_up_at_the_end_of_its_wait(tmp_
         holder = await tinystore.connect(addr, token="c" * 24)
         waiter = await tinystore.connect(addr, token="c" * 24, reconnect_timeout=30)
         try:
-            held = asyncio.Event()
-
-            async def hold() -> None:
-                try:
-                    async with holder.lock("nightly", ttl="5s").hold("report"):
-                        held.set()
-                        await asyncio.sleep(3600)
-                except tinystore.TinystoreError:
-                    pass
-
-            holding = asyncio.ensure_future(hold())
-            await held.wait()
+            holding = await held_by(holder)
             started = time.monotonic()
-
-            async def wait_in_line() -> str:
-                try:
-                    async with waiter.lock("nightly", ttl="5s").hold("report", wait="2s"):
-                        return "held"
-                except tinystore.TinystoreError as exc:
-                    return type(exc).__name__
-
-            waiting = asyncio.ensure_future(wait_in_line())
+            waiting = asyncio.ensure_future(in_line(waiter, "2s"))
             await asyncio.sleep(0.3)  # in line now
             server.kill()  # gone, and not back within the wait
             got = await asyncio.wait_for(waiting, 30)

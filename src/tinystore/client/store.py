@@ -37,6 +37,7 @@ from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Backup, Empty, Stop
 from ..server import paths
 from ..server.dirlock import LOCK, held_here, lock_holders, socket_gone, unserved_here
+from ..server.dirlock import _alive as pid_alive
 from .sql import Database, read_migrations
 
 if TYPE_CHECKING:
@@ -902,17 +903,7 @@ def _stopping_until(directory: Path) -> float | None:
     holders = lock_holders(directory)
     if holders is not None:
         return float(until) if pid in holders else None
-    return float(until) if _runs(pid) else None
-
-
-def _runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+    return float(until) if pid_alive(pid) else None
 
 
 def _sidecar_error(log_path: Path, start: int) -> TinystoreError | None:
