@@ -222,9 +222,13 @@ async def test_a_server_killed_while_it_stopped_leaves_no_wait_behind(tmp_path: 
 # contract: STORE-01
 # contract: STORE-02
 @pytest.mark.parametrize("long", [False, True])
-async def test_a_copy_of_a_running_store_is_a_store_of_its_own(tmp_path: Path, long: bool) -> None:
+@pytest.mark.parametrize("address", ["now", "older"])
+async def test_a_copy_of_a_running_store_is_a_store_of_its_own(tmp_path: Path, long: bool, address: str) -> None:
     """From trial AW: a copy made while the server ran (cp -r, a template store) carries the original's address
-    file, and open(copy) followed it to the original's socket: its writes went into the original."""
+    file, and open(copy) followed it to the original's socket: its writes went into the original. From trial AZ
+    ("older"): an address written by a server of an older version names no directory; its pid must hold the
+    copy's LOCK for it to count."""
+    import json
     import shutil
 
     base = tmp_path / ("n" * 60) / ("e" * 40) if long else tmp_path
@@ -233,6 +237,11 @@ async def test_a_copy_of_a_running_store_is_a_store_of_its_own(tmp_path: Path, l
     try:
         db = await store.database("app", migrations=[("001.sql", "create table t (v);")])
         await db.exec("insert into t values ('orig')")
+        if address == "older":
+            info = json.loads(paths.address_file(orig).read_text())
+            del info["directory"], info["dir_id"]
+            paths.address_file(orig).write_text(json.dumps(info))
+            assert paths.read_address(orig) == info  # (still the original's own)
         shutil.copytree(orig, copy, ignore=shutil.ignore_patterns("sock"))
         other = await tinystore.open(copy, idle="2s")
         try:

@@ -46,7 +46,6 @@ from ..durations import Duration, format_seconds, seconds
 from ..engines.locks import LIMIT_MAX
 from ..errors import (
     ClosedError,
-    InUseError,
     InvalidError,
     LostError,
     OutcomeUnknownError,
@@ -625,8 +624,9 @@ class Lock:
 
         Raises ``InvalidError`` (a bad key or wait — at once —, or the key is already held by this task or the
         task that started it), ``InUseError`` (held for all of the wait), ``LostError`` out of the block (see
-        :class:`Lease`), ``ClosedError``, ``UnavailableError``. A cancel while waiting leaves the line and keeps
-        nothing. When the connection drops while waiting, the SDK asks again for the rest of the wait.
+        :class:`Lease`), ``ClosedError``, ``UnavailableError`` (also when the store could not be reached for the
+        rest of the wait). A cancel while waiting leaves the line and keeps nothing. When the connection drops
+        while waiting, the SDK asks again for the rest of the wait (a wait of 0 once the store is reached).
         """
         text = _key_text(self._kind, self.name, key)
         if wait is None:
@@ -765,16 +765,17 @@ class _Hub:
                 wait_ms=wait_ms,
             )
             try:
-                if deadline is not None and not transport.connected:
-                    # the ask waits for the next connection: not past the wait (trial AY: a wait of 1 s took 10)
+                if wait and deadline is not None and not transport.connected:
+                    # the ask waits for the next connection: not past the wait (trial AY: a wait of 1 s took 10).
+                    # (A wait of 0, "now or never", is asked of the store once it is reached, as any call.)
                     async with asyncio.timeout(max(0.0, deadline - loop.time())):
                         reply = await self._ask(req)
                 else:
                     reply = await self._ask(req)
             except TimeoutError:
-                raise InUseError(
-                    f"{_where(lock._kind, lock.name, key)}: not held within the {wait:g}s wait: the store could not "
-                    "be reached for the rest of it"
+                # not InUseError: nobody may hold the key, the store could not be asked (trial AZ)
+                raise UnavailableError(
+                    f"{_where(lock._kind, lock.name, key)}: the store could not be reached within the {wait:g}s wait"
                 ) from None
             except ClosedError as exc:
                 if self.closed or transport.closed:

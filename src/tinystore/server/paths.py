@@ -230,6 +230,18 @@ def read_address(directory: Path) -> dict[str, Any] | None:
             st = os.stat(directory)
             if [st.st_dev, st.st_ino] != of:
                 return None
+        elif not _holds(data.get("pid"), directory):
+            # an address of an older server, which named no directory: its pid must hold this directory's LOCK
+            # (a copy of a store whose server of an older version ran carries its address too: trial AZ)
+            return None
     except (OSError, ValueError):
         return None
     return data
+
+
+def _holds(pid: object, directory: Path) -> bool:
+    """Whether ``pid`` holds ``directory``'s LOCK, as far as can be told (True when it cannot be told)."""
+    from .dirlock import lock_holders
+
+    holders = lock_holders(directory)
+    return holders is None or pid in holders
