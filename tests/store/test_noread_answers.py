@@ -226,6 +226,23 @@ async def test_pipelined_calls_of_one_transaction_run_in_the_order_they_were_sen
         assert got[0::3] == [2 * i for i in range(50)]
 
 
+async def app_and_audit(store: tinystore.Store) -> tuple[tinystore.Database, tinystore.Database]:
+    """Two databases with a table each: ``app`` (t) and ``audit`` (log)."""
+    db = await store.database("app")
+    audit = await store.database("audit")
+    await db.exec("create table t (id integer primary key, a int)")
+    await audit.exec("create table log (id integer primary key, what text)")
+    return db, audit
+
+
+async def timed_audit(audit: tinystore.Database, took: list[float]) -> int:
+    """An exec with rows on ``audit``; its time is added to ``took``; returns the id it inserted."""
+    t0 = time.monotonic()
+    done = await audit.exec("insert into log (what) values ('a') returning id")
+    took.append(time.monotonic() - t0)
+    return int(done.rows[0][0])
+
+
 # contract: SQL-03
 @pytest.mark.parametrize("mode", ["private", "tcp"])
 async def test_a_transactions_exec_with_rows_on_another_database_never_waits_behind_writes_to_its_own(
@@ -235,10 +252,7 @@ async def test_a_transactions_exec_with_rows_on_another_database_never_waits_beh
     # took every place of the execs' line; the transaction's own audit exec on another database waited behind
     # them until tx_idle rolled the transaction back
     async with open_store(mode, tmp_path / "s", limits=tinystore.Limits(tx_idle=2.0)) as store:
-        db = await store.database("app")
-        audit = await store.database("audit")
-        await db.exec("create table t (id integer primary key, a int)")
-        await audit.exec("create table log (id integer primary key, what text)")
+        db, audit = await app_and_audit(store)
         entered = asyncio.Event()
         took: list[float] = []
 
@@ -246,10 +260,7 @@ async def test_a_transactions_exec_with_rows_on_another_database_never_waits_beh
             await tx.exec("insert into t (a) values (1)")
             entered.set()
             await asyncio.sleep(0.3)  # the others are sent meanwhile, and wait for app's writer
-            t0 = time.monotonic()
-            done = await audit.exec("insert into log (what) values ('a') returning id")
-            took.append(time.monotonic() - t0)
-            return int(done.rows[0][0])
+            return await timed_audit(audit, took)
 
         async def returning(i: int) -> Any:
             await entered.wait()
@@ -262,15 +273,12 @@ async def test_a_transactions_exec_with_rows_on_another_database_never_waits_beh
 
 
 # contract: SQL-03
-async def test_execs_kept_aside_wait_for_a_transaction_beginning_on_their_database(tmp_path: Path) -> None:
+async def test_a_later_transactions_exec_elsewhere_is_let_past_execs_set_aside_before_it(tmp_path: Path) -> None:
     # from trial AW: execs with RETURNING kept aside while transaction T1 held app's writer went back to their line
     # when T1 ended; T2 of the same connection, begun meanwhile, then held the writer, and they took every place
     # of the line waiting for it: T2's own exec on another database waited behind them until tx_idle
     async with open_store("private", tmp_path / "s", limits=tinystore.Limits(tx_idle=2.0)) as store:
-        db = await store.database("app")
-        audit = await store.database("audit")
-        await db.exec("create table t (id integer primary key, a int)")
-        await audit.exec("create table log (id integer primary key, what text)")
+        db, audit = await app_and_audit(store)
         entered = asyncio.Event()
         took: list[float] = []
 
@@ -281,10 +289,7 @@ async def test_execs_kept_aside_wait_for_a_transaction_beginning_on_their_databa
 
         async def then(tx: tinystore.SqlTx) -> int:
             await tx.exec("insert into t (a) values (2)")
-            t0 = time.monotonic()
-            done = await audit.exec("insert into log (what) values ('a') returning id")
-            took.append(time.monotonic() - t0)
-            return int(done.rows[0][0])
+            return await timed_audit(audit, took)
 
         async def second() -> int:
             await entered.wait()
