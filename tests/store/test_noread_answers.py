@@ -367,3 +367,77 @@ async def test_an_exec_with_rows_is_not_starved_by_its_connections_transactions(
             stop.set()
             counts = await asyncio.gather(*loops)
         assert len(done.rows) == 1 and took < 1.0, (took, counts)
+
+
+# contract: SQL-03
+async def test_execs_waiting_for_another_connections_transaction_do_not_take_the_way_past_the_line(
+    tmp_path: Path,
+) -> None:
+    # from trial BA: execs with rows on a database whose writer ANOTHER connection's transaction held took every
+    # place of the way past the execs' line (kept for a transaction's own calls when the line is full of execs
+    # waiting for it): the transaction's own exec on a third database waited behind them until tx_idle
+    async with open_store("embedded", tmp_path / "s", limits=tinystore.Limits(tx_idle=2.0)) as owner:
+        app = await owner.database("app")
+        audit = await owner.database("audit")
+        other_db = await owner.database("other")
+        await app.exec("create table t (id integer primary key, a int)")
+        await audit.exec("create table log (id integer primary key, what text)")
+        await other_db.exec("create table t (id integer primary key, a int)")
+        client = await tinystore.open(tmp_path / "s")
+        try:
+            db = await client.database("app")
+            audit_c = await client.database("audit")
+            other_c = await client.database("other")
+            release = asyncio.Event()
+            held = asyncio.Event()
+
+            async def hold_other(tx: tinystore.SqlTx) -> None:  # another connection's transaction, on ``other``
+                held.set()
+                while not release.is_set():  # busy, never idle
+                    await tx.exec("insert into t (a) values (0)")
+                    await asyncio.sleep(0.2)
+
+            holder = asyncio.ensure_future(other_db.tx(hold_other))
+            await held.wait()
+            app_held = asyncio.Event()
+            app_release = asyncio.Event()
+
+            async def hold_app(tx: tinystore.SqlTx) -> None:  # app's writer, so that our transaction's begin waits
+                await tx.exec("insert into t (a) values (0)")
+                app_held.set()
+                await app_release.wait()
+
+            app_holder = asyncio.ensure_future(app.tx(hold_app))
+            await app_held.wait()
+            took: list[float] = []
+            waiting_others: list[asyncio.Future[Any]] = []
+
+            async def fn(tx: tinystore.SqlTx) -> int:
+                await tx.exec("insert into t (a) values (1)")
+                for i in range(READS_MAX):  # execs on ``other``: they wait for the other connection's transaction
+                    waiting_others.append(
+                        asyncio.ensure_future(other_c.exec("insert into t (a) values (?) returning id", i))
+                    )
+                await asyncio.sleep(0.3)
+                return await timed_audit(audit_c, took)
+
+            ours = asyncio.ensure_future(db.tx(fn))
+            await asyncio.sleep(0.2)  # our begin waits for app's writer; these are sent meanwhile and fill the line
+            returning = [
+                asyncio.ensure_future(db.exec("insert into t (a) values (?) returning id", 100 + i))
+                for i in range(EXECS_MAX + 8)
+            ]
+            await asyncio.sleep(0.2)
+            app_release.set()
+            await app_holder
+            got = await asyncio.wait_for(ours, 20)
+            release.set()
+            await holder
+            await asyncio.gather(*returning, *waiting_others)
+            assert got == 1 and took[0] < 1.0, took
+            assert await db.scalar("select count(*) from t") == 2 + EXECS_MAX + 8
+            assert await other_c.scalar("select count(*) from t where a < ?", READS_MAX) >= READS_MAX
+        finally:
+            release.set()
+            app_release.set()
+            await client.close()

@@ -87,7 +87,8 @@ BIG_BODY = 64 * 1024
 # the transaction's own next calls (on another database) do not wait behind it (trial AR). And when execs under
 # way in the line wait for a writer a transaction of the same connection holds (sent before it began), a call
 # that finds the line full is let past it (``bypass``, READS_MAX at most), so that the transaction's own call
-# is not held until tx_idle (trial AW; keeping execs aside while a transaction began starved them: trial AY).
+# is not held until tx_idle (trial AW; keeping execs aside while a transaction began starved them: trial AY), unless
+# it would wait there for a transaction too (another connection's: they took every place of the way past, trial BA).
 BOUNDED_READS = frozenset({"sql.query", "jobs.list", "jobs.get", "jobs.find"})
 READS_MAX = 8
 EXECS_MAX = 32
@@ -516,7 +517,7 @@ class ServerConnection(asyncio.Protocol):
             else:
                 line = self.reads
             if line.waiting or self.paused or len(line.running) >= line.most:
-                if line is self.execs and not self.paused and self.stuck_behind_own():
+                if line is self.execs and not self.paused and self.may_bypass(req.db):
                     self.start(self.bypass, stream, name, req, len(body))
                     return
                 line.waiting.append(item)
@@ -577,7 +578,7 @@ class ServerConnection(asyncio.Protocol):
                 rows = waiting[0][4]
                 bypass = None
                 if rows and len(line.running) >= line.most:
-                    if line is not self.execs or not self.stuck_behind_own():
+                    if line is not self.execs or not self.may_bypass(waiting[0][2].db):
                         break
                     bypass = self.bypass
                 item = waiting.popleft()
@@ -644,6 +645,18 @@ class ServerConnection(asyncio.Protocol):
         txs = self.core.sql.transactions
         own = {tx.db.name for t in session.transactions if (tx := txs.get(t)) and not tx.read_only and not tx.done}
         return bool(own) and any(self.exec_db.get(s) in own for s in self.execs.running)
+
+    def may_bypass(self, db: str) -> bool:
+        """Whether an exec on ``db`` that finds the execs' line full is let past it: when the line is stuck behind
+        a transaction of this connection (:meth:`stuck_behind_own`), and ``db``'s writer is not held by a
+        transaction (an exec that would wait for one, another connection's, would only take a place of the way
+        past that the transaction's own calls need: trial BA)."""
+        if not self.stuck_behind_own():
+            return False
+        for tx in self.core.sql.transactions.values():
+            if tx.db.name == db and not tx.read_only and not tx.done:
+                return False
+        return True
 
     def unpark(self) -> None:
         """A transaction of this connection ended: the execs kept aside go back to the head of their line."""
