@@ -873,10 +873,37 @@ class ServerConnection(asyncio.Protocol):
             self.flush()
             self.transport.close()
 
+    def refuse_unbegun(self) -> None:
+        """The store is stopping: the calls that have not begun (waiting in the reads' or the execs' line, or kept
+        aside for a transaction, which the stop rolls back) are refused as not run, like a call that comes now
+        (STORE-05): the SDK may send each again to the next server. Dropped at the close instead, a write among
+        them was one that may have committed, for its client (trial BA). A transaction's calls still waiting run:
+        their transaction's end answers them."""
+        unbegun = [*self.reads.waiting, *self.execs.waiting, *self.parked]
+        self.reads.waiting.clear()
+        self.execs.waiting.clear()
+        self.parked.clear()
+        for stream, name, _, _, _ in unbegun:
+            self.send_error(
+                stream, UnavailableError(f"store {self.core.directory} is stopping: {name} was not run", refused=True)
+            )
+
     async def drain_calls(self, timeout: float) -> None:
-        pending = [*self.tasks.values(), *self.futures.values(), *(x.future() for x, _ in self.laters.values())]
-        if pending:
-            await asyncio.wait(pending, timeout=timeout)
+        """Wait, ``timeout`` seconds at most, for the calls under way to be answered (the ones that begin meanwhile,
+        a transaction's calls that waited in its line, too); the calls that have not begun are refused first."""
+        self.refuse_unbegun()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            pending = [
+                f
+                for f in (*self.tasks.values(), *self.futures.values(), *(x.future() for x, _ in self.laters.values()))
+                if not f.done()
+            ]
+            left = deadline - loop.time()
+            if not pending or left <= 0:
+                return
+            await asyncio.wait(pending, timeout=left)
 
 
 async def bind_tcp(host: str, port: int) -> list[socket.socket]:
