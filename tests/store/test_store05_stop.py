@@ -224,39 +224,42 @@ async def test_calls_that_had_not_begun_at_a_stop_are_refused_not_dropped(tmp_pa
     # was dropped unanswered at a graceful stop (its transaction rolled back by the stop, the exec never run): the
     # client had to take it as a write that may have committed (OutcomeUnknownError). One in three stops.
     for attempt in range(5):
-        d = tmp_path / f"store{attempt}"
-        tokens, admin, _ = write_tokens(tmp_path)
-        server = ServerProcess(d, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
-        assert server.proc is not None
-        store = await tinystore.connect(server.tcp, token=admin, reconnect_timeout=0.5)
-        try:
-            db = await store.database("app", migrations=MIGRATIONS)
-            begun = asyncio.Event()
+        await stop_with_an_exec_kept_aside(tmp_path, tmp_path / f"store{attempt}")
 
-            async def body(tx: tinystore.SqlTx) -> None:
-                await tx.exec("insert into t (a) values ('tx')")
-                begun.set()
-                await asyncio.sleep(5)
 
-            tx = asyncio.ensure_future(db.tx(body))
-            await begun.wait()
-            kept = asyncio.ensure_future(db.exec("insert into t (a) values ('kept aside') returning id"))
-            await asyncio.sleep(0.1)
-            server.proc.send_signal(signal.SIGTERM)
-            with pytest.raises(TinystoreError):
-                await asyncio.wait_for(tx, 10)
-            try:  # run (the rollback let it begin before the stop closed the connection), or refused as not run
-                await asyncio.wait_for(kept, 10)
-                expected = 1
-            except UnavailableError as exc:
-                assert not isinstance(exc, tinystore.OutcomeUnknownError), exc  # (sent again, and nobody serves)
-                expected = 0
-            assert await asyncio.to_thread(server.proc.wait, 20) == 0
-        finally:
-            await store.close()
-            server.stop()
-        owner = await tinystore.open(d, embedded=True, serve=False)
-        try:
-            assert await (await owner.database("app")).scalar("select count(*) from t") == expected
-        finally:
-            await owner.close()
+async def stop_with_an_exec_kept_aside(tmp_path: Path, d: Path) -> None:
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(d, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    store = await tinystore.connect(server.tcp, token=admin, reconnect_timeout=0.5)
+    try:
+        db = await store.database("app", migrations=MIGRATIONS)
+        begun = asyncio.Event()
+
+        async def body(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values ('tx')")
+            begun.set()
+            await asyncio.sleep(5)
+
+        tx = asyncio.ensure_future(db.tx(body))
+        await begun.wait()
+        kept = asyncio.ensure_future(db.exec("insert into t (a) values ('kept aside') returning id"))
+        await asyncio.sleep(0.1)
+        server.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(TinystoreError):
+            await asyncio.wait_for(tx, 10)
+        try:  # run (the rollback let it begin before the stop closed the connection), or refused as not run
+            await asyncio.wait_for(kept, 10)
+            expected = 1
+        except UnavailableError as exc:
+            assert not isinstance(exc, tinystore.OutcomeUnknownError), exc  # (sent again, and nobody serves)
+            expected = 0
+        assert await asyncio.to_thread(server.proc.wait, 20) == 0
+    finally:
+        await store.close()
+        server.stop()
+    owner = await tinystore.open(d, embedded=True, serve=False)
+    try:
+        assert await (await owner.database("app")).scalar("select count(*) from t") == expected
+    finally:
+        await owner.close()
