@@ -271,6 +271,7 @@ class SqlTx:
     calls: queue.SimpleQueue[_Call | None] = field(default_factory=queue.SimpleQueue)
     started: float = field(default_factory=time.monotonic)
     done: bool = False
+    committed: bool = False
     error: TinystoreError | None = None
     after_commit: list[Callable[[], None]] = field(default_factory=list)
     busy: int = 0
@@ -278,7 +279,8 @@ class SqlTx:
     """Calls for it that its client sent and the server holds before handing them over (its connection's line
     of calls whose answers may be large, see ``server.listener``): while any is held, it is not idle."""
     on_end: list[Callable[[], None]] = field(default_factory=list)
-    """Called on the loop once it ended (committed, rolled back, timed out, aborted), in order."""
+    """Called on the loop once it ended (committed, rolled back, timed out, aborted), in order; after a commit,
+    maybe before the ``after_commit`` hooks (see ``committed``)."""
 
     def _call(
         self, op: str, sql: str = "", params: list[Any] | None = None, mode: str = "all", own: bool = False
@@ -1334,7 +1336,7 @@ class SqlDatabase:
                     if writer:
                         self._check_in_place()
                     ctl(conn, "commit")
-                    tx.done = True
+                    tx.committed = tx.done = True
                     gone = None
                     if writer:
                         self.stats["commits"] += 1

@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from ..engines.channels import Branch, ChannelsEngine
-from ..errors import ClosedError, InvalidError
+from ..engines.sql import SqlTx
+from ..errors import ClosedError, InvalidError, LimitError
 from ..protocol.channels import (
     FLOAT32,
     FLOAT64,
@@ -58,12 +60,13 @@ class _Committed:
     embedded store's caller resumed and published before that later turn, and its message got the lower seq).
     Each transaction's messages are published all or nothing, in the order of the commits."""
 
-    __slots__ = ("batches", "engine", "handle")
+    __slots__ = ("batches", "engine", "handle", "held_bytes")
 
     def __init__(self, engine: ChannelsEngine) -> None:
         self.engine = engine
         self.batches: list[list[tuple[str, Branch, bytes]]] = []
         self.handle: asyncio.Handle | None = None
+        self.held_bytes = 0  # what open transactions published, held until they end (see _TxPublishes)
 
     def add(self, items: list[tuple[str, Branch, bytes]]) -> None:
         self.batches.append(items)
@@ -85,20 +88,57 @@ class _Committed:
                 log.exception("channels: publishing the messages of a committed transaction failed")
 
 
+#: what a message held for an open transaction costs besides its payload and its channel's name, in bytes
+TX_MESSAGE_COST = 64
+
+
 class _TxPublishes:
     """The messages one SQL transaction published, handed to :class:`_Committed` after its commit (an
-    after_commit hook)."""
+    after_commit hook), or dropped when it ends otherwise (an on_end hook). Until then they count in
+    ``_Committed.held_bytes``, which ``channel_total_bytes`` bounds (CHAN-08: held without bound, one
+    transaction's made the server grow by a gigabyte in seconds, trial BB)."""
 
-    __slots__ = ("committed", "items")
+    __slots__ = ("committed", "items", "nbytes")
 
     def __init__(self, committed: _Committed) -> None:
         self.committed = committed
         self.items: list[tuple[str, Branch, bytes]] = []
+        self.nbytes = 0
+
+    def add(self, channel: str, branch: Branch, payload: bytes, limit: int) -> None:
+        """Hold one message until the commit. Raises ``LimitError`` when the messages held for open transactions
+        would pass ``limit`` bytes (nothing is kept then)."""
+        cost = len(payload) + len(channel) + TX_MESSAGE_COST
+        held = self.committed.held_bytes
+        if held + cost > limit:
+            raise LimitError(
+                f"channel {channel}: the messages that open transactions published, held until they commit, would "
+                f"take more than channel_total_bytes ({limit} bytes; {held} held now, of which {self.nbytes} by this "
+                "transaction): commit sooner, or publish after the commit",
+                limit=limit,
+                wanted=held + cost,
+            )
+        self.items.append((channel, branch, payload))
+        self.nbytes += cost
+        self.committed.held_bytes = held + cost
 
     def __call__(self) -> None:
         if self.items:
             items, self.items = self.items, []
+            self.release()
             self.committed.add(items)
+
+    def ended(self, tx: SqlTx) -> None:
+        """The transaction ended: what it published is dropped unless it committed (then ``__call__`` publishes it,
+        maybe after this)."""
+        if not tx.committed:
+            self.release()
+
+    def release(self) -> None:
+        """Give the room of the messages held back (they were published, or the transaction ended without)."""
+        self.committed.held_bytes -= self.nbytes
+        self.nbytes = 0
+        self.items = []
 
 
 _SHAPE = msgspec.msgpack.Decoder(msgspec.Raw)  # walks a MessagePack value without building it (about 0.2 µs)
@@ -130,10 +170,12 @@ def install(core: Core) -> None:
     core.engines["channels"] = engine
     sql = core.sql
     committed = _Committed(engine)
+    total_bytes = core.limits.channel_total_bytes
 
     def publish(session: Session, req: Publish) -> Published | None:
         """Raises ``InvalidError`` (a bad name or branch, a value holding a NaN or an infinity, the channel
-        ``tinystore-jobs``, a read-only transaction), ``LimitError`` (over ``channel_message_bytes``),
+        ``tinystore-jobs``, a read-only transaction), ``LimitError`` (over ``channel_message_bytes``; in a
+        transaction, the messages open transactions hold past ``channel_total_bytes``),
         ``ClosedError`` (the transaction is not open)."""
         check_client_publish(req.channel)  # tinystore-jobs is the store's own: job events cannot be spoofed
         if not session.local:  # the SDK checked the values of this process already
@@ -154,7 +196,8 @@ def install(core: Core) -> None:
         if hook is None:
             hook = _TxPublishes(committed)
             tx.after_commit.append(hook)
-        hook.items.append((req.channel, branch, req.payload))
+            tx.on_end.append(partial(hook.ended, tx))
+        hook.add(req.channel, branch, req.payload, total_bytes)
         return None
 
     def publish_many(session: Session, req: PublishMany) -> list[Published]:
@@ -199,7 +242,12 @@ def install(core: Core) -> None:
 
     core.session_close_hooks.append(engine.drop_peer)
     core.session_full_hooks.append(engine.peer_full)
-    core.status_hooks["channels"] = engine.status
+
+    def status() -> dict[str, object]:
+        """The engine's counts, and ``tx_bytes``: what open transactions published, held until they end."""
+        return {**engine.status(), "tx_bytes": committed.held_bytes}
+
+    core.status_hooks["channels"] = status
     core.stop_hooks.append(stop)
     core.register(Method(PUBLISH, Publish, publish, write=True))
     core.register(Method(PUBLISH_MANY, PublishMany, publish_many, write=True))

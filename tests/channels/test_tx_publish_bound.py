@@ -1,0 +1,84 @@
+"""What a transaction publishes is held until it commits: those messages count against ``channel_total_bytes`` too
+(CHAN-08), all open transactions together. From trial BB: one transaction publishing 60 KB messages made the server
+hold them all, some 1 GB in 4 s, while the store's status said its channels held 0 bytes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tinystore
+from tinystore import LimitError
+
+from ..helpers import open_store
+
+TOTAL = 1 << 20
+PAYLOAD = "x" * 60_000
+
+
+async def publish_until_refused(tx: tinystore.SqlTx, ch: tinystore.Channel, most: int) -> tuple[int, LimitError | None]:
+    for n in range(most):
+        try:
+            await tx.with_(ch).under("b").publish(PAYLOAD)
+        except LimitError as exc:
+            return n, exc
+    return most, None
+
+
+# contract: CHAN-08
+@pytest.mark.parametrize("mode", ["embedded", "private", "tcp"])
+async def test_messages_held_for_open_transactions_are_bounded(tmp_path: Path, mode: str) -> None:
+    limits = tinystore.Limits(channel_total_bytes=TOTAL)
+    async with open_store(mode, tmp_path / "s", limits=limits) as store:
+        db = await store.database("app")
+        await db.exec("create table t (id integer primary key)")
+        ch = store.channel("c")
+        got: dict[str, Any] = {}
+
+        async def first(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t default values")
+            got["first"] = await publish_until_refused(tx, ch, 100)
+
+            async def second(tx2: tinystore.SqlTx) -> None:  # another transaction meanwhile: the bound is shared
+                got["second"] = await publish_until_refused(tx2, ch, 100)
+
+            other = await store.database("other")
+            await other.tx(second)
+
+        await db.tx(first)
+        n, exc = got["first"]
+        assert exc is not None and n * len(PAYLOAD) <= TOTAL, (n, exc)
+        assert "channel c" in str(exc) and "channel_total_bytes" in str(exc), exc
+        assert exc.limit == TOTAL
+        assert got["second"][0] == 0 and got["second"][1] is not None
+        # the transaction went on and committed; what it published before the refusal is published, and once it
+        # committed, others may publish as much again
+        assert await db.scalar("select count(*) from t") == 1
+
+        async def third(tx: tinystore.SqlTx) -> None:
+            got["third"] = await publish_until_refused(tx, ch, n)
+
+        heard: list[Any] = []
+        sub = await ch.under("b").subscribe(heard.append)
+        try:
+            await db.tx(third)
+            assert got["third"] == (n, None)
+            for _ in range(200):  # every message of the committed transaction is published
+                if len(heard) == n:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(heard) == n
+        finally:
+            await sub.stop()
+
+        async def rolled_back(tx: tinystore.SqlTx) -> None:
+            await publish_until_refused(tx, ch, n)
+            raise RuntimeError("roll back")
+
+        with pytest.raises(RuntimeError):
+            await db.tx(rolled_back)
+        await db.tx(third)  # a rollback gives its room back too
+        assert got["third"] == (n, None)
