@@ -156,6 +156,32 @@ async def test_a_lone_surrogate_is_refused_naming_the_text(any_store: tinystore.
 
 
 # contract: SQL-04
+async def test_a_lone_surrogate_in_the_statement_is_refused_naming_the_database(any_store: tinystore.Store) -> None:
+    # from trial BB: over a socket the message named neither the database nor the statement
+    db = await any_store.database("app", migrations=[("001.sql", "create table t (v);")])
+    tx_calls: list[Any] = []
+
+    async def in_tx(tx: tinystore.SqlTx) -> None:
+        with pytest.raises(InvalidError) as info:
+            await tx.exec("insert into t values ('\ud800')")
+        tx_calls.append(info.value)
+
+    for call in (
+        lambda: db.exec("insert into t values ('\ud800')"),
+        lambda: db.all("select '\ud800'"),
+        lambda: db.tx(in_tx),
+    ):
+        try:
+            await call()
+        except InvalidError as exc:
+            tx_calls.append(exc)
+    assert len(tx_calls) == 3
+    for exc in tx_calls:
+        assert "database app" in exc.message and "surrogate" in exc.message, exc.message
+    assert await db.scalar("select count(*) from t") == 0
+
+
+# contract: SQL-04
 async def test_a_named_placeholder_is_refused_naming_it(any_store: tinystore.Store) -> None:
     """Parameters are ? placeholders: SQLite would bind positional values to :a/@a/$a by number, silently."""
     db = await any_store.database("app", migrations=[("001.sql", "create table t (a, b);")])

@@ -991,8 +991,8 @@ class RemoteTransport(Transport):
 
 
 def _unsendable(method: str, request: Any, exc: BaseException) -> InvalidError:
-    """The error for a request that does not encode: naming the database and the parameter when it is a SQL
-    statement's (a str with a lone surrogate is not UTF-8, so no client can send it)."""
+    """The error for a request that does not encode: naming the database and the parameter, or the statement,
+    when it is a SQL statement's (a str with a lone surrogate is not UTF-8, so no client can send it)."""
     params = getattr(request, "params", None)
     db = getattr(request, "db", None)
     if isinstance(params, list) and db:
@@ -1001,6 +1001,12 @@ def _unsendable(method: str, request: Any, exc: BaseException) -> InvalidError:
                 encode(v)
             except (TypeError, ValueError, OverflowError) as bad:
                 return InvalidError(f"database {db}: parameter {i + 1}: {_why_unsendable(v, bad)}")
+    sql = getattr(request, "sql", None)
+    if isinstance(sql, str) and db and not valid_text(sql):
+        return InvalidError(
+            f"database {db}: the statement {sql[:60]!r} is not valid Unicode (a lone surrogate): it cannot be sent "
+            "as UTF-8"
+        )
     return InvalidError(f"{method}: a value cannot be sent: {exc}")
 
 
