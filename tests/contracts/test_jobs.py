@@ -863,3 +863,38 @@ async def test_queue_options_are_the_stores(store: tinystore.Store) -> None:
     with pytest.raises(InvalidError, match="lease"):
         await store.queue("opts", lease="30s").get("x")
     assert len((await q.list()).jobs) == 1
+
+
+# contract: JOB-05
+async def test_ended_jobs_are_deleted_after_keep_even_once_a_delete_failed(tmp_path: Path) -> None:
+    # from trial BB: a foreign key to _tinystore_jobs (refused now; a database may hold one made before) made the
+    # deletion of ended jobs fail, and it was never tried again: every ended job and its key stayed for good
+    import sqlite3
+
+    directory = tmp_path / "store"
+    async with open_store("embedded", directory, clock=START) as store:
+        db = await store.database("app")
+        q = store.queue("replies", database=db, keep="1h")
+        first = await q.add({"n": 1}, key="a")
+        second = await q.add({"n": 2}, key="b")
+        assert await q.run_due(lambda v, run: None) == 2
+    conn = sqlite3.connect(directory / "sql" / "app.db")
+    conn.executescript(
+        f"create table refs (job text references _tinystore_jobs (id));insert into refs values ('{first}');"
+    )
+    conn.close()
+    async with open_store("embedded", directory, clock=START) as store:
+        db = await store.database("app")
+        q = store.queue("replies", database=db, keep="1h")
+        await q.get(first)  # (the queue is loaded: its sweep is armed)
+        await store.clock.advance("2h")
+        for _ in range(100):  # the sweep ran, and failed: the row of ``refs`` holds ``first``
+            await asyncio.sleep(0.01)
+        assert await q.get(second) is not None
+        await db.exec("delete from refs")
+        await store.clock.advance("61s")
+        deadline = asyncio.get_running_loop().time() + 5
+        while await q.get(second) is not None or await q.get(first) is not None:
+            assert asyncio.get_running_loop().time() < deadline, "the ended jobs were not deleted after keep"
+            await asyncio.sleep(0.01)
+        assert await q.add({"n": 3}, key="b") != second

@@ -5,6 +5,7 @@ not SQL text."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 

@@ -83,3 +83,37 @@ async def test_the_engines_rights_never_come_from_a_statements_text(tmp_path: Pa
                     await db.exec(marked)
         await db.exec("insert into t values (1)")  # the writer still writes
         assert await db.scalar("select count(*) from _tinystore_migrations") == 1
+
+
+# contract: SQL-06
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "alter table t rename to _tinystore_y",
+        'alter table t rename to "_TinyStore_x"',
+        "create table refs (job text references _tinystore_jobs (id))",
+        'create table refs (job text, foreign key (job) references "_tinystore_jobs" (id))',
+        "alter table t add column job text references _tinystore_jobs (id)",
+    ],
+)
+async def test_a_client_cannot_make_a_store_table_nor_point_at_one(any_store: tinystore.Store, sql: str) -> None:
+    # from trial BB: a table renamed _tinystore_jobs took the store's name (the queue of that database failed, and
+    # the table could be dropped no more); a foreign key to _tinystore_jobs stopped the deletion of ended jobs
+    db = await any_store.database("app", migrations=[("001.sql", "create table t (a)")])
+    mail = any_store.queue("mail", database=db)
+    await mail.add({"to": "a@x"})
+    schema = await db.all("select type, name, sql from sqlite_schema order by name")
+    for attempt in ("exec", "tx"):
+        with pytest.raises(InvalidError) as info:
+            if attempt == "exec":
+                await db.exec(sql)
+            else:
+                await db.tx(lambda tx: tx.exec(sql))
+        assert "belongs to the store" in info.value.message, info.value.message
+        assert "database app" in info.value.message or "_tinystore" in info.value.message
+        assert await db.all("select type, name, sql from sqlite_schema order by name") == schema
+    with pytest.raises(InvalidError, match="belongs to the store"):
+        await any_store.database("app", migrations=[("001.sql", "create table t (a)"), ("002.sql", sql)])
+    assert await db.all("select type, name, sql from sqlite_schema order by name") == schema
+    assert await mail.run_due(lambda value, run: None) == 1  # the queue works, and so does the session
+    await db.exec("insert into t values (1)")

@@ -112,6 +112,9 @@ __all__ = ["JOBS_DB", "JobsEngine", "QueueOptions", "backoff_delay"]
 
 log = logging.getLogger("tinystore.jobs")
 
+#: seconds after a failed deletion of the jobs ended more than ``keep`` ago before it is tried again
+SWEEP_RETRY = 60.0
+
 JOBS_DB = "tinystore-jobs"
 """The store's own jobs database (``DIR/sql/tinystore-jobs.db``)."""
 TABLE = "_tinystore_jobs"
@@ -1921,6 +1924,17 @@ class JobsEngine:
                 "scalar",
             )
         except ClosedError:
+            return
+        except TinystoreError as exc:
+            # (a full disk; a foreign key to the jobs table made before the store refused them: trial BB) tried
+            # again later, rather than never again while the process runs
+            log.warning(
+                "queue %s: deleting the jobs ended more than keep ago failed, tried again in %gs: %s",
+                q.name,
+                SWEEP_RETRY,
+                exc.message,
+            )
+            self._arm_sweep(q, self.clock.now() + SWEEP_RETRY)
             return
         if oldest.rows and oldest.rows[0][0] is not None:
             self._arm_sweep(q, max(oldest.rows[0][0] / 1000 + q.options.keep, self.clock.now() + 0.001))

@@ -67,9 +67,11 @@ from .sql_guard import (
     MOVE_OFF_LOOP,
     GuardedConnection,
     as_engine,
+    check_own_objects,
     ctl,
     denial,
     own_execute,
+    own_objects,
     own_sql,
     rollback_quietly,
     set_rowid,
@@ -78,6 +80,7 @@ from .sql_guard import (
 from .sql_text import (
     CACHED_SQL,
     INT_MAX,
+    changes_schema,
     check_migrations,
     check_params,
     defers_foreign_keys,
@@ -639,18 +642,22 @@ class SqlDatabase:
             try:
                 ctl(conn, "begin immediate")
                 for stmt in split_sql(text):
+                    schema = own_objects(conn) if changes_schema(stmt) else None
                     conn.execute(stmt)
+                    if schema is not None:
+                        check_own_objects(self.name, schema, conn)
                 own_execute(
                     conn,
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     (name, text, int(time.time() * 1000)),
                 )
                 ctl(conn, "commit")
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, InvalidError) as exc:
                 if conn.in_transaction:
                     ctl(conn, "rollback")
                 self.applied_before_failure = len(applied)
-                raise migration_error(self.name, name, self._error(exc)) from None
+                why = exc if isinstance(exc, InvalidError) else self._error(exc)
+                raise migration_error(self.name, name, why) from None
             applied.append(name)
         return applied
 
@@ -1178,8 +1185,11 @@ class SqlDatabase:
             # (0 in an exec). (One that does both and adds no row gives the transaction's, as SQLite's does.)
             set_rowid(conn, last_rowid if names else 0)
         before = conn.total_changes
+        schema = None if own or not changes_schema(sql) else own_objects(conn)
         # an engine's own statement (own_sql) may write the store's tables
         cur = as_engine(conn, sql, params) if own else conn.execute(sql, params)
+        if schema is not None:
+            check_own_objects(self.name, schema, conn)
         desc = cur.description
         rows = [] if desc is None else _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
         changes = cur.rowcount

@@ -17,6 +17,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import InvalidError
+
 
 class GuardedConnection(sqlite3.Connection):
     """A connection whose statements may not control transactions (``BEGIN``, ``COMMIT``, ``ROLLBACK``,
@@ -332,3 +334,40 @@ DEFERRING_TAG = f"/* ts deferring {secrets.token_hex(8)} */ "
 name shows it, as an ending could for a text that ends inside a quote or a comment): SQLite (3.40) prepares a statement
 without its ``ON DELETE``/``ON UPDATE RESTRICT`` while the pragma is on, and the writer's statement cache (keyed by
 the text) would hand that statement to other clients after the transaction."""
+
+
+# what a client's schema change may not make: an object named as the store's own (ALTER TABLE ... RENAME TO gives
+# the authorizer the old name only), a foreign key to one of the store's tables (REFERENCES reaches no authorizer;
+# a row of the client's pointing at a job would stop the engine's deletes of ended jobs: trial BB)
+_OWN_OBJECTS = own_sql(
+    "select type || ' ' || name from sqlite_schema where name like '\\_tinystore%' escape '\\' "
+    "union all select 'reference ' || m.name || ' ' || f.\"table\" from sqlite_schema m "
+    "join pragma_foreign_key_list(m.name) f where m.type = 'table' and f.\"table\" like '\\_tinystore%' escape '\\'"
+)
+
+
+def own_objects(conn: sqlite3.Connection) -> frozenset[str]:
+    """The store's tables, indexes and triggers of the database on ``conn``, and the foreign keys that point at
+    them: what :func:`check_own_objects` compares around a client's schema change."""
+    return frozenset(r[0] for r in as_engine(conn, _OWN_OBJECTS))
+
+
+def check_own_objects(db: str, before: frozenset[str], conn: sqlite3.Connection) -> None:
+    """Raise ``InvalidError`` when the client's statement just run on ``conn`` made an object named as the
+    store's, or a foreign key to one of its tables (``before``: :func:`own_objects` before it). The caller undoes
+    the statement (its savepoint, or its transaction)."""
+    made = sorted(own_objects(conn) - before)
+    if not made:
+        return
+    kind, _, rest = made[0].partition(" ")
+    if kind == "reference":
+        table, _, own = rest.partition(" ")
+        raise InvalidError(
+            f"database {db}: table {table} would have a foreign key to {own}, which belongs to the store (names "
+            f"starting with {OWN_PREFIX} are its own): its rows would stop the store's own deletes (ended jobs); "
+            "keep the id in a column without REFERENCES"
+        )
+    raise InvalidError(
+        f"database {db}: {rest} belongs to the store (names starting with {OWN_PREFIX} are its own: the record of "
+        "migrations, the jobs): a client may not make a table, index or trigger of that name, nor rename one to it"
+    )
