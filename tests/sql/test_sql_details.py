@@ -177,8 +177,8 @@ async def test_a_lone_surrogate_in_the_statement_is_refused_naming_the_database(
         except InvalidError as exc:
             tx_calls.append(exc)
     assert len(tx_calls) == 3
-    for exc in tx_calls:
-        assert "database app" in exc.message and "surrogate" in exc.message, exc.message
+    for err in tx_calls:
+        assert "database app" in err.message and "surrogate" in err.message, err.message
     assert await db.scalar("select count(*) from t") == 0
 
 
