@@ -19,7 +19,9 @@ TOTAL = 1 << 20
 PAYLOAD = "x" * 60_000
 
 
-async def publish_until_refused(tx: tinystore.SqlTx, ch: tinystore.Channel[Any], most: int) -> tuple[int, LimitError | None]:
+async def publish_until_refused(
+    tx: tinystore.SqlTx, ch: tinystore.Channel[Any], most: int
+) -> tuple[int, LimitError | None]:
     for n in range(most):
         try:
             await tx.with_(ch).under("b").publish(PAYLOAD)

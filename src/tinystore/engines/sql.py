@@ -54,6 +54,7 @@ from ..errors import (
 from ..limits import Limits
 from ..names import NAME, check_name
 from ..protocol.sql import Done, Rows
+from .read_queue import FairReads
 from .sql_errors import (
     autoincrement_spent,
     check_migration_order,
@@ -354,7 +355,7 @@ class SqlDatabase:
         # piece, so the writer thread wakes once for a batch (not at its first write, then contending for
         # the GIL while the loop decodes the rest)
         self._queued: list[Any] = []
-        self._reads: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._reads: FairReads[_Read] = FairReads()
         self._threads: list[threading.Thread] = []
         self._closed = False
         self.active_tx: SqlTx | None = None
@@ -716,12 +717,13 @@ class SqlDatabase:
         return 1 if time.monotonic() > self._inline_deadline else 0
 
     def read(
-        self, sql: str, params: Sequence[Any], mode: str = "all", *, unlimited: bool = False
+        self, sql: str, params: Sequence[Any], mode: str = "all", *, unlimited: bool = False, owner: object = None
     ) -> asyncio.Future[Rows]:
         """A read. ``mode``: "all", "one" (at most one row) or "scalar". It runs on the loop when it fits the
         inline budget (the future is then already resolved), else on a reader thread. ``unlimited``: an engine's
         read of what it keeps (a queue's jobs, loaded at its first use), on a reader thread and not held to
-        ``sql_result_bytes``, which bounds what a client may ask for (a queue of millions of jobs is over it)."""
+        ``sql_result_bytes``, which bounds what a client may ask for (a queue of millions of jobs is over it).
+        ``owner``: whose read it is (a client's session), for the readers' turns (:class:`FairReads`)."""
         fut: asyncio.Future[Rows] = self.loop.create_future()
         try:
             values = check_params(self.name, sql, params)
@@ -737,7 +739,7 @@ class SqlDatabase:
         if rows is not None:
             fut.set_result(rows)
         else:
-            self._reads.put(_Read(sql, values, mode, fut))
+            self._reads.put(_Read(sql, values, mode, fut), owner)
         return fut
 
     def read_now(self, sql: str, values: list[Any], mode: str = "all") -> Rows | None:
@@ -840,13 +842,14 @@ class SqlDatabase:
                             again,
                         )
 
-    def read_later(self, sql: str, values: list[Any], mode: str = "all") -> asyncio.Future[Rows]:
-        """A read on a reader thread (``values`` checked already, see :meth:`read_now`)."""
+    def read_later(self, sql: str, values: list[Any], mode: str = "all", owner: object = None) -> asyncio.Future[Rows]:
+        """A read on a reader thread (``values`` checked already, see :meth:`read_now`); ``owner``: whose read it
+        is (a client's session): the readers take turns between owners (:class:`FairReads`)."""
         fut: asyncio.Future[Rows] = self.loop.create_future()
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
         else:
-            self._reads.put(_Read(sql, values, mode, fut))
+            self._reads.put(_Read(sql, values, mode, fut), owner)
         return fut
 
     def begin(self, owner: object, read_only: bool = False) -> asyncio.Future[SqlTx]:
@@ -1252,16 +1255,20 @@ class SqlDatabase:
     def _reader_main(self, conn: sqlite3.Connection) -> None:
         arm = self._progress_guard(conn)
         put = self.results.put
+        reads = self._reads
         while True:
-            item = self._reads.get()
-            if item is None:
+            got = reads.get()
+            if got is None:
                 break
+            item, owner = got
             arm(time.monotonic(), item.fut)
             try:
                 value = self._query(conn, item.sql, item.params, item.mode, item.unlimited)
                 put(item.fut, value, None)
             except BaseException as exc:
                 put(item.fut, None, self._error(exc))
+            finally:
+                reads.done(owner)
             if conn.big > RECYCLE_BYTES:  # type: ignore[attr-defined]
                 conn = self._recycle(conn, readonly=True)
                 arm = self._progress_guard(conn)
@@ -1466,8 +1473,7 @@ class SqlDatabase:
                 tx.abort(ClosedError(f"database {self.name}: the store is stopping"))
         self._hand_over()
         self._writes.put(None)
-        for _ in range(max(1, self.limits.readers)):
-            self._reads.put(None)
+        self._reads.stop(max(1, self.limits.readers))
 
     def join(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

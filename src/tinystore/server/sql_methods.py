@@ -80,8 +80,8 @@ def install(core: Core) -> None:
     async def exec_later(req: Exec) -> Any:
         return await (await reopen(req.db)).write(req.sql, req.params)
 
-    async def query_later(req: Query) -> Any:
-        return await (await reopen(req.db)).read(req.sql, req.params, req.mode)
+    async def query_later(req: Query, session: Session) -> Any:
+        return await (await reopen(req.db)).read(req.sql, req.params, req.mode, owner=session)
 
     async def exec_reserved(req: Exec) -> Done:
         # a statement that only reads may go through exec: run it on a reader (read-only connections), where
@@ -132,13 +132,13 @@ def install(core: Core) -> None:
             return tx_of(session, req.tx, req.db).query(req.sql, req.params, mode)
         db = engine.databases.get(req.db)
         if db is None:
-            return query_later(req)
+            return query_later(req, session)
         values = check_params(db.name, req.sql, req.params)
         # the usual read fits the inline budget: its rows, at once (no future, no thread)
         rows = db.read_now(req.sql, values, mode)
         if rows is not None:
             return rows
-        return db.read_later(req.sql, values, mode)
+        return db.read_later(req.sql, values, mode, session)
 
     async def begin(session: Session, req: Begin) -> int:
         if not req.read_only:

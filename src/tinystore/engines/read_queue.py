@@ -1,0 +1,90 @@
+"""The line of reads waiting for a database's reader threads, fair between the clients that send them.
+
+A first-in-first-out line let one client that sent many slow reads hold up every other client's reads until all of
+its own had run (trial BB: a one-row read waited 58 s behind two clients' slow reads, each up to
+``statement_timeout``). Here a free reader takes the read of the client with the fewest reads running, the clients
+that tie taking turns (round robin), each client's reads in the order it sent them: a client whose reads wait
+behind another's waits for the first reader to come free, not for the other's whole line. No reader is kept idle
+for a client that may come (a web process is often the store's only client, and runs all its reads through one
+connection), so a client can still wait for the slowest of the reads under way.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class FairReads(Generic[T]):
+    """Items put by owners (any hashable: a client's session; ``None``: the store's own), taken by threads.
+
+    Thread-safe: :meth:`put` and :meth:`stop` on any thread (the loop's), :meth:`get` and :meth:`done` on the
+    taking threads. Each item taken must be given back with :meth:`done` under the same owner once it ran."""
+
+    __slots__ = ("_cond", "_running", "_stops", "_waiting")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        # owners with items waiting, in the order they take turns (an owner served goes to the end)
+        self._waiting: dict[object, collections.deque[T]] = {}
+        self._running: dict[object, int] = {}
+        self._stops = 0
+
+    def put(self, item: T, owner: object = None) -> None:
+        with self._cond:
+            line = self._waiting.get(owner)
+            if line is None:
+                line = self._waiting[owner] = collections.deque()
+            line.append(item)
+            self._cond.notify()
+
+    def stop(self, threads: int) -> None:
+        """Let ``threads`` takers go: each :meth:`get` returns ``None`` once nothing waits any more."""
+        with self._cond:
+            self._stops += threads
+            self._cond.notify_all()
+
+    def get(self) -> tuple[T, object] | None:
+        """The next item and its owner, waiting for one; ``None`` once stopped and nothing waits."""
+        with self._cond:
+            while True:
+                if self._waiting:
+                    return self._take()
+                if self._stops:
+                    self._stops -= 1
+                    return None
+                self._cond.wait()
+
+    def done(self, owner: object) -> None:
+        """An item of ``owner`` taken with :meth:`get` has run."""
+        with self._cond:
+            n = self._running[owner] - 1
+            if n:
+                self._running[owner] = n
+            else:
+                del self._running[owner]
+
+    def waiting(self) -> int:
+        """How many items wait (for status)."""
+        with self._cond:
+            return sum(len(line) for line in self._waiting.values())
+
+    def _take(self) -> tuple[T, object]:
+        running = self._running
+        owner = None
+        fewest = -1
+        for candidate in self._waiting:  # (few owners wait at once: one per client with reads waiting)
+            n = running.get(candidate, 0)
+            if fewest < 0 or n < fewest:
+                owner, fewest = candidate, n
+                if not n:
+                    break
+        line = self._waiting.pop(owner)
+        item = line.popleft()
+        if line:
+            self._waiting[owner] = line  # back of the turns
+        running[owner] = fewest + 1
+        return item, owner
