@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 import tinystore
 
 from ..helpers import open_store
@@ -58,5 +60,58 @@ async def test_a_message_published_during_the_drop_is_never_counted_zero(tmp_pat
                 assert notices and notices[0].reason == "reconnect", notices
                 assert notices[0].count != 0 or heard, (i, notices)  # heard again, or counted, or "cannot tell"
                 await sub.stop()
+        finally:
+            await client.close()
+
+
+# contract: CHAN-02
+# contract: CHAN-04
+@pytest.mark.parametrize("recursive", [False, True])
+async def test_messages_counted_missed_at_one_reconnect_are_not_counted_again_at_the_next(
+    tmp_path: Path, recursive: bool
+) -> None:
+    # from trial BC: a recursive subscription resumed from the last message it handled on each branch, so the
+    # second of two reconnects counted the same lost messages again (delivered + missed = 19 of 11 published)
+    limits = tinystore.Limits(channel_log=2, channel_prefetch=4)
+    async with open_store("private", tmp_path / "d", limits=limits) as store:
+        client = await tinystore.open(tmp_path / "d")
+        try:
+            got: list[object] = []
+            notices: list[tinystore.Missed] = []
+            gate = asyncio.Event()
+
+            async def handler(m: tinystore.Message[object]) -> None:
+                got.append(m.value)
+                await gate.wait()
+
+            events = client.channel("c")
+            if recursive:
+                sub = await events.under("a").subscribe(handler, on_missed=notices.append, recursive=True)
+            else:
+                sub = await events.under("a", "x").subscribe(handler, on_missed=notices.append)
+            ch = store.channel("c").under("a", "x")
+            await ch.publish(0)
+            for _ in range(500):
+                if got:
+                    break
+                await asyncio.sleep(0.01)
+            for i in range(1, 11):  # the handler holds message 0: 8 of these go from the log of 2
+                await ch.publish(i)
+            await asyncio.sleep(0.1)
+            for k in (1, 2):
+                client.transport.abort()  # type: ignore[attr-defined]  # a brief network fault
+                for _ in range(1000):
+                    if sub.reconnects >= k:
+                        break
+                    await asyncio.sleep(0.01)
+            gate.set()
+            for _ in range(500):
+                if got and got[-1] == 10:
+                    break
+                await asyncio.sleep(0.01)
+            await sub.stop()
+            told = [n.count for n in notices]
+            assert told == [8, 0], told
+            assert len(got) + sum(c or 0 for c in told) == 11, (got, told)
         finally:
             await client.close()

@@ -685,6 +685,8 @@ class Subscription(Generic[T]):
         self._conn_gen = gen
         if self.recursive:
             self._cut = got.cut  # (what it heard nothing from since then has had nothing for it, when resumed)
+            for a in got.skipped or ():
+                self._last[tuple(a.branch)] = a.id  # past what got.missed counted: not to be counted again
         self._hub.subs[got.sub] = self
         if not self.recursive:
             self._pos = got.start

@@ -412,6 +412,7 @@ class ChannelsEngine:
         self._by_peer.setdefault(peer.id, {})[sub.id] = sub
 
         missed: int | None = 0
+        skipped: list[After] = []
         if not recursive:
             missed = self._attach(sub, root, after is not None, resume.get(parts))
         else:
@@ -432,6 +433,8 @@ class ChannelsEngine:
                     continue
                 m = self._attach(sub, b, after is not None, resume.get(bparts))
                 missed = None if m is None or missed is None else missed + m
+                if m:  # where it resumes on this branch, past what is counted (the SDK resumes there next time)
+                    skipped.append(After(b.wire, self._prefix + str(sub.pos[b] - 1)))
             known = self._by_channel[channel]
             for key, after_seq in resume.items():
                 if key in known:
@@ -450,7 +453,9 @@ class ChannelsEngine:
             self.flush()
         start = None if recursive else self._prefix + str(sub.pos[root] - 1)
         cut_id = self._prefix + str(self._published) if recursive else None
-        return Subscribed(sub.id, missed if after is not None else None, self._newest(root), start, credit, cut_id)
+        return Subscribed(
+            sub.id, missed if after is not None else None, self._newest(root), start, credit, cut_id, skipped or None
+        )
 
     def _parse_after(
         self, channel: str, parts: Branch, recursive: bool, after: str | Mapping[Branch, str] | None

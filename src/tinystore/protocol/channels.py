@@ -157,6 +157,9 @@ class Subscribed(msgspec.Struct, array_like=True, frozen=True, gc=False):
       subscriber must give credit back before that many messages are finished, or it hears no more.
     - ``cut``: for a recursive subscription, ``"<epoch>-<n>"``, where the store's messages stood when it was
       made; ``Subscribe.since`` on a resume (``None`` when not recursive).
+    - ``skipped``: for a recursive subscription resumed with ``after``, each branch whose lost messages ``missed``
+      counts, with the id it resumes after there (past them): the SDK resumes there next time, so that the next
+      reconnect does not count them again (trial BC). ``None`` when there is none.
     """
 
     sub: int
@@ -165,6 +168,7 @@ class Subscribed(msgspec.Struct, array_like=True, frozen=True, gc=False):
     start: str | None = None
     credit: int | None = None
     cut: str | None = None
+    skipped: list[After] | None = None
 
 
 class MessageItem(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="msg"):
