@@ -84,3 +84,44 @@ async def test_messages_held_for_open_transactions_are_bounded(tmp_path: Path, m
             await db.tx(rolled_back)
         await db.tx(third)  # a rollback gives its room back too
         assert got["third"] == (n, None)
+
+
+# contract: CHAN-08
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_a_commit_answered_with_an_error_gives_its_messages_room_back(tmp_path: Path, mode: str) -> None:
+    # from trial BD: a commit that SQLite made but the store answered with an error (its WAL file removed under
+    # it) kept what its transaction published counted for good: no hook published or dropped it
+    import os
+
+    async with open_store(mode, tmp_path / "s", limits=tinystore.Limits(tx_idle=10.0)) as store:
+        db = await store.database("app")
+        await db.exec("create table t (id integer primary key)")
+        await db.exec("insert into t (id) values (1)")
+        ch = store.channel("c")
+        snapshot, release = asyncio.Event(), asyncio.Event()
+
+        async def reader(tx: tinystore.SqlTx) -> None:  # an older snapshot: the WAL cannot be checkpointed away
+            await tx.all("select * from t")
+            snapshot.set()
+            await release.wait()
+
+        r = asyncio.ensure_future(db.tx(reader, read_only=True))
+        await snapshot.wait()
+        await db.exec("insert into t (id) values (2)")
+        os.unlink(tmp_path / "s" / "sql" / "app.db-wal")
+        await asyncio.sleep(0.05)
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (id) values (3)")
+            for k in range(10):
+                await tx.with_(ch).under("b").publish({"k": k})
+
+        with pytest.raises(tinystore.TinystoreError):
+            await db.tx(fn)
+        release.set()
+        await r
+        for _ in range(100):
+            if (await store.status())["channels"]["tx_bytes"] == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert (await store.status())["channels"]["tx_bytes"] == 0

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -261,5 +262,48 @@ async def stop_with_an_exec_kept_aside(tmp_path: Path, d: Path) -> None:
     owner = await tinystore.open(d, embedded=True, serve=False)
     try:
         assert await (await owner.database("app")).scalar("select count(*) from t") == expected
+    finally:
+        await owner.close()
+
+
+# contract: STORE-05
+async def test_a_commit_waiting_behind_its_transactions_reads_at_a_stop_is_answered_as_rolled_back(
+    tmp_path: Path,
+) -> None:
+    # from trial BD: a transaction's commit waited in its connection's line behind the transaction's slow reads;
+    # the stop rolled the transaction back, the line did not drain within the grace, and the commit was dropped at
+    # the close: OutcomeUnknownError ("may or may not have taken effect") for a transaction that was rolled back
+    d = tmp_path / "store"
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(d, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    store = await tinystore.connect(server.tcp, token=admin, reconnect_timeout=0.5)
+    try:
+        db = await store.database("app", migrations=MIGRATIONS)
+        reads: list[asyncio.Future[Any]] = []
+
+        async def body(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values ('tx')")
+            for _ in range(10):  # sent, not awaited: the commit waits behind them
+                reads.append(asyncio.ensure_future(tx.all(SLOW.replace("400000", "3000000"))))
+            await asyncio.sleep(0.1)
+
+        tx = asyncio.ensure_future(db.tx(body))
+        await asyncio.sleep(0.3)
+        admin_store = await tinystore.connect(server.tcp, token=admin)
+        await admin_store.stop_server(grace=1)
+        await admin_store.close()
+        with pytest.raises(TinystoreError) as caught:
+            await asyncio.wait_for(tx, 20)
+        assert not isinstance(caught.value, tinystore.OutcomeUnknownError), caught.value
+        assert "rolled back" in str(caught.value), caught.value
+        await asyncio.gather(*reads, return_exceptions=True)
+        assert await asyncio.to_thread(server.proc.wait, 20) == 0
+    finally:
+        await store.close()
+        server.stop()
+    owner = await tinystore.open(d, embedded=True, serve=False)
+    try:
+        assert await (await owner.database("app")).scalar("select count(*) from t") == 0
     finally:
         await owner.close()

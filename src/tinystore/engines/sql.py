@@ -1353,11 +1353,14 @@ class SqlDatabase:
                     if writer:
                         self._check_in_place()
                     ctl(conn, "commit")
-                    tx.committed = tx.done = True
+                    tx.done = True
                     gone = None
                     if writer:
                         self.stats["commits"] += 1
                         gone = self._wal_kept(conn)
+                    # (answered with an error, it is not committed for its hooks: the messages it published are
+                    # dropped, not held for an after_commit that does not come: trial BD)
+                    tx.committed = gone is None
                     put(call.fut, None, gone)
                 except BaseException as exc:
                     err = self._error(exc)

@@ -877,8 +877,9 @@ class ServerConnection(asyncio.Protocol):
         """The store is stopping: the calls that have not begun (waiting in the reads' or the execs' line, or kept
         aside for a transaction, which the stop rolls back) are refused as not run, like a call that comes now
         (STORE-05): the SDK may send each again to the next server. Dropped at the close instead, a write among
-        them was one that may have committed, for its client (trial BA). A transaction's calls still waiting run:
-        their transaction's end answers them."""
+        them was one that may have committed, for its client (trial BA). A transaction's calls that wait (behind its
+        slow reads) are answered with why it ended: the stop rolled it back (a commit dropped at the close was one
+        that may have taken effect: trial BD)."""
         unbegun = [*self.reads.waiting, *self.execs.waiting, *self.parked]
         self.reads.waiting.clear()
         self.execs.waiting.clear()
@@ -886,6 +887,22 @@ class ServerConnection(asyncio.Protocol):
         for stream, name, _, _, _ in unbegun:
             self.send_error(
                 stream, UnavailableError(f"store {self.core.directory} is stopping: {name} was not run", refused=True)
+            )
+        txs = self.core.sql.transactions
+        waiting = list(self.txs.waiting)
+        self.txs.waiting.clear()
+        for item in waiting:
+            self.let_go(item)
+            stream, name, req, _, _ = item
+            tx = txs.get(req.tx)
+            why = tx.error if tx is not None and tx.error is not None else None
+            self.send_error(
+                stream,
+                why
+                or UnavailableError(
+                    f"store {self.core.directory} is stopping: transaction {req.tx} was rolled back (nothing of it "
+                    f"was committed); {name} was not run"
+                ),
             )
 
     async def drain_calls(self, timeout: float) -> None:
