@@ -71,6 +71,7 @@ from .sql_guard import (
     check_own_objects,
     ctl,
     denial,
+    names_own,
     own_execute,
     own_objects,
     own_sql,
@@ -643,7 +644,7 @@ class SqlDatabase:
             try:
                 ctl(conn, "begin immediate")
                 for stmt in split_sql(text):
-                    schema = own_objects(conn) if changes_schema(stmt) else None
+                    schema = own_objects(conn) if names_own(stmt) and changes_schema(stmt) else None
                     conn.execute(stmt)
                     if schema is not None:
                         check_own_objects(self.name, schema, conn)
@@ -1188,7 +1189,7 @@ class SqlDatabase:
             # (0 in an exec). (One that does both and adds no row gives the transaction's, as SQLite's does.)
             set_rowid(conn, last_rowid if names else 0)
         before = conn.total_changes
-        schema = None if own or not changes_schema(sql) else own_objects(conn)
+        schema = None if own or not names_own(sql) or not changes_schema(sql) else own_objects(conn)
         # an engine's own statement (own_sql) may write the store's tables
         cur = as_engine(conn, sql, params) if own else conn.execute(sql, params)
         if schema is not None:
