@@ -441,3 +441,66 @@ async def test_execs_waiting_for_another_connections_transaction_do_not_take_the
             release.set()
             app_release.set()
             await client.close()
+
+
+# contract: SQL-03
+async def test_a_transactions_exec_waiting_for_another_connections_writer_goes_once_that_ends(
+    tmp_path: Path,
+) -> None:
+    # from trial BD: the transaction's own exec, on a database whose writer another connection's transaction held
+    # for a moment, was not let past the execs' line full of execs waiting for its own writer, and nothing let it
+    # go when that other transaction ended: it waited until tx_idle rolled its transaction back
+    async with open_store("embedded", tmp_path / "s", limits=tinystore.Limits(tx_idle=2.0)) as owner:
+        app = await owner.database("app")
+        other_db = await owner.database("other")
+        await app.exec("create table t (id integer primary key, a int)")
+        await other_db.exec("create table t (id integer primary key, a int)")
+        client = await tinystore.open(tmp_path / "s")
+        try:
+            db = await client.database("app")
+            other_c = await client.database("other")
+            release = asyncio.Event()
+            held = asyncio.Event()
+
+            async def hold_other(tx: tinystore.SqlTx) -> None:  # another connection's transaction, busy
+                held.set()
+                while not release.is_set():
+                    await tx.exec("insert into t (a) values (0)")
+                    await asyncio.sleep(0.1)
+
+            holder = asyncio.ensure_future(other_db.tx(hold_other))
+            await held.wait()
+            app_held = asyncio.Event()
+            app_release = asyncio.Event()
+
+            async def hold_app(tx: tinystore.SqlTx) -> None:  # app's writer, so that our transaction's begin waits
+                await tx.exec("insert into t (a) values (0)")
+                app_held.set()
+                await app_release.wait()
+
+            app_holder = asyncio.ensure_future(app.tx(hold_app))
+            await app_held.wait()
+
+            async def fn(tx: tinystore.SqlTx) -> int:
+                await tx.exec("insert into t (a) values (1)")
+                asyncio.get_running_loop().call_later(0.5, release.set)  # the other transaction ends soon
+                done = await other_c.exec("insert into t (a) values (7) returning id")
+                return len(done.rows)
+
+            ours = asyncio.ensure_future(db.tx(fn))
+            await asyncio.sleep(0.2)  # our begin waits for app's writer; these are sent meanwhile and fill the line
+            returning = [
+                asyncio.ensure_future(db.exec("insert into t (a) values (?) returning id", 100 + i))
+                for i in range(EXECS_MAX + 8)
+            ]
+            await asyncio.sleep(0.2)
+            app_release.set()
+            await app_holder
+            assert await asyncio.wait_for(ours, 20) == 1
+            await holder
+            await asyncio.gather(*returning)
+            assert await db.scalar("select count(*) from t") == 2 + EXECS_MAX + 8
+        finally:
+            release.set()
+            app_release.set()
+            await client.close()

@@ -577,6 +577,9 @@ class ServerConnection(asyncio.Protocol):
             while waiting and not self.paused and not self.closing:
                 rows = waiting[0][4]
                 bypass = None
+                if line is self.execs and self.park(waiting[0]):
+                    waiting.popleft()  # (kept aside: it waits for this connection's transaction, not in the line)
+                    continue
                 if rows and len(line.running) >= line.most:
                     if line is not self.execs or not self.may_bypass(waiting[0][2].db):
                         break
@@ -585,8 +588,6 @@ class ServerConnection(asyncio.Protocol):
                 stream, name, req, size, _ = item
                 if line is self.txs:
                     self.let_go(item)
-                elif line is self.execs and self.park(item):
-                    continue
                 self.start(bypass or (line if rows else None), stream, name, req, size)
 
     def hold(self, item: tuple[int, str, Any, int, bool]) -> None:
@@ -655,8 +656,17 @@ class ServerConnection(asyncio.Protocol):
             return False
         for tx in self.core.sql.transactions.values():
             if tx.db.name == db and not tx.read_only and not tx.done:
+                # it goes past once that transaction ended, when the line is still stuck (trial BD: nothing looked
+                # at the line again, and a transaction's own exec waiting there was held until its tx_idle)
+                if self.repump not in tx.on_end:
+                    tx.on_end.append(self.repump)
                 return False
         return True
+
+    def repump(self) -> None:
+        """A transaction that held up a call of this connection ended: the lines are looked at again."""
+        if not self.closing:
+            self.pump_lines()
 
     def unpark(self) -> None:
         """A transaction of this connection ended: the execs kept aside go back to the head of their line."""
