@@ -504,3 +504,59 @@ async def test_a_transactions_exec_waiting_for_another_connections_writer_goes_o
             release.set()
             app_release.set()
             await client.close()
+
+
+# contract: SQL-03
+async def test_a_transactions_exec_is_not_starved_by_another_clients_transactions_back_to_back(
+    tmp_path: Path,
+) -> None:
+    # from trial BE: with another client running transactions on ``other`` back to back (one always waiting to
+    # begin), the transaction's own exec there was refused the way past its line at each end, until tx_idle
+    async with open_store("embedded", tmp_path / "s", limits=tinystore.Limits(tx_idle=2.0)) as owner:
+        app = await owner.database("app")
+        other_db = await owner.database("other")
+        await app.exec("create table t (id integer primary key, a int)")
+        await other_db.exec("create table t (id integer primary key, a int)")
+        client = await tinystore.open(tmp_path / "s")
+        stop = asyncio.Event()
+
+        async def busy() -> None:
+            while not stop.is_set():
+                await other_db.tx(lambda tx: tx.exec("insert into t (a) values (0)"))
+
+        loops = [asyncio.ensure_future(busy()) for _ in range(2)]
+        try:
+            db = await client.database("app")
+            other_c = await client.database("other")
+            app_held = asyncio.Event()
+            app_release = asyncio.Event()
+
+            async def hold_app(tx: tinystore.SqlTx) -> None:
+                await tx.exec("insert into t (a) values (0)")
+                app_held.set()
+                await app_release.wait()
+
+            app_holder = asyncio.ensure_future(app.tx(hold_app))
+            await app_held.wait()
+
+            async def fn(tx: tinystore.SqlTx) -> int:
+                await tx.exec("insert into t (a) values (1)")
+                done = await other_c.exec("insert into t (a) values (7) returning id")
+                return len(done.rows)
+
+            ours = asyncio.ensure_future(db.tx(fn))
+            await asyncio.sleep(0.2)
+            returning = [
+                asyncio.ensure_future(db.exec("insert into t (a) values (?) returning id", 100 + i))
+                for i in range(EXECS_MAX + 8)
+            ]
+            await asyncio.sleep(0.2)
+            app_release.set()
+            await app_holder
+            assert await asyncio.wait_for(ours, 20) == 1
+            await asyncio.gather(*returning)
+        finally:
+            stop.set()
+            await asyncio.gather(*loops, return_exceptions=True)
+            app_release.set()
+            await client.close()

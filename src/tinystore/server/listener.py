@@ -37,7 +37,7 @@ from typing import Any
 import msgspec
 
 from .. import __version__
-from ..engines.sql import Later
+from ..engines.sql import Later, SqlTx
 from ..engines.sql_text import may_return_rows
 from ..errors import (
     ClosedError,
@@ -87,10 +87,11 @@ BIG_BODY = 64 * 1024
 # the transaction's own next calls (on another database) do not wait behind it (trial AR). And when execs under
 # way in the line wait for a writer a transaction of the same connection holds (sent before it began), a call
 # that finds the line full is let past it (``bypass``, READS_MAX at most), so that the transaction's own call
-# is not held until tx_idle (trial AW; keeping execs aside while a transaction began starved them: trial AY), unless
-# it would wait there for a transaction too (another connection's: they took every place of the way past, trial BA).
+# is not held until tx_idle (trial AW; keeping execs aside while a transaction began starved them: trial AY); execs
+# that would wait there for another connection's transaction take at most half of it (trial BA: they took it all).
 BOUNDED_READS = frozenset({"sql.query", "jobs.list", "jobs.get", "jobs.find"})
 READS_MAX = 8
+BYPASS_HELD_MAX = READS_MAX // 2
 EXECS_MAX = 32
 INFLIGHT_HIGH = 64 * 1024 * 1024
 INFLIGHT_LOW = 16 * 1024 * 1024
@@ -252,6 +253,8 @@ class ServerConnection(asyncio.Protocol):
         self.exec_db: dict[int, str] = {}  # stream → the database of an exec under way in the execs' line
         # execs let past a full execs' line because what fills it waits for a transaction of this connection
         self.bypass = _Line(READS_MAX)
+        self.bypass_held: set[int] = set()  # execs past the line that wait for a transaction (see may_bypass)
+        self.bypass_to: SqlTx | None = None  # the transaction the exec let past now waits for, if any
         self.out: list[bytes] = []
         self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
@@ -357,6 +360,7 @@ class ServerConnection(asyncio.Protocol):
             line.waiting.clear()  # (requests not begun, and their bodies)
         self.parked.clear()
         self.exec_db.clear()
+        self.bypass_held.clear()
         self.out.clear()
         if self.deadline is not None:
             self.deadline.cancel()
@@ -534,6 +538,9 @@ class ServerConnection(asyncio.Protocol):
             self.line_of[stream] = line
             if line is self.execs:
                 self.exec_db[stream] = req.db
+            elif line is self.bypass and self.bypass_to is not None:
+                self.bypass_held.add(stream)  # (it waits for a transaction: see may_bypass)
+        self.bypass_to = None
 
     def run(self, stream: int, name: str, req: Any, size: int) -> None:
         """Call method ``name`` for ``stream`` and see to its answer."""
@@ -649,19 +656,25 @@ class ServerConnection(asyncio.Protocol):
 
     def may_bypass(self, db: str) -> bool:
         """Whether an exec on ``db`` that finds the execs' line full is let past it: when the line is stuck behind
-        a transaction of this connection (:meth:`stuck_behind_own`), and ``db``'s writer is not held by a
-        transaction (an exec that would wait for one, another connection's, would only take a place of the way
-        past that the transaction's own calls need: trial BA)."""
+        a transaction of this connection (:meth:`stuck_behind_own`). When a transaction holds ``db``'s writer
+        (another connection's), the exec would wait for it there: such execs take at most half of the way past, so
+        that the transaction's own calls elsewhere always find room (trial BA: they took all of it); one refused
+        for that goes once the transaction ended (trial BD: nothing looked at the line again), and a writer busy
+        with one transaction after another only makes it wait its turn for the writer (trial BE: refused at each
+        end, it waited until tx_idle)."""
         if not self.stuck_behind_own():
             return False
-        for tx in self.core.sql.transactions.values():
-            if tx.db.name == db and not tx.read_only and not tx.done:
-                # it goes past once that transaction ended, when the line is still stuck (trial BD: nothing looked
-                # at the line again, and a transaction's own exec waiting there was held until its tx_idle)
-                if self.repump not in tx.on_end:
-                    tx.on_end.append(self.repump)
-                return False
-        return True
+        d = self.core.sql.databases.get(db)
+        tx = d.active_tx if d is not None else None
+        if tx is None or tx.done:
+            self.bypass_to = None
+            return True
+        if len(self.bypass_held) < BYPASS_HELD_MAX:
+            self.bypass_to = tx
+            return True
+        if self.repump not in tx.on_end:
+            tx.on_end.append(self.repump)
+        return False
 
     def repump(self) -> None:
         """A transaction that held up a call of this connection ended: the lines are looked at again."""
@@ -682,6 +695,8 @@ class ServerConnection(asyncio.Protocol):
             line.running.discard(stream)
             if line is self.execs:
                 self.exec_db.pop(stream, None)
+            elif line is self.bypass:
+                self.bypass_held.discard(stream)
             if line.waiting or (line is self.bypass and self.execs.waiting):
                 self.pump_lines()
 
