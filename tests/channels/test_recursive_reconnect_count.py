@@ -115,3 +115,42 @@ async def test_messages_counted_missed_at_one_reconnect_are_not_counted_again_at
             assert len(got) + sum(c or 0 for c in told) == 11, (got, told)
         finally:
             await client.close()
+
+
+# contract: CHAN-04
+async def test_after_a_restart_the_next_reconnect_is_counted_exactly_again(tmp_path: Path) -> None:
+    # from trial BE: after a server restart (told None, rightly) a recursive subscription kept resuming after the
+    # ids of the last server run, so every later reconnect was told None too, though nothing was lost
+    import os
+    import signal
+
+    async with open_store("private", tmp_path / "d") as store:
+        notices: list[tinystore.Missed] = []
+        heard: list[object] = []
+        ev = store.channel("events")
+        sub = await ev.under("a").subscribe(heard.append, on_missed=notices.append, recursive=True)
+        await ev.under("a", "x").publish(1)
+        for _ in range(300):
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        child = store._child
+        assert child is not None
+        os.kill(child.pid, signal.SIGKILL)  # the server restarts
+        for _ in range(1000):
+            if notices:
+                break
+            await asyncio.sleep(0.01)
+        assert notices == [tinystore.Missed("reconnect", None)], notices
+        notices.clear()
+        await _drop_and_wait(store, notices)  # a brief network fault: nothing was published, nothing lost
+        assert notices == [tinystore.Missed("reconnect", 0)], notices
+        notices.clear()
+        await ev.under("a", "y").publish(2)  # a new branch of this run, heard
+        for _ in range(300):
+            if len(heard) == 2:
+                break
+            await asyncio.sleep(0.01)
+        await _drop_and_wait(store, notices)
+        assert notices == [tinystore.Missed("reconnect", 0)], notices
+        await sub.stop()

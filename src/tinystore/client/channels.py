@@ -685,8 +685,17 @@ class Subscription(Generic[T]):
         self._conn_gen = gen
         if self.recursive:
             self._cut = got.cut  # (what it heard nothing from since then has had nothing for it, when resumed)
+            last = self._last
             for a in got.skipped or ():
-                self._last[tuple(a.branch)] = a.id  # past what got.missed counted: not to be counted again
+                last[tuple(a.branch)] = a.id  # past what got.missed counted: not to be counted again
+            if got.cut is not None and last:
+                # ids of an earlier server run name no place in this one: resumed after them, every later reconnect
+                # was told None (trial BE); without them, a branch's count is exact again while nothing was
+                # published on it since this subscription was made (``cut``)
+                epoch = got.cut.rpartition("-")[0]
+                stale = [b for b, mid in last.items() if mid.rpartition("-")[0] != epoch]
+                for b in stale:
+                    del last[b]
         self._hub.subs[got.sub] = self
         if not self.recursive:
             self._pos = got.start
