@@ -588,7 +588,10 @@ class ServerConnection(asyncio.Protocol):
                     waiting.popleft()  # (kept aside: it waits for this connection's transaction, not in the line)
                     continue
                 if rows and len(line.running) >= line.most:
-                    if line is not self.execs or not self.may_bypass(waiting[0][2].db):
+                    if line is not self.execs:
+                        break
+                    if not self.may_bypass(waiting[0][2].db):
+                        self.bypass_behind_head()
                         break
                     bypass = self.bypass
                 item = waiting.popleft()
@@ -656,30 +659,48 @@ class ServerConnection(asyncio.Protocol):
 
     def may_bypass(self, db: str) -> bool:
         """Whether an exec on ``db`` that finds the execs' line full is let past it: when the line is stuck behind
-        a transaction of this connection (:meth:`stuck_behind_own`). When a transaction holds ``db``'s writer
-        (another connection's), the exec would wait for it there: such execs take at most half of the way past, so
-        that the transaction's own calls elsewhere always find room (trial BA: they took all of it); one refused
-        for that goes once the transaction ended (trial BD: nothing looked at the line again), and a writer busy
-        with one transaction after another only makes it wait its turn for the writer (trial BE: refused at each
-        end, it waited until tx_idle)."""
+        a transaction of this connection (:meth:`stuck_behind_own`). When a transaction of another connection holds
+        ``db``'s writer, or waits for it (the exec would wait for it), such execs take at most half of the way past,
+        so that the transaction's own calls elsewhere always find room (trial BA: they took all of it; trial BF:
+        counted only for a transaction that held the writer already, those behind one waiting were not); one
+        refused goes when one of them ends (trial BE: a writer busy with one transaction after another only makes
+        it wait its turn)."""
         if not self.stuck_behind_own():
             return False
-        d = self.core.sql.databases.get(db)
-        tx = d.active_tx if d is not None else None
-        if tx is None or tx.done:
-            self.bypass_to = None
-            return True
-        if len(self.bypass_held) < BYPASS_HELD_MAX:
-            self.bypass_to = tx
-            return True
-        if self.repump not in tx.on_end:
-            tx.on_end.append(self.repump)
-        return False
+        for tx in self.core.sql.transactions.values():
+            if tx.db.name == db and not tx.read_only and not tx.done:
+                if len(self.bypass_held) < BYPASS_HELD_MAX:
+                    self.bypass_to = tx
+                    return True
+                return False  # (one of the execs counted ends: the lines are looked at again, see line_done)
+        self.bypass_to = None
+        return True
 
-    def repump(self) -> None:
-        """A transaction that held up a call of this connection ended: the lines are looked at again."""
-        if not self.closing:
-            self.pump_lines()
+    def bypass_behind_head(self) -> None:
+        """The exec at the head of the full execs' line may not go past it (it would wait for a transaction, and
+        half the way past already does): the execs behind it that may go, go (trial BF: a transaction's own exec
+        on a free database waited behind it until tx_idle). Each database's execs keep their order: one refused
+        leaves the later ones of its database refused too."""
+        waiting = self.execs.waiting
+        kept: collections.deque[tuple[int, str, Any, int, bool]] = collections.deque()
+        refused: set[str] = set()
+        while waiting and not self.paused and not self.closing and self.stuck_behind_own():
+            item = waiting.popleft()
+            db = item[2].db
+            if db in refused:
+                kept.append(item)
+                continue
+            if self.park(item):
+                continue
+            if not self.may_bypass(db):
+                refused.add(db)
+                kept.append(item)
+                continue
+            stream, name, req, size, _ = item
+            self.start(self.bypass, stream, name, req, size)
+        kept.extend(waiting)
+        waiting.clear()
+        waiting.extend(kept)
 
     def unpark(self) -> None:
         """A transaction of this connection ended: the execs kept aside go back to the head of their line."""

@@ -1,0 +1,137 @@
+"""The way past a connection's full execs' line (see ``server.listener``): execs that wait for another
+connection's transaction take at most half of it, whether that transaction holds the writer already or waits for
+it, and an exec refused at the head of the line does not keep the ones behind it from going (trial BF)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import tinystore
+from tinystore.server.listener import BYPASS_HELD_MAX, EXECS_MAX
+
+SLOW = (
+    "insert into t (a) select x from (with recursive c(x) as (select 1 union all select x + 1 from c "
+    "where x < 1500000) select x from c)"
+)
+
+
+async def _setup(
+    tmp_path: Path, names: tuple[str, ...]
+) -> tuple[tinystore.Store, tinystore.Store, dict[str, tinystore.Database], dict[str, tinystore.Database]]:
+    owner = await tinystore.open(tmp_path / "s", embedded=True, limits=tinystore.Limits(tx_idle=2.0, tx_max=60.0))
+    odb = {n: await owner.database(n) for n in names}
+    for x in odb.values():
+        await x.exec("create table t (id integer primary key, a int)")
+    client = await tinystore.open(tmp_path / "s")
+    cdb = {n: await client.database(n) for n in names}
+    return owner, client, odb, cdb
+
+
+async def _stuck_transaction(
+    odb: dict[str, tinystore.Database], cdb: dict[str, tinystore.Database], go_on: asyncio.Event, took: list[float]
+) -> tuple[asyncio.Future[int], list[asyncio.Task[Any]]]:
+    """Our client's transaction on app, with its connection's execs' line full of execs waiting for it; once
+    ``go_on`` is set, its own exec on ``third`` (a free database), timed in ``took``."""
+    app_held, app_release = asyncio.Event(), asyncio.Event()
+
+    async def hold_app(tx: tinystore.SqlTx) -> None:
+        await tx.exec("insert into t (a) values (0)")
+        app_held.set()
+        await app_release.wait()
+
+    app_holder = asyncio.ensure_future(odb["app"].tx(hold_app))
+    await app_held.wait()
+    in_tx = asyncio.Event()
+
+    async def fn(tx: tinystore.SqlTx) -> int:
+        await tx.exec("insert into t (a) values (1)")
+        in_tx.set()
+        await go_on.wait()
+        t0 = time.monotonic()
+        done = await cdb["third"].exec("insert into t (a) values (7) returning id")
+        took.append(time.monotonic() - t0)
+        return len(done.rows)
+
+    ours = asyncio.ensure_future(cdb["app"].tx(fn))
+    await asyncio.sleep(0.2)
+    returning: list[asyncio.Task[Any]] = [
+        asyncio.ensure_future(cdb["app"].exec("insert into t (a) values (?) returning id", 100 + i))
+        for i in range(EXECS_MAX + 8)
+    ]
+    await asyncio.sleep(0.2)
+    app_release.set()
+    await app_holder
+    await in_tx.wait()
+    return ours, returning
+
+
+async def _hold(db: tinystore.Database, seconds: float, held: asyncio.Event) -> None:
+    async def body(tx: tinystore.SqlTx) -> None:  # calling all along: never idle
+        held.set()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            await tx.exec("insert into t (a) values (0)")
+            await asyncio.sleep(0.3)
+
+    await db.tx(body)
+
+
+# contract: SQL-03
+async def test_execs_behind_a_transaction_waiting_for_the_writer_are_counted(tmp_path: Path) -> None:
+    owner, client, odb, cdb = await _setup(tmp_path, ("app", "other", "third"))
+    try:
+        go_on = asyncio.Event()
+        took: list[float] = []
+        ours, returning = await _stuck_transaction(odb, cdb, go_on, took)
+        slow = asyncio.ensure_future(odb["other"].exec(SLOW))  # the writer busy; a transaction waits behind it
+        held = asyncio.Event()
+        holder = asyncio.ensure_future(_hold(odb["other"], 3.0, held))
+        await asyncio.sleep(0.05)
+        execs = [
+            asyncio.ensure_future(cdb["other"].exec("insert into t (a) values (?) returning id", 500 + i))
+            for i in range(8)
+        ]
+        await asyncio.sleep(0.1)
+        conn: Any = next(c for lst in owner._core.listeners for c in lst.connections)
+        assert len(conn.bypass_held) <= BYPASS_HELD_MAX
+        go_on.set()
+        assert await asyncio.wait_for(ours, 20) == 1
+        assert took[0] < 1.5, took
+        await asyncio.gather(slow, holder, *execs, *returning)
+    finally:
+        await client.close()
+        await owner.close()
+
+
+# contract: SQL-03
+async def test_an_exec_refused_at_the_head_of_the_line_does_not_hold_the_ones_behind_it(tmp_path: Path) -> None:
+    owner, client, odb, cdb = await _setup(tmp_path, ("app", "other", "slowdb", "third"))
+    try:
+        go_on = asyncio.Event()
+        took: list[float] = []
+        ours, returning = await _stuck_transaction(odb, cdb, go_on, took)
+        held = asyncio.Event()
+        holder = asyncio.ensure_future(_hold(odb["other"], 4.0, held))
+        await held.wait()
+        slow = asyncio.ensure_future(odb["slowdb"].exec(SLOW))  # slowdb's writer busy for a moment
+        await asyncio.sleep(0.05)
+        execs = [
+            asyncio.ensure_future(cdb["other"].exec("insert into t (a) values (?) returning id", i))
+            for i in range(BYPASS_HELD_MAX)
+        ]  # counted: they wait for the other connection's transaction
+        execs += [
+            asyncio.ensure_future(cdb["slowdb"].exec("insert into t (a) values (?) returning id", i))
+            for i in range(BYPASS_HELD_MAX)
+        ]  # behind the slow write: the way past is full
+        await asyncio.sleep(0.05)
+        execs.append(asyncio.ensure_future(cdb["other"].exec("insert into t (a) values (9) returning id")))
+        await asyncio.sleep(0.05)
+        go_on.set()  # our transaction's own call comes now, behind the one refused at the head
+        assert await asyncio.wait_for(ours, 20) == 1
+        await asyncio.gather(slow, holder, *execs, *returning)
+    finally:
+        await client.close()
+        await owner.close()
