@@ -154,3 +154,39 @@ async def test_after_a_restart_the_next_reconnect_is_counted_exactly_again(tmp_p
         await _drop_and_wait(store, notices)
         assert notices == [tinystore.Missed("reconnect", 0)], notices
         await sub.stop()
+
+
+# contract: CHAN-02
+# contract: CHAN-04
+async def test_messages_received_and_not_handled_on_a_new_branch_come_again_after_a_reconnect(tmp_path: Path) -> None:
+    # from trial BF: the handler was busy with a/x's message while a/y's first three waited in the SDK's buffer;
+    # the resubscription did not list a/y, was told None, and those three, still in the log, never came
+    async with open_store("private", tmp_path / "d") as store:
+        ev = store.channel("events")
+        notices: list[tinystore.Missed] = []
+        heard: list[object] = []
+        gate = asyncio.Event()
+
+        async def handler(m: tinystore.Message[object]) -> None:
+            heard.append(m.value)
+            if m.value == "x1":
+                await gate.wait()
+
+        sub = await ev.under("a").subscribe(handler, on_missed=notices.append, recursive=True)
+        await ev.under("a", "x").publish("x1")
+        for _ in range(300):
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        for i in range(3):
+            await ev.under("a", "y").publish(f"y{i}")
+        await asyncio.sleep(0.2)  # received, waiting behind x1's handler
+        await _drop_and_wait(store, notices)
+        gate.set()
+        for _ in range(300):
+            if len(heard) == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert notices == [tinystore.Missed("reconnect", 0)], notices
+        assert heard == ["x1", "y0", "y1", "y2"], heard
+        await sub.stop()

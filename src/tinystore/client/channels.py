@@ -715,6 +715,13 @@ class Subscription(Generic[T]):
         # stay, in order: their counts are of messages before the position it subscribes again after (a "behind"
         # of subscribe(after=...), an earlier "reconnect")
         kept = [item for item in self._buf if type(item) is Missed]
+        if self.recursive:
+            # a branch whose first messages came and were not handled yet resumes before them: unlisted, the store
+            # could not tell what it had heard there (trial BF: told None, and those messages never came again)
+            last = self._last
+            for item in self._buf:
+                if type(item) is MessageItem and (b := tuple(item.branch)) not in last:
+                    last[b] = f"{item.id.rpartition('-')[0]}-{item.seq - 1}"
         self._buf.clear()  # (in place: the delivery loop holds this deque)
         self._buf.extend(kept)
         self._in_hand = False
