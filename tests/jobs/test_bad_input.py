@@ -367,3 +367,20 @@ async def test_a_queue_cannot_make_a_database_named_like_the_stores_own(store: t
     assert not (store.directory / "sql" / "tinystore-other.db").exists()
     jid = await store.queue("tq", database="tinystore-jobs").add({"x": 1})  # the jobs database is the default
     assert (await store.queue("tq").get(jid)) is not None
+
+
+# contract: JOB-01
+async def test_an_add_inside_a_transaction_of_the_queues_database_says_how_to_add_with_it(
+    store: tinystore.Store,
+) -> None:
+    # from trial BG: the error said only "call it outside the transaction"; the docs' way is tx.with_(queue).add
+    db = await store.database("app", migrations=[("001.sql", "create table t (id integer primary key);")])
+    q = store.queue("in-tx-add", database=db)
+
+    async def inside(tx: tinystore.SqlTx) -> None:
+        with pytest.raises(InvalidError, match=r"tx\.with_\(queue\)\.add"):
+            await q.add({})
+        await tx.with_(q).add({})
+
+    await db.tx(inside)
+    assert len((await q.list()).jobs) == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import tinystore
 from tests.helpers import open_store
 from tinystore import ClosedError, InvalidError, LostError
 
@@ -83,3 +84,20 @@ async def test_arguments_no_connection_can_carry_are_invalid_in_every_mode(tmp_p
             return_exceptions=True,
         )
         assert isinstance(ids[0], str) and isinstance(ids[2], str) and isinstance(ids[1], InvalidError)
+
+
+# contract: LOCK-01
+async def test_hold_awaited_or_used_with_plain_with_says_async_with(tmp_path: Path) -> None:
+    # from trial BG: Python's own TypeErrors named a private class (_Hold) and gave no hint
+    store = await tinystore.open(tmp_path / "s", embedded=True)
+    try:
+        lock = store.lock("nightly")
+        with pytest.raises(TypeError, match="async with"):
+            await lock.try_hold("k")
+        with pytest.raises(TypeError, match="async with"):
+            with lock.hold("k"):
+                pass
+        async with lock.hold("k") as lease:  # nothing was held by the mistakes
+            assert lease.fence
+    finally:
+        await store.close()

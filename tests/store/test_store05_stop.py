@@ -307,3 +307,20 @@ async def test_a_commit_waiting_behind_its_transactions_reads_at_a_stop_is_answe
         assert await (await owner.database("app")).scalar("select count(*) from t") == 0
     finally:
         await owner.close()
+
+
+# contract: STORE-05
+async def test_a_sidecar_logs_how_it_stopped(tmp_path: Path) -> None:
+    # from trial BG: docs/serving.md says sidecar.log tells how each sidecar stopped; a stop asked for left no line
+    d = tmp_path / "store"
+    store = await tinystore.open(d, idle="5s")
+    try:
+        await (await store.database("app")).exec("create table t (a)")
+    finally:
+        await store.close()
+    cli = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "tinystore", "stop", str(d)], capture_output=True, timeout=30
+    )
+    assert cli.returncode == 0, cli.stderr
+    log = (d / "server" / "sidecar.log").read_text()
+    assert "asked to stop" in log and log.rstrip().endswith("stopped"), log

@@ -1234,6 +1234,11 @@ class Queue(Generic[T]):
             raise InvalidError(
                 f"queue {self.name}: {what} inside a transaction of database {info.options.database}, where the "
                 "queue's jobs live, would wait for itself; call it outside the transaction"
+                + (
+                    ", or add through the transaction, to commit the job with its rows: tx.with_(queue).add(...)"
+                    if what.startswith("add")
+                    else ""
+                )
             )
 
     # -- values --------------------------------------------------------------------------------

@@ -514,6 +514,20 @@ class _Hold(Generic[R]):
         self._wait = wait
         self._lease: Lease | None = None
 
+    def __await__(self) -> Any:
+        raise TypeError(
+            f"lock {self._lock.name}: hold() and try_hold() are used with `async with`, not awaited: "
+            f"`async with lock.hold({self._key!r}) as lease:`"
+        )
+
+    def __enter__(self) -> None:
+        raise TypeError(
+            f"lock {self._lock.name}: hold() and try_hold() are async context managers: use `async with`, not `with`"
+        )
+
+    def __exit__(self, *exc: object) -> None:  # (never reached: __enter__ raises)
+        return None
+
     async def __aenter__(self) -> R:
         lock = self._lock
         key = self._key

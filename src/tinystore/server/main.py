@@ -239,9 +239,15 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
     sigs = [signal.SIGTERM, signal.SIGINT]
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         sigs.append(signal.SIGHUP)
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not core.stop_requested.is_set():
+            log.info("%s: stopping", sig.name)  # (sidecar.log tells how each sidecar stopped)
+        core.stop_requested.set()
+
     for sig in sigs:
         try:
-            loop.add_signal_handler(sig, core.stop_requested.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         except (NotImplementedError, RuntimeError):
             pass
     if ready is not None:
@@ -259,6 +265,7 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
         await core.stop(core.stop_grace)  # (its address file goes with it)
+        log.info("stopped")
     return core.exit_status
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from pathlib import Path
@@ -13,6 +14,8 @@ from ..errors import ClosedError, InUseError, InvalidError
 from ..protocol.store import Advance, Backup, Empty, Stop
 from . import backup as backups
 from . import sql_methods
+
+log = logging.getLogger("tinystore.server")
 
 if TYPE_CHECKING:
     from .core import Core, Session
@@ -41,6 +44,8 @@ def install(core: Core) -> None:
                 "stop that program (or close its store) to stop it"
             )
         core.stop_grace = grace
+        if not core.stop_requested.is_set():
+            log.info("asked to stop (tinystore stop, or stop_server()), grace %gs: stopping", grace)
         core.stop_requested.set()
         return True
 
