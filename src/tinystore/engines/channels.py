@@ -207,6 +207,9 @@ class ChannelsEngine:
         self._sweep_timer: Timer | None = None  # runs every linger while recursive subscriptions exist
         self._pressure = False  # past half the total bound: keep _size_heap up to date
         self._watch = self._total_max // 2
+        # bytes held elsewhere for messages still to come (open transactions' publishes, see reserve), counted in
+        # _total_bytes: the logs make room for them
+        self._reserved = 0
         self._size_heap: list[tuple[int, int, _Branch]] = []  # (-nbytes, ticket, branch), lazily exact
         self._closed = False
 
@@ -653,7 +656,7 @@ class ChannelsEngine:
             "branches": len(self._branches),
             "subscriptions": len(self._subs),
             "peers": len(self._by_peer),
-            "bytes": self._total_bytes,
+            "bytes": self._total_bytes - self._reserved,
             "messages": self._held,
             "bytes_limit": self._total_max,
             "tombstones": len(self._tombs),
@@ -687,6 +690,7 @@ class ChannelsEngine:
         self._idle_heap.clear()
         self._size_heap.clear()
         self._total_bytes = 0
+        self._reserved = 0
         self._held = 0
 
     # ------------------------------------------------------------------ delivery
@@ -957,6 +961,20 @@ class ChannelsEngine:
             self._pressure = False
             self._watch = self._total_max // 2
             self._size_heap = []
+
+    def reserve(self, nbytes: int) -> None:
+        """Count ``nbytes`` held elsewhere for messages still to come (an open transaction's publishes) within
+        ``channel_total_bytes``: the logs drop their oldest messages to make room, as for a publish (CHAN-08: the
+        store holds at most that much of channels, those messages too; trial BF). :meth:`release` gives it back."""
+        self._reserved += nbytes
+        self._total_bytes += nbytes
+        if self._total_bytes > self._watch:
+            self._over_watch()
+
+    def release(self, nbytes: int) -> None:
+        """Give back what :meth:`reserve` counted."""
+        self._reserved -= nbytes
+        self._total_bytes -= nbytes
 
     def _over_watch(self) -> None:
         """Past half the total bound: track log sizes; past the bound: drop from the longest logs."""

@@ -121,6 +121,7 @@ class _TxPublishes:
         self.items.append((channel, branch, payload))
         self.nbytes += cost
         self.committed.held_bytes = held + cost
+        self.committed.engine.reserve(cost)  # (the logs make room: all of channels within the bound)
 
     def __call__(self) -> None:
         if self.items:
@@ -137,6 +138,7 @@ class _TxPublishes:
     def release(self) -> None:
         """Give the room of the messages held back (they were published, or the transaction ended without)."""
         self.committed.held_bytes -= self.nbytes
+        self.committed.engine.release(self.nbytes)
         self.nbytes = 0
         self.items = []
 
