@@ -720,7 +720,11 @@ class Subscription(Generic[T]):
             # could not tell what it had heard there (trial BF: told None, and those messages never came again)
             last = self._last
             for item in self._buf:
-                if type(item) is MessageItem and (b := tuple(item.branch)) not in last:
+                if type(item) is not MessageItem:
+                    # a notice of the store's not told yet: it is dropped with the buffer, and what it counted is
+                    # before the messages after it; those branches stay unlisted ("cannot tell": trial BH)
+                    break
+                if (b := tuple(item.branch)) not in last:
                     last[b] = f"{item.id.rpartition('-')[0]}-{item.seq - 1}"
         self._buf.clear()  # (in place: the delivery loop holds this deque)
         self._buf.extend(kept)

@@ -241,7 +241,7 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
         sigs.append(signal.SIGHUP)
 
     def on_signal(sig: signal.Signals) -> None:
-        if not core.stop_requested.is_set():
+        if not core.stop_requested.is_set() and opts.mode != "private":
             log.info("%s: stopping", sig.name)  # (sidecar.log tells how each sidecar stopped)
         core.stop_requested.set()
 
@@ -265,7 +265,8 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
         await core.stop(core.stop_grace)  # (its address file goes with it)
-        log.info("stopped")
+        if opts.mode != "private":  # (a private server's log is its program's standard error)
+            log.info("stopped")
     return core.exit_status
 
 

@@ -44,7 +44,7 @@ def install(core: Core) -> None:
                 "stop that program (or close its store) to stop it"
             )
         core.stop_grace = grace
-        if not core.stop_requested.is_set():
+        if not core.stop_requested.is_set() and core.mode != "private":
             log.info("asked to stop (tinystore stop, or stop_server()), grace %gs: stopping", grace)
         core.stop_requested.set()
         return True
