@@ -135,3 +135,89 @@ async def test_an_exec_refused_at_the_head_of_the_line_does_not_hold_the_ones_be
     finally:
         await client.close()
         await owner.close()
+
+
+async def _hold_until(db: tinystore.Database, held: asyncio.Event, release: asyncio.Event) -> None:
+    async def body(tx: tinystore.SqlTx) -> None:
+        await tx.exec("insert into t (a) values (0)")
+        held.set()
+        await release.wait()
+
+    await db.tx(body)
+
+
+async def _returning(db: tinystore.Database, a: int) -> int:
+    return int((await db.exec("insert into t (a) values (?) returning id", a)).rows[0][0])
+
+
+# contract: SQL-03
+async def test_an_exec_is_not_let_past_an_earlier_one_of_its_database_waiting_in_the_line(tmp_path: Path) -> None:
+    # from trial BH: a later exec on x went past the full line while an earlier one on x waited in it: ran first
+    owner = await tinystore.open(tmp_path / "s", embedded=True, limits=tinystore.Limits(tx_idle=10.0, tx_max=60.0))
+    client: tinystore.Store | None = None
+    try:
+        for n in ("app", "x"):
+            await (await owner.database(n)).exec("create table t (id integer primary key, a int)")
+        client = await tinystore.open(tmp_path / "s")
+        capp, cx = await client.database("app"), await client.database("x")
+        held, release = asyncio.Event(), asyncio.Event()
+        other = asyncio.ensure_future(_hold_until(await owner.database("app"), held, release))
+        await held.wait()
+        ours_held, ours_release = asyncio.Event(), asyncio.Event()
+        ours = asyncio.ensure_future(_hold_until(capp, ours_held, ours_release))
+        await asyncio.sleep(0.2)
+        fill = [asyncio.ensure_future(_returning(capp, i)) for i in range(EXECS_MAX)]
+        await asyncio.sleep(0.2)
+        x1 = asyncio.ensure_future(_returning(cx, 1))  # waits in the full line
+        await asyncio.sleep(0.2)
+        release.set()
+        await other
+        await asyncio.wait_for(ours_held.wait(), 10)  # the line is stuck behind our transaction now
+        x2 = asyncio.ensure_future(_returning(cx, 2))
+        await asyncio.sleep(0.3)
+        ours_release.set()
+        await ours
+        await asyncio.gather(*fill)
+        assert await x1 < await x2
+    finally:
+        if client is not None:
+            await client.close()
+        await owner.close()
+
+
+# contract: SQL-03
+async def test_an_exec_kept_aside_for_a_transaction_does_not_pass_an_earlier_one_of_its_database(
+    tmp_path: Path,
+) -> None:
+    # from trial BH: an exec on z kept aside while the connection's transaction held z went back to the head of
+    # the line when it ended, ahead of an earlier exec on z still waiting in the line
+    owner = await tinystore.open(tmp_path / "s", embedded=True, limits=tinystore.Limits(tx_idle=10.0, tx_max=60.0))
+    client: tinystore.Store | None = None
+    try:
+        for n in ("y", "z"):
+            await (await owner.database(n)).exec("create table t (id integer primary key, a int)")
+        client = await tinystore.open(tmp_path / "s")
+        cy, cz = await client.database("y"), await client.database("z")
+        y_held, y_release = asyncio.Event(), asyncio.Event()
+        other = asyncio.ensure_future(_hold_until(await owner.database("y"), y_held, y_release))
+        await y_held.wait()
+        fill = [asyncio.ensure_future(_returning(cy, i)) for i in range(EXECS_MAX)]  # wait for y's writer
+        await asyncio.sleep(0.3)
+        z1 = asyncio.ensure_future(_returning(cz, 1))  # waits in the line
+        await asyncio.sleep(0.3)
+        z_held, z_release = asyncio.Event(), asyncio.Event()
+        ours = asyncio.ensure_future(_hold_until(cz, z_held, z_release))
+        await asyncio.wait_for(z_held.wait(), 10)
+        z2 = asyncio.ensure_future(_returning(cz, 2))
+        await asyncio.sleep(0.3)
+        z_release.set()
+        await ours
+        await asyncio.sleep(0.3)
+        y_release.set()
+        await other
+        await asyncio.gather(*fill)
+        assert await z1 < await z2
+    finally:
+        if client is not None:
+            await client.close()
+        await owner.close()

@@ -516,12 +516,16 @@ class ServerConnection(asyncio.Protocol):
             item = (stream, name, req, len(body), True)
             if name == "sql.exec":
                 line = self.execs
-                if self.park(item):
+                # (behind an exec of its database still waiting in the line, it waits there too: a connection's
+                # execs on one database run in the order sent, trial BH)
+                before = self.waits_in_line(req.db)
+                if not before and self.park(item):
                     return
             else:
                 line = self.reads
+                before = False
             if line.waiting or self.paused or len(line.running) >= line.most:
-                if line is self.execs and not self.paused and self.may_bypass(req.db):
+                if line is self.execs and not before and not self.paused and self.may_bypass(req.db):
                     self.start(self.bypass, stream, name, req, len(body))
                     return
                 line.waiting.append(item)
@@ -675,6 +679,11 @@ class ServerConnection(asyncio.Protocol):
                 return False  # (one of the execs counted ends: the lines are looked at again, see line_done)
         self.bypass_to = None
         return True
+
+    def waits_in_line(self, db: str) -> bool:
+        """Whether an exec on ``db`` waits in the execs' line (a later one on ``db`` goes behind it)."""
+        waiting = self.execs.waiting
+        return bool(waiting) and any(item[2].db == db for item in waiting)
 
     def bypass_behind_head(self) -> None:
         """The exec at the head of the full execs' line may not go past it (it would wait for a transaction, and
