@@ -516,13 +516,14 @@ class _Hold(Generic[R]):
 
     def __await__(self) -> Any:
         raise TypeError(
-            f"lock {self._lock.name}: hold() and try_hold() are used with `async with`, not awaited: "
+            f"{self._lock._kind} {self._lock.name}: hold() and try_hold() are used with `async with`, not awaited: "
             f"`async with lock.hold({self._key!r}) as lease:`"
         )
 
     def __enter__(self) -> None:
         raise TypeError(
-            f"lock {self._lock.name}: hold() and try_hold() are async context managers: use `async with`, not `with`"
+            f"{self._lock._kind} {self._lock.name}: hold() and try_hold() are async context managers: use "
+            "`async with`, not `with`"
         )
 
     def __exit__(self, *exc: object) -> None:  # (never reached: __enter__ raises)
