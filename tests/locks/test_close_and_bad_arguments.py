@@ -100,7 +100,7 @@ async def test_hold_awaited_or_used_with_plain_with_says_async_with(tmp_path: Pa
         async with lock.hold("k") as lease:  # nothing was held by the mistakes
             assert lease.fence
         sem = store.semaphore("renders", limit=2)
-        with pytest.raises(TypeError, match="^semaphore renders: .*async with"):
+        with pytest.raises(TypeError, match=r"^semaphore renders: .*async with"):
             await sem.try_hold("k")
     finally:
         await store.close()
