@@ -221,3 +221,29 @@ async def test_an_exec_kept_aside_for_a_transaction_does_not_pass_an_earlier_one
         if client is not None:
             await client.close()
         await owner.close()
+
+
+# contract: SQL-03
+async def test_a_transactions_own_write_is_not_held_in_the_sdk_behind_writes_waiting_elsewhere(tmp_path: Path) -> None:
+    # from trial BH: with 170 execs of the connection waiting for another connection's transaction, the SDK held
+    # the transaction's own exec on a free database behind them (its share of the request credit, 160), until the
+    # transaction was rolled back at tx_idle
+    owner, client, odb, cdb = await _setup(tmp_path, ("app", "other", "third"))
+    try:
+        held = asyncio.Event()
+        holder = asyncio.ensure_future(_hold(odb["other"], 4.0, held))
+        await held.wait()
+        waiting = [asyncio.ensure_future(cdb["other"].exec("insert into t (a) values (?)", i)) for i in range(170)]
+        await asyncio.sleep(0.3)
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values (1)")
+            await cdb["third"].exec("insert into t (a) values (2)")  # the transaction's own call elsewhere
+            await tx.exec("insert into t (a) values (3)")
+
+        await asyncio.wait_for(cdb["app"].tx(fn), 20)
+        await asyncio.gather(holder, *waiting)
+        assert await cdb["app"].scalar("select count(*) from t") == 2
+    finally:
+        await client.close()
+        await owner.close()

@@ -52,6 +52,11 @@ def in_open_tx(key: tuple[int, str]) -> bool:
     return mark is not None and mark.open
 
 
+def inside_open_tx() -> bool:
+    """Whether this context runs inside the ``fn`` of a writing ``db.tx`` that is still open (of any database)."""
+    return any(mark.open for mark in _active.get().values())
+
+
 def read_migrations(
     migrations: str | os.PathLike[str] | Sequence[tuple[str, str]] | None, db: str = ""
 ) -> list[Migration]:

@@ -48,6 +48,7 @@ from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decod
 from ..protocol.store import Empty
 from ..protocol.values import valid_text
 from ..server.paths import check_socket_dir
+from .sql import inside_open_tx
 
 _RESPONSE = Kind.RESPONSE
 _Future = asyncio.Future
@@ -827,9 +828,11 @@ class RemoteTransport(Transport):
             elif asyncio.current_task() not in self._firsts:
                 await asyncio.wait([first])  # (its outcome is its caller's; a cancel here ends this call only)
         turns = None
-        if method in _PARKING and not (method in _IN_TX and request.tx):
+        if method in _PARKING and not (method in _IN_TX and (request.tx or inside_open_tx())):
             # a call that may wait long at the server: once fewer than its method's share of them are in flight
-            # (see _PARKING); a cancel while it waits for its turn sends nothing
+            # (see _PARKING); a cancel while it waits for its turn sends nothing. A write made inside an open
+            # transaction goes at once, as the transaction's own statements do: behind other calls' writes that
+            # wait (for another connection's transaction), it waited until its own transaction's tx_idle (trial BH)
             turns = self._turns[method]
             if turns.count >= self._park_cap or turns.waiters:
                 await self._turn(turns)
