@@ -244,3 +244,46 @@ async def test_a_notice_of_the_store_not_told_yet_keeps_its_count_across_a_recon
                 assert len(heard) + known == 9, (heard, counts)
         finally:
             await client.close()
+
+
+# contract: CHAN-02
+# contract: CHAN-04
+async def test_a_notice_of_the_sdks_own_waiting_does_not_leave_a_new_branch_unlisted(tmp_path: Path) -> None:
+    # from trial BI: behind the first reconnect's notice (the SDK's own, not told yet), a new branch's messages
+    # waited unhandled; at a second drop the branch was left unlisted, told None, and they never came again
+    async with open_store("embedded", tmp_path / "d") as owner:
+        client = await tinystore.open(tmp_path / "d")
+        try:
+            heard: list[str] = []
+            notices: list[tinystore.Missed] = []
+            gate = asyncio.Event()
+
+            async def handler(m: tinystore.Message[str]) -> None:
+                heard.append(m.value)
+                if m.value == "x1":
+                    await gate.wait()
+
+            sub = await client.channel("c").under("a").subscribe(handler, on_missed=notices.append, recursive=True)
+            pub = owner.channel("c").under("a")
+            await pub.under("x").publish("x1")
+            while heard != ["x1"]:
+                await asyncio.sleep(0.01)
+            await _drop_and_wait(client, [])  # the handler holds x1: the reconnect's notice waits
+            while sub.reconnects < 1:
+                await asyncio.sleep(0.01)
+            for i in range(3):
+                await pub.under("y").publish(f"y{i}")
+            await asyncio.sleep(0.3)
+            await _drop_and_wait(client, [])
+            while sub.reconnects < 2:
+                await asyncio.sleep(0.01)
+            gate.set()
+            for _ in range(300):
+                if len(heard) >= 4 and len(notices) >= 2:
+                    break
+                await asyncio.sleep(0.01)
+            await sub.stop()
+            assert heard == ["x1", "y0", "y1", "y2"], (heard, notices)
+            assert [n.count for n in notices] == [0, 0], notices
+        finally:
+            await client.close()

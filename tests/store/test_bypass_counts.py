@@ -247,3 +247,65 @@ async def test_a_transactions_own_write_is_not_held_in_the_sdk_behind_writes_wai
     finally:
         await client.close()
         await owner.close()
+
+
+# contract: SQL-03
+async def test_writes_a_transactions_fn_spawns_do_not_take_the_credit_its_statements_need(tmp_path: Path) -> None:
+    # from trial BI: writes made inside an open transaction went past their share of the request credit without
+    # bound; a fn that spawned 1,100 execs waiting elsewhere took all of it, and its own next statement waited
+    # until tx_idle
+    owner, client, odb, cdb = await _setup(tmp_path, ("app", "other"))
+    try:
+        held = asyncio.Event()
+        holder = asyncio.ensure_future(_hold(odb["other"], 4.0, held))
+        await held.wait()
+        spawned: list[asyncio.Task[Any]] = []
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values (1)")
+            for i in range(1100):
+                spawned.append(asyncio.ensure_future(cdb["other"].exec("insert into t (a) values (?)", i)))
+            await asyncio.sleep(0.3)
+            await tx.exec("insert into t (a) values (2)")  # the transaction's own statement
+
+        await asyncio.wait_for(cdb["app"].tx(fn), 20)
+        await holder
+        await asyncio.gather(*spawned)
+        assert await cdb["app"].scalar("select count(*) from t") == 2
+    finally:
+        await client.close()
+        await owner.close()
+
+
+# contract: SQL-03
+async def test_an_exec_behind_one_of_its_database_that_came_before_the_line_was_stuck_goes(tmp_path: Path) -> None:
+    # from trial BI: an exec on third waited in the full line before it was stuck behind our transaction; our
+    # transaction's own exec on third went behind it (their order kept), and nothing looked at the line again
+    owner, client, odb, cdb = await _setup(tmp_path, ("app", "third"))
+    try:
+        held, release = asyncio.Event(), asyncio.Event()
+        other = asyncio.ensure_future(_hold_until(odb["app"], held, release))
+        await held.wait()
+        took: list[float] = []
+
+        async def fn(tx: tinystore.SqlTx) -> int:
+            await tx.exec("insert into t (a) values (1)")
+            t0 = time.monotonic()
+            got = await _returning(cdb["third"], 2)
+            took.append(time.monotonic() - t0)
+            return got
+
+        ours = asyncio.ensure_future(cdb["app"].tx(fn))  # its begin waits for app's writer
+        await asyncio.sleep(0.2)
+        fill = [asyncio.ensure_future(_returning(cdb["app"], 100 + i)) for i in range(EXECS_MAX + 4)]
+        await asyncio.sleep(0.2)
+        first = asyncio.ensure_future(_returning(cdb["third"], 1))  # waits in the full line, not stuck yet
+        await asyncio.sleep(0.2)
+        release.set()
+        await other
+        second = await asyncio.wait_for(ours, 20)
+        assert await first < second
+        await asyncio.gather(*fill)
+    finally:
+        await client.close()
+        await owner.close()

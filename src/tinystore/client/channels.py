@@ -720,10 +720,13 @@ class Subscription(Generic[T]):
             # could not tell what it had heard there (trial BF: told None, and those messages never came again)
             last = self._last
             for item in self._buf:
-                if type(item) is not MessageItem:
+                if type(item) is MissedItem:
                     # a notice of the store's not told yet: it is dropped with the buffer, and what it counted is
-                    # before the messages after it; those branches stay unlisted ("cannot tell": trial BH)
+                    # before the messages after it; those branches stay unlisted ("cannot tell": trial BH). (The
+                    # SDK's own notices, kept, count only what came before the last position: trial BI)
                     break
+                if type(item) is not MessageItem:
+                    continue
                 if (b := tuple(item.branch)) not in last:
                     last[b] = f"{item.id.rpartition('-')[0]}-{item.seq - 1}"
         self._buf.clear()  # (in place: the delivery loop holds this deque)

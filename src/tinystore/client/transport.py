@@ -81,6 +81,11 @@ _PARKING = frozenset({"sql.begin", "jobs.claim", "jobs.wait", ACQUIRE, "sql.exec
 _IN_TX = frozenset({"sql.exec", "jobs.add"})
 
 
+#: writes made inside open transactions (see :func:`~tinystore.client.sql.inside_open_tx`) that may be in flight
+#: past their method's share, all together
+TX_EXTRA = 8
+
+
 def parking_cap(max_inflight: int) -> int:
     """Calls of one :data:`_PARKING` method a connection may have in flight: an equal share of its credit
     less a reserve of 64 (a quarter, with a small credit); 160 of 1,024."""
@@ -580,6 +585,7 @@ class RemoteTransport(Transport):
         self.reconnects = 0
         self._turns = {method: _Turns() for method in _PARKING}  # calls of _PARKING methods in flight
         self._park_cap = parking_cap(frames.DEFAULT_MAX_INFLIGHT)
+        self._tx_extra = 0  # writes made inside open transactions in flight past their method's share
         self._first: asyncio.Task[Any] | None = None  # a call every later one waits behind (see call_first)
         self._firsts: set[asyncio.Task[Any]] = set()  # call_first calls under way (each waits for the one before)
 
@@ -828,15 +834,24 @@ class RemoteTransport(Transport):
             elif asyncio.current_task() not in self._firsts:
                 await asyncio.wait([first])  # (its outcome is its caller's; a cancel here ends this call only)
         turns = None
-        if method in _PARKING and not (method in _IN_TX and (request.tx or inside_open_tx())):
+        extra = False
+        if method in _PARKING and not (method in _IN_TX and request.tx):
             # a call that may wait long at the server: once fewer than its method's share of them are in flight
             # (see _PARKING); a cancel while it waits for its turn sends nothing. A write made inside an open
-            # transaction goes at once, as the transaction's own statements do: behind other calls' writes that
-            # wait (for another connection's transaction), it waited until its own transaction's tx_idle (trial BH)
+            # transaction may go past its method's share, a few at once (TX_EXTRA): behind the connection's
+            # writes that wait (for another connection's transaction), it waited until its own transaction's
+            # tx_idle (trial BH); without a bound, a transaction's fn that spawned a thousand took all the credit
+            # its own statements need (trial BI)
             turns = self._turns[method]
             if turns.count >= self._park_cap or turns.waiters:
-                await self._turn(turns)
-            turns.count += 1
+                if method in _IN_TX and self._tx_extra < TX_EXTRA and inside_open_tx():
+                    self._tx_extra += 1
+                    extra = True
+                    turns = None
+                else:
+                    await self._turn(turns)
+            if turns is not None:
+                turns.count += 1
         try:
             try:
                 body = encode(request)
@@ -919,6 +934,8 @@ class RemoteTransport(Transport):
                 turns.count -= 1
                 if turns.waiters:
                     turns.wake()
+            elif extra:
+                self._tx_extra -= 1
 
     def call_first(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False
