@@ -309,3 +309,45 @@ async def test_an_exec_behind_one_of_its_database_that_came_before_the_line_was_
     finally:
         await client.close()
         await owner.close()
+
+
+# contract: SQL-03
+async def test_other_transactions_writes_do_not_take_a_transactions_own_room_past_the_share(tmp_path: Path) -> None:
+    # from trial BJ: with one allowance past the share for all transactions, 8 other transactions' fns, each
+    # awaiting a write that waits for our transaction, took it: our fn's own write elsewhere waited until tx_idle
+    from tinystore.client.transport import TX_EXTRA, parking_cap
+    from tinystore.protocol import frames
+
+    names = ("app", "third", *(f"d{k}" for k in range(TX_EXTRA)))
+    owner, client, _odb, cdb = await _setup(tmp_path, names)
+    tasks: list[asyncio.Future[Any]] = []
+    try:
+        holding, go = asyncio.Event(), asyncio.Event()
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values (1)")  # holds app's writer
+            holding.set()
+            await go.wait()
+            await cdb["third"].exec("insert into t (a) values (7)")  # its own write elsewhere
+            await tx.exec("insert into t (a) values (2)")
+
+        async def other_fn(tx: tinystore.SqlTx) -> None:  # waits for ours: it writes to app
+            await tx.exec("insert into t (a) values (1)")
+            await cdb["app"].exec("insert into t (a) values (3)")
+
+        ours = asyncio.ensure_future(cdb["app"].tx(fn))
+        await holding.wait()
+        for i in range(parking_cap(frames.DEFAULT_MAX_INFLIGHT)):  # app writes: the method's whole share
+            tasks.append(asyncio.ensure_future(cdb["app"].exec("insert into t (a) values (?)", 100 + i)))
+        await asyncio.sleep(0.3)
+        tasks += [asyncio.ensure_future(cdb[f"d{k}"].tx(other_fn)) for k in range(TX_EXTRA)]
+        await asyncio.sleep(0.3)
+        go.set()
+        await asyncio.wait_for(ours, 20)
+        await asyncio.wait_for(asyncio.gather(*tasks), 20)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+        await owner.close()

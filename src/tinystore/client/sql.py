@@ -34,10 +34,11 @@ class _TxMark:
     """A writing transaction of ``db.tx`` whose ``fn`` runs (``open``), as the context of ``fn`` sees it: a task
     started inside ``fn`` inherits the mark, and is free of it once ``fn`` has returned or raised."""
 
-    __slots__ = ("open",)
+    __slots__ = ("extra", "open")
 
     def __init__(self) -> None:
         self.open = True
+        self.extra = 0  # writes of its context in flight past their method's share (see RemoteTransport.call)
 
 
 _active: contextvars.ContextVar[Mapping[tuple[int, str], _TxMark]] = contextvars.ContextVar(
@@ -52,9 +53,13 @@ def in_open_tx(key: tuple[int, str]) -> bool:
     return mark is not None and mark.open
 
 
-def inside_open_tx() -> bool:
-    """Whether this context runs inside the ``fn`` of a writing ``db.tx`` that is still open (of any database)."""
-    return any(mark.open for mark in _active.get().values())
+def open_tx_mark() -> _TxMark | None:
+    """The mark of a writing ``db.tx`` still open whose ``fn`` this context runs inside (of any database), or
+    ``None``."""
+    for mark in _active.get().values():
+        if mark.open:
+            return mark
+    return None
 
 
 def read_migrations(

@@ -48,7 +48,7 @@ from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decod
 from ..protocol.store import Empty
 from ..protocol.values import valid_text
 from ..server.paths import check_socket_dir
-from .sql import inside_open_tx
+from .sql import open_tx_mark
 
 _RESPONSE = Kind.RESPONSE
 _Future = asyncio.Future
@@ -81,8 +81,8 @@ _PARKING = frozenset({"sql.begin", "jobs.claim", "jobs.wait", ACQUIRE, "sql.exec
 _IN_TX = frozenset({"sql.exec", "jobs.add"})
 
 
-#: writes made inside open transactions (see :func:`~tinystore.client.sql.inside_open_tx`) that may be in flight
-#: past their method's share, all together
+#: writes made inside one open transaction's fn (see :func:`~tinystore.client.sql.open_tx_mark`) that may be in
+#: flight past their method's share
 TX_EXTRA = 8
 
 
@@ -585,7 +585,6 @@ class RemoteTransport(Transport):
         self.reconnects = 0
         self._turns = {method: _Turns() for method in _PARKING}  # calls of _PARKING methods in flight
         self._park_cap = parking_cap(frames.DEFAULT_MAX_INFLIGHT)
-        self._tx_extra = 0  # writes made inside open transactions in flight past their method's share
         self._first: asyncio.Task[Any] | None = None  # a call every later one waits behind (see call_first)
         self._firsts: set[asyncio.Task[Any]] = set()  # call_first calls under way (each waits for the one before)
 
@@ -834,19 +833,21 @@ class RemoteTransport(Transport):
             elif asyncio.current_task() not in self._firsts:
                 await asyncio.wait([first])  # (its outcome is its caller's; a cancel here ends this call only)
         turns = None
-        extra = False
+        extra = None
         if method in _PARKING and not (method in _IN_TX and request.tx):
             # a call that may wait long at the server: once fewer than its method's share of them are in flight
             # (see _PARKING); a cancel while it waits for its turn sends nothing. A write made inside an open
-            # transaction may go past its method's share, a few at once (TX_EXTRA): behind the connection's
-            # writes that wait (for another connection's transaction), it waited until its own transaction's
-            # tx_idle (trial BH); without a bound, a transaction's fn that spawned a thousand took all the credit
-            # its own statements need (trial BI)
+            # transaction's fn may go past its method's share, a few at once for each transaction (TX_EXTRA):
+            # behind the connection's writes that wait (for another connection's transaction), it waited until
+            # its own transaction's tx_idle (trial BH); without a bound, a fn that spawned a thousand took all
+            # the credit its own statements need (trial BI); with one bound for all, other transactions' fns took
+            # it (trial BJ)
             turns = self._turns[method]
             if turns.count >= self._park_cap or turns.waiters:
-                if method in _IN_TX and self._tx_extra < TX_EXTRA and inside_open_tx():
-                    self._tx_extra += 1
-                    extra = True
+                mark = open_tx_mark() if method in _IN_TX else None
+                if mark is not None and mark.extra < TX_EXTRA:
+                    mark.extra += 1
+                    extra = mark
                     turns = None
                 else:
                     await self._turn(turns)
@@ -934,8 +935,8 @@ class RemoteTransport(Transport):
                 turns.count -= 1
                 if turns.waiters:
                     turns.wake()
-            elif extra:
-                self._tx_extra -= 1
+            elif extra is not None:
+                extra.extra -= 1
 
     def call_first(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False
