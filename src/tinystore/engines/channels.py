@@ -971,6 +971,11 @@ class ChannelsEngine:
         if self._total_bytes > self._watch:
             self._over_watch()
 
+    @property
+    def reserved(self) -> int:
+        """Bytes :meth:`reserve` counts now."""
+        return self._reserved
+
     def release(self, nbytes: int) -> None:
         """Give back what :meth:`reserve` counted."""
         self._reserved -= nbytes

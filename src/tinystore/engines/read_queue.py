@@ -70,11 +70,6 @@ class FairReads(Generic[T]):
             else:
                 del self._running[owner]
 
-    def waiting(self) -> int:
-        """How many items wait (for status)."""
-        with self._lock:
-            return sum(len(line) for line in self._waiting.values())
-
     def _take(self) -> tuple[T, object]:
         waiting = self._waiting
         running = self._running

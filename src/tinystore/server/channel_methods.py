@@ -60,13 +60,12 @@ class _Committed:
     embedded store's caller resumed and published before that later turn, and its message got the lower seq).
     Each transaction's messages are published all or nothing, in the order of the commits."""
 
-    __slots__ = ("batches", "engine", "handle", "held_bytes")
+    __slots__ = ("batches", "engine", "handle")
 
     def __init__(self, engine: ChannelsEngine) -> None:
         self.engine = engine
         self.batches: list[list[tuple[str, Branch, bytes]]] = []
         self.handle: asyncio.Handle | None = None
-        self.held_bytes = 0  # what open transactions published, held until they end (see _TxPublishes)
 
     def add(self, items: list[tuple[str, Branch, bytes]]) -> None:
         self.batches.append(items)
@@ -94,8 +93,8 @@ TX_MESSAGE_COST = 64
 
 class _TxPublishes:
     """The messages one SQL transaction published, handed to :class:`_Committed` after its commit (an
-    after_commit hook), or dropped when it ends otherwise (an on_end hook). Until then they count in
-    ``_Committed.held_bytes``, which ``channel_total_bytes`` bounds (CHAN-08: held without bound, one
+    after_commit hook), or dropped when it ends otherwise (an on_end hook). Until then the engine counts them
+    (``reserve``) within ``channel_total_bytes`` (CHAN-08: held without bound, one
     transaction's made the server grow by a gigabyte in seconds, trial BB)."""
 
     __slots__ = ("committed", "items", "nbytes")
@@ -109,7 +108,8 @@ class _TxPublishes:
         """Hold one message until the commit. Raises ``LimitError`` when the messages held for open transactions
         would pass ``limit`` bytes (nothing is kept then)."""
         cost = len(payload) + len(channel) + TX_MESSAGE_COST
-        held = self.committed.held_bytes
+        engine = self.committed.engine
+        held = engine.reserved
         if held + cost > limit:
             raise LimitError(
                 f"channel {channel}: the messages that open transactions published, held until they commit, would "
@@ -120,8 +120,7 @@ class _TxPublishes:
             )
         self.items.append((channel, branch, payload))
         self.nbytes += cost
-        self.committed.held_bytes = held + cost
-        self.committed.engine.reserve(cost)  # (the logs make room: all of channels within the bound)
+        engine.reserve(cost)  # (the logs make room: all of channels within the bound)
 
     def __call__(self) -> None:
         if self.items:
@@ -137,7 +136,6 @@ class _TxPublishes:
 
     def release(self) -> None:
         """Give the room of the messages held back (they were published, or the transaction ended without)."""
-        self.committed.held_bytes -= self.nbytes
         self.committed.engine.release(self.nbytes)
         self.nbytes = 0
         self.items = []
@@ -247,7 +245,7 @@ def install(core: Core) -> None:
 
     def status() -> dict[str, object]:
         """The engine's counts, and ``tx_bytes``: what open transactions published, held until they end."""
-        return {**engine.status(), "tx_bytes": committed.held_bytes}
+        return {**engine.status(), "tx_bytes": engine.reserved}
 
     core.status_hooks["channels"] = status
     core.stop_hooks.append(stop)

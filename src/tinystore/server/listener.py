@@ -954,7 +954,7 @@ class ServerConnection(asyncio.Protocol):
             self.let_go(item)
             stream, name, req, _, _ = item
             tx = txs.get(req.tx)
-            why = tx.error if tx is not None and tx.error is not None else None
+            why = tx.error if tx is not None else None
             self.send_error(
                 stream,
                 why
