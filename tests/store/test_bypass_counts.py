@@ -12,6 +12,8 @@ from typing import Any
 import tinystore
 from tinystore.server.listener import BYPASS_HELD_MAX, EXECS_MAX
 
+from .full_line import behind_full_line
+
 SLOW = (
     "insert into t (a) select x from (with recursive c(x) as (select 1 union all select x + 1 from c "
     "where x < 1500000) select x from c)"
@@ -32,18 +34,9 @@ async def _setup(
 
 async def _stuck_transaction(
     odb: dict[str, tinystore.Database], cdb: dict[str, tinystore.Database], go_on: asyncio.Event, took: list[float]
-) -> tuple[asyncio.Future[int], list[asyncio.Task[Any]]]:
+) -> tuple[asyncio.Future[int], list[asyncio.Future[Any]]]:
     """Our client's transaction on app, with its connection's execs' line full of execs waiting for it; once
     ``go_on`` is set, its own exec on ``third`` (a free database), timed in ``took``."""
-    app_held, app_release = asyncio.Event(), asyncio.Event()
-
-    async def hold_app(tx: tinystore.SqlTx) -> None:
-        await tx.exec("insert into t (a) values (0)")
-        app_held.set()
-        await app_release.wait()
-
-    app_holder = asyncio.ensure_future(odb["app"].tx(hold_app))
-    await app_held.wait()
     in_tx = asyncio.Event()
 
     async def fn(tx: tinystore.SqlTx) -> int:
@@ -55,15 +48,7 @@ async def _stuck_transaction(
         took.append(time.monotonic() - t0)
         return len(done.rows)
 
-    ours = asyncio.ensure_future(cdb["app"].tx(fn))
-    await asyncio.sleep(0.2)
-    returning: list[asyncio.Task[Any]] = [
-        asyncio.ensure_future(cdb["app"].exec("insert into t (a) values (?) returning id", 100 + i))
-        for i in range(EXECS_MAX + 8)
-    ]
-    await asyncio.sleep(0.2)
-    app_release.set()
-    await app_holder
+    ours, returning = await behind_full_line(odb["app"], cdb["app"], fn)
     await in_tx.wait()
     return ours, returning
 

@@ -21,6 +21,7 @@ from tinystore.server import paths
 from tinystore.server.listener import EXECS_MAX, READS_MAX
 
 from ..helpers import open_store
+from .full_line import behind_full_line
 from .raw import RawClient
 from .test_cancel import server_side
 
@@ -164,7 +165,7 @@ async def test_a_transactions_commit_waits_behind_its_reads_that_wait(tmp_path: 
             ]
             raw.send(b"".join(reads) + frames.request_frame(9, "sql.commit", encode(TxRef(tx))))
             await asyncio.sleep(0.3)  # not reading meanwhile
-            order = []
+            order: list[int] = []
             while len(order) < CALLS + 1:
                 f = await raw.frame(timeout=20)
                 assert isinstance(f, Frame)
@@ -399,16 +400,6 @@ async def test_execs_waiting_for_another_connections_transaction_do_not_take_the
 
             holder = asyncio.ensure_future(other_db.tx(hold_other))
             await held.wait()
-            app_held = asyncio.Event()
-            app_release = asyncio.Event()
-
-            async def hold_app(tx: tinystore.SqlTx) -> None:  # app's writer, so that our transaction's begin waits
-                await tx.exec("insert into t (a) values (0)")
-                app_held.set()
-                await app_release.wait()
-
-            app_holder = asyncio.ensure_future(app.tx(hold_app))
-            await app_held.wait()
             took: list[float] = []
             waiting_others: list[asyncio.Future[Any]] = []
 
@@ -421,15 +412,7 @@ async def test_execs_waiting_for_another_connections_transaction_do_not_take_the
                 await asyncio.sleep(0.3)
                 return await timed_audit(audit_c, took)
 
-            ours = asyncio.ensure_future(db.tx(fn))
-            await asyncio.sleep(0.2)  # our begin waits for app's writer; these are sent meanwhile and fill the line
-            returning = [
-                asyncio.ensure_future(db.exec("insert into t (a) values (?) returning id", 100 + i))
-                for i in range(EXECS_MAX + 8)
-            ]
-            await asyncio.sleep(0.2)
-            app_release.set()
-            await app_holder
+            ours, returning = await behind_full_line(app, db, fn)
             got = await asyncio.wait_for(ours, 20)
             release.set()
             await holder
@@ -439,7 +422,6 @@ async def test_execs_waiting_for_another_connections_transaction_do_not_take_the
             assert await other_c.scalar("select count(*) from t where a < ?", READS_MAX) >= READS_MAX
         finally:
             release.set()
-            app_release.set()
             await client.close()
 
 
@@ -470,16 +452,6 @@ async def test_a_transactions_exec_waiting_for_another_connections_writer_goes_o
 
             holder = asyncio.ensure_future(other_db.tx(hold_other))
             await held.wait()
-            app_held = asyncio.Event()
-            app_release = asyncio.Event()
-
-            async def hold_app(tx: tinystore.SqlTx) -> None:  # app's writer, so that our transaction's begin waits
-                await tx.exec("insert into t (a) values (0)")
-                app_held.set()
-                await app_release.wait()
-
-            app_holder = asyncio.ensure_future(app.tx(hold_app))
-            await app_held.wait()
 
             async def fn(tx: tinystore.SqlTx) -> int:
                 await tx.exec("insert into t (a) values (1)")
@@ -487,22 +459,13 @@ async def test_a_transactions_exec_waiting_for_another_connections_writer_goes_o
                 done = await other_c.exec("insert into t (a) values (7) returning id")
                 return len(done.rows)
 
-            ours = asyncio.ensure_future(db.tx(fn))
-            await asyncio.sleep(0.2)  # our begin waits for app's writer; these are sent meanwhile and fill the line
-            returning = [
-                asyncio.ensure_future(db.exec("insert into t (a) values (?) returning id", 100 + i))
-                for i in range(EXECS_MAX + 8)
-            ]
-            await asyncio.sleep(0.2)
-            app_release.set()
-            await app_holder
+            ours, returning = await behind_full_line(app, db, fn)
             assert await asyncio.wait_for(ours, 20) == 1
             await holder
             await asyncio.gather(*returning)
             assert await db.scalar("select count(*) from t") == 2 + EXECS_MAX + 8
         finally:
             release.set()
-            app_release.set()
             await client.close()
 
 
@@ -528,35 +491,16 @@ async def test_a_transactions_exec_is_not_starved_by_another_clients_transaction
         try:
             db = await client.database("app")
             other_c = await client.database("other")
-            app_held = asyncio.Event()
-            app_release = asyncio.Event()
-
-            async def hold_app(tx: tinystore.SqlTx) -> None:
-                await tx.exec("insert into t (a) values (0)")
-                app_held.set()
-                await app_release.wait()
-
-            app_holder = asyncio.ensure_future(app.tx(hold_app))
-            await app_held.wait()
 
             async def fn(tx: tinystore.SqlTx) -> int:
                 await tx.exec("insert into t (a) values (1)")
                 done = await other_c.exec("insert into t (a) values (7) returning id")
                 return len(done.rows)
 
-            ours = asyncio.ensure_future(db.tx(fn))
-            await asyncio.sleep(0.2)
-            returning = [
-                asyncio.ensure_future(db.exec("insert into t (a) values (?) returning id", 100 + i))
-                for i in range(EXECS_MAX + 8)
-            ]
-            await asyncio.sleep(0.2)
-            app_release.set()
-            await app_holder
+            ours, returning = await behind_full_line(app, db, fn)
             assert await asyncio.wait_for(ours, 20) == 1
             await asyncio.gather(*returning)
         finally:
             stop.set()
             await asyncio.gather(*loops, return_exceptions=True)
-            app_release.set()
             await client.close()
