@@ -43,3 +43,16 @@ async def behind_full_line(
         app_release.set()
     await app_holder
     return ours, returning
+
+
+async def hold_busy(db: tinystore.Database, held: asyncio.Event, release: asyncio.Event, pause: float = 0.1) -> None:
+    """A transaction on ``db`` (a table ``t (id, a)``) that holds its writer, calling all along (never idle),
+    until ``release``; ``held`` is set once it began."""
+
+    async def body(tx: tinystore.SqlTx) -> None:
+        held.set()
+        while not release.is_set():
+            await tx.exec("insert into t (a) values (0)")
+            await asyncio.sleep(pause)
+
+    await db.tx(body)

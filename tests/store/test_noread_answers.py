@@ -21,7 +21,7 @@ from tinystore.server import paths
 from tinystore.server.listener import EXECS_MAX, READS_MAX
 
 from ..helpers import open_store
-from .full_line import behind_full_line
+from .full_line import behind_full_line, hold_busy
 from .raw import RawClient
 from .test_cancel import server_side
 
@@ -391,14 +391,7 @@ async def test_execs_waiting_for_another_connections_transaction_do_not_take_the
             other_c = await client.database("other")
             release = asyncio.Event()
             held = asyncio.Event()
-
-            async def hold_other(tx: tinystore.SqlTx) -> None:  # another connection's transaction, on ``other``
-                held.set()
-                while not release.is_set():  # busy, never idle
-                    await tx.exec("insert into t (a) values (0)")
-                    await asyncio.sleep(0.2)
-
-            holder = asyncio.ensure_future(other_db.tx(hold_other))
+            holder = asyncio.ensure_future(hold_busy(other_db, held, release, 0.2))  # another connection's transaction
             await held.wait()
             took: list[float] = []
             waiting_others: list[asyncio.Future[Any]] = []
@@ -443,14 +436,7 @@ async def test_a_transactions_exec_waiting_for_another_connections_writer_goes_o
             other_c = await client.database("other")
             release = asyncio.Event()
             held = asyncio.Event()
-
-            async def hold_other(tx: tinystore.SqlTx) -> None:  # another connection's transaction, busy
-                held.set()
-                while not release.is_set():
-                    await tx.exec("insert into t (a) values (0)")
-                    await asyncio.sleep(0.1)
-
-            holder = asyncio.ensure_future(other_db.tx(hold_other))
+            holder = asyncio.ensure_future(hold_busy(other_db, held, release, 0.1))  # another connection's transaction
             await held.wait()
 
             async def fn(tx: tinystore.SqlTx) -> int:
