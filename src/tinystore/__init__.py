@@ -1,7 +1,8 @@
 """TinyStore: SQL databases, durable job queues, channels and locks in one directory, owned by one process.
 
 Open a store with :func:`open` (the directory's server, a private child server, or ``embedded=True``) or
-:func:`connect` (TCP/TLS). See API.md for every call.
+:func:`connect` (TCP/TLS). The guides are the project's ``docs/`` (sql.md, jobs.md, channels.md, locks.md,
+serving.md); ``help()`` of each class gives its calls, their shapes and the errors they raise.
 """
 
 from __future__ import annotations

@@ -123,7 +123,10 @@ def register(main: click.Group) -> None:
             cells = [j.queue, _state(j), f"{j.attempts}/{j.max_attempts}", j.tenant]
             if wide:
                 cells += [j.type or "", _short(j.progress, 24), _at(j.created_at), _at(j.finished_at)]
-            table.add_row(j.id, *(visible(str(c)) for c in cells), visible(_short(j.error, 60)))
+            # a job that succeeded after failed attempts keeps its last error (`show ID` lists them), but in a list
+            # that is scanned for failures it read as one (trial BL)
+            error = "" if j.state == "succeeded" else _short(j.error, 60)
+            table.add_row(j.id, *(visible(str(c)) for c in cells), visible(error))
         console.print(table)
         if page.next:
             console.print(f"more: --after {page.next}", highlight=False)

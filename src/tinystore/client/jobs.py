@@ -857,6 +857,28 @@ class Worker:
         """How many of this worker's handlers run now (at most its ``concurrency``)."""
         return self._runner.handling
 
+    @property
+    def error(self) -> BaseException | None:
+        """What ended this worker by itself, or ``None`` (it runs, or :meth:`stop` or the store's close ended
+        it): an ``InvalidError`` when the queue's options differ from the store's, or what broke its claims."""
+        task = self._task
+        if not task.done() or task.cancelled():
+            return None
+        return task.exception()
+
+    async def wait(self) -> None:
+        """Wait until this worker ends: returns once :meth:`stop` (or the store's close) has stopped it, raises
+        what ended it by itself (:attr:`error`: ``InvalidError`` for options that differ from the store's, which
+        the worker finds when it opens the queue). A worker process's main task can ``await worker.wait()``
+        rather than sleep for ever beside a worker that has ended. A cancel of ``wait`` leaves the worker
+        running."""
+        await asyncio.wait([self._task])  # (neither raises what ended it nor cancels it)
+        error = self.error
+        if error is not None:
+            raise error
+        if self._stop_task is not None:  # else the store closed under it: it claims nothing more
+            await asyncio.wait([self._stop_task])
+
     async def _loop(self) -> None:
         """Keep the worker's slots busy: whenever slots are free and no claim under way asks for them, claim that
         many. Claims overlap: slots freed while one claim waits for its commit are claimed at once by another,
@@ -866,7 +888,7 @@ class Worker:
         try:
             await q._ensure()
         except TinystoreError as exc:
-            log.error("queue %s: the worker could not open the queue: %s", q.name, exc.message)
+            log.error("queue %s: the worker could not open the queue, and ended: %s", q.name, exc.message)
             raise
         claims = self._claims
         try:
@@ -987,7 +1009,9 @@ class Worker:
             q.store._close_hooks.remove(self.stop)
 
     def __repr__(self) -> str:
-        return f"<tinystore.Worker queue={self.queue.name} running={self.running} ran={self.ran}>"
+        error = self.error
+        state = f" ended: {error}" if error is not None else " stopped" if self._task.done() else ""
+        return f"<tinystore.Worker queue={self.queue.name} running={self.running} ran={self.ran}{state}>"
 
 
 _handing_back: set[asyncio.Task[Any]] = set()
@@ -1086,7 +1110,8 @@ class Queue(Generic[T]):
       attempt ``n`` is retried after ``min(cap, first × 3^(n-1)) × uniform(0.8, 1.0)``.
     - ``lease`` (30 s, 1 s .. 1 h): an attempt not renewed for this long is lost and retried ("worker lost").
     - ``timeout`` (1 min): a handler running longer is cancelled; a failed attempt. ``expected`` (30 s): a job
-      running longer is reported once as stuck (JOB-11).
+      running longer is reported once as stuck (JOB-11); at or past ``timeout``, never (its handler is cancelled
+      first: the store logs a warning when it keeps such options).
     - ``max_running``, ``max_running_per_tenant``: how many jobs run at once, over every worker of the store.
     - ``keep`` (7 d): ended jobs are deleted this long after they ended, their keys with them.
 

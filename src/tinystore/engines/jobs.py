@@ -47,6 +47,7 @@ import logging
 import math
 import random
 import re
+import shlex
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -490,6 +491,16 @@ class JobsEngine:
         merged = _merge(self.limits, given)
         if merged.backoff_first > merged.backoff_cap:
             raise InvalidError(f"queue {name}: option backoff: the first delay is above the cap")
+        if merged.expected >= merged.timeout:
+            # allowed (a queue whose jobs should never be reported stuck), but most often a slip: a doc's example
+            # gave expected="2m" with the default timeout of 1 min (trial BL)
+            log.warning(
+                "queue %s: expected (%s) is not below timeout (%s): a handler is cancelled at its timeout, so no job "
+                "of this queue is ever reported stuck (give a longer timeout, or a shorter expected)",
+                name,
+                format_seconds(merged.expected),
+                format_seconds(merged.timeout),
+            )
         return merged
 
     async def open_queue(self, name: str, given: Options) -> QueueInfo:
@@ -539,10 +550,33 @@ class JobsEngine:
                     want, have = (v if v else "None (no limit)" for v in (want, have))
                 raise InvalidError(
                     f"queue {name}: option {label} is {want} here but the store keeps {have} for this queue "
-                    "(every process must open a queue with the same options)"
+                    f"(every process must open a queue with the same options{self._configure_hint(name, given, kept)})"
                 )
         q = await self._queue(name)
         return self._info(q)
+
+    def _configure_hint(self, name: str, given: Options, kept: Options) -> str:
+        """How a deploy changes the options the store keeps to those ``given``: the command line's ``tinystore
+        jobs DIR configure`` with each option that differs (a queue's database cannot change)."""
+        if given.database is not None and given.database != kept.database:
+            return ""
+        flags: list[str] = []
+        for fname in ("attempts", "lease_ms", "timeout_ms", "expected_ms", "keep_ms"):
+            want = getattr(given, fname)
+            if want is not None and want != getattr(kept, fname):
+                flag = "--" + fname.removesuffix("_ms")
+                flags.append(f"{flag} {want}" if fname == "attempts" else f"{flag} {format_seconds(want / 1000)}")
+        first, cap = given.backoff_first_ms, given.backoff_cap_ms
+        if (first is not None and first != kept.backoff_first_ms) or (cap is not None and cap != kept.backoff_cap_ms):
+            first = kept.backoff_first_ms if first is None else first
+            cap = kept.backoff_cap_ms if cap is None else cap
+            flags.append(f"--backoff {format_seconds((first or 0) / 1000)},{format_seconds((cap or 0) / 1000)}")
+        for fname in ("max_running", "max_running_per_tenant"):
+            want = getattr(given, fname)
+            if want is not None and want != getattr(kept, fname):
+                flags.append(f"--{fname.replace('_', '-')} {want}")  # 0: no limit, as the command line writes it
+        directory = shlex.quote(str(self.sql.directory.parent))
+        return f"; to change what the store keeps: tinystore jobs {directory} configure {name} {' '.join(flags)}"
 
     async def configure(self, name: str, given: Options) -> QueueInfo:
         """Change the options the store keeps for queue ``name`` (``None`` fields: kept as they are): what a
