@@ -12,7 +12,7 @@ from typing import Any
 import tinystore
 from tinystore.server.listener import BYPASS_HELD_MAX, EXECS_MAX
 
-from .full_line import behind_full_line
+from .full_line import behind_full_line, hold_busy
 
 SLOW = (
     "insert into t (a) select x from (with recursive c(x) as (select 1 union all select x + 1 from c "
@@ -334,5 +334,41 @@ async def test_other_transactions_writes_do_not_take_a_transactions_own_room_pas
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+        await owner.close()
+
+
+# contract: SQL-03
+async def test_a_transactions_exec_elsewhere_goes_past_a_line_waiting_for_another_connections_transaction(
+    tmp_path: Path,
+) -> None:
+    # from trial BK: the connection's execs' line full of execs waiting for ANOTHER connection's (long, busy)
+    # transaction; the transaction's fn's exec on a free database waited behind them until tx_idle rolled the
+    # transaction back (the way past was only for a line waiting for this connection's own transaction)
+    owner, client, odb, cdb = await _setup(tmp_path, ("x", "app", "other"))
+    try:
+        held, release = asyncio.Event(), asyncio.Event()
+        holder = asyncio.ensure_future(hold_busy(odb["x"], held, release, 0.2))
+        await held.wait()
+        fill = [asyncio.ensure_future(_returning(cdb["x"], i)) for i in range(EXECS_MAX + 8)]
+        await asyncio.sleep(0.3)
+        took: list[float] = []
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values (1)")
+            t0 = time.monotonic()
+            await _returning(cdb["other"], 2)
+            took.append(time.monotonic() - t0)
+            await tx.exec("insert into t (a) values (3)")
+
+        try:
+            await asyncio.wait_for(cdb["app"].tx(fn), 20)
+        finally:
+            release.set()
+        assert took[0] < 1.0, took
+        await holder
+        await asyncio.gather(*fill)
+        assert await odb["app"].scalar("select count(*) from t") == 2
+    finally:
         await client.close()
         await owner.close()

@@ -654,20 +654,22 @@ class ServerConnection(asyncio.Protocol):
         return False
 
     def stuck_behind_own(self) -> bool:
-        """Whether execs under way in the execs' line wait for the writer of a database that a transaction of this
-        connection holds: then a call of that transaction waiting behind them would wait until tx_idle (trial AW:
-        execs set aside during one transaction went back to the line as it ended, and the next transaction of the
-        connection, begun meanwhile, held the writer they waited for). Such a call is let past, a few at most."""
+        """Whether a call waiting in the full execs' line may be one of a transaction of this connection (its fn's
+        exec on another database), which would then wait behind the execs under way until its transaction's
+        tx_idle: while the connection has a transaction open, such calls are let past, a few at most. The execs
+        under way may wait for the writer that transaction holds (trial AW: execs set aside during one transaction
+        went back to the line as it ended, and the next transaction of the connection, begun meanwhile, held the
+        writer they waited for), or for another connection's transaction (trial BK: the fn's exec on a free
+        database waited until tx_idle behind 32 execs waiting for another client's long transaction)."""
         session = self.session
         if session is None or not session.transactions or len(self.bypass.running) >= self.bypass.most:
             return False
         txs = self.core.sql.transactions
-        own = {tx.db.name for t in session.transactions if (tx := txs.get(t)) and not tx.read_only and not tx.done}
-        return bool(own) and any(self.exec_db.get(s) in own for s in self.execs.running)
+        return any((tx := txs.get(t)) is not None and not tx.done for t in session.transactions)
 
     def may_bypass(self, db: str) -> bool:
-        """Whether an exec on ``db`` that finds the execs' line full is let past it: when the line is stuck behind
-        a transaction of this connection (:meth:`stuck_behind_own`). When a transaction of another connection holds
+        """Whether an exec on ``db`` that finds the execs' line full is let past it: while this connection has a
+        transaction open (:meth:`stuck_behind_own`). When a transaction of another connection holds
         ``db``'s writer, or waits for it (the exec would wait for it), such execs take at most half of the way past,
         so that the transaction's own calls elsewhere always find room (trial BA: they took all of it; trial BF:
         counted only for a transaction that held the writer already, those behind one waiting were not); one
