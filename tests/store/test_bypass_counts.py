@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import tinystore
+from tinystore.client.transport import TX_EXTRA, parking_cap
+from tinystore.protocol import frames
 from tinystore.server.listener import BYPASS_HELD_MAX, EXECS_MAX
 
 from .full_line import behind_full_line, hold_busy
@@ -300,8 +302,6 @@ async def test_an_exec_behind_one_of_its_database_that_came_before_the_line_was_
 async def test_other_transactions_writes_do_not_take_a_transactions_own_room_past_the_share(tmp_path: Path) -> None:
     # from trial BJ: with one allowance past the share for all transactions, 8 other transactions' fns, each
     # awaiting a write that waits for our transaction, took it: our fn's own write elsewhere waited until tx_idle
-    from tinystore.client.transport import TX_EXTRA, parking_cap
-    from tinystore.protocol import frames
 
     names = ("app", "third", *(f"d{k}" for k in range(TX_EXTRA)))
     owner, client, _odb, cdb = await _setup(tmp_path, names)
@@ -369,6 +369,40 @@ async def test_a_transactions_exec_elsewhere_goes_past_a_line_waiting_for_anothe
         await holder
         await asyncio.gather(*fill)
         assert await odb["app"].scalar("select count(*) from t") == 2
+    finally:
+        await client.close()
+        await owner.close()
+
+
+# contract: SQL-03
+async def test_a_transactions_fn_writes_past_its_allowance_go_as_its_earlier_ones_are_answered(tmp_path: Path) -> None:
+    # from trial BK: with the method's share taken by writes waiting for the transaction itself, fn's writes past
+    # its allowance (TX_EXTRA) waited for a general turn, which only those writes' end gives back: until tx_idle
+    owner, client, _odb, cdb = await _setup(tmp_path, ("app", "other"))
+    try:
+        in_tx, go = asyncio.Event(), asyncio.Event()
+        took: list[float] = []
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values (1)")
+            in_tx.set()
+            await go.wait()
+            t0 = time.monotonic()
+            await asyncio.gather(*(cdb["other"].exec("insert into t (a) values (?)", i) for i in range(TX_EXTRA + 2)))
+            took.append(time.monotonic() - t0)
+
+        ours = asyncio.ensure_future(cdb["app"].tx(fn))
+        await in_tx.wait()
+        cap = parking_cap(frames.DEFAULT_MAX_INFLIGHT)
+        outside = [
+            asyncio.ensure_future(cdb["app"].exec("insert into t (a) values (?)", 100 + i)) for i in range(cap + 10)
+        ]  # they wait for our transaction's writer, and take the method's whole share
+        await asyncio.sleep(0.3)
+        go.set()
+        await asyncio.wait_for(ours, 20)
+        assert took[0] < 1.0, took
+        await asyncio.gather(*outside)
+        assert await cdb["other"].scalar("select count(*) from t") == TX_EXTRA + 2
     finally:
         await client.close()
         await owner.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import inspect
 import os
@@ -34,11 +35,26 @@ class _TxMark:
     """A writing transaction of ``db.tx`` whose ``fn`` runs (``open``), as the context of ``fn`` sees it: a task
     started inside ``fn`` inherits the mark, and is free of it once ``fn`` has returned or raised."""
 
-    __slots__ = ("extra", "open")
+    __slots__ = ("extra", "open", "waiters")
 
     def __init__(self) -> None:
         self.open = True
         self.extra = 0  # writes of its context in flight past their method's share (see RemoteTransport.call)
+        self.waiters: collections.deque[asyncio.Future[bool | None]] = collections.deque()  # writes waiting for it
+
+    def given_back(self) -> None:
+        """One of its writes past the share was answered: the first write of its context waiting may go."""
+        self.extra -= 1
+        self.wake_next()
+
+    def wake_next(self) -> None:
+        """The first write of its context waiting for a place past the share may look again (one is free)."""
+        waiters = self.waiters
+        while waiters:
+            w = waiters.popleft()
+            if not w.done():
+                w.set_result(True)
+                return
 
 
 _active: contextvars.ContextVar[Mapping[tuple[int, str], _TxMark]] = contextvars.ContextVar(

@@ -48,7 +48,7 @@ from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decod
 from ..protocol.store import Empty
 from ..protocol.values import valid_text
 from ..server.paths import check_socket_dir
-from .sql import open_tx_mark
+from .sql import _TxMark, open_tx_mark
 
 _RESPONSE = Kind.RESPONSE
 _Future = asyncio.Future
@@ -845,12 +845,11 @@ class RemoteTransport(Transport):
             turns = self._turns[method]
             if turns.count >= self._park_cap or turns.waiters:
                 mark = open_tx_mark() if method in _IN_TX else None
-                if mark is not None and mark.extra < TX_EXTRA:
-                    mark.extra += 1
+                if mark is None:
+                    await self._turn(turns)
+                elif await self._turn_or_extra(turns, mark):
                     extra = mark
                     turns = None
-                else:
-                    await self._turn(turns)
             if turns is not None:
                 turns.count += 1
         try:
@@ -936,7 +935,7 @@ class RemoteTransport(Transport):
                 if turns.waiters:
                     turns.wake()
             elif extra is not None:
-                extra.extra -= 1
+                extra.given_back()
 
     def call_first(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False
@@ -968,6 +967,35 @@ class RemoteTransport(Transport):
                 f"{method}: {why or 'the connection to the store ended'}; transaction {tx} was rolled back with it "
                 "(nothing of it was committed)"
             )
+
+    async def _turn_or_extra(self, turns: _Turns, mark: _TxMark) -> bool:
+        """Wait for a turn of ``turns`` or for a place among the writes past the share that the transaction of
+        ``mark`` may have (TX_EXTRA), whichever comes first: True for the latter (counted in ``mark.extra``). A write
+        of a transaction's fn that found both full waited for a general turn only, which writes waiting for the
+        transaction itself held: until tx_idle (trial BK)."""
+        while True:
+            if mark.open and mark.extra < TX_EXTRA:
+                mark.extra += 1
+                return True
+            if not mark.open:
+                await self._turn(turns)
+                return False
+            if turns.count < self._park_cap:
+                return False  # (ahead of the writes that wait for a turn: it is a transaction's own)
+            w: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
+            turns.waiters.append(w)  # type: ignore[arg-type]
+            mark.waiters.append(w)
+            try:
+                got = await w
+            except asyncio.CancelledError:
+                if w.done() and not w.cancelled():  # what it was given goes to the next
+                    if w.result() is None:
+                        turns.wake()
+                    else:
+                        mark.wake_next()
+                raise
+            if got is None and turns.count < self._park_cap:
+                return False  # a general turn
 
     async def _turn(self, turns: _Turns) -> None:
         """Wait until fewer than the cap of ``turns``' calls are in flight."""
