@@ -332,6 +332,7 @@ class _ClientConn(asyncio.Protocol):
         self.chunks: dict[int, list[bytes]] = {}
         self.welcome: asyncio.Future[Welcome] = self.loop.create_future()
         self.goaway: str | None = None
+        self.goaway_last: int | None = None  # the server's last request read, told in its GOAWAY
         self.lost = False
         self.gone = asyncio.Event()  # set once the connection is lost
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -495,7 +496,8 @@ class _ClientConn(asyncio.Protocol):
                 self.welcome.set_result(decode(body, Welcome))
         elif kind is Kind.GOAWAY:
             try:
-                self.goaway = decode(body, GoAway).reason
+                goaway = decode(body, GoAway)
+                self.goaway, self.goaway_last = goaway.reason, goaway.last_stream
             except Exception:
                 self.goaway = "the server closed the connection"
             # The server answers nothing after a GOAWAY and reads nothing more: drop the connection now, so
@@ -515,10 +517,11 @@ class _ClientConn(asyncio.Protocol):
         if self.keepalive is not None:
             self.keepalive.cancel()
         pending, self.pending = self.pending, {}
+        last = self.goaway_last
         for stream, fut in pending.items():
             if not fut.done():
-                if stream in self.unsent:
-                    fut.set_exception(_NotSent())
+                if stream in self.unsent or (last is not None and stream > last):
+                    fut.set_exception(_NotSent())  # (after the server's last request read: it never read it)
                 else:
                     fut.set_exception(_Lost(self.goaway or str(exc or "connection closed")))
         for w in self.waiters:
@@ -901,6 +904,14 @@ class RemoteTransport(Transport):
                             "the write may or may not have taken effect"
                         ) from None
                     if not retry:
+                        tx = getattr(request, "tx", 0)
+                        if tx:  # (a commit is a write, above: it may have committed)
+                            db = getattr(request, "db", "")
+                            raise ClosedError(
+                                f"{method}: {f'database {db}: ' if db else ''}transaction {tx}: the connection to "
+                                f"the store dropped before the answer came ({exc}); the transaction was rolled back "
+                                "with it (nothing of it was committed)"
+                            ) from None
                         raise ClosedError(f"{method}: the connection to the store dropped ({exc})") from None
                     continue
                 except _Refused as exc:

@@ -40,10 +40,13 @@ class ErrorBody(msgspec.Struct, kw_only=True):
 
 
 class GoAway(msgspec.Struct, kw_only=True):
-    """Either side: the connection is closing, and why."""
+    """Either side: the connection is closing, and why. ``last_stream`` (the server's): the highest stream of a
+    request it read on this connection; a request on a higher stream was never read, so never run, and may be sent
+    again elsewhere (as HTTP/2's GOAWAY says, RFC 9113 section 6.8). ``None``: not said."""
 
     reason: str
     code: str = "closed"
+    last_stream: int | None = None
 
 
 encoder = msgspec.msgpack.Encoder()

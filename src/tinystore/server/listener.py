@@ -236,6 +236,7 @@ class ServerConnection(asyncio.Protocol):
         self.orphans: dict[Later, int] = {}  # cancelled writes still to run → their request's size
         self.orphan_bytes = 0
         self.closing = False
+        self.last_stream = 0  # the highest stream of a request read (told in the GOAWAY)
         self.paused = False  # the client does not read what we write
         self.held = False  # too many cancelled writes of this connection still run
         self.big: dict[int, int] = {}  # stream → size, of the big requests read and not yet answered
@@ -331,6 +332,8 @@ class ServerConnection(asyncio.Protocol):
                     break
                 for kind, _flags, stream, method, body in batch:
                     if kind is _REQUEST:
+                        if stream > self.last_stream:
+                            self.last_stream = stream
                         self.on_request(stream, method, body)
                     else:
                         self.on_frame(kind, stream, body)
@@ -926,7 +929,10 @@ class ServerConnection(asyncio.Protocol):
         if self.closing:
             return
         if notify:
-            self.write(self.conn.send_goaway(encode(GoAway(reason=reason, code=code))))
+            # with the last request read: the client may send the later ones again elsewhere, never run here (trial
+            # BK: unread at a stop, each was a write that may have committed, for its client)
+            goaway = GoAway(reason=reason, code=code, last_stream=self.last_stream)
+            self.write(self.conn.send_goaway(encode(goaway)))
         self.closing = True
         if code == "protocol":
             log.warning("closing a connection: %s", reason)
