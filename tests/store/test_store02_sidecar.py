@@ -411,3 +411,22 @@ async def test_open_gives_up_soon_on_a_sidecar_that_takes_connections_and_does_n
         os.kill(pid, signal.SIGCONT)
         await first.close()
         await stop_sidecar(directory)
+
+
+# contract: STORE-01
+# contract: STORE-02
+async def test_an_embedded_open_beside_a_sidecar_says_it_is_the_sidecar_and_how_to_stop_it(tmp_path: Path) -> None:
+    """From trial BL: after a command that starts the directory's sidecar (`tinystore lock DIR …`), the program's
+    own ``open(DIR, embedded=True)`` failed "owned by another process (pid N)", not saying that N is a sidecar that
+    exits once idle, nor that `tinystore stop DIR` stops it now."""
+    d = tmp_path / "store"
+    a = await tinystore.open(d, idle="45s")
+    try:
+        with pytest.raises(tinystore.InUseError) as got:
+            await tinystore.open(d, embedded=True)
+        message = got.value.message
+        assert "owned by its sidecar server" in message and "after 45s without connections" in message, message
+        assert f"tinystore stop {d}" in message, message
+    finally:
+        await a.close()
+        await stop_sidecar(d)

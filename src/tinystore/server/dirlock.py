@@ -5,8 +5,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shlex
 from pathlib import Path
 
+from ..durations import format_seconds
 from ..errors import CorruptError, InUseError, PermissionDeniedError, TinystoreError, UnavailableError
 
 LOCK = "LOCK"
@@ -214,6 +216,16 @@ class DirLock:
                 f"{where}: the directory is owned by another process (pid {owner}) whose socket {sock} is gone "
                 f"(removed while it ran): nothing can connect to it here; stop it (tinystore stop {self.path.parent}, "
                 "or SIGTERM: both graceful) and open the store again"
+            )
+        if info.get("mode") == "sidecar":
+            # (trial BL: after `tinystore lock DIR …`, whose sidecar stays a while, an embedded open said only this)
+            idle = info.get("idle")
+            when = f"after {format_seconds(idle)} without connections" if isinstance(idle, int | float) else "when idle"
+            return InUseError(
+                f"{where}: the directory is owned by its sidecar server (pid {owner}, started by tinystore.open() or "
+                f"a command such as `tinystore lock`), which exits by itself {when}; `tinystore stop "
+                f"{shlex.quote(str(self.path.parent))}` stops it now. Or connect to it with tinystore.open() instead "
+                "of owning it"
             )
         return InUseError(
             f"{where}: the directory is owned by another process (pid {owner}); connect to it with "

@@ -202,6 +202,7 @@ async def start_listeners(
             "version": __version__,
             "protocol": PROTOCOL_VERSION,
             "mode": opts.mode,
+            "idle": opts.idle,
             "started": time.time(),
         },
     )
