@@ -48,6 +48,21 @@ async def _store_with(tmp_path: Path, *names: str) -> Path:
     return directory
 
 
+# contract: SQL-01
+async def test_a_typo_in_db_with_write_makes_no_database(tmp_path: Path) -> None:
+    # from trial BL: `--db shpo --write "delete from orders"` made an empty database shpo (the statement failed), and
+    # the command's default database (the store's only one) was then no longer found
+    directory = await _store_with(tmp_path, "shop")
+    done = run_cli("sql", str(directory), "--db", "shpo", "--write", "delete from t")
+    assert done.returncode == 1
+    assert "no database 'shpo' (databases: shop; choose one with --db, or add --write --create" in done.stderr
+    assert not (directory / "sql" / "shpo.db").exists()
+    assert run_cli("sql", str(directory), "select count(*) as n from t").returncode == 0  # still the only one
+    done = run_cli("sql", str(directory), "--db", "new", "--write", "--create", "create table n (x)")
+    assert done.returncode == 0, done.stderr
+    assert (directory / "sql" / "new.db").exists()
+
+
 async def test_values_that_look_like_markup_print_as_they_are(tmp_path: Path) -> None:
     directory = await _store_with(tmp_path, "app")
     done = run_cli("sql", str(directory), "select * from t")  # the store's only database: no --db needed
@@ -65,12 +80,11 @@ async def test_without_db_the_only_database_or_main_else_a_choice(tmp_path: Path
     directory = await _store_with(tmp_path, "app", "other")
     done = run_cli("sql", str(directory), "select count(*) as n from t")
     assert done.returncode == 1
-    want = "no database 'main' (databases: app, other; choose one with --db, or add --write to create it)"
+    want = "no database 'main' (databases: app, other; choose one with --db, or add --write --create to create it)"
     assert want in done.stderr, done.stderr
     done = run_cli("sql", str(directory), "select 1", "--db", "newdb")
-    assert "no database 'newdb' (databases: app, other; choose one with --db, or add --write to create it)" in (
-        done.stderr
-    )
+    want = "no database 'newdb' (databases: app, other; choose one with --db, or add --write --create to create it)"
+    assert want in done.stderr
     done = run_cli("sql", str(directory), "select 1", "--db", "tinystore-jobs")
     assert "no database 'tinystore-jobs' (it is made when the store first opens a queue)" in done.stderr
     assert "--write" not in done.stderr  # the store makes it, not --write

@@ -573,6 +573,7 @@ def _print_engine(key: str, value: Any) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
 @click.option("--write", is_flag=True, help="Allow a statement that writes.")
+@click.option("--create", is_flag=True, help="Create the database when it does not exist (with --write).")
 @click.option("--text", "as_text", is_flag=True, help="Send every parameter as text (007 stays '007').")
 def sql(
     directory: Path,
@@ -581,6 +582,7 @@ def sql(
     database: str | None,
     as_json: bool,
     write: bool,
+    create: bool,
     as_text: bool,
 ) -> None:
     """Run STATEMENT on a database of DIRECTORY and print the rows (a table, or JSON with --json).
@@ -598,14 +600,16 @@ def sql(
         if name is None:
             apps = [k for k in known if not k.startswith(RESERVED_DB_PREFIX)]
             name = apps[0] if len(apps) == 1 and "main" not in known else "main"
-        if name not in known and not (write and not name.startswith(RESERVED_DB_PREFIX)):
+        # a database that does not exist is made only when asked for by name (trial BL: a typo in --db with --write
+        # made one, and the store's "only database" that --db defaults to was no longer the only one)
+        if name not in known and not (write and create and not name.startswith(RESERVED_DB_PREFIX)):
             if not name.startswith(RESERVED_DB_PREFIX):
                 check_name("database", name)  # a name no database can have: say so, not "no database"
             if name.startswith(RESERVED_DB_PREFIX):
                 hint = " (it is made when the store first opens a queue)" if name == "tinystore-jobs" else ""
                 make = ""
             else:
-                hint, make = "", ", or add --write to create it"
+                hint, make = "", ", or add --write --create to create it"
             raise InvalidError(
                 f"store {directory}: no database {name!r}{hint} (databases: {', '.join(known) or 'none'}; "
                 f"choose one with --db{make})"
