@@ -227,3 +227,14 @@ def test_an_empty_path_argument_is_refused_naming_it(tmp_path: Path) -> None:
     for args, name in ((["backup", str(tmp_path), ""], "DEST"), (["status", ""], "DIRECTORY")):
         done = run_cli(*args)
         assert done.returncode == 1 and done.stderr == f"error[invalid] {name}: '' is no path\n", done.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [["status", "tcp://127.0.0.1:7600"], ["jobs", "tls://h:7600", "list"], ["sql", "tcp://h:1", "select 1"]]
+)
+def test_an_address_for_a_directory_says_the_command_line_takes_a_directory(tmp_path: Path, args: list[str]) -> None:
+    # from trial BL: "no such directory tcp:/127.0.0.1:7600 (to make a store there: tinystore serve tcp:/…)"
+    done = run_cli(*args)
+    assert done.returncode == 1
+    assert f"{args[1]}: the command line takes a store's directory, not an address" in done.stderr, done.stderr
+    assert "tinystore.connect" in done.stderr

@@ -77,12 +77,25 @@ def fail(exc: TinystoreError) -> NoReturn:
     sys.exit(1)
 
 
+_ADDRESS = re.compile(r"[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+
+
 class UserPath(click.Path):
     """A path argument read as a shell reads it: a leading ``~`` or ``~user`` is that home folder (a shell expands
     it only when unquoted; ``"~/data"`` in a script reached the CLI as a folder named ``~``)."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str):
+            if _ADDRESS.match(value) and (param is None or param.name == "directory"):
+                # (trial BL: `tinystore status tcp://127.0.0.1:7600` said "no such directory tcp:/127.0.0.1:7600",
+                # and that `tinystore serve tcp:/…` would make a store there)
+                fail(
+                    InvalidError(
+                        f"{value}: the command line takes a store's directory, not an address: run it on the machine "
+                        "that holds the store (`tinystore status DIR`); over TCP, use the SDK: "
+                        "await tinystore.connect(address, token=...)"
+                    )
+                )
             if not value.strip():
                 # (an empty argument would be the current folder: `backup DIR ""` said "inside the store")
                 fail(InvalidError(f"{param.human_readable_name if param else 'path'}: {value!r} is no path"))
