@@ -182,3 +182,18 @@ def test_configure_shows_options_as_a_queue_takes_them_and_ids_are_checked(tmp_p
     gone = cli("jobs", str(d), "show", "0" * 26)
     assert gone.exit_code == 1 and "no queue of" in gone.output, gone.output
     assert cli("jobs", str(d), "show", jid).exit_code == 0
+
+
+# contract: JOB-02
+def test_the_groups_json_before_the_command_and_durations_written_one_way(tmp_path: Path) -> None:
+    # from trial BL: `jobs DIR --json retry ID` was "No such option: --json"; `queues` showed a timeout of 1m as 60s
+    # while `configure` showed 1m
+    d = tmp_path / "store"
+    ids = make_store(d)
+    r = cli("jobs", str(d), "--json", "retry", ids["bad"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["action"] == "retry"
+    r = cli("jobs", str(d), "--json", "list")
+    assert all(json.loads(line)["queue"] == "mail" for line in r.output.splitlines() if line.strip())
+    r = cli("jobs", str(d), "queues")
+    assert r.exit_code == 0 and "30s" in r.output and "1h" in r.output and "3600s" not in r.output, r.output

@@ -133,6 +133,10 @@ def need_store_dir(directory: Path) -> None:
         fail(InvalidError(f"store {directory}: this directory holds no store (no {LOCK} file in it; {make})"))
 
 
+JSON_META = "tinystore.json"
+"""``click.Context.meta`` key: a group's ``--json`` was given (``tinystore jobs DIR --json list``)."""
+
+
 def pass_store_dir(fn: Callable[Concatenate[Path, P], T]) -> Callable[P, T]:
     """``click.pass_obj`` for the groups whose object is their DIRECTORY argument (``channels``, ``lock``,
     ``jobs``), refusing one that does not exist or holds no store (:func:`need_store_dir`). The check is made by
@@ -140,8 +144,11 @@ def pass_store_dir(fn: Callable[Concatenate[Path, P], T]) -> Callable[P, T]:
 
     @functools.wraps(fn)
     def command(*args: P.args, **kwargs: P.kwargs) -> T:
-        directory: Path = click.get_current_context().obj
+        ctx = click.get_current_context()
+        directory: Path = ctx.obj
         need_store_dir(directory)
+        if ctx.meta.get(JSON_META) and "as_json" in kwargs:
+            kwargs["as_json"] = True  # the group's --json, before the command's name
         return fn(directory, *args, **kwargs)
 
     return command

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from . import UserPath, console, fail, open_for_cli, pass_store_dir, print_table, run_async, to_json, visible
+from . import JSON_META, UserPath, console, fail, open_for_cli, pass_store_dir, print_table, run_async, to_json, visible
 
 
 def _at(when: datetime | None) -> str:
@@ -56,18 +56,34 @@ def _as_dict(job: Any) -> dict[str, Any]:
     }
 
 
+class _JsonFirstGroup(click.Group):
+    """A group whose ``--json`` may also come between its DIRECTORY and the command's name (``tinystore jobs DIR
+    --json retry ID``), where click looks for the name only."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        while args and args[0] == "--json":
+            ctx.meta[JSON_META] = True
+            args = args[1:]
+        return super().resolve_command(ctx, args)
+
+
 def register(main: click.Group) -> None:
     """Add the ``jobs`` group to the ``tinystore`` command."""
 
-    @main.group()
+    @main.group(cls=_JsonFirstGroup)
     @click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (as each command's --json).")
     @click.pass_context
-    def jobs(ctx: click.Context, directory: Path) -> None:
+    def jobs(ctx: click.Context, directory: Path, as_json: bool) -> None:
         """Jobs of the store in DIRECTORY: list, show, retry, cancel, queues, configure.
 
         Through the directory's server when one runs, else on the store opened in this command (no server is
         started). DIRECTORY must exist: `tinystore serve DIRECTORY` makes a store there."""
         ctx.obj = directory
+        if as_json:  # (trial BL: `jobs DIR --json retry ID` was "No such option")
+            ctx.meta[JSON_META] = True
 
     @jobs.command("list")
     @click.option("--queue", default="", help="Only this queue (default: every queue).")
@@ -239,9 +255,9 @@ def register(main: click.Group) -> None:
                     i.options.database,
                     *[i.counts.get(s, 0) for s in states],
                     i.options.attempts,
-                    f"{(i.options.lease_ms or 0) / 1000:g}s",
-                    f"{(i.options.timeout_ms or 0) / 1000:g}s",
-                    f"{(i.options.expected_ms or 0) / 1000:g}s",
+                    _took(i.options.lease_ms),
+                    _took(i.options.timeout_ms),
+                    _took(i.options.expected_ms),
                 ]
                 for i in infos
             ],
@@ -336,17 +352,20 @@ def _opts(o: Any) -> dict[str, Any]:
     return out
 
 
+def _took(ms: int | None) -> str:
+    """A duration in ms as ``configure`` and ``queues`` show it (``1m``, ``90s``, ``7d``; one way in both)."""
+    if ms is None:
+        return ""
+    s = ms / 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size and s % size == 0:
+            return f"{s / size:g}{unit}"
+    return f"{s:g}s"
+
+
 def _shown(o: Any) -> list[list[Any]]:
     """The options for people: named as ``store.queue(...)`` takes them, durations as durations."""
-
-    def took(ms: int | None) -> str:
-        if ms is None:
-            return ""
-        s = ms / 1000
-        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-            if s >= size and s % size == 0:
-                return f"{s / size:g}{unit}"
-        return f"{s:g}s"
+    took = _took
 
     return [
         ["database", o.database],
