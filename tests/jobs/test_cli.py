@@ -197,3 +197,5 @@ def test_the_groups_json_before_the_command_and_durations_written_one_way(tmp_pa
     assert all(json.loads(line)["queue"] == "mail" for line in r.output.splitlines() if line.strip())
     r = cli("jobs", str(d), "queues")
     assert r.exit_code == 0 and "30s" in r.output and "1h" in r.output and "3600s" not in r.output, r.output
+    r = cli("jobs", str(d), "--json")
+    assert r.exit_code == 2 and "Missing command" in r.output

@@ -66,6 +66,8 @@ class _JsonFirstGroup(click.Group):
         while args and args[0] == "--json":
             ctx.meta[JSON_META] = True
             args = args[1:]
+        if not args:
+            ctx.fail(f"Missing command ({', '.join(self.list_commands(ctx))}).")
         return super().resolve_command(ctx, args)
 
 
