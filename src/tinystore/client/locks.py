@@ -779,6 +779,7 @@ class _Hub:
                 max_hold_ms=lock._max_hold_ms,
                 wait_ms=wait_ms,
             )
+            asked = loop.time()  # the lease starts at the store no sooner than this plus its wait in line there
             try:
                 if wait and deadline is not None and not transport.connected:
                     # the ask waits for the next connection: not past the wait (trial AY: a wait of 1 s took 10).
@@ -816,7 +817,12 @@ class _Hub:
             )
             self._register(lease)
             if lease._state == _HELD:
-                lease._start_renewals(loop.time(), lock.max_hold)
+                # not the time the grant came: pushed late (a network that held it back), its ttl had been running
+                # at the store, and the SDK's own end of the lease came after the store gave the key to another
+                # (trial BN)
+                now = loop.time()
+                waited = getattr(reply, "waited_ms", -1.0)
+                lease._start_renewals(now if waited < 0 else min(now, asked + waited / 1000), lock.max_hold)
             return lease
 
     async def _ask(self, req: Acquire) -> AcquireOutcome:

@@ -188,10 +188,13 @@ class AcquireOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
     queued: bool = False
     code: str = ""
     message: str = ""
+    waited_ms: float = -1.0  # (-1: not said, by a server of an earlier version)
 
     @classmethod
-    def of(cls, grant: Grant, ticket: int) -> AcquireOutcome:
-        """The outcome of a grant."""
+    def of(cls, grant: Grant, ticket: int, waited: float = 0.0) -> AcquireOutcome:
+        """The outcome of a grant; ``waited``: seconds it waited in line at the store, from the store reading
+        the ask to the grant (the SDK's lease starts no later than its ask's sending plus that: a grant pushed
+        late, its ttl already running at the store, is not taken for a fresh one)."""
         return cls(
             ticket=ticket,
             lease=grant.lease,
@@ -199,6 +202,7 @@ class AcquireOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
             expires_at_ms=to_ms(grant.expires_at),
             max_hold_at_ms=to_ms(grant.max_hold_at),
             ttl_ms=round(grant.ttl * 1000),
+            waited_ms=round(waited * 1000, 3),
         )
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import time
 from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -149,6 +150,7 @@ def install(core: Core) -> None:
             raise InvalidError(f"locks.acquire_many: {len(req.items)} items but {len(req.tickets)} tickets")
         out: list[AcquireOutcome] = []
         mine: dict[int, asyncio.Future[Grant]] | None = None
+        asked = time.monotonic()
         for item, ticket in zip(req.items, req.tickets, strict=True):
             try:
                 got = start(
@@ -159,7 +161,7 @@ def install(core: Core) -> None:
                     ttl=item.ttl_ms / 1000,
                     max_hold=None if item.max_hold_ms is None else item.max_hold_ms / 1000,
                     wait=None if item.wait_ms is None else item.wait_ms / 1000,
-                    on_grant=functools.partial(_granted, session, ticket),
+                    on_grant=functools.partial(_granted, session, ticket, asked),
                 )
             except TinystoreError as exc:
                 out.append(AcquireOutcome(ticket=ticket, code=exc.code, message=exc.message))
@@ -180,7 +182,7 @@ def install(core: Core) -> None:
                 out.append(AcquireOutcome(ticket=ticket, queued=True))
         return out
 
-    def _granted(session: Session, ticket: int, grant: Grant) -> None:
+    def _granted(session: Session, ticket: int, asked: float, grant: Grant) -> None:
         # called by the engine as it passes the key on, before the answer to the release that let go of it is
         # written: the next holder hears first
         mine = queued.get(session.id)
@@ -192,7 +194,7 @@ def install(core: Core) -> None:
             release_(session, grant.lease)  # granted to a client that is gone and never heard of it
             return
         remember(session, ticket, grant.lease)
-        session.push(SETTLED, AcquireOutcome.of(grant, ticket))
+        session.push(SETTLED, AcquireOutcome.of(grant, ticket, time.monotonic() - asked))
 
     def _settled(session: Session, ticket: int, fut: asyncio.Future[Grant]) -> None:
         if fut.cancelled() or fut.exception() is None:
