@@ -346,6 +346,7 @@ class _ClientConn(asyncio.Protocol):
         self.late: dict[int, bytes] = {}
         self.flush_scheduled = False
         self.last_rx = self.loop.time()  # when bytes last came from the server (the keep-alive's clock)
+        self.last_tx = self.last_rx  # when bytes last went to it (a client silent too long is dropped by it)
         self.keepalive: asyncio.Task[None] | None = None
         self.paused = False  # the server does not read what we send: new requests wait (see pause_writing)
 
@@ -378,6 +379,7 @@ class _ClientConn(asyncio.Protocol):
         self.unsent.clear()
         if out and self.transport is not None and not self.lost:
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            self.last_tx = self.loop.time()
 
     def answered(self, stream: int, body: bytes | None) -> None:
         """An answer came (``body``; ``None`` for an error) while cancelled calls wait to learn whether theirs
@@ -541,8 +543,9 @@ class RemoteTransport(Transport):
     ``where``: the store's directory or address, for messages (``description`` unless given).
     ``on_connected``: awaited with the server's ``WELCOME`` after each handshake (the first and each reconnect).
 
-    Keep-alive: while calls are waiting for answers and nothing has come from the server for
-    ``keepalive_idle`` seconds (15), the SDK sends a ``store.ping``; when nothing comes within
+    Keep-alive: when nothing has come from the server, or nothing has gone to it, for ``keepalive_idle``
+    seconds (15), the SDK sends a ``store.ping`` (the server drops a connection it hears nothing from for a
+    minute: ``server.listener.PEER_SILENCE``); when nothing comes within
     ``keepalive_timeout`` seconds more (10), the server is taken to be frozen or cut off and the connection is
     dropped (reads are sent again after the reconnect; a write raises ``OutcomeUnknownError``: STORE-06). A
     long call (a claim or a lock wait) on a live server is never cut: the server answers the ping. Both are
@@ -677,7 +680,10 @@ class RemoteTransport(Transport):
             await asyncio.sleep(max(0.01, min(idle / 4, 1.0)))
             if conn.lost or conn.going() or self.closed:
                 continue
-            if loop.time() - conn.last_rx < self.keepalive_idle:
+            now = loop.time()
+            if now - conn.last_rx < self.keepalive_idle and now - conn.last_tx < self.keepalive_idle:
+                # (a client that only hears pushes sends a probe too: the server drops a connection it heard
+                # nothing from for PEER_SILENCE, taken for a peer the network cut off without a close)
                 continue
             if len(conn.pending) >= conn.conn.max_inflight:
                 continue  # (not reached: the calls leave the last of the credit to the probe)

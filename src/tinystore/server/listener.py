@@ -104,6 +104,11 @@ BURST = 8
 
 #: seconds a new connection has to finish its handshake (TLS's, then HELLO) before it is closed
 HANDSHAKE_TIMEOUT = 10.0
+#: seconds a connection may send nothing (while the server reads it) before it is taken for a peer the network cut
+#: off without a close, and dropped with what it held: its subscriptions, its place in a lock's line, its
+#: transactions (trial BN: such a waiter was given the key for its whole ttl). The SDK sends a ping after 15 s
+#: of silence either way (``RemoteTransport.keepalive_idle``).
+PEER_SILENCE = 60.0
 #: connections of one listener that may wait for their handshake at once: past it, the one that has waited
 #: longest is closed (a client with a token finishes in milliseconds; peers that send nothing cannot crowd it out)
 MAX_HANDSHAKING = 256
@@ -237,6 +242,7 @@ class ServerConnection(asyncio.Protocol):
         self.orphan_bytes = 0
         self.closing = False
         self.last_stream = 0  # the highest stream of a request read (told in the GOAWAY)
+        self.last_rx = self.loop.time()  # when bytes last came from the client (see PEER_SILENCE)
         self.paused = False  # the client does not read what we write
         self.held = False  # too many cancelled writes of this connection still run
         self.big: dict[int, int] = {}  # stream → size, of the big requests read and not yet answered
@@ -287,6 +293,29 @@ class ServerConnection(asyncio.Protocol):
         )
         self.refuse(UnavailableError.code, "too many connections are waiting for their handshake")
 
+    def check_silence(self) -> None:
+        """Drop the connection when the client sent nothing for :data:`PEER_SILENCE` seconds while it was read:
+        a live client sends a ping sooner. Closed by an abort: a peer that is gone takes no unsent bytes, and a
+        close would wait for them."""
+        self.deadline = None
+        if self.closing or self.transport is None:
+            return
+        now = self.loop.time()
+        if self.not_reading:
+            self.last_rx = now  # (not read: its silence is not its own)
+        silent = now - self.last_rx
+        if silent < PEER_SILENCE:
+            wait = min(PEER_SILENCE - silent, PEER_SILENCE / 4) + 0.01
+            self.deadline = self.loop.call_later(wait, self.check_silence)
+            return
+        self.listener.silent_log("silent").warning(
+            "%s: dropped a connection that sent nothing for %.0fs (taken for a peer the network cut off)",
+            self.listener.description,
+            silent,
+        )
+        self.closing = True
+        self.transport.abort()
+
     def handshake_expired(self) -> None:
         """No handshake within the listener's ``handshake_timeout``: close the connection, saying why."""
         deadline, self.deadline = self.deadline, None
@@ -310,6 +339,7 @@ class ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        self.last_rx = self.loop.time()
         if not self.heard:
             self.heard = True
             if data[:2] == b"\x16\x03" and self.listener.ssl_context is None:
@@ -451,7 +481,7 @@ class ServerConnection(asyncio.Protocol):
             return
         if self.deadline is not None:
             self.deadline.cancel()
-            self.deadline = None
+        self.deadline = self.loop.call_later(PEER_SILENCE / 4, self.check_silence)
         self.listener.handshaking.pop(self, None)
         body = encode(
             Welcome(

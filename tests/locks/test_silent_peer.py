@@ -1,0 +1,73 @@
+"""A client the network cut off without a close (no FIN, no RST: a partition, a proxy that stopped passing bytes)
+is dropped by the server once it sent nothing for ``PEER_SILENCE``, with its place in a lock's line and its
+subscriptions; a live client that only waits (in a line, for pushes) sends a ping before that. From trial BN: such
+a waiter stayed in the line for ever, was given the key for its whole ttl, and a live client's hold failed
+"held for all of the wait"; its subscriptions counted against the limit."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tinystore
+from tinystore.protocol.frames import Kind
+from tinystore.protocol.locks import ACQUIRE_MANY, Acquire, AcquireMany, AcquireOutcome
+from tinystore.protocol.messages import decode, encode
+from tinystore.server import listener, paths
+
+from ..store.raw import RawClient
+
+
+# contract: LOCK-03
+# contract: CHAN-08
+async def test_a_peer_silent_past_peer_silence_leaves_the_line_and_a_live_waiter_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(listener, "PEER_SILENCE", 1.0, raising=False)
+    d = tmp_path / "s"
+    owner = await tinystore.open(d, embedded=True)
+    live = await tinystore.open(d)
+    raw = await RawClient.open(("unix", paths.socket_path(d)))
+    try:
+        transport: Any = live.transport
+        transport.keepalive_idle = 0.25  # (the SDK's 15 s, scaled as PEER_SILENCE is)
+        heard: list[Any] = []
+        sub = await live.channel("c").under("x").subscribe(heard.append, on_missed=heard.append)
+        release = asyncio.Event()
+        holding = asyncio.Event()
+
+        async def hold() -> None:
+            async with owner.lock("l", ttl="30s").hold("k"):
+                holding.set()
+                await release.wait()
+
+        holder = asyncio.ensure_future(hold())
+        await holding.wait()
+        assert (await raw.hello()).kind is Kind.WELCOME
+        ask = AcquireMany(items=[Acquire(lock="l", key="k", ttl_ms=20_000, wait_ms=30_000)], tickets=[1])
+        got = await raw.call(5, ACQUIRE_MANY, encode(ask))
+        assert decode(got.body, list[AcquireOutcome])[0].queued  # in line; then it says nothing more
+        got_it: list[float] = []
+
+        async def wait_live() -> None:
+            async with live.lock("l", ttl="30s").hold("k", wait="10s"):
+                got_it.append(asyncio.get_running_loop().time())
+
+        live_waiter = asyncio.ensure_future(wait_live())
+        await asyncio.sleep(2.5)  # past PEER_SILENCE: the raw peer is dropped, the live ones ping
+        status = await owner.status()
+        remote = [c for c in status["connections"] if not c["local"]]
+        assert len(remote) == 1, status["connections"]  # the live client's only
+        release.set()
+        await holder
+        await asyncio.wait_for(live_waiter, 5)  # the key went to the live waiter, not the silent one
+        assert got_it
+        assert heard == [] and sub.reconnects == 0  # the live subscriber was never dropped
+        await sub.stop()
+    finally:
+        await raw.close()
+        await live.close()
+        await owner.close()
