@@ -70,9 +70,15 @@ def _utf16_length(text: str) -> int:
 
 SO_FAR_ALWAYS = 512
 SO_FAR_EVERY = 16
+SO_FAR_MAX = 16_384
 """How often a token event carries the whole reply before it (``ChatEvent.so_far``): every token while the reply
 is under :data:`SO_FAR_ALWAYS` characters (a joining tab shows it at once), then every 16th (a joining tab waits
-about half a second, and a long reply of n tokens sends some n²/32 tokens' worth, not n²/2)."""
+about half a second, and a long reply of n tokens sends some n²/32 tokens' worth, not n²/2), and never past
+:data:`SO_FAR_MAX` characters: a channel's message is 64 KiB at most (trial BO: a reply of 70,000 characters
+failed at its publish, five attempts, and was never saved), and a tab that joins a reply that long shows "…"
+until it is saved."""
+TOKEN_MAX = 4_096
+"""A token longer than this (characters) goes out in pieces of this size, each its own event."""
 
 
 @dataclasses.dataclass
@@ -322,11 +328,14 @@ class Chat:
         await branch.publish(ChatEvent(kind="start", id=message_id))
         try:
             at = 0
-            async for token in model.stream(await self.history(chat_id, upto=message_id)):
-                so_far = "".join(pieces) if at < SO_FAR_ALWAYS or len(pieces) % SO_FAR_EVERY == 0 else None
-                pieces.append(token)
-                await branch.publish(ChatEvent(kind="token", id=message_id, text=token, at=at, so_far=so_far))
-                at += _utf16_length(token)
+            async for streamed in model.stream(await self.history(chat_id, upto=message_id)):
+                for start in range(0, max(len(streamed), 1), TOKEN_MAX):
+                    token = streamed[start : start + TOKEN_MAX]
+                    share = at < SO_FAR_ALWAYS or len(pieces) % SO_FAR_EVERY == 0
+                    so_far = "".join(pieces) if share and at <= SO_FAR_MAX else None
+                    pieces.append(token)
+                    await branch.publish(ChatEvent(kind="token", id=message_id, text=token, at=at, so_far=so_far))
+                    at += _utf16_length(token)
                 run.set_progress({"tokens": len(pieces)})
         except Exception as exc:
             log.warning("chat %s: the model failed answering message %s: %r", chat_id, message_id, exc)

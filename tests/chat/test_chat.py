@@ -488,3 +488,32 @@ async def test_token_events_place_text_in_utf16_code_units_as_the_page_counts(tm
             (" the answer.", 17),
         ]
         assert all(t.so_far is None or len(t.so_far.encode("utf-16-le")) // 2 == t.at for t in tokens)
+
+
+# contract: CHAN-01
+async def test_a_reply_longer_than_a_channel_message_is_streamed_and_saved(tmp_path: Path) -> None:
+    # from trial BO: each token event carried the whole reply so far; past 64 KiB its publish failed, every
+    # attempt, and a long reply (code, a translation) was streamed five times and never saved
+    class Long:
+        async def stream(self, history: Sequence[Any]) -> AsyncIterator[str]:
+            yield "界" * 30_000  # one huge token (90 KB of UTF-8)
+            for i in range(4_000):
+                yield f"word{i % 10} "
+
+        async def summarize(self, history: Sequence[Any]) -> str:
+            return ""
+
+    async with open_store("embedded", tmp_path / "s") as store:
+        chat = await service.Chat(store, Long()).open()
+        chat_id = (await chat.create_chat("t"))["id"]
+        seen: list[Any] = []
+        sub = await chat.events.under(chat_id).subscribe(lambda m: seen.append(m.value))
+        message = await chat.post(chat_id, "hi")
+        assert await chat.replies.run_due(chat.reply) == 1
+        saved = await chat.db.scalar("select text from messages where reply_to = ?", message["id"])
+        assert saved is not None and len(saved) == 30_000 + 4_000 * 6 - 1  # (saved without its last space)
+        await asyncio.sleep(0.2)
+        await sub.stop()
+        tokens = [e for e in seen if e.kind == "token"]
+        assert "".join(t.text for t in tokens).strip() == saved
+        assert all(t.so_far is None or len(t.so_far.encode("utf-16-le")) // 2 == t.at for t in tokens)
