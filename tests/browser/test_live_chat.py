@@ -360,3 +360,37 @@ async def test_a_chat_that_does_not_exist_is_named_so_not_offline(tmp_path: Path
             await tab.page.wait_for_selector('#status[data-state="live"]', timeout=10_000)
     finally:
         await ctx.close()
+
+
+async def test_a_chat_opened_while_a_read_of_the_last_one_is_under_way_shows_its_messages(
+    tmp_path: Path, browser: Any
+) -> None:
+    """From trial BO: a tab opened chat 2 (whose stream another tab of the browser kept) while a read of chat 1
+    was under way on a slow network; that read, finding the chat changed, returned, and dropped the read of chat 2
+    the opening had asked for: chat 2 stayed empty until its next event."""
+    ctx = await browser.new_context(**LAPTOP)
+    try:
+        async with run_demo(tmp_path / "data", "--token-delay", "0.002") as demo:
+            (url,) = demo.urls
+            y = Tab(await ctx.new_page())
+            await y.open(url)  # the first chat
+            await y.post("a message of chat two")
+            await y.wait_saved(2)
+            two = await y.page.evaluate("state.chatId")
+            one = await y.page.evaluate(
+                "api('/api/chats', {method: 'POST', body: JSON.stringify({title: 'one'})}).then(c => c.id)"
+            )
+            x = Tab(await ctx.new_page())
+            await x.open(f"{url.rstrip('/')}/chats/{one}")
+
+            async def slow(route: Any) -> None:
+                await asyncio.sleep(0.6)
+                await route.continue_()
+
+            await x.page.route(f"**/api/chats/{one}/messages*", slow)
+            await x.page.evaluate("void refresh()")  # what an event of chat one does
+            await x.page.click(f"#chats a[data-id='{two}']")  # opened meanwhile: y keeps its stream
+            await x.wait_saved(2, timeout=10.0)
+            assert await x.saved() == await y.saved()
+    finally:
+        await ctx.close()

@@ -136,7 +136,12 @@ async function refresh() {
       again = false;
       const chatId = state.chatId;
       const messages = await api(`/api/chats/${chatId}/messages?after=${state.lastId}`);
-      if (chatId !== state.chatId) return;
+      if (chatId !== state.chatId) {
+        // another chat was opened meanwhile: read it now (its own refresh found this one under way and left
+        // it to us; trial BO: returning here left the new chat empty until its next event)
+        again = true;
+        continue;
+      }
       for (const m of messages) {
         render(m);
         state.lastId = Math.max(state.lastId, m.id);
