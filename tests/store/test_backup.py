@@ -145,7 +145,9 @@ def test_the_cli_copies_a_running_store_and_names_a_bad_destination(tmp_path: Pa
     cli = [sys.executable, "-m", "tinystore"]
     server = ServerProcess(tmp_path / "s").start()
     try:
-        subprocess.run([*cli, "sql", str(tmp_path / "s"), "--write", "--create", "create table t (x)"], check=True, env=env)
+        subprocess.run(
+            [*cli, "sql", str(tmp_path / "s"), "--write", "--create", "create table t (x)"], check=True, env=env
+        )
         out = subprocess.run(
             [*cli, "backup", str(tmp_path / "s"), str(tmp_path / "copy"), "--json"],
             check=True, capture_output=True, text=True, env=env,

@@ -19,6 +19,13 @@ from tinystore.errors import TinystoreError
 SLOW = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 3000000) select count(*) from c"
 
 
+async def _owner_and_client(d: Path) -> tuple[tinystore.Store, tinystore.Store]:
+    """An embedded owner of ``d`` with a table ``t (k)`` in database app, and a client of it over its socket."""
+    owner = await tinystore.open(d, embedded=True)
+    await (await owner.database("app")).exec("create table t (k int primary key)")
+    return owner, await tinystore.open(d, reconnect_timeout=20)
+
+
 def _server_side(owner: tinystore.Store) -> Any:
     core: Any = owner._core
     return next(c for lst in core.listeners for c in lst.connections)
@@ -28,18 +35,13 @@ def _server_side(owner: tinystore.Store) -> Any:
 # contract: STORE-06
 async def test_writes_the_server_never_read_before_its_stop_are_sent_again_to_the_next_one(tmp_path: Path) -> None:
     d = tmp_path / "s"
-    owner = await tinystore.open(d, embedded=True)
-    await (await owner.database("app")).exec("create table t (k int primary key)")
-    client = await tinystore.open(d, reconnect_timeout=20)
+    owner, client = await _owner_and_client(d)
     try:
         db = await client.database("app")
         await db.exec("insert into t values (0)")
         _server_side(owner).transport.pause_reading()  # what the client sends now stays in the socket, unread
         writes = [asyncio.ensure_future(db.exec("insert into t values (?)", i)) for i in range(1, 21)]
-        in_tx = asyncio.Event()
-
         async def fn(tx: tinystore.SqlTx) -> None:
-            in_tx.set()
             await tx.exec("insert into t values (100)")
 
         tx_task = asyncio.ensure_future(db.tx(fn))
@@ -64,9 +66,7 @@ async def test_a_transactions_call_lost_at_a_drop_names_its_transaction_and_says
     tmp_path: Path,
 ) -> None:
     d = tmp_path / "s"
-    owner = await tinystore.open(d, embedded=True)
-    await (await owner.database("app")).exec("create table t (k int primary key)")
-    client = await tinystore.open(d, reconnect_timeout=20)
+    owner, client = await _owner_and_client(d)
     try:
         db = await client.database("app")
         began = asyncio.Event()

@@ -20,6 +20,7 @@ from ..errors import ClosedError, InvalidError, UnavailableError
 from ..names import a_or_an, check_name
 from ..protocol.messages import decode
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
+from .wake import wake_first
 
 if TYPE_CHECKING:
     from .channels import Channel, TxChannel
@@ -49,12 +50,7 @@ class _TxMark:
 
     def wake_next(self) -> None:
         """The first write of its context waiting for a place past the share may look again (one is free)."""
-        waiters = self.waiters
-        while waiters:
-            w = waiters.popleft()
-            if not w.done():
-                w.set_result(True)
-                return
+        wake_first(self.waiters, True)
 
 
 _active: contextvars.ContextVar[Mapping[tuple[int, str], _TxMark]] = contextvars.ContextVar(

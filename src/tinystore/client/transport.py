@@ -49,6 +49,7 @@ from ..protocol.store import Empty
 from ..protocol.values import valid_text
 from ..server.paths import check_socket_dir
 from .sql import _TxMark, open_tx_mark
+from .wake import wake_first
 
 _RESPONSE = Kind.RESPONSE
 _Future = asyncio.Future
@@ -102,12 +103,7 @@ class _Turns:
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def wake(self) -> None:
-        waiters = self.waiters
-        while waiters:
-            turn = waiters.popleft()
-            if not turn.done():
-                turn.set_result(None)
-                return
+        wake_first(self.waiters, None)
 
 
 def too_large(method: str, request: Any, size: int, limit: int, subject: str = "") -> LimitError:
