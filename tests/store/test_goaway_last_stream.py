@@ -41,6 +41,7 @@ async def test_writes_the_server_never_read_before_its_stop_are_sent_again_to_th
         await db.exec("insert into t values (0)")
         _server_side(owner).transport.pause_reading()  # what the client sends now stays in the socket, unread
         writes = [asyncio.ensure_future(db.exec("insert into t values (?)", i)) for i in range(1, 21)]
+
         async def fn(tx: tinystore.SqlTx) -> None:
             await tx.exec("insert into t values (100)")
 
