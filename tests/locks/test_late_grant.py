@@ -80,3 +80,24 @@ async def test_a_grant_heard_late_ends_before_the_store_gives_the_key_away(tmp_p
         await asyncio.wait_for(task, 10)
         # the store's lease ran out TTL after it gave the key (no renewal reached it): ours ended before that
         assert lost_at[0] - given_at < TTL, lost_at[0] - given_at
+
+
+# contract: LOCK-05
+async def test_an_ask_sent_late_counts_its_lease_from_its_sending(tmp_path: Path) -> None:
+    # from trial BP: an ask that waited before it was written (for a reconnect, for credit) counted its lease
+    # from the call: granted at once once sent, it was lost at once ("no renewal succeeded for 4.06s of its 3s ttl")
+    async with open_store("private", tmp_path / "s") as store:
+        async with store.lock("warm").try_hold("w"):
+            pass
+        transport: Any = store.transport
+        real_call = transport.call
+
+        async def call(method: str, request: Any, *args: Any, **kw: Any) -> Any:
+            if method == ACQUIRE_MANY:
+                await asyncio.sleep(1.5)  # as a reconnect would hold it: not yet written
+            return await real_call(method, request, *args, **kw)
+
+        transport.call = call
+        async with store.lock("l", ttl="1s").hold("k", wait="10s") as lease:
+            await asyncio.sleep(1.2)  # past the ttl: the SDK renews it
+            assert not lease.lost.is_set()

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
 import secrets
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from types import TracebackType
@@ -106,13 +108,23 @@ _held: ContextVar[tuple[Lease, ...]] = ContextVar("tinystore_locks_held", defaul
 class _Ask:
     """One acquire of a ``locks.acquire_many`` batch: its request, the future its caller awaits, its ticket."""
 
-    __slots__ = ("fut", "req", "state", "ticket")
+    __slots__ = ("fut", "req", "sent", "state", "ticket")
 
-    def __init__(self, req: Acquire, fut: asyncio.Future[AcquireOutcome]) -> None:
+    def __init__(
+        self, req: Acquire, fut: asyncio.Future[AcquireOutcome], sent: Callable[[float], None] | None = None
+    ) -> None:
         self.req = req
         self.fut = fut
         self.ticket = 0
         self.state = _NEW
+        self.sent = sent  # told when the ask is written (see Transport.call)
+
+
+def _sent(asks: list[_Ask], t: float) -> None:
+    """The asks of one ``locks.acquire_many`` were written at ``t``: told to those who asked to know."""
+    for ask in asks:
+        if ask.sent is not None:
+            ask.sent(t)
 
 
 def _where(kind: str, name: str, key: str) -> str:
@@ -779,15 +791,16 @@ class _Hub:
                 max_hold_ms=lock._max_hold_ms,
                 wait_ms=wait_ms,
             )
-            asked = loop.time()  # the lease starts at the store no sooner than this plus its wait in line there
+            asked: list[float] = []  # when the ask was written: the lease starts at the store no sooner than
+            # this plus its wait in line there
             try:
                 if wait and deadline is not None and not transport.connected:
                     # the ask waits for the next connection: not past the wait (trial AY: a wait of 1 s took 10).
                     # (A wait of 0, "now or never", is asked of the store once it is reached, as any call.)
                     async with asyncio.timeout(max(0.0, deadline - loop.time())):
-                        reply = await self._ask(req)
+                        reply = await self._ask(req, asked.append)
                 else:
-                    reply = await self._ask(req)
+                    reply = await self._ask(req, asked.append)
             except TimeoutError:
                 # not InUseError: nobody may hold the key, the store could not be asked (trial AZ)
                 raise UnavailableError(
@@ -820,12 +833,15 @@ class _Hub:
                 # not the time the grant came: pushed late (a network that held it back), its ttl had been running
                 # at the store, and the SDK's own end of the lease came after the store gave the key to another
                 # (trial BN)
+                # (the last time it was written: an ask sent again after a reconnect is waited for from then; trial
+                # BP: counted from before the reconnect, a lease granted at once was lost at once)
                 now = loop.time()
                 waited = getattr(reply, "waited_ms", -1.0)
-                lease._start_renewals(now if waited < 0 else min(now, asked + waited / 1000), lock.max_hold)
+                start = now if waited < 0 or not asked else min(now, asked[-1] + waited / 1000)
+                lease._start_renewals(start, lock.max_hold)
             return lease
 
-    async def _ask(self, req: Acquire) -> AcquireOutcome:
+    async def _ask(self, req: Acquire, sent: Callable[[float], None] | None = None) -> AcquireOutcome:
         """Ask the store for ``req`` as one item of a ``locks.acquire_many`` with a ticket, and wait for its
         outcome (a queued one comes later as a ``locks.settled`` push).
 
@@ -840,16 +856,20 @@ class _Hub:
             # before asking again (else the ask may meet its own lost grant); a cancel does not stop it
             await asyncio.shield(self.spawn(self._let_go_unheard()))
         if self.acquire_turn:
-            return await self._ask_batched(req)
+            return await self._ask_batched(req, sent)
         self.acquire_turn = True
         self.loop.call_soon(self._next_acquire_turn)
-        ask = _Ask(req, self.loop.create_future())
+        ask = _Ask(req, self.loop.create_future(), sent)
         ask.ticket = next(self.ticket_ids)
         ask.state = _SENT
         self.asks[ask.ticket] = ask  # its settled push, if it is queued, may come with the answer
         try:
             got: list[AcquireOutcome] = await self.transport.call(
-                ACQUIRE_MANY, AcquireMany(items=[req], tickets=[ask.ticket]), list[AcquireOutcome], retry=False
+                ACQUIRE_MANY,
+                AcquireMany(items=[req], tickets=[ask.ticket]),
+                list[AcquireOutcome],
+                retry=False,
+                sent=sent,
             )
         except asyncio.CancelledError:
             await self.wait_let_go(self._gave_up(ask))
@@ -871,8 +891,8 @@ class _Hub:
             ask.state = _QUEUED
         return await self._outcome(ask)
 
-    async def _ask_batched(self, req: Acquire) -> AcquireOutcome:
-        ask = _Ask(req, self.loop.create_future())
+    async def _ask_batched(self, req: Acquire, sent: Callable[[float], None] | None = None) -> AcquireOutcome:
+        ask = _Ask(req, self.loop.create_future(), sent)
         batch = self.acquire_batch
         if batch is None:
             batch = self.acquire_batch = []
@@ -935,7 +955,7 @@ class _Hub:
         try:
             req = AcquireMany(items=[ask.req for ask in live], tickets=[ask.ticket for ask in live])
             got: list[AcquireOutcome] = await self.transport.call(
-                ACQUIRE_MANY, req, list[AcquireOutcome], write=False, retry=False
+                ACQUIRE_MANY, req, list[AcquireOutcome], write=False, retry=False, sent=functools.partial(_sent, live)
             )
         except BaseException as exc:
             for ask in live:

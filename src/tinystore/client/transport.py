@@ -165,6 +165,7 @@ class Transport:
         write: bool = False,
         retry: bool = True,
         undo: Callable[[bytes], None] | None = None,
+        sent: Callable[[float], None] | None = None,
     ) -> Any:
         """Call ``method`` with ``request``; its answer decoded as ``response_type``. Raises ``LimitError``
         when the request's encoding is over the frame limit (nothing is sent), ``ClosedError``, and what the
@@ -173,7 +174,10 @@ class Transport:
         ``undo(answer)`` (the answer's bytes): for a call whose answer hands the caller something the server keeps
         for it (a transaction's id): called when the call is cancelled yet its answer comes all the same (sent
         before the server read the cancel, or with the cancel in one loop turn), so that what it handed over is
-        given back. In this process a cancel reaches the method itself, which gives back what it made."""
+        given back. In this process a cancel reaches the method itself, which gives back what it made.
+
+        ``sent(t)``: called with the loop's time as the request is written to a connection (again at each
+        sending); never in this process."""
         raise NotImplementedError
 
     def call_first(
@@ -242,6 +246,7 @@ class LocalTransport(Transport):
         write: bool = False,
         retry: bool = True,
         undo: Callable[[bytes], None] | None = None,
+        sent: Callable[[float], None] | None = None,
     ) -> Any:
         if self.closed:
             raise ClosedError(f"store {self.core.directory} is closed")
@@ -828,6 +833,7 @@ class RemoteTransport(Transport):
         write: bool = False,
         retry: bool = True,
         undo: Callable[[bytes], None] | None = None,
+        sent: Callable[[float], None] | None = None,
     ) -> Any:
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
@@ -892,6 +898,8 @@ class RemoteTransport(Transport):
                 # conn.send(...), inline: what this loop turn queues goes out in one write
                 conn.out.append(request_frame(stream, method, body))
                 conn.unsent.add(stream)
+                if sent is not None:
+                    sent(conn.loop.time())  # (no later than the write: a lower bound of when the server reads it)
                 if not conn.flush_scheduled:
                     conn.flush_scheduled = True
                     conn.loop.call_soon(conn.flush)
