@@ -406,3 +406,32 @@ async def test_a_transactions_fn_writes_past_its_allowance_go_as_its_earlier_one
     finally:
         await client.close()
         await owner.close()
+
+
+# contract: SQL-03
+async def test_execs_waiting_for_a_writer_busy_with_a_long_statement_leave_room_past_the_line(tmp_path: Path) -> None:
+    # from trial BP: execs on x, whose writer a long statement (no transaction) kept busy, took all 8 places past
+    # the full line; the transaction's own exec on a free database waited behind them until tx_idle
+    owner, client, odb, cdb = await _setup(tmp_path, ("x", "y", "z"))
+    try:
+        slow = asyncio.ensure_future(odb["x"].exec(SLOW.replace("1500000", "10000000")))  # x's writer busy, seconds
+        await asyncio.sleep(0.1)
+        spawned: list[asyncio.Future[int]] = []
+        took: list[float] = []
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values (1)")
+            spawned.extend(asyncio.ensure_future(_returning(cdb["x"], i)) for i in range(EXECS_MAX + 16))
+            await asyncio.sleep(0.2)
+            t0 = time.monotonic()
+            await _returning(cdb["z"], 2)  # a free database
+            took.append(time.monotonic() - t0)
+            await tx.exec("insert into t (a) values (3)")
+
+        await asyncio.wait_for(cdb["y"].tx(fn), 20)
+        assert took[0] < 1.0, took
+        await slow
+        await asyncio.gather(*spawned)
+    finally:
+        await client.close()
+        await owner.close()

@@ -425,8 +425,18 @@ async def test_an_embedded_open_beside_a_sidecar_says_it_is_the_sidecar_and_how_
         with pytest.raises(tinystore.InUseError) as got:
             await tinystore.open(d, embedded=True)
         message = got.value.message
-        assert "owned by its sidecar server" in message and "after 45s without connections" in message, message
+        assert "owned by its sidecar server" in message, message
+        assert "exits by itself after 45s without connections" in message, message
         assert f"tinystore stop {d}" in message, message
     finally:
         await a.close()
         await stop_sidecar(d)
+    # a sidecar told to stay (idle "0s") is not said to exit by itself (trial BP)
+    b = await tinystore.open(tmp_path / "stays", idle="0s")
+    try:
+        with pytest.raises(tinystore.InUseError) as got:
+            await tinystore.open(tmp_path / "stays", embedded=True)
+        assert "which stays until it is stopped" in got.value.message, got.value.message
+    finally:
+        await b.close()
+        await stop_sidecar(tmp_path / "stays")

@@ -220,10 +220,15 @@ class DirLock:
         if info.get("mode") == "sidecar":
             # (trial BL: after `tinystore lock DIR …`, whose sidecar stays a while, an embedded open said only this)
             idle = info.get("idle")
-            when = f"after {format_seconds(idle)} without connections" if isinstance(idle, int | float) else "when idle"
+            if isinstance(idle, int | float) and idle > 0:
+                stays = f"which exits by itself after {format_seconds(idle)} without connections"
+            elif "idle" in info:  # (idle "0s": it stays until stopped; trial BP)
+                stays = "which stays until it is stopped"
+            else:  # (a server of an earlier version, which did not say)
+                stays = "which exits by itself when idle"
             return InUseError(
                 f"{where}: the directory is owned by its sidecar server (pid {owner}, started by tinystore.open() or "
-                f"a command such as `tinystore lock`), which exits by itself {when}; `tinystore stop "
+                f"a command such as `tinystore lock`), {stays}; `tinystore stop "
                 f"{shlex.quote(str(self.path.parent))}` stops it now. Or connect to it with tinystore.open() instead "
                 "of owning it"
             )

@@ -257,7 +257,7 @@ class ServerConnection(asyncio.Protocol):
         # execs kept out of their line while a transaction of this connection holds their database's writer
         self.parked: list[tuple[int, str, Any, int, bool]] = []
         self.tx_held: dict[int, int] = {}  # transaction id → its calls waiting in the transactions' line
-        self.exec_db: dict[int, str] = {}  # stream → the database of an exec under way in the execs' line
+        self.bypass_db: dict[int, str] = {}  # stream → the database of an exec under way past the execs' line
         # execs let past a full execs' line because what fills it waits for a transaction of this connection
         self.bypass = _Line(READS_MAX)
         self.bypass_held: set[int] = set()  # execs past the line that wait for a transaction (see may_bypass)
@@ -392,7 +392,7 @@ class ServerConnection(asyncio.Protocol):
         for line in self.lines:
             line.waiting.clear()  # (requests not begun, and their bodies)
         self.parked.clear()
-        self.exec_db.clear()
+        self.bypass_db.clear()
         self.bypass_held.clear()
         self.out.clear()
         if self.deadline is not None:
@@ -577,10 +577,10 @@ class ServerConnection(asyncio.Protocol):
         if line is not None and (stream in self.tasks or stream in self.futures or stream in self.laters):
             line.running.add(stream)
             self.line_of[stream] = line
-            if line is self.execs:
-                self.exec_db[stream] = req.db
-            elif line is self.bypass and self.bypass_to is not None:
-                self.bypass_held.add(stream)  # (it waits for a transaction: see may_bypass)
+            if line is self.bypass:
+                self.bypass_db[stream] = req.db
+                if self.bypass_to is not None:
+                    self.bypass_held.add(stream)  # (it waits for a transaction: see may_bypass)
         self.bypass_to = None
 
     def run(self, stream: int, name: str, req: Any, size: int) -> None:
@@ -707,8 +707,10 @@ class ServerConnection(asyncio.Protocol):
         so that the transaction's own calls elsewhere always find room (trial BA: they took all of it; trial BF:
         counted only for a transaction that held the writer already, those behind one waiting were not); one
         refused goes when one of them ends (trial BE: a writer busy with one transaction after another only makes
-        it wait its turn)."""
-        if not self.stuck_behind_own():
+        it wait its turn). One exec of a database at a time goes past the line: execs that wait for a writer busy
+        with a long statement leave the rest of the way to the other databases' (trial BP: 8 of them took it all,
+        and the transaction's own exec on a free database waited until tx_idle)."""
+        if not self.stuck_behind_own() or db in self.bypass_db.values():
             return False
         for tx in self.core.sql.transactions.values():
             if tx.db.name == db and not tx.read_only and not tx.done:
@@ -762,9 +764,8 @@ class ServerConnection(asyncio.Protocol):
         line = self.line_of.pop(stream, None)
         if line is not None:
             line.running.discard(stream)
-            if line is self.execs:
-                self.exec_db.pop(stream, None)
-            elif line is self.bypass:
+            if line is self.bypass:
+                self.bypass_db.pop(stream, None)
                 self.bypass_held.discard(stream)
             if line.waiting or (line is self.bypass and self.execs.waiting):
                 self.pump_lines()
