@@ -514,6 +514,7 @@ class _Runner:
         self.attempts: dict[tuple[str, int], _Attempt] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.renewer: asyncio.Task[None] | None = None
+        self.renew_due = asyncio.Event()  # set when an attempt starts: its renewal may be due before the loop wakes
         self.registry = _registry(queue.store)
         self.finished = 0
         self.handling = 0  # attempts whose handler has not ended yet: the worker's slots in use
@@ -551,6 +552,8 @@ class _Runner:
         a.task.add_done_callback(lambda t: self._done(a, t))
         if self.renewer is None or self.renewer.done():
             self.renewer = self.loop.create_task(self._renew_loop())
+        else:
+            self.renew_due.set()
         return a
 
     def free(self, a: _Attempt) -> None:
@@ -572,12 +575,24 @@ class _Runner:
             self.idle.set()
 
     async def _renew_loop(self) -> None:
+        """Renew the running attempts, all in one call, when the first of them is a third of its lease past its
+        last renewal. An attempt started meanwhile wakes the loop: its lease may be shorter than those it slept for
+        (trial BQ: a lease shortened by `configure` while a job ran was renewed every third of the old one, and
+        healthy attempts were lost)."""
         while self.attempts:
-            lease = min(a.lease for a in self.attempts.values())
-            await asyncio.sleep(lease / 3)
+            self.renew_due.clear()
+            due = min(a.renewed_at + a.lease / 3 for a in self.attempts.values())
+            wait = due - time.monotonic()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self.renew_due.wait()
+                if self.renew_due.is_set():
+                    continue  # (an attempt started: look again at when the first renewal is due)
             current = list(self.attempts.values())
             if not current:
                 return
+            lease = min(a.lease for a in current)
             sent = time.monotonic()
             try:
                 async with asyncio.timeout(max(lease / 3, 0.5)):
@@ -596,13 +611,13 @@ class _Runner:
                     if not self.queue.store.transport.local and time.monotonic() - a.renewed_at > a.lease:
                         log.warning("queue %s: job %s: no renewal for the whole lease: lost", self.queue.name, a.key[0])
                         a.stop("lost")
+                await asyncio.sleep(min(lease / 6, 2.0))  # (then again: the attempts' renewals stay due)
                 continue
             gone = set(lost)
             for a in current:
+                a.renewed_at = sent  # (one the store says is lost too: told now, not renewed again until it ends)
                 if a.claimed.id in gone:
                     a.stop("lost")
-                else:
-                    a.renewed_at = sent
 
     async def _report(self, a: _Attempt, outcome: str, **kw: Any) -> None:
         """Report how attempt ``a`` ended. Raises nothing but a cancel: a report the store refuses is sent again as

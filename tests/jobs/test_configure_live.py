@@ -1,0 +1,51 @@
+"""`tinystore jobs DIR configure` while a queue's jobs run (trial BQ): a shorter lease is renewed in time for the
+attempts claimed under it; a shorter keep deletes the jobs that ended before it; a shorter expected reports the
+jobs running past it as stuck, in every view."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tinystore
+from tinystore.client.jobs import configure
+from tinystore.protocol.jobs import Options
+
+from ..helpers import open_store
+
+
+# contract: JOB-01
+# contract: JOB-08
+@pytest.mark.parametrize("mode", ["private", "sidecar"])
+async def test_an_attempt_under_a_lease_shortened_while_another_runs_is_renewed_in_time(
+    tmp_path: Path, mode: str
+) -> None:
+    # the worker's renewals slept a third of the 30 s lease of the attempt running when they began; the one claimed
+    # under the new 2 s lease was lost ("worker lost") by its healthy worker, and ran again
+    async with open_store(mode, tmp_path / "s") as store:
+        q = store.queue("q", lease="30s", timeout="1m", backoff=("1s", "2s"))
+        runs: list[tuple[str, int]] = []
+
+        async def handler(value: Any, run: tinystore.Run) -> None:
+            runs.append((value["n"], run.attempt))
+            await asyncio.sleep(value["secs"])
+
+        worker = q.work(handler, concurrency=2)
+        try:
+            a = await q.add({"n": "A", "secs": 4})
+            await asyncio.sleep(0.3)
+            await configure(store, "q", Options(lease_ms=1000))
+            b = await q.add({"n": "B", "secs": 3})
+            for _ in range(100):
+                got = [await q.get(a), await q.get(b)]
+                if all(j is not None and j.state == "succeeded" for j in got):
+                    break
+                await asyncio.sleep(0.1)
+            jb = await q.get(b)
+            assert jb is not None and jb.state == "succeeded" and jb.attempts == 1, jb
+            assert sorted(runs) == [("A", 1), ("B", 1)]
+        finally:
+            await worker.stop()
