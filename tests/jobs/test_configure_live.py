@@ -49,3 +49,16 @@ async def test_an_attempt_under_a_lease_shortened_while_another_runs_is_renewed_
             assert sorted(runs) == [("A", 1), ("B", 1)]
         finally:
             await worker.stop()
+
+
+# contract: JOB-02
+async def test_a_big_row_read_while_its_inline_budget_runs_out_is_read_by_a_reader(tmp_path: Path) -> None:
+    # trial BQ: interrupted while SQLite read a column past the inline length, the read failed "string or blob too
+    # big" (SQLITE_INTERRUPT with that message) instead of moving to a reader thread
+    limits = tinystore.Limits(inline_read=0.00005)
+    async with open_store("embedded", tmp_path / "s", limits=limits) as store:
+        q = store.queue("q")
+        jid = await q.add({"pad": "v" * ((1 << 20) - 100)})
+        for _ in range(300):
+            job = await q.get(jid)
+            assert job is not None and len(job.value["pad"]) == (1 << 20) - 100

@@ -791,7 +791,13 @@ class SqlDatabase:
                     self._off_loop[sql] = None
                     if len(self._off_loop) > 256:
                         self._off_loop.pop(next(iter(self._off_loop)))
-            elif str(exc) != "interrupted" and not _too_big(exc):
+            elif (
+                str(exc) != "interrupted"
+                and getattr(exc, "sqlite_errorname", "") not in ("SQLITE_INTERRUPT", "SQLITE_TOOBIG")
+                and not _too_big(exc)
+            ):
+                # (an interrupt while SQLite read a column past the inline length is SQLITE_INTERRUPT that says
+                # "string or blob too big": it was raised to the client, trial BQ)
                 raise self._error(exc) from None
             self.stats["reads_moved"] = self.stats.get("reads_moved", 0) + 1
             return None
