@@ -5,6 +5,7 @@ jobs running past it as stuck, in every view."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,63 @@ async def test_a_big_row_read_while_its_inline_budget_runs_out_is_read_by_a_read
         for _ in range(300):
             job = await q.get(jid)
             assert job is not None and len(job.value["pad"]) == (1 << 20) - 100
+
+
+# contract: JOB-05
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_a_shorter_keep_deletes_the_jobs_that_ended_before_it(tmp_path: Path, mode: str) -> None:
+    async with open_store(mode, tmp_path / "s", clock=datetime(2030, 1, 1, 12, tzinfo=UTC)) as store:
+        q = store.queue("q", keep="7d")
+        old = await q.add({"n": 1}, key="report/2030-01-01")
+        await q.run_due(_noop)
+        await store.clock.advance("1h")
+        await configure(store, "q", Options(keep_ms=60_000))
+        await store.clock.advance("2m")
+        for _ in range(50):
+            if await q.get(old) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert await q.get(old) is None
+        assert await q.add({"n": 2}, key="report/2030-01-01") != old  # the key went with it
+
+
+# contract: JOB-11
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_a_shorter_expected_reports_the_running_jobs_past_it_in_every_view(tmp_path: Path, mode: str) -> None:
+    async with open_store(mode, tmp_path / "s", clock=datetime(2030, 1, 1, tzinfo=UTC)) as store:
+        q = store.queue("q", expected="50m", timeout="2h", lease="1h")
+        kinds: list[str] = []
+        sub = (
+            await store.channel("tinystore-jobs", tinystore.JobEvent)
+            .under("q")
+            .subscribe(lambda m: kinds.append(m.value.kind), recursive=True)
+        )
+        gate = asyncio.Event()
+
+        async def wait_gate(value: Any, run: tinystore.Run) -> None:
+            await gate.wait()
+
+        await q.add({"i": 1})
+        worker = q.work(wait_gate)
+        try:
+            for _ in range(100):
+                if worker.running:
+                    break
+                await asyncio.sleep(0.02)
+            await configure(store, "q", Options(expected_ms=60_000))
+            await store.clock.advance("2m")
+            for _ in range(100):
+                if "stuck" in kinds:
+                    break
+                await asyncio.sleep(0.02)
+            assert len((await q.list(state="stuck")).jobs) == 1
+            status = (await store.status())["jobs"]
+            assert status["stuck_reports"] == 1 and kinds.count("stuck") == 1, (status, kinds)
+        finally:
+            gate.set()
+            await worker.stop()
+            await sub.stop()
+
+
+async def _noop(value: Any, run: tinystore.Run) -> None:
+    return None

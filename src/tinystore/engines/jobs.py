@@ -616,7 +616,15 @@ class JobsEngine:
         q = self.queues.get(name)
         if q is None:
             q = await self._queue(name)
-        q.options = self._configured[name]
+        before, q.options = q.options, self._configured[name]
+        if q.options.expected != before.expected:
+            # the running attempts' stuck reports come at the new expected time (trial BQ: at the old one, while
+            # the list already showed them stuck); one due later than its old time is put off in _on_stuck
+            for e in list(q.entries.values()):
+                if e.where == RUNNING and not e.stuck:
+                    q.stuck_at.push(e.started_at + q.options.expected, (e, e.fence))
+        if q.options.keep != before.keep:
+            self._arm_sweep(q, self.clock.now())  # ended jobs past the new keep go now (trial BQ: at the next end)
         self._pump_soon(q)
         return self._info(q)
 
@@ -1058,6 +1066,10 @@ class JobsEngine:
 
     def _on_stuck(self, q: JobQueue, e: Entry, fence: int) -> None:
         if e.fence != fence or e.stuck or q.entries.get(e.id) is not e:
+            return
+        due = e.started_at + q.options.expected
+        if self.clock.now() < due:  # (expected was made longer by a configure since this deadline was set)
+            q.stuck_at.push(due, (e, fence))
             return
         if e.where == ENDING:
             q.stuck_at.push(self.clock.now() + 1.0, (e, fence))  # as in _on_lease
