@@ -77,6 +77,7 @@ from ..protocol.locks import (
     Renew,
     Renewed,
 )
+from .transport import NotRunError
 
 if TYPE_CHECKING:
     from .store import Store
@@ -781,6 +782,7 @@ class _Hub:
         loop = self.loop
         deadline = None if wait is None else loop.time() + wait
         transport = self.transport
+        refusals = 0
         while True:
             wait_ms = None if deadline is None else max(0, round((deadline - loop.time()) * 1000))
             req = Acquire(
@@ -810,6 +812,14 @@ class _Hub:
                 if self.closed or transport.closed:
                     raise _named(exc, lock, key) from None
                 continue  # the connection dropped while asking: ask again (for the rest of the wait)
+            except NotRunError as exc:
+                # the store is stopping and did not run the ask: ask the next one, for the rest of the wait (trial
+                # BR: UnavailableError at once, where every other call waits for the next server)
+                if self.closed or transport.closed:
+                    raise _named(exc, lock, key) from None
+                refusals += 1
+                await asyncio.sleep(min(0.05 * 2**refusals, 0.5))
+                continue
             except TinystoreError as exc:
                 raise _named(exc, lock, key) from None
             if reply.held or not reply.lease:

@@ -315,6 +315,11 @@ class _NotSent(Exception):
     """The connection dropped before the request was written: it never reached the server."""
 
 
+class NotRunError(UnavailableError):
+    """A call made with ``retry=False`` that the server refused without running it (it is stopping): its caller
+    may send it again once the next server is reached."""
+
+
 class _Refused(Exception):
     """The server refused the request without running it (it is stopping)."""
 
@@ -927,7 +932,7 @@ class RemoteTransport(Transport):
                 except _Refused as exc:
                     self._no_tx_elsewhere(method, request, f"{exc}; the store stopped")
                     if not retry:
-                        raise UnavailableError(f"{method}: {exc}") from None
+                        raise NotRunError(f"{method}: {exc}") from None
                     # it was not run: safe to send again (a write too) once the next server is reached
                     await conn.wait_gone()
                     continue
