@@ -435,3 +435,27 @@ async def test_execs_waiting_for_a_writer_busy_with_a_long_statement_leave_room_
     finally:
         await client.close()
         await owner.close()
+
+
+# contract: SQL-03
+async def test_an_exec_without_rows_waits_behind_an_earlier_one_of_its_database_in_the_line(tmp_path: Path) -> None:
+    # from trial BR: with the line full, A (insert … returning) waited in it; B (a plain insert on the same database,
+    # sent after A) was in no line, ran at once, and committed first
+    owner, client, odb, cdb = await _setup(tmp_path, ("x",))
+    try:
+        held, release = asyncio.Event(), asyncio.Event()
+        other = asyncio.ensure_future(_hold_until(odb["x"], held, release))
+        await held.wait()
+        fill = [asyncio.ensure_future(_returning(cdb["x"], i)) for i in range(EXECS_MAX)]
+        a = asyncio.ensure_future(cdb["x"].exec("insert into t (a) values (-1) returning id"))
+        await asyncio.sleep(0)
+        b = asyncio.ensure_future(cdb["x"].exec("insert into t (a) values (-2)"))
+        await asyncio.sleep(0.3)
+        release.set()
+        await other
+        await asyncio.gather(*fill, a, b)
+        rows = await cdb["x"].all("select a from t where a < 0 order by id")
+        assert [r["a"] for r in rows] == [-1, -2]
+    finally:
+        await client.close()
+        await owner.close()

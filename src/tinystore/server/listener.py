@@ -568,6 +568,12 @@ class ServerConnection(asyncio.Protocol):
                     self.bypass_behind_head()
                 return
             self.start(line, stream, name, req, len(body))
+        elif name == "sql.exec" and (self.waits_in_line(req.db) or any(p[2].db == req.db for p in self.parked)):
+            # an exec without rows behind one of its database that waits (in the line, or kept aside): it waits
+            # behind it, in no line's count (trial BR: run at once, it committed before the one sent first)
+            item = (stream, name, req, len(body), False)
+            if not self.park(item):
+                self.execs.waiting.append(item)
         else:
             self.run(stream, name, req, len(body))
 
