@@ -514,7 +514,8 @@ class _Runner:
         self.attempts: dict[tuple[str, int], _Attempt] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.renewer: asyncio.Task[None] | None = None
-        self.renew_due = asyncio.Event()  # set when an attempt starts: its renewal may be due before the loop wakes
+        self.renew_due = asyncio.Event()  # set when an attempt starts whose renewal is due before the loop wakes
+        self.renew_at = math.inf  # when the renewal loop wakes next (monotonic)
         self.registry = _registry(queue.store)
         self.finished = 0
         self.handling = 0  # attempts whose handler has not ended yet: the worker's slots in use
@@ -552,8 +553,8 @@ class _Runner:
         a.task.add_done_callback(lambda t: self._done(a, t))
         if self.renewer is None or self.renewer.done():
             self.renewer = self.loop.create_task(self._renew_loop())
-        else:
-            self.renew_due.set()
+        elif a.renewed_at + a.lease / 3 < self.renew_at:
+            self.renew_due.set()  # (due before the loop wakes: a shorter lease; not for each job of a busy queue)
         return a
 
     def free(self, a: _Attempt) -> None:
@@ -581,7 +582,7 @@ class _Runner:
         healthy attempts were lost)."""
         while self.attempts:
             self.renew_due.clear()
-            due = min(a.renewed_at + a.lease / 3 for a in self.attempts.values())
+            due = self.renew_at = min(a.renewed_at + a.lease / 3 for a in self.attempts.values())
             wait = due - time.monotonic()
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
@@ -589,6 +590,7 @@ class _Runner:
                         await self.renew_due.wait()
                 if self.renew_due.is_set():
                     continue  # (an attempt started: look again at when the first renewal is due)
+            self.renew_at = math.inf  # (renewing: an attempt that starts meanwhile is renewed with the next call)
             current = list(self.attempts.values())
             if not current:
                 return
