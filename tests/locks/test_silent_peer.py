@@ -71,3 +71,48 @@ async def test_a_peer_silent_past_peer_silence_leaves_the_line_and_a_live_waiter
         await raw.close()
         await live.close()
         await owner.close()
+
+
+# contract: LOCK-03
+# contract: LOCK-07
+async def test_a_reconnected_clients_connection_before_ends_with_its_place_in_line(tmp_path: Path) -> None:
+    # from trial BR: the network cut the client's connection on its side only; it reconnected and asked again, but
+    # its ask on the old connection, still in line at the server, got the key for the lease's whole ttl
+    import os
+
+    d = tmp_path / "s"
+    owner = await tinystore.open(d, embedded=True)
+    client = await tinystore.open(d)
+    kept: int | None = None
+    try:
+        release, holding = asyncio.Event(), asyncio.Event()
+
+        async def hold() -> None:
+            async with owner.lock("l", ttl="30s").hold("k"):
+                holding.set()
+                await release.wait()
+
+        holder = asyncio.ensure_future(hold())
+        await holding.wait()
+        got: list[float] = []
+
+        async def wait_client() -> None:
+            async with client.lock("l", ttl="20s").hold("k", wait="20s"):
+                got.append(asyncio.get_running_loop().time())
+
+        waiter = asyncio.ensure_future(wait_client())
+        await asyncio.sleep(0.3)  # in line
+        transport: Any = client.transport
+        sock = transport._conn.transport.get_extra_info("socket")
+        kept = os.dup(sock.fileno())  # the server's side stays open: it hears of no close
+        transport.abort()
+        await asyncio.sleep(1.0)  # the SDK reconnects and asks again
+        release.set()
+        await holder
+        await asyncio.wait_for(waiter, 5)  # not a ttl (20 s) later
+        assert got
+    finally:
+        if kept is not None:
+            os.close(kept)
+        await client.close()
+        await owner.close()

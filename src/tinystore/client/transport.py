@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import ssl
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import CoroutineType
@@ -579,6 +580,8 @@ class RemoteTransport(Transport):
         self.endpoint = endpoint
         self.on_connected = on_connected
         self.keepalive_idle = keepalive_idle
+        # the same for each of its connections: a new one ends the one before it at the server (see Hello)
+        self.instance = uuid.uuid4().hex
         self.keepalive_timeout = keepalive_timeout
         self._refused: UnauthenticatedError | None = None  # the token was refused at the last reconnect
         self.token = token
@@ -627,7 +630,15 @@ class RemoteTransport(Transport):
         plain_tcp = kind != "unix" and where[2] is None
         proto.transport.write(
             proto.conn.send_hello(
-                encode(Hello(version=frames.PROTOCOL_VERSION, token=self.token, client=self.name, pid=os.getpid()))
+                encode(
+                    Hello(
+                        version=frames.PROTOCOL_VERSION,
+                        token=self.token,
+                        client=self.name,
+                        pid=os.getpid(),
+                        instance=self.instance,
+                    )
+                )
             )
         )
         try:

@@ -8,12 +8,16 @@ import msgspec
 
 
 class Hello(msgspec.Struct, kw_only=True):
-    """Client → server, first frame: the protocol version it speaks and its token (TCP; empty on Unix)."""
+    """Client → server, first frame: the protocol version it speaks and its token (TCP; empty on Unix).
+    ``instance``: random, the same for every connection of one SDK transport (its reconnects); it has one
+    connection at a time, so a new one ends the one before it at the server, which may not know yet that the
+    network cut it off (empty: not said)."""
 
     version: int
     token: str = ""
     client: str = ""
     pid: int = 0
+    instance: str = ""
 
 
 class Welcome(msgspec.Struct, kw_only=True):

@@ -135,6 +135,7 @@ class Core:
         self.engines: dict[str, Any] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.listeners: list[Any] = []
+        self.instances: dict[str, Any] = {}  # SDK transport → its connection now (see ServerConnection.supersede)
 
     async def start(self) -> None:
         """Own the directory and start the engines. Raises ``InUseError`` when another process owns it."""

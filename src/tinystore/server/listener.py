@@ -243,6 +243,7 @@ class ServerConnection(asyncio.Protocol):
         self.closing = False
         self.last_stream = 0  # the highest stream of a request read (told in the GOAWAY)
         self.last_rx = self.loop.time()  # when bytes last came from the client (see PEER_SILENCE)
+        self.instance = ""  # the SDK transport whose connection this is (see supersede)
         self.paused = False  # the client does not read what we write
         self.held = False  # too many cancelled writes of this connection still run
         self.big: dict[int, int] = {}  # stream → size, of the big requests read and not yet answered
@@ -292,6 +293,23 @@ class ServerConnection(asyncio.Protocol):
             self.listener.max_handshaking,
         )
         self.refuse(UnavailableError.code, "too many connections are waiting for their handshake")
+
+    def supersede(self, instance: str) -> None:
+        """This connection is the SDK transport ``instance``'s new one: its connection before, if the server still
+        has it, was cut off by the network without a close (the SDK has one at a time), and ends now with what it
+        held, before the client's first calls on this one (trial BR: its place in a lock's line got the key, for
+        the lease's whole ttl, while the client asked again here)."""
+        instances = self.core.instances
+        old = instances.get(instance)
+        instances[instance] = self
+        self.instance = instance
+        if old is not None and old is not self and not old.closing and old.transport is not None:
+            log.info(
+                "%s: a client's new connection ends its one before, which the network cut off",
+                self.listener.description,
+            )
+            old.closing = True
+            old.transport.abort()
 
     def check_silence(self) -> None:
         """Drop the connection when the client sent nothing for :data:`PEER_SILENCE` seconds while it was read:
@@ -385,6 +403,8 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self.instance and self.core.instances.get(self.instance) is self:
+            del self.core.instances[self.instance]
         self.conn.discard()  # a part of a frame (up to 16 MiB) goes now, not at the next full collection
         for tx_id in self.tx_held:
             self.sync_held(tx_id)  # (closing: none held any more)
@@ -482,6 +502,8 @@ class ServerConnection(asyncio.Protocol):
         if self.deadline is not None:
             self.deadline.cancel()
         self.deadline = self.loop.call_later(PEER_SILENCE / 4, self.check_silence)
+        if hello.instance:
+            self.supersede(hello.instance)
         self.listener.handshaking.pop(self, None)
         body = encode(
             Welcome(
