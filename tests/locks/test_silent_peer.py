@@ -21,6 +21,20 @@ from tinystore.server import listener, paths
 from ..store.raw import RawClient
 
 
+async def _owner_holds(owner: tinystore.Store) -> tuple[asyncio.Future[None], asyncio.Event]:
+    """The store's own process holds key ``k`` of lock ``l`` until the event returned is set."""
+    release, holding = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with owner.lock("l", ttl="30s").hold("k"):
+            holding.set()
+            await release.wait()
+
+    holder = asyncio.ensure_future(hold())
+    await holding.wait()
+    return holder, release
+
+
 # contract: LOCK-03
 # contract: CHAN-08
 async def test_a_peer_silent_past_peer_silence_leaves_the_line_and_a_live_waiter_stays(
@@ -36,16 +50,7 @@ async def test_a_peer_silent_past_peer_silence_leaves_the_line_and_a_live_waiter
         transport.keepalive_idle = 0.25  # (the SDK's 15 s, scaled as PEER_SILENCE is)
         heard: list[Any] = []
         sub = await live.channel("c").under("x").subscribe(heard.append, on_missed=heard.append)
-        release = asyncio.Event()
-        holding = asyncio.Event()
-
-        async def hold() -> None:
-            async with owner.lock("l", ttl="30s").hold("k"):
-                holding.set()
-                await release.wait()
-
-        holder = asyncio.ensure_future(hold())
-        await holding.wait()
+        holder, release = await _owner_holds(owner)
         assert (await raw.hello()).kind is Kind.WELCOME
         ask = AcquireMany(items=[Acquire(lock="l", key="k", ttl_ms=20_000, wait_ms=30_000)], tickets=[1])
         got = await raw.call(5, ACQUIRE_MANY, encode(ask))
@@ -85,15 +90,7 @@ async def test_a_reconnected_clients_connection_before_ends_with_its_place_in_li
     client = await tinystore.open(d)
     kept: int | None = None
     try:
-        release, holding = asyncio.Event(), asyncio.Event()
-
-        async def hold() -> None:
-            async with owner.lock("l", ttl="30s").hold("k"):
-                holding.set()
-                await release.wait()
-
-        holder = asyncio.ensure_future(hold())
-        await holding.wait()
+        holder, release = await _owner_holds(owner)
         got: list[float] = []
 
         async def wait_client() -> None:
