@@ -983,14 +983,16 @@ class ServerConnection(asyncio.Protocol):
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
-    def close(self, reason: str, code: str = "closed", notify: bool = True) -> None:
-        """Close this connection, telling the client why (GOAWAY) unless ``notify`` is false."""
+    def close(self, reason: str, code: str = "closed", notify: bool = True, said_read: bool = False) -> None:
+        """Close this connection, telling the client why (GOAWAY) unless ``notify`` is false; ``said_read``: and
+        the last request read (every later one was not run: the SDK sends it again elsewhere)."""
         if self.closing:
             return
         if notify:
-            # with the last request read: the client may send the later ones again elsewhere, never run here (trial
-            # BK: unread at a stop, each was a write that may have committed, for its client)
-            goaway = GoAway(reason=reason, code=code, last_stream=self.last_stream)
+            # at a stop, with the last request read: the client may send the later ones again elsewhere, never run
+            # here (trial BK: unread at a stop, each was a write that may have committed, for its client). Not
+            # after a refused frame: sent again, it would be refused again, for ever
+            goaway = GoAway(reason=reason, code=code, last_stream=self.last_stream if said_read else None)
             self.write(self.conn.send_goaway(encode(goaway)))
         self.closing = True
         if code == "protocol":
@@ -1290,7 +1292,7 @@ class Listener:
         conns = list(self.connections)
         await asyncio.gather(*(c.drain_calls(grace) for c in conns), return_exceptions=True)
         for c in conns:
-            c.close("the store is stopping", "unavailable")
+            c.close("the store is stopping", "unavailable", said_read=True)
         if self.unix_path is not None:
             # only our own socket file: a server whose directory was removed and made again stops while a new
             # one serves on the same path, and must not take that one's socket away
