@@ -394,3 +394,38 @@ async def test_a_chat_opened_while_a_read_of_the_last_one_is_under_way_shows_its
             assert await x.saved() == await y.saved()
     finally:
         await ctx.close()
+
+
+async def test_a_tab_whose_stream_keeper_is_paused_says_so_and_shows_what_is_saved(
+    tmp_path: Path, browser: Any
+) -> None:
+    """From trial BO: the tab that keeps a chat's shared stream was paused (its script stopped, as DevTools or a
+    busy main thread does); the other tab of the browser said "live" and showed nothing new. It now says
+    "waiting" and reads what is saved, until the keeper is heard again."""
+    ctx = await browser.new_context(**LAPTOP)
+    other = await browser.new_context(**LAPTOP)
+    try:
+        async with run_demo(tmp_path / "data", "--token-delay", "0.002") as demo:
+            (url,) = demo.urls
+            keeper = Tab(await ctx.new_page())
+            await keeper.open(url)
+            follower = Tab(await ctx.new_page())
+            await follower.open(keeper.page.url)
+            poster = Tab(await other.new_page())
+            await poster.open(keeper.page.url)
+            cdp = await ctx.new_cdp_session(keeper.page)
+            await cdp.send("Debugger.enable")
+            await cdp.send("Debugger.pause")
+            try:
+                await poster.post("asked while the keeper tab is paused")
+                await poster.wait_saved(2)
+                await follower.wait_saved(2, timeout=30.0)  # read, not heard: the keeper relays nothing
+                assert await follower.page.locator("#status").get_attribute("data-state") == "waiting"
+            finally:
+                await cdp.send("Debugger.resume")
+            await follower.page.wait_for_function(
+                "document.getElementById('status').dataset.state === 'live'", timeout=15_000
+            )  # the keeper is heard again
+    finally:
+        await ctx.close()
+        await other.close()

@@ -20,6 +20,7 @@ const state = {
   source: null, // the EventSource, in the tab that keeps the chat's stream
   channel: null, // the BroadcastChannel the chat's events are relayed on
   leave: null, // gives back the Web Lock of the chat's stream (and closes it) when this tab leaves the chat
+  beat: null, // the interval of a following tab's asks to the tab that keeps the stream (see BEAT)
 };
 
 const $ = (id) => document.getElementById(id);
@@ -277,11 +278,19 @@ function shareStatus(s) {
 
 // Follow the chat's events: through its shared stream where the browser can share it, else a stream of
 // this tab's own.
+// A tab that follows another's stream asks it how it is every BEAT ms (the answer is a message, which a hidden
+// tab handles at once, where its timers may be slowed to one a minute); hearing nothing from it for STALE ms (its
+// page paused or frozen: it still holds the lock), it says "waiting" rather than "live" and reads what was saved,
+// every BEAT ms, until that tab is heard again (trial BO: it said "live" and showed nothing).
+const BEAT = 5000;
+const STALE = 15000;
+
 function connect() {
   if (state.leave) state.leave();
   if (state.source) state.source.close();
   if (state.channel) state.channel.close();
-  state.source = state.channel = state.leave = null;
+  clearInterval(state.beat);
+  state.source = state.channel = state.leave = state.beat = null;
   const chatId = state.chatId;
   if (!(navigator.locks && window.BroadcastChannel)) {
     openStream(chatId, false);
@@ -290,8 +299,10 @@ function connect() {
   const name = `chat-events/${chatId}`;
   const channel = new BroadcastChannel(name);
   state.channel = channel;
+  let heard = Date.now();
   channel.onmessage = (m) => {
     const msg = m.data;
+    if (!msg.ask) heard = Date.now(); // (another following tab's ask says nothing of the keeper)
     if (msg.ask) {
       if (state.source) shareStatus($("status").dataset.state); // a tab that joined asks how the stream is
     } else if (!state.source) {
@@ -307,6 +318,14 @@ function connect() {
   };
   setStatus("connecting");
   channel.postMessage({ ask: true }); // the tab that keeps the stream says how it is
+  state.beat = setInterval(() => {
+    if (state.source) return; // (this tab keeps the stream)
+    if (Date.now() - heard > STALE) {
+      setStatus("waiting");
+      refresh();
+    }
+    channel.postMessage({ ask: true });
+  }, BEAT);
   navigator.locks
     .request(name, () => {
       if (gone) return null; // left the chat while waiting for the lock
