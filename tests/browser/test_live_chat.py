@@ -405,6 +405,7 @@ async def test_a_tab_whose_stream_keeper_is_paused_says_so_and_shows_what_is_sav
     ctx = await browser.new_context(**LAPTOP)
     other = await browser.new_context(**LAPTOP)
     try:
+        await ctx.add_init_script("window.chatTiming = {beat: 1000, stale: 3000}")  # (5 s and 15 s, scaled)
         async with run_demo(tmp_path / "data", "--token-delay", "0.002") as demo:
             (url,) = demo.urls
             keeper = Tab(await ctx.new_page())
@@ -419,7 +420,7 @@ async def test_a_tab_whose_stream_keeper_is_paused_says_so_and_shows_what_is_sav
             try:
                 await poster.post("asked while the keeper tab is paused")
                 await poster.wait_saved(2)
-                await follower.wait_saved(2, timeout=30.0)  # read, not heard: the keeper relays nothing
+                await follower.wait_saved(2, timeout=10.0)  # read, not heard: the keeper relays nothing
                 assert await follower.page.locator("#status").get_attribute("data-state") == "waiting"
             finally:
                 await cdp.send("Debugger.resume")

@@ -282,8 +282,8 @@ function shareStatus(s) {
 // tab handles at once, where its timers may be slowed to one a minute); hearing nothing from it for STALE ms (its
 // page paused or frozen: it still holds the lock), it says "waiting" rather than "live" and reads what was saved,
 // every BEAT ms, until that tab is heard again (trial BO: it said "live" and showed nothing).
-const BEAT = 5000;
-const STALE = 15000;
+const BEAT = window.chatTiming?.beat ?? 5000; // (a test sets window.chatTiming before this script runs)
+const STALE = window.chatTiming?.stale ?? 15000;
 
 function connect() {
   if (state.leave) state.leave();
