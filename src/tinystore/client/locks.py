@@ -840,13 +840,11 @@ class _Hub:
             )
             self._register(lease)
             if lease._state == _HELD:
-                # not the time the grant came: pushed late (a network that held it back), its ttl had been running
-                # at the store, and the SDK's own end of the lease came after the store gave the key to another
-                # (trial BN)
-                # (the last time it was written: an ask sent again after a reconnect is waited for from then; trial
-                # BP: counted from before the reconnect, a lease granted at once was lost at once)
+                # from the ask's last writing plus its wait in line, not from the grant's arrival: a grant the network
+                # held back had its ttl running at the store, whose end came before the SDK's (trial BN); nor from
+                # the call: an ask that waited for a reconnect was lost once granted (trial BP)
                 now = loop.time()
-                waited = getattr(reply, "waited_ms", -1.0)
+                waited = reply.waited_ms  # (-1: a server of an earlier version did not say)
                 start = now if waited < 0 or not asked else min(now, asked[-1] + waited / 1000)
                 lease._start_renewals(start, lock.max_hold)
             return lease
