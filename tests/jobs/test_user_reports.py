@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from datetime import datetime
 from pathlib import Path
@@ -133,6 +134,27 @@ async def test_a_jobs_steps_together_are_capped(tmp_path: Path) -> None:
         job = await wait_state(q, jid, "dead")
         assert "steps would be" in (job.error or "") and "over the 8000 bytes" in (job.error or "")
         assert len(reached) == 8  # 8 steps of some 910 bytes of JSON fit in 8,000; the 9th does not
+
+
+# contract: JOB-12
+async def test_steps_run_at_once_are_capped_too(store: tinystore.Store) -> None:
+    # from trial BT: the cap was checked by a read before each step's write, so steps run at once (gather) all
+    # passed it and a job kept 10 MiB of steps; the check is now part of the step's own write
+    q = store.queue("steps-at-once", attempts=1)
+    jid = await q.add(1)
+    big = "x" * ((1 << 20) - 100)
+    raised: list[str] = []
+
+    async def handler(value: Any, run: tinystore.Run) -> str:
+        out = await asyncio.gather(*(run.step(f"s{i}", lambda: big) for i in range(10)), return_exceptions=True)
+        raised.extend(type(r).__name__ for r in out if isinstance(r, BaseException))
+        return "done"
+
+    await q.run_due(handler)
+    job = await wait_state(q, jid, "succeeded")
+    kept = len(json.dumps(job.steps, separators=(",", ":")))
+    assert kept <= 8 * (1 << 20)
+    assert len(job.steps) == 8 and raised == ["LimitError", "LimitError"]
 
 
 async def test_system_exit_in_a_run_due_handler_is_raised_to_its_caller(store: tinystore.Store) -> None:

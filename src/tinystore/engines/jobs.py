@@ -1400,24 +1400,34 @@ class JobsEngine:
         if e is None or e.where != RUNNING or e.fence != fence:
             return False
         # all the steps of a job together stay under STEPS_VALUES values' worth, so that its row (and a page of
-        # a list) always fits a frame; the running attempt is the only writer of its steps (fenced)
+        # a list) always fits a frame; the running attempt is the only writer of its steps (fenced). The size is
+        # checked in the write itself: steps run at once (gather) would all pass a check read before any write
         cap = STEPS_VALUES * self.limits.job_value_bytes
-        had = (await q.db.read(f"select length(cast(steps as blob)) from {TABLE} where id = ?", [jid], "one")).rows
-        size = (had[0][0] or 0) if had else 0
-        if size + len(result.encode()) > cap:
-            raise LimitError(
-                f"queue {queue}: job {jid}: step {name!r}: the job's steps would be {size + len(result.encode())} "
-                f"bytes of JSON, over the {cap} bytes allowed ({STEPS_VALUES} values' worth)",
-                limit=cap,
-                wanted=size + len(result.encode()),
-            )
+        merged = "json_set(coalesce(steps, '{}'), ?, json(?))"
+        path = f'$."{name}"'
         done = await q.db.write(
-            f"update {TABLE} set steps = json_set(coalesce(steps, '{{}}'), ?, json(?)) "
-            "where id = ? and fence = ? and state = 'running' returning id",
-            [f'$."{name}"', result, jid, fence],
+            f"update {TABLE} set steps = {merged} "
+            f"where id = ? and fence = ? and state = 'running' and length(cast({merged} as blob)) <= ? returning id",
+            [path, result, jid, fence, path, result, cap],
             own=True,
         )
-        return bool(done.rows)
+        if done.rows:
+            return True
+        had = (
+            await q.db.read(
+                f"select length(cast({merged} as blob)) from {TABLE} where id = ? and fence = ? and state = 'running'",
+                [path, result, jid, fence],
+                "one",
+            )
+        ).rows
+        if had and (had[0][0] or 0) > cap:
+            raise LimitError(
+                f"queue {queue}: job {jid}: step {name!r}: the job's steps would be {had[0][0]} "
+                f"bytes of JSON, over the {cap} bytes allowed ({STEPS_VALUES} values' worth)",
+                limit=cap,
+                wanted=had[0][0],
+            )
+        return False
 
     # ------------------------------------------------------------------------------------------- adds
 
