@@ -598,3 +598,31 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("mode", ["private", "sidecar"])
+# contract: LOCK-07
+async def test_a_block_that_ends_while_the_store_restarts_is_told_the_store_restarted(
+    mode: str, tmp_path: Path
+) -> None:
+    # from trial BS: the block's release went to the next server, which held nothing (or found the store closed),
+    # and the LostError said the lease ran out (or reached max_hold), though its ttl was far from over
+    directory = tmp_path / "store"
+    store = await (tinystore.open(directory, private=True) if mode == "private" else tinystore.open(directory))
+    try:
+        with pytest.raises(LostError) as err:
+            async with store.lock("nightly", ttl="30s").hold("k"):
+                pid = int((paths.read_address(directory) or {})["pid"])
+                os.kill(pid, signal.SIGTERM)
+                for _ in range(300):  # gone; the block ends now, and the SDK starts a server again
+                    try:
+                        os.kill(pid, 0)
+                    except ProcessLookupError:
+                        break
+                    await asyncio.sleep(0.02)
+        # a sidecar is started again by the SDK; a private server stopped by SIGTERM is not (the store is closed)
+        said = "the store restarted" if mode == "sidecar" else "could not be let go at the store"
+        assert said in err.value.message, err.value.message
+    finally:
+        await store.close()
+        await stop_sidecar(directory)

@@ -194,6 +194,7 @@ class Lease:
         "_task",
         "_token",
         "_ttl",
+        "_unreleased",
         "fence",
         "id",
         "key",
@@ -222,6 +223,7 @@ class Lease:
         self._max_hold_at = max_hold_at
         self._ttl = ttl
         self._epoch = hub.transport.epoch
+        self._unreleased = ""  # why its release could not reach the store, when it could not
         self._lost: asyncio.Event | None = None  # made when first asked for
         self._state = _HELD
         self._message = ""
@@ -424,6 +426,14 @@ class Lease:
         early = self._hub.early_lost.pop(self.id, None)
         if early:
             return LostError(early)
+        epoch = self._hub.transport.epoch
+        if epoch != self._epoch:  # (its release went to a server started since: trial BS)
+            return LostError(self._restarted_message(self._epoch, epoch))
+        if self._unreleased:
+            return LostError(
+                f"{self._where()}: the lease could not be let go at the store ({self._unreleased}); it may be gone "
+                "(after a restart nobody holds anything) and the key may be another's"
+            )
         return LostError(
             f"{self._where()}: the lease was gone when the block ended: it ran out (or reached max_hold) "
             "and the key may be another's"
@@ -1090,13 +1100,13 @@ class _Hub:
         while True:
             try:
                 got: list[bool] = await transport.call(RELEASE_MANY, req, list[bool], write=False, retry=False)
-            except ClosedError:
+            except ClosedError as exc:
                 if transport.closed:
-                    return [False] * len(leases)
+                    return _unreleased(leases, exc)
                 asked = True  # the connection dropped after asking: ask again (releasing twice is harmless)
                 continue
-            except TinystoreError:
-                return [False] * len(leases)
+            except TinystoreError as exc:
+                return _unreleased(leases, exc)
             now = self.loop.time()
             return [ok or (asked and now < lease._doom_at) for ok, lease in zip(got, leases, strict=True)]
 
@@ -1108,13 +1118,13 @@ class _Hub:
                 got: Released = await transport.call(
                     RELEASE, Release(lease=lease.id), Released, write=False, retry=False
                 )
-            except ClosedError:
+            except ClosedError as exc:
                 if transport.closed:
-                    return False
+                    return _unreleased([lease], exc)[0]
                 asked = True  # the connection dropped after asking: ask again (releasing twice is harmless)
                 continue
-            except TinystoreError:
-                return False
+            except TinystoreError as exc:
+                return _unreleased([lease], exc)[0]
             if got.released:
                 return True
             # an earlier ask whose answer was lost may have let it go already: trust the lease's own deadline
@@ -1229,3 +1239,10 @@ def _hub(store: Store) -> _Hub:
     if hub is None:
         hub = _hubs[store] = _Hub(store)
     return hub
+
+
+def _unreleased(leases: list[Lease], exc: TinystoreError) -> list[bool]:
+    """The releases of ``leases`` could not reach the store (``exc``): none was let go, each told why."""
+    for lease in leases:
+        lease._unreleased = exc.message
+    return [False] * len(leases)
