@@ -459,3 +459,43 @@ async def test_an_exec_without_rows_waits_behind_an_earlier_one_of_its_database_
     finally:
         await client.close()
         await owner.close()
+
+
+# contract: SQL-03
+async def test_an_exec_kept_aside_for_a_transaction_goes_back_behind_an_earlier_one_of_its_database(
+    tmp_path: Path,
+) -> None:
+    # from trial BS: E1 (insert … returning on y) waited in the full line; the client then began a transaction on
+    # y, and E2 (a plain insert on y, sent after E1) was kept aside for it. As the transaction ended, E2 went back
+    # to the head of the line, ahead of E1, and committed first
+    owner, client, odb, cdb = await _setup(tmp_path, ("x", "y"))
+    try:
+        held, release = asyncio.Event(), asyncio.Event()
+        other = asyncio.ensure_future(_hold_until(odb["x"], held, release))
+        await held.wait()
+        fill = [asyncio.ensure_future(_returning(cdb["x"], i)) for i in range(EXECS_MAX)]
+        await asyncio.sleep(0.2)
+        e1 = asyncio.ensure_future(cdb["y"].exec("insert into t (a) values (-1) returning id"))
+        await asyncio.sleep(0.2)
+        in_fn, go = asyncio.Event(), asyncio.Event()
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (a) values (-3)")
+            in_fn.set()
+            await go.wait()
+
+        ours = asyncio.ensure_future(cdb["y"].tx(fn))
+        await in_fn.wait()
+        e2 = asyncio.ensure_future(cdb["y"].exec("insert into t (a) values (-2)"))
+        await asyncio.sleep(0.2)
+        go.set()
+        await ours
+        await asyncio.sleep(0.2)
+        release.set()
+        await other
+        await asyncio.gather(*fill, e1, e2)
+        rows = await cdb["y"].all("select a from t order by id")
+        assert [r["a"] for r in rows if r["a"] in (-1, -2)] == [-1, -2]
+    finally:
+        await client.close()
+        await owner.close()

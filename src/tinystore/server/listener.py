@@ -781,11 +781,24 @@ class ServerConnection(asyncio.Protocol):
         waiting.extend(kept)
 
     def unpark(self) -> None:
-        """A transaction of this connection ended: the execs kept aside go back to the head of their line."""
+        """A transaction of this connection ended: the execs kept aside go back to the head of their line, each
+        database's execs in the order sent (trial BS: one kept aside went ahead of an earlier one of its database
+        that waited in the line, and committed first)."""
         if not self.parked or self.closing:
             return
         parked, self.parked = self.parked, []
-        self.execs.waiting.extendleft(reversed(parked))
+        waiting = self.execs.waiting
+        merged = [*parked, *waiting]
+        places: dict[str, list[int]] = {}
+        for i, item in enumerate(merged):
+            places.setdefault(item[2].db, []).append(i)
+        ordered = list(merged)
+        for at in places.values():
+            if len(at) > 1:
+                for i, item in zip(at, sorted((merged[i] for i in at), key=lambda item: item[0]), strict=True):
+                    ordered[i] = item
+        waiting.clear()
+        waiting.extend(ordered)
         self.pump_lines()  # (what is still held up by another transaction is kept aside again)
 
     def line_done(self, stream: int) -> None:
