@@ -8,6 +8,9 @@ dropped"."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,12 @@ import pytest
 
 import tinystore
 from tinystore.errors import TinystoreError
+from tinystore.protocol import frames
+from tinystore.protocol.messages import GoAway, Hello, decode, encode
+from tinystore.protocol.sql import Exec
+from tinystore.server import paths
+
+from ..helpers import ServerProcess
 
 SLOW = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 3000000) select count(*) from c"
 
@@ -87,3 +96,80 @@ async def test_a_transactions_call_lost_at_a_drop_names_its_transaction_and_says
     finally:
         await client.close()
         await owner.close()
+
+
+def _unix_hello(directory: Path) -> tuple[socket.socket, frames.Connection]:
+    """A blocking raw connection to ``directory``'s server, past its handshake."""
+    info = paths.read_address(directory) or {}
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(info["socket"]))
+    conn = frames.Connection("client")
+    sock.sendall(conn.send_hello(encode(Hello(version=frames.PROTOCOL_VERSION, token="", client="raw", pid=0))))
+    while not isinstance(ev := conn.next_event(), frames.Frame):
+        conn.receive_data(sock.recv(65536))
+    assert ev.kind is frames.Kind.WELCOME
+    return sock, conn
+
+
+# contract: STORE-05
+def test_at_a_stop_the_server_reads_on_after_its_goaway_until_the_client_closes(tmp_path: Path) -> None:
+    # from trial BS: the server closed each connection right after its GOAWAY; a request the client wrote before
+    # reading the GOAWAY failed (EPIPE), and its SDK, told nothing, took it for a write that may have committed.
+    # Now the close lingers (server.listener.LINGER): the write goes through (dropped, never run), the GOAWAY
+    # says which requests were read, then the connection ends
+    d = tmp_path / "s"
+    server = ServerProcess(d).start()
+    try:
+        sock, conn = _unix_hello(d)
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        assert sock.recv(1, socket.MSG_PEEK)  # the GOAWAY waits in our socket, unread
+        time.sleep(0.2)
+        sock.sendall(conn.send_request(7, "sql.exec", encode(Exec(db="app", sql="create table t (a)", params=[]))))
+        got: list[frames.Frame] = []
+        while data := sock.recv(65536):
+            conn.receive_data(data)
+            while isinstance(ev := conn.next_event(), frames.Frame):
+                got.append(ev)
+        goaway = [decode(f.body, GoAway) for f in got if f.kind is frames.Kind.GOAWAY]
+        assert len(goaway) == 1 and goaway[0].last_stream == 0  # request 7 was never read: the SDK sends it again
+        sock.close()
+        assert server.proc.wait(10) == 0
+    finally:
+        server.stop()
+
+
+# contract: STORE-05
+# contract: STORE-06
+def test_a_write_sent_while_the_clients_loop_was_busy_through_a_stop_goes_to_the_next_server(tmp_path: Path) -> None:
+    # from trial BS: the client's loop was busy while its server stopped; its write went out after the server had
+    # closed (EPIPE), unread, and raised OutcomeUnknownError. The SDK reads what the server sent before it closed
+    # (its GOAWAY) and sends the write to the next server
+    d = tmp_path / "s"
+    servers = [ServerProcess(d).start()]
+
+    async def main() -> tuple[Any, int]:
+        store = await tinystore.open(d, reconnect_timeout=20)
+        try:
+            db = await store.database("app")
+            await db.exec("create table t (v int)")
+            first = servers[0].proc
+            assert first is not None
+            first.send_signal(signal.SIGTERM)
+            call = asyncio.ensure_future(db.exec("insert into t (v) values (1)"))
+            await asyncio.sleep(0)  # the exec is queued; it is written at the loop's next turn
+            first.wait(20)  # the loop is busy (blocked) while the server stops, lingers, and exits
+            servers.append(ServerProcess(d).start())
+            got = await asyncio.wait_for(asyncio.gather(call, return_exceptions=True), 30)
+            return got[0], int(await db.scalar("select count(*) from t where v = 1"))
+        finally:
+            await store.close()
+
+    try:
+        outcome, rows = asyncio.run(main())
+        assert not isinstance(outcome, BaseException), outcome
+        assert rows == 1
+    finally:
+        for s in servers:
+            s.stop()

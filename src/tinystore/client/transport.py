@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import random
+import socket
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable
@@ -329,6 +330,10 @@ class _HandshakeClosed(Exception):
     """The server closed the connection before it answered the handshake (no GOAWAY, no ERROR)."""
 
 
+SALVAGE_MAX = 64 * 1024 * 1024
+"""At most this many bytes are read from a connection that failed on a write (see ``_ClientConn.salvage``)."""
+
+
 class _ClientConn(asyncio.Protocol):
     def __init__(self, owner: RemoteTransport) -> None:
         self.owner = owner
@@ -356,6 +361,30 @@ class _ClientConn(asyncio.Protocol):
         self.last_tx = self.last_rx  # when bytes last went to it (a client silent too long is dropped by it)
         self.keepalive: asyncio.Task[None] | None = None
         self.paused = False  # the server does not read what we send: new requests wait (see pause_writing)
+
+    def salvage(self) -> None:
+        """The connection failed on a write (the server had closed it: EPIPE, a reset) before what the server sent
+        last was read: its answers and its GOAWAY, which says the last request it read, may still wait in the
+        socket. Read them now, so that the calls it answered are answered and the ones it never read are sent
+        again to the next server, writes too (trial BS: a client whose loop was busy through a stop took each
+        pending write for one that may have committed). Done where the event loop's transport keeps its socket
+        open until ``connection_lost`` returns (asyncio's own); elsewhere (uvloop), nothing is read."""
+        sock = getattr(self.transport, "_sock", None)
+        if not isinstance(sock, socket.socket) or sock.fileno() < 0:
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while size < SALVAGE_MAX:
+            try:
+                chunk = sock.recv(1 << 16)
+            except OSError:  # (nothing more now, or the reset took the rest)
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if chunks:
+            self.data_received(b"".join(chunks))
 
     def going(self) -> bool:
         """Whether the connection is closing: a request written now would be lost unsent."""
@@ -516,6 +545,8 @@ class _ClientConn(asyncio.Protocol):
                 self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and self.goaway is None and not self.lost:
+            self.salvage()
         self.lost = True
         self.gone.set()
         if not self.welcome.done():

@@ -109,6 +109,11 @@ HANDSHAKE_TIMEOUT = 10.0
 #: transactions (trial BN: such a waiter was given the key for its whole ttl). The SDK sends a ping after 15 s
 #: of silence either way (``RemoteTransport.keepalive_idle``).
 PEER_SILENCE = 60.0
+#: at a stop, a connection told GOAWAY is half-closed and still read (what comes is dropped) for at most this many
+#: seconds, until its client closes it (RFC 9112's "tear-down": the lingering close): closed at once, a request the
+#: client wrote meanwhile failed (EPIPE over a Unix socket; over TCP the unread bytes turn the close into a reset)
+#: before its SDK read the GOAWAY, which took every pending write for one that may have committed (trial BS)
+LINGER = 2.0
 #: connections of one listener that may wait for their handshake at once: past it, the one that has waited
 #: longest is closed (a client with a token finishes in milliseconds; peers that send nothing cannot crowd it out)
 MAX_HANDSHAKING = 256
@@ -118,7 +123,6 @@ ACCEPT_PAUSE = 0.5
 #: a message that could repeat many times a second (a failing accept, silent peers) is logged once a minute at most
 LOG_EVERY = 60.0
 _NO_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-
 _REQUEST = Kind.REQUEST
 _Future = asyncio.Future
 
@@ -244,6 +248,7 @@ class ServerConnection(asyncio.Protocol):
         self.last_stream = 0  # the highest stream of a request read (told in the GOAWAY)
         self.last_rx = self.loop.time()  # when bytes last came from the client (see PEER_SILENCE)
         self.instance = ""  # the SDK transport whose connection this is (see supersede)
+        self.linger: asyncio.TimerHandle | None = None  # the end of its lingering close (see LINGER)
         self.paused = False  # the client does not read what we write
         self.held = False  # too many cancelled writes of this connection still run
         self.big: dict[int, int] = {}  # stream → size, of the big requests read and not yet answered
@@ -403,6 +408,9 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self.linger is not None:
+            self.linger.cancel()
+            self.linger = None
         if self.instance and self.core.instances.get(self.instance) is self:
             del self.core.instances[self.instance]
         self.conn.discard()  # a part of a frame (up to 16 MiB) goes now, not at the next full collection
@@ -1010,9 +1018,21 @@ class ServerConnection(asyncio.Protocol):
         self.closing = True
         if code == "protocol":
             log.warning("closing a connection: %s", reason)
-        if self.transport is not None:
+        transport = self.transport
+        if transport is not None:
             self.flush()
-            self.transport.close()
+            if said_read and transport.can_write_eof():
+                # a lingering close (see LINGER): the client reads the GOAWAY, then the end, and closes
+                try:
+                    transport.write_eof()
+                except OSError:
+                    transport.abort()
+                    return
+                if self.not_reading:
+                    transport.resume_reading()
+                self.linger = self.loop.call_later(LINGER, transport.abort)
+                return
+            transport.close()
 
     def refuse_unbegun(self) -> None:
         """The store is stopping: the calls that have not begun (waiting in the reads' or the execs' line, or kept
@@ -1306,6 +1326,11 @@ class Listener:
         await asyncio.gather(*(c.drain_calls(grace) for c in conns), return_exceptions=True)
         for c in conns:
             c.close("the store is stopping", "unavailable", said_read=True)
+        # the lingering ones (see LINGER): until their clients closed them, LINGER at most
+        loop = asyncio.get_running_loop()
+        until = loop.time() + LINGER + 0.1
+        while any(c.linger is not None for c in conns) and loop.time() < until:
+            await asyncio.sleep(0.01)
         if self.unix_path is not None:
             # only our own socket file: a server whose directory was removed and made again stops while a new
             # one serves on the same path, and must not take that one's socket away
