@@ -138,3 +138,34 @@ async def test_a_workers_stop_does_not_wait_for_a_server_that_is_gone(tmp_path: 
             await store.close()
     finally:
         server.stop()
+
+
+# contract: JOB-01
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_an_attempt_stopped_before_its_task_first_ran_is_handed_back(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # from trial BU (and a CI run under load): the stop cancelled an attempt's task in the loop turn it was made, so
+    # its code never ran (a task cancelled before its first step runs none of it) and nothing handed the job back:
+    # stop() returned with it running, attempt 1, until its lease ran out. Here the stop comes in that very turn
+    from tinystore.client import jobs as client_jobs
+
+    start = client_jobs._Runner.start
+    ran: list[Any] = []
+    stopped = asyncio.Event()
+
+    def start_then_stop(self: Any, claimed: Any) -> Any:
+        a = start(self, claimed)
+        a.stop("stopping")  # as a worker's stop() does when it comes in the same loop turn
+        stopped.set()
+        return a
+
+    async with open_store(mode, tmp_path / "store") as store:
+        q = store.queue("q")
+        jid = await q.add(1)
+        monkeypatch.setattr(client_jobs._Runner, "start", start_then_stop)
+        worker = q.work(lambda value, run: ran.append(value), concurrency=1)
+        await asyncio.wait_for(stopped.wait(), 10)
+        await worker.stop(grace=0)
+        job = await q.get(jid)
+        assert ran == [] and job is not None and (job.state, job.attempts) == ("queued", 0)

@@ -426,6 +426,7 @@ class _Attempt:
         self.task: asyncio.Task[None] | None = None
         self.why: str | None = None  # why the task was cancelled: lost, cancelled, stopping
         self.reporting = False
+        self.began = False  # its task ran (a task cancelled before its first step runs none of its code)
         self.freed = False  # its worker slot was given back (the handler ended; its report may be under way)
         self.renewed_at = time.monotonic()
         self.lease = claimed.lease_ms / 1000
@@ -447,8 +448,8 @@ class _Attempt:
             self.why = why
         if why in ("lost", "cancelled"):
             self.run.cancelled.set()
-        if self.task is not None and not self.task.done() and not self.reporting:
-            self.task.cancel()
+        if self.task is not None and not self.task.done() and not self.reporting and self.began:
+            self.task.cancel()  # (not yet begun, it sees ``why`` as it begins: see _Runner._execute)
 
     def set_progress(self, text: str) -> None:
         self.pending_progress = text
@@ -677,6 +678,17 @@ class _Runner:
     async def _execute(self, a: _Attempt) -> None:
         """Run attempt ``a`` and report its end, whatever way the handler ends: no attempt is left unreported,
         and nothing is left for "Task exception was never retrieved"."""
+        a.began = True
+        if a.why is not None:
+            # stopped before its task first ran (in the loop turn it was made: trial BU): its handler never runs;
+            # handed back uncounted, unless the store already ended the attempt (lost, cancelled)
+            if a.why not in ("lost", "cancelled"):
+                a.reporting = True
+                self.free(a)
+                back = Release(queue=self.queue.name, attempts=[Attempt(a.claimed.id, a.claimed.fence)])
+                with contextlib.suppress(TinystoreError, OSError):
+                    await self.call("jobs.release", back, int)
+            return
         try:
             await self._run_attempt(a)
         except (KeyboardInterrupt, SystemExit) as exc:
