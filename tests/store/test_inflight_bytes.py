@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
+import tinystore
 from tinystore.protocol.frames import Frame, Kind, encode_frame
 from tinystore.protocol.messages import encode
 from tinystore.protocol.sql import Exec
@@ -91,3 +94,37 @@ async def test_a_client_that_sends_big_reads_and_stops_reading_costs_a_bounded_a
             assert not conn.reads.running and not conn.reads.waiting
         finally:
             await raw.close()
+
+
+async def test_a_client_whose_requests_the_server_holds_back_is_told_the_server_is_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # from trial BS: with its big requests under way past INFLIGHT_HIGH, the server read nothing more of the
+    # client, its keep-alive ping included; 25 s later the SDK took the server for frozen and dropped the
+    # connection: every write then raised OutcomeUnknownError. The server says it is alive to a connection it does
+    # not read (listener.ALIVE_EVERY), and the calls wait, as docs/serving.md says
+    # contract: STORE-06
+    monkeypatch.setattr(listener, "ALIVE_EVERY", 0.2, raising=False)  # (the SDK's keep-alive is lowered as much)
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app", migrations=MIGRATIONS)
+        release, holder = await writer_held(db)
+        client = await tinystore.open(tmp_path / "s")
+        try:
+            client.transport.keepalive_idle = 0.5  # type: ignore[attr-defined]
+            client.transport.keepalive_timeout = 0.5  # type: ignore[attr-defined]
+            cdb = await client.database("app")
+            blob = b"x" * (1 << 20)
+            writes = [
+                asyncio.ensure_future(cdb.exec("insert into t (b) values (?)", blob))
+                for _ in range(listener.INFLIGHT_HIGH // len(blob) + 16)
+            ]
+            conn = server_side(store)
+            await wait_for(lambda: conn.loaded, "the server to hold the client's requests back")
+            await asyncio.sleep(2.5)  # five keep-alive periods of the client's, unread
+            assert client.transport.connected  # type: ignore[attr-defined]
+            release.set()
+            await holder
+            got = await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 60)
+            assert [g for g in got if isinstance(g, BaseException)] == []
+        finally:
+            await client.close()

@@ -50,6 +50,7 @@ from ..errors import (
 from ..protocol import frames
 from ..protocol.frames import Kind
 from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode
+from ..protocol.store import Empty
 from .core import Core, Method, Session, error_of
 from .dirlock import close_in_child, keep_in_child
 
@@ -114,6 +115,12 @@ PEER_SILENCE = 60.0
 #: client wrote meanwhile failed (EPIPE over a Unix socket; over TCP the unread bytes turn the close into a reset)
 #: before its SDK read the GOAWAY, which took every pending write for one that may have committed (trial BS)
 LINGER = 2.0
+#: while the server holds a connection's requests back unread (too many bytes of its big requests, or of its
+#: cancelled writes, still under way), it pushes ``store.alive`` to it every this many seconds: the SDK's
+#: keep-alive ping waits unread too, and unanswered it took the server for frozen and dropped the connection,
+#: every write pending with it (trial BS). A third of the SDK's 15 s of silence before its ping
+ALIVE_EVERY = 5.0
+ALIVE = "store.alive"
 #: connections of one listener that may wait for their handshake at once: past it, the one that has waited
 #: longest is closed (a client with a token finishes in milliseconds; peers that send nothing cannot crowd it out)
 MAX_HANDSHAKING = 256
@@ -249,6 +256,7 @@ class ServerConnection(asyncio.Protocol):
         self.last_rx = self.loop.time()  # when bytes last came from the client (see PEER_SILENCE)
         self.instance = ""  # the SDK transport whose connection this is (see supersede)
         self.linger: asyncio.TimerHandle | None = None  # the end of its lingering close (see LINGER)
+        self.alive: asyncio.TimerHandle | None = None  # the next store.alive while it is not read (ALIVE_EVERY)
         self.paused = False  # the client does not read what we write
         self.held = False  # too many cancelled writes of this connection still run
         self.big: dict[int, int] = {}  # stream → size, of the big requests read and not yet answered
@@ -411,6 +419,9 @@ class ServerConnection(asyncio.Protocol):
         if self.linger is not None:
             self.linger.cancel()
             self.linger = None
+        if self.alive is not None:
+            self.alive.cancel()
+            self.alive = None
         if self.instance and self.core.instances.get(self.instance) is self:
             del self.core.instances[self.instance]
         self.conn.discard()  # a part of a frame (up to 16 MiB) goes now, not at the next full collection
@@ -451,6 +462,21 @@ class ServerConnection(asyncio.Protocol):
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+        if stop and not self.paused:
+            if self.alive is None:
+                self.alive = self.loop.call_later(ALIVE_EVERY, self.say_alive)
+        elif self.alive is not None:
+            self.alive.cancel()
+            self.alive = None
+
+    def say_alive(self) -> None:
+        """Its requests are held back unread: tell the client the server is alive (see ALIVE_EVERY)."""
+        self.alive = None
+        if self.closing or self.paused or not self.not_reading:
+            return
+        self.push(ALIVE, Empty())
+        self.flush()
+        self.alive = self.loop.call_later(ALIVE_EVERY, self.say_alive)
 
     def pause_writing(self) -> None:
         if self.transport is not None and not self.paused:
