@@ -110,3 +110,25 @@ def test_jobs_list_shows_no_error_for_a_job_that_succeeded_after_a_failed_attemp
     assert "smtp 451" not in r.output
     r = CliRunner().invoke(main, ["jobs", str(d), "show", job], catch_exceptions=False)
     assert "smtp 451" in r.output  # kept: show lists the failed attempts
+
+
+# contract: JOB-09
+async def test_a_close_that_waits_for_running_handlers_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # from trial BU: Ctrl-C of a program with a running job sat silent for the worker's 10 s of grace
+    async with open_store("embedded", tmp_path / "s") as store:
+        q = store.queue("slow")
+        await q.add(1)
+        began = asyncio.Event()
+
+        async def handler(value: Any, run: tinystore.Run) -> None:
+            began.set()
+            await asyncio.sleep(0.3)
+
+        q.work(handler, concurrency=1)
+        await asyncio.wait_for(began.wait(), 10)
+        with caplog.at_level(logging.WARNING, logger="tinystore"):
+            await store.close()
+    said = [r.getMessage() for r in caplog.records if "the store is closing" in r.getMessage()]
+    assert said and "1 running handler(s) finish for up to 10s" in said[0] and "worker.stop(grace)" in said[0]

@@ -874,7 +874,7 @@ class Worker:
         self._claims: set[asyncio.Task[None]] = set()  # claims under way
         self._task = asyncio.ensure_future(self._loop())
         self._runner.owner = self._task
-        queue.store._close_hooks.append(self.stop)
+        queue.store._close_hooks.append(self._stop_at_close)
 
     @property
     def ran(self) -> int:
@@ -1021,6 +1021,18 @@ class Worker:
                     timeout.reschedule(end)
         await asyncio.shield(task)
 
+    async def _stop_at_close(self) -> None:
+        """The store closes: :meth:`stop` with its 10 s of grace, saying so when handlers run (trial BU: a program
+        stopped by Ctrl-C sat silent for 10 s)."""
+        if self._stop_task is None and self._runner.handling:
+            log.warning(
+                "queue %s: the store is closing: its worker lets %d running handler(s) finish for up to 10s, then "
+                "cancels them (their jobs go back to the queue); call worker.stop(grace) before closing to choose",
+                self.queue.name,
+                self._runner.handling,
+            )
+        await self.stop()
+
     async def _stop(self, grace: float) -> None:
         q = self.queue
         if q.store.transport.connected:  # else its claims ended with the connection: no waiting for a reconnect
@@ -1035,7 +1047,7 @@ class Worker:
                 await self._task
         await self._runner.stop(grace)
         with contextlib.suppress(ValueError):
-            q.store._close_hooks.remove(self.stop)
+            q.store._close_hooks.remove(self._stop_at_close)
 
     def __repr__(self) -> str:
         error = self.error
