@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -270,11 +272,14 @@ async def test_open_waits_for_a_stopping_server_past_its_own_deadline(
     from tinystore.client.store import ensure_server
 
     d = tmp_path / "store"
+    # runtime folders of a short path of their own (under tmp_path, with pytest-xdist's longer one, a socket's path
+    # there was too long for an address too)
+    short = Path(tempfile.mkdtemp(prefix="ts-"))
     if runtimes == "other":
         d = tmp_path / ("n" * 60) / ("e" * 40) / "store"
         for name in ("xa", "xb"):
-            (tmp_path / name).mkdir(mode=0o700)
-        monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xa"))  # the first sidecar's
+            (short / name).mkdir(mode=0o700)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(short / "xa"))  # the first sidecar's
     slow = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 3000000000) select count(*) from c"
     a = await tinystore.open(d, idle="30s")
     try:
@@ -299,7 +304,7 @@ async def test_open_waits_for_a_stopping_server_past_its_own_deadline(
             while not (paths.read_address(d) or {}).get("stopping_until") or _can_connect(paths.served_socket(d)):
                 await asyncio.sleep(0.02)
         if runtimes == "other":
-            monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xb"))  # this process's, and its new sidecar's
+            monkeypatch.setenv("XDG_RUNTIME_DIR", str(short / "xb"))  # this process's, and its new sidecar's
         sock = paths.served_socket(d)
         extra = ["--sidecar", "--idle", "2s"]
         opening = asyncio.ensure_future(ensure_server(d, sock, extra, timeout=2.0))
@@ -312,6 +317,7 @@ async def test_open_waits_for_a_stopping_server_past_its_own_deadline(
     finally:
         await a.close()
         await stop_sidecar(d)
+        shutil.rmtree(short, ignore_errors=True)
 
 
 # contract: STORE-02
@@ -323,7 +329,8 @@ async def test_a_long_paths_server_is_found_from_another_runtime_folder(
     20 s, then failed "owned by another process; connect to it with tinystore.open()". The address file says
     where the server listens: a client goes there."""
     d = tmp_path / ("n" * 60) / ("e" * 40) / "store"
-    runtime = tmp_path / "xdg"
+    short = Path(tempfile.mkdtemp(prefix="ts-"))  # (see test_open_waits_for_a_stopping_server_past_its_own_deadline)
+    runtime = short / "xdg"
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     store = await tinystore.open(d, idle="2s")
@@ -352,6 +359,7 @@ async def test_a_long_paths_server_is_found_from_another_runtime_folder(
     finally:
         await store.close()
         await stop_sidecar(d)
+        shutil.rmtree(short, ignore_errors=True)
 
 
 # contract: STORE-02
