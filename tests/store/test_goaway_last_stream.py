@@ -8,6 +8,7 @@ dropped"."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import time
@@ -23,7 +24,7 @@ from tinystore.protocol.messages import GoAway, Hello, decode, encode
 from tinystore.protocol.sql import Exec
 from tinystore.server import paths
 
-from ..helpers import ServerProcess
+from ..helpers import ServerProcess, write_tokens
 
 SLOW = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 3000000) select count(*) from c"
 
@@ -173,3 +174,58 @@ def test_a_write_sent_while_the_clients_loop_was_busy_through_a_stop_goes_to_the
     finally:
         for s in servers:
             s.stop()
+
+
+# contract: STORE-05
+def test_at_a_stop_a_tls_connection_is_read_on_after_its_goaway_too(tmp_path: Path) -> None:
+    # TLS has no half-close: the server closed at once, and over TCP a request that came after its GOAWAY made that
+    # close a reset, which can take the unread GOAWAY with it (trial BW). It keeps the connection open and reads on
+    # (dropping) until the client closes, as over a Unix socket
+    import ssl
+
+    from .test_store03_auth import make_cert
+
+    cert, key = make_cert(tmp_path)
+    tokens, admin, _ = write_tokens(tmp_path)
+    port = _free_port()
+    d = tmp_path / "s"
+    args = ["--listen", f"tls://127.0.0.1:{port}", "--tokens", str(tokens)]
+    args += ["--tls-cert", str(cert), "--tls-key", str(key)]
+    server = ServerProcess(d, *args).start()
+    try:
+        ctx = ssl.create_default_context(cafile=str(cert))
+        sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
+        conn = frames.Connection("client")
+        hello = Hello(version=frames.PROTOCOL_VERSION, token=admin, client="raw", pid=0)
+        sock.sendall(conn.send_hello(encode(hello)))
+        while not isinstance(ev := conn.next_event(), frames.Frame):
+            conn.receive_data(sock.recv(65536))
+        assert ev.kind is frames.Kind.WELCOME
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the GOAWAY is sent meanwhile, and (before) the connection closed
+        sock.sendall(conn.send_request(7, "sql.exec", encode(Exec(db="app", sql="create table t (a)", params=[]))))
+        time.sleep(0.3)  # (a reset, had the server closed, comes back meanwhile)
+        got: list[frames.Frame] = []
+        with contextlib.suppress(ssl.SSLError, OSError):
+            while data := sock.recv(65536):
+                conn.receive_data(data)
+                while isinstance(ev := conn.next_event(), frames.Frame):
+                    got.append(ev)
+                if any(f.kind is frames.Kind.GOAWAY for f in got):
+                    break
+        goaway = [decode(f.body, GoAway) for f in got if f.kind is frames.Kind.GOAWAY]
+        assert len(goaway) == 1 and goaway[0].last_stream == 0
+        sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # still open: the server waits for us to close it
+            sock.recv(65536)
+        sock.close()
+        assert server.proc.wait(10) == 0
+    finally:
+        server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1047,13 +1047,15 @@ class ServerConnection(asyncio.Protocol):
         transport = self.transport
         if transport is not None:
             self.flush()
-            if said_read and transport.can_write_eof():
-                # a lingering close (see LINGER): the client reads the GOAWAY, then the end, and closes
-                try:
-                    transport.write_eof()
-                except OSError:
-                    transport.abort()
-                    return
+            if said_read:
+                # a lingering close (see LINGER): the client reads the GOAWAY (then the end of what we send, where
+                # the transport can say it: TLS cannot, but the SDK ends the connection at a GOAWAY) and closes
+                if transport.can_write_eof():
+                    try:
+                        transport.write_eof()
+                    except OSError:
+                        transport.abort()
+                        return
                 if self.not_reading:
                     transport.resume_reading()
                 self.linger = self.loop.call_later(LINGER, transport.abort)
