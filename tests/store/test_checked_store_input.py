@@ -139,6 +139,39 @@ async def test_open_refuses_a_path_with_a_nul_by_name(tmp_path: Path) -> None:
         await tinystore.open(f"{tmp_path}/a\0b", embedded=True)
 
 
+# contract: STORE-02
+@pytest.mark.parametrize("mode", [{}, {"private": True}, {"embedded": True}])
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ("tcp://127.0.0.1:7611", "tcp://127.0.0.1:7611"),
+        ("tls://db.example:7611", "tls://db.example:7611"),
+        ("TCP://127.0.0.1:7611/", "TCP://127.0.0.1:7611/"),
+        ("tcp://user:pw@127.0.0.1:7611", "tcp://…@127.0.0.1:7611"),
+        ("unix:///tmp/s", "unix:///tmp/s"),
+    ],
+)
+async def test_open_refuses_an_address_before_making_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: dict[str, bool], given: str, shown: str
+) -> None:
+    # trial BU: open("tcp://127.0.0.1:7611") made a folder "tcp:/127.0.0.1:7611" and started a sidecar in it
+    monkeypatch.chdir(tmp_path)
+    try:
+        store = await tinystore.open(given, **mode)
+    except tinystore.InvalidError as exc:
+        message = exc.message
+    else:  # stop what it started
+        await store.stop_server(grace=1)
+        await store.close()
+        pytest.fail(f"opened {store!r}")
+    assert message == (
+        f"open: directory {shown!r}: an address, not a directory; to reach a server at an address, use "
+        "tinystore.connect(url, token=...)"
+    )
+    assert "pw" not in message
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("options", range(len(BAD_OPEN_OPTIONS)))
 async def test_open_names_an_option_of_the_wrong_type(tmp_path: Path, options: int) -> None:
     # trial U: "false" meant True (an embedded store that served), and a str clock or a dict of limits gave a bare

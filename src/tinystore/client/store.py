@@ -7,6 +7,7 @@ import builtins
 import contextlib
 import logging
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -421,6 +422,9 @@ async def _unix_endpoint(path: Path) -> tuple[str, Any]:
     return "unix", str(path)
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # a scheme (RFC 3986) and "//": an address, never a folder
+
+
 async def open(
     directory: str | os.PathLike[str],
     *,
@@ -452,7 +456,8 @@ async def open(
 
     Raises ``InUseError`` (private/embedded: another process owns the directory), ``UnavailableError``
     (the server could not be started or reached), ``InvalidError`` (bad options; an empty ``directory``, which
-    is not taken to mean the current directory: pass ``"."`` for that), ``PermissionDeniedError`` (this process
+    is not taken to mean the current directory: pass ``"."`` for that; an address such as ``"tcp://host:port"``:
+    :func:`connect` reaches those), ``PermissionDeniedError`` (this process
     may not write or enter the directory, or reach the socket of a server another user runs).
 
     Cancelled, it leaves no connection open; a private server it was starting is stopped, an embedded store's
@@ -466,6 +471,13 @@ async def open(
         raise InvalidError(f'open: directory {directory!r}: give the store\'s directory (".", for the current one)')
     if "\0" in text:
         raise InvalidError(f"open: directory {text!r}: a path cannot hold a NUL character")
+    if _URL.match(text):  # trial BU: "tcp://127.0.0.1:7611" made a folder "tcp:" and started a sidecar in it
+        netloc = text.partition("://")[2].partition("/")[0]
+        shown = text.replace(netloc.rpartition("@")[0], "…", 1) if "@" in netloc else text  # it may hold a password
+        raise InvalidError(
+            f"open: directory {shown!r}: an address, not a directory; to reach a server at an address, use "
+            "tinystore.connect(url, token=...)"
+        )
     path = Path(text).expanduser().resolve()  # "~/x" is the home folder's x, as a shell reads it
     for option, value in (("private", private), ("embedded", embedded), ("serve", serve)):
         if not isinstance(value, bool) and not (option == "serve" and value is None):
