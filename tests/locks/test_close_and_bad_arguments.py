@@ -4,6 +4,7 @@ with InvalidError in every mode (and never fail other callers' calls)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,36 @@ async def test_closing_the_store_gives_no_lease_to_its_own_waiters(tmp_path: Pat
         assert isinstance(seen["holder"], LostError)
         assert isinstance(seen["waiter"], ClosedError), seen["waiter"]
         assert "closed while waiting in line" in seen["waiter"].message
+
+
+# contract: LOCK-03
+@pytest.mark.parametrize("mode", ["private", "sidecar", "tcp"])
+async def test_closing_the_store_as_a_hold_is_sent_leaves_no_unretrieved_future(tmp_path: Path, mode: str) -> None:
+    # trial BU: the caller got ClosedError, and asyncio logged "Future exception was never retrieved ... ClosedError:
+    # the store was closed while waiting in line" for the ask's own future, which the first ask of a turn never awaits
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        async with open_store(mode, tmp_path / "s") as store:
+            lock = store.lock("l", ttl="5s")
+
+            async def holder() -> None:
+                async with lock.hold(1):
+                    await asyncio.sleep(30)
+
+            task = asyncio.ensure_future(holder())
+            await asyncio.sleep(0)  # the hold is on its way
+            await store.close()
+            got = (await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10))[0]
+            assert isinstance(got, ClosedError) and "closed while waiting in line" in got.message, got
+            del task, got
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(handler)
+    assert reported == []
 
 
 @pytest.mark.parametrize("mode", MODES)

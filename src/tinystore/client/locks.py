@@ -121,6 +121,11 @@ class _Ask:
         self.sent = sent  # told when the ask is written (see Transport.call)
 
 
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # retrieved: see _Hub._ask
+
+
 def _sent(asks: list[_Ask], t: float) -> None:
     """The asks of one ``locks.acquire_many`` were written at ``t``: told to those who asked to know."""
     for ask in asks:
@@ -878,6 +883,10 @@ class _Hub:
         self.acquire_turn = True
         self.loop.call_soon(self._next_acquire_turn)
         ask = _Ask(req, self.loop.create_future(), sent)
+        # its caller awaits the call, and the future only once queued: a failure set on it meanwhile (the store
+        # closing, the connection dropping) reaches the caller by the call, and is no news (trial BU: "Future
+        # exception was never retrieved" logged after the caller got its ClosedError)
+        ask.fut.add_done_callback(_retrieved)
         ask.ticket = next(self.ticket_ids)
         ask.state = _SENT
         self.asks[ask.ticket] = ask  # its settled push, if it is queued, may come with the answer
