@@ -366,8 +366,12 @@ class Store:
     async def close(self) -> None:
         """Close the store: stop what this SDK runs (subscriptions, leases, workers), then the connection.
         A private server stops; an embedded store stops its engines and lets the directory go. Idempotent.
-        A cancel of ``close`` leaves the close going on; a later call waits for it to end."""
+        A cancel of ``close`` leaves the close going on; a later call waits for it to end. Raises ``InvalidError``
+        from another event loop than the one the store was opened on, as every call does."""
         task = self._close_task
+        if (task is None or not task.done()) and asyncio.get_running_loop() is not self.transport.loop:
+            # trial BU: a bare RuntimeError ("Event loop is closed") from a later asyncio.run()
+            raise self.transport.other_loop()
         if task is None:
             self._closed = True
             task = self._close_task = asyncio.ensure_future(self._close())
