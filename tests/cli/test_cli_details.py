@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,8 @@ async def test_status_of_a_directory_whose_owner_does_not_serve_says_so(tmp_path
     directory = tmp_path / "store"
     store = await tinystore.open(directory, embedded=True, serve=False)
     try:
+        # (taken moments ago, it would be said to be starting: serve=False is told apart by the time since)
+        os.utime(directory / "LOCK", (time.time() - 60, time.time() - 60))
         done = await asyncio.to_thread(run_cli, "status", str(directory))
     finally:
         await store.close()

@@ -148,3 +148,53 @@ async def test_lock_goes_away_with_the_process(tmp_path: Path, sig: signal.Signa
             await store.close()
     finally:
         server.stop()
+
+
+OWNER = """
+import fcntl, os, sys
+fd = os.open(os.path.join(sys.argv[1], "LOCK"), os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)
+print("owned", flush=True)
+sys.stdin.read()
+"""
+
+
+# contract: STORE-01
+@pytest.mark.parametrize("server", [False, True])
+async def test_an_owner_still_starting_is_said_to_be_starting(tmp_path: Path, server: bool) -> None:
+    # trial BU: two uvicorn workers opened a store with embedded=True at once; the second was told its owner "does
+    # not serve its socket (an embedded store opened with serve=False, ...)" and to open it there with serve=True,
+    # though the owner served (the default) and was only starting. An owner that took the directory moments ago
+    # and wrote no address yet (as a store does while it opens its engines) is said to be starting; one that
+    # runs `tinystore serve` (a sidecar that won the race to start: sidecar.log's "sidecar not needed" lines) is
+    # said to be a server
+    d = tmp_path / "store"
+    d.mkdir()
+    argv = [sys.executable, "-c", OWNER, str(d), *(["tinystore", "serve"] if server else [])]
+    owner = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert owner.stdout is not None and owner.stdout.readline() == b"owned\n"
+        message = (await refused_at_once(d, embedded=True)).message
+        who = "a tinystore server" if server else "another process"
+        assert message.startswith(f"store {d}: the directory is owned by {who} (pid {owner.pid}) that took it "), (
+            message
+        )
+        assert message.endswith(
+            f"ago and does not serve its socket yet: {'it is' if server else 'most likely it is'} still starting (a "
+            "store serves its socket once its engines are open); open the store again in a moment, with "
+            "tinystore.open() to connect to it rather than own it"
+        ), message
+        assert "serve=" not in message
+        # taken long ago and still not served: not starting (serve=False, or its server/ folder removed)
+        os.utime(d / "LOCK", (time.time() - 60, time.time() - 60))
+        message = (await refused_at_once(d, private=True)).message
+        assert message == (
+            f"store {d}: the directory is owned by another process (pid {owner.pid}), which does not serve its "
+            "socket (an embedded store opened with serve=False, or one whose server/ folder was removed while it "
+            "ran): nothing can connect to it; use the store in that process, or open it there with serve=True"
+        )
+    finally:
+        owner.communicate(timeout=10)
+    assert lock_is_free(d)

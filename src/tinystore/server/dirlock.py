@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import os
 import shlex
+import time
 from pathlib import Path
 
 from ..durations import format_seconds
@@ -75,6 +77,22 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True  # another user's
     return True
+
+
+STARTING = 10.0
+"""Seconds after taking a directory within which an owner that does not serve its socket yet is taken to be
+starting (opening its engines), not to have been opened with ``serve=False``."""
+
+
+def _runs_server(pid: int) -> bool:
+    """Whether process ``pid`` runs ``tinystore serve`` (a sidecar, a private server, or one run by hand), as far
+    as ``/proc`` tells; it serves the directory's socket once started."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(a.endswith(b"tinystore") and b == b"serve" for a, b in itertools.pairwise(args))
 
 
 def socket_gone(directory: Path) -> str | None:
@@ -203,12 +221,26 @@ class DirLock:
         info = paths.read_address(self.path.parent)
         if info is None or str(info.get("pid")) != owner:
             # its owner wrote no address of its own: it does not serve the directory's socket, so nothing can
-            # connect to it
+            # connect to it. One that took the directory moments ago is most likely starting (a store writes its
+            # address once it listens), which serve=False cannot be told apart from: trial BU's second uvicorn
+            # worker was told to open the store with serve=True, its owner an embedded store that did, starting
+            try:
+                age = max(0.0, time.time() - os.stat(self.path).st_mtime)  # (its owner writes LOCK as it takes it)
+            except OSError:
+                age = 0.0
+            if age < STARTING:
+                server = _runs_server(int(owner))
+                return InUseError(
+                    f"{where}: the directory is owned by {'a tinystore server' if server else 'another process'} "
+                    f"(pid {owner}) that took it {format_seconds(round(age, 3))} ago and does not serve its socket "
+                    f"yet: {'it is' if server else 'most likely it is'} still starting (a store serves its socket "
+                    "once its engines are open); open the store again in a moment, with tinystore.open() to "
+                    "connect to it rather than own it"
+                )
             return InUseError(
                 f"{where}: the directory is owned by another process (pid {owner}), which does not serve its "
-                "socket (an embedded store opened with serve=False, a server still starting, or one whose server/ "
-                "folder was removed while it ran): nothing can "
-                "connect to it; use the store in that process, or open it there with serve=True"
+                "socket (an embedded store opened with serve=False, or one whose server/ folder was removed while "
+                "it ran): nothing can connect to it; use the store in that process, or open it there with serve=True"
             )
         sock = socket_gone(self.path.parent)
         if sock is not None:
