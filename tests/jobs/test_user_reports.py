@@ -213,6 +213,7 @@ async def test_options_are_asked_of_the_store_each_time(tmp_path: Path) -> None:
         assert (await store.queue("mail", attempts=4).options())["attempts"] == 4
 
 
+# contract: JOB-01
 async def test_handlers_and_value_lists_that_cannot_work_are_refused_at_once(store: tinystore.Store) -> None:
     q = store.queue("checks")
     await q.add(1)
@@ -224,8 +225,13 @@ async def test_handlers_and_value_lists_that_cannot_work_are_refused_at_once(sto
     def one_argument(value: Any) -> None:
         pass
 
-    with pytest.raises(InvalidError, match=r"cannot be called as handler\(value, run\)"):
+    # trial BU: "cannot be called as handler(value, run): too many positional arguments" did not say what to give
+    with pytest.raises(InvalidError) as info:
         q.work(one_argument)  # type: ignore[arg-type]
+    assert info.value.message == (
+        f"queue checks: work: the handler {one_argument.__qualname__!r} must take two arguments, as "
+        "handler(value, run) (called with two: too many positional arguments)"
+    )
     with pytest.raises(InvalidError, match="add_many takes a list of values, not str"):
         await q.add_many("abc")
     assert len((await q.list()).jobs) == 1  # nothing burned an attempt, nothing added

@@ -117,6 +117,25 @@ async def test_arguments_no_connection_can_carry_are_invalid_in_every_mode(tmp_p
         assert isinstance(ids[0], str) and isinstance(ids[2], str) and isinstance(ids[1], InvalidError)
 
 
+# contract: LOCK-03
+async def test_an_awaited_hold_shows_the_call_as_made(tmp_path: Path) -> None:
+    # trial BU: `await lock.hold(1)` was told to write `async with lock.hold('1') as lease:`; a semaphore's
+    # try_hold was shown as a lock's hold
+    async with open_store("embedded", tmp_path / "s") as store:
+        lock, sem = store.lock("nightly"), store.semaphore("renders", limit=2)
+        said = "is used with `async with`, not awaited: `async with"
+        for hold, call in [
+            (lock.hold(1), "lock nightly: hold() {} lock.hold(1) as lease:`"),
+            (lock.hold("1", wait=0), "lock nightly: hold() {} lock.hold(1) as lease:`"),
+            (lock.try_hold(-7), "lock nightly: try_hold() {} lock.try_hold(-7) as lease:`"),
+            (lock.hold("007"), "lock nightly: hold() {} lock.hold('007') as lease:`"),
+            (sem.try_hold("k"), "semaphore renders: try_hold() {} semaphore.try_hold('k') as permit:`"),
+        ]:
+            with pytest.raises(TypeError) as info:
+                await hold
+            assert str(info.value) == call.format(said)
+
+
 # contract: LOCK-01
 async def test_hold_awaited_or_used_with_plain_with_says_async_with(tmp_path: Path) -> None:
     # from trial BG: Python's own TypeErrors named a private class (_Hold) and gave no hint

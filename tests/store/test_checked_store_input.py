@@ -185,6 +185,18 @@ async def test_open_names_an_option_of_the_wrong_type(tmp_path: Path, options: i
         pass  # nothing kept the directory
 
 
+# contract: STORE-02
+async def test_open_names_a_bad_idle_as_its_other_options(tmp_path: Path) -> None:
+    # trial BU: open(idle="forever") said "idle: cannot read ...", where every other option's error begins "open:"
+    with pytest.raises(tinystore.InvalidError) as info:
+        await tinystore.open(tmp_path / "s", idle="forever")
+    assert info.value.message == (
+        'open: idle: cannot read \'forever\' as a duration (use "250ms", "30s", "1m30s", "2h", "7d"); idle '
+        '"0s" keeps a sidecar until it is stopped'
+    )
+    assert not (tmp_path / "s").exists()
+
+
 async def test_reprs_name_what_a_log_line_needs(tmp_path: Path) -> None:
     # trial U: Database, SqlTx and StoreClock had the default repr; a Semaphore's left out its limit
     async with open_store("embedded", tmp_path / "s") as store:

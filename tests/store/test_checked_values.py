@@ -121,6 +121,7 @@ async def test_open_refuses_an_empty_directory(empty: str, tmp_path: Path, monke
         await tinystore.connect(empty)
 
 
+# contract: JOB-06
 async def test_tx_with_names_the_type_with_the_right_article(tmp_path: Path) -> None:
     async with open_store("embedded", tmp_path / "s") as store:
         db = await store.database("app")
@@ -131,6 +132,15 @@ async def test_tx_with_names_the_type_with_the_right_article(tmp_path: Path) -> 
         for thing, text in ((5, "an int"), ({}, "a dict"), (object(), "an object"), (db, "a Database")):
             with pytest.raises(tinystore.InvalidError, match=f"tx.with_: {text} cannot take part in a transaction"):
                 await db.tx(lambda tx, thing=thing: use(tx, thing))
+        # trial BU: tx.with_("events") said only that a str cannot take part; it takes the Queue or Channel object
+        for thing, text in (("events", "a str"), ("x" * 65, "a str"), (5, "an int")):
+            with pytest.raises(tinystore.InvalidError) as info:
+                await db.tx(lambda tx, thing=thing: use(tx, thing))
+            name = repr(thing) if thing == "events" else "name"
+            assert info.value.message == (
+                f"tx.with_: {text} cannot take part in a transaction: give it the Queue or Channel object "
+                f"(store.queue({name}) or store.channel({name}))"
+            )
         with pytest.raises(tinystore.InvalidError, match="parameter 1: an object is not a SQL value"):
             await db.exec("select ?", object())
 

@@ -176,9 +176,10 @@ def _check_handler(queue: str, what: str, handler: Any) -> None:
     try:
         signature.bind(None, None)
     except TypeError as exc:
+        # (trial BU: "cannot be called as handler(value, run): too many positional arguments", for one parameter)
         raise InvalidError(
-            f"queue {queue}: {what}: the handler {getattr(handler, '__qualname__', handler)!r} cannot be called as "
-            f"handler(value, run): {exc}"
+            f"queue {queue}: {what}: the handler {getattr(handler, '__qualname__', handler)!r} must take two "
+            f"arguments, as handler(value, run) (called with two: {exc})"
         ) from None
 
 

@@ -35,6 +35,7 @@ import functools
 import json
 import logging
 import math
+import re
 import secrets
 import weakref
 from collections import OrderedDict
@@ -543,9 +544,14 @@ class _Hold(Generic[R]):
         self._lease: Lease | None = None
 
     def __await__(self) -> Any:
+        # the call as it was made (trial BU: `await lock.hold(1)` was shown `lock.hold('1')`, and a semaphore's
+        # try_hold as a lock's hold): an int key as an int (7 and "7" are one key)
+        kind, key = self._lock._kind, self._key
+        method = "try_hold" if self._wait is None else "hold"
+        shown = key if re.fullmatch(r"0|-?[1-9][0-9]*", key) else repr(key)
         raise TypeError(
-            f"{self._lock._kind} {self._lock.name}: hold() and try_hold() are used with `async with`, not awaited: "
-            f"`async with lock.hold({self._key!r}) as lease:`"
+            f"{kind} {self._lock.name}: {method}() is used with `async with`, not awaited: "
+            f"`async with {kind}.{method}({shown}) as {'lease' if kind == 'lock' else 'permit'}:`"
         )
 
     def __enter__(self) -> None:

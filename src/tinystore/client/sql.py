@@ -423,7 +423,12 @@ class SqlTx(_Runner):
         the transaction commits. Raises ``InvalidError`` for anything else, or one of another store."""
         bind = getattr(thing, "_bind_tx", None)
         if bind is None:
-            raise InvalidError(f"tx.with_: {a_or_an(type(thing).__name__)} cannot take part in a transaction")
+            # (trial BU: tx.with_("events") said only that a str cannot take part)
+            name = repr(thing) if isinstance(thing, str) and len(thing) <= 64 else "name"
+            raise InvalidError(
+                f"tx.with_: {a_or_an(type(thing).__name__)} cannot take part in a transaction: give it the Queue or "
+                f"Channel object (store.queue({name}) or store.channel({name}))"
+            )
         return bind(self)
 
     def _check(self) -> None:

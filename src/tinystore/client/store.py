@@ -510,7 +510,10 @@ async def open(
         if embedded:
             raise InvalidError("open: reconnect_timeout is for a store reached over a socket, not embedded=True")
         reconnect_timeout = _checked_reconnect_timeout("open", reconnect_timeout)
-    idle_s = seconds(idle, "idle")
+    try:
+        idle_s = seconds(idle, "open: idle")  # (trial BU: "idle: ...", where every other option's begins "open:")
+    except InvalidError as exc:
+        raise InvalidError(f'{exc.message}; idle "0s" keeps a sidecar until it is stopped') from None
     try:
         paths.make_directory(path, "open")
     except PermissionError as exc:

@@ -273,7 +273,7 @@ class LocksEngine:
         if wait is None:
             return None
         if wait == 0:
-            raise InUseError(f"{_where(lock, key)}: held for all of the 0s wait")
+            raise InUseError(f"{_where(lock, key)}: held (no wait)")  # (trial BU: "held for all of the 0s wait")
         return slot
 
     def acquire_start(
