@@ -229,3 +229,69 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# contract: STORE-05
+# contract: STORE-06
+def test_a_write_whose_goaway_was_lost_behind_answers_is_sent_to_the_next_server(tmp_path: Path) -> None:
+    # from trial BW: with 32 MiB of answers on their way, the client's loop blocked through its server's stop:
+    # the GOAWAY, queued behind the answers, went with the lingering close's abort, and the write the server never
+    # read raised OutcomeUnknownError. The stopping server writes down the last request it read of each client;
+    # the next server tells the client in its WELCOME, and the write is sent to it
+    d = tmp_path / "s"
+    servers = [ServerProcess(d).start()]
+
+    async def main() -> tuple[Any, int]:
+        store = await tinystore.open(d, reconnect_timeout=20)
+        try:
+            db = await store.database("app")
+            await db.exec("create table t (v int)")
+            await db.exec("create table big (b blob)")
+            await db.exec("insert into big (b) values (zeroblob(4 * 1024 * 1024))")
+            reads = [asyncio.ensure_future(db.scalar("select b from big")) for _ in range(8)]
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            call = asyncio.ensure_future(db.exec("insert into t (v) values (1)"))
+            await asyncio.sleep(0)  # queued: written at the loop's next turn
+            time.sleep(1.0)  # noqa: ASYNC251 (the loop is blocked: the server answers the reads into a full socket)
+            first = servers[0].proc
+            assert first is not None
+            first.send_signal(signal.SIGTERM)
+            first.wait(20)  # it stops, lingers, and exits
+            servers.append(ServerProcess(d).start())
+            got = await asyncio.wait_for(asyncio.gather(call, *reads, return_exceptions=True), 30)
+            return got[0], int(await db.scalar("select count(*) from t where v = 1"))
+        finally:
+            await store.close()
+
+    try:
+        outcome, rows = asyncio.run(main())
+        assert not isinstance(outcome, BaseException), outcome
+        assert rows == 1
+    finally:
+        for s in servers:
+            s.stop()
+
+
+# contract: STORE-06
+async def test_a_write_unread_by_a_server_whose_connection_was_cut_is_sent_again(tmp_path: Path) -> None:
+    # a connection cut by the network (here: the client drops it while the server reads none of it, so the server
+    # does not see it end): its writes were OutcomeUnknownError though the server never read them. The client's
+    # next connection ends that one at the server (supersede), which says in its WELCOME the last request it read
+    d = tmp_path / "s"
+    owner, client = await _owner_and_client(d)
+    try:
+        db = await client.database("app")
+        await db.exec("insert into t values (0)")
+        server_conn = _server_side(owner)
+        server_conn.transport.pause_reading()  # nothing more is read of it (nor its end)
+        write = asyncio.ensure_future(db.exec("insert into t values (1)"))
+        await asyncio.sleep(0.3)
+        assert not write.done()
+        conn = client.transport._conn  # type: ignore[attr-defined]
+        conn.transport.abort()  # the client's side of the cut
+        await asyncio.wait_for(write, 20)
+        assert await db.scalar("select count(*) from t where k = 1") == 1
+    finally:
+        await client.close()
+        await owner.close()

@@ -110,8 +110,8 @@ async def test_a_client_whose_requests_the_server_holds_back_is_told_the_server_
         release, holder = await writer_held(db)
         client = await tinystore.open(tmp_path / "s")
         try:
-            client.transport.keepalive_idle = 0.5  # type: ignore[attr-defined]
-            client.transport.keepalive_timeout = 0.5  # type: ignore[attr-defined]
+            client.transport.keepalive_idle = 1.0  # type: ignore[attr-defined]
+            client.transport.keepalive_timeout = 1.0  # type: ignore[attr-defined]
             cdb = await client.database("app")
             blob = b"x" * (1 << 20)
             writes = [
@@ -119,9 +119,10 @@ async def test_a_client_whose_requests_the_server_holds_back_is_told_the_server_
                 for _ in range(listener.INFLIGHT_HIGH // len(blob) + 16)
             ]
             conn = server_side(store)
+            ours = client.transport._conn  # type: ignore[attr-defined]
             await wait_for(lambda: conn.loaded, "the server to hold the client's requests back")
-            await asyncio.sleep(2.5)  # five keep-alive periods of the client's, unread
-            assert client.transport.connected  # type: ignore[attr-defined]
+            await asyncio.sleep(4.0)  # two keep-alive periods of the client's (idle, then timeout), unread
+            assert client.transport._conn is ours and not ours.lost  # type: ignore[attr-defined]
             release.set()
             await holder
             got = await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 60)

@@ -310,7 +310,17 @@ LOW_WATER = 1024 * 1024
 
 
 class _Lost(Exception):
-    """The connection dropped before the answer came."""
+    """The connection dropped before the answer came. ``in_doubt``: nothing said whether the server read the request
+    (no GOAWAY came with its last request read): the next server may tell (see ``RemoteTransport._never_read``)."""
+
+    def __init__(self, message: str, in_doubt: bool = False) -> None:
+        super().__init__(message)
+        self.in_doubt = in_doubt
+
+
+IN_DOUBT_WAIT = 10.0
+"""Seconds a write whose connection dropped, with nothing said of whether the server read it, waits for the next
+connection to learn that (then, or when no connection comes, it is ``OutcomeUnknownError``)."""
 
 
 class _NotSent(Exception):
@@ -343,6 +353,7 @@ class _ClientConn(asyncio.Protocol):
         self.pending: dict[int, asyncio.Future[bytes]] = {}
         self.chunks: dict[int, list[bytes]] = {}
         self.welcome: asyncio.Future[Welcome] = self.loop.create_future()
+        self.epoch = 0  # the server's, once the handshake is done
         self.goaway: str | None = None
         self.goaway_last: int | None = None  # the server's last request read, told in its GOAWAY
         self.lost = False
@@ -563,7 +574,7 @@ class _ClientConn(asyncio.Protocol):
                 if stream in self.unsent or (last is not None and stream > last):
                     fut.set_exception(_NotSent())  # (after the server's last request read: it never read it)
                 else:
-                    fut.set_exception(_Lost(self.goaway or str(exc or "connection closed")))
+                    fut.set_exception(_Lost(self.goaway or str(exc or "connection closed"), in_doubt=last is None))
         for w in self.waiters:
             if not w.done():
                 w.set_result(None)
@@ -702,7 +713,7 @@ class RemoteTransport(Transport):
             proto.transport.close()
             raise
         self.welcome = welcome
-        self.epoch = welcome.epoch
+        self.epoch = proto.epoch = welcome.epoch
         self.test_clock = welcome.test_clock
         self.max_body = welcome.max_body
         proto.conn.max_inflight = welcome.max_inflight
@@ -955,6 +966,8 @@ class RemoteTransport(Transport):
                 except _NotSent:
                     continue
                 except _Lost as exc:
+                    if write and exc.in_doubt and await self._never_read(conn, stream):
+                        continue  # the server stopped, or the connection was cut, before it read this one
                     if write:
                         raise OutcomeUnknownError(
                             f"{method}: the connection dropped before the answer came ({exc}); "
@@ -1004,6 +1017,27 @@ class RemoteTransport(Transport):
                     turns.wake()
             elif extra is not None:
                 extra.given_back()
+
+    async def _never_read(self, lost: _ClientConn, stream: int) -> bool:
+        """Whether request ``stream`` of connection ``lost``, which dropped with nothing said of what the server
+        read (its GOAWAY unread: trial BW's client, its loop blocked through a stop, the GOAWAY queued behind
+        32 MiB of answers; or a network cut), was never read by that server: the next connection's ``WELCOME`` says
+        the last request read, by the server that stopped gracefully (it wrote it down for the next one) or by
+        the same server (it ended that connection as this one came). Waits for the next connection, at most
+        :data:`IN_DOUBT_WAIT` seconds; ``False`` when none comes or nothing is said."""
+        if self.closed:
+            return False
+        try:
+            async with asyncio.timeout(min(IN_DOUBT_WAIT, self.reconnect_timeout)):
+                while True:
+                    conn = await self._wait_up()
+                    if conn is not lost:
+                        break
+                    await lost.wait_gone()
+        except (TimeoutError, TinystoreError):
+            return False
+        w = self.welcome
+        return w is not None and w.last_read >= 0 and w.last_read_epoch == lost.epoch and stream > w.last_read
 
     def call_first(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False

@@ -33,6 +33,11 @@ class Welcome(msgspec.Struct, kw_only=True):
     test_clock: bool = False
     limits: str = ""  # the server's Limits (Limits.to_json), which its engines hold to; "" from an older server
     durability: str = ""  # the server's durability ("full" or "os"); "" from an older server
+    #: for a client whose connection before this one ended without its telling which requests it read (the
+    #: client did not read its GOAWAY, or the network cut it): the epoch of the server it was connected to, and the
+    #: last request that server read of it; a request after it was never run. ``-1``: not known
+    last_read_epoch: int = 0
+    last_read: int = -1
 
 
 class ErrorBody(msgspec.Struct, kw_only=True):

@@ -136,6 +136,13 @@ class Core:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.listeners: list[Any] = []
         self.instances: dict[str, Any] = {}  # SDK transport → its connection now (see ServerConnection.supersede)
+        #: the last request read of each SDK transport's connection at this server's graceful stop, written for
+        #: the next server (``DIR/server/last-read``) ...
+        self.last_read: dict[str, int] = {}
+        #: ... and what the last server wrote, told each client as it connects here (``Welcome.last_read``): a
+        #: request that client sent later was never run, a write too, though the client may not have read the
+        #: GOAWAY that said so (trial BW: its loop was blocked, the GOAWAY queued behind 32 MiB of answers)
+        self.read_before: tuple[int, dict[str, int]] = (0, {})
 
     async def start(self) -> None:
         """Own the directory and start the engines. Raises ``InUseError`` when another process owns it."""
@@ -146,6 +153,7 @@ class Core:
         self._lock.acquire()
         try:
             self.epoch = next_epoch(self.directory, self.clock.now_ms())
+            self.read_before = paths.take_last_read(self.directory)
             self.started = time.time()
             self.sql = SqlEngine(self.directory, self.limits, self.durability)
             from . import methods
@@ -262,6 +270,9 @@ class Core:
                 await self.sql.close(grace)
             self.clock.close()
         finally:
+            if self.running and self.last_read:
+                with contextlib.suppress(OSError):
+                    paths.write_last_read(self.directory, self.epoch, self.last_read)
             self.running = False
             # the address this process wrote, if it served, goes before the directory does (a stale one misleads)
             paths.remove_address(self.directory)

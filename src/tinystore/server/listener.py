@@ -307,7 +307,7 @@ class ServerConnection(asyncio.Protocol):
         )
         self.refuse(UnavailableError.code, "too many connections are waiting for their handshake")
 
-    def supersede(self, instance: str) -> None:
+    def supersede(self, instance: str) -> int | None:
         """This connection is the SDK transport ``instance``'s new one: its connection before, if the server still
         has it, was cut off by the network without a close (the SDK has one at a time), and ends now with what it
         held, before the client's first calls on this one (trial BR: its place in a lock's line got the key, for
@@ -323,6 +323,8 @@ class ServerConnection(asyncio.Protocol):
             )
             old.closing = True
             old.transport.abort()
+            return int(old.last_stream)  # (nothing more of it is read: its requests after this one never run)
+        return None
 
     def check_silence(self) -> None:
         """Drop the connection when the client sent nothing for :data:`PEER_SILENCE` seconds while it was read:
@@ -536,8 +538,15 @@ class ServerConnection(asyncio.Protocol):
         if self.deadline is not None:
             self.deadline.cancel()
         self.deadline = self.loop.call_later(PEER_SILENCE / 4, self.check_silence)
+        read_epoch, read = 0, -1
         if hello.instance:
-            self.supersede(hello.instance)
+            before = self.supersede(hello.instance)
+            if before is not None:
+                read_epoch, read = self.core.epoch, before
+            else:
+                epoch, last = self.core.read_before
+                if hello.instance in last:
+                    read_epoch, read = epoch, last.pop(hello.instance)
         self.listener.handshaking.pop(self, None)
         body = encode(
             Welcome(
@@ -551,6 +560,8 @@ class ServerConnection(asyncio.Protocol):
                 test_clock=self.core.clock.is_test,
                 limits=self.core.limits_json,
                 durability=self.core.durability,
+                last_read_epoch=read_epoch,
+                last_read=read,
             )
         )
         self.write(self.conn.send_welcome(body))
@@ -1353,6 +1364,8 @@ class Listener:
         conns = list(self.connections)
         await asyncio.gather(*(c.drain_calls(grace) for c in conns), return_exceptions=True)
         for c in conns:
+            if c.instance and c.session is not None:
+                self.core.last_read[c.instance] = c.last_stream  # (for the next server: see Core.read_before)
             c.close("the store is stopping", "unavailable", said_read=True)
         # the lingering ones (see LINGER): until their clients closed them, LINGER at most
         loop = asyncio.get_running_loop()

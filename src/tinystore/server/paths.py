@@ -216,6 +216,33 @@ def remove_address(directory: Path) -> None:
             address_file(directory).unlink()
 
 
+def write_last_read(directory: Path, epoch: int, read: dict[str, int]) -> None:
+    """Write ``DIR/server/last-read`` atomically (JSON: the stopping server's ``epoch`` and, for each SDK transport
+    connected at its graceful stop, the last request it read of it): the next server tells each client, whose
+    requests after that one were never run (see ``Core.read_before``)."""
+    path = directory / "server" / "last-read"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"epoch": epoch, "read": read}))
+    os.replace(tmp, path)
+
+
+def take_last_read(directory: Path) -> tuple[int, dict[str, int]]:
+    """What :func:`write_last_read` left, and the file removed: ``(epoch, {instance: last stream})``, or
+    ``(0, {})``. Read once, by the next server, as it takes the directory."""
+    path = directory / "server" / "last-read"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0, {}
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    if not isinstance(data, dict) or not isinstance(data.get("epoch"), int) or not isinstance(data.get("read"), dict):
+        return 0, {}
+    read = {k: v for k, v in data["read"].items() if isinstance(k, str) and isinstance(v, int) and v >= 0}
+    return data["epoch"], read
+
+
 def read_address(directory: Path) -> dict[str, Any] | None:
     """What ``DIR/server/address`` says, or ``None``: no file, or the address of another directory (a copy of a
     store made while its server ran carries the original's: trial AW's copy sent its writes to the original).
