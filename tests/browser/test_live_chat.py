@@ -245,6 +245,10 @@ async def test_a_reply_the_model_gives_up_on_says_why_and_stays_after_a_reload(
             assert text is not None and "401" in text and "trying again" not in text, text
             await laptop.page.reload()
             await laptop.page.wait_for_selector('#status[data-state="live"]', timeout=10_000)
+            # (the chat's messages are read apart from the stream: under load they came after "live", CI 12-02)
+            await laptop.page.wait_for_function(
+                "document.querySelectorAll('#messages li.msg').length >= 2", timeout=10_000
+            )
             after = await laptop.page.eval_on_selector_all(
                 "#messages li.msg", "els => els.map(e => [e.className, e.textContent])"
             )
