@@ -101,9 +101,20 @@ async def hold_and_run(
             env["TINYSTORE_FENCE_PADDED"] = f"{lease.fence:040d}"
             env["TINYSTORE_LOCK"] = lock
             env["TINYSTORE_KEY"] = lease.key
+            # from this (the loop's, main) thread: the parent-death signal follows the thread that forks
+            starting = asyncio.ensure_future(
+                asyncio.create_subprocess_exec(*command, env=env, preexec_fn=dies_with_this_process())
+            )
             try:
-                # from this (the loop's, main) thread: the parent-death signal follows the thread that forks
-                proc = await asyncio.create_subprocess_exec(*command, env=env, preexec_fn=dies_with_this_process())
+                proc = await asyncio.shield(starting)
+            except asyncio.CancelledError:
+                # the lease was lost (or this command is ending) as the command started: it is stopped as a running
+                # one is, SIGTERM then SIGKILL after the grace (a cancelled start kills it outright: CI 12-02, its
+                # process running already, its SIGTERM trap never ran)
+                await asyncio.wait([starting])
+                if not starting.cancelled() and starting.exception() is None:
+                    await asyncio.shield(stop_process(starting.result(), grace))
+                raise
             except (OSError, subprocess.SubprocessError) as exc:
                 # one line, as every error of the command line (the status is a shell's for a command it
                 # cannot run)
