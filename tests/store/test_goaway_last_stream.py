@@ -295,3 +295,50 @@ async def test_a_write_unread_by_a_server_whose_connection_was_cut_is_sent_again
     finally:
         await client.close()
         await owner.close()
+
+
+# contract: STORE-06
+async def test_a_write_read_before_its_connection_was_cut_is_not_sent_again(tmp_path: Path) -> None:
+    # the other side of the test above (trial BX: after two cuts, a fact about the second connection cleared a write
+    # of the first, which the server had read and committed: applied twice). A fact names its connection: the
+    # write the server read raises OutcomeUnknownError, and its row is there once
+    d = tmp_path / "s"
+    owner, client = await _owner_and_client(d)
+    try:
+        db = await client.database("app")
+        await db.exec("insert into t values (0)")
+        conn = client.transport._conn  # type: ignore[attr-defined]
+        conn.transport.pause_reading()  # its answer stays unread
+        write = asyncio.ensure_future(db.exec("insert into t values (1)"))
+        odb = await owner.database("app")
+        for _ in range(200):
+            if await odb.scalar("select count(*) from t where k = 1"):
+                break
+            await asyncio.sleep(0.01)
+        _server_side(owner).transport.pause_reading()  # the server does not see the cut
+        conn.transport.abort()
+        with pytest.raises(tinystore.OutcomeUnknownError):
+            await asyncio.wait_for(write, 20)
+        assert await db.scalar("select count(*) from t where k = 1") == 1
+    finally:
+        await client.close()
+        await owner.close()
+
+
+# contract: STORE-05
+async def test_what_a_server_read_is_kept_for_the_servers_after_the_next_one(tmp_path: Path) -> None:
+    # trial BX: the next server took the record away as it started; killed before the client came back, the one
+    # after it knew nothing, and the unread write raised OutcomeUnknownError. The record stays, the newest facts
+    from tinystore.server import paths as server_paths
+
+    d = tmp_path / "s"
+    a = await tinystore.open(d, embedded=True)
+    a._core.read_fact("client-x", 3, 41)  # type: ignore[union-attr]
+    await a.close()
+    b = await tinystore.open(d, embedded=True)
+    try:
+        assert b._core.read_facts["client-x"] == [(a.epoch, 3, 41)]  # type: ignore[union-attr]
+        assert server_paths.read_last_read(d) == {"client-x": [(a.epoch, 3, 41)]}  # kept on disk while b runs
+    finally:
+        await b.close()
+    assert server_paths.read_last_read(d) == {"client-x": [(a.epoch, 3, 41)]}

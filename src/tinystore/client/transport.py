@@ -354,6 +354,7 @@ class _ClientConn(asyncio.Protocol):
         self.chunks: dict[int, list[bytes]] = {}
         self.welcome: asyncio.Future[Welcome] = self.loop.create_future()
         self.epoch = 0  # the server's, once the handshake is done
+        self.number = 0  # which connection of its transport (Hello.connection)
         self.goaway: str | None = None
         self.goaway_last: int | None = None  # the server's last request read, told in its GOAWAY
         self.lost = False
@@ -624,6 +625,7 @@ class RemoteTransport(Transport):
         self.keepalive_idle = keepalive_idle
         # the same for each of its connections: a new one ends the one before it at the server (see Hello)
         self.instance = uuid.uuid4().hex
+        self._connections = itertools.count(1)  # (each connection's number: Hello.connection)
         self.keepalive_timeout = keepalive_timeout
         self._refused: UnauthenticatedError | None = None  # the token was refused at the last reconnect
         self.token = token
@@ -669,6 +671,7 @@ class RemoteTransport(Transport):
                 hint = " (if the server listens without TLS, use tcp:// in place of tls://)"
             raise UnavailableError(f"cannot reach the store at {self.description or where}: {exc}{hint}") from None
         assert proto.transport is not None
+        proto.number = next(self._connections)
         plain_tcp = kind != "unix" and where[2] is None
         proto.transport.write(
             proto.conn.send_hello(
@@ -679,6 +682,7 @@ class RemoteTransport(Transport):
                         client=self.name,
                         pid=os.getpid(),
                         instance=self.instance,
+                        connection=proto.number,
                     )
                 )
             )
@@ -964,10 +968,15 @@ class RemoteTransport(Transport):
                 try:
                     raw = await fut
                 except _NotSent:
+                    # never read: sent again, but a transaction's call only on its own connection (trial BX)
+                    self._no_tx_elsewhere(method, request, conn.goaway)
                     continue
                 except _Lost as exc:
                     if write and exc.in_doubt and await self._never_read(conn, stream):
-                        continue  # the server stopped, or the connection was cut, before it read this one
+                        # the server stopped, or the connection was cut, before it read this one: sent again (a
+                        # transaction's call is not: its transaction ended with the connection)
+                        self._no_tx_elsewhere(method, request, "the connection to the store ended before it was read")
+                        continue
                     if write:
                         raise OutcomeUnknownError(
                             f"{method}: the connection dropped before the answer came ({exc}); "
@@ -1037,7 +1046,9 @@ class RemoteTransport(Transport):
         except (TimeoutError, TinystoreError):
             return False
         w = self.welcome
-        return w is not None and w.last_read >= 0 and w.last_read_epoch == lost.epoch and stream > w.last_read
+        if w is None or not lost.number:
+            return False
+        return any(e == lost.epoch and c == lost.number and stream > last for e, c, last in w.last_reads)
 
     def call_first(
         self, method: str, request: Any, response_type: Any = Any, *, write: bool = False

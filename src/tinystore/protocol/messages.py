@@ -18,6 +18,8 @@ class Hello(msgspec.Struct, kw_only=True):
     client: str = ""
     pid: int = 0
     instance: str = ""
+    #: which connection of that transport this is (1, 2, …): the server says what it read of each by its number
+    connection: int = 0
 
 
 class Welcome(msgspec.Struct, kw_only=True):
@@ -33,11 +35,12 @@ class Welcome(msgspec.Struct, kw_only=True):
     test_clock: bool = False
     limits: str = ""  # the server's Limits (Limits.to_json), which its engines hold to; "" from an older server
     durability: str = ""  # the server's durability ("full" or "os"); "" from an older server
-    #: for a client whose connection before this one ended without its telling which requests it read (the
-    #: client did not read its GOAWAY, or the network cut it): the epoch of the server it was connected to, and the
-    #: last request that server read of it; a request after it was never run. ``-1``: not known
-    last_read_epoch: int = 0
-    last_read: int = -1
+    #: what the servers of the store read of this client's connections before this one, as far as they know:
+    #: ``[epoch, connection, last stream read]`` each (a connection that ended without telling its client which
+    #: requests were read: a GOAWAY it did not read, a network cut); a request after the last one read was never
+    #: run. Facts of a server that stopped gracefully (written down for the next ones) or ended the connection as
+    #: this one came
+    last_reads: list[tuple[int, int, int]] = []
 
 
 class ErrorBody(msgspec.Struct, kw_only=True):

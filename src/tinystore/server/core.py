@@ -32,6 +32,11 @@ log = logging.getLogger("tinystore.server")
 Handler = Callable[["Session", Any], Any]
 
 
+READ_FACTS_EACH = 8
+READ_FACTS_MAX = 10_000
+"""``Core.read_facts`` keeps the newest 8 of each client, of 10,000 clients at most."""
+
+
 @dataclass(frozen=True, slots=True)
 class Method:
     """One callable method: its request body type, its handler, whether it writes, and who may call it."""
@@ -136,13 +141,14 @@ class Core:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.listeners: list[Any] = []
         self.instances: dict[str, Any] = {}  # SDK transport → its connection now (see ServerConnection.supersede)
-        #: the last request read of each SDK transport's connection at this server's graceful stop, written for
-        #: the next server (``DIR/server/last-read``) ...
-        self.last_read: dict[str, int] = {}
-        #: ... and what the last server wrote, told each client as it connects here (``Welcome.last_read``): a
-        #: request that client sent later was never run, a write too, though the client may not have read the
-        #: GOAWAY that said so (trial BW: its loop was blocked, the GOAWAY queued behind 32 MiB of answers)
-        self.read_before: tuple[int, dict[str, int]] = (0, {})
+        #: what servers of this directory read of SDK transports' connections that ended without telling their
+        #: client (a graceful stop's GOAWAY the client did not read: trial BW, its loop blocked, the GOAWAY behind
+        #: 32 MiB of answers; a connection the network cut, ended as the client's next one came): instance →
+        #: ``(server epoch, connection number, last stream read)``, told each client as it connects
+        #: (``Welcome.last_reads``): a request after the last one read was never run, a write too. Facts, each
+        #: naming its connection, so told any number of times; kept across restarts (``DIR/server/last-read``),
+        #: the newest few of each client and of the store
+        self.read_facts: paths.ReadFacts = {}
 
     async def start(self) -> None:
         """Own the directory and start the engines. Raises ``InUseError`` when another process owns it."""
@@ -153,7 +159,7 @@ class Core:
         self._lock.acquire()
         try:
             self.epoch = next_epoch(self.directory, self.clock.now_ms())
-            self.read_before = paths.take_last_read(self.directory)
+            self.read_facts = paths.read_last_read(self.directory)
             self.started = time.time()
             self.sql = SqlEngine(self.directory, self.limits, self.durability)
             from . import methods
@@ -163,6 +169,15 @@ class Core:
             self._lock.release()
             raise
         self.running = True
+
+    def read_fact(self, instance: str, connection: int, last: int) -> None:
+        """Note that this server read up to stream ``last`` of connection ``connection`` of SDK transport
+        ``instance``, which ended without telling it (see ``read_facts``)."""
+        facts = self.read_facts.pop(instance, [])  # (re-inserted: the newest clients last)
+        facts.append((self.epoch, connection, last))
+        self.read_facts[instance] = facts[-READ_FACTS_EACH:]
+        while len(self.read_facts) > READ_FACTS_MAX:
+            del self.read_facts[next(iter(self.read_facts))]
 
     def register(self, method: Method) -> None:
         self.methods[method.name] = method
@@ -270,9 +285,9 @@ class Core:
                 await self.sql.close(grace)
             self.clock.close()
         finally:
-            if self.running and self.last_read:
+            if self.running and self.read_facts:
                 with contextlib.suppress(OSError):
-                    paths.write_last_read(self.directory, self.epoch, self.last_read)
+                    paths.write_last_read(self.directory, self.read_facts)
             self.running = False
             # the address this process wrote, if it served, goes before the directory does (a stale one misleads)
             paths.remove_address(self.directory)

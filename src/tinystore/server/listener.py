@@ -255,6 +255,7 @@ class ServerConnection(asyncio.Protocol):
         self.last_stream = 0  # the highest stream of a request read (told in the GOAWAY)
         self.last_rx = self.loop.time()  # when bytes last came from the client (see PEER_SILENCE)
         self.instance = ""  # the SDK transport whose connection this is (see supersede)
+        self.number = 0  # which connection of that transport (Hello.connection)
         self.linger: asyncio.TimerHandle | None = None  # the end of its lingering close (see LINGER)
         self.alive: asyncio.TimerHandle | None = None  # the next store.alive while it is not read (ALIVE_EVERY)
         self.paused = False  # the client does not read what we write
@@ -307,7 +308,7 @@ class ServerConnection(asyncio.Protocol):
         )
         self.refuse(UnavailableError.code, "too many connections are waiting for their handshake")
 
-    def supersede(self, instance: str) -> int | None:
+    def supersede(self, instance: str) -> None:
         """This connection is the SDK transport ``instance``'s new one: its connection before, if the server still
         has it, was cut off by the network without a close (the SDK has one at a time), and ends now with what it
         held, before the client's first calls on this one (trial BR: its place in a lock's line got the key, for
@@ -323,8 +324,8 @@ class ServerConnection(asyncio.Protocol):
             )
             old.closing = True
             old.transport.abort()
-            return int(old.last_stream)  # (nothing more of it is read: its requests after this one never run)
-        return None
+            if old.number:  # (nothing more of it is read: its requests after the last one read never run)
+                self.core.read_fact(instance, old.number, old.last_stream)
 
     def check_silence(self) -> None:
         """Drop the connection when the client sent nothing for :data:`PEER_SILENCE` seconds while it was read:
@@ -538,15 +539,11 @@ class ServerConnection(asyncio.Protocol):
         if self.deadline is not None:
             self.deadline.cancel()
         self.deadline = self.loop.call_later(PEER_SILENCE / 4, self.check_silence)
-        read_epoch, read = 0, -1
+        reads: list[tuple[int, int, int]] = []
         if hello.instance:
-            before = self.supersede(hello.instance)
-            if before is not None:
-                read_epoch, read = self.core.epoch, before
-            else:
-                epoch, last = self.core.read_before
-                if hello.instance in last:
-                    read_epoch, read = epoch, last.pop(hello.instance)
+            self.number = hello.connection
+            self.supersede(hello.instance)
+            reads = self.core.read_facts.get(hello.instance, [])
         self.listener.handshaking.pop(self, None)
         body = encode(
             Welcome(
@@ -560,8 +557,7 @@ class ServerConnection(asyncio.Protocol):
                 test_clock=self.core.clock.is_test,
                 limits=self.core.limits_json,
                 durability=self.core.durability,
-                last_read_epoch=read_epoch,
-                last_read=read,
+                last_reads=reads,
             )
         )
         self.write(self.conn.send_welcome(body))
@@ -1364,8 +1360,8 @@ class Listener:
         conns = list(self.connections)
         await asyncio.gather(*(c.drain_calls(grace) for c in conns), return_exceptions=True)
         for c in conns:
-            if c.instance and c.session is not None:
-                self.core.last_read[c.instance] = c.last_stream  # (for the next server: see Core.read_before)
+            if c.instance and c.number and c.session is not None:
+                self.core.read_fact(c.instance, c.number, c.last_stream)  # (see Core.read_facts)
             c.close("the store is stopping", "unavailable", said_read=True)
         # the lingering ones (see LINGER): until their clients closed them, LINGER at most
         loop = asyncio.get_running_loop()

@@ -216,31 +216,31 @@ def remove_address(directory: Path) -> None:
             address_file(directory).unlink()
 
 
-def write_last_read(directory: Path, epoch: int, read: dict[str, int]) -> None:
-    """Write ``DIR/server/last-read`` atomically (JSON: the stopping server's ``epoch`` and, for each SDK transport
-    connected at its graceful stop, the last request it read of it): the next server tells each client, whose
-    requests after that one were never run (see ``Core.read_before``)."""
+ReadFacts = dict[str, list[tuple[int, int, int]]]
+"""SDK transport (its instance) → ``(server epoch, connection number, last stream read)`` facts (see
+``Core.read_facts``)."""
+
+
+def write_last_read(directory: Path, facts: ReadFacts) -> None:
+    """Write ``DIR/server/last-read`` atomically (JSON: for each SDK transport, what servers read of its connections
+    that ended without telling it): the next servers tell each client (see ``Core.read_facts``)."""
     path = directory / "server" / "last-read"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"epoch": epoch, "read": read}))
+    tmp.write_text(json.dumps({"facts": facts}))
     os.replace(tmp, path)
 
 
-def take_last_read(directory: Path) -> tuple[int, dict[str, int]]:
-    """What :func:`write_last_read` left, and the file removed: ``(epoch, {instance: last stream})``, or
-    ``(0, {})``. Read once, by the next server, as it takes the directory."""
-    path = directory / "server" / "last-read"
+def read_last_read(directory: Path) -> ReadFacts:
+    """What :func:`write_last_read` left (the file stays: a server that dies before it writes its own keeps them for
+    the one after it), or ``{}``."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return 0, {}
-    finally:
-        with contextlib.suppress(OSError):
-            path.unlink()
-    if not isinstance(data, dict) or not isinstance(data.get("epoch"), int) or not isinstance(data.get("read"), dict):
-        return 0, {}
-    read = {k: v for k, v in data["read"].items() if isinstance(k, str) and isinstance(v, int) and v >= 0}
-    return data["epoch"], read
+        data = json.loads((directory / "server" / "last-read").read_text())
+        raw = data["facts"]
+        return {
+            k: [(int(e), int(c), int(s)) for e, c, s in v] for k, v in raw.items() if isinstance(k, str) and v
+        }
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
 
 
 def read_address(directory: Path) -> dict[str, Any] | None:
