@@ -1030,10 +1030,12 @@ class RemoteTransport(Transport):
     async def _never_read(self, lost: _ClientConn, stream: int) -> bool:
         """Whether request ``stream`` of connection ``lost``, which dropped with nothing said of what the server
         read (its GOAWAY unread: trial BW's client, its loop blocked through a stop, the GOAWAY queued behind
-        32 MiB of answers; or a network cut), was never read by that server: the next connection's ``WELCOME`` says
-        the last request read, by the server that stopped gracefully (it wrote it down for the next one) or by
-        the same server (it ended that connection as this one came). Waits for the next connection, at most
-        :data:`IN_DOUBT_WAIT` seconds; ``False`` when none comes or nothing is said."""
+        32 MiB of answers; or a network cut), was never read by that server: the next connection's ``WELCOME``
+        brings the facts the store keeps of this transport's connections (``Welcome.last_reads``: a server that
+        stopped gracefully noted each of its connections, one that ended a connection as the client's next one
+        came noted that one); only a fact of ``lost`` itself (its server's epoch and its number) counts (trial BX:
+        one of a later connection, after two cuts, cleared a write the server had read). Waits for the next
+        connection, at most :data:`IN_DOUBT_WAIT` seconds; ``False`` when none comes or nothing is said of it."""
         if self.closed:
             return False
         try:
