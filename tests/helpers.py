@@ -7,6 +7,7 @@ import contextlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -71,6 +72,13 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (the OS's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def write_tokens(directory: Path) -> tuple[Path, str, str]:

@@ -10,7 +10,6 @@ import asyncio
 import contextvars
 import os
 import signal
-import socket
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +22,7 @@ from tinystore import InUseError, LostError
 from tinystore.protocol.locks import Release, Renew
 from tinystore.server import paths
 
-from ..helpers import ServerProcess, drop_connection, open_store, stop_sidecar, write_tokens
+from ..helpers import ServerProcess, drop_connection, free_port, open_store, stop_sidecar, write_tokens
 from ..locks.support import holders, other_client
 
 START = datetime(2030, 1, 1, 12, 0, 0)
@@ -555,7 +554,7 @@ async def test_after_a_restart_nobody_holds_anything_and_old_leases_are_lost(mod
     servers: list[ServerProcess] = []
     if mode == "tcp":
         tokens, admin, _ = write_tokens(tmp_path)
-        port = _free_port()
+        port = free_port()
         args = ["--listen", f"tcp://127.0.0.1:{port}", "--tokens", str(tokens)]
         servers.append(ServerProcess(directory, *args).start())
         store = await tinystore.connect(f"tcp://127.0.0.1:{port}", token=admin)
@@ -593,12 +592,6 @@ async def test_after_a_restart_nobody_holds_anything_and_old_leases_are_lost(mod
         for server in servers:
             server.stop()
         await stop_sidecar(directory)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("mode", ["private", "sidecar"])

@@ -6,7 +6,6 @@ the next connection as any call does (failed at once by a refused token)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 
@@ -14,13 +13,7 @@ import pytest
 
 import tinystore
 
-from ..helpers import ServerProcess
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from ..helpers import ServerProcess, free_port
 
 
 async def held_by(store: tinystore.Store) -> asyncio.Future[None]:

@@ -24,7 +24,7 @@ from tinystore.protocol.messages import GoAway, Hello, decode, encode
 from tinystore.protocol.sql import Exec
 from tinystore.server import paths
 
-from ..helpers import ServerProcess, write_tokens
+from ..helpers import ServerProcess, free_port, write_tokens
 
 SLOW = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 3000000) select count(*) from c"
 
@@ -99,18 +99,37 @@ async def test_a_transactions_call_lost_at_a_drop_names_its_transaction_and_says
         await owner.close()
 
 
+def _hello(sock: socket.socket, token: str = "") -> frames.Connection:
+    """The handshake, by hand, on a blocking connection to a server: the frames' state of the connection."""
+    conn = frames.Connection("client")
+    sock.sendall(conn.send_hello(encode(Hello(version=frames.PROTOCOL_VERSION, token=token, client="raw", pid=0))))
+    while not isinstance(ev := conn.next_event(), frames.Frame):
+        conn.receive_data(sock.recv(65536))
+    assert ev.kind is frames.Kind.WELCOME
+    return conn
+
+
 def _unix_hello(directory: Path) -> tuple[socket.socket, frames.Connection]:
     """A blocking raw connection to ``directory``'s server, past its handshake."""
     info = paths.read_address(directory) or {}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
     sock.connect(str(info["socket"]))
-    conn = frames.Connection("client")
-    sock.sendall(conn.send_hello(encode(Hello(version=frames.PROTOCOL_VERSION, token="", client="raw", pid=0))))
-    while not isinstance(ev := conn.next_event(), frames.Frame):
-        conn.receive_data(sock.recv(65536))
-    assert ev.kind is frames.Kind.WELCOME
-    return sock, conn
+    return sock, _hello(sock)
+
+
+def _goaways_after_a_request(sock: socket.socket, conn: frames.Connection, settle: float = 0.0) -> list[GoAway]:
+    """Send request 7 (a write) on a connection whose server stops, wait ``settle`` seconds, then read until its
+    GOAWAY (or the end)."""
+    sock.sendall(conn.send_request(7, "sql.exec", encode(Exec(db="app", sql="create table t (a)", params=[]))))
+    time.sleep(settle)
+    got: list[frames.Frame] = []
+    with contextlib.suppress(OSError):  # (ssl.SSLError too)
+        while not any(f.kind is frames.Kind.GOAWAY for f in got) and (data := sock.recv(65536)):
+            conn.receive_data(data)
+            while isinstance(ev := conn.next_event(), frames.Frame):
+                got.append(ev)
+    return [decode(f.body, GoAway) for f in got if f.kind is frames.Kind.GOAWAY]
 
 
 # contract: STORE-05
@@ -127,14 +146,9 @@ def test_at_a_stop_the_server_reads_on_after_its_goaway_until_the_client_closes(
         server.proc.send_signal(signal.SIGTERM)
         assert sock.recv(1, socket.MSG_PEEK)  # the GOAWAY waits in our socket, unread
         time.sleep(0.2)
-        sock.sendall(conn.send_request(7, "sql.exec", encode(Exec(db="app", sql="create table t (a)", params=[]))))
-        got: list[frames.Frame] = []
-        while data := sock.recv(65536):
-            conn.receive_data(data)
-            while isinstance(ev := conn.next_event(), frames.Frame):
-                got.append(ev)
-        goaway = [decode(f.body, GoAway) for f in got if f.kind is frames.Kind.GOAWAY]
+        goaway = _goaways_after_a_request(sock, conn)
         assert len(goaway) == 1 and goaway[0].last_stream == 0  # request 7 was never read: the SDK sends it again
+        assert sock.recv(65536) == b""  # then the end
         sock.close()
         assert server.proc.wait(10) == 0
     finally:
@@ -187,7 +201,7 @@ def test_at_a_stop_a_tls_connection_is_read_on_after_its_goaway_too(tmp_path: Pa
 
     cert, key = make_cert(tmp_path)
     tokens, admin, _ = write_tokens(tmp_path)
-    port = _free_port()
+    port = free_port()
     d = tmp_path / "s"
     args = ["--listen", f"tls://127.0.0.1:{port}", "--tokens", str(tokens)]
     args += ["--tls-cert", str(cert), "--tls-key", str(key)]
@@ -195,26 +209,11 @@ def test_at_a_stop_a_tls_connection_is_read_on_after_its_goaway_too(tmp_path: Pa
     try:
         ctx = ssl.create_default_context(cafile=str(cert))
         sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
-        conn = frames.Connection("client")
-        hello = Hello(version=frames.PROTOCOL_VERSION, token=admin, client="raw", pid=0)
-        sock.sendall(conn.send_hello(encode(hello)))
-        while not isinstance(ev := conn.next_event(), frames.Frame):
-            conn.receive_data(sock.recv(65536))
-        assert ev.kind is frames.Kind.WELCOME
+        conn = _hello(sock, admin)
         assert server.proc is not None
         server.proc.send_signal(signal.SIGTERM)
         time.sleep(1.0)  # the GOAWAY is sent meanwhile, and (before) the connection closed
-        sock.sendall(conn.send_request(7, "sql.exec", encode(Exec(db="app", sql="create table t (a)", params=[]))))
-        time.sleep(0.3)  # (a reset, had the server closed, comes back meanwhile)
-        got: list[frames.Frame] = []
-        with contextlib.suppress(ssl.SSLError, OSError):
-            while data := sock.recv(65536):
-                conn.receive_data(data)
-                while isinstance(ev := conn.next_event(), frames.Frame):
-                    got.append(ev)
-                if any(f.kind is frames.Kind.GOAWAY for f in got):
-                    break
-        goaway = [decode(f.body, GoAway) for f in got if f.kind is frames.Kind.GOAWAY]
+        goaway = _goaways_after_a_request(sock, conn, settle=0.3)  # (a reset, had the server closed, comes back)
         assert len(goaway) == 1 and goaway[0].last_stream == 0
         sock.settimeout(0.5)
         with pytest.raises(TimeoutError):  # still open: the server waits for us to close it
@@ -223,12 +222,6 @@ def test_at_a_stop_a_tls_connection_is_read_on_after_its_goaway_too(tmp_path: Pa
         assert server.proc.wait(10) == 0
     finally:
         server.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # contract: STORE-05
@@ -333,11 +326,11 @@ async def test_what_a_server_read_is_kept_for_the_servers_after_the_next_one(tmp
 
     d = tmp_path / "s"
     a = await tinystore.open(d, embedded=True)
-    a._core.read_fact("client-x", 3, 41)  # type: ignore[union-attr]
+    a._core.read_fact("client-x", 3, 41)
     await a.close()
     b = await tinystore.open(d, embedded=True)
     try:
-        assert b._core.read_facts["client-x"] == [(a.epoch, 3, 41)]  # type: ignore[union-attr]
+        assert b._core.read_facts["client-x"] == [(a.epoch, 3, 41)]
         assert server_paths.read_last_read(d) == {"client-x": [(a.epoch, 3, 41)]}  # kept on disk while b runs
     finally:
         await b.close()

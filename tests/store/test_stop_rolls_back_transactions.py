@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -14,15 +13,9 @@ import pytest
 import tinystore
 from tinystore.errors import UnavailableError
 
-from ..helpers import ServerProcess, write_tokens
+from ..helpers import ServerProcess, free_port, write_tokens
 
 MIGRATIONS = [("001_t.sql", "create table t (id integer primary key, a text);")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # contract: STORE-05
