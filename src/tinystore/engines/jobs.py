@@ -793,8 +793,6 @@ class JobsEngine:
         fut.add_done_callback(lambda f: self._claimed(q, w, picked, local, f))
 
     def _claimed(self, q: JobQueue, w: Waiter, picked: list[Entry], local: bool, f: asyncio.Future[Any]) -> None:
-        if w.token and self._claiming.get(w.token) is w:
-            del self._claiming[w.token]
         if f.cancelled() or f.exception() is not None:
             err = ClosedError("jobs: the claim was cancelled") if f.cancelled() else f.exception()
             for e in picked:
@@ -810,7 +808,7 @@ class JobsEngine:
                     q.place(e, front=True)
             if not w.fut.done():
                 w.fut.set_exception(err or ClosedError("jobs: the claim failed"))
-            _settle(w)
+            self._claim_over(w)
             self._pump(q)
             return
         done = f.result()
@@ -871,20 +869,30 @@ class JobsEngine:
         if w.fut.done():  # the claim was given up meanwhile: hand the jobs back
             if got:
                 handing = self._track(self.release(q.name, [Attempt(c.id, c.fence) for c in got]))
-                handing.add_done_callback(lambda t: _settle(w))
+                handing.add_done_callback(lambda t: self._claim_over(w))
             else:
-                _settle(w)
+                self._claim_over(w)
         elif not got and not w.expired:
             # (every job it took was placed early and not written after all: it waits on, first in line)
             w.claiming = False
             q.waiters.appendleft(w)
-            _settle(w)
+            self._claim_over(w)
         else:
             w.fut.set_result(got)
             if w.token and got:
                 self._remember(w.token, [Attempt(c.id, c.fence) for c in got])
-            _settle(w)
+            self._claim_over(w)
         self._pump(q)
+
+    def _claim_over(self, w: Waiter) -> None:
+        """The claim of ``w`` has landed, and when it was given up meanwhile, has handed back what it got: a
+        ``release_claim`` of its token, which waits while it is in ``_claiming``, goes on (from the CI run of
+        4a90b2d: taken out as the write landed, a hand-back by token that came during the claim's own hand-back
+        answered 0 at once, and the caller saw its jobs running)."""
+        if w.token and self._claiming.get(w.token) is w:
+            del self._claiming[w.token]
+        _settle(w)
+        w.settled = None  # (a claim that waits on, first in line, may be under way again: a new one then)
 
     def _remember(self, token: str, attempts: list[Attempt]) -> None:
         """Keep what claim ``token`` got for a while, in case its answer never reaches the caller."""

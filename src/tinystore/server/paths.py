@@ -236,9 +236,7 @@ def read_last_read(directory: Path) -> ReadFacts:
     try:
         data = json.loads((directory / "server" / "last-read").read_text())
         raw = data["facts"]
-        return {
-            k: [(int(e), int(c), int(s)) for e, c, s in v] for k, v in raw.items() if isinstance(k, str) and v
-        }
+        return {k: [(int(e), int(c), int(s)) for e, c, s in v] for k, v in raw.items() if isinstance(k, str) and v}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return {}
 
