@@ -138,7 +138,7 @@ def register(main: click.Group) -> None:
         for name in [*names, "error"]:
             table.add_column(name, overflow="fold")
         for j in page.jobs:
-            cells = [j.queue, _state(j), f"{j.attempts}/{j.max_attempts}", j.tenant]
+            cells = [j.queue, _state(j), f"{j.attempts}/{j.max_attempts}", j.tenant or ""]
             if wide:
                 cells += [j.type or "", _short(j.progress, 24), _at(j.created_at), _at(j.finished_at)]
             # a job that succeeded after failed attempts keeps its last error (`show ID` lists them), but in a list

@@ -251,7 +251,7 @@ class Job(Generic[T]):
     max_attempts: int
     fence: int
     key: str | None
-    tenant: str
+    tenant: str | None
     user: str | None
     type: str | None
     priority: int
@@ -308,7 +308,7 @@ class Run:
         self.job_id = c.id
         self.attempt = c.attempt
         self.fence = c.fence
-        self.tenant = c.tenant
+        self.tenant = c.tenant or None
         self.key = c.key
         self.type = c.type
         self.user = c.user
@@ -318,6 +318,7 @@ class Run:
         self.cancelled = asyncio.Event()
         self._where = f"queue {self.queue}: job {self.job_id}"
         self._steps = dict(c.steps)
+        self._stepped: set[str] = set()  # the steps this attempt has returned
 
     def set_progress(self, progress: Any) -> None:
         """Keep ``progress`` (any JSON value, such as ``{"done": 120, "total": 300}``, at most 4 KiB) on the job
@@ -350,9 +351,18 @@ class Run:
         queue's own database), ``LimitError``, ``LostError`` (the attempt is no longer current: the job was
         cancelled or taken by another worker; the step's result was not kept). A cancel while ``fn`` runs keeps
         nothing.
+
+        A name is one step: a second call of a name this attempt has already had returned raises ``InvalidError``
+        (trial BZ: ``for url in urls: await run.step("fetch", ...)`` got the first URL's result for every URL);
+        give each its own, ``f"fetch:{url}"``. A step whose ``fn`` raised may be called again.
         """
         check_step_name(self._where, name)
         where = f"queue {self.queue}: job {self.job_id}: step {name!r}"
+        if name in self._stepped:
+            raise InvalidError(
+                f"{where}: this attempt has run this step already; each step needs a name of its own (a step in a "
+                "loop: a name for each round, such as f'fetch:{url}')"
+            )
         if not callable(fn):
             raise InvalidError(f"{where}: fn must be a function called with no arguments, not {fn!r}")
         if type is not None:
@@ -361,8 +371,9 @@ class Run:
             except TypeError as exc:
                 raise InvalidError(f"{where}: type {type!r} is not a type a result can be read as ({exc})") from None
         if name in self._steps:
-            kept = self._steps[name]
-            return _as_step_type(kept, type, f"{where}: its result, kept by an earlier attempt,")
+            kept = _as_step_type(self._steps[name], type, f"{where}: its result, kept by an earlier attempt,")
+            self._stepped.add(name)
+            return kept
         self._a.runner.queue._not_in_own_tx(f"step {name!r}")
         result = fn()
         if inspect.isawaitable(result):
@@ -382,6 +393,7 @@ class Run:
             )
         value = msgspec.json.decode(text)
         self._steps[name] = value
+        self._stepped.add(name)
         return _as_step_type(value, type, f"{where}: its result")
 
     def retry(self, after: Duration | None = None) -> Outcome:
@@ -788,7 +800,8 @@ class _Runner:
             return
         except Exception as exc:
             text = _describe(exc)
-            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text)
+            # with its traceback (trial BZ: the job's error names the exception, not where it was raised)
+            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=exc)
             await self._report(a, "error", error=text)
             return
         except BaseException as exc:
@@ -796,7 +809,7 @@ class _Runner:
             # same (an embedded store has no lease to notice it otherwise). KeyboardInterrupt and SystemExit then
             # go on: they are meant to end the program.
             text = _describe(exc)
-            log.warning("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text)
+            log.warning("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=exc)
             await self._report(a, "error", error=text)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
@@ -1719,7 +1732,7 @@ def _job_of(row: JobRow, value: Any) -> Job[Any]:
         max_attempts=row.max_attempts,
         fence=row.fence,
         key=row.key,
-        tenant=row.tenant,
+        tenant=row.tenant or None,  # (kept as "" in the row; None when unset, as user and type: trial BZ)
         user=row.user,
         type=row.type,
         priority=row.priority,

@@ -1824,9 +1824,25 @@ class JobsEngine:
         """Job ``jid`` of ``queue`` as stored, or ``None`` (``InvalidError`` for an id that is not a str)."""
         q = await self._queue(queue)
         check_job_id(queue, "get", jid)
-        await q.wait_schema()
+        if not await self._readable(q):
+            return None
         rows = (await q.db.read(f"select {COLUMNS} from {TABLE} where id = ? and queue = ?", [jid, queue], "one")).rows
         return self._row(q, rows[0]) if rows else None
+
+    async def _readable(self, q: JobQueue) -> bool:
+        """Whether the rows of ``q`` may be read now: its schema is made, or its table is committed while the rest
+        of its making waits for the writer. A read does not wait for the writer: an open transaction of the
+        queue's database may hold it, the very one that made the table with its first add (trial BZ: a get
+        inside it waited until tx_idle rolled the transaction back). ``False``: no table yet, so no row. Raises
+        what the making of the schema raised, when it failed."""
+        if q.schema is None or q.schema_ready():
+            return True
+        if q.schema.done():
+            await q.wait_schema()  # (it failed: raises why)
+        found = await q.db.read(
+            "select count(*) from sqlite_master where type = 'table' and name = ?", [TABLE], "scalar"
+        )
+        return bool(found.rows[0][0])
 
     async def find(self, jid: str) -> JobRow | None:
         """Job ``jid`` in whichever queue holds it, or ``None``."""
@@ -1849,7 +1865,8 @@ class JobsEngine:
         found: list[tuple[str, int, JobQueue]] = []  # (id, bytes of its row, its queue)
         for name in names:
             q = await self._queue(name)
-            await q.wait_schema()
+            if not await self._readable(q):
+                continue
             where = ["queue = ?"]
             params: list[Any] = [name]
             if req.state == "stuck":
@@ -2022,8 +2039,10 @@ class JobsEngine:
         out = []
         for name in await self.queue_names():
             q = await self._queue(name)
-            await q.wait_schema()
             info = self._info(q)
+            if not await self._readable(q):
+                out.append(info)  # (its table is not committed yet: no row to count)
+                continue
             rows = (await q.db.read(f"select state, count(*) from {TABLE} where queue = ? group by state", [name])).rows
             info.counts = {s: 0 for s in STATES} | {s: n for s, n in rows}
             out.append(info)
