@@ -242,6 +242,30 @@ class JobQueue:
             e.where = DELAYED
             self.delayed.push(e.run_at, e)
 
+    def place_loaded(self, entries: list[Entry]) -> None:
+        """:meth:`place` of waiting jobs read at a queue's load, in the order of their ids: each due one joins the end
+        of its line, and each tenant's key in the heap of tenants is set once for all of them (at once for each job,
+        a queue of a million jobs took seconds more to load)."""
+        now = self.clock.now()
+        touched: set[str] = set()
+        ready = self.ready
+        for e in entries:
+            if e.run_at <= now:
+                e.where = READY
+                prios = ready.get(e.tenant)
+                if prios is None:
+                    prios = ready[e.tenant] = {}
+                line = prios.get(e.priority)
+                if line is None:
+                    line = prios[e.priority] = deque()
+                line.append(e)
+                touched.add(e.tenant)
+            else:
+                e.where = DELAYED
+                self.delayed.push(e.run_at, e)
+        for tenant in sorted(touched):
+            self.refresh(tenant)
+
     def head(self, tenant: str) -> Entry | None:
         """The tenant's next due job (highest priority, first in), dropping what is no longer due in its lines."""
         prios = self.ready.get(tenant)
