@@ -46,7 +46,7 @@ def _as_dict(job: Any) -> dict[str, Any]:
         "progress": job.progress,
         "result": job.result,
         "error": job.error,
-        "errors": [{"attempt": e.attempt, "error": e.error, "at": e.at} for e in job.errors],
+        "errors": [{"attempt": e.attempt, "error": e.error, "at": e.at, "traceback": e.traceback} for e in job.errors],
         "steps": job.steps,
         "value": job.value,
         "run_at": job.run_at,
@@ -183,6 +183,9 @@ def register(main: click.Group) -> None:
             print_table(
                 "failed attempts", ["attempt", "at", "error"], [[e.attempt, _at(e.at), e.error] for e in job.errors]
             )
+            last = next((e for e in reversed(job.errors) if e.traceback), None)
+            if last is not None and last.traceback is not None:
+                click.echo(f"\ntraceback of attempt {last.attempt}:\n{last.traceback.rstrip()}")
 
     def _change(directory: Path, job_id: str, what: str, as_json: bool = False) -> None:
         from ..client.jobs import cancel_job, find, retry_job

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import time
+import traceback as _traceback
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
@@ -165,6 +166,28 @@ def _clean(text: str) -> str:
     return text
 
 
+TRACEBACK_MAX = 4000
+"""Tracebacks are cut to their last this many characters (the store keeps no more)."""
+
+
+def _traceback_of(exc: BaseException) -> str | None:
+    """Where ``exc`` was raised from, as Python prints it, from the handler's frame on (the worker's own frames
+    above it left out); its last ``TRACEBACK_MAX`` characters, text that can be sent and stored. ``None`` when it
+    cannot be formatted."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    try:
+        text = "".join(_traceback.format_exception(type(exc), exc, tb))
+    except Exception:  # (an exception whose str() or frames fail to format)
+        return None
+    if len(text) > TRACEBACK_MAX:
+        text = "…" + text[-(TRACEBACK_MAX - 1) :]
+    if not valid_text(text):
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
 def _check_handler(queue: str, what: str, handler: Any) -> None:
     """Refuse a handler that cannot be called as ``handler(value, run)``: every job would fail with it."""
     if not callable(handler):
@@ -220,11 +243,15 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class JobError:
-    """One failed attempt of a job: its number, the error, and when (aware UTC datetime)."""
+    """One failed attempt of a job: its number, the error (``Type: message``), when (aware UTC datetime), and, when
+    its handler raised, where from: the traceback as Python prints it (``traceback.format_exception``), its last
+    4,000 characters; ``None`` for an attempt that did not raise (a timeout, ``worker lost``, ``run.retry``,
+    ``run.fail``, ``PermanentError``)."""
 
     attempt: int
     error: str
     at: datetime
+    traceback: str | None = None
 
 
 JobState = Literal["queued", "running", "succeeded", "failed", "dead", "cancelled"]
@@ -769,7 +796,7 @@ class _Runner:
                 # tasks' cancels through). A failed attempt like any other raise, counted, so it ends dead.
                 text = _describe(exc)
                 log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text)
-                await self._report(a, "error", error=text)
+                await self._report(a, "error", error=text, traceback=_traceback_of(exc))
                 return
             owner = self.owner
             if a.why is None and task is not None and owner is not None and not owner.done() and not owner.cancelling():
@@ -802,7 +829,7 @@ class _Runner:
             text = _describe(exc)
             # with its traceback (trial BZ: the job's error names the exception, not where it was raised)
             log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=exc)
-            await self._report(a, "error", error=text)
+            await self._report(a, "error", error=text, traceback=_traceback_of(exc))
             return
         except BaseException as exc:
             # GeneratorExit, KeyboardInterrupt, SystemExit or another BaseException: the attempt failed all the
@@ -810,7 +837,7 @@ class _Runner:
             # go on: they are meant to end the program.
             text = _describe(exc)
             log.warning("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=exc)
-            await self._report(a, "error", error=text)
+            await self._report(a, "error", error=text, traceback=_traceback_of(exc))
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
             return
@@ -1752,7 +1779,7 @@ def _job_of(row: JobRow, value: Any) -> Job[Any]:
 def _error_of(e: ErrorEntry) -> JobError:
     at = _when(e.at_ms)
     assert at is not None
-    return JobError(e.attempt, e.error, at)
+    return JobError(e.attempt, e.error, at, e.traceback)
 
 
 # -- store-wide helpers (the command line) ---------------------------------------------------------

@@ -123,6 +123,8 @@ TABLE = "_tinystore_jobs"
 QUEUES = "_tinystore_queues"
 ERROR_MAX = 2000
 """Longer error texts are cut to this many characters."""
+TRACEBACK_MAX = 4000
+"""Longer tracebacks are cut to their last this many characters (the innermost frames and the error's line)."""
 ERRORS_KEPT = 50
 """How many failed attempts a job's history keeps (the newest)."""
 CHUNK = 400
@@ -282,6 +284,20 @@ def _now_ms(clock: Clock) -> int:
 
 def _ms(when: float) -> int:
     return math.floor(when * 1000)
+
+
+def _cut_traceback(text: str | None) -> str | None:
+    """A traceback as kept: at most its last ``TRACEBACK_MAX`` characters (``…`` first when cut), as :func:`_cut`
+    keeps text SQLite can store; ``None`` for none or one that is not a str."""
+    if not isinstance(text, str) or not text:
+        return None
+    if len(text) > TRACEBACK_MAX:
+        text = "…" + text[-(TRACEBACK_MAX - 1) :]
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 def _cut(text: str) -> str:
@@ -1168,17 +1184,25 @@ class JobsEngine:
         self._pump_soon(q)
 
     def _fail_now(
-        self, q: JobQueue, e: Entry, error: str, after: float | None, progress: str | None = None
+        self,
+        q: JobQueue,
+        e: Entry,
+        error: str,
+        after: float | None,
+        progress: str | None = None,
+        traceback: str | None = None,
     ) -> asyncio.Future[bool]:
         """A failed attempt (a raise, a timeout, a lost worker, ``run.retry``): retried after the backoff (or
         ``after``), or ``dead`` when it was the last attempt. The future as :meth:`_end_now`'s."""
         fence = e.fence
         if e.attempts >= q.options.attempts:
-            return self._end_now(q, e, fence, "dead", error=error, progress=progress)
+            return self._end_now(q, e, fence, "dead", error=error, progress=progress, traceback=traceback)
         delay = (
             after if after is not None else backoff_delay(e.attempts, q.options.backoff_first, q.options.backoff_cap)
         )
-        return self._end_now(q, e, fence, "failed", error=error, run_at=self.clock.now() + delay, progress=progress)
+        return self._end_now(
+            q, e, fence, "failed", error=error, run_at=self.clock.now() + delay, progress=progress, traceback=traceback
+        )
 
     def _end_now(
         self,
@@ -1192,6 +1216,7 @@ class JobsEngine:
         result: str | None = None,
         progress: str | None = None,
         uncount: bool = False,
+        traceback: str | None = None,
     ) -> asyncio.Future[bool]:
         """End attempt ``fence`` of ``e`` as ``state`` (one guarded write), then move the index. The future gets
         ``True`` when it changed the job (the server answers a report from it). A cancel of the future leaves
@@ -1206,7 +1231,9 @@ class JobsEngine:
         entry = None
         if error is not None:
             error = _cut(error)
-            entry = _json_encode(ErrorEntry(attempt=e.attempts, error=error, at_ms=_ms(now))).decode()
+            entry = _json_encode(
+                ErrorEntry(attempt=e.attempts, error=error, at_ms=_ms(now), traceback=_cut_traceback(traceback))
+            ).decode()
         ended = state in ENDED
         written = self._write_ending(
             q,
@@ -1358,9 +1385,11 @@ class JobsEngine:
                 q, e, r.fence, "succeeded", result=r.result if r.result is not None else "null", progress=r.progress
             )
         if r.outcome == "error":
-            return self._fail_now(q, e, r.error or "failed", after, r.progress)
+            return self._fail_now(q, e, r.error or "failed", after, r.progress, r.traceback)
         if r.outcome == "fail":
-            return self._end_now(q, e, r.fence, "dead", error=r.error or "failed", progress=r.progress)
+            return self._end_now(
+                q, e, r.fence, "dead", error=r.error or "failed", progress=r.progress, traceback=r.traceback
+            )
         return self._end_now(
             q, e, r.fence, "queued", run_at=self.clock.now() + (after or 0.0), progress=r.progress, uncount=True
         )

@@ -231,6 +231,7 @@ class Report(msgspec.Struct, kw_only=True):
     ``outcome``: ``"succeeded"`` (``result``: JSON text or ``None``), ``"error"`` (a failed attempt: retried
     after the backoff, or after ``after_ms`` when set), ``"fail"`` (dead at once), ``"snooze"`` (queued again
     after ``after_ms``; the attempt is not counted). ``progress``: the last progress not yet sent (JSON text).
+    ``traceback``: where a handler's raise came from (Python's formatted traceback), kept with the error.
     """
 
     queue: str
@@ -241,6 +242,7 @@ class Report(msgspec.Struct, kw_only=True):
     error: str | None = None
     after_ms: int | None = None
     progress: str | None = None
+    traceback: str | None = None
 
 
 class Progress(msgspec.Struct, kw_only=True):
@@ -281,10 +283,13 @@ class List(msgspec.Struct, kw_only=True):
     user: str | None = None
 
 
-class ErrorEntry(msgspec.Struct, kw_only=True):
+class ErrorEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One failed attempt as a job's row keeps it (in ``errors``, JSON): ``traceback`` only when its handler raised."""
+
     attempt: int
     error: str
     at_ms: int
+    traceback: str | None = None
 
 
 class JobRow(msgspec.Struct, kw_only=True):
