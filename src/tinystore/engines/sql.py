@@ -382,6 +382,9 @@ class SqlDatabase:
         self._wal = path.with_name(path.name + "-wal")
         self._shm = path.with_name(path.name + "-shm")
         self._told_gone = False
+        # why the database takes no more writes until the store restarts: a COMMIT the file system failed (see
+        # _commit_failed); None while it takes them
+        self.broken: str | None = None
 
     # -- connections -----------------------------------------------------------------------------
 
@@ -524,6 +527,38 @@ class SqlDatabase:
         if not self._told_gone:
             self._told_gone = True
             log.error("database %s: %s; restart the store (tinystore stop DIR)", self.name, what)
+
+    def _commit_failed(self, exc: BaseException) -> TinystoreError:
+        """The error a COMMIT that raised ``exc`` answers its writes with (writer thread).
+
+        A COMMIT that the file system failed (``SQLITE_IOERR_*``; most often the fsync of the WAL) may have left
+        the whole transaction in the WAL file: its frames are written, only their sync failed. SQLite goes on
+        without it here, but the next start of the store finds those frames complete and keeps them. So its
+        writes get ``OutcomeUnknownError``, and the database takes no more writes until the store restarts
+        (:attr:`broken`), which settles it one way for good: a later commit would write over those frames, and
+        a failed fsync cannot be tried again and trusted (the kernel may have dropped the pages it could not
+        write: PostgreSQL stops at a failed fsync for that reason, "fsyncgate", 2018). Reads go on. Any other
+        error (a deferred constraint, a file removed or replaced) is :meth:`_error`'s, and nothing of it was
+        kept."""
+        code = getattr(exc, "sqlite_errorname", "") or ""
+        if not code.startswith("SQLITE_IOERR") or not self._in_place():
+            return self._error(exc)
+        if self.broken is None:
+            self.broken = (
+                f"database {self.name}: the file system failed a commit ({exc}, {code}), which may be kept or not "
+                "at the store's next start: the database takes no more writes until then (restart the store: "
+                "tinystore stop DIR, or close an embedded store); reads go on"
+            )
+            log.error("%s", self.broken)
+        return OutcomeUnknownError(
+            f"database {self.name}: the file system failed while this write was being committed ({exc}, {code}): "
+            "it may have been kept or not, which the store's next start settles; the database takes no more "
+            "writes until then (restart the store: tinystore stop DIR, or close an embedded store)"
+        )
+
+    def _refused(self) -> UnavailableError:
+        """What a write gets once the database is :attr:`broken` (nothing of it ran)."""
+        return UnavailableError(self.broken or f"database {self.name} takes no writes")
 
     def _writable(self) -> bool:
         """Whether this process may write the database's files and its folder (as SQLite needs, to write)."""
@@ -676,6 +711,9 @@ class SqlDatabase:
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
             return fut
+        if self.broken is not None:
+            fut.set_exception(self._refused())
+            return fut
         try:
             values = self._write_params(sql, params)
         except TinystoreError as exc:
@@ -693,6 +731,8 @@ class SqlDatabase:
         later = Later(self.loop)
         if self._closed:
             later.deliver(None, ClosedError(f"database {self.name} is closed"))
+        elif self.broken is not None:
+            later.deliver(None, self._refused())
         else:
             self._queue(_Write(sql, self._write_params(sql, params), later))
         return later
@@ -872,6 +912,9 @@ class SqlDatabase:
                 )
             )
             return fut
+        if not read_only and self.broken is not None:
+            fut.set_exception(self._refused())
+            return fut
         if read_only and owner is not None:
             limit = self.limits.read_transactions
             open_now = sum(1 for t in self.engine.transactions.values() if t.read_only and not t.done)
@@ -1023,9 +1066,13 @@ class SqlDatabase:
         is rolled back and runs one write a commit (:meth:`_one_by_one`), as every batch after it.
         """
         results: list[_Outcome]
+        if self.broken is not None:
+            self.results.put_many([(w.fut, None, self._refused()) for w in batch])
+            return
         if self._deferred_constraints(conn):
             self.results.put_many(self._one_by_one(conn, batch, arm))
             return
+        committing = False
         try:
             ctl(conn, "begin immediate")
             done: list[Done] = []
@@ -1058,6 +1105,7 @@ class SqlDatabase:
                 self.results.put_many(self._one_by_one(conn, batch, arm))
                 return
             self._check_in_place()
+            committing = True
             try:
                 ctl(conn, "commit")
             except sqlite3.IntegrityError:
@@ -1068,12 +1116,13 @@ class SqlDatabase:
                 ctl(conn, "rollback")
                 self.results.put_many(self._one_by_one(conn, batch, arm))
                 return
+            committing = False
             self.stats["commits"] += 1
             self.stats["writes"] += len(batch)
             gone = self._wal_kept(conn)
         except BaseException as exc:
             rollback_quietly(conn)
-            err = self._error(exc)
+            err = self._commit_failed(exc) if committing else self._error(exc)
             self.results.put_many([(w.fut, None, err) for w in batch])
             return
         if gone is not None:
@@ -1102,15 +1151,20 @@ class SqlDatabase:
         alone): what a group commit falls back to when its COMMIT finds a deferred constraint broken."""
         results: list[_Outcome] = []
         for w in batch:
+            if self.broken is not None:
+                results.append((w.fut, None, self._refused()))
+                continue
+            committing = False
             try:
                 ctl(conn, "begin immediate")
                 arm(time.monotonic())
                 done = self._exec(conn, w.sql, w.params, w.own)
                 self._check_in_place()
+                committing = True
                 ctl(conn, "commit")
             except BaseException as exc:
                 rollback_quietly(conn)
-                results.append((w.fut, None, self._error(exc)))
+                results.append((w.fut, None, self._commit_failed(exc) if committing else self._error(exc)))
                 continue
             self.stats["commits"] += 1
             self.stats["writes"] += 1
@@ -1294,6 +1348,10 @@ class SqlDatabase:
             put(fut, None, err)
             self._drain(tx)
             return
+        if self.broken is not None:
+            tx.done = True
+            put(fut, None, self._refused())
+            return
         try:
             ctl(conn, "begin immediate")
         except BaseException as exc:
@@ -1370,7 +1428,7 @@ class SqlDatabase:
                     tx.committed = gone is None
                     put(call.fut, None, gone)
                 except BaseException as exc:
-                    err = self._error(exc)
+                    err = self._commit_failed(exc) if writer else self._error(exc)
                     if conn.in_transaction:
                         ctl(conn, "rollback")
                     tx.done = True
@@ -1792,13 +1850,15 @@ class SqlEngine:
 
     def status(self) -> dict[str, Any]:
         """Each database of the store, by name: ``path``, ``open``; an open one's ``writes``, ``commits``,
-        ``reads``, ``transactions`` (since it was opened) and ``open_transactions``; one not opened since the
-        store started (its file is there: its data is) has ``bytes``, its file's size."""
+        ``reads``, ``transactions`` (since it was opened) and ``open_transactions``, and ``broken`` (why it takes
+        no more writes until the store restarts: a commit the file system failed) when it is; one not opened since
+        the store started (its file is there: its data is) has ``bytes``, its file's size."""
         out: dict[str, Any] = {
             name: {
                 "path": str(db.path),
                 "open": True,
                 **db.stats,
+                **({"broken": db.broken} if db.broken is not None else {}),
                 "open_transactions": sum(1 for t in self.transactions.values() if t.db is db),
             }
             for name, db in self.databases.items()
