@@ -101,7 +101,12 @@ def register(main: click.Group) -> None:
     @click.option("--limit", default=50, show_default=True, help="At most this many jobs (1..1000).")
     @click.option("--after", default=None, help="The cursor a previous page printed.")
     @click.option("--wide", is_flag=True, help="Also show type, progress, created and finished.")
-    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")
+    @click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help='Print one JSON object a line: a job each, then {"next": CURSOR} when more follow (give it to --after).',
+    )
     @pass_store_dir
     def list_(
         directory: Path,
@@ -129,6 +134,10 @@ def register(main: click.Group) -> None:
         if as_json:
             for job in page.jobs:
                 click.echo(to_json(_as_dict(job)))
+            if page.next:
+                # a page may hold fewer than --limit jobs (its size, or jobs that left the filter): only this tells
+                # that more follow (trial CA)
+                click.echo(to_json({"next": page.next}))
             return
         table = Table(show_lines=False)
         table.add_column("id", no_wrap=True, min_width=26)

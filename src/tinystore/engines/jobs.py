@@ -1125,6 +1125,12 @@ class JobsEngine:
             return
         if e.where != RUNNING:
             return
+        if e.lease_until <= self.clock.now() or q.options.expected >= q.options.timeout:
+            # its lease ran out: its worker is lost, which _on_lease tells (trial CA: the attempts of a process
+            # killed with its embedded store were reported stuck at the next start, then ended "worker lost"); or
+            # its queue's jobs are never stuck (a handler is cancelled at its timeout), though an attempt loaded at
+            # a start has a whole timeout more from then
+            return
         e.stuck = True
         q.stuck_reports += 1
         self.stuck_reports += 1
@@ -1917,6 +1923,7 @@ class JobsEngine:
         check_list(req.queue, req)
         names = [req.queue] if req.queue else await self.queue_names()
         found: list[tuple[str, int, JobQueue]] = []  # (id, bytes of its row, its queue)
+        filters: dict[int, tuple[str, list[Any]]] = {}  # each queue's filter, but its cursor: (sql, params)
         for name in names:
             q = await self._queue(name)
             if not await self._readable(q):
@@ -1938,6 +1945,7 @@ class JobsEngine:
             if req.user is not None:
                 where.append("user = ?")
                 params.append(req.user)
+            filters[id(q)] = (" and ".join(where), list(params))
             if req.after is not None:
                 where.append("id < ?")
                 params.append(req.after)
@@ -1963,10 +1971,17 @@ class JobsEngine:
         out: list[JobRow] = []
         for q in {id(q): q for _, _, q in take}.values():
             ids = [jid for jid, _, owner in take if owner is q]
+            # the filter again: a job that left it since (a queued job that ran meanwhile) is not on the page (trial
+            # CA: a page of state "running" held jobs that had succeeded)
+            where_sql, where_params = filters[id(q)]
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
                 marks = ", ".join("?" * len(part))
-                rows = (await q.db.read(f"select {COLUMNS} from {TABLE} where id in ({marks})", part)).rows
+                rows = (
+                    await q.db.read(
+                        f"select {COLUMNS} from {TABLE} where id in ({marks}) and {where_sql}", [*part, *where_params]
+                    )
+                ).rows
                 out.extend(self._row(q, r) for r in rows)
         out.sort(key=lambda j: j.id, reverse=True)
         more = len(found) > len(take)

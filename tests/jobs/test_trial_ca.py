@@ -1,0 +1,152 @@
+"""From trial CA (an operator with a backlog of 300,000 jobs, restarting the store under load)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tinystore.engines.sql import SqlDatabase
+
+from ..helpers import open_store
+from .util import claim, wait_state
+
+
+# contract: JOB-02
+async def test_a_page_of_one_state_holds_only_jobs_in_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # list picks a page's ids by the filter, then reads their rows: the jobs that ran in between were on a page of
+    # state "queued" (or "running") as "succeeded"
+    hooks: list[Callable[[], Awaitable[Any]]] = []
+    tasks: list[asyncio.Task[None]] = []
+    read = SqlDatabase.read
+
+    def read_then(self: SqlDatabase, sql: str, params: Any, *args: Any, **kw: Any) -> Any:
+        fut = read(self, sql, params, *args, **kw)
+        if "order by id desc limit" not in sql or not hooks:
+            return fut
+        hook = hooks.pop()
+        out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        async def chain() -> None:
+            rows = await fut
+            await hook()  # the jobs change state after their ids were picked
+            out.set_result(rows)
+
+        tasks.append(asyncio.ensure_future(chain()))
+        return out
+
+    monkeypatch.setattr(SqlDatabase, "read", read_then)
+    async with open_store("embedded", tmp_path / "s") as store:
+        q = store.queue("mail")
+        ids = [await q.add({"n": n}) for n in range(3)]
+        hooks.append(lambda: q.run_due(lambda value, run: None))
+        page = await q.list(state="queued")
+        assert [j.state for j in page.jobs] == [] and page.next is None
+        assert {j.state for j in (await q.list()).jobs} == {"succeeded"} and len(ids) == 3
+    await asyncio.gather(*tasks)
+
+
+CHILD = """
+import asyncio, sys, tinystore
+from datetime import datetime
+async def main(directory, marker):
+    store = await tinystore.open(directory, embedded=True, serve=False, clock=datetime(2030, 1, 1, 12))
+    q = store.queue("crash", expected="2s", timeout="1m")
+    await q.add("work")
+    async def handler(value, run):
+        open(marker, "w").write("started")
+        await asyncio.sleep(3600)
+    q.work(handler)
+    await asyncio.sleep(3600)
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+# contract: JOB-10
+async def test_the_attempt_of_a_killed_embedded_store_is_lost_not_stuck(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # its attempt ended "worker lost" at the next start, and was reported stuck first: a false alert at each crash
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    directory, marker = tmp_path / "s", tmp_path / "started"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(directory), str(marker)])
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert child.poll() is None and time.monotonic() < deadline, "the handler never started"
+            await asyncio.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    later = datetime(2030, 1, 1, 13)  # an hour on: far past expected
+    async with open_store("embedded", directory, clock=later, serve=False) as store:
+        q = store.queue("crash", expected="2s", timeout="1m")
+        (job,) = (await q.list()).jobs
+        job = await wait_state(q, job.id, "failed")
+        assert job.error == "worker lost"
+        await asyncio.sleep(0.1)
+        assert (await store.status())["jobs"]["stuck_reports"] == 0
+    assert not [r for r in caplog.records if "is stuck" in r.getMessage()]
+
+
+@pytest.mark.parametrize("timeout", ["10s", "1m"])
+async def test_an_attempt_loaded_at_a_start_is_stuck_only_where_jobs_can_be(
+    tmp_path: Path, timeout: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # expected >= timeout: "no job of this queue is ever reported stuck" (a handler is cancelled at its timeout), yet
+    # an attempt loaded at a start, given a whole timeout more from then, was
+    directory = tmp_path / "s"
+    async with open_store("private", directory, clock=datetime(2030, 1, 1, 12)) as store:
+        q = store.queue("mail", expected="10s", timeout=timeout, lease="30s")
+        await q.add("x")
+        (c,) = await claim(store, "mail")  # a worker in another process, which runs on across the restart
+    async with open_store("private", directory, clock=datetime(2030, 1, 1, 12, 0, 20)) as store:
+        q = store.queue("mail", expected="10s", timeout=timeout, lease="30s")
+        job = await q.get(c.id)
+        assert job is not None and job.state == "running"
+        await asyncio.sleep(0.2)
+        reports = (await store.status())["jobs"]["stuck_reports"]
+        assert reports == (0 if timeout == "10s" else 1)
+
+
+def test_the_json_list_ends_with_the_cursor_of_the_next_page(tmp_path: Path) -> None:
+    # with --json no cursor was printed: a script could not tell the last page from a short one
+    import json
+
+    from click.testing import CliRunner
+
+    from tinystore.cli import main
+
+    directory = tmp_path / "s"
+
+    async def fill() -> list[str]:
+        async with open_store("embedded", directory) as store:
+            q = store.queue("mail")
+            return [await q.add({"n": n}) for n in range(5)]
+
+    ids = asyncio.run(fill())
+    seen: list[str] = []
+    after: list[str] = []
+    for _ in range(5):
+        r = CliRunner().invoke(main, ["jobs", str(directory), "list", "--limit", "2", "--json", *after])
+        assert r.exit_code == 0, r.output
+        lines = [json.loads(line) for line in r.output.splitlines()]
+        seen += [line["id"] for line in lines if "id" in line]
+        cursors = [line["next"] for line in lines if "next" in line]
+        assert all("next" in line for line in lines[2:]) and len(cursors) <= 1
+        if not cursors:
+            break
+        after = ["--after", cursors[0]]
+    assert seen == sorted(ids, reverse=True)
