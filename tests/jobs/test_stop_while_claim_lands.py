@@ -22,7 +22,7 @@ async def test_a_stop_as_a_claim_of_several_lands_hands_every_attempt_back(tmp_p
     async with open_store("embedded", tmp_path / "store", clock=START) as store:
         q = store.queue("q", timeout="5s", lease="3s", expected="2s")
         await q.options()
-        index = store._core.engines["jobs"].queues["q"]  # read only: to time the stop
+        index = await store._core.engines["jobs"]._queue("q")  # read only: to time the stop
 
         async def handler(value: Any, run: tinystore.Run) -> None:
             await asyncio.sleep(20)
@@ -50,7 +50,7 @@ async def test_the_jobs_of_a_stopped_worker_are_queued_when_stop_returns(tmp_pat
     async with open_store("embedded", tmp_path / "store", clock=START) as store:
         q = store.queue("q", timeout="5s", lease="3s", expected="2s")
         await q.options()
-        index = store._core.engines["jobs"].queues["q"]  # read only: to time the stop
+        index = await store._core.engines["jobs"]._queue("q")  # read only: to time the stop
 
         async def handler(value: Any, run: tinystore.Run) -> None:
             await asyncio.sleep(20)
@@ -184,7 +184,7 @@ async def test_a_hand_back_by_token_waits_for_the_hand_back_of_a_claim_given_up_
         ids = await q.add_many([1, 2, 3])
         core = store._core
         session = store.transport.session  # type: ignore[attr-defined]
-        index = core.engines["jobs"].queues["q"]  # read only: to time the calls
+        index = await core.engines["jobs"]._queue("q")  # read only: to time the calls
         claiming = asyncio.ensure_future(
             core.call(session, "jobs.claim", Claim(queue="q", n=3, wait_ms=1000, worker="w", token="t-1"))
         )

@@ -150,3 +150,40 @@ def test_the_json_list_ends_with_the_cursor_of_the_next_page(tmp_path: Path) -> 
             break
         after = ["--after", cursors[0]]
     assert seen == sorted(ids, reverse=True)
+
+
+# contract: JOB-02
+async def test_reads_of_a_queue_answer_while_its_jobs_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # after a restart every call of a big queue waited for the load of its jobs: a web page polling one job hung
+    # 3.4 s (180,000 jobs). Reads of its rows, and the open, now answer at once; what needs the index waits
+    from tinystore.engines.jobs import JobsEngine
+
+    directory = tmp_path / "s"
+    async with open_store("embedded", directory) as store:
+        q = store.queue("big", keep="1h")
+        ids = await q.add_many([{"n": n} for n in range(20)], tenant="t")
+
+    release = asyncio.Event()
+    load = JobsEngine._load_jobs
+
+    async def slow_load(self: JobsEngine, q: Any, db: Any) -> None:
+        await release.wait()
+        await load(self, q, db)
+
+    monkeypatch.setattr(JobsEngine, "_load_jobs", slow_load)
+    async with open_store("embedded", directory) as store:
+        try:
+            q = store.queue("big", keep="1h")
+            async with asyncio.timeout(3):
+                job = await q.get(ids[0])
+                page = await q.list(state="queued", limit=5)
+                options = await q.options()
+            assert job is not None and job.state == "queued" and len(page.jobs) == 5 and page.next is not None
+            assert options["keep"] == 3600
+            added = asyncio.ensure_future(q.add({"n": 20}))
+            await asyncio.sleep(0.3)
+            assert not added.done()  # an add places the job in the index: it waits for the load
+        finally:
+            release.set()
+        await added
+        assert len((await q.list(limit=100)).jobs) == 21

@@ -577,8 +577,23 @@ class JobsEngine:
                     f"queue {name}: option {label} is {want} here but the store keeps {have} for this queue "
                     f"(every process must open a queue with the same options{self._configure_hint(name, given, kept)})"
                 )
-        q = await self._queue(name)
+        q = self.queues.get(name)
+        if q is None:
+            # its jobs load (after a start: seconds for hundreds of thousands): the open does not wait, nor do the
+            # reads of its rows (trial CA: a web page polling a job waited 3.4 s after each restart); the calls
+            # that need the index (add, claim, ...) do. The counts are those of the loaded index: none yet
+            self._track(self._load_quietly(name))
+            return QueueInfo(queue=name, options=kept)
         return self._info(q)
+
+    async def _load_quietly(self, name: str) -> None:
+        """:meth:`_queue`, its failure logged (the next call that needs the queue loads it again, and raises)."""
+        try:
+            await self._queue(name)
+        except ClosedError:
+            pass
+        except TinystoreError as exc:
+            log.error("jobs: queue %s could not be loaded: %s", name, exc.message)
 
     def _configure_hint(self, name: str, given: Options, kept: Options) -> str:
         """How a deploy changes the options the store keeps to those ``given``: the command line's ``tinystore
@@ -668,28 +683,30 @@ class JobsEngine:
             if fut.done() and self._loading.get(name) is fut:
                 del self._loading[name]
 
-    async def _load(self, name: str) -> JobQueue:
+    async def _where(self, name: str) -> tuple[QueueOptions, SqlDatabase, bool]:
+        """Queue ``name``'s options, its database, and whether its tables are made there. Raises ``InvalidError``
+        for a queue the store does not know."""
         opts = await self._stored_options(name)
         if opts is None:
             check_name("queue", name)
             raise InvalidError(f"queue {name} does not exist (open it with store.queue({name!r}, ...) first)")
-        made = True
         if opts.database == JOBS_DB:
-            db = await self.jobs_db()
-        else:
-            db, _ = await self.sql.open(opts.database)
-            # The tables are made without waiting for the writer: an application transaction may hold it, and
-            # may be the very one adding this queue's first job (it then makes them itself, see add()). Every
-            # later write of the engine queues behind these on the writer.
-            made = bool(
-                (
-                    await db.read(
-                        "select count(*) from sqlite_master where type = 'index' and name = ?",
-                        [f"{TABLE}_ended"],
-                        "scalar",
-                    )
-                ).rows[0][0]
-            )
+            return opts, await self.jobs_db(), True
+        db, _ = await self.sql.open(opts.database)
+        made = bool(
+            (
+                await db.read(
+                    "select count(*) from sqlite_master where type = 'index' and name = ?", [f"{TABLE}_ended"], "scalar"
+                )
+            ).rows[0][0]
+        )
+        return opts, db, made
+
+    async def _load(self, name: str) -> JobQueue:
+        # In an application database, the tables are made without waiting for the writer: an application
+        # transaction may hold it, and may be the very one adding this queue's first job (it then makes them
+        # itself, see add()). Every later write of the engine queues behind these on the writer.
+        opts, db, made = await self._where(name)
         q = JobQueue(self, name, opts, db)
         if not made:
             q.schema = asyncio.gather(*(db.write(stmt, [], own=True) for stmt in SCHEMA))
@@ -1827,6 +1844,10 @@ class JobsEngine:
 
     # ------------------------------------------------------------------------------------------- reads
 
+    def _row_options(self, name: str) -> QueueOptions:
+        """The options of queue ``name`` as known without its load (the stored ones, or those just configured)."""
+        return self._configured.get(name) or self._options.get(name) or _merge(self.limits, Options())
+
     def _row(self, q: JobQueue | None, r: Sequence[Any]) -> JobRow:
         (
             jid,
@@ -1850,7 +1871,7 @@ class JobsEngine:
             started_at,
             finished_at,
         ) = r
-        opts = q.options if q is not None else self._options.get(queue) or _merge(self.limits, Options())
+        opts = q.options if q is not None else self._row_options(queue)
         stuck = False
         if state == "running" and started_at is not None:
             e = q.entries.get(jid) if q is not None else None
@@ -1882,12 +1903,28 @@ class JobsEngine:
 
     async def get(self, queue: str, jid: str) -> JobRow | None:
         """Job ``jid`` of ``queue`` as stored, or ``None`` (``InvalidError`` for an id that is not a str)."""
-        q = await self._queue(queue)
+        where = await self._for_reads(queue)
         check_job_id(queue, "get", jid)
+        if where is None:
+            return None
+        db, q = where
+        rows = (await db.read(f"select {COLUMNS} from {TABLE} where id = ? and queue = ?", [jid, queue], "one")).rows
+        return self._row(q, rows[0]) if rows else None
+
+    async def _for_reads(self, name: str) -> tuple[SqlDatabase, JobQueue | None] | None:
+        """Where to read the rows of queue ``name``: its database, and the queue once it is loaded (``None`` while
+        its jobs load after a start: a read does not wait for that, trial CA: a get waited 3.4 s behind the load
+        of 180,000 jobs). ``None`` when its table is not made yet (no row). Raises as :meth:`_queue`."""
+        q = self.queues.get(name)
+        if q is None:
+            self._check_open()
+            _, db, made = await self._where(name)
+            q = self.queues.get(name)  # (loaded meanwhile)
+            if q is None:
+                return (db, None) if made else None
         if not await self._readable(q):
             return None
-        rows = (await q.db.read(f"select {COLUMNS} from {TABLE} where id = ? and queue = ?", [jid, queue], "one")).rows
-        return self._row(q, rows[0]) if rows else None
+        return q.db, q
 
     async def _readable(self, q: JobQueue) -> bool:
         """Whether the rows of ``q`` may be read now: its schema is made, or its table is committed while the rest
@@ -1922,17 +1959,21 @@ class JobsEngine:
         ``"stuck"`` lists running jobs past their expected time. Raises ``InvalidError`` for a bad filter."""
         check_list(req.queue, req)
         names = [req.queue] if req.queue else await self.queue_names()
-        found: list[tuple[str, int, JobQueue]] = []  # (id, bytes of its row, its queue)
-        filters: dict[int, tuple[str, list[Any]]] = {}  # each queue's filter, but its cursor: (sql, params)
+        found: list[tuple[str, int, str]] = []  # (id, bytes of its row, its queue)
+        filters: dict[str, tuple[str, list[Any]]] = {}  # each queue's filter, but its cursor: (sql, params)
+        sources: dict[str, tuple[SqlDatabase, JobQueue | None]] = {}
         for name in names:
-            q = await self._queue(name)
-            if not await self._readable(q):
+            source = await self._for_reads(name)
+            if source is None:
                 continue
+            sources[name] = source
+            db, q = source
             where = ["queue = ?"]
             params: list[Any] = [name]
             if req.state == "stuck":
+                expected = q.options.expected if q is not None else self._row_options(name).expected
                 where.append("state = 'running' and started_at < ?")
-                params.append(_ms(self.clock.now() - q.options.expected))
+                params.append(_ms(self.clock.now() - expected))
             elif req.state is not None:
                 where.append("state = ?")
                 params.append(req.state)
@@ -1945,23 +1986,23 @@ class JobsEngine:
             if req.user is not None:
                 where.append("user = ?")
                 params.append(req.user)
-            filters[id(q)] = (" and ".join(where), list(params))
+            filters[name] = (" and ".join(where), list(params))
             if req.after is not None:
                 where.append("id < ?")
                 params.append(req.after)
             sized = (
-                await q.db.read(
+                await db.read(
                     f"select id, {ROW_BYTES} from {TABLE} where {' and '.join(where)} order by id desc limit ?",
                     [*params, req.limit + 1],
                     unlimited=True,  # (an id and a number a job, at most a page of them and one)
                 )
             ).rows
-            found.extend((jid, size + ROW_COST, q) for jid, size in sized)
+            found.extend((jid, size + ROW_COST, name) for jid, size in sized)
         found.sort(key=lambda f: f[0], reverse=True)
         # a page holds at most `limit` jobs, and no more bytes than half a frame (or of a SQL result): a page of
         # large jobs is shorter, never refused; its `next` goes on from its last job
         budget = min(self.limits.frame_body_bytes, self.limits.sql_result_bytes) // 2
-        take: list[tuple[str, int, JobQueue]] = []
+        take: list[tuple[str, int, str]] = []
         total = 0
         for item in found[: req.limit]:
             if take and total + item[1] > budget:
@@ -1969,16 +2010,17 @@ class JobsEngine:
             take.append(item)
             total += item[1]
         out: list[JobRow] = []
-        for q in {id(q): q for _, _, q in take}.values():
-            ids = [jid for jid, _, owner in take if owner is q]
+        for name in dict.fromkeys(owner for _, _, owner in take):
+            ids = [jid for jid, _, owner in take if owner == name]
+            db, q = sources[name]
             # the filter again: a job that left it since (a queued job that ran meanwhile) is not on the page (trial
             # CA: a page of state "running" held jobs that had succeeded)
-            where_sql, where_params = filters[id(q)]
+            where_sql, where_params = filters[name]
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
                 marks = ", ".join("?" * len(part))
                 rows = (
-                    await q.db.read(
+                    await db.read(
                         f"select {COLUMNS} from {TABLE} where id in ({marks}) and {where_sql}", [*part, *where_params]
                     )
                 ).rows
