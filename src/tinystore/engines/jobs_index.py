@@ -225,46 +225,37 @@ class JobQueue:
 
     def place(self, e: Entry, front: bool = False) -> None:
         """Put a waiting job where it belongs: due (ready, by tenant and priority) or delayed (a timer)."""
-        if e.run_at <= self.clock.now():
-            e.where = READY
-            prios = self.ready.get(e.tenant)
-            if prios is None:
-                prios = self.ready[e.tenant] = {}
-            line = prios.get(e.priority)
-            if line is None:
-                line = prios[e.priority] = deque()
-            if front:
-                line.appendleft(e)
-            else:
-                line.append(e)
+        if self._put(e, self.clock.now(), front):
             self.refresh(e.tenant)
-        else:
-            e.where = DELAYED
-            self.delayed.push(e.run_at, e)
 
     def place_loaded(self, entries: list[Entry]) -> None:
         """:meth:`place` of waiting jobs read at a queue's load, in the order of their ids: each due one joins the end
         of its line, and each tenant's key in the heap of tenants is set once for all of them (at once for each job,
         a queue of a million jobs took seconds more to load)."""
         now = self.clock.now()
-        touched: set[str] = set()
-        ready = self.ready
-        for e in entries:
-            if e.run_at <= now:
-                e.where = READY
-                prios = ready.get(e.tenant)
-                if prios is None:
-                    prios = ready[e.tenant] = {}
-                line = prios.get(e.priority)
-                if line is None:
-                    line = prios[e.priority] = deque()
-                line.append(e)
-                touched.add(e.tenant)
-            else:
-                e.where = DELAYED
-                self.delayed.push(e.run_at, e)
+        touched = {e.tenant for e in entries if self._put(e, now)}
         for tenant in sorted(touched):
             self.refresh(tenant)
+
+    def _put(self, e: Entry, now: float, front: bool = False) -> bool:
+        """``e`` in its line when due at ``now`` (``True``: its tenant's key is then to be refreshed), else under a
+        timer."""
+        if e.run_at > now:
+            e.where = DELAYED
+            self.delayed.push(e.run_at, e)
+            return False
+        e.where = READY
+        prios = self.ready.get(e.tenant)
+        if prios is None:
+            prios = self.ready[e.tenant] = {}
+        line = prios.get(e.priority)
+        if line is None:
+            line = prios[e.priority] = deque()
+        if front:
+            line.appendleft(e)
+        else:
+            line.append(e)
+        return True
 
     def head(self, tenant: str) -> Entry | None:
         """The tenant's next due job (highest priority, first in), dropping what is no longer due in its lines."""
