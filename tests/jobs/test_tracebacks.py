@@ -80,7 +80,27 @@ async def test_a_deep_traceback_keeps_its_end(store: tinystore.Store) -> None:
     assert job is not None and job.state == "dead"
     (err,) = job.errors
     assert err.traceback is not None and len(err.traceback) == 4000
-    assert err.traceback.startswith("…") and err.traceback.rstrip().endswith("RuntimeError: at the bottom")
+    assert err.traceback.startswith("Traceback (most recent call last):") and "\n…\n" in err.traceback
+    assert "in handler" in err.traceback.split("\n…\n")[0]  # its start: where the handler called
+    assert err.traceback.rstrip().endswith("RuntimeError: at the bottom")
+
+
+# contract: JOB-04
+async def test_a_huge_message_leaves_the_frames_in_the_traceback(store: tinystore.Store) -> None:
+    # the last 4,000 characters were all message: no frame, not even the error's type (trial CB)
+    q = store.queue("huge", attempts=1)
+    jid = await q.add(1)
+
+    async def handler(value: Any, run: tinystore.Run) -> None:
+        raise ValueError("x" * 100_000)
+
+    assert await q.run_due(handler) == 1
+    job = await q.get(jid)
+    assert job is not None
+    (err,) = job.errors
+    assert err.traceback is not None and len(err.traceback) == 4000
+    head = err.traceback.split("\n…\n")[0]
+    assert "in handler" in head and 'raise ValueError("x" * 100_000)' in head and "ValueError: xxx" in head
 
 
 # contract: JOB-04
@@ -137,3 +157,27 @@ async def test_a_traceback_with_a_lone_surrogate_is_kept_escaped(store: tinystor
     assert job is not None
     (err,) = job.errors
     assert err.traceback is not None and err.traceback.rstrip().endswith("RuntimeError: caf\\udce9")
+
+
+def test_the_command_line_escapes_control_characters_of_a_traceback(tmp_path: Path) -> None:
+    # an error's text comes from anywhere (an API's answer): printed raw, it could clear the screen, set the
+    # terminal's title or overwrite lines (trial CB)
+    d = tmp_path / "store"
+
+    async def make() -> str:
+        async with open_store("embedded", d) as store:
+            q = store.queue("mail", attempts=1)
+            jid = await q.add(1)
+
+            async def handler(value: Any, run: tinystore.Run) -> None:
+                raise ValueError("api said: \x1b[2J\x1b]0;pwned\x07 \r overwritten")
+
+            await q.run_due(handler)
+            return jid
+
+    jid = asyncio.run(make())
+    r = CliRunner().invoke(main, ["jobs", str(d), "show", jid], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    tail = r.output.split("traceback of attempt 1:")[1]
+    assert "\x1b" not in tail and "\x07" not in tail and "\r" not in tail
+    assert "\\x1b]0;pwned\\x07" in tail and "\\r overwritten" in tail

@@ -13,7 +13,7 @@ import pytest
 from tinystore.engines.sql import SqlDatabase
 
 from ..helpers import open_store
-from .util import claim, wait_state
+from .util import claim, report, wait_state
 
 
 # contract: JOB-02
@@ -180,6 +180,8 @@ async def test_reads_of_a_queue_answer_while_its_jobs_load(tmp_path: Path, monke
                 options = await q.options()
             assert job is not None and job.state == "queued" and len(page.jobs) == 5 and page.next is not None
             assert options["keep"] == 3600
+            (big,) = [s for s in (await store.status())["jobs"]["queues"] if s["queue"] == "big"]
+            assert big["loading"] is True and big["queued"] is None  # (trial CB: it was missing while it loaded)
             added = asyncio.ensure_future(q.add({"n": 20}))
             await asyncio.sleep(0.3)
             assert not added.done()  # an add places the job in the index: it waits for the load
@@ -187,3 +189,60 @@ async def test_reads_of_a_queue_answer_while_its_jobs_load(tmp_path: Path, monke
             release.set()
         await added
         assert len((await q.list(limit=100)).jobs) == 21
+        (big,) = [s for s in (await store.status())["jobs"]["queues"] if s["queue"] == "big"]
+        assert big["loading"] is False and big["queued"] == 21
+
+
+# contract: JOB-04
+async def test_an_attempt_that_ends_while_the_history_is_trimmed_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (trial CB) the trim of a job's history read it, then wrote the newest 50 back: an attempt that ended in between
+    # was lost (with 4,000-character tracebacks, the trim comes after a dozen attempts)
+    from tinystore.engines import jobs as jobs_engine
+
+    monkeypatch.setattr(jobs_engine, "ERRORS_KEPT", 3)
+    monkeypatch.setattr(jobs_engine, "ERRORS_TRIM_BYTES", 4_000)
+    hooks: list[Callable[[], Awaitable[Any]]] = []
+    tasks: list[asyncio.Task[None]] = []
+    read = SqlDatabase.read
+
+    def read_then(self: SqlDatabase, sql: str, params: Any, *args: Any, **kw: Any) -> Any:
+        fut = read(self, sql, params, *args, **kw)
+        if not sql.endswith("select errors from _tinystore_jobs where id = ?") or not hooks:
+            return fut
+        hook = hooks.pop()
+        out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        async def chain() -> None:
+            rows = await fut
+            await hook()  # another attempt ends after the trim read the history
+            out.set_result(rows)
+
+        tasks.append(asyncio.ensure_future(chain()))
+        return out
+
+    monkeypatch.setattr(SqlDatabase, "read", read_then)
+    async with open_store("embedded", tmp_path / "s", clock=datetime(2030, 1, 1)) as store:
+        q = store.queue("flaky", attempts=20, backoff=("1s", "1s"))
+        jid = await q.add("x")
+        long = "e" * 1_500  # (three of these pass 4,000 bytes: the trim begins)
+
+        async def fail_once() -> None:
+            await store.clock.advance("1s")
+            (c,) = await claim(store, "flaky")
+            assert await report(store, "flaky", c, "error", error="boom", traceback=long)
+
+        for _ in range(4):
+            await fail_once()
+        hooks.append(fail_once)  # the fifth attempt ends during the trim that the fourth began
+        for _ in range(3):
+            await fail_once()
+        await asyncio.gather(*tasks)
+        for _ in range(100):
+            job = await q.get(jid)
+            assert job is not None
+            if len(job.errors) <= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert [e.attempt for e in job.errors] == [6, 7, 8] and job.attempts == 8

@@ -194,7 +194,9 @@ def register(main: click.Group) -> None:
             )
             last = next((e for e in reversed(job.errors) if e.traceback), None)
             if last is not None and last.traceback is not None:
-                click.echo(f"\ntraceback of attempt {last.attempt}:\n{last.traceback.rstrip()}")
+                # (control characters escaped, as in the tables: an error's text comes from anywhere, trial CB)
+                lines = "\n".join(visible(line) for line in last.traceback.rstrip().split("\n"))
+                click.echo(f"\ntraceback of attempt {last.attempt}:\n{lines}")
 
     def _change(directory: Path, job_id: str, what: str, as_json: bool = False) -> None:
         from ..client.jobs import cancel_job, find, retry_job

@@ -170,10 +170,15 @@ TRACEBACK_MAX = 4000
 """Tracebacks are cut to their last this many characters (the store keeps no more)."""
 
 
+TRACEBACK_HEAD = 1000
+"""A traceback cut to ``TRACEBACK_MAX`` keeps this many characters of its start (the rest from its end)."""
+
+
 def _traceback_of(exc: BaseException) -> str | None:
     """Where ``exc`` was raised from, as Python prints it, from the handler's frame on (the worker's own frames
-    above it left out); its last ``TRACEBACK_MAX`` characters, text that can be sent and stored. ``None`` when it
-    cannot be formatted."""
+    above it left out); text that can be sent and stored. A longer one than ``TRACEBACK_MAX`` characters is cut in
+    its middle: its start (where the handler called) and its end (the innermost frames and the error) are kept, so
+    that a huge message does not push every frame out (trial CB). ``None`` when it cannot be formatted."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
@@ -182,7 +187,8 @@ def _traceback_of(exc: BaseException) -> str | None:
     except Exception:  # (an exception whose str() or frames fail to format)
         return None
     if len(text) > TRACEBACK_MAX:
-        text = "…" + text[-(TRACEBACK_MAX - 1) :]
+        cut = "\n…\n"
+        text = text[:TRACEBACK_HEAD] + cut + text[-(TRACEBACK_MAX - TRACEBACK_HEAD - len(cut)) :]
     if not valid_text(text):
         text = text.encode("utf-8", "backslashreplace").decode()
     return text
@@ -244,9 +250,9 @@ class Outcome:
 @dataclass(frozen=True, slots=True)
 class JobError:
     """One failed attempt of a job: its number, the error (``Type: message``), when (aware UTC datetime), and, when
-    its handler raised, where from: the traceback as Python prints it (``traceback.format_exception``), its last
-    4,000 characters; ``None`` for an attempt that did not raise (a timeout, ``worker lost``, ``run.retry``,
-    ``run.fail``, ``PermanentError``)."""
+    its handler raised, where from: the traceback as Python prints it (``traceback.format_exception``), at most
+    4,000 characters (a longer one keeps its first 1,000 and its end, ``…`` between); ``None`` for an attempt that
+    did not raise (a timeout, ``worker lost``, ``run.retry``, ``run.fail``, ``PermanentError``)."""
 
     attempt: int
     error: str
