@@ -119,21 +119,26 @@ async def test_the_server_cuts_a_traceback_it_is_sent(store: tinystore.Store) ->
     assert err.traceback.startswith("…") and err.traceback.endswith("line\nBoom: the end")
 
 
-def test_the_command_line_shows_the_last_traceback(tmp_path: Path) -> None:
-    d = tmp_path / "store"
+def _dead_job(directory: Path, exc: Exception) -> str:
+    """The id of a job of an embedded store in ``directory`` whose one attempt raised ``exc``."""
 
     async def make() -> str:
-        async with open_store("embedded", d) as store:
+        async with open_store("embedded", directory) as store:
             q = store.queue("mail", attempts=1)
             jid = await q.add({"to": "a@x"})
 
             async def handler(value: Any, run: tinystore.Run) -> None:
-                raise ConnectionError("smtp refused")
+                raise exc
 
             await q.run_due(handler)
             return jid
 
-    jid = asyncio.run(make())
+    return asyncio.run(make())
+
+
+def test_the_command_line_shows_the_last_traceback(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    jid = _dead_job(d, ConnectionError("smtp refused"))
     r = CliRunner().invoke(main, ["jobs", str(d), "show", jid], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert "traceback of attempt 1:" in r.output
@@ -163,19 +168,7 @@ def test_the_command_line_escapes_control_characters_of_a_traceback(tmp_path: Pa
     # an error's text comes from anywhere (an API's answer): printed raw, it could clear the screen, set the
     # terminal's title or overwrite lines (trial CB)
     d = tmp_path / "store"
-
-    async def make() -> str:
-        async with open_store("embedded", d) as store:
-            q = store.queue("mail", attempts=1)
-            jid = await q.add(1)
-
-            async def handler(value: Any, run: tinystore.Run) -> None:
-                raise ValueError("api said: \x1b[2J\x1b]0;pwned\x07 \r overwritten")
-
-            await q.run_due(handler)
-            return jid
-
-    jid = asyncio.run(make())
+    jid = _dead_job(d, ValueError("api said: \x1b[2J\x1b]0;pwned\x07 \r overwritten"))
     r = CliRunner().invoke(main, ["jobs", str(d), "show", jid], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     tail = r.output.split("traceback of attempt 1:")[1]

@@ -16,30 +16,40 @@ from ..helpers import open_store
 from .util import claim, report, wait_state
 
 
-# contract: JOB-02
-async def test_a_page_of_one_state_holds_only_jobs_in_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # list picks a page's ids by the filter, then reads their rows: the jobs that ran in between were on a page of
-    # state "queued" (or "running") as "succeeded"
+def _hook_after_read(
+    monkeypatch: pytest.MonkeyPatch, matches: Callable[[str], bool]
+) -> tuple[list[Callable[[], Awaitable[Any]]], list[asyncio.Task[None]]]:
+    """Make the next read whose SQL ``matches`` run a hook (popped from the list returned first) after SQLite
+    answered it and before its caller has the rows; the tasks that do so are the second list, to await."""
     hooks: list[Callable[[], Awaitable[Any]]] = []
     tasks: list[asyncio.Task[None]] = []
     read = SqlDatabase.read
 
     def read_then(self: SqlDatabase, sql: str, params: Any, *args: Any, **kw: Any) -> Any:
         fut = read(self, sql, params, *args, **kw)
-        if "order by id desc limit" not in sql or not hooks:
+        if not matches(sql) or not hooks:
             return fut
         hook = hooks.pop()
         out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
         async def chain() -> None:
             rows = await fut
-            await hook()  # the jobs change state after their ids were picked
+            await hook()
             out.set_result(rows)
 
         tasks.append(asyncio.ensure_future(chain()))
         return out
 
     monkeypatch.setattr(SqlDatabase, "read", read_then)
+    return hooks, tasks
+
+
+# contract: JOB-02
+async def test_a_page_of_one_state_holds_only_jobs_in_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # list picks a page's ids by the filter, then reads their rows: the jobs that ran in between were on a page of
+    # state "queued" (or "running") as "succeeded"
+    # the jobs change state after their ids were picked
+    hooks, tasks = _hook_after_read(monkeypatch, lambda sql: "order by id desc limit" in sql)
     async with open_store("embedded", tmp_path / "s") as store:
         q = store.queue("mail")
         ids = [await q.add({"n": n}) for n in range(3)]
@@ -203,26 +213,10 @@ async def test_an_attempt_that_ends_while_the_history_is_trimmed_is_kept(
 
     monkeypatch.setattr(jobs_engine, "ERRORS_KEPT", 3)
     monkeypatch.setattr(jobs_engine, "ERRORS_TRIM_BYTES", 4_000)
-    hooks: list[Callable[[], Awaitable[Any]]] = []
-    tasks: list[asyncio.Task[None]] = []
-    read = SqlDatabase.read
-
-    def read_then(self: SqlDatabase, sql: str, params: Any, *args: Any, **kw: Any) -> Any:
-        fut = read(self, sql, params, *args, **kw)
-        if not sql.endswith("select errors from _tinystore_jobs where id = ?") or not hooks:
-            return fut
-        hook = hooks.pop()
-        out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-        async def chain() -> None:
-            rows = await fut
-            await hook()  # another attempt ends after the trim read the history
-            out.set_result(rows)
-
-        tasks.append(asyncio.ensure_future(chain()))
-        return out
-
-    monkeypatch.setattr(SqlDatabase, "read", read_then)
+    # another attempt ends after the trim read the history
+    hooks, tasks = _hook_after_read(
+        monkeypatch, lambda sql: sql.endswith("select errors from _tinystore_jobs where id = ?")
+    )
     async with open_store("embedded", tmp_path / "s", clock=datetime(2030, 1, 1)) as store:
         q = store.queue("flaky", attempts=20, backoff=("1s", "1s"))
         jid = await q.add("x")
