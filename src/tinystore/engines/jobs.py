@@ -43,6 +43,7 @@ milliseconds), so tests move backoffs, leases, stuck reports and ``keep`` with a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -94,6 +95,7 @@ from ..protocol.jobs import (
 )
 from ..protocol.sql import Rows
 from ..protocol.values import json_problem, valid_text
+from . import gc_hold
 from .base import Peer
 from .jobs_index import (
     CLAIMING,
@@ -742,12 +744,17 @@ class JobsEngine:
         name, opts = q.name, q.options
         now = self.clock.now()
         page: asyncio.Future[Rows] | None = db.read(LOAD_PAGE, [name, "", LOAD_SLICE], unlimited=True)
+        gc_held = contextlib.ExitStack()
+        holding = False
         try:
             while page is not None:
                 rows = (await page).rows
                 page = None
                 if len(rows) == LOAD_SLICE:
                     page = db.read(LOAD_PAGE, [name, rows[-1][0], LOAD_SLICE], unlimited=True)
+                    if not holding:
+                        holding = True
+                        gc_held.enter_context(gc_hold.held())  # a big queue: see gc_hold
                 waiting: list[Entry] = []
                 for jid, tenant, priority, run_at, state, attempts, fence, started_at, lease_until in rows:
                     e = Entry(jid, tenant, priority, run_at / 1000, attempts=attempts, fence=fence)
@@ -785,6 +792,7 @@ class JobsEngine:
                     if self.closed:
                         raise ClosedError("jobs: the store is stopping")
         finally:
+            gc_held.close()
             if page is not None:
                 if page.done():
                     page.cancelled() or page.exception()  # (retrieved: the error that ended the load is told)

@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 from .. import __version__
 from ..clock import Clock
+from ..engines import gc_hold
 from ..errors import InvalidError, PermissionDeniedError
 from ..limits import Limits
 from ..protocol.frames import PROTOCOL_VERSION
@@ -372,7 +373,9 @@ async def _place_watch(core: Core, stop_when_unreachable: bool) -> None:
 
 
 def run(opts: ServeOptions, ready: Any = None) -> int:
-    """Run :func:`serve` on uvloop when available."""
+    """Run :func:`serve` on uvloop when available: the whole of this process (``tinystore serve``, a sidecar, a
+    private server), so a big queue's load may freeze what it made (see ``engines.gc_hold``)."""
+    gc_hold.FREEZE = True
     try:
         import uvloop
 
