@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import functools
 import inspect
 import os
 import types
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 import msgspec
+import msgspec.inspect
 
 from ..engines.sql_text import check_params
 from ..errors import ClosedError, InvalidError, UnavailableError
@@ -77,11 +79,11 @@ def open_tx_mark() -> _TxMark | None:
 def read_migrations(
     migrations: str | os.PathLike[str] | Sequence[tuple[str, str]] | None, db: str = ""
 ) -> list[Migration]:
-    """Migrations as (name, text): from a folder (its ``*.sql`` files, in name order) or a list (or tuple) of
-    pairs.
+    """Migrations as (name, text): from a folder (its ``*.sql`` files, in name order; hidden ones, whose names
+    begin with a dot, passed over) or a list (or tuple) of pairs.
 
-    Raises ``InvalidError`` (naming database ``db``) when the folder does not exist, a file of it is not UTF-8
-    text, or ``migrations`` is neither.
+    Raises ``InvalidError`` (naming database ``db``) when the folder does not exist, a file of it cannot be read
+    or is not UTF-8 text, or ``migrations`` is neither.
     """
     where = f"database {db}: migrations" if db else "migrations"
     if migrations is None:
@@ -102,11 +104,21 @@ def read_migrations(
     if not folder.is_dir():
         raise InvalidError(f"{where}: {folder} is not a folder of .sql files")
     out = []
-    for p in sorted(folder.glob("*.sql")):
+    try:
+        found = sorted(folder.glob("*.sql"))
+    except OSError as exc:
+        raise InvalidError(f"{where}: the folder {folder} cannot be read: {exc.strerror or exc}") from None
+    for p in found:
+        if p.name.startswith("."):
+            # hidden: an editor's lock or backup (Emacs' .#001.sql, a dangling link while the file is edited),
+            # macOS's ._001.sql beside each file copied from its disks (trial CC)
+            continue
         try:
             out.append(Migration(p.name, p.read_text(encoding="utf-8")))
         except UnicodeDecodeError as exc:
             raise InvalidError(f"{where}: {p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except OSError as exc:
+            raise InvalidError(f"{where}: {p} cannot be read: {exc.strerror or exc}") from None
     return out
 
 
@@ -121,7 +133,7 @@ def _split(name: str, what: str, args: tuple[Any, ...]) -> tuple[Any, str, tuple
         raise InvalidError(f"database {name}: a SQL statement is needed")
     first = args[0]
     if isinstance(first, str):
-        return None, first, args[1:]
+        return None, str.__str__(first), args[1:]
     if not _is_type(first):
         raise InvalidError(
             f"database {name}: {what} takes the SQL text first, or a type and then the SQL text; {_short(first)} is "
@@ -129,7 +141,7 @@ def _split(name: str, what: str, args: tuple[Any, ...]) -> tuple[Any, str, tuple
         )
     if len(args) < 2 or not isinstance(args[1], str):
         raise InvalidError(f"database {name}: after a type comes the SQL text")
-    return first, args[1], args[2:]
+    return first, str.__str__(args[1]), args[2:]
 
 
 def _is_type(thing: Any) -> bool:
@@ -142,18 +154,61 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _sql_text(name: str, what: str, got: Any) -> str:
+    """``got`` as plain ``str`` when it is text (a ``str`` subclass: a ``StrEnum`` member, say), else
+    ``InvalidError``."""
+    if isinstance(got, str):
+        return str.__str__(got)
+    _not_sql(name, what, got)
+
+
 def _not_sql(name: str, what: str, got: Any) -> NoReturn:
     hint = " (it returns a value as SQLite gives it: it takes no type)" if isinstance(got, type) else ""
     raise InvalidError(f"database {name}: {what} takes the SQL text first, not {type(got).__name__}{hint}")
 
 
+_NOT_FROM_TEXT = (bytes, bytearray, memoryview)
+"""Types a row's text is never turned into (msgspec would read it as base64: a text that happens to be valid
+base64 gave wrong bytes, trial CC)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _bool_columns(type_: Any) -> frozenset[str]:
+    """The columns that ``type_`` (a dataclass, msgspec Struct or TypedDict) reads as ``bool``: SQLite has no
+    boolean, and stores ``True``/``False`` as ``1``/``0``."""
+    try:
+        info = msgspec.inspect.type_info(type_)
+    except Exception:  # (not a type msgspec knows: msgspec.convert says why)
+        return frozenset()
+    fields = getattr(info, "fields", ())
+
+    def is_bool(t: Any) -> bool:
+        return isinstance(t, msgspec.inspect.BoolType) or (
+            isinstance(t, msgspec.inspect.UnionType) and any(isinstance(u, msgspec.inspect.BoolType) for u in t.types)
+        )
+
+    return frozenset(f.encode_name for f in fields if is_bool(f.type))
+
+
 def _convert(db: str, rows: Rows, type_: Any) -> list[Any]:
+    """``rows`` as dicts, or as ``type_``: strictly (the values as SQLite gives them: a text is not read as a
+    number, a bool or bytes), but for ``bool`` columns, which take the integers ``0`` and ``1``."""
     cols = rows.columns
     dicts = [dict(zip(cols, r)) for r in rows.rows]  # noqa: B905 (the keyword costs 0.2 µs a row)
     if type_ is None:
         return dicts
     try:
-        return [msgspec.convert(d, type_, strict=False) for d in dicts]
+        bools = _bool_columns(type_)
+    except TypeError:  # (unhashable: not a type)
+        bools = frozenset()
+    if bools:
+        for d in dicts:
+            for c in bools:
+                v = d.get(c)
+                if type(v) is int and (v == 0 or v == 1):
+                    d[c] = v == 1
+    try:
+        return [msgspec.convert(d, type_, strict=True, builtin_types=_NOT_FROM_TEXT) for d in dicts]
     except (msgspec.ValidationError, TypeError) as exc:
         name = getattr(type_, "__name__", repr(type_))
         raise InvalidError(f"database {db}: a row does not fit {name}: {exc} (columns: {', '.join(cols)})") from None
@@ -244,7 +299,7 @@ class _Runner:
         """The first column of the first row, or ``None`` when there is no row. Errors as :meth:`one`; a first
         argument that is not the SQL text (a type: ``scalar`` converts nothing) is an ``InvalidError``."""
         if type(sql) is not str:
-            _not_sql(self.name, "scalar", sql)
+            sql = _sql_text(self.name, "scalar", sql)
         found = (await self._query(sql, check_params(self.name, sql, params), "scalar")).rows
         return found[0][0] if found and found[0] else None
 
@@ -291,7 +346,7 @@ class Database(_Runner):
         (group commit). A cancel after sending leaves the write to happen.
         """
         if type(sql) is not str:
-            _not_sql(self.name, "exec", sql)
+            sql = _sql_text(self.name, "exec", sql)
         if self._key in _active.get():
             self._no_tx("exec")
         transport = self._transport
@@ -403,7 +458,7 @@ class SqlTx(_Runner):
         """Run a statement inside the transaction. Errors as :meth:`Database.exec`; a failed statement leaves
         the transaction usable (SQL-06)."""
         if type(sql) is not str:
-            _not_sql(self.name, "tx.exec", sql)
+            sql = _sql_text(self.name, "tx.exec", sql)
         self._check()
         if self._store._dead is not None:
             raise self._store._dead

@@ -92,6 +92,7 @@ from .sql_text import (
     is_vacuum,
     names_last_rowid,
     no_statement,
+    sets_foreign_keys,
     split_sql,
 )
 
@@ -283,6 +284,8 @@ class SqlTx:
     held: int = 0
     """Calls for it that its client sent and the server holds before handing them over (its connection's line
     of calls whose answers may be large, see ``server.listener``): while any is held, it is not idle."""
+    migration: bool = False
+    """A migration of an open database: foreign keys off while it runs (see ``SqlDatabase._migrate``)."""
     on_end: list[Callable[[], None]] = field(default_factory=list)
     """Called on the loop once it ended (committed, rolled back, timed out, aborted), in order; after a commit,
     maybe before the ``after_commit`` hooks (see ``committed``)."""
@@ -332,6 +335,26 @@ class SqlTx:
         if not self.done:
             self.error = reason
             self.calls.put(None)
+
+
+ORPHANS_SHOWN = 5
+"""The rows a migration left without their parent that its error names (``PRAGMA foreign_key_check``)."""
+
+
+def _orphans_left(db: str, rows: list[Any]) -> str:
+    """The message of a migration whose foreign keys no longer hold: ``rows`` of ``PRAGMA foreign_key_check``
+    (table, rowid, parent table, foreign key id)."""
+    shown = ", ".join(
+        (f"{table} row {rowid}" if rowid is not None else f"{table} (a WITHOUT ROWID table)") + f" -> {parent}"
+        for table, rowid, parent, _ in rows[:ORPHANS_SHOWN]
+    )
+    more = " and more" if len(rows) > ORPHANS_SHOWN else ""
+    return (
+        f"database {db}: it leaves rows whose foreign key finds no parent: {shown}{more}. Migrations run with "
+        "foreign keys off (as SQLite's procedure for rebuilding a table asks) and are checked before they "
+        "commit: delete or update the child rows in the migration itself (an ON DELETE or ON UPDATE action does "
+        "not run in a migration); nothing of it was applied"
+    )
 
 
 def _empty_file(path: Path) -> bool:
@@ -676,13 +699,25 @@ class SqlDatabase:
                         "an applied migration must not change (add a new one instead)"
                     )
                 continue
+            # Foreign keys off while it runs (SQLite ignores the pragma inside a transaction: set before it), and
+            # checked before it commits, as SQLite's procedure for what ALTER TABLE cannot do asks
+            # (https://sqlite.org/lang_altertable.html#otheralter): a table rebuilt there (made anew, filled,
+            # the old one dropped, the new one renamed) would otherwise take the rows of every ON DELETE CASCADE
+            # child with its DROP (trial CC). A migration that leaves a child row without its parent (one that
+            # counted on a cascade) fails whole, naming the rows. Its own PRAGMA foreign_keys statements (SQLite's
+            # procedure has them) are passed over.
+            statements = [s for s in split_sql(text) if not holds_no_statement(s) and not sets_foreign_keys(s)]
             try:
+                ctl(conn, "pragma foreign_keys = off")
                 ctl(conn, "begin immediate")
-                for stmt in split_sql(text):
+                for stmt in statements:
                     schema = own_objects(conn) if names_own(stmt) and changes_schema(stmt) else None
                     conn.execute(stmt)
                     if schema is not None:
                         check_own_objects(self.name, schema, conn)
+                orphans = conn.execute("pragma foreign_key_check").fetchmany(ORPHANS_SHOWN + 1)
+                if orphans:
+                    raise InvalidError(_orphans_left(self.name, orphans))
                 own_execute(
                     conn,
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
@@ -695,6 +730,8 @@ class SqlDatabase:
                 self.applied_before_failure = len(applied)
                 why = exc if isinstance(exc, InvalidError) else self._error(exc)
                 raise migration_error(self.name, name, why) from None
+            finally:
+                ctl(conn, "pragma foreign_keys = on")
             applied.append(name)
         return applied
 
@@ -899,8 +936,9 @@ class SqlDatabase:
             self._reads.put(_Read(sql, values, mode, fut), owner)
         return fut
 
-    def begin(self, owner: object, read_only: bool = False) -> asyncio.Future[SqlTx]:
-        """Start an interactive transaction; resolves once it holds the writer (or a reader snapshot)."""
+    def begin(self, owner: object, read_only: bool = False, migration: bool = False) -> asyncio.Future[SqlTx]:
+        """Start an interactive transaction; resolves once it holds the writer (or a reader snapshot).
+        ``migration``: with foreign keys off (see :meth:`_migrate`)."""
         fut: asyncio.Future[SqlTx] = self.loop.create_future()
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
@@ -928,7 +966,7 @@ class SqlDatabase:
                     )
                 )
                 return fut
-        tx = SqlTx(self.engine.next_tx_id(), self, read_only, owner)
+        tx = SqlTx(self.engine.next_tx_id(), self, read_only, owner, migration=migration)
         self.engine.transactions[tx.id] = tx
         if read_only:
             t = threading.Thread(
@@ -1353,17 +1391,23 @@ class SqlDatabase:
             put(fut, None, self._refused())
             return
         try:
-            ctl(conn, "begin immediate")
-        except BaseException as exc:
-            tx.done = True
-            put(fut, None, self._error(exc))
-            return
-        self.active_tx = tx
-        self.stats["transactions"] += 1
-        self._deferred_constraints(conn)  # (which also tells whether the schema calls last_insert_rowid())
-        put(fut, tx, None)
-        self._serve_tx(conn, tx, arm, writer=True)
-        self.active_tx = None
+            if tx.migration:
+                ctl(conn, "pragma foreign_keys = off")  # (before the transaction: SQLite ignores it inside one)
+            try:
+                ctl(conn, "begin immediate")
+            except BaseException as exc:
+                tx.done = True
+                put(fut, None, self._error(exc))
+                return
+            self.active_tx = tx
+            self.stats["transactions"] += 1
+            self._deferred_constraints(conn)  # (which also tells whether the schema calls last_insert_rowid())
+            put(fut, tx, None)
+            self._serve_tx(conn, tx, arm, writer=True)
+            self.active_tx = None
+        finally:
+            if tx.migration:
+                ctl(conn, "pragma foreign_keys = on")
 
     def _serve_tx(self, conn: sqlite3.Connection, tx: SqlTx, arm: _Arm, writer: bool) -> None:
         put = self.results.put
@@ -1621,12 +1665,16 @@ def _fetch_checked(cur: sqlite3.Cursor, db: str, limit: int) -> list[Any]:
     cur.close()
     raise LimitError(
         f"database {db}: the result is over {limit} bytes (the limit sql_result_bytes; it is {total} bytes or more "
-        f"encoded, each row after the first counted {per_row} bytes more: what it costs in memory)",
+        f"encoded, each row after the first counted {per_row} bytes more: what it costs in memory){PAGE_HINT}",
         limit=limit,
         wanted=total,
     )
 
 
+PAGE_HINT = (
+    "; read it in pages (where id > ? order by id limit N: the last id of a page starts the next), or raise "
+    "Limits.sql_result_bytes"
+)
 ROW_COST = 56
 VALUE_COST = 24
 """What a row of a result costs the server beyond its encoding, counted against ``sql_result_bytes`` (every row
@@ -1661,7 +1709,7 @@ def _check_size(db: str, rows: list[Any], limit: int) -> None:
         more = " or more" if n > _SIZE_CHUNK else ""
         raise LimitError(
             f"database {db}: the result is over {limit} bytes (the limit sql_result_bytes; it is {total} bytes{more} "
-            f"encoded, each row after the first counted {per_row} bytes more: what it costs in memory)",
+            f"encoded, each row after the first counted {per_row} bytes more: what it costs in memory){PAGE_HINT}",
             limit=limit,
             wanted=total,
         )
@@ -1818,13 +1866,18 @@ class SqlEngine:
                         "an applied migration must not change (add a new one instead)"
                     )
                 continue
-            tx = await db.begin(owner=None)
+            tx = await db.begin(owner=None, migration=True)
             try:
                 for stmt in split_sql(text):
+                    if holds_no_statement(stmt) or sets_foreign_keys(stmt):
+                        continue  # (as at open: see SqlDatabase._migrate)
                     try:
                         await tx.exec(stmt, [])
                     except TinystoreError as exc:
                         raise migration_error(db.name, name, exc) from None
+                orphans = (await tx.query("pragma foreign_key_check", [])).rows[: ORPHANS_SHOWN + 1]
+                if orphans:
+                    raise migration_error(db.name, name, InvalidError(_orphans_left(db.name, orphans)))
                 await tx.exec(
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     [name, text, int(time.time() * 1000)],

@@ -80,7 +80,7 @@ def sql_error(db: str, exc: BaseException, statement_timeout: float | None = Non
             )
         return InvalidError(f"database {db}: not allowed here: {why}")
     if isinstance(exc, sqlite3.IntegrityError):
-        return ConflictError(f"database {db}: {msg}", sqlite_code=getattr(exc, "sqlite_errorname", ""))
+        return ConflictError(f"database {db}: {msg}", sqlite_code=error_name(exc))
     if isinstance(exc, OverflowError):
         return InvalidError(f"database {db}: {msg}")
     if isinstance(exc, sqlite3.OperationalError) and msg == "interrupted":
@@ -93,19 +93,45 @@ def sql_error(db: str, exc: BaseException, statement_timeout: float | None = Non
             f"database {db}: the SQL text holds more than one statement, and a call runs one; run several in one "
             "transaction with db.tx (a tx.exec each), or put schema changes in a migration"
         )
-    name = getattr(exc, "sqlite_errorname", "") or ""
+    name = error_name(exc)
     # (plain SQLITE_READONLY is a write on a reader's connection, below; its extended codes are the file's)
     if name.startswith(("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READONLY_")):
         return storage_error(db, name, msg)
     if isinstance(exc, sqlite3.OperationalError) and "readonly" in msg:
         return InvalidError(f"database {db}: {msg} (this call reads; a statement that writes goes through exec)")
-    if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in msg or "not a database" in msg):
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or (not name and msg in _CORRUPT_MESSAGES):
+        # by SQLite's code, not the words: "malformed JSON" (json()) and "malformed MATCH expression" (full-text
+        # search) are a statement's SQLITE_ERROR, about its input, not the file (trial CC)
         from ..errors import CorruptError
 
         return CorruptError(f"database {db}: {msg}")
     if isinstance(exc, sqlite3.Error | ValueError):
         return InvalidError(f"database {db}: {msg}")
     return TinystoreError(f"database {db}: {type(exc).__name__}: {msg}")
+
+
+_CORRUPT_MESSAGES = frozenset({"database disk image is malformed", "file is not a database"})
+
+# extended result codes newer than the names the sqlite3 module knows (it says "unknown"):
+# https://sqlite.org/rescode.html
+_NEWER_CODES = {
+    2835: "SQLITE_CONSTRAINT_PINNED",
+    3091: "SQLITE_CONSTRAINT_DATATYPE",
+    8202: "SQLITE_IOERR_DATA",
+    8458: "SQLITE_IOERR_CORRUPTFS",
+    1550: "SQLITE_CANTOPEN_SYMLINK",
+}
+
+
+def error_name(exc: BaseException) -> str:
+    """SQLite's name of the (extended) result code of ``exc``, such as ``SQLITE_CONSTRAINT_UNIQUE``; ``""`` for an
+    error that has none (raised by the sqlite3 module itself)."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name in ("", "unknown"):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int):
+            return _NEWER_CODES.get(code, name)
+    return name
 
 
 def autoincrement_spent(path: Path) -> str | None:

@@ -133,9 +133,14 @@ def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
                 out[i] = bytes.__bytes__(v) if isinstance(v, bytes) else bytes(memoryview(v))
                 continue
             else:
+                hint = (
+                    " (the parameters come as arguments of their own: db.one(sql, a, b), or db.one(sql, *values))"
+                    if isinstance(v, tuple | list)
+                    else ""
+                )
                 raise InvalidError(
                     f"database {db}: parameter {i + 1}: {a_or_an(type(v).__name__)} is not a SQL value "
-                    "(use None, int, float, str, bytes or bool)"
+                    f"(use None, int, float, str, bytes or bool){hint}"
                 )
         if type(v) is int:
             if not INT_MIN <= v <= INT_MAX:
@@ -167,6 +172,16 @@ def defers_foreign_keys(sql: str) -> bool:
         if query is not None:
             head = _word(query, "plan") or ""
     return _word(head, "pragma") is not None
+
+
+_SETS_FOREIGN_KEYS = re.compile(r"pragma\s+(?:main\s*\.\s*)?foreign_keys\s*(?:=|\()", re.IGNORECASE)
+
+
+def sets_foreign_keys(sql: str) -> bool:
+    """Whether ``sql`` is a ``PRAGMA foreign_keys = ...``: in a migration, where SQLite's procedure for the schema
+    changes ALTER TABLE cannot make (https://sqlite.org/lang_altertable.html#otheralter) turns them off and on
+    around its transaction, the store does that itself (see ``SqlDatabase._migrate``)."""
+    return _SETS_FOREIGN_KEYS.match(_skip_comments(sql)) is not None
 
 
 # strings, quoted names ("a", `a`, [a]) and comments: what a keyword inside is not one (a name with a quote in it
