@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import enum
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -233,3 +235,23 @@ async def test_errors_that_say_what_to_do(store: tinystore.Store) -> None:
         await small.all(
             "with recursive c(v) as (select 1 union all select v + 1 from c where v < 3000000) select v from c"
         )
+
+
+# contract: SQL-05
+@pytest.mark.parametrize("open_first", [False, True])
+async def test_orphans_from_before_do_not_stop_a_migration(tmp_path: Path, open_first: bool) -> None:
+    """A database brought from sqlite3 (foreign keys off unless asked) may hold child rows without a parent: only
+    the orphans a migration makes fail it."""
+    (tmp_path / "s" / "sql").mkdir(parents=True)
+    with contextlib.closing(sqlite3.connect(tmp_path / "s" / "sql" / "app.db")) as conn:
+        conn.executescript(BASE[1] + "\ninsert into posts values (4, 99, 'orphan from before');")
+        conn.commit()
+    async with open_store("embedded", tmp_path / "s") as store:
+        if open_first:
+            await store.database("app")
+        db = await store.database("app", migrations=[("002_email_unique.sql", REBUILD)])
+        assert await db.scalar("select count(*) from posts") == 4
+        with pytest.raises(InvalidError, match=r"posts row 3 -> users\. Migrations run"):
+            await store.database(
+                "app", migrations=[("002_email_unique.sql", REBUILD), ("003.sql", "delete from users where id = 2;")]
+            )

@@ -341,6 +341,25 @@ ORPHANS_SHOWN = 5
 """The rows a migration left without their parent that its error names (``PRAGMA foreign_key_check``)."""
 
 
+def _orphan_set(rows: Sequence[Sequence[Any]]) -> set[tuple[Any, ...]]:
+    """Rows of ``PRAGMA foreign_key_check`` as a set (a database may hold orphans from before: rows written with
+    foreign keys off, as sqlite3 has them unless asked)."""
+    return {tuple(r) for r in rows}
+
+
+def _new_orphans(before: set[tuple[Any, ...]], rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """The orphans of ``rows`` (``PRAGMA foreign_key_check`` after a migration) that were not ``before`` it, at
+    most :data:`ORPHANS_SHOWN` + 1 (only the migration's own fail it)."""
+    out = []
+    for r in rows:
+        t = tuple(r)
+        if t not in before:
+            out.append(t)
+            if len(out) > ORPHANS_SHOWN:
+                break
+    return out
+
+
 def _orphans_left(db: str, rows: list[Any]) -> str:
     """The message of a migration whose foreign keys no longer hold: ``rows`` of ``PRAGMA foreign_key_check``
     (table, rowid, parent table, foreign key id)."""
@@ -710,12 +729,13 @@ class SqlDatabase:
             try:
                 ctl(conn, "pragma foreign_keys = off")
                 ctl(conn, "begin immediate")
+                before = _orphan_set(conn.execute("pragma foreign_key_check").fetchall())
                 for stmt in statements:
                     schema = own_objects(conn) if names_own(stmt) and changes_schema(stmt) else None
                     conn.execute(stmt)
                     if schema is not None:
                         check_own_objects(self.name, schema, conn)
-                orphans = conn.execute("pragma foreign_key_check").fetchmany(ORPHANS_SHOWN + 1)
+                orphans = _new_orphans(before, conn.execute("pragma foreign_key_check").fetchall())
                 if orphans:
                     raise InvalidError(_orphans_left(self.name, orphans))
                 own_execute(
@@ -1868,6 +1888,7 @@ class SqlEngine:
                 continue
             tx = await db.begin(owner=None, migration=True)
             try:
+                before = _orphan_set((await tx.query("pragma foreign_key_check", [])).rows)
                 for stmt in split_sql(text):
                     if holds_no_statement(stmt) or sets_foreign_keys(stmt):
                         continue  # (as at open: see SqlDatabase._migrate)
@@ -1875,7 +1896,7 @@ class SqlEngine:
                         await tx.exec(stmt, [])
                     except TinystoreError as exc:
                         raise migration_error(db.name, name, exc) from None
-                orphans = (await tx.query("pragma foreign_key_check", [])).rows[: ORPHANS_SHOWN + 1]
+                orphans = _new_orphans(before, (await tx.query("pragma foreign_key_check", [])).rows)
                 if orphans:
                     raise migration_error(db.name, name, InvalidError(_orphans_left(db.name, orphans)))
                 await tx.exec(
