@@ -344,6 +344,15 @@ def register(main: click.Group) -> None:
                 await store.close()
 
         info = run_async(go)
+        o = info.options
+        if o.expected_ms is not None and o.timeout_ms is not None and o.expected_ms >= o.timeout_ms:
+            # (the server logs it; this is who asked: trial CD)
+            click.echo(
+                f"warning: queue {info.queue}: expected ({_took(o.expected_ms)}) is not below timeout "
+                f"({_took(o.timeout_ms)}): a handler is cancelled at its timeout, so no job of this queue is ever "
+                "reported stuck",
+                err=True,
+            )
         if as_json:
             click.echo(to_json({"queue": info.queue, "options": _opts(info.options)}))
             return

@@ -97,6 +97,8 @@ if TYPE_CHECKING:
 __all__ = ["Job", "JobError", "JobEvent", "JobPage", "Outcome", "Queue", "Run", "Worker"]
 
 log = logging.getLogger("tinystore.jobs")
+CANCEL_WAIT = 10.0
+"""Seconds a stopping worker waits for its cancelled handlers to end."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -889,7 +891,17 @@ class _Runner:
             a.stop("stopping")
         running = [a.task for a in self.attempts.values() if a.task is not None]
         if running:
-            await asyncio.wait(running, timeout=10)
+            _, stubborn = await asyncio.wait(running, timeout=CANCEL_WAIT)
+            if stubborn:
+                # (trial CD: stop returned while such a handler ran on, and said nothing)
+                log.warning(
+                    "queue %s: %d handler(s) still run %gs after their cancel (a handler that catches "
+                    "CancelledError must raise it again): the worker stops without them; their attempts are left "
+                    "to their leases, and count (worker lost)",
+                    self.queue.name,
+                    len(stubborn),
+                    CANCEL_WAIT,
+                )
         if self.renewer is not None:
             self.renewer.cancel()
             with contextlib.suppress(BaseException):
@@ -1052,7 +1064,10 @@ class Worker:
         else: a store that is gone leaves the attempts to their leases.
 
         A cancel of ``stop`` leaves the stop going on; a later call waits for it (with a shorter ``grace``, it
-        cuts the grace short), so when any call returns, no handler of this worker runs."""
+        cuts the grace short), so when any call returns, no handler of this worker runs, but one that ignores
+        its cancel (catches ``CancelledError`` and goes on, or blocks its thread) for :data:`CANCEL_WAIT` (10 s)
+        more: ``stop`` then logs a warning and returns without it, its attempt left to its lease (it counts, as
+        ``worker lost``). So ``stop`` takes at most ``grace`` + 10 s, and a moment for the hand-backs."""
         grace_s = seconds(grace, f"queue {self.queue.name}: worker stop: grace")
         task = self._stop_task
         if task is None:
@@ -1503,8 +1518,8 @@ class Queue(Generic[T]):
         at: datetime | float | None = None,
     ) -> builtins.list[str]:
         """Add many jobs in one write, all or none; returns their ids in order (``keys``: one per value, or
-        ``None``; 100,000 jobs at most). Otherwise as :meth:`add`: a value that fails names its place,
-        counted from 1 (``job 3`` is ``values[2]``), and nothing is added then."""
+        ``None``; 100,000 jobs at most, and 16 MiB encoded: ``frame_body_bytes``). Otherwise as :meth:`add`: a
+        value that fails names its place (``add_many: values[2]``), and nothing is added then."""
         jobs = self._many(values, keys, tenant, user, type, priority, delay, at)
         await self._ensure()
         self._not_in_own_tx("add_many")
@@ -1540,7 +1555,17 @@ class Queue(Generic[T]):
             if len(keys) != len(values):
                 raise InvalidError(f"queue {self.name}: add_many: {len(keys)} keys for {len(values)} values")
         return [
-            self._new(v, f"job {i + 1}", keys[i] if keys is not None else None, tenant, user, type, priority, delay, at)
+            self._new(
+                v,
+                f"add_many: values[{i}]",
+                keys[i] if keys is not None else None,
+                tenant,
+                user,
+                type,
+                priority,
+                delay,
+                at,
+            )
             for i, v in enumerate(values)
         ]
 

@@ -520,9 +520,10 @@ class JobsEngine:
         merged = _merge(self.limits, given)
         if merged.backoff_first > merged.backoff_cap:
             raise InvalidError(f"queue {name}: option backoff: the first delay is above the cap")
-        if merged.expected >= merged.timeout:
+        if merged.expected >= merged.timeout and given.expected_ms is not None:
             # allowed (a queue whose jobs should never be reported stuck), but most often a slip: a doc's example
-            # gave expected="2m" with the default timeout of 1 min (trial BL)
+            # gave expected="2m" with the default timeout of 1 min (trial BL). Said only of an expected given (trial
+            # CD: a queue given only a short timeout was warned of the default expected, in every process)
             log.warning(
                 "queue %s: expected (%s) is not below timeout (%s): a handler is cancelled at its timeout, so no job "
                 "of this queue is ever reported stuck (give a longer timeout, or a shorter expected)",
@@ -669,8 +670,23 @@ class JobsEngine:
                     q.stuck_at.push(e.started_at + q.options.expected, (e, e.fence))
         if q.options.keep != before.keep:
             self._arm_sweep(q, self.clock.now())  # ended jobs past the new keep go now (trial BQ: at the next end)
+        if q.options.attempts < before.attempts:
+            await self._end_spent(q)
         self._pump_soon(q)
         return self._info(q)
+
+    async def _end_spent(self, q: JobQueue) -> None:
+        """The jobs waiting for a retry that have made as many attempts as the queue now allows end ``dead``, as
+        they would have after their last attempt with these options (trial CD: lowered to stop retries against
+        a service that is down, they ran once more each, ``2/1``). Their last error stays theirs."""
+        limit = q.options.attempts
+        spent = [e for e in q.entries.values() if e.where in (READY, DELAYED) and e.attempts >= limit]
+        now_ms = _now_ms(self.clock)
+        for e in spent:
+            while e.busy is not None:
+                await asyncio.shield(e.busy)
+            if e.where in (READY, DELAYED) and q.entries.get(e.id) is e and e.attempts >= q.options.attempts:
+                await self._end_waiting(q, e, "dead", now_ms)
 
     async def _queue(self, name: str) -> JobQueue:
         q = self.queues.get(name)
@@ -1802,6 +1818,13 @@ class JobsEngine:
             if ok and peer is not None:
                 peer.push(CANCEL_PUSH, CancelRun(queue=queue, id=jid, fence=fence, reason="cancelled"))
             return ok
+        return await self._end_waiting(q, e, "cancelled", now_ms)
+
+    async def _end_waiting(self, q: JobQueue, e: Entry, state: str, now_ms: int) -> bool:
+        """End the waiting (or being claimed) job ``e`` as ``state`` (``cancelled``, or ``dead`` when its attempts
+        were lowered under those it made): its row, its place in the index, its event. ``False`` when its row
+        had moved on meanwhile (nothing written then). A claim under way that got it is told to give it up."""
+        jid = e.id
         if e.where == CLAIMING:
             e.cancel_queued = True
             sql_state = "('queued', 'failed', 'running')"
@@ -1813,9 +1836,9 @@ class JobsEngine:
         busy = self._begin_write(e)
         try:
             done = await q.db.write(
-                f"update {TABLE} set state = 'cancelled', finished_at = ?, lease_until = null "
+                f"update {TABLE} set state = ?, finished_at = ?, lease_until = null "
                 f"where id = ? and state in {sql_state} returning attempts, progress, fence",
-                [now_ms, jid],
+                [state, now_ms, jid],
                 own=True,
             )
         except BaseException:
@@ -1831,10 +1854,10 @@ class JobsEngine:
             return False
         attempts, prog, fence = done.rows[0]
         peer = e.peer
-        self._settle(q, e, "cancelled", None)
+        self._settle(q, e, state, None)
         if peer is not None:
-            peer.push(CANCEL_PUSH, CancelRun(queue=queue, id=jid, fence=fence, reason="cancelled"))
-        self._event(q, "state", jid, "cancelled", _json_decode(prog) if prog else None, attempts, None)
+            peer.push(CANCEL_PUSH, CancelRun(queue=q.name, id=jid, fence=fence, reason=state))
+        self._event(q, "state", jid, state, _json_decode(prog) if prog else None, attempts, None)
         self._notify(q, jid)
         return True
 

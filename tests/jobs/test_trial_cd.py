@@ -1,0 +1,110 @@
+"""From trial CD: a new user moving background work from Celery/RQ."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tinystore
+from tinystore.client import jobs as client_jobs
+from tinystore.client.jobs import configure
+from tinystore.protocol.jobs import Options
+
+from ..cli.support import run_cli
+from ..helpers import open_store
+
+START = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+# contract: JOB-03
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_attempts_lowered_end_the_jobs_that_made_as_many(tmp_path: Path, mode: str) -> None:
+    """Lowered to stop retries against a service that is down, the jobs waiting for their retry ran once more
+    each and ended dead "2/1". Those that made as many attempts as now allowed end dead at once, keeping their
+    last error; the others go on under the new count."""
+    async with open_store(mode, tmp_path / "s", clock=START) as store:
+        q = store.queue("mail", attempts=5, backoff=("10s", "10s"))
+        calls: list[tuple[str, int]] = []
+
+        async def failing(value: Any, run: tinystore.Run) -> None:
+            calls.append((value["to"], run.attempt))
+            raise RuntimeError("smtp 421")
+
+        twice = await q.add({"to": "twice"})
+        await q.run_due(failing)
+        await store.clock.advance("11s")
+        once = await q.add({"to": "once"})
+        await q.run_due(failing)  # twice: attempt 2; once: attempt 1
+        fresh = await q.add({"to": "fresh"}, delay="1m")
+        assert sorted(calls) == [("once", 1), ("twice", 1), ("twice", 2)]
+
+        await configure(store, "mail", Options(attempts=2))
+        q = store.queue("mail", attempts=2, backoff=("10s", "10s"))
+        job = await q.get(twice)
+        assert job is not None and job.state == "dead" and job.attempts == 2 and job.max_attempts == 2, job
+        assert job.error is not None and "smtp 421" in job.error
+        job = await q.get(once)
+        assert job is not None and job.state == "failed" and job.attempts == 1, job
+
+        await store.clock.advance("2m")
+        await q.run_due(failing)
+        assert ("twice", 3) not in calls and ("once", 2) in calls and ("fresh", 1) in calls
+        for jid, attempts in ((once, 2), (fresh, 1)):
+            job = await q.get(jid)
+            assert job is not None and job.attempts == attempts and job.attempts <= job.max_attempts, job
+        status = (await store.status())["jobs"]["queues"]
+        assert [s["queued"] + s["delayed"] for s in status if s["queue"] == "mail"] == [1]  # (fresh: its retry)
+
+
+# contract: JOB-11
+async def test_only_an_expected_given_is_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A queue given only a short timeout was warned, in every process, of the default expected (30 s) it never
+    set. ``tinystore jobs DIR configure`` says it to who asked (the server only logged it)."""
+    async with open_store("embedded", tmp_path / "s") as store:
+        with caplog.at_level(logging.WARNING, logger="tinystore.jobs"):
+            await store.queue("short", timeout="2s").add({})
+            await store.queue("slip", expected="2m").add({})
+        warned = [r.getMessage() for r in caplog.records if "is not below timeout" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].startswith("queue slip: expected (2m)"), warned
+    done = run_cli("jobs", str(tmp_path / "s"), "configure", "short", "--expected", "1h", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "warning: queue short: expected (1h) is not below timeout (2s)" in done.stderr
+    done = run_cli("jobs", str(tmp_path / "s"), "configure", "short", "--expected", "1s", "--json")
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+
+
+# contract: JOB-09
+async def test_a_handler_that_ignores_its_cancel_is_told_of_at_stop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stop`` returned (after grace + 10 s) while a handler that swallowed its cancel ran on, and said nothing;
+    its docstring promised no handler runs then."""
+    monkeypatch.setattr(client_jobs, "CANCEL_WAIT", 0.3)
+    async with open_store("private", tmp_path / "s") as store:
+        q = store.queue("q", lease="30s")
+        started = asyncio.Event()
+        let_go = asyncio.Event()
+
+        async def stubborn(value: Any, run: tinystore.Run) -> None:
+            started.set()
+            while not let_go.is_set():
+                try:
+                    await asyncio.sleep(0.05)
+                except asyncio.CancelledError:
+                    pass  # (the slip: a bare except that eats the cancel)
+
+        worker = q.work(stubborn)
+        await q.add({})
+        await started.wait()
+        with caplog.at_level(logging.WARNING, logger="tinystore.jobs"):
+            await asyncio.wait_for(worker.stop(grace="0.1s"), 5)
+        let_go.set()
+        warned = [r.getMessage() for r in caplog.records if "after their cancel" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].startswith("queue q: 1 handler(s) still run 0.3s after their cancel"), (
+            warned
+        )
