@@ -682,11 +682,15 @@ class JobsEngine:
         limit = q.options.attempts
         spent = [e for e in q.entries.values() if e.where in (READY, DELAYED) and e.attempts >= limit]
         now_ms = _now_ms(self.clock)
-        for e in spent:
+
+        async def end(e: Entry) -> None:
             while e.busy is not None:
                 await asyncio.shield(e.busy)
             if e.where in (READY, DELAYED) and q.entries.get(e.id) is e and e.attempts >= q.options.attempts:
                 await self._end_waiting(q, e, "dead", now_ms)
+
+        # (all at once: their writes share group commits)
+        await asyncio.gather(*(end(e) for e in spent))
 
     async def _queue(self, name: str) -> JobQueue:
         q = self.queues.get(name)
