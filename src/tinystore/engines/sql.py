@@ -114,6 +114,10 @@ that ended just then: its loop has yet to read the call)."""
 _NO_CALL: Any = object()
 
 
+_UNLIMITED = 86400.0 * 365
+"""A migration's ``tx_max`` and ``tx_idle`` (a year: none)."""
+
+
 def _take(calls: queue.SimpleQueue[Any], timeout: float) -> Any:
     """The next call of a transaction within ``timeout`` seconds, or ``_NO_CALL``."""
     try:
@@ -341,23 +345,24 @@ ORPHANS_SHOWN = 5
 """The rows a migration left without their parent that its error names (``PRAGMA foreign_key_check``)."""
 
 
-def _orphan_set(rows: Sequence[Sequence[Any]]) -> set[tuple[Any, ...]]:
-    """Rows of ``PRAGMA foreign_key_check`` as a set (a database may hold orphans from before: rows written with
-    foreign keys off, as sqlite3 has them unless asked)."""
-    return {tuple(r) for r in rows}
+def _orphans_made(before: Sequence[Sequence[Any]], after: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """The orphans a migration made: ``[]`` when ``after`` (``PRAGMA foreign_key_check`` at its end: table,
+    rowid, parent, foreign key id) holds no more than ``before`` (at its start), else some of those of the tables
+    whose orphans grew in number (at most :data:`ORPHANS_SHOWN` + 1).
 
-
-def _new_orphans(before: set[tuple[Any, ...]], rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
-    """The orphans of ``rows`` (``PRAGMA foreign_key_check`` after a migration) that were not ``before`` it, at
-    most :data:`ORPHANS_SHOWN` + 1 (only the migration's own fail it)."""
-    out = []
-    for r in rows:
-        t = tuple(r)
-        if t not in before:
-            out.append(t)
-            if len(out) > ORPHANS_SHOWN:
-                break
-    return out
+    Counted, not matched row by row: a database brought from an application that ran with foreign keys off may
+    hold orphans, and SQLite's own way of rebuilding or renaming a table moves them to other rowids or another
+    table name, while a WITHOUT ROWID table's orphans have no rowid to tell them apart (trial CF)."""
+    if len(after) <= len(before):
+        return []
+    had = collections.Counter((r[0], r[2]) for r in before)
+    has = collections.Counter((r[0], r[2]) for r in after)
+    grew = {k for k, n in has.items() if n > had.get(k, 0)}
+    old = {tuple(r) for r in before}
+    # of the tables whose orphans grew in number, those not there before (most likely the migration's), else all
+    grown = [tuple(r) for r in after if (r[0], r[2]) in grew]
+    out = [r for r in grown if r not in old] or grown
+    return out[: ORPHANS_SHOWN + 1] or [tuple(r) for r in after[: ORPHANS_SHOWN + 1]]
 
 
 def _orphans_left(db: str, rows: list[Any]) -> str:
@@ -729,13 +734,13 @@ class SqlDatabase:
             try:
                 ctl(conn, "pragma foreign_keys = off")
                 ctl(conn, "begin immediate")
-                before = _orphan_set(conn.execute("pragma foreign_key_check").fetchall())
+                before = conn.execute("pragma foreign_key_check").fetchall()
                 for stmt in statements:
                     schema = own_objects(conn) if names_own(stmt) and changes_schema(stmt) else None
                     conn.execute(stmt)
                     if schema is not None:
                         check_own_objects(self.name, schema, conn)
-                orphans = _new_orphans(before, conn.execute("pragma foreign_key_check").fetchall())
+                orphans = _orphans_made(before, conn.execute("pragma foreign_key_check").fetchall())
                 if orphans:
                     raise InvalidError(_orphans_left(self.name, orphans))
                 own_execute(
@@ -1432,6 +1437,11 @@ class SqlDatabase:
     def _serve_tx(self, conn: sqlite3.Connection, tx: SqlTx, arm: _Arm, writer: bool) -> None:
         put = self.results.put
         limits = self.limits
+        if tx.migration:
+            # a migration (the engine's, its statements sent by the loop one after another) runs under no time
+            # limit, as at a database's open: a rebuild of a big table given to a database open already failed at
+            # statement_timeout or tx_max (trial CF). (A day each: a wait that SimpleQueue can take.)
+            limits = msgspec.structs.replace(limits, tx_max=_UNLIMITED, tx_idle=_UNLIMITED)
         started = time.monotonic()
         end_reason: TinystoreError | None = None
         quiet = False
@@ -1510,7 +1520,7 @@ class SqlDatabase:
                 return
             # a read in a transaction stops when its caller goes away; a write goes on (interrupting it would
             # roll back the whole transaction, which a caller that only gave up waiting may go on with)
-            arm(time.monotonic(), call.fut if call.op == "query" else None)
+            arm(math.inf if tx.migration else time.monotonic(), call.fut if call.op == "query" else None)
             sql = call.sql
             if deferring:
                 sql = DEFERRING_TAG + sql  # (see DEFERRING_TAG: prepared apart from every other client's text)
@@ -1888,7 +1898,7 @@ class SqlEngine:
                 continue
             tx = await db.begin(owner=None, migration=True)
             try:
-                before = _orphan_set((await tx.query("pragma foreign_key_check", [])).rows)
+                before = (await tx.query("pragma foreign_key_check", [])).rows
                 for stmt in split_sql(text):
                     if holds_no_statement(stmt) or sets_foreign_keys(stmt):
                         continue  # (as at open: see SqlDatabase._migrate)
@@ -1896,7 +1906,7 @@ class SqlEngine:
                         await tx.exec(stmt, [])
                     except TinystoreError as exc:
                         raise migration_error(db.name, name, exc) from None
-                orphans = _new_orphans(before, (await tx.query("pragma foreign_key_check", [])).rows)
+                orphans = _orphans_made(before, (await tx.query("pragma foreign_key_check", [])).rows)
                 if orphans:
                     raise migration_error(db.name, name, InvalidError(_orphans_left(db.name, orphans)))
                 await tx.exec(

@@ -97,6 +97,15 @@ def sql_error(db: str, exc: BaseException, statement_timeout: float | None = Non
     # (plain SQLITE_READONLY is a write on a reader's connection, below; its extended codes are the file's)
     if name.startswith(("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READONLY_")):
         return storage_error(db, name, msg)
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED_SHAREDCACHE")) or (not name and msg == "database is locked"):
+        # the store's own connections never hold each other off a write for long (one writer; readers in WAL):
+        # another process has the file open and holds its lock (trial CF: an old application still running
+        # beside the store; the write waited a minute, then said InvalidError)
+        return UnavailableError(
+            f"database {db}: {msg} ({name or 'SQLITE_BUSY'}): another process holds the database file's lock (the "
+            "store waited a minute for it). Only the store's process may open the files of DIR/sql/: stop the "
+            "other one, and reach the database through the store"
+        )
     if isinstance(exc, sqlite3.OperationalError) and "readonly" in msg:
         return InvalidError(f"database {db}: {msg} (this call reads; a statement that writes goes through exec)")
     if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or (not name and msg in _CORRUPT_MESSAGES):

@@ -82,7 +82,8 @@ def _skip_reason(path: Path) -> str | None:
 def backup(directory: Path, dest: Path, cancelled: threading.Event | None = None) -> dict[str, Any]:
     """Copy the store of ``directory`` into ``dest`` (blocking: run it on a thread). Returns ``{"dest": str,
     "databases": {name: bytes}, "skipped": {name: why}, "seconds": float}``: ``skipped`` names the files of
-    ``DIR/sql`` that are no database the store can open (a symbolic link, a file that is not SQLite's).
+    ``DIR/sql`` that are no database the store can open (a symbolic link, a file that is not SQLite's, a file
+    named as a database but not with a database's name: ``App.db``).
 
     Raises ``InvalidError`` or ``PermissionDeniedError`` (see :func:`check_destination`; also a destination that
     cannot be made, on a read-only file system), ``UnavailableError`` (a disk error while copying),
@@ -122,6 +123,11 @@ def backup(directory: Path, dest: Path, cancelled: threading.Event | None = None
             except OSError as exc:
                 raise UnavailableError(f"{what}: database {name}: {exc.strerror or exc}; {incomplete}") from None
         skipped[name] = why
+    for path in misnamed_files(directory / "sql"):
+        skipped[path.name] = (
+            "its name is no database name (1 to 64 of a-z, 0-9, _ and -, starting with a letter or digit, then .db): "
+            "rename it, with the store stopped, to open it and back it up"
+        )
     stop_if_cancelled()
     epoch = directory / "EPOCH"
     try:
@@ -149,6 +155,25 @@ def database_files(sql_dir: Path) -> list[tuple[str, Path]]:
         (path.name[: -len(".db")], path)
         for path in sorted(sql_dir.glob("*.db"))
         if NAME.fullmatch(path.name[: -len(".db")]) is not None
+    ]
+
+
+_LOOKS_LIKE_SQLITE = (".db", ".sqlite", ".sqlite3", ".db3")
+
+
+def misnamed_files(sql_dir: Path) -> list[Path]:
+    """Files of ``DIR/sql`` named as SQLite databases often are (``App.db``, ``my app.sqlite3``) that the store does
+    not take for one of its databases (trial CF: a database brought from an application as ``App.db`` was left out
+    of every backup, and named nowhere)."""
+    try:
+        entries = sorted(sql_dir.iterdir())
+    except OSError:
+        return []
+    return [
+        p
+        for p in entries
+        if p.name.endswith(_LOOKS_LIKE_SQLITE)
+        and not (p.name.endswith(".db") and NAME.fullmatch(p.name[: -len(".db")]) is not None)
     ]
 
 
