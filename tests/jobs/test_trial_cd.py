@@ -108,3 +108,29 @@ async def test_a_handler_that_ignores_its_cancel_is_told_of_at_stop(
         assert len(warned) == 1 and warned[0].startswith("queue q: 1 handler(s) still run 0.3s after their cancel"), (
             warned
         )
+
+
+# contract: JOB-03
+async def test_attempts_lowered_while_the_queue_loads_end_its_spent_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial CE: lowered while the queue still loaded after a start, nothing ended (the load took the new options
+    at its end, and configure compared the index's options with themselves)."""
+    from tinystore.engines import jobs as jobs_engine
+
+    async with open_store("embedded", tmp_path / "s", clock=START) as store:
+        q = store.queue("q", attempts=5, backoff=("1h", "1h"))
+        ids = await q.add_many([{"n": i} for i in range(400)])
+
+        async def failing(value: Any, run: tinystore.Run) -> None:
+            raise RuntimeError("service down")
+
+        await q.run_due(failing, concurrency=8)
+    monkeypatch.setattr(jobs_engine, "LOAD_SLICE", 10)  # (40 pages: the configure comes during them)
+    async with open_store("embedded", tmp_path / "s", clock=START) as store:
+        await configure(store, "q", Options(attempts=1))
+        q = store.queue("q", attempts=1, backoff=("1h", "1h"))
+        states = {(await q.get(jid)).state for jid in ids[::37]}  # type: ignore[union-attr]
+        assert states == {"dead"}, states
+        status = (await store.status())["jobs"]["queues"]
+        assert [s["queued"] + s["delayed"] for s in status if s["queue"] == "q"] == [0]

@@ -897,7 +897,8 @@ class _Runner:
                 log.warning(
                     "queue %s: %d handler(s) still run %gs after their cancel (a handler that catches "
                     "CancelledError must raise it again): the worker stops without them; their attempts are left "
-                    "to their leases, and count (worker lost)",
+                    "to their leases, and count (worker lost), or, in a store embedded in this process (no lease), "
+                    "run on and end as they end",
                     self.queue.name,
                     len(stubborn),
                     CANCEL_WAIT,

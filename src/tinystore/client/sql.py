@@ -174,20 +174,30 @@ base64 gave wrong bytes, trial CC)."""
 
 @functools.lru_cache(maxsize=256)
 def _bool_columns(type_: Any) -> frozenset[str]:
-    """The columns that ``type_`` (a dataclass, msgspec Struct or TypedDict) reads as ``bool``: SQLite has no
-    boolean, and stores ``True``/``False`` as ``1``/``0``."""
+    """The columns that ``type_`` (a dataclass, msgspec Struct or TypedDict; or a union of such with ``None``)
+    reads as a ``bool`` (or ``bool | None``, or either ``Annotated``): SQLite has no boolean, and stores ``True``
+    and ``False`` as ``1`` and ``0``. A field that takes an ``int`` too (``int | bool``) takes the integer as it is."""
     try:
         info = msgspec.inspect.type_info(type_)
     except Exception:  # (not a type msgspec knows: msgspec.convert says why)
         return frozenset()
-    fields = getattr(info, "fields", ())
+    inspect_ = msgspec.inspect
+
+    def bare(t: Any) -> Any:
+        while isinstance(t, inspect_.Metadata):
+            t = t.type
+        return t
 
     def is_bool(t: Any) -> bool:
-        return isinstance(t, msgspec.inspect.BoolType) or (
-            isinstance(t, msgspec.inspect.UnionType) and any(isinstance(u, msgspec.inspect.BoolType) for u in t.types)
-        )
+        t = bare(t)
+        if isinstance(t, inspect_.UnionType):
+            kinds = [bare(u) for u in t.types if not isinstance(bare(u), inspect_.NoneType)]
+            return bool(kinds) and all(isinstance(u, inspect_.BoolType) for u in kinds)
+        return isinstance(t, inspect_.BoolType)
 
-    return frozenset(f.encode_name for f in fields if is_bool(f.type))
+    info = bare(info)
+    members = info.types if isinstance(info, inspect_.UnionType) else (info,)
+    return frozenset(f.encode_name for m in members for f in getattr(bare(m), "fields", ()) if is_bool(f.type))
 
 
 def _convert(db: str, rows: Rows, type_: Any) -> list[Any]:

@@ -649,6 +649,9 @@ class JobsEngine:
                 kept, **{f: getattr(given, f) for f in Options.__struct_fields__ if getattr(given, f) is not None}
             )
             merged = self._merged(name, changed)
+            # (from the options kept, not the index's: a queue still loading takes the new ones at its load's end,
+            # and would see no change; trial CE)
+            lowered = merged.attempts < stored.attempts
             db = await self.jobs_db()
             await db.write(
                 f"update {QUEUES} set options = ? where name = ?",
@@ -670,7 +673,7 @@ class JobsEngine:
                     q.stuck_at.push(e.started_at + q.options.expected, (e, e.fence))
         if q.options.keep != before.keep:
             self._arm_sweep(q, self.clock.now())  # ended jobs past the new keep go now (trial BQ: at the next end)
-        if q.options.attempts < before.attempts:
+        if lowered:
             await self._end_spent(q)
         self._pump_soon(q)
         return self._info(q)
@@ -1841,7 +1844,7 @@ class JobsEngine:
         try:
             done = await q.db.write(
                 f"update {TABLE} set state = ?, finished_at = ?, lease_until = null "
-                f"where id = ? and state in {sql_state} returning attempts, progress, fence",
+                f"where id = ? and state in {sql_state} returning attempts, progress, fence, error",
                 [state, now_ms, jid],
                 own=True,
             )
@@ -1856,12 +1859,15 @@ class JobsEngine:
             if e.where == ENDING:
                 q.place(e)
             return False
-        attempts, prog, fence = done.rows[0]
+        attempts, prog, fence, error = done.rows[0]
         peer = e.peer
         self._settle(q, e, state, None)
         if peer is not None:
             peer.push(CANCEL_PUSH, CancelRun(queue=q.name, id=jid, fence=fence, reason=state))
-        self._event(q, "state", jid, state, _json_decode(prog) if prog else None, attempts, None)
+        # (a dead job's event carries its last error, as at the end of its last attempt; trial CE)
+        self._event(
+            q, "state", jid, state, _json_decode(prog) if prog else None, attempts, error if state == "dead" else None
+        )
         self._notify(q, jid)
         return True
 

@@ -90,6 +90,7 @@ from .sql_text import (
     holds_no_statement,
     is_insert,
     is_vacuum,
+    is_vacuum_itself,
     names_last_rowid,
     no_statement,
     sets_foreign_keys,
@@ -114,6 +115,10 @@ that ended just then: its loop has yet to read the call)."""
 _NO_CALL: Any = object()
 
 
+BUSY_TIMEOUT_MS = 60_000
+"""How long a connection waits for a lock another holds (SQLite's busy timeout)."""
+CHECKPOINT_WAIT_MS = 1_000
+"""How long a checkpoint through exec waits for readers (see ``SqlDatabase._vacuum``)."""
 _UNLIMITED = 86400.0 * 365
 """A migration's ``tx_max`` and ``tx_idle`` (a year: none)."""
 
@@ -345,24 +350,51 @@ ORPHANS_SHOWN = 5
 """The rows a migration left without their parent that its error names (``PRAGMA foreign_key_check``)."""
 
 
-def _orphans_made(before: Sequence[Sequence[Any]], after: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
-    """The orphans a migration made: ``[]`` when ``after`` (``PRAGMA foreign_key_check`` at its end: table,
-    rowid, parent, foreign key id) holds no more than ``before`` (at its start), else some of those of the tables
-    whose orphans grew in number (at most :data:`ORPHANS_SHOWN` + 1).
+FK_COUNTS = 'select "table", parent, count(*) from pragma_foreign_key_check group by 1, 2'
+"""The orphans (rows whose foreign key finds no parent) of a database, counted by table and parent."""
+FK_ROWS = 'select "table", rowid, parent, fkid from pragma_foreign_key_check limit 1000'
+"""Some of them: to tell a migration's own from those it found, in its error (only)."""
+_FkState = tuple[list[Any], list[Any]]
+
+
+def _fk_mismatch(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's "foreign key mismatch" (a foreign key whose parent columns are no key): the
+    schema's, and SQLite lets such a key be made. A migration's orphans cannot be counted then; it is not
+    refused for it (trial CE: the very migration that made the parent column unique was)."""
+    return "foreign key mismatch" in str(getattr(exc, "message", exc))
+
+
+def _orphans_made(before: _FkState, after_counts: list[Any], after_rows: list[Any] | None) -> list[tuple[Any, ...]]:
+    """The orphans a migration made: ``[]`` when no table's orphans (``FK_COUNTS``) grew in number from
+    ``before`` (its start: counts and ``FK_ROWS``), else up to :data:`ORPHANS_SHOWN` + 1 rows of ``after_rows``
+    (``FK_ROWS`` at its end; ``None``: not read yet) of the tables whose orphans grew, those not there before
+    first.
 
     Counted, not matched row by row: a database brought from an application that ran with foreign keys off may
     hold orphans, and SQLite's own way of rebuilding or renaming a table moves them to other rowids or another
-    table name, while a WITHOUT ROWID table's orphans have no rowid to tell them apart (trial CF)."""
-    if len(after) <= len(before):
+    table name, while a WITHOUT ROWID table's orphans have no rowid to tell them apart (trials CE and CF)."""
+    had = {(t, p): n for t, p, n in before[0]}
+    has = {(t, p): n for t, p, n in after_counts}
+    if sum(has.values()) <= sum(had.values()):
         return []
-    had = collections.Counter((r[0], r[2]) for r in before)
-    has = collections.Counter((r[0], r[2]) for r in after)
     grew = {k for k, n in has.items() if n > had.get(k, 0)}
-    old = {tuple(r) for r in before}
-    # of the tables whose orphans grew in number, those not there before (most likely the migration's), else all
-    grown = [tuple(r) for r in after if (r[0], r[2]) in grew]
+    if after_rows is None:
+        return [("", None, "", 0)]  # (grown: the caller reads the rows)
+    old = {tuple(r) for r in before[1]}
+    grown = [tuple(r) for r in after_rows if (r[0], r[2]) in grew]
     out = [r for r in grown if r not in old] or grown
-    return out[: ORPHANS_SHOWN + 1] or [tuple(r) for r in after[: ORPHANS_SHOWN + 1]]
+    return out[: ORPHANS_SHOWN + 1] or [tuple(r) for r in after_rows[: ORPHANS_SHOWN + 1]]
+
+
+async def _fk_state_in(tx: SqlTx, counts_only: bool = False) -> _FkState | None:
+    """:meth:`SqlDatabase._fk_state`, through transaction ``tx``."""
+    try:
+        counts = (await tx.query(FK_COUNTS, [])).rows
+        return counts, [] if counts_only else (await tx.query(FK_ROWS, [])).rows
+    except TinystoreError as exc:
+        if _fk_mismatch(exc):
+            return None
+        raise
 
 
 def _orphans_left(db: str, rows: list[Any]) -> str:
@@ -444,7 +476,7 @@ class SqlDatabase:
             cached_statements=256,
             factory=GuardedConnection,
         )
-        conn.execute("pragma busy_timeout = 60000")
+        conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
         if readonly:
             conn.execute("pragma query_only = 1")
         else:
@@ -734,14 +766,15 @@ class SqlDatabase:
             try:
                 ctl(conn, "pragma foreign_keys = off")
                 ctl(conn, "begin immediate")
-                before = conn.execute("pragma foreign_key_check").fetchall()
+                before = self._fk_state(conn)
                 for stmt in statements:
                     schema = own_objects(conn) if names_own(stmt) and changes_schema(stmt) else None
                     conn.execute(stmt)
                     if schema is not None:
                         check_own_objects(self.name, schema, conn)
-                orphans = _orphans_made(before, conn.execute("pragma foreign_key_check").fetchall())
-                if orphans:
+                after = self._fk_state(conn, counts_only=True) if before is not None else None
+                if before is not None and after is not None and _orphans_made(before, after[0], None):
+                    orphans = _orphans_made(before, after[0], conn.execute(FK_ROWS).fetchall())
                     raise InvalidError(_orphans_left(self.name, orphans))
                 own_execute(
                     conn,
@@ -759,6 +792,18 @@ class SqlDatabase:
                 ctl(conn, "pragma foreign_keys = on")
             applied.append(name)
         return applied
+
+    @staticmethod
+    def _fk_state(conn: sqlite3.Connection, counts_only: bool = False) -> _FkState | None:
+        """The orphans of the database on ``conn``: ``FK_COUNTS`` and (unless ``counts_only``) ``FK_ROWS``;
+        ``None`` when the schema has a foreign key mismatch (see :func:`_fk_mismatch`)."""
+        try:
+            counts = conn.execute(FK_COUNTS).fetchall()
+            return counts, [] if counts_only else conn.execute(FK_ROWS).fetchall()
+        except sqlite3.OperationalError as exc:
+            if _fk_mismatch(exc):
+                return None
+            raise
 
     # -- calls from the loop ---------------------------------------------------------------------
 
@@ -1282,16 +1327,26 @@ class SqlDatabase:
         stops at the statement time limit)."""
         arm(time.monotonic())
         c: Any = conn
+        checkpoint = not is_vacuum_itself(w.sql)
         c.internal = True  # its own BEGIN and scratch database; VACUUM INTO a file stays refused (authorizer)
         try:
-            conn.execute(w.sql, w.params)
+            if checkpoint:
+                # a RESTART or TRUNCATE checkpoint waits for the readers' snapshots, holding every write: a second
+                # at most, then it answers what it did (its "busy" column 1), rather than stall the writes for as
+                # long as a read-only transaction stays open (trial CE: 12 s)
+                conn.execute(f"pragma busy_timeout = {CHECKPOINT_WAIT_MS}")
+            cur = conn.execute(w.sql, w.params)
+            desc = cur.description
+            rows = [list(r) for r in cur.fetchall()] if desc else []
         except BaseException as exc:
             self.results.put(w.fut, None, self._error(exc))
             return
         finally:
+            if checkpoint:
+                conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
             c.internal = False
         self.stats["writes"] += 1
-        self.results.put(w.fut, Done(0, 0, [], []), None)
+        self.results.put(w.fut, Done(0, 0, [d[0] for d in desc] if desc else [], rows), None)
 
     def _exec(
         self, conn: sqlite3.Connection, sql: str, params: list[Any], own: bool = False, last_rowid: int = 0
@@ -1898,17 +1953,18 @@ class SqlEngine:
                 continue
             tx = await db.begin(owner=None, migration=True)
             try:
-                before = (await tx.query("pragma foreign_key_check", [])).rows
-                for stmt in split_sql(text):
-                    if holds_no_statement(stmt) or sets_foreign_keys(stmt):
-                        continue  # (as at open: see SqlDatabase._migrate)
-                    try:
+                try:
+                    before = await _fk_state_in(tx)
+                    for stmt in split_sql(text):
+                        if holds_no_statement(stmt) or sets_foreign_keys(stmt):
+                            continue  # (as at open: see SqlDatabase._migrate)
                         await tx.exec(stmt, [])
-                    except TinystoreError as exc:
-                        raise migration_error(db.name, name, exc) from None
-                orphans = _orphans_made(before, (await tx.query("pragma foreign_key_check", [])).rows)
-                if orphans:
-                    raise migration_error(db.name, name, InvalidError(_orphans_left(db.name, orphans)))
+                    after = await _fk_state_in(tx, counts_only=True) if before is not None else None
+                    if before is not None and after is not None and _orphans_made(before, after[0], None):
+                        rows = (await tx.query(FK_ROWS, [])).rows
+                        raise InvalidError(_orphans_left(db.name, _orphans_made(before, after[0], rows)))
+                except TinystoreError as exc:
+                    raise migration_error(db.name, name, exc) from None
                 await tx.exec(
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     [name, text, int(time.time() * 1000)],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import (
     ConflictError,
+    CorruptError,
     InvalidError,
     TimeoutError_,
     TinystoreError,
@@ -30,9 +31,13 @@ def rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False)
     return kind(msg)
 
 
-def migration_error(db: str, migration: str, exc: TinystoreError) -> InvalidError:
-    """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name."""
+def migration_error(db: str, migration: str, exc: TinystoreError) -> TinystoreError:
+    """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name; an ``InvalidError``,
+    or a ``CorruptError`` when the file is damaged (trial CE: said ``InvalidError``, as if the SQL were at
+    fault)."""
     why = exc.message.removeprefix(f"database {db}: ")
+    if isinstance(exc, CorruptError):
+        return CorruptError(f"database {db}: migration {migration}: {why}")
     return InvalidError(f"database {db}: migration {migration}: {why}")
 
 
@@ -111,8 +116,6 @@ def sql_error(db: str, exc: BaseException, statement_timeout: float | None = Non
     if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or (not name and msg in _CORRUPT_MESSAGES):
         # by SQLite's code, not the words: "malformed JSON" (json()) and "malformed MATCH expression" (full-text
         # search) are a statement's SQLITE_ERROR, about its input, not the file (trial CC)
-        from ..errors import CorruptError
-
         return CorruptError(f"database {db}: {msg}")
     if isinstance(exc, sqlite3.Error | ValueError):
         return InvalidError(f"database {db}: {msg}")

@@ -174,14 +174,22 @@ def defers_foreign_keys(sql: str) -> bool:
     return _word(head, "pragma") is not None
 
 
-_SETS_FOREIGN_KEYS = re.compile(r"pragma\s+(?:main\s*\.\s*)?foreign_keys\s*(?:=|\()", re.IGNORECASE)
+_COMMENTS = re.compile(r"--[^\n]*|/\*.*?(?:\*/|\Z)", re.S)
+_FK_NAME = r"(?:foreign_keys|\"foreign_keys\"|`foreign_keys`|\[foreign_keys\])"
+_SETS_FOREIGN_KEYS = re.compile(
+    rf"\s*pragma\s+(?:(?:main|temp|\"main\"|\"temp\")\s*\.\s*)?{_FK_NAME}\s*"
+    r"(?:=\s*[\w'\"]+|\(\s*[\w'\"]+\s*\))[\s;]*",
+    re.IGNORECASE,
+)
 
 
 def sets_foreign_keys(sql: str) -> bool:
-    """Whether ``sql`` is a ``PRAGMA foreign_keys = ...``: in a migration, where SQLite's procedure for the schema
-    changes ALTER TABLE cannot make (https://sqlite.org/lang_altertable.html#otheralter) turns them off and on
-    around its transaction, the store does that itself (see ``SqlDatabase._migrate``)."""
-    return _SETS_FOREIGN_KEYS.match(_skip_comments(sql)) is not None
+    """Whether ``sql`` is, whole, a ``PRAGMA foreign_keys = ...`` (comments anywhere): in a migration, where
+    SQLite's procedure for the schema changes ALTER TABLE cannot make (https://sqlite.org/lang_altertable.html
+    #otheralter) turns them off and on around its transaction, the store does that itself (see
+    ``SqlDatabase._migrate``). A text that holds more (a statement after it with no ``;`` between) is not one:
+    passed over, it took that statement with it (trial CE)."""
+    return _SETS_FOREIGN_KEYS.fullmatch(_COMMENTS.sub(" ", sql)) is not None
 
 
 # strings, quoted names ("a", `a`, [a]) and comments: what a keyword inside is not one (a name with a quote in it
@@ -197,6 +205,12 @@ def has_deferred_constraint(schema: Sequence[str]) -> bool:
 
 
 _CHECKPOINT = re.compile(r"pragma\s+(?:[a-z_][a-z0-9_]*\s*\.\s*)?wal_checkpoint\b", re.IGNORECASE)
+
+
+def is_vacuum_itself(sql: str) -> bool:
+    """Whether ``sql`` is a ``VACUUM`` (not a ``PRAGMA wal_checkpoint``; see :func:`is_vacuum`)."""
+    head = _skip_comments(sql)
+    return head[:6].lower() == "vacuum" and (len(head) == 6 or not (head[6].isalnum() or head[6] == "_"))
 
 
 @_cached_for_short_texts(256)
