@@ -8,6 +8,7 @@ import os
 import secrets
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -151,3 +152,12 @@ def drop_connection(store: tinystore.Store) -> None:
     abort = getattr(store.transport, "abort", None)
     assert abort is not None, "an embedded store has no connection to drop"
     abort()
+
+
+def sqlite_file(path: Path, script: str) -> None:
+    """A database made by plain sqlite3 at ``path`` (its folders made): an application's file brought into a
+    store (foreign keys off, as sqlite3 has them unless asked)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.executescript(script)
+        conn.commit()

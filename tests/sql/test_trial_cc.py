@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime
 import enum
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ import msgspec
 import pytest
 
 import tinystore
-from tests.helpers import open_store
+from tests.helpers import open_store, sqlite_file
 from tinystore import ConflictError, InvalidError
 
 BASE = (
@@ -242,10 +240,9 @@ async def test_errors_that_say_what_to_do(store: tinystore.Store) -> None:
 async def test_orphans_from_before_do_not_stop_a_migration(tmp_path: Path, open_first: bool) -> None:
     """A database brought from sqlite3 (foreign keys off unless asked) may hold child rows without a parent: only
     the orphans a migration makes fail it."""
-    (tmp_path / "s" / "sql").mkdir(parents=True)
-    with contextlib.closing(sqlite3.connect(tmp_path / "s" / "sql" / "app.db")) as conn:
-        conn.executescript(BASE[1] + "\ninsert into posts values (4, 99, 'orphan from before');")
-        conn.commit()
+    sqlite_file(
+        tmp_path / "s" / "sql" / "app.db", BASE[1] + "\ninsert into posts values (4, 99, 'orphan from before');"
+    )
     async with open_store("embedded", tmp_path / "s") as store:
         if open_first:
             await store.database("app")

@@ -4,9 +4,7 @@ typed rows, checkpoints)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import sqlite3
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,7 +13,7 @@ import msgspec
 import pytest
 
 import tinystore
-from tests.helpers import open_store
+from tests.helpers import open_store, sqlite_file
 from tinystore import InvalidError
 
 USERS = ("001.sql", "create table users (id integer primary key, email text not null);")
@@ -40,13 +38,12 @@ async def test_a_foreign_keys_pragma_with_no_semicolon_does_not_take_the_next_st
 async def test_a_foreign_key_mismatch_in_the_schema_blocks_no_migration(tmp_path: Path, open_first: bool) -> None:
     """``invites.email references users(email)``, with users.email no key: SQLite's foreign_key_check fails
     ("foreign key mismatch"), and so did every migration, even the one that makes the key."""
-    (tmp_path / "s" / "sql").mkdir(parents=True)
-    with contextlib.closing(sqlite3.connect(tmp_path / "s" / "sql" / "app.db")) as conn:
-        conn.executescript(
-            "create table users (id integer primary key, email text);"
-            "create table invites (email text references users(email));"
-            "insert into users values (1, 'a@x');"
-        )
+    sqlite_file(
+        tmp_path / "s" / "sql" / "app.db",
+        "create table users (id integer primary key, email text);"
+        "create table invites (email text references users(email));"
+        "insert into users values (1, 'a@x');",
+    )
     async with open_store("embedded", tmp_path / "s") as store:
         if open_first:
             await store.database("app")
@@ -62,15 +59,13 @@ async def test_a_foreign_key_mismatch_in_the_schema_blocks_no_migration(tmp_path
 async def test_many_orphans_from_before_do_not_fail_a_migration_of_an_open_database(tmp_path: Path) -> None:
     """Read whole through a transaction, the orphans from before went past sql_result_bytes: LimitError, and the
     migration was not even named."""
-    (tmp_path / "s" / "sql").mkdir(parents=True)
-    with contextlib.closing(sqlite3.connect(tmp_path / "s" / "sql" / "app.db")) as conn:
-        conn.executescript(
-            "create table users (id integer primary key);"
-            "create table posts (user_id int references users(id));"
-            "insert into posts select value from (with recursive c(value) as (select 1 union all select value + 1"
-            " from c where value < 20000) select value from c);"
-        )
-        conn.commit()
+    sqlite_file(
+        tmp_path / "s" / "sql" / "app.db",
+        "create table users (id integer primary key);"
+        "create table posts (user_id int references users(id));"
+        "insert into posts select value from (with recursive c(value) as (select 1 union all select value + 1"
+        " from c where value < 20000) select value from c);",
+    )
     async with open_store("embedded", tmp_path / "s", limits=tinystore.Limits(sql_result_bytes=1 << 20)) as store:
         db = await store.database("app")
         await store.database("app", migrations=[("002.sql", "create table other (x);")])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import tinystore
-from tests.helpers import open_store
+from tests.helpers import open_store, sqlite_file
 from tinystore import InvalidError, UnavailableError
 from tinystore.engines.sql_errors import sql_error
 
@@ -32,10 +32,7 @@ REBUILD_NOTES = (
 
 def _bring(directory: Path) -> None:
     """An application's database, written with foreign keys off (sqlite3's default): it holds orphans."""
-    (directory / "sql").mkdir(parents=True)
-    with contextlib.closing(sqlite3.connect(directory / "sql" / "app.db")) as conn:
-        conn.executescript(OLD)
-        conn.commit()
+    sqlite_file(directory / "sql" / "app.db", OLD)
 
 
 # contract: SQL-05

@@ -473,12 +473,7 @@ class JobsEngine:
             for (name,) in rows:
                 if self.closed:
                     return
-                try:
-                    await self._queue(name)
-                except ClosedError:
-                    return
-                except TinystoreError as exc:
-                    log.warning("queue %s: not loaded: %s", name, exc.message)
+                await self._load_quietly(name)
             return
 
     def _track(self, coro: Any) -> asyncio.Task[Any]:
