@@ -364,22 +364,27 @@ def _fk_mismatch(exc: BaseException) -> bool:
     return "foreign key mismatch" in str(getattr(exc, "message", exc))
 
 
-def _orphans_made(before: _FkState, after_counts: list[Any], after_rows: list[Any] | None) -> list[tuple[Any, ...]]:
-    """The orphans a migration made: ``[]`` when no table's orphans (``FK_COUNTS``) grew in number from
-    ``before`` (its start: counts and ``FK_ROWS``), else up to :data:`ORPHANS_SHOWN` + 1 rows of ``after_rows``
-    (``FK_ROWS`` at its end; ``None``: not read yet) of the tables whose orphans grew, those not there before
-    first.
+def _migration_statements(text: str) -> list[str]:
+    """The statements a migration runs: those of ``text`` but the empty ones (comments) and its own
+    ``PRAGMA foreign_keys`` (see ``SqlDatabase._migrate``)."""
+    return [s for s in split_sql(text) if not holds_no_statement(s) and not sets_foreign_keys(s)]
+
+
+def _orphans_grew(before: _FkState, after_counts: list[Any]) -> bool:
+    """Whether a migration left more orphans (``FK_COUNTS`` at its end) than it found (``before``, at its start).
 
     Counted, not matched row by row: a database brought from an application that ran with foreign keys off may
     hold orphans, and SQLite's own way of rebuilding or renaming a table moves them to other rowids or another
     table name, while a WITHOUT ROWID table's orphans have no rowid to tell them apart (trials CE and CF)."""
+    return bool(sum(n for _, _, n in after_counts) > sum(n for _, _, n in before[0]))
+
+
+def _orphans_made(before: _FkState, after_counts: list[Any], after_rows: list[Any]) -> list[tuple[Any, ...]]:
+    """The orphans to name in the error of a migration whose orphans grew (:func:`_orphans_grew`): up to
+    :data:`ORPHANS_SHOWN` + 1 rows of ``after_rows`` (``FK_ROWS`` at its end) of the tables whose orphans grew in
+    number, those not there ``before`` first."""
     had = {(t, p): n for t, p, n in before[0]}
-    has = {(t, p): n for t, p, n in after_counts}
-    if sum(has.values()) <= sum(had.values()):
-        return []
-    grew = {k for k, n in has.items() if n > had.get(k, 0)}
-    if after_rows is None:
-        return [("", None, "", 0)]  # (grown: the caller reads the rows)
+    grew = {(t, p) for t, p, n in after_counts if n > had.get((t, p), 0)}
     old = {tuple(r) for r in before[1]}
     grown = [tuple(r) for r in after_rows if (r[0], r[2]) in grew]
     out = [r for r in grown if r not in old] or grown
@@ -762,7 +767,7 @@ class SqlDatabase:
             # child with its DROP (trial CC). A migration that leaves a child row without its parent (one that
             # counted on a cascade) fails whole, naming the rows. Its own PRAGMA foreign_keys statements (SQLite's
             # procedure has them) are passed over.
-            statements = [s for s in split_sql(text) if not holds_no_statement(s) and not sets_foreign_keys(s)]
+            statements = _migration_statements(text)
             try:
                 ctl(conn, "pragma foreign_keys = off")
                 ctl(conn, "begin immediate")
@@ -773,7 +778,7 @@ class SqlDatabase:
                     if schema is not None:
                         check_own_objects(self.name, schema, conn)
                 after = self._fk_state(conn, counts_only=True) if before is not None else None
-                if before is not None and after is not None and _orphans_made(before, after[0], None):
+                if before is not None and after is not None and _orphans_grew(before, after[0]):
                     orphans = _orphans_made(before, after[0], conn.execute(FK_ROWS).fetchall())
                     raise InvalidError(_orphans_left(self.name, orphans))
                 own_execute(
@@ -1955,12 +1960,10 @@ class SqlEngine:
             try:
                 try:
                     before = await _fk_state_in(tx)
-                    for stmt in split_sql(text):
-                        if holds_no_statement(stmt) or sets_foreign_keys(stmt):
-                            continue  # (as at open: see SqlDatabase._migrate)
+                    for stmt in _migration_statements(text):  # (as at open: see SqlDatabase._migrate)
                         await tx.exec(stmt, [])
                     after = await _fk_state_in(tx, counts_only=True) if before is not None else None
-                    if before is not None and after is not None and _orphans_made(before, after[0], None):
+                    if before is not None and after is not None and _orphans_grew(before, after[0]):
                         rows = (await tx.query(FK_ROWS, [])).rows
                         raise InvalidError(_orphans_left(db.name, _orphans_made(before, after[0], rows)))
                 except TinystoreError as exc:
