@@ -134,3 +134,31 @@ async def test_attempts_lowered_while_the_queue_loads_end_its_spent_jobs(
         assert states == {"dead"}, states
         status = (await store.status())["jobs"]["queues"]
         assert [s["queued"] + s["delayed"] for s in status if s["queue"] == "q"] == [0]
+
+
+# contract: JOB-03
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_attempts_lowered_under_a_running_one_that_snoozes_end_it(tmp_path: Path, mode: str) -> None:
+    """Attempts lowered while a job's third attempt ran, which then snoozed (an attempt that does not count):
+    it went back to wait with 2 attempts made of 2 allowed, and ran a third time. It ends dead, as a job waiting
+    with as many attempts as allowed does when they are lowered."""
+    async with open_store(mode, tmp_path / "s", clock=START) as store:
+        q = store.queue("mail", attempts=5, backoff=("10s", "10s"))
+        calls: list[int] = []
+
+        async def handler(value: Any, run: tinystore.Run) -> Any:
+            calls.append(run.attempt)
+            if run.attempt < 3:
+                raise RuntimeError("smtp 421")
+            await configure(store, "mail", Options(attempts=2))
+            return run.snooze("1s")
+
+        jid = await q.add({"to": "x"})
+        for _ in range(3):
+            await q.run_due(handler)
+            await store.clock.advance("11s")
+        await q.run_due(handler)
+        assert calls == [1, 2, 3], calls
+        job = await q.get(jid)
+        assert job is not None and job.state == "dead" and job.attempts == 2 and job.max_attempts == 2, job
+        assert job.error is not None and "smtp 421" in job.error

@@ -679,16 +679,20 @@ class JobsEngine:
         a service that is down, they ran once more each, ``2/1``). Their last error stays theirs."""
         limit = q.options.attempts
         spent = [e for e in q.entries.values() if e.where in (READY, DELAYED) and e.attempts >= limit]
-        now_ms = _now_ms(self.clock)
+        # (all at once: their writes share group commits)
+        await asyncio.gather(*(self._end_if_spent(q, e) for e in spent))
 
-        async def end(e: Entry) -> None:
+    async def _end_if_spent(self, q: JobQueue, e: Entry, then: asyncio.Future[bool] | None = None) -> None:
+        """End the waiting job ``e`` ``dead`` if it has made as many attempts as the queue allows (after its
+        write under way, if one is); then ``then`` (if given) gets ``True``, whatever came of it."""
+        try:
             while e.busy is not None:
                 await asyncio.shield(e.busy)
             if e.where in (READY, DELAYED) and q.entries.get(e.id) is e and e.attempts >= q.options.attempts:
-                await self._end_waiting(q, e, "dead", now_ms)
-
-        # (all at once: their writes share group commits)
-        await asyncio.gather(*(end(e) for e in spent))
+                await self._end_waiting(q, e, "dead", _now_ms(self.clock))
+        finally:
+            if then is not None and not then.done():
+                then.set_result(True)
 
     async def _queue(self, name: str) -> JobQueue:
         q = self.queues.get(name)
@@ -1325,7 +1329,12 @@ class JobsEngine:
             self._settle(q, e, state, run_at)
             self._event(q, "state", e.id, state, _json_decode(prog) if prog else None, attempts, error)
             self._notify(q, e.id)
-            if not out.done():
+            if uncount and attempts >= q.options.attempts:
+                # an attempt that did not count (a snooze, a hand-back) of a job whose attempts were lowered
+                # under it: it has made as many as allowed, and ends as _end_spent ends the waiting ones (before
+                # the answer, so who reads the job after it sees it dead)
+                self._track(self._end_if_spent(q, e, out))
+            elif not out.done():
                 out.set_result(True)
 
         written.add_done_callback(done)
