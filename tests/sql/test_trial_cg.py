@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import tinystore
+from tests.helpers import open_store
 
 
 # contract: SQL-06
@@ -26,3 +29,21 @@ async def test_a_checkpoint_spelled_any_way_runs_alone_through_exec(store: tinys
     done = await db.exec(sql)
     assert done.columns == ["busy", "log", "checkpointed"] and done.rows[0][0] == 0, done
     assert await db.scalar("select count(*) from t") == 1
+
+
+# contract: SQL-06
+async def test_a_vacuum_has_no_statement_time_limit(tmp_path: Path) -> None:
+    """VACUUM rewrites the whole file, so it takes as long as the database is large: one of a few GB passed
+    ``statement_timeout`` (30 s), rolled back, and nothing but ``serve``'s hidden ``--limits`` could raise it. It
+    runs under no time limit, as a migration does (it is asked for, like one); other statements keep theirs."""
+    limits = tinystore.Limits(statement_timeout=0.05)
+    fill = (
+        "create table big as with recursive c(v) as (select 1 union all select v + 1 from c where v < 300000) "
+        "select v, randomblob(32) as b from c;\ncreate index big_b on big (b);\ndelete from big where v % 2 = 0;"
+    )
+    async with open_store("private", tmp_path / "s", limits=limits) as store:
+        db = await store.database("app", migrations=[("001_big.sql", fill)])
+        await db.exec("vacuum")
+        assert await db.scalar("select count(*) from big") == 150000
+        with pytest.raises(tinystore.TimeoutError_):
+            await db.exec("create table big2 as select * from big order by b")

@@ -1328,11 +1328,12 @@ class SqlDatabase:
 
     def _vacuum(self, conn: sqlite3.Connection, w: _Write, arm: _Arm) -> None:
         """``VACUUM`` (or ``PRAGMA wal_checkpoint``): alone on the writer, outside any transaction (SQLite runs
-        neither inside one). A VACUUM rewrites the whole file, so it takes as long as the database is large (and
-        stops at the statement time limit)."""
-        arm(time.monotonic())
-        c: Any = conn
+        neither inside one). A VACUUM rewrites the whole file, so it takes as long as the database is large: it
+        runs under no time limit, as a migration does (one of a few GB passed ``statement_timeout`` and rolled
+        back; trial CF). A checkpoint keeps the limit (it waits a second at most for readers, below)."""
         checkpoint = not is_vacuum_itself(w.sql)
+        arm(time.monotonic() if checkpoint else math.inf)
+        c: Any = conn
         c.internal = True  # its own BEGIN and scratch database; VACUUM INTO a file stays refused (authorizer)
         try:
             if checkpoint:
