@@ -142,6 +142,8 @@ CLAIMED_KEPT = 100_000
 """How many answered claims (at most), holding how many attempts in all (at most), and for how long (seconds),
 ``jobs.release_claim`` can still hand back (a claim holds up to 1,000 attempts: without the second cap, 10,000
 of them could keep 10 million)."""
+END_SPENT_AT_ONCE = 256
+"""How many spent jobs a configure that lowers ``attempts`` ends at once (see ``JobsEngine._end_spent``)."""
 
 END_CHUNK = 400
 """Attempt ends per statement (10 parameters each)."""
@@ -679,8 +681,9 @@ class JobsEngine:
         a service that is down, they ran once more each, ``2/1``). Their last error stays theirs."""
         limit = q.options.attempts
         spent = [e for e in q.entries.values() if e.where in (READY, DELAYED) and e.attempts >= limit]
-        # (all at once: their writes share group commits)
-        await asyncio.gather(*(self._end_if_spent(q, e) for e in spent))
+        # (a few hundred at once: their writes share group commits; 50,000 at once stalled the loop 0.8 s)
+        for i in range(0, len(spent), END_SPENT_AT_ONCE):
+            await asyncio.gather(*(self._end_if_spent(q, e) for e in spent[i : i + END_SPENT_AT_ONCE]))
 
     async def _end_if_spent(self, q: JobQueue, e: Entry, then: asyncio.Future[bool] | None = None) -> None:
         """End the waiting job ``e`` ``dead`` if it has made as many attempts as the queue allows (after its
