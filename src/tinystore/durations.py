@@ -47,7 +47,7 @@ def seconds(value: Duration, what: str = "duration") -> float:
     if not math.isfinite(out) or out < 0:
         raise InvalidError(f"{what}: a duration must be finite and not negative, got {value!r}")
     if out > MAX_SECONDS:
-        raise InvalidError(f"{what}: a duration is at most 100 years (36500d), got {out:.6g}s")
+        raise InvalidError(f"{what}: a duration is at most 100 years (36500d), got {out / 86400:.6g}d")
     return out
 
 

@@ -57,15 +57,17 @@ def a_or_an(word: str) -> str:
     return f"{'an' if low[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} {word}"
 
 
-def key_text(kind: str, name: str, key: object) -> str:
-    """A lock or branch key as text: ``7`` and ``"7"`` are one key. Raises ``InvalidError`` for other types."""
+def key_text(kind: str, name: str, key: object, word: str = "key") -> str:
+    """A lock's key or a channel's branch part (``word``: "key" or "branch part") as text: ``7`` and ``"7"`` are
+    one key. Raises ``InvalidError`` for other types and for one empty or over 256 characters."""
     if isinstance(key, bool) or not isinstance(key, str | int):
-        raise InvalidError(f"{kind} {name}: key {key!r}: a key is a str or an int, not {type(key).__name__}")
+        raise InvalidError(f"{kind} {name}: {word} {key!r}: a {word} is a str or an int, not {type(key).__name__}")
     text = str(key)
     if not text or len(text) > 256:
-        raise InvalidError(f"{kind} {name}: key {text[:40]!r}: a key is 1 to 256 characters")
+        got = f" (this one has {len(text)})" if text else ""
+        raise InvalidError(f"{kind} {name}: {word} {text[:40]!r}: a {word} is 1 to 256 characters{got}")
     if not text.isascii():
-        check_unicode(f"{kind} {name}: key", text)
+        check_unicode(f"{kind} {name}: {word}", text)
     return text
 
 

@@ -39,13 +39,16 @@ class Demo:
 
 
 @contextlib.asynccontextmanager
-async def run_demo(directory: Path, *args: str, urls: int = 1) -> AsyncIterator[Demo]:
-    """Start ``tinystore demo DIRECTORY --port 0 ARGS``; yields once it printed ``urls`` addresses."""
+async def run_demo(directory: Path, *args: str, urls: int = 1, stderr: Path | None = None) -> AsyncIterator[Demo]:
+    """Start ``tinystore demo DIRECTORY --port 0 ARGS``; yields once it printed ``urls`` addresses. ``stderr``: a
+    file that gets what it writes there (else it goes to the test's)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tinystore", "demo", str(directory), "--port", "0", *args,
-        stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=env,
-    )  # fmt: skip
+    with contextlib.ExitStack() as files:
+        err = files.enter_context(stderr.open("wb")) if stderr is not None else None
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tinystore", "demo", str(directory), "--port", "0", *args,
+            stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, stderr=err, env=env,
+        )  # fmt: skip
     assert proc.stdout is not None
     found: list[str] = []
     output: list[str] = []

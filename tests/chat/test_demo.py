@@ -47,8 +47,9 @@ async def test_demo_runs_the_chat_on_an_embedded_store_and_stops_cleanly(tmp_pat
 
 
 async def test_two_web_processes_and_a_worker_share_one_store(tmp_path: Path) -> None:
+    err = tmp_path / "stderr.txt"
     async with (
-        run_demo(tmp_path / "data", "--web-processes", "2", "--token-delay", "0.002", urls=2) as demo,
+        run_demo(tmp_path / "data", "--web-processes", "2", "--token-delay", "0.002", urls=2, stderr=err) as demo,
         client() as http,
     ):
         one, two = demo.urls
@@ -59,6 +60,8 @@ async def test_two_web_processes_and_a_worker_share_one_store(tmp_path: Path) ->
         assert await demo.stop() == 0
         # the sidecar the demo started stops with it (trial AA: it stayed some 30 s, until idle)
         assert paths.read_address((tmp_path / "data").resolve()) is None
+    # said once, not by each web process (trial CI)
+    assert err.read_text().count("stopping: a reply being written") == 1, err.read_text()
 
 
 async def test_a_server_that_served_before_the_demo_keeps_serving_after_it(tmp_path: Path) -> None:

@@ -83,7 +83,13 @@ def make_model(url: str | None, name: str, token_delay: float = 0.03) -> Any:
     return model.OfflineModel(delay=token_delay)
 
 
-def _uvicorn_server(app: Any, host: str, port: int) -> Any:
+STOPPING = (
+    "stopping: a reply being written gets a few seconds, else it is handed back to its queue and finishes after the "
+    "next start"
+)
+
+
+def _uvicorn_server(app: Any, host: str, port: int, say_stopping: bool = True) -> Any:
     import uvicorn
 
     from ..sse import end_streams
@@ -93,13 +99,8 @@ def _uvicorn_server(app: Any, host: str, port: int) -> Any:
         not raising the signal again once it stopped, so the store closes cleanly after it."""
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            if not self.should_exit:  # (said once)
-                print(
-                    "stopping: a reply being written gets a few seconds, else it is handed back to its queue and "
-                    "finishes after the next start",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            if not self.should_exit and say_stopping:  # (said once; by run_many for its web processes)
+                print(STOPPING, file=sys.stderr, flush=True)
             end_streams()
             super().handle_exit(sig, frame)
 
@@ -256,7 +257,7 @@ def run_web(directory: Path, host: str, port: int, model_url: str | None, model_
     app = app_module.create_app(
         directory=directory, embedded=False, workers=False, model=make_model(model_url, model_name, token_delay)
     )
-    server = _uvicorn_server(app, host, port)
+    server = _uvicorn_server(app, host, port, say_stopping=False)
 
     def ready(address: str) -> None:
         sys.stdout.write(f"{READY}{address}\n")
@@ -345,6 +346,8 @@ def run_many(
                 await asyncio.gather(*waits, stopping, return_exceptions=True)
             if not stop.is_set():
                 click.echo("a demo process exited; stopping the others", err=True)
+            else:
+                click.echo(STOPPING, err=True)
         finally:
             await _stop_children(children)
             if not serving:

@@ -179,7 +179,7 @@ def _type_name(t: Any) -> str:
 
 
 def _branch_parts(name: str, owners: Sequence[object]) -> tuple[str, ...]:
-    return tuple(key_text("channel", name, o) for o in owners)
+    return tuple(key_text("channel", name, o, "branch part") for o in owners)
 
 
 class Channel(Generic[T]):

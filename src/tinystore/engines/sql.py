@@ -1038,6 +1038,7 @@ class SqlDatabase:
                         f"it may have (Limits.read_transactions, {limit}: each holds a thread and a connection); "
                         "end one, or read outside a transaction",
                         limit=limit,
+                        wanted=open_now + 1,
                     )
                 )
                 return fut
@@ -1898,6 +1899,7 @@ class SqlEngine:
                         f"(Limits.databases, {limit}: each holds a writer thread, {self.limits.readers} readers and "
                         "their files)",
                         limit=limit,
+                        wanted=len(self.databases) + 1,
                     )
                 path = self.directory / f"{name}.db"
                 existed = path.exists()
