@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -350,16 +350,67 @@ ORPHANS_SHOWN = 5
 """The rows a migration left without their parent that its error names (``PRAGMA foreign_key_check``)."""
 
 
-FK_COUNTS = 'select "table", parent, count(*) from pragma_foreign_key_check group by 1, 2'
-"""The orphans (rows whose foreign key finds no parent) of a database, counted by table and parent."""
-FK_ROWS = 'select "table", rowid, parent, fkid from pragma_foreign_key_check limit 1000'
-"""Some of them: to tell a migration's own from those it found, in its error (only)."""
-_FkState = tuple[list[Any], list[Any]]
+FK_TABLES = "select name from sqlite_schema where type = 'table'"
+"""Every table of the database (to tell a migration's new tables and those it dropped or renamed)."""
+FK_CHILDREN = (
+    "select m.name from sqlite_schema m where m.type = 'table' "
+    "and exists (select 1 from pragma_foreign_key_list(m.name))"
+)
+"""The tables that have a foreign key."""
+FK_COUNT = "select count(*) from pragma_foreign_key_check(?)"
+"""The orphans (rows whose foreign key finds no parent) of one table."""
+FK_ROWS = 'select "table", rowid, parent, fkid from pragma_foreign_key_check(?) limit ?'
+"""Some of them (``limit``): to tell a migration's own from those it found, in its error (only)."""
+FK_ROWS_KEPT = 1000
+
+
+@dataclass
+class _FkState:
+    """The orphans of a database, table by table (see :func:`_fk_state`)."""
+
+    tables: frozenset[str]
+    """Every table."""
+    counts: dict[str, int]
+    """Orphans by child table, for each table with a foreign key that SQLite can check."""
+    unchecked: frozenset[str]
+    """The tables with a foreign key SQLite cannot check (a "foreign key mismatch", see :func:`_fk_mismatch`)."""
+    rows: list[tuple[Any, ...]]
+    """Up to :data:`FK_ROWS_KEPT` orphans: (table, rowid, parent table, foreign key id)."""
+
+
+T = TypeVar("T")
+_FkQuery = tuple[str, list[Any]]
+_FkSteps = Generator[_FkQuery, list[Any], _FkState]
+
+
+def _fk_state(with_rows: bool = True) -> _FkSteps:
+    """The queries that make a :class:`_FkState` (the caller runs each one it is given and sends its rows back, or
+    throws its error in), so that the writer's connection and a transaction share them.
+
+    Table by table, not one ``pragma_foreign_key_check`` for all: a table whose foreign key SQLite cannot check
+    (a mismatch, which SQLite lets a schema have) stops the check of every other table (trial CH: a migration
+    then left orphans in the tables declared well)."""
+    tables = frozenset(r[0] for r in (yield FK_TABLES, []))
+    counts: dict[str, int] = {}
+    unchecked: set[str] = set()
+    rows: list[tuple[Any, ...]] = []
+    for (table,) in (yield FK_CHILDREN, []):
+        try:
+            n = int((yield FK_COUNT, [table])[0][0])
+        except Exception as exc:
+            if not _fk_mismatch(exc):
+                raise
+            unchecked.add(table)
+            continue
+        counts[table] = n
+        if n and with_rows and len(rows) < FK_ROWS_KEPT:
+            rows += [tuple(r) for r in (yield FK_ROWS, [table, FK_ROWS_KEPT - len(rows)])]
+    return _FkState(tables, counts, frozenset(unchecked), rows)
 
 
 def _fk_mismatch(exc: BaseException) -> bool:
     """Whether ``exc`` is SQLite's "foreign key mismatch" (a foreign key whose parent columns are no key): the
-    schema's, and SQLite lets such a key be made. A migration's orphans cannot be counted then; it is not
+    schema's, and SQLite lets such a key be made. That table's orphans cannot be counted then; a migration is not
     refused for it (trial CE: the very migration that made the parent column unique was)."""
     return "foreign key mismatch" in str(getattr(exc, "message", exc))
 
@@ -370,48 +421,86 @@ def _migration_statements(text: str) -> list[str]:
     return [s for s in split_sql(text) if not holds_no_statement(s) and not sets_foreign_keys(s)]
 
 
-def _orphans_grew(before: _FkState, after_counts: list[Any]) -> bool:
-    """Whether a migration left more orphans (``FK_COUNTS`` at its end) than it found (``before``, at its start).
+def _orphans_grown(before: _FkState, after: _FkState) -> list[str]:
+    """The tables where a migration left more orphans (``after``, at its end) than it found (``before``, at its
+    start), or ``[]``.
 
-    Counted, not matched row by row: a database brought from an application that ran with foreign keys off may
-    hold orphans, and SQLite's own way of rebuilding or renaming a table moves them to other rowids or another
-    table name, while a WITHOUT ROWID table's orphans have no rowid to tell them apart (trials CE and CF)."""
-    return bool(sum(n for _, _, n in after_counts) > sum(n for _, _, n in before[0]))
+    Counted table by table, not matched row by row: a database brought from an application that ran with foreign
+    keys off may hold orphans, and SQLite's own way of rebuilding a table moves them to other rowids, while a
+    WITHOUT ROWID table's orphans have no rowid to tell them apart (trials CE and CF). Not in all (trial CH: a
+    migration that deleted an old orphan could leave a new one elsewhere). A table the migration made may hold
+    as many as the tables it dropped (or renamed away) held; a table SQLite could not check at the start is not
+    judged."""
+    grown = [
+        t
+        for t, n in after.counts.items()
+        if t in before.tables and t not in before.unchecked and n > before.counts.get(t, 0)
+    ]
+    made = {t: n for t, n in after.counts.items() if t not in before.tables and n}
+    gone = sum(n for t, n in before.counts.items() if t not in after.tables)
+    return grown + (sorted(made) if sum(made.values()) > gone else [])
 
 
-def _orphans_made(before: _FkState, after_counts: list[Any], after_rows: list[Any]) -> list[tuple[Any, ...]]:
-    """The orphans to name in the error of a migration whose orphans grew (:func:`_orphans_grew`): up to
-    :data:`ORPHANS_SHOWN` + 1 rows of ``after_rows`` (``FK_ROWS`` at its end) of the tables whose orphans grew in
-    number, those not there ``before`` first."""
-    had = {(t, p): n for t, p, n in before[0]}
-    grew = {(t, p) for t, p, n in after_counts if n > had.get((t, p), 0)}
-    old = {tuple(r) for r in before[1]}
-    grown = [tuple(r) for r in after_rows if (r[0], r[2]) in grew]
-    out = [r for r in grown if r not in old] or grown
-    return out[: ORPHANS_SHOWN + 1] or [tuple(r) for r in after_rows[: ORPHANS_SHOWN + 1]]
+def _orphans_made(before: _FkState, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The orphans to name in the error of a migration whose orphans grew: up to :data:`ORPHANS_SHOWN` + 1 of
+    ``rows`` (those of the tables where they grew, at its end), those not there ``before`` first."""
+    old = set(before.rows)
+    out = [r for r in rows if r not in old] or rows
+    return out[: ORPHANS_SHOWN + 1]
 
 
-async def _fk_state_in(tx: SqlTx, counts_only: bool = False) -> _FkState | None:
-    """:meth:`SqlDatabase._fk_state`, through transaction ``tx``."""
+def _orphans_check(before: _FkState, after: _FkState) -> Generator[_FkQuery, list[Any], None]:
+    """Raise ``InvalidError`` (its text without the database's name: see :func:`_orphans_left`) when a migration
+    left more orphans than it found, naming some (their rows queried as :func:`_fk_state`'s are)."""
+    grown = _orphans_grown(before, after)
+    if not grown:
+        return
+    rows: list[tuple[Any, ...]] = []
+    for table in grown:
+        rows += [tuple(r) for r in (yield FK_ROWS, [table, len(before.rows) + ORPHANS_SHOWN + 1])]
+    raise InvalidError(_orphans_left(_orphans_made(before, rows)))
+
+
+def _run_fk_sync(conn: sqlite3.Connection, steps: Generator[_FkQuery, list[Any], T]) -> T:
+    """Run ``steps`` (:func:`_fk_state`, :func:`_orphans_check`) on ``conn``."""
     try:
-        counts = (await tx.query(FK_COUNTS, [])).rows
-        return counts, [] if counts_only else (await tx.query(FK_ROWS, [])).rows
-    except TinystoreError as exc:
-        if _fk_mismatch(exc):
-            return None
-        raise
+        query = next(steps)
+        while True:
+            try:
+                rows = conn.execute(*query).fetchall()
+            except sqlite3.Error as exc:
+                query = steps.throw(exc)
+            else:
+                query = steps.send(rows)
+    except StopIteration as done:
+        return cast(T, done.value)
 
 
-def _orphans_left(db: str, rows: list[Any]) -> str:
+async def _run_fk_in(tx: SqlTx, steps: Generator[_FkQuery, list[Any], T]) -> T:
+    """Run ``steps`` (:func:`_fk_state`, :func:`_orphans_check`) through transaction ``tx``."""
+    try:
+        query = next(steps)
+        while True:
+            try:
+                rows = (await tx.query(*query)).rows
+            except TinystoreError as exc:
+                query = steps.throw(exc)
+            else:
+                query = steps.send(rows)
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+def _orphans_left(rows: list[Any]) -> str:
     """The message of a migration whose foreign keys no longer hold: ``rows`` of ``PRAGMA foreign_key_check``
-    (table, rowid, parent table, foreign key id)."""
+    (table, rowid, parent table, foreign key id). ``migration_error`` puts the database's name before it."""
     shown = ", ".join(
         (f"{table} row {rowid}" if rowid is not None else f"{table} (a WITHOUT ROWID table)") + f" -> {parent}"
         for table, rowid, parent, _ in rows[:ORPHANS_SHOWN]
     )
     more = " and more" if len(rows) > ORPHANS_SHOWN else ""
     return (
-        f"database {db}: it leaves rows whose foreign key finds no parent: {shown}{more}. Migrations run with "
+        f"it leaves rows whose foreign key finds no parent: {shown}{more}. Migrations run with "
         "foreign keys off (as SQLite's procedure for rebuilding a table asks) and are checked before they "
         "commit: delete or update the child rows in the migration itself (an ON DELETE or ON UPDATE action does "
         "not run in a migration); nothing of it was applied"
@@ -771,16 +860,13 @@ class SqlDatabase:
             try:
                 ctl(conn, "pragma foreign_keys = off")
                 ctl(conn, "begin immediate")
-                before = self._fk_state(conn)
+                before = _run_fk_sync(conn, _fk_state())
                 for stmt in statements:
                     schema = own_objects(conn) if names_own(stmt) and changes_schema(stmt) else None
                     conn.execute(stmt)
                     if schema is not None:
                         check_own_objects(self.name, schema, conn)
-                after = self._fk_state(conn, counts_only=True) if before is not None else None
-                if before is not None and after is not None and _orphans_grew(before, after[0]):
-                    orphans = _orphans_made(before, after[0], conn.execute(FK_ROWS).fetchall())
-                    raise InvalidError(_orphans_left(self.name, orphans))
+                _run_fk_sync(conn, _orphans_check(before, _run_fk_sync(conn, _fk_state(with_rows=False))))
                 own_execute(
                     conn,
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
@@ -797,18 +883,6 @@ class SqlDatabase:
                 ctl(conn, "pragma foreign_keys = on")
             applied.append(name)
         return applied
-
-    @staticmethod
-    def _fk_state(conn: sqlite3.Connection, counts_only: bool = False) -> _FkState | None:
-        """The orphans of the database on ``conn``: ``FK_COUNTS`` and (unless ``counts_only``) ``FK_ROWS``;
-        ``None`` when the schema has a foreign key mismatch (see :func:`_fk_mismatch`)."""
-        try:
-            counts = conn.execute(FK_COUNTS).fetchall()
-            return counts, [] if counts_only else conn.execute(FK_ROWS).fetchall()
-        except sqlite3.OperationalError as exc:
-            if _fk_mismatch(exc):
-                return None
-            raise
 
     # -- calls from the loop ---------------------------------------------------------------------
 
@@ -1962,13 +2036,10 @@ class SqlEngine:
             tx = await db.begin(owner=None, migration=True)
             try:
                 try:
-                    before = await _fk_state_in(tx)
+                    before = await _run_fk_in(tx, _fk_state())
                     for stmt in _migration_statements(text):  # (as at open: see SqlDatabase._migrate)
                         await tx.exec(stmt, [])
-                    after = await _fk_state_in(tx, counts_only=True) if before is not None else None
-                    if before is not None and after is not None and _orphans_grew(before, after[0]):
-                        rows = (await tx.query(FK_ROWS, [])).rows
-                        raise InvalidError(_orphans_left(db.name, _orphans_made(before, after[0], rows)))
+                    await _run_fk_in(tx, _orphans_check(before, await _run_fk_in(tx, _fk_state(with_rows=False))))
                 except TinystoreError as exc:
                     raise migration_error(db.name, name, exc) from None
                 await tx.exec(
