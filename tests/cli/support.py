@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,16 @@ def cli_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "tinystore", *args]
 
 
-def run_cli(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+def run_cli(*args: str, timeout: float = 20, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``tinystore ARGS`` in a child process; ``env``: variables added to this process's."""
+    return subprocess.run(
+        cli_argv(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 def popen_cli(*args: str, **kw: Any) -> subprocess.Popen[bytes]:

@@ -233,11 +233,13 @@ def test_an_empty_path_argument_is_refused_naming_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [["status", "tcp://127.0.0.1:7600"], ["jobs", "tls://h:7600", "list"], ["sql", "tcp://h:1", "select 1"]]
+    "args", [["serve", "tcp://127.0.0.1:7600"], ["stop", "tls://h:7600"], ["backup", "tcp://h:1", "/tmp/b"]]
 )
-def test_an_address_for_a_directory_says_the_command_line_takes_a_directory(tmp_path: Path, args: list[str]) -> None:
+def test_an_address_for_a_directory_says_the_command_takes_a_directory(tmp_path: Path, args: list[str]) -> None:
     # from trial BL: "no such directory tcp:/127.0.0.1:7600 (to make a store there: tinystore serve tcp:/…)"
     done = run_cli(*args)
     assert done.returncode == 1
-    assert f"{args[1]}: the command line takes a store's directory, not an address" in done.stderr, done.stderr
-    assert "tinystore.connect" in done.stderr
+    assert f"{args[1]}: `tinystore {args[0]}` takes a store's directory, not an address" in done.stderr, done.stderr
+    assert "status, sql, jobs, channels and lock also take tcp:// and tls:// addresses" in done.stderr
+    done = run_cli("status", "http://h:1")
+    assert done.returncode == 1 and "http://h:1: an address is tcp://HOST:PORT or tls://HOST:PORT" in done.stderr

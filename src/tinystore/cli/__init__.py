@@ -80,22 +80,46 @@ def fail(exc: TinystoreError) -> NoReturn:
 _ADDRESS = re.compile(r"[a-z][a-z0-9+.-]*://", re.IGNORECASE)
 
 
+TOKEN_ENV = "TINYSTORE_TOKEN"
+"""The environment variable that holds the token for a server's address given as DIRECTORY (never an option: an
+option's value shows in the process list)."""
+
+
+class Address(str):
+    """A server's address given where a command takes a DIRECTORY: ``tcp://HOST:PORT`` or ``tls://HOST:PORT``
+    (``status``, ``sql``, ``jobs``, ``channels`` and ``lock`` reach a store through its server so; the token is
+    ``$TINYSTORE_TOKEN``)."""
+
+
+Target = Path | Address
+"""A command's DIRECTORY: a store's directory, or (for the commands that take one) a server's address."""
+
+
 class UserPath(click.Path):
     """A path argument read as a shell reads it: a leading ``~`` or ``~user`` is that home folder (a shell expands
-    it only when unquoted; ``"~/data"`` in a script reached the CLI as a folder named ``~``)."""
+    it only when unquoted; ``"~/data"`` in a script reached the CLI as a folder named ``~``). ``remote``: a
+    DIRECTORY that may also be a server's address (an :class:`Address`)."""
+
+    def __init__(self, *args: Any, remote: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.remote = remote
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str):
             if _ADDRESS.match(value) and (param is None or param.name == "directory"):
                 # (trial BL: `tinystore status tcp://127.0.0.1:7600` said "no such directory tcp:/127.0.0.1:7600",
                 # and that `tinystore serve tcp:/…` would make a store there)
-                fail(
-                    InvalidError(
-                        f"{value}: the command line takes a store's directory, not an address: run it on the machine "
-                        "that holds the store (`tinystore status DIR`); over TCP, use the SDK: "
-                        "await tinystore.connect(address, token=...)"
+                if self.remote and value.lower().startswith(("tcp://", "tls://")):
+                    return Address(value)
+                if self.remote:
+                    why = "an address is tcp://HOST:PORT or tls://HOST:PORT"
+                else:
+                    command = f"tinystore {ctx.command.name}" if ctx is not None else "this command"
+                    why = (
+                        f"`{command}` takes a store's directory, not an address: run it on the machine that holds "
+                        "the store (status, sql, jobs, channels and lock also take tcp:// and tls:// addresses)"
                     )
-                )
+                fail(InvalidError(f"{value}: {why}"))
             if not value.strip():
                 # (an empty argument would be the current folder: `backup DIR ""` said "inside the store")
                 fail(InvalidError(f"{param.human_readable_name if param else 'path'}: {value!r} is no path"))
@@ -120,11 +144,14 @@ class Busy(NoAnswer):
     """The directory's server listens and takes no connection: its queue of connections is full."""
 
 
-def need_store_dir(directory: Path) -> None:
+def need_store_dir(directory: Target) -> None:
     """Refuse a DIRECTORY that does not exist or holds no store (exit 1, ``error[invalid] …``), before anything
     is made: every command but ``serve`` and ``demo`` works on an existing store, and a typo (``tinystore
-    status ~``) must not make a new one."""
+    status ~``) must not make a new one. A server's address is checked when the command connects."""
     from ..server.dirlock import LOCK, is_store
+
+    if isinstance(directory, Address):
+        return
 
     make = f"to make a store there: `tinystore serve {shlex.quote(str(directory))}`"
     if not directory.exists():
@@ -137,7 +164,7 @@ JSON_META = "tinystore.json"
 """``click.Context.meta`` key: a group's ``--json`` was given (``tinystore jobs DIR --json list``)."""
 
 
-def pass_store_dir(fn: Callable[Concatenate[Path, P], T]) -> Callable[P, T]:
+def pass_store_dir(fn: Callable[Concatenate[Target, P], T]) -> Callable[P, T]:
     """``click.pass_obj`` for the groups whose object is their DIRECTORY argument (``channels``, ``lock``,
     ``jobs``), refusing one that does not exist or holds no store (:func:`need_store_dir`). The check is made by
     the command, not the group, so that ``tinystore channels DIR publish --help`` still works."""
@@ -145,7 +172,7 @@ def pass_store_dir(fn: Callable[Concatenate[Path, P], T]) -> Callable[P, T]:
     @functools.wraps(fn)
     def command(*args: P.args, **kwargs: P.kwargs) -> T:
         ctx = click.get_current_context()
-        directory: Path = ctx.obj
+        directory: Target = ctx.obj
         need_store_dir(directory)
         if ctx.meta.get(JSON_META) and "as_json" in kwargs:
             kwargs["as_json"] = True  # the group's --json, before the command's name
@@ -371,10 +398,28 @@ async def _connect_dir(directory: Path) -> Any:
     return Store(transport, mode="cli", directory=directory.resolve())
 
 
-async def open_for_cli(directory: Path) -> Any:
-    """The directory's server if one runs, else the store embedded in this command (no socket)."""
+async def connect_address(address: Address, reconnect_timeout: float = 2.0) -> Any:
+    """The store of the server at ``address``, with the token in ``$TINYSTORE_TOKEN`` (a ``tls://`` address is
+    verified with the system's CAs, or the file ``$SSL_CERT_FILE`` names). Raises ``InvalidError`` when the
+    variable is not set, and what :func:`tinystore.connect` raises."""
     import tinystore
 
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        raise InvalidError(
+            f"{address}: set ${TOKEN_ENV} to one of the server's tokens (its `tinystore serve --tokens` file; a data "
+            "token reads and writes, an admin token is needed for `jobs configure`)"
+        )
+    return await tinystore.connect(address, token=token, reconnect_timeout=reconnect_timeout)
+
+
+async def open_for_cli(directory: Target) -> Any:
+    """The directory's server if one runs, else the store embedded in this command (no socket); for an address,
+    the server there (:func:`connect_address`)."""
+    import tinystore
+
+    if isinstance(directory, Address):
+        return await connect_address(directory)
     try:
         return await _connect_dir(directory)
     except (NoAnswer, Stopping):
@@ -476,12 +521,13 @@ def stop(directory: Path, grace: str) -> None:
 
 
 @main.command()
-@click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
+@click.argument("directory", type=UserPath(file_okay=False, path_type=Path, remote=True))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def status(directory: Path, as_json: bool) -> None:
+def status(directory: Target, as_json: bool) -> None:
     """Show the store of DIRECTORY: version, connections, databases, and what each engine holds.
 
-    Asks the directory's server when one runs, else opens the store in this command (no server is started)."""
+    Asks the directory's server when one runs, else opens the store in this command (no server is started).
+    DIRECTORY may be a server's tcp://HOST:PORT or tls://HOST:PORT, with its token in $TINYSTORE_TOKEN."""
     need_store_dir(directory)
 
     async def go() -> dict[str, Any]:
@@ -585,7 +631,7 @@ def _print_engine(key: str, value: Any) -> None:
 
 
 @main.command()
-@click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
+@click.argument("directory", type=UserPath(file_okay=False, path_type=Path, remote=True))
 @click.argument("statement")
 @click.argument("params", nargs=-1)
 @click.option(
@@ -596,7 +642,7 @@ def _print_engine(key: str, value: Any) -> None:
 @click.option("--create", is_flag=True, help="Create the database when it does not exist (with --write).")
 @click.option("--text", "as_text", is_flag=True, help="Send every parameter as text (007 stays '007').")
 def sql(
-    directory: Path,
+    directory: Target,
     statement: str,
     params: tuple[str, ...],
     database: str | None,
@@ -608,14 +654,28 @@ def sql(
     """Run STATEMENT on a database of DIRECTORY and print the rows (a table, or JSON with --json).
 
     Through the directory's server when one runs, else on the store opened in this command (no server is
-    started)."""
+    started). DIRECTORY may be a server's tcp://HOST:PORT or tls://HOST:PORT, with its token in $TINYSTORE_TOKEN."""
     need_store_dir(directory)
 
     async def go() -> tuple[list[str], list[list[Any]], Any]:
-        from ..errors import InvalidError
-        from ..names import RESERVED_DB_PREFIX, check_name, reserved_db_error
+        if isinstance(directory, Address):
+            store = await open_for_cli(directory)
+            try:
+                return await run(store, check(sorted((await store.status())["databases"])))
+            finally:
+                await store.close()
+        name = check(sorted(p.stem for p in (directory / "sql").glob("*.db")))  # (before the store is opened)
+        store = await open_for_cli(directory)
+        try:
+            return await run(store, name)
+        finally:
+            await store.close()
 
-        known = sorted(p.stem for p in (directory / "sql").glob("*.db"))
+    def check(known: list[str]) -> str:
+        """The database's name (``--db``, or the default), refused when it does not exist and may not be made."""
+        from ..errors import InvalidError
+        from ..names import RESERVED_DB_PREFIX, check_name
+
         name = database
         if name is None:
             apps = [k for k in known if not k.startswith(RESERVED_DB_PREFIX)]
@@ -634,35 +694,37 @@ def sql(
                 f"store {directory}: no database {name!r}{hint} (databases: {', '.join(known) or 'none'}; "
                 f"choose one with --db{make})"
             )
-        store = await open_for_cli(directory)
+        return name
+
+    async def run(store: Any, name: str) -> tuple[list[str], list[list[Any]], Any]:
+        from ..errors import InvalidError
+        from ..names import RESERVED_DB_PREFIX, reserved_db_error
+
+        db = await store.database(name)
+        values = list(params) if as_text else [_param(p) for p in params]
+        for i, v in enumerate(values, 1):
+            if type(v) is int and not -(1 << 63) <= v < 1 << 63:
+                raise InvalidError(
+                    f"parameter {i}: {params[i - 1]} is past 64 bits, which SQLite cannot hold as an int; "
+                    "--text sends every parameter as text (a 40-digit fence stays whole)"
+                )
+            if type(v) is float and math.isinf(v):
+                raise InvalidError(
+                    f"parameter {i}: {params[i - 1]} is past what a float holds (it would be stored as an "
+                    "infinity); --text sends every parameter as text"
+                )
+        if write:
+            done = await db.exec(statement, *values)
+            return done.columns, [list(r) for r in done.rows], done
         try:
-            db = await store.database(name)
-            values = list(params) if as_text else [_param(p) for p in params]
-            for i, v in enumerate(values, 1):
-                if type(v) is int and not -(1 << 63) <= v < 1 << 63:
-                    raise InvalidError(
-                        f"parameter {i}: {params[i - 1]} is past 64 bits, which SQLite cannot hold as an int; "
-                        "--text sends every parameter as text (a 40-digit fence stays whole)"
-                    )
-                if type(v) is float and math.isinf(v):
-                    raise InvalidError(
-                        f"parameter {i}: {params[i - 1]} is past what a float holds (it would be stored as an "
-                        "infinity); --text sends every parameter as text"
-                    )
-            if write:
-                done = await db.exec(statement, *values)
-                return done.columns, [list(r) for r in done.rows], done
-            try:
-                rows = await db._query(statement, values, "all")
-            except InvalidError as exc:
-                if "readonly" in exc.message or "read-only" in exc.message:
-                    if name.startswith(RESERVED_DB_PREFIX):
-                        raise reserved_db_error(name, "this statement writes") from None
-                    raise InvalidError(f"database {name}: this statement writes: add --write to run it") from None
-                raise
-            return rows.columns, [list(r) for r in rows.rows], None
-        finally:
-            await store.close()
+            rows = await db._query(statement, values, "all")
+        except InvalidError as exc:
+            if "readonly" in exc.message or "read-only" in exc.message:
+                if name.startswith(RESERVED_DB_PREFIX):
+                    raise reserved_db_error(name, "this statement writes") from None
+                raise InvalidError(f"database {name}: this statement writes: add --write to run it") from None
+            raise
+        return rows.columns, [list(r) for r in rows.rows], None
 
     columns, rows, done = run_async(go)
     if as_json:

@@ -18,7 +18,18 @@ import click
 
 from ..durations import seconds
 from ..errors import InvalidError, TinystoreError
-from . import UserPath, fail, open_for_cli, pass_store_dir, run_async, silence_stdout, to_json
+from . import (
+    Address,
+    Target,
+    UserPath,
+    connect_address,
+    fail,
+    open_for_cli,
+    pass_store_dir,
+    run_async,
+    silence_stdout,
+    to_json,
+)
 
 
 def split_target(target: str) -> tuple[str, list[str]]:
@@ -75,20 +86,21 @@ def when_stdout_reader_gone(on_gone: Callable[[], None]) -> Iterator[None]:
 
 def register(main: click.Group) -> None:
     @main.group()
-    @click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
+    @click.argument("directory", type=UserPath(file_okay=False, path_type=Path, remote=True))
     @click.pass_context
-    def channels(ctx: click.Context, directory: Path) -> None:
+    def channels(ctx: click.Context, directory: Target) -> None:
         """Publish on and listen to the channels of DIRECTORY, which must exist (`tinystore serve DIRECTORY`
         makes a store there). `subscribe` reaches the directory's server, starting one when none runs (a
         sidecar, which exits once idle); `publish` reaches the server when one runs, else publishes on the
-        store opened in this command, where nobody can be listening."""
+        store opened in this command, where nobody can be listening. DIRECTORY may be a server's tcp://HOST:PORT
+        or tls://HOST:PORT, with its token in $TINYSTORE_TOKEN."""
         ctx.obj = directory
 
     @channels.command()
     @click.argument("target", metavar="NAME[/BRANCH...]")
     @click.argument("value", metavar="JSON")
     @pass_store_dir
-    def publish(directory: Path, target: str, value: str) -> None:
+    def publish(directory: Target, target: str, value: str) -> None:
         """Publish the JSON VALUE on channel NAME (under BRANCH...); prints {"id": ..., "seq": ...}.
 
         Through the directory's server when one runs; else on the store opened in this command, where nobody
@@ -116,7 +128,7 @@ def register(main: click.Group) -> None:
     @click.option("--recursive", is_flag=True, help="Also hear every branch below.")
     @click.option("--after", default=None, help="Resume after this message id.")
     @pass_store_dir
-    def subscribe(directory: Path, target: str, for_: str | None, recursive: bool, after: str | None) -> None:
+    def subscribe(directory: Target, target: str, for_: str | None, recursive: bool, after: str | None) -> None:
         """Print each message of channel NAME (under BRANCH...) as one JSON line
         ({"id", "seq", "branch", "value"}), and each missed notice as {"missed": {"reason", "count"}}.
 
@@ -149,7 +161,10 @@ def register(main: click.Group) -> None:
 
             # the directory's server, started when none runs (as `tinystore lock hold` does): a listener that
             # owned the directory itself would shut out the publishers it waits for
-            store = await tinystore.open(directory)
+            if isinstance(directory, Address):
+                store = await connect_address(directory, reconnect_timeout=30.0)  # (told of a restart: "reconnect")
+            else:
+                store = await tinystore.open(directory)
             try:
                 branch = store.channel(name).under(*parts)
                 sub = await branch.subscribe(

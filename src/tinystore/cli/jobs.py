@@ -9,7 +9,19 @@ from typing import Any
 import click
 from rich.table import Table
 
-from . import JSON_META, UserPath, console, fail, open_for_cli, pass_store_dir, print_table, run_async, to_json, visible
+from . import (
+    JSON_META,
+    Target,
+    UserPath,
+    console,
+    fail,
+    open_for_cli,
+    pass_store_dir,
+    print_table,
+    run_async,
+    to_json,
+    visible,
+)
 
 
 def _at(when: datetime | None) -> str:
@@ -75,14 +87,15 @@ def register(main: click.Group) -> None:
     """Add the ``jobs`` group to the ``tinystore`` command."""
 
     @main.group(cls=_JsonFirstGroup)
-    @click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
+    @click.argument("directory", type=UserPath(file_okay=False, path_type=Path, remote=True))
     @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (as each command's --json).")
     @click.pass_context
-    def jobs(ctx: click.Context, directory: Path, as_json: bool) -> None:
+    def jobs(ctx: click.Context, directory: Target, as_json: bool) -> None:
         """Jobs of the store in DIRECTORY: list, show, retry, cancel, queues, configure.
 
         Through the directory's server when one runs, else on the store opened in this command (no server is
-        started). DIRECTORY must exist: `tinystore serve DIRECTORY` makes a store there."""
+        started). DIRECTORY must exist: `tinystore serve DIRECTORY` makes a store there. It may be a server's
+        tcp://HOST:PORT or tls://HOST:PORT, with its token in $TINYSTORE_TOKEN (`configure` needs an admin one)."""
         ctx.obj = directory
         if as_json:  # (trial BL: `jobs DIR --json retry ID` was "No such option")
             ctx.meta[JSON_META] = True
@@ -109,7 +122,7 @@ def register(main: click.Group) -> None:
     )
     @pass_store_dir
     def list_(
-        directory: Path,
+        directory: Target,
         queue: str,
         state: str | None,
         tenant: str | None,
@@ -162,7 +175,7 @@ def register(main: click.Group) -> None:
     @click.argument("job_id")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
     @pass_store_dir
-    def show(directory: Path, job_id: str, as_json: bool) -> None:
+    def show(directory: Target, job_id: str, as_json: bool) -> None:
         """Show one job, with its attempts and errors."""
         from ..client.jobs import find
         from ..errors import InvalidError
@@ -198,7 +211,7 @@ def register(main: click.Group) -> None:
                 lines = "\n".join(visible(line) for line in last.traceback.rstrip().split("\n"))
                 click.echo(f"\ntraceback of attempt {last.attempt}:\n{lines}")
 
-    def _change(directory: Path, job_id: str, what: str, as_json: bool = False) -> None:
+    def _change(directory: Target, job_id: str, what: str, as_json: bool = False) -> None:
         from ..client.jobs import cancel_job, find, retry_job
         from ..errors import InvalidError
 
@@ -229,7 +242,7 @@ def register(main: click.Group) -> None:
     @click.argument("job_id")
     @click.option("--json", "as_json", is_flag=True, help='Print {"id", "action", "changed", "state_before"} as JSON.')
     @pass_store_dir
-    def retry(directory: Path, job_id: str, as_json: bool) -> None:
+    def retry(directory: Target, job_id: str, as_json: bool) -> None:
         """Put a dead or cancelled job back to queued, attempts from 0. Exits 1 when it changed nothing."""
         _change(directory, job_id, "retry", as_json)
 
@@ -237,7 +250,7 @@ def register(main: click.Group) -> None:
     @click.argument("job_id")
     @click.option("--json", "as_json", is_flag=True, help='Print {"id", "action", "changed", "state_before"} as JSON.')
     @pass_store_dir
-    def cancel(directory: Path, job_id: str, as_json: bool) -> None:
+    def cancel(directory: Target, job_id: str, as_json: bool) -> None:
         """Cancel a job: a waiting one never runs; a running one's handler is cancelled. Exits 1 when it changed
         nothing."""
         _change(directory, job_id, "cancel", as_json)
@@ -245,7 +258,7 @@ def register(main: click.Group) -> None:
     @jobs.command("queues")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object a line.")
     @pass_store_dir
-    def queues_(directory: Path, as_json: bool) -> None:
+    def queues_(directory: Target, as_json: bool) -> None:
         """List the queues with their options and their jobs counted by state."""
         from ..client.jobs import queues
 
@@ -292,7 +305,7 @@ def register(main: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print the queue's options as JSON.")
     @pass_store_dir
     def configure(
-        directory: Path,
+        directory: Target,
         queue: str,
         attempts: int | None,
         backoff: str | None,
@@ -359,7 +372,7 @@ def register(main: click.Group) -> None:
         print_table(f"queue {info.queue}", ["option", "value"], _shown(info.options))
 
 
-def _not_found(job_id: str, directory: Path) -> str:
+def _not_found(job_id: str, directory: Target) -> str:
     """Why a job id names no job: not an id at all (26 characters of Crockford base32), or one no queue has."""
     if len(job_id) != 26 or not all(c in "0123456789abcdefghjkmnpqrstvwxyz" for c in job_id):
         return f"job {job_id}: not a job id (a job id is 26 characters of 0-9 and a-z, as `jobs list` shows)"

@@ -29,7 +29,7 @@ import click
 
 from ..durations import seconds
 from ..errors import InvalidError
-from . import UserPath, err_console, pass_store_dir, run_async
+from . import Address, Target, UserPath, connect_address, err_console, pass_store_dir, run_async
 
 PR_SET_PDEATHSIG = 1
 """``prctl`` option: the signal the kernel sends this process when its parent (the thread that forked it) dies."""
@@ -86,14 +86,17 @@ def exit_status(returncode: int) -> int:
 
 
 async def hold_and_run(
-    directory: Path, lock: str, key: str, command: list[str], ttl: float, wait: float, grace: float
+    directory: Target, lock: str, key: str, command: list[str], ttl: float, wait: float, grace: float
 ) -> int:
     """Hold ``key`` of ``lock`` in the store of ``directory`` (its server, or a sidecar started for it) while
     ``command`` runs; return its exit status. Raises ``InUseError`` (held for all of ``wait``), ``LostError``
     (the lease was lost: the command was stopped first), ``InvalidError``, ``UnavailableError``."""
     import tinystore
 
-    store = await tinystore.open(directory)
+    if isinstance(directory, Address):
+        store = await connect_address(directory, reconnect_timeout=30.0)  # (a server restarting: the lease lives on)
+    else:
+        store = await tinystore.open(directory)
     try:
         async with store.lock(lock, ttl=ttl).hold(key, wait=wait) as lease:
             env = dict(os.environ)
@@ -145,11 +148,12 @@ def register(main: click.Group) -> None:
     """Add the ``lock`` group to the ``tinystore`` command."""
 
     @main.group()
-    @click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
+    @click.argument("directory", type=UserPath(file_okay=False, path_type=Path, remote=True))
     @click.pass_context
-    def lock(ctx: click.Context, directory: Path) -> None:
+    def lock(ctx: click.Context, directory: Target) -> None:
         """Hold a key of a lock of DIRECTORY, which must exist (`tinystore serve DIRECTORY` makes a store
-        there), through the directory's server, starting one when none runs (a sidecar, which exits once idle)."""
+        there), through the directory's server, starting one when none runs (a sidecar, which exits once idle).
+        DIRECTORY may be a server's tcp://HOST:PORT or tls://HOST:PORT, with its token in $TINYSTORE_TOKEN."""
         ctx.obj = directory
 
     @lock.command(context_settings={"ignore_unknown_options": True})
@@ -160,7 +164,7 @@ def register(main: click.Group) -> None:
     @click.option("--wait", default="10s", show_default=True, help="How long to wait for the key (0: now or never).")
     @click.option("--grace", default="10s", show_default=True, help="SIGTERM to SIGKILL when the lease is lost.")
     @pass_store_dir
-    def hold(directory: Path, name: str, key: str, command: tuple[str, ...], ttl: str, wait: str, grace: str) -> None:
+    def hold(directory: Target, name: str, key: str, command: tuple[str, ...], ttl: str, wait: str, grace: str) -> None:
         """Run COMMAND while holding KEY of LOCK: `tinystore lock DIR hold LOCK KEY -- COMMAND ARGS...`.
 
         The command gets TINYSTORE_FENCE (the lease's fence, decimal), and is stopped when the lease is lost
@@ -180,6 +184,7 @@ def register(main: click.Group) -> None:
                 ttl_s, wait_s, grace_s = seconds(ttl, "--ttl"), seconds(wait, "--wait"), seconds(grace, "--grace")
             except InvalidError as exc:
                 raise InvalidError(f"lock {name}: key {json.dumps(key)}: {exc.message}") from None
-            return await hold_and_run(directory.resolve(), name, key, args, ttl_s, wait_s, grace_s)
+            where = directory if isinstance(directory, Address) else directory.resolve()
+            return await hold_and_run(where, name, key, args, ttl_s, wait_s, grace_s)
 
         sys.exit(run_async(go))
