@@ -845,55 +845,55 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
     child: subprocess.Popen[bytes] | None = None
     start = 0
     busy = state is None
-    while time.monotonic() < deadline:
-        now = time.monotonic()
-        if busy:
-            # a server listens and is overloaded: starting a sidecar would not help (the directory is owned);
-            # keep trying to get in until the deadline
-            next_spawn = now + 2.0
-        elif now >= next_spawn and (until := _stopping_until(directory)) is not None:
-            # its server is stopping: the directory is owned until it is done, and a sidecar started now would
-            # only fail; wait for it (a grace longer than our deadline moves the deadline: trial AS)
-            deadline = max(deadline, now + min(until - time.time(), MAX_STOP_WAIT) + 5.0)
-            next_spawn = now + 0.1
-        if now >= next_spawn:
-            with log_path.open("ab") as log:
-                start = log.tell()
-                child = subprocess.Popen(
-                    _server_cmd(directory, *extra),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=log,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            threading.Thread(target=child.wait, daemon=True).start()  # reap it when it exits
-            next_spawn = now + 2.0
-        await asyncio.sleep(0.02)
-        # (the server that comes up may serve another socket than the one that was looked at first: a stopping
-        # server under another runtime folder, then ours: trial AW)
-        sock = await asyncio.to_thread(paths.served_socket, directory)
-        state = await asyncio.to_thread(_can_connect, sock)
-        if state:
-            return sock
-        busy = state is None
-        if child is not None and child.returncode not in (None, 0):
-            # it said why it could not start (a full disk, a read-only directory, a corrupt file): that will not
-            # pass by starting it again. A busy directory may: another process's sidecar is starting.
-            err = _sidecar_error(log_path, start)
-            if err is not None and (not isinstance(err, InUseError) or socket_gone(directory) is not None):
-                raise err  # (a busy directory may pass, but not a server whose socket was removed)
-            until = _stopping_until(directory)
-            if until is not None:
-                # its server is stopping, its calls under way given a grace: the directory is free after it
-                # (trial AS: a grace of 25 s outlasted the 20 s, and open() failed as if another process kept it)
-                deadline = max(deadline, time.monotonic() + min(until - time.time(), MAX_STOP_WAIT) + 5.0)
-            full = _disk_full(directory) if err is None else None
-            if full is not None:  # (it could not even write why to its log)
-                raise UnavailableError(
-                    f"store {directory}: the sidecar could not start: the disk is full ({full}); free some space "
-                    "and open the store again"
-                )
+    spawning = _SpawnLock(directory)
+    try:
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            if busy:
+                # a server listens and is overloaded: starting a sidecar would not help (the directory is owned);
+                # keep trying to get in until the deadline
+                next_spawn = now + 2.0
+            elif now >= next_spawn and (until := _stopping_until(directory)) is not None:
+                # its server is stopping: the directory is owned until it is done, and a sidecar started now would
+                # only fail; wait for it (a grace longer than our deadline moves the deadline: trial AS)
+                deadline = max(deadline, now + min(until - time.time(), MAX_STOP_WAIT) + 5.0)
+                next_spawn = now + 0.1
+            elif now >= next_spawn and not spawning.may_spawn():
+                # a process owns the directory (a sidecar starting, most likely), or another client is starting
+                # one: one more would only lose the race, and on a busy machine slow the winner down (trial CG:
+                # 24 processes that lost their sidecar started 175 between them, and all failed at 30 s)
+                next_spawn = now + 0.1
+            if now >= next_spawn:
+                child, start = _spawn_sidecar(directory, extra, log_path)
+                next_spawn = now + 2.0
+            await asyncio.sleep(0.02)
+            # (the server that comes up may serve another socket than the one that was looked at first: a
+            # stopping server under another runtime folder, then ours: trial AW)
+            sock = await asyncio.to_thread(paths.served_socket, directory)
+            state = await asyncio.to_thread(_can_connect, sock)
+            if state:
+                return sock
+            busy = state is None
+            if child is not None and child.returncode not in (None, 0):
+                # it said why it could not start (a full disk, a read-only directory, a corrupt file): that will
+                # not pass by starting it again. A busy directory may: another process's sidecar is starting.
+                err = _sidecar_error(log_path, start)
+                if err is not None and (not isinstance(err, InUseError) or socket_gone(directory) is not None):
+                    raise err  # (a busy directory may pass, but not a server whose socket was removed)
+                until = _stopping_until(directory)
+                if until is not None:
+                    # its server is stopping, its calls under way given a grace: the directory is free after it
+                    # (trial AS: a grace of 25 s outlasted the 20 s, and open() failed as if another process kept
+                    # it)
+                    deadline = max(deadline, time.monotonic() + min(until - time.time(), MAX_STOP_WAIT) + 5.0)
+                full = _disk_full(directory) if err is None else None
+                if full is not None:  # (it could not even write why to its log)
+                    raise UnavailableError(
+                        f"store {directory}: the sidecar could not start: the disk is full ({full}); free some "
+                        "space and open the store again"
+                    )
+    finally:
+        spawning.release()
     if busy:
         raise _busy(directory, sock)
     info = paths.read_address(directory) or {}
@@ -902,9 +902,73 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
             f"store {directory}: its server (pid {info.get('pid')}) is stopping and has not let the directory go "
             f"{time.time() - float(info['stopping_until']):.0f}s after its grace ended; open it again once it has"
         )
+    owners = lock_holders(directory) or set()
+    if owners:
+        # (trial CG: "the sidecar did not start within 20s (... the directory is owned by its sidecar server ...)")
+        raise UnavailableError(
+            f"store {directory}: no server answered within {timeout:g}s: process {min(owners)} owns the directory "
+            f"(it holds {LOCK}) and does not serve it yet (a sidecar still starting on a busy machine, or a program "
+            "that opened the store embedded)"
+        )
     err = _sidecar_error(log_path, 0)
     why = err.message if err is not None else _last_line(log_path)
     raise UnavailableError(f"store {directory}: the sidecar did not start within {timeout:g}s ({why})")
+
+
+SPAWNING = "spawning"
+"""``DIR/server/spawning``: the client that starts a sidecar holds its lock (``flock``) while it waits for it, so
+that the others wait with it rather than start their own (the kernel lets it go when that process dies)."""
+
+
+class _SpawnLock:
+    """The lock of ``DIR/server/`` :data:`SPAWNING`, for one :func:`ensure_server` call."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.fd: int | None = None
+
+    def may_spawn(self) -> bool:
+        """Whether this process may start a sidecar now: no process owns the directory (holds its ``LOCK``), and
+        this call holds the lock (taken now if it was free; kept until :meth:`release`)."""
+        if lock_holders(self.directory):
+            return False
+        if self.fd is not None:
+            return True
+        import fcntl
+
+        try:
+            fd = os.open(paths.server_dir(self.directory) / SPAWNING, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return True  # (no lock to take: start one, as before)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _spawn_sidecar(directory: Path, extra: list[str], log_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a detached sidecar for ``directory``, its stderr to the end of ``log_path``; returns it and where
+    its lines start in the log."""
+    with log_path.open("ab") as log:
+        start = log.tell()
+        child = subprocess.Popen(
+            _server_cmd(directory, *extra),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+    threading.Thread(target=child.wait, daemon=True).start()  # reap it when it exits
+    return child, start
 
 
 MAX_STOP_WAIT = 300.0
