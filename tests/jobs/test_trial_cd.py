@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -162,3 +164,49 @@ async def test_attempts_lowered_under_a_running_one_that_snoozes_end_it(tmp_path
         job = await q.get(jid)
         assert job is not None and job.state == "dead" and job.attempts == 2 and job.max_attempts == 2, job
         assert job.error is not None and "smtp 421" in job.error
+
+
+# contract: JOB-03
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_jobs_left_spent_by_a_configure_cut_short_end_at_the_next_load(tmp_path: Path, mode: str) -> None:
+    """A configure that lowered attempts stores the new count, then ends the spent jobs one by one: a server
+    killed in between left the rest waiting, and after the restart they ran a third attempt of 2 (the load did
+    not look at the count). The load ends them dead, and places those a later count allows."""
+    async with open_store(mode, tmp_path / "s", clock=START) as store:
+        q = store.queue("mail", attempts=5, backoff=("10s", "10s"))
+        ids = await q.add_many([{"n": n} for n in range(5)])
+
+        async def failing(value: Any, run: tinystore.Run) -> None:
+            raise RuntimeError("smtp 421")
+
+        for _ in range(2):
+            await q.run_due(failing)
+            await store.clock.advance("11s")
+    # (what the configure cut short leaves: the count stored, the jobs still waiting)
+    db = tmp_path / "s" / "sql" / "tinystore-jobs.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("update _tinystore_queues set options = json_set(options, '$.attempts', 2)")
+        conn.commit()
+    async with open_store(mode, tmp_path / "s", clock=START) as store:
+        q = store.queue("mail", attempts=2, backoff=("10s", "10s"))
+        calls: list[int] = []
+
+        async def handler(value: Any, run: tinystore.Run) -> None:
+            calls.append(run.attempt)
+
+        await store.clock.advance("1m")
+        await q.run_due(handler)
+        assert calls == [], calls
+        for jid in ids:
+            job = await q.get(jid)
+            assert job is not None and job.state == "dead" and job.attempts == 2, job
+
+
+async def test_add_many_names_a_shared_argument_as_the_calls(tmp_path: Path) -> None:
+    """A tenant too long was reported at ``values[0]``, though it is the whole call's (trial CH)."""
+    async with open_store("embedded", tmp_path / "s") as store:
+        q = store.queue("q")
+        with pytest.raises(tinystore.InvalidError, match=r"^queue q: add_many: tenant '"):
+            await q.add_many([1, 2], tenant="x" * 300)
+        with pytest.raises(tinystore.InvalidError, match=r"^queue q: add_many: values\[1\]: key ''"):
+            await q.add_many([1, 2], keys=["a", ""])

@@ -19,6 +19,8 @@ from tests.helpers import open_store
         "pragma main./* c */wal_checkpoint(passive)",
         "pragma [main].[wal_checkpoint]",
         "PRAGMA -- why\n `wal_checkpoint`(restart)",
+        "pragma 'wal_checkpoint'(truncate)",
+        'pragma "main".wal_checkpoint',
     ],
 )
 async def test_a_checkpoint_spelled_any_way_runs_alone_through_exec(store: tinystore.Store, sql: str) -> None:
@@ -47,3 +49,21 @@ async def test_a_vacuum_has_no_statement_time_limit(tmp_path: Path) -> None:
         assert await db.scalar("select count(*) from big") == 150000
         with pytest.raises(tinystore.TimeoutError_):
             await db.exec("create table big2 as select * from big order by b")
+
+
+# contract: SQL-06
+async def test_a_checkpoint_in_a_transaction_is_refused_saying_where_it_runs(store: tinystore.Store) -> None:
+    """In db.tx a checkpoint failed with SQLite's "database table is locked" (trial CH); it is refused, saying
+    it runs through db.exec, and the transaction goes on."""
+    db = await store.database("app", migrations=[("1.sql", "create table t (x);")])
+
+    async def fn(tx: tinystore.SqlTx) -> int:
+        await tx.exec("insert into t values (1)")
+        with pytest.raises(
+            tinystore.InvalidError, match=r"wal_checkpoint writes: it runs alone on the writer \(db\.exec"
+        ):
+            await tx.exec("pragma wal_checkpoint(truncate)")
+        return int(await tx.scalar("select count(*) from t"))
+
+    assert await db.tx(fn) == 1
+    assert await db.scalar("select count(*) from t") == 1

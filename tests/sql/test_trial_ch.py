@@ -4,7 +4,9 @@ rows)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
+import msgspec
 import pytest
 
 import tinystore
@@ -69,3 +71,27 @@ async def test_an_old_orphan_deleted_does_not_pay_for_a_new_one(tmp_path: Path, 
         # (renamed, a table keeps its old orphans: not the migration's)
         await store.database("app", migrations=[("002.sql", "alter table c rename to c2;")])
         assert await db.scalar("select count(*) from c2") == 1
+
+
+class Tagged(msgspec.Struct, tag="a"):
+    v: bool
+
+
+class Counted(msgspec.Struct, tag="b"):
+    v: int
+
+
+class Flagged(msgspec.Struct):
+    ok: Literal[True]
+
+
+# contract: SQL-04
+async def test_typed_rows_of_a_tagged_union_read_each_members_bools(store: tinystore.Store) -> None:
+    """The 0/1 of a bool column was applied by column name across a union's members: ``Tagged.v: bool`` made
+    ``Counted.v: int`` get ``True`` and fail. A ``Literal[True]`` field refused SQLite's 1."""
+    db = await store.database("app")
+    assert await db.one(Tagged | Counted, "select 'b' as type, 1 as v") == Counted(v=1)
+    assert await db.one(Tagged | Counted, "select 'a' as type, 1 as v") == Tagged(v=True)
+    assert await db.one(Flagged, "select 1 as ok") == Flagged(ok=True)
+    with pytest.raises(InvalidError, match="does not fit"):
+        await db.one(Flagged, "select 0 as ok")

@@ -1413,17 +1413,24 @@ class Queue(Generic[T]):
         priority: int,
         delay: Duration | None,
         at: datetime | float | None,
+        shared: str | None = None,
     ) -> NewJob:
+        """A job to add; errors name ``what`` (``add``, ``add_many: values[2]``): for the arguments all the jobs
+        of a call share (all but the value and the key), ``shared`` when given (``add_many``; trial CH: a tenant
+        too long was "values[0]: tenant")."""
         where = f"queue {self.name}: {what}"
+        where_value = what
         if key is not None and (not isinstance(key, str) or not 0 < len(key) <= KEY_MAX):
             raise InvalidError(f"{where}: key {shown(key)}: an idempotency key is a str of 1 to {KEY_MAX} characters")
+        check_text(where, "key", key, KEY_MAX)
+        what = shared or what
+        where = f"queue {self.name}: {what}"
         if not is_int(priority):
             raise InvalidError(f"{where}: priority {shown(priority)} is not an int")
         if not -PRIORITY_MAX <= priority <= PRIORITY_MAX:
             raise InvalidError(
                 f"{where}: priority {shown(priority)} does not fit in 64 bits (-{PRIORITY_MAX} .. {PRIORITY_MAX})"
             )
-        check_text(where, "key", key, KEY_MAX)
         for label, v in (("tenant", tenant), ("user", user), ("type", type)):
             check_text(where, label, v)
         delay_ms = at_ms = None
@@ -1445,7 +1452,7 @@ class Queue(Generic[T]):
             if not 0 <= at_ms <= RUN_AT_MAX_MS:
                 raise InvalidError(f"queue {self.name}: {what}: at {at!r} is not between 1970 and the end of 9999")
         return NewJob(
-            value=self._encode(value, what),
+            value=self._encode(value, where_value),
             key=key,
             tenant=tenant or "",
             user=user,
@@ -1566,6 +1573,7 @@ class Queue(Generic[T]):
                 priority,
                 delay,
                 at,
+                shared="add_many",
             )
             for i, v in enumerate(values)
         ]

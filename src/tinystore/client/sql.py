@@ -172,15 +172,23 @@ _NOT_FROM_TEXT = (bytes, bytearray, memoryview)
 base64 gave wrong bytes, trial CC)."""
 
 
+_BoolPlan = tuple[str | None, dict[Any, frozenset[str]], frozenset[str]]
+
+
 @functools.lru_cache(maxsize=256)
-def _bool_columns(type_: Any) -> frozenset[str]:
+def _bool_columns(type_: Any) -> _BoolPlan:
     """The columns that ``type_`` (a dataclass, msgspec Struct or TypedDict; or a union of such with ``None``)
-    reads as a ``bool`` (or ``bool | None``, or either ``Annotated``): SQLite has no boolean, and stores ``True``
-    and ``False`` as ``1`` and ``0``. A field that takes an ``int`` too (``int | bool``) takes the integer as it is."""
+    reads as a ``bool`` (or ``bool | None``, a ``Literal`` of bools, or any of these ``Annotated``): SQLite has no
+    boolean, and stores ``True`` and ``False`` as ``1`` and ``0``. A field that takes an ``int`` too (``int |
+    bool``) takes the integer as it is.
+
+    Returns ``(tag_field, by_tag, common)``: for a union of tagged msgspec Structs, the tag's column and each
+    tag's bool columns (trial CH: a union whose "a" member has ``v: bool`` and "b" member ``v: int`` refused b's
+    1); ``common``: the columns every member that has them reads as a bool (a row of no known tag, or no tags)."""
     try:
         info = msgspec.inspect.type_info(type_)
     except Exception:  # (not a type msgspec knows: msgspec.convert says why)
-        return frozenset()
+        return None, {}, frozenset()
     inspect_ = msgspec.inspect
 
     def bare(t: Any) -> Any:
@@ -188,16 +196,31 @@ def _bool_columns(type_: Any) -> frozenset[str]:
             t = t.type
         return t
 
+    def one_bool(t: Any) -> bool:
+        return isinstance(t, inspect_.BoolType) or (
+            isinstance(t, inspect_.LiteralType) and all(isinstance(v, bool) for v in t.values)
+        )
+
     def is_bool(t: Any) -> bool:
         t = bare(t)
         if isinstance(t, inspect_.UnionType):
             kinds = [bare(u) for u in t.types if not isinstance(bare(u), inspect_.NoneType)]
-            return bool(kinds) and all(isinstance(u, inspect_.BoolType) for u in kinds)
-        return isinstance(t, inspect_.BoolType)
+            return bool(kinds) and all(one_bool(u) for u in kinds)
+        return one_bool(t)
 
     info = bare(info)
-    members = info.types if isinstance(info, inspect_.UnionType) else (info,)
-    return frozenset(f.encode_name for m in members for f in getattr(bare(m), "fields", ()) if is_bool(f.type))
+    members = [bare(m) for m in (info.types if isinstance(info, inspect_.UnionType) else (info,))]
+    judged: dict[str, bool] = {}
+    by_tag: dict[Any, frozenset[str]] = {}
+    tag_field = None
+    for m in members:
+        fields = getattr(m, "fields", ())
+        for f in fields:
+            judged[f.encode_name] = judged.get(f.encode_name, True) and is_bool(f.type)
+        if getattr(m, "tag_field", None) is not None:
+            tag_field = m.tag_field
+            by_tag[m.tag] = frozenset(f.encode_name for f in fields if is_bool(f.type))
+    return tag_field, by_tag, frozenset(name for name, bool_ in judged.items() if bool_)
 
 
 def _convert(db: str, rows: Rows, type_: Any) -> list[Any]:
@@ -208,12 +231,12 @@ def _convert(db: str, rows: Rows, type_: Any) -> list[Any]:
     if type_ is None:
         return dicts
     try:
-        bools = _bool_columns(type_)
+        tag_field, by_tag, common = _bool_columns(type_)
     except TypeError:  # (unhashable: not a type)
-        bools = frozenset()
-    if bools:
+        tag_field, by_tag, common = None, {}, frozenset()
+    if common or by_tag:
         for d in dicts:
-            for c in bools:
+            for c in common if tag_field is None else by_tag.get(d.get(tag_field), common):
                 v = d.get(c)
                 if type(v) is int and (v == 0 or v == 1):
                     d[c] = v == 1

@@ -685,6 +685,15 @@ class JobsEngine:
         for i in range(0, len(spent), END_SPENT_AT_ONCE):
             await asyncio.gather(*(self._end_if_spent(q, e) for e in spent[i : i + END_SPENT_AT_ONCE]))
 
+    async def _end_loaded_spent(self, q: JobQueue) -> None:
+        """End ``dead`` the waiting jobs the load of ``q`` set aside as spent (``q.spent_at_load``), a few hundred
+        at once; those a configure during the load gave more attempts are placed to run."""
+        spent, q.spent_at_load = q.spent_at_load, []
+        q.place_loaded([e for e in spent if e.attempts < q.options.attempts and q.entries.get(e.id) is e])
+        spent = [e for e in spent if e.attempts >= q.options.attempts]
+        for i in range(0, len(spent), END_SPENT_AT_ONCE):
+            await asyncio.gather(*(self._end_if_spent(q, e) for e in spent[i : i + END_SPENT_AT_ONCE]))
+
     async def _end_if_spent(self, q: JobQueue, e: Entry, then: asyncio.Future[bool] | None = None) -> None:
         """End the waiting job ``e`` ``dead`` if it has made as many attempts as the queue allows (after its
         write under way, if one is); then ``then`` (if given) gets ``True``, whatever came of it."""
@@ -748,6 +757,8 @@ class JobsEngine:
         # a configure during the load at a store's start was stored, answered with the old options, and the queue
         # ran with them until the next start)
         q.options = self._configured.get(name, q.options)
+        if q.spent_at_load:
+            await self._end_loaded_spent(q)  # (before the queue is used: its callers see them dead)
         self.queues[name] = q
         if not made:
             return q
@@ -785,7 +796,14 @@ class JobsEngine:
                     e = Entry(jid, tenant, priority, run_at / 1000, attempts=attempts, fence=fence)
                     q.entries[jid] = e
                     if state != "running":
-                        waiting.append(e)
+                        if attempts >= opts.attempts:
+                            # it has made as many attempts as allowed (lowered by a configure that ended only some
+                            # before its store stopped: trial CH): ended once loaded (see _end_loaded_spent), never
+                            # placed where a claim could take it
+                            e.where = DELAYED
+                            q.spent_at_load.append(e)
+                        else:
+                            waiting.append(e)
                         continue
                     e.where = RUNNING
                     e.counted = True

@@ -175,6 +175,7 @@ class JobQueue:
         self.tenants: list[tuple[int, int, str]] = []  # heap of (-priority, last served, tenant), lazily exact
         self.tenant_keys: dict[str, tuple[int, int]] = {}  # each tenant's current key in that heap
         self.stale_ready = 0  # jobs ended while due, left in their lines (and keys in ``tenants``) until passed
+        self.spent_at_load: list[Entry] = []  # waiting jobs the load found with all their attempts made
         self.blocked: set[str] = set()  # tenants with due jobs at max_running_per_tenant
         self.waiters: deque[Waiter] = deque()
         self.watchers: dict[str, list[asyncio.Future[None]]] = {}

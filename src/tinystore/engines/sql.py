@@ -685,7 +685,7 @@ class SqlDatabase:
             "database file at once, to be kept"
         )
         try:
-            busy, frames, copied = conn.execute("pragma wal_checkpoint(passive)").fetchone()
+            busy, frames, copied = own_execute(conn, "pragma wal_checkpoint(passive)").fetchone()
         except sqlite3.Error:
             busy, frames, copied = 1, 1, 0
         if busy or copied < frames:
@@ -1224,7 +1224,7 @@ class SqlDatabase:
                 conn = self._recycle(conn, readonly=False)
                 arm = self._progress_guard(conn)
         try:
-            conn.execute("pragma wal_checkpoint(truncate)")
+            own_execute(conn, "pragma wal_checkpoint(truncate)")
         except sqlite3.Error:
             pass
         conn.close()

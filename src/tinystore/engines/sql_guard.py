@@ -83,16 +83,12 @@ def statement_authorizer(
                 f"{arg1.lower()} is refused (it shows the statements the store has prepared, other clients' "
                 "among them, or the file's raw pages)"
             )
-        if (
-            action == sqlite3.SQLITE_PRAGMA
-            and arg1 is not None
-            and arg1.lower() == "wal_checkpoint"
-            and not writer()
-            and not internal()
-        ):
+        if action == sqlite3.SQLITE_PRAGMA and arg1 is not None and arg1.lower() == "wal_checkpoint" and not internal():
             # on a reader's connection, a TRUNCATE or RESTART checkpoint waits (its busy timeout, a minute) for
             # every open snapshot while it holds the writer's lock: every write of the database waited, and
-            # neither the statement's time limit nor a cancel stopped it (trial CC)
+            # neither the statement's time limit nor a cancel stopped it (trial CC). On the writer, only the
+            # engine's runs one (db.exec's, alone, outside any transaction): inside one, SQLite refuses it as
+            # "database table is locked" (trial CH: in db.tx, or spelled so that db.exec did not know it)
             return _deny("PRAGMA wal_checkpoint writes: it runs alone on the writer (db.exec, outside any transaction)")
         if inline and action == sqlite3.SQLITE_PRAGMA and arg1 is not None and arg1.lower() in _OFF_LOOP_PRAGMAS:
             return _deny(MOVE_OFF_LOOP)

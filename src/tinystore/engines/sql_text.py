@@ -206,7 +206,8 @@ def has_deferred_constraint(schema: Sequence[str]) -> bool:
 
 _NAME = r"(?:[a-z_][a-z0-9_$]*|\"(?:[^\"]|\"\")*\"|`(?:[^`]|``)*`|\[[^\]]*\])"
 _CHECKPOINT = re.compile(
-    rf"pragma\s*(?:{_NAME}\s*\.\s*)?(?:wal_checkpoint|\"wal_checkpoint\"|`wal_checkpoint`|\[wal_checkpoint\])"
+    rf"pragma\s*(?:{_NAME}\s*\.\s*)?(?:wal_checkpoint|\"wal_checkpoint\"|'wal_checkpoint'|`wal_checkpoint`|"
+    r"\[wal_checkpoint\])"
     r"(?![a-z0-9_$])",
     re.IGNORECASE,
 )
