@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -98,6 +99,10 @@ async def test_many_processes_open_at_once_end_on_one_server(tmp_path: Path) -> 
         # 24 processes started 175, which slowed the winner until every call failed)
         log = (paths.server_dir(d) / "sidecar.log").read_text()
         assert "error[in_use]" not in log, log
+        # its start line has its time, as the log's other lines (trial CG: it had none)
+        assert re.search(
+            r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ INFO tinystore\.server: tinystore serving ", log, re.M
+        ), log
         # nobody but the server opened the SQLite files: every client's row is there, once
         store = await tinystore.open(d, idle="1s")
         try:

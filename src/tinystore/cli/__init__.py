@@ -331,6 +331,12 @@ def serve(
         def ready(listeners: Any) -> None:
             if private:
                 announce_ready(listeners)
+            elif sidecar:
+                # (in sidecar.log, among the store's log lines: with their time, to tell when a restart came up;
+                # trial CG)
+                logging.getLogger("tinystore.server").info(
+                    "tinystore serving %s on %s", opts.directory, ", ".join(lst.description for lst in listeners)
+                )
             else:
                 err_console.print(
                     f"tinystore serving {opts.directory} on " + ", ".join(lst.description for lst in listeners),
