@@ -344,6 +344,12 @@ SALVAGE_MAX = 64 * 1024 * 1024
 """At most this many bytes are read from a connection that failed on a write (see ``_ClientConn.salvage``)."""
 
 
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """Mark the outcome of ``fut`` as read (a failure nobody awaits is no news)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 class _ClientConn(asyncio.Protocol):
     def __init__(self, owner: RemoteTransport) -> None:
         self.owner = owner
@@ -353,6 +359,10 @@ class _ClientConn(asyncio.Protocol):
         self.pending: dict[int, asyncio.Future[bytes]] = {}
         self.chunks: dict[int, list[bytes]] = {}
         self.welcome: asyncio.Future[Welcome] = self.loop.create_future()
+        # its failure is read here too: a connection given up on while it was being made (the connect cancelled
+        # as the connection was made: asyncio closes it, and connection_lost fails this future) has nobody left to
+        # await it, and it was logged as "Future exception was never retrieved" (24 clients of a killed sidecar)
+        self.welcome.add_done_callback(_retrieved)
         self.epoch = 0  # the server's, once the handshake is done
         self.number = 0  # which connection of its transport (Hello.connection)
         self.goaway: str | None = None
