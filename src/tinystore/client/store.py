@@ -1046,7 +1046,15 @@ async def connect(
     wait for it up to ``reconnect_timeout`` (a duration; 30 s), then raise ``UnavailableError``. Reads are sent
     again; a write whose answer was lost raises ``OutcomeUnknownError`` (STORE-06).
 
-    Raises ``UnauthenticatedError`` (token refused), ``UnavailableError`` (cannot reach), ``InvalidError``.
+    The first connection waits the same way for what passes: nothing listening yet (a worker started before its
+    server, a server restarting), a connection reset, or the server refusing it because too many connections wait
+    for their handshake (a burst of clients); it is tried again with that backoff until ``reconnect_timeout`` has
+    passed, then ``UnavailableError`` names the address, the time waited and the last failure.
+
+    Raises ``UnauthenticatedError`` (token refused: at once), ``UnavailableError`` (cannot reach within
+    ``reconnect_timeout``; at once for a certificate not trusted, a host that does not resolve, a server that took
+    the connection but did not answer its handshake within 15 s), ``InvalidError`` (a bad address or option, before
+    anything is tried). Cancelled, it leaves nothing behind: no connection open, nothing trying in the background.
     """
     scheme, host, port = _parse_address(address)
     if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
@@ -1074,7 +1082,7 @@ async def connect(
         return "tcp", (host, port, ctx)
 
     transport = RemoteTransport(endpoint, token=token, description=address, reconnect_timeout=reconnect_timeout)
-    await transport.connect()
+    await transport.connect(wait=True)
     return Store(transport, mode="remote", directory=None)
 
 

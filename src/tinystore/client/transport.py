@@ -337,7 +337,43 @@ class _Refused(Exception):
 
 
 class _HandshakeClosed(Exception):
-    """The server closed the connection before it answered the handshake (no GOAWAY, no ERROR)."""
+    """The server closed the connection before it answered the handshake (no GOAWAY, no ERROR). ``reset``: it was
+    reset (``ECONNRESET``): a server that closed it with the HELLO unread (one crowded by connections waiting for
+    their handshake, whose refusal the reset overtook) or that died, not one that refused it."""
+
+    def __init__(self, message: str, reset: bool = False) -> None:
+        super().__init__(message)
+        self.reset = reset
+
+
+class _Transient(UnavailableError):
+    """A first connection that failed for a reason that passes (nothing listens yet, the server reset it, it is
+    crowded with connections waiting for their handshake): :meth:`RemoteTransport.connect` with ``wait`` tries
+    again. Never seen by callers: raised as a plain ``UnavailableError`` at the end."""
+
+
+#: what a server says when it closes a connection because too many wait for their handshake (older servers say
+#: only this; newer ones add ``crowded`` to the error's extra)
+CROWDED = "too many connections are waiting for their handshake"
+
+# reaching the server failed for a reason that passes: nothing listens yet (a server starting, or restarting), a
+# reset or an abort (a server crowded with connections in their TLS handshake closes the oldest), a name the
+# resolver could not look up for now
+_PASSING = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError, ssl.SSLEOFError)
+
+
+def _passes(exc: BaseException) -> bool:
+    """Whether ``exc``, raised while reaching a server, is of the kind that passes (see ``_PASSING``)."""
+    if isinstance(exc, socket.gaierror):
+        return exc.errno == socket.EAI_AGAIN
+    return isinstance(exc, _PASSING)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before try ``attempt`` (0, 1, ...) to reach a server: exponential backoff with equal
+    jitter, 50 ms doubling to a 2 s cap, times uniform(0.5, 1) (never 0: a server restarting is not hammered, nor
+    left waiting for a client that drew a long nothing)."""
+    return min(2.0, 0.05 * 2.0 ** min(attempt, 16)) * random.uniform(0.5, 1.0)
 
 
 SALVAGE_MAX = 64 * 1024 * 1024
@@ -575,7 +611,9 @@ class _ClientConn(asyncio.Protocol):
             if self.goaway:
                 self.welcome.set_exception(UnavailableError(self.goaway))
             else:
-                self.welcome.set_exception(_HandshakeClosed(f": {exc}" if exc else ""))
+                self.welcome.set_exception(
+                    _HandshakeClosed(f": {exc}" if exc else "", reset=isinstance(exc, ConnectionResetError))
+                )
         if self.keepalive is not None:
             self.keepalive.cancel()
         pending, self.pending = self.pending, {}
@@ -657,9 +695,46 @@ class RemoteTransport(Transport):
         self._first: asyncio.Task[Any] | None = None  # a call every later one waits behind (see call_first)
         self._firsts: set[asyncio.Task[Any]] = set()  # call_first calls under way (each waits for the one before)
 
-    async def connect(self) -> None:
-        """Make the first connection; raises ``UnavailableError`` / ``UnauthenticatedError``."""
-        self._conn = await self._connect_once()
+    async def connect(self, *, wait: bool = False) -> None:
+        """Make the first connection. Raises ``UnavailableError`` / ``UnauthenticatedError`` (and what
+        ``endpoint`` raises).
+
+        ``wait``: a failure that passes (nothing listens yet: ``ECONNREFUSED``; the server reset the connection,
+        or refused it because too many connections wait for their handshake) is tried again, with the backoff of
+        reconnects (:func:`backoff`), until ``reconnect_timeout`` seconds have passed since the first try; then
+        ``UnavailableError`` names the store, the time waited and the last failure. A token refused, a
+        certificate not trusted, a server that took the connection and did not answer its handshake within
+        :data:`HANDSHAKE_WAIT` fail at once. Without ``wait``, every failure is raised at once.
+
+        Cancelled, it leaves no connection open (one in its handshake is closed)."""
+        if not wait:
+            try:
+                self._conn = await self._connect_once()
+            except _Transient as exc:
+                raise UnavailableError(exc.message, **exc.extra) from None
+            self._up.set()
+            return
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        deadline = began + self.reconnect_timeout
+        attempt = 0
+        while True:
+            try:
+                conn = await self._connect_once()
+                break
+            except _Transient as exc:
+                attempt += 1
+                now = loop.time()
+                if now >= deadline:
+                    raise UnavailableError(
+                        f"the store at {self.description} could not be reached for {now - began:.1f}s "
+                        f"({attempt} {'try' if attempt == 1 else 'tries'}; reconnect_timeout "
+                        f"{self.reconnect_timeout:g}s): {exc.message}",
+                        **exc.extra,
+                    ) from None
+                log.debug("the store at %s: %s; trying again", self.description, exc.message)
+                await asyncio.sleep(min(backoff(attempt - 1), deadline - now))
+        self._conn = conn
         self._up.set()
 
     async def _connect_once(self) -> _ClientConn:
@@ -679,7 +754,11 @@ class RemoteTransport(Transport):
             if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLCertVerificationError):
                 # (a plain listener answers a ClientHello with bytes that are not TLS: WRONG_VERSION_NUMBER)
                 hint = " (if the server listens without TLS, use tcp:// in place of tls://)"
-            raise UnavailableError(f"cannot reach the store at {self.description or where}: {exc}{hint}") from None
+            error = _Transient if _passes(exc) else UnavailableError
+            detail = str(exc)
+            if isinstance(exc, ConnectionRefusedError):  # (asyncio's text: "Connect call failed ('::1', 7600, 0, 0)")
+                detail = f"connection refused ({exc}): nothing listens there"
+            raise error(f"cannot reach the store at {self.description or where}: {detail}{hint}") from None
         assert proto.transport is not None
         proto.number = next(self._connections)
         plain_tcp = kind != "unix" and where[2] is None
@@ -710,16 +789,25 @@ class RemoteTransport(Transport):
             hint = (
                 " (a TLS listener closes a plain-text client: if the server listens with TLS, use tls:// in place "
                 "of tcp://)"
-                if plain_tcp
+                if plain_tcp and not exc.reset
                 else ""
             )
-            raise UnavailableError(
+            raise (_Transient if exc.reset else UnavailableError)(
                 f"the store at {self.description or where} closed the connection during the handshake, before it "
                 f"answered{exc}{hint}"
             ) from None
-        except TinystoreError:
+        except TinystoreError as exc:
             proto.transport.close()
-            raise
+            # the server refused the handshake: its message, naming the store
+            message = f"the store at {self.description or where}: {exc.message}"
+            if isinstance(exc, UnavailableError) and (exc.extra.get("crowded") or exc.message.startswith(CROWDED)):
+                raise _Transient(
+                    f"{message} (the server closes the connection that waited longest for its handshake while more "
+                    "than it allows wait: a burst of clients connecting at once, or peers that connect and say "
+                    "nothing)",
+                    **exc.extra,
+                ) from None
+            raise type(exc)(message, **exc.extra) from None
         except asyncio.CancelledError:
             # the connection goes with the cancel: left open, the server would keep it (and a sidecar its idle
             # timer waiting); its handshake is not waited for by anyone any more
@@ -815,9 +903,7 @@ class RemoteTransport(Transport):
         old_epoch = self.epoch
         attempt = 0
         while not self.closed:
-            # exponential backoff with equal jitter: 50 ms doubling to a 2 s cap, times uniform(0.5, 1) (never 0: a
-            # server restarting is not hammered, nor left waiting for a client that drew a long nothing)
-            delay = min(2.0, 0.05 * (2**attempt)) * random.uniform(0.5, 1.0)
+            delay = backoff(attempt)
             attempt += 1
             await asyncio.sleep(delay)
             try:
@@ -888,10 +974,7 @@ class RemoteTransport(Transport):
         if conn is None:
             refused = self._refused
             if refused is not None:
-                raise UnauthenticatedError(
-                    f"the store at {self.description} refused the token when the SDK reconnected: {refused.message}",
-                    **refused.extra,
-                )
+                raise UnauthenticatedError(f"{refused.message} (refused when the SDK reconnected)", **refused.extra)
             self._up.clear()  # woken for nothing (the refusal was cleared meanwhile): wait again
             return await self._wait_up()
         return conn

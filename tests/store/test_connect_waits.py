@@ -1,0 +1,128 @@
+"""``connect()`` waits out what passes, within ``reconnect_timeout``, as reconnects do: a burst of clients refused
+because too many connections waited for their handshake (400 at once: 144 failed at once), a server not listening
+yet (a worker started before its server failed at once with "Connection refused"). A token refused fails at once.
+Each error names the store's address."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from pathlib import Path
+
+import pytest
+
+import tinystore
+from tinystore.errors import UnauthenticatedError, UnavailableError
+from tinystore.protocol import frames
+from tinystore.protocol.messages import ErrorBody, encode
+from tinystore.server.core import Core
+from tinystore.server.listener import Listener
+
+from ..helpers import free_port
+
+
+async def tcp_listener(tmp_path: Path, cap: int, port: int = 0) -> tuple[Core, Listener, str, str]:
+    """A store served in this process on TCP, letting ``cap`` connections wait for their handshake at once."""
+    core = Core(tmp_path / "store")
+    await core.start()
+    token = secrets.token_hex(16)
+    listener = Listener(core, {token: "data"})
+    listener.max_handshaking = cap
+    port = await listener.start_tcp("127.0.0.1", port)
+    return core, listener, f"tcp://127.0.0.1:{port}", token
+
+
+async def crowding_server() -> tuple[asyncio.Server, str, list[int]]:
+    """A server that answers every HELLO as a crowded listener does (older servers: the message alone)."""
+    tries: list[int] = []
+
+    async def crowded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tries.append(1)
+        await reader.read(1)
+        body = encode(ErrorBody(code="unavailable", message="too many connections are waiting for their handshake"))
+        writer.write(frames.Connection("server").send_error(0, body))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(crowded, "127.0.0.1", 0)
+    return server, f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}", tries
+
+
+async def test_a_crowded_server_is_tried_again_until_reconnect_timeout_and_named(tmp_path: Path) -> None:
+    server, address, tries = await crowding_server()
+    try:
+        began = time.monotonic()
+        with pytest.raises(UnavailableError) as info:
+            await tinystore.connect(address, token="t" * 16, reconnect_timeout=1)
+        waited = time.monotonic() - began
+        assert 0.9 < waited < 5, waited
+        assert len(tries) > 2, tries
+        message = info.value.message
+        assert f"the store at {address}: too many connections are waiting for their handshake" in message, message
+        assert f"the store at {address} could not be reached for " in message, message
+        assert "reconnect_timeout 1s" in message, message
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+# contract: STORE-06
+async def test_connect_waits_for_a_server_that_is_not_listening_yet(tmp_path: Path) -> None:
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    began = time.monotonic()
+    with pytest.raises(UnavailableError) as info:
+        await tinystore.connect(address, token="t" * 16, reconnect_timeout=0.5)
+    assert 0.4 < time.monotonic() - began < 5
+    message = info.value.message
+    assert f"the store at {address} could not be reached for " in message, message
+    assert "reconnect_timeout 0.5s" in message and "refused" in message, message
+
+    # the server comes up while the client waits for it
+    token = secrets.token_hex(16)
+    task = asyncio.ensure_future(tinystore.connect(address, token=token, reconnect_timeout=20))
+    core: Core | None = None
+    try:
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        core = Core(tmp_path / "store")
+        await core.start()
+        listener = Listener(core, {token: "data"})
+        await listener.start_tcp("127.0.0.1", port)
+        store = await asyncio.wait_for(task, 10)
+        try:
+            assert (await store.status())["version"]
+        finally:
+            await store.close()
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        if core is not None:
+            await core.stop(1.0)
+
+
+# contract: STORE-03
+async def test_a_wrong_token_fails_at_once_naming_the_store(tmp_path: Path) -> None:
+    core, _, address, _ = await tcp_listener(tmp_path, cap=256)
+    try:
+        began = time.monotonic()
+        with pytest.raises(UnauthenticatedError) as info:
+            await tinystore.connect(address, token="w" * 32, reconnect_timeout=30)
+        assert time.monotonic() - began < 2
+        assert info.value.message == f"the store at {address}: the token is missing or wrong"
+    finally:
+        await core.stop(1.0)
+
+
+async def test_a_connect_cancelled_while_it_waits_leaves_nothing(tmp_path: Path) -> None:
+    """Cancelled between tries (nothing listens), it ends at once; nothing of it runs on."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    task = asyncio.ensure_future(tinystore.connect(address, token="t" * 16, reconnect_timeout=30))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 2)
+    assert not [t for t in asyncio.all_tasks() if "RemoteTransport" in repr(t)]
