@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from pathlib import Path
@@ -32,6 +33,31 @@ async def tcp_listener(tmp_path: Path, cap: int, port: int = 0) -> tuple[Core, L
     listener.max_handshaking = cap
     port = await listener.start_tcp("127.0.0.1", port)
     return core, listener, f"tcp://127.0.0.1:{port}", token
+
+
+# contract: STORE-06
+async def test_a_burst_of_clients_past_the_handshake_cap_all_get_in(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Far more clients connect at once than the listener lets wait for their handshake: those crowded out are told
+    why and try again, with backoff, and every one gets in. (A plain connection being made counted as one "in its
+    TLS handshake", and was closed told nothing.)"""
+    core, _, address, token = await tcp_listener(tmp_path, cap=4)
+    stores: list[tinystore.Store] = []
+    caplog.set_level(logging.WARNING, "tinystore.server")
+    try:
+        got = await asyncio.gather(
+            *[tinystore.connect(address, token=token, reconnect_timeout=20) for _ in range(60)], return_exceptions=True
+        )
+        stores = [s for s in got if isinstance(s, tinystore.Store)]
+        failed = [repr(e) for e in got if not isinstance(e, tinystore.Store)]
+        assert failed == [], failed[:3]
+        assert (await stores[-1].status())["version"]
+        assert "in its TLS handshake" not in caplog.text
+    finally:
+        for store in stores:
+            await store.close()
+        await core.stop(1.0)
 
 
 async def crowding_server() -> tuple[asyncio.Server, str, list[int]]:

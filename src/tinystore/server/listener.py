@@ -306,7 +306,8 @@ class ServerConnection(asyncio.Protocol):
             self.listener.description,
             self.listener.max_handshaking,
         )
-        self.refuse(UnavailableError.code, "too many connections are waiting for their handshake")
+        # (crowded: the SDK tries again, with backoff, within its reconnect_timeout)
+        self.refuse(UnavailableError.code, "too many connections are waiting for their handshake", crowded=True)
 
     def supersede(self, instance: str) -> None:
         """This connection is the SDK transport ``instance``'s new one: its connection before, if the server still
@@ -562,8 +563,9 @@ class ServerConnection(asyncio.Protocol):
         )
         self.write(self.conn.send_welcome(body))
 
-    def refuse(self, code: str, message: str) -> None:
-        self.write(self.conn.send_error(0, encode(ErrorBody(code=code, message=message))))
+    def refuse(self, code: str, message: str, **extra: Any) -> None:
+        """Refuse the handshake: an ``ERROR`` of ``code`` (with ``message`` and ``extra``), then close."""
+        self.write(self.conn.send_error(0, encode(ErrorBody(code=code, message=message, extra=extra))))
         self.closing = True
         if self.transport is not None:
             self.flush()
@@ -1270,9 +1272,11 @@ class Listener:
                 conn.close()
                 continue
             task = asyncio.ensure_future(self._connect(conn))
-            self.starting[task] = asyncio.get_running_loop().time()
-            task.add_done_callback(self._started)
             if self.ssl_context is not None:
+                # (a plain connection is made in a loop turn or two, and counts from then on: counted while it was
+                # made, it was closed as one "in its TLS handshake", told nothing, before any HELLO could be read)
+                self.starting[task] = asyncio.get_running_loop().time()
+                task.add_done_callback(self._started)
                 self.crowd()
 
     def _started(self, task: asyncio.Task[Any]) -> None:
