@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
+import struct
 import time
 from pathlib import Path
 
@@ -152,3 +154,55 @@ async def test_a_connect_cancelled_while_it_waits_leaves_nothing(tmp_path: Path)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 2)
     assert not [t for t in asyncio.all_tasks() if "RemoteTransport" in repr(t)]
+
+
+async def test_a_server_that_resets_the_connection_in_the_handshake_is_tried_again() -> None:
+    """A reset in the handshake (a server crowded, whose refusal the reset overtook, or one dying) passes too; a
+    closed port of a TLS listener's crowding shows as a broken pipe alike."""
+    tries: list[int] = []
+
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tries.append(1)
+        await reader.read(1)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # (an RST)
+
+    server = await asyncio.start_server(reset, "127.0.0.1", 0)
+    address = f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        with pytest.raises(UnavailableError) as info:
+            await tinystore.connect(address, token="t" * 16, reconnect_timeout=0.7)
+        assert len(tries) > 2, tries
+        message = info.value.message
+        assert f"the store at {address} could not be reached for " in message, message
+        assert "closed the connection during the handshake" in message and "use tls://" not in message, message
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_connection_broken_under_the_hello_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HELLO's write failed with EPIPE (the server closed the connection as it came: a TLS listener crowded
+    with connections in their handshake): that passes as a reset does (it was final, "Broken pipe")."""
+    from tinystore.client import transport as transport_mod
+
+    made = transport_mod._ClientConn.connection_made
+    tries: list[int] = []
+
+    def connection_made(self: transport_mod._ClientConn, transport: asyncio.BaseTransport) -> None:
+        made(self, transport)
+        tries.append(1)
+        self.loop.call_soon(self.connection_lost, BrokenPipeError(32, "Broken pipe"))
+
+    monkeypatch.setattr(transport_mod._ClientConn, "connection_made", connection_made)
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    address = f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        with pytest.raises(UnavailableError) as info:
+            await tinystore.connect(address, token="t" * 16, reconnect_timeout=0.5)
+        assert len(tries) > 2, tries
+        assert "Broken pipe" in info.value.message and "use tls://" not in info.value.message, info.value.message
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -338,12 +338,17 @@ class _Refused(Exception):
 
 class _HandshakeClosed(Exception):
     """The server closed the connection before it answered the handshake (no GOAWAY, no ERROR). ``reset``: it was
-    reset (``ECONNRESET``): a server that closed it with the HELLO unread (one crowded by connections waiting for
-    their handshake, whose refusal the reset overtook) or that died, not one that refused it."""
+    reset or broke (``ECONNRESET``, ``EPIPE``): a server that closed it with the HELLO unread (one crowded by
+    connections waiting for their handshake, whose refusal the reset overtook) or that died, not one that refused
+    it."""
 
     def __init__(self, message: str, reset: bool = False) -> None:
         super().__init__(message)
         self.reset = reset
+
+
+# how a connection the server closed in its handshake without a word ends: reset, or broken under the HELLO's write
+_BROKEN = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 
 
 class _Transient(UnavailableError):
@@ -611,9 +616,7 @@ class _ClientConn(asyncio.Protocol):
             if self.goaway:
                 self.welcome.set_exception(UnavailableError(self.goaway))
             else:
-                self.welcome.set_exception(
-                    _HandshakeClosed(f": {exc}" if exc else "", reset=isinstance(exc, ConnectionResetError))
-                )
+                self.welcome.set_exception(_HandshakeClosed(f": {exc}" if exc else "", reset=isinstance(exc, _BROKEN)))
         if self.keepalive is not None:
             self.keepalive.cancel()
         pending, self.pending = self.pending, {}
