@@ -750,7 +750,14 @@ class RemoteTransport(Transport):
             else:
                 host, port, ctx = where
                 _, proto = await loop.create_connection(
-                    lambda: _ClientConn(self), host, port, ssl=ctx, server_hostname=host if ctx else None
+                    lambda: _ClientConn(self),
+                    host,
+                    port,
+                    ssl=ctx,
+                    server_hostname=host if ctx else None,
+                    # (the TLS handshake has the handshake's time, not asyncio's 60 s: one try overran a
+                    # reconnect_timeout of 20 s)
+                    ssl_handshake_timeout=HANDSHAKE_WAIT if ctx else None,
                 )
         except (OSError, ssl.SSLError) as exc:
             hint = ""
