@@ -137,3 +137,37 @@ async def test_tls_spoken_to_a_plain_listener_is_named_on_both_sides(tmp_path: P
         assert "over the limit" not in log, log
     finally:
         server.stop()
+
+
+# contract: STORE-04
+async def test_a_burst_of_tls_clients_past_the_cap_gets_in_and_breaks_no_accept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A TLS connection crowded out in its handshake had its socket closed at once while asyncio's transport still
+    held the descriptor: the next connection accepted on that number failed "File descriptor N is used by
+    transport". Every client gets in (trying again), and nothing but the crowding is logged."""
+    core, _listener, port, cert, token = await tls_listener(tmp_path, cap=4)
+    ctx = ssl.create_default_context(cafile=str(cert))
+    errors: list[str] = []
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(str(context.get("exception") or context)))
+    stores: list[tinystore.Store] = []
+    try:
+        got = await asyncio.gather(
+            *[
+                tinystore.connect(f"tls://127.0.0.1:{port}", token=token, ssl_context=ctx, reconnect_timeout=30)
+                for _ in range(60)
+            ],
+            return_exceptions=True,
+        )
+        stores = [s for s in got if isinstance(s, tinystore.Store)]
+        failed = [repr(e) for e in got if not isinstance(e, tinystore.Store)]
+        assert failed == [], failed[:3]
+        assert not [e for e in errors if "is used by transport" in e], errors[:3]
+        assert "is used by transport" not in caplog.text
+    finally:
+        loop.set_exception_handler(previous)
+        for store in stores:
+            await store.close()
+        await core.stop(1.0)

@@ -1144,6 +1144,18 @@ async def bind_tcp(host: str, port: int) -> list[socket.socket]:
     return socks
 
 
+def _given_up(conn: socket.socket, protocols: list[ServerConnection]) -> None:
+    """End the accepted socket ``conn`` whose connection was given up in its making (crowded out, or its TLS
+    handshake failed). Once the loop made its protocol (``protocols``), a transport owns the socket and closes it
+    (asyncio closed that transport as it gave up; one whose connection was made is aborted here, and ends as any
+    connection ends): closed here as well, its descriptor's number went to the next connection accepted while that
+    transport still held it ("File descriptor N is used by transport", a burst of TLS clients past the cap)."""
+    if not protocols:
+        conn.close()  # (no transport took it)
+    elif protocols[0].transport is not None:
+        protocols[0].transport.abort()
+
+
 class Listener:
     """A socket server feeding a core. ``tokens``: token → capability, or ``None`` (Unix: trusted).
 
@@ -1287,8 +1299,11 @@ class Listener:
         loop = asyncio.get_running_loop()
         accepted = loop.time()
 
+        protocols: list[ServerConnection] = []
+
         def made() -> ServerConnection:
-            return ServerConnection(self, accepted, asyncio.current_task())
+            protocols.append(ServerConnection(self, accepted, asyncio.current_task()))
+            return protocols[0]
 
         try:
             if self.ssl_context is None:
@@ -1298,7 +1313,7 @@ class Listener:
                     made, conn, ssl=self.ssl_context, ssl_handshake_timeout=self.handshake_timeout
                 )
         except asyncio.CancelledError:
-            conn.close()
+            _given_up(conn, protocols)
             if asyncio.current_task() not in self.dropped:
                 raise  # the listener closes
             # crowded out (see crowd): more connections wait for their handshake than the listener allows
@@ -1316,7 +1331,7 @@ class Listener:
                 else:
                     kind, why = "tls-failed", f"its TLS handshake failed: {detail}"
                 self.silent_log(kind).warning("%s: closed a connection: %s", self.description, why)
-            conn.close()
+            _given_up(conn, protocols)
 
     def _pause(self, exc: OSError) -> None:
         """``accept`` failed for want of descriptors or memory: say so (once a minute at most), stop accepting
