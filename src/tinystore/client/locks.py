@@ -360,10 +360,12 @@ class Lease:
             if self._renewing is asyncio.current_task():
                 self._renewing = None
 
-    async def _release_bounded(self) -> bool:
+    async def _release_bounded(self, alone: bool = False) -> bool:
         """Release over a connection, waiting for the answer no longer than the lease could still be live plus a
         third of its ttl (a store that does not answer lets the lease run out by its ttl); then it counts as
-        lost. The lease's own timer bounds the wait, as ``asyncio.timeout`` would, without a timer of its own."""
+        lost. The lease's own timer bounds the wait, as ``asyncio.timeout`` would, without a timer of its own.
+        ``alone``: in a call of its own, written as this task first runs (not batched with the releases of its
+        loop turn, which a task of the hub sends a turn later)."""
         hub = self._hub
         loop = hub.loop
         task = asyncio.current_task()
@@ -376,7 +378,7 @@ class Lease:
             self._handle = loop.call_at(self._release_deadline, self._tick)
         # else: the lease's timer comes at its renewal or its doom at the latest, and moves on to the deadline
         try:
-            return await hub.release(self)
+            return await (hub._release_one(self) if alone else hub.release(self))
         except asyncio.CancelledError:
             if not self._release_timed_out or task.uncancel() > cancelling:
                 raise
@@ -493,7 +495,12 @@ class Lease:
 
     async def _let_go(self) -> bool:
         """Release at the store once (a second caller waits for the first's answer); True when it let go of a
-        live lease."""
+        live lease.
+
+        A lease lost already is let go without waiting: over a connection its release is sent by a task of the
+        hub, which the store's close waits for (a few seconds at most), so that ``LostError`` leaves the block at
+        once rather than after the release's wait on a connection that may be dead (the next holder may have
+        started). A lease lost once the store is closed has nothing to let go."""
         fut = self._releasing
         if fut is not None:
             return await asyncio.shield(fut)
@@ -503,6 +510,18 @@ class Lease:
         if self._state == _HELD:
             self._state = _DONE
         hub = self._hub
+        if not was_held and hub.closed:
+            self._stop_timers()
+            hub.leases.pop(self.id, None)
+            fut.set_result(False)
+            return False
+        if not was_held and not hub.local:
+            hub.spawn(self._release_bounded(alone=True)).add_done_callback(self._released)
+            # one loop turn, in which the release's first step writes it: what this task asks next (the same key
+            # again) reaches the store after it, so a lease the SDK ended before the store did (max_hold, its
+            # ttl's margin) is let go before that ask, as when the block waited for the answer
+            await asyncio.sleep(0)
+            return False
         try:
             task = hub.spawn(hub.release(self) if hub.local else self._release_bounded())
             try:
@@ -522,6 +541,14 @@ class Lease:
         self._hub.leases.pop(self.id, None)
         fut.set_result(released)
         return released
+
+    def _released(self, task: asyncio.Task[Any]) -> None:
+        """The release of a lost lease, sent in the background, ended."""
+        released = not task.cancelled() and task.exception() is None and bool(task.result())
+        self._hub.leases.pop(self.id, None)
+        fut = self._releasing
+        if fut is not None and not fut.done():
+            fut.set_result(released)
 
 
 class Permit(Lease):
@@ -1201,7 +1228,8 @@ class _Hub:
 
     async def close(self) -> None:
         """The store is closing: every lease still held is lost (its block cancelled) and let go at the store;
-        renewals stop. Waits at most 5 s for the store's answers."""
+        renewals stop. Waits at most 5 s for the store's answers (to the releases of leases lost earlier, sent in the
+        background, too)."""
         if self.closed:
             return
         self.closing = True  # a grant that comes from now on is let go, and its caller told ClosedError
@@ -1216,10 +1244,15 @@ class _Hub:
         live = [x for x in self.leases.values() if x._releasing is None]
         for lease in live:
             lease._lose(f"{lease._where()}: the store was closed while the lease was held")
-        if live:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5):
-                    await asyncio.gather(*(x._let_go() for x in live), return_exceptions=True)
+        leases = list(self.leases.values())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                if leases:
+                    await asyncio.gather(*(x._let_go() for x in leases), return_exceptions=True)
+                    # (a lost lease's release goes on in a task of the hub: its answer is waited for here)
+                    releasing = [x._releasing for x in leases if x._releasing is not None and not x._releasing.done()]
+                    if releasing:
+                        await asyncio.wait(releasing)
         self.closed = True
         self._fail_asks("the store was closed while waiting in line")
         tasks = list(self.tasks)
