@@ -11,15 +11,24 @@ connection, so ``except LostError:`` code ran after the next holder had started.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import tinystore
 from tinystore import LostError
 
-from ..helpers import ServerProcess
+from ..helpers import ServerProcess, open_store
+from .support import other_client
+
+
+def fresh(coro: Any) -> asyncio.Task[Any]:
+    """A task that does not inherit this one's held keys."""
+    return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
 
 
 class Timeline:
@@ -36,6 +45,68 @@ class Timeline:
 
     def at(self, what: str) -> float:
         return next(t for name, t in self.events if name == what)
+
+
+async def hold_until_lost(store: tinystore.Store, timeline: Timeline, held: asyncio.Event, cleanup: float = 0) -> str:
+    """Hold key "k" of lock "l" until the lease is lost; its block takes ``cleanup`` seconds to end once cancelled.
+    Returns the LostError's message."""
+    try:
+        async with store.lock("l", ttl="10s").hold("k"):
+            held.set()
+            try:
+                await asyncio.sleep(60)
+            finally:
+                if cleanup:
+                    await asyncio.shield(asyncio.sleep(cleanup))
+                timeline("holder's block ended")
+    except LostError as exc:
+        timeline("holder got LostError")
+        return exc.message
+    raise AssertionError("the holder's block was not cancelled")
+
+
+async def wait_for_key(store: tinystore.Store, timeline: Timeline) -> None:
+    """Wait in line for key "k" of lock "l" and note when the block starts (its lease may be lost later, when its
+    own server stops)."""
+    try:
+        async with store.lock("l", ttl="10s").hold("k", wait="30s"):
+            timeline("waiter's block started")
+            await asyncio.sleep(0.2)
+    except LostError:
+        pass
+
+
+async def until_waiting(store: tinystore.Store) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        keys = (await store.status())["locks"]["keys"]
+        if any(row["key"] == "k" and row["waiters"] for row in keys):
+            return
+        assert time.monotonic() < deadline, keys
+        await asyncio.sleep(0.02)
+
+
+# contract: LOCK-04
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+async def test_closing_the_store_lets_a_key_go_only_once_the_holders_block_has_ended(mode: str, tmp_path: Path) -> None:
+    """The store closed under a block: the block is cancelled, and its key goes to the next in line (another
+    process's waiter, over the socket) only once the block has ended, its cleanup after the cancel too."""
+    timeline = Timeline()
+    async with open_store(mode, tmp_path / "store") as store:
+        async with other_client(store) as other:
+            mine = store if mode == "embedded" else await tinystore.open(tmp_path / "store")
+            held = asyncio.Event()
+            holding = fresh(hold_until_lost(mine, timeline, held, cleanup=0.5))
+            await held.wait()
+            waiting = fresh(wait_for_key(other, timeline))
+            await until_waiting(other)
+            await mine.close()
+            message = await asyncio.wait_for(holding, 10)
+            await asyncio.wait_for(waiting, 30)
+            assert "the store was closed" in message, message
+            assert timeline.names() == ["holder's block ended", "holder got LostError", "waiter's block started"], (
+                timeline.events
+            )
 
 
 # contract: LOCK-05

@@ -183,6 +183,7 @@ class Lease:
         "_doom_at",
         "_end_at",
         "_epoch",
+        "_exited",
         "_expires",
         "_handle",
         "_hub",
@@ -229,6 +230,7 @@ class Lease:
         self._max_hold_at = max_hold_at
         self._ttl = ttl
         self._epoch = hub.transport.epoch
+        self._exited: asyncio.Future[None] | None = None  # set as the block ends (see _Hub.close)
         self._unreleased = ""  # why its release could not reach the store, when it could not
         self._lost: asyncio.Event | None = None  # made when first asked for
         self._state = _HELD
@@ -461,6 +463,9 @@ class Lease:
         ``LostError`` for a lost lease (the block's exception, if any, chained or noted), a cancel from
         elsewhere as it was. Never swallows the block's exception."""
         self._in_block = False
+        exited = self._exited
+        if exited is not None and not exited.done():
+            exited.set_result(None)
         token, self._token = self._token, None
         if token is not None:
             with contextlib.suppress(ValueError):  # exited in another context than entered
@@ -1227,9 +1232,11 @@ class _Hub:
                 lease._kick()
 
     async def close(self) -> None:
-        """The store is closing: every lease still held is lost (its block cancelled) and let go at the store;
-        renewals stop. Waits at most 5 s for the store's answers (to the releases of leases lost earlier, sent in the
-        background, too)."""
+        """The store is closing: every lease still held is lost (its block cancelled) and let go at the store once
+        its block has ended (its cleanup after the cancel too: LOCK-04), so that the next in line never starts
+        beside it; renewals stop. Waits at most 5 s in all for the blocks to end and for the store's answers (the
+        releases of leases lost earlier, sent in the background, too); a block that has not ended by then has
+        its key let go all the same."""
         if self.closed:
             return
         self.closing = True  # a grant that comes from now on is let go, and its caller told ClosedError
@@ -1244,9 +1251,19 @@ class _Hub:
         live = [x for x in self.leases.values() if x._releasing is None]
         for lease in live:
             lease._lose(f"{lease._where()}: the store was closed while the lease was held")
+        me = asyncio.current_task()
+        ending: list[asyncio.Future[None]] = []
+        for lease in live:
+            task = lease._task
+            if lease._in_block and task is not None and task is not me and not task.done():
+                if lease._exited is None:
+                    lease._exited = self.loop.create_future()
+                ending.append(lease._exited)
         leases = list(self.leases.values())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5):
+                if ending:
+                    await asyncio.wait(ending)
                 if leases:
                     await asyncio.gather(*(x._let_go() for x in leases), return_exceptions=True)
                     # (a lost lease's release goes on in a task of the hub: its answer is waited for here)
