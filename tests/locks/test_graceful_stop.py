@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +23,31 @@ import pytest
 
 import tinystore
 from tinystore import LostError
+from tinystore.server import paths
 
-from ..helpers import ServerProcess, open_store
+from ..helpers import ServerProcess, free_port, gone, open_store, stop_sidecar, write_tokens
 from .support import other_client
+
+HOLDER_RECONNECT_DELAY = 4.0
+"""Seconds the holder's SDK takes for each attempt to reconnect (a slow network on its side): its reconnect comes
+well after the waiter's, so only a notice before the reconnect can end its block in time."""
 
 
 def fresh(coro: Any) -> asyncio.Task[Any]:
     """A task that does not inherit this one's held keys."""
     return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
+
+
+def slow_reconnects(store: tinystore.Store) -> None:
+    """Make every (re)connection of ``store`` wait :data:`HOLDER_RECONNECT_DELAY` first."""
+    transport: Any = store.transport
+    endpoint: Callable[[], Awaitable[Any]] = transport.endpoint
+
+    async def slow() -> Any:
+        await asyncio.sleep(HOLDER_RECONNECT_DELAY)
+        return await endpoint()
+
+    transport.endpoint = slow
 
 
 class Timeline:
@@ -84,6 +103,59 @@ async def until_waiting(store: tinystore.Store) -> None:
             return
         assert time.monotonic() < deadline, keys
         await asyncio.sleep(0.02)
+
+
+# contract: LOCK-07
+@pytest.mark.parametrize("mode", ["tcp", "sidecar", "private"])
+async def test_a_graceful_stop_ends_the_holders_block_before_a_waiter_enters_on_the_next_server(
+    mode: str, tmp_path: Path
+) -> None:
+    directory = tmp_path / "store"
+    servers: list[ServerProcess] = []
+    args: list[str] = []
+    if mode == "tcp":
+        tokens, admin, _ = write_tokens(tmp_path)
+        addr = f"tcp://127.0.0.1:{free_port()}"
+        args = ["--listen", addr, "--tokens", str(tokens)]
+        servers.append(ServerProcess(directory, *args).start())
+        holder = await tinystore.connect(addr, token=admin)
+        waiter = await tinystore.connect(addr, token=admin)
+    else:
+        holder = await (tinystore.open(directory, private=True) if mode == "private" else tinystore.open(directory))
+        waiter = await tinystore.open(directory)  # the holder's server (a private one or the sidecar)
+    timeline = Timeline()
+    try:
+        slow_reconnects(holder)
+        held = asyncio.Event()
+        holding = fresh(hold_until_lost(holder, timeline, held))
+        await held.wait()
+        waiting = fresh(wait_for_key(waiter, timeline))
+        await until_waiting(waiter)
+        pid = int((paths.read_address(directory) or {})["pid"])
+        os.kill(pid, signal.SIGTERM)  # a graceful stop; the holder's process stays alive, its network too
+        if mode == "tcp":
+            proc = servers[0].proc
+            assert proc is not None
+            while proc.poll() is None:  # (our child: reaped here)
+                await asyncio.sleep(0.02)
+            servers.append(ServerProcess(directory, *args).start())
+        else:
+            assert await gone(pid)
+        if mode == "private":  # (a private server stopped on purpose is not started again by its store)
+            servers.append(ServerProcess(directory).start())
+        # (sidecar: the waiter's SDK starts one again)
+        message = await asyncio.wait_for(holding, 30)
+        await asyncio.wait_for(waiting, 30)
+        assert timeline.names() == ["holder's block ended", "holder got LostError", "waiter's block started"], (
+            timeline.events
+        )
+        assert "the store is stopping" in message, message
+    finally:
+        await asyncio.wait_for(waiter.close(), 15)
+        await asyncio.wait_for(holder.close(), 15)
+        for server in servers:
+            server.stop()
+        await stop_sidecar(directory)
 
 
 # contract: LOCK-04

@@ -134,6 +134,9 @@ class Transport:
         self.push_handlers: dict[str, tuple[PushHandler, Any]] = {}
         self.reconnect_hooks: list[ReconnectHook] = []
         self.lost_hooks: list[Callable[[], None]] = []  # called (on the loop) when the connection drops
+        # called (on the loop) with the server's reason when it says that it is stopping (its GOAWAY at a graceful
+        # stop), before the connection drops: nothing it holds for this client outlives it
+        self.stopping_hooks: list[Callable[[str], None]] = []
         self.closed = False
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -408,6 +411,7 @@ class _ClientConn(asyncio.Protocol):
         self.number = 0  # which connection of its transport (Hello.connection)
         self.goaway: str | None = None
         self.goaway_last: int | None = None  # the server's last request read, told in its GOAWAY
+        self.stopping = False  # the GOAWAY said the store is stopping (a graceful stop)
         self.lost = False
         self.gone = asyncio.Event()  # set once the connection is lost
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -599,8 +603,15 @@ class _ClientConn(asyncio.Protocol):
             try:
                 goaway = decode(body, GoAway)
                 self.goaway, self.goaway_last = goaway.reason, goaway.last_stream
+                # (an older server does not say ``stopping``: its stop's GOAWAY is the one with this code and a
+                # last stream read)
+                self.stopping = goaway.stopping or (goaway.code == "unavailable" and goaway.last_stream is not None)
             except Exception:
                 self.goaway = "the server closed the connection"
+            if self.stopping:
+                # told before the connection drops, and so before any reconnect: what the store held for this
+                # client (its leases) ends now, not when the next server is reached (LOCK-07)
+                self.owner._on_stopping(self)
             # The server answers nothing after a GOAWAY and reads nothing more: drop the connection now, so
             # that the calls still pending fail at once (connection_lost) rather than wait for a close that a
             # write stuck in our buffer (the server stopped reading) could hold back for ever.
@@ -892,6 +903,17 @@ class RemoteTransport(Transport):
             handler(decode(body, body_type))
         except Exception:
             log.exception("push handler for %s failed", method)
+
+    def _on_stopping(self, conn: _ClientConn) -> None:
+        """``conn``'s server said it is stopping (a graceful stop): tell the hooks (the connection drops next)."""
+        if conn is not self._conn or self.closed:
+            return
+        reason = conn.goaway or "the store is stopping"
+        for hook in list(self.stopping_hooks):
+            try:
+                hook(reason)
+            except Exception:
+                log.exception("a hook of a stopping server failed")
 
     def _on_lost(self, conn: _ClientConn) -> None:
         if conn is not self._conn:

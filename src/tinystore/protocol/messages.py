@@ -54,11 +54,15 @@ class ErrorBody(msgspec.Struct, kw_only=True):
 class GoAway(msgspec.Struct, kw_only=True):
     """Either side: the connection is closing, and why. ``last_stream`` (the server's): the highest stream of a
     request it read on this connection; a request on a higher stream was never read, so never run, and may be sent
-    again elsewhere (as HTTP/2's GOAWAY says, RFC 9113 section 6.8). ``None``: not said."""
+    again elsewhere (as HTTP/2's GOAWAY says, RFC 9113 section 6.8). ``None``: not said. ``stopping`` (the
+    server's): the store itself is stopping (a graceful stop), so nothing it holds for the client outlives it: the
+    SDK ends the leases held through the connection at once, before it reconnects (LOCK-07). An older server does
+    not say it (``False``): its stop's GOAWAY is the one with code ``unavailable`` and a ``last_stream``."""
 
     reason: str
     code: str = "closed"
     last_stream: int | None = None
+    stopping: bool = False
 
 
 encoder = msgspec.msgpack.Encoder()

@@ -1039,16 +1039,21 @@ class ServerConnection(asyncio.Protocol):
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
-    def close(self, reason: str, code: str = "closed", notify: bool = True, said_read: bool = False) -> None:
+    def close(
+        self, reason: str, code: str = "closed", notify: bool = True, said_read: bool = False, stopping: bool = False
+    ) -> None:
         """Close this connection, telling the client why (GOAWAY) unless ``notify`` is false; ``said_read``: and
-        the last request read (every later one was not run: the SDK sends it again elsewhere)."""
+        the last request read (every later one was not run: the SDK sends it again elsewhere); ``stopping``: and
+        that the store is stopping (its SDK ends the leases held through the connection at once: LOCK-07)."""
         if self.closing:
             return
         if notify:
             # at a stop, with the last request read: the client may send the later ones again elsewhere, never run
             # here (trial BK: unread at a stop, each was a write that may have committed, for its client). Not
             # after a refused frame: sent again, it would be refused again, for ever
-            goaway = GoAway(reason=reason, code=code, last_stream=self.last_stream if said_read else None)
+            goaway = GoAway(
+                reason=reason, code=code, last_stream=self.last_stream if said_read else None, stopping=stopping
+            )
             self.write(self.conn.send_goaway(encode(goaway)))
         self.closing = True
         if code == "protocol":
@@ -1381,7 +1386,9 @@ class Listener:
         for c in conns:
             if c.instance and c.number and c.session is not None:
                 self.core.read_fact(c.instance, c.number, c.last_stream)  # (see Core.read_facts)
-            c.close("the store is stopping", "unavailable", said_read=True)
+            # (before the directory is let go: the lingering close below waits for the clients to read this, so that
+            # their leases end before a next server can give a key to another: LOCK-07)
+            c.close("the store is stopping", "unavailable", said_read=True, stopping=True)
         # the lingering ones (see LINGER): until their clients closed them, LINGER at most
         loop = asyncio.get_running_loop()
         until = loop.time() + LINGER + 0.1
