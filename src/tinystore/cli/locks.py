@@ -3,9 +3,9 @@
 For a cron job that must never run twice at once. The command gets the lease's fence in ``TINYSTORE_FENCE``
 (decimal; ``TINYSTORE_FENCE_PADDED`` is the 40-digit text that sorts as text), and ``TINYSTORE_LOCK`` and
 ``TINYSTORE_KEY``. When the lease is lost (its renewals failed for its ttl: this process froze, or the store
-went away; or the store restarted), the command is stopped: SIGTERM, then SIGKILL after ``--grace``. On Linux,
-the kernel kills the command (SIGKILL) when this process dies, even by SIGKILL: it never runs on without the
-lease. Only the command's own process is covered, not the processes it starts.
+went away; or the store is stopping, or restarted), the command is stopped: SIGTERM, then SIGKILL after
+``--grace``. On Linux, the kernel kills the command (SIGKILL) when this process dies, even by SIGKILL: it never
+runs on without the lease. Only the command's own process is covered, not the processes it starts.
 
 Exit status: the command's own (128 + N when a signal N ended it); 1 with ``error[code] message`` on stderr
 when the key stayed held for all of the wait (``in_use``), when the lease was lost (``lost``, after the command

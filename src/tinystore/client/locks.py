@@ -16,13 +16,15 @@ How a lease lives (LOCK-04..07):
   ``ttl / 3``; when no renewal succeeded for ``ttl`` minus a margin of a tenth of it (the connection is down,
   or this process's loop was frozen), the SDK declares the lease lost itself, before the store gives the key
   to another.
-- A lost lease (a refused renewal, a ``locks.lost`` push, ``max_hold``, a restart of the store, the store
-  closed under it) sets ``lease.lost``, cancels the task running the block, and :class:`LostError` comes out
-  of the ``async with`` — also when the block had already ended and its release found the lease gone. A
-  cancel from elsewhere stays a ``CancelledError``.
-- The key is let go when the block returns, raises or is cancelled (LOCK-04). After a reconnect each live
-  lease is renewed at once by its id (LOCK-07); after a restart of the store (its fence epoch changed) every
-  lease is lost.
+- A lost lease (a refused renewal, a ``locks.lost`` push, ``max_hold``, a graceful stop or a restart of the
+  store, the store closed under it) sets ``lease.lost``, cancels the task running the block, and
+  :class:`LostError` comes out of the ``async with`` once the block has ended, without waiting for the release
+  (sent in the background; the store's close waits for it) — also when the block had already ended and its
+  release found the lease gone. A cancel from elsewhere stays a ``CancelledError``.
+- The key is let go when the block returns, raises or is cancelled (LOCK-04); when the store closes, once the
+  blocks it cancelled have ended. After a reconnect each live lease is renewed at once by its id (LOCK-07);
+  when the server says it is stopping (its GOAWAY), every lease held through it is lost at once, before any
+  reconnect; after a restart of the store that said nothing (its fence epoch changed) every lease is lost.
 - In embedded mode a lease of this process never runs out by ttl (the store freezes with the process); it
   ends with its block or at ``max_hold`` (LOCK-05, LOCK-06). Nothing renews it.
 """
