@@ -509,3 +509,58 @@ async def test_processes_that_lost_their_sidecar_start_one_between_them(tmp_path
                 p.wait()
         for pid in serving(d):
             os.kill(pid, 9)
+
+
+EMBEDDED_OWNER = """
+import asyncio, sys, tinystore
+async def main():
+    store = await tinystore.open(sys.argv[1], embedded=True, serve=False)
+    print("owned", flush=True)
+    sys.stdin.read()
+    await store.close()
+asyncio.run(main())
+"""
+
+
+# contract: STORE-02
+async def test_open_beside_an_embedded_owner_that_serves_nothing_says_so_at_once(tmp_path: Path) -> None:
+    """With sidecars started only when nobody owns the directory, open() waited its 20 s beside an embedded store
+    opened with serve=False, then said the owner "does not serve it yet" (trial CK); the sidecar it used to start
+    said at once why nothing could connect."""
+    d = tmp_path / "store"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", EMBEDDED_OWNER, str(d)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == b"owned"
+        past = time.time() - 60  # (taken a minute ago: past the time a starting store is given)
+        os.utime(d / "LOCK", (past, past))
+        started = time.monotonic()
+        with pytest.raises(tinystore.InUseError, match=r"which does not serve its socket \(an embedded store opened"):
+            await tinystore.open(d)
+        assert time.monotonic() - started < 5
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+# contract: STORE-02
+async def test_a_client_stuck_holding_the_spawning_lock_does_not_hold_up_the_others(tmp_path: Path) -> None:
+    """A client frozen while it held the lock of DIR/server/spawning (SIGSTOP, a debugger) made every open()
+    wait its 20 s, then fail (trial CK). The others start a sidecar themselves after a few seconds."""
+    import fcntl
+
+    d = tmp_path / "store"
+    store = await tinystore.open(d, idle="1s")
+    await store.close()
+    await stop_sidecar(d)
+    with (paths.server_dir(d) / "spawning").open("a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # (this process's: not the one of the open below)
+        started = time.monotonic()
+        store = await asyncio.wait_for(tinystore.open(d, idle="1s"), 20)
+        try:
+            assert time.monotonic() - started < 15
+            assert (await store.status())["mode"] == "sidecar"
+        finally:
+            await store.close()
+            await stop_sidecar(d)

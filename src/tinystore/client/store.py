@@ -37,7 +37,7 @@ from ..names import check_name
 from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Backup, Empty, Stop
 from ..server import paths
-from ..server.dirlock import LOCK, held_here, lock_holders, socket_gone, unserved_here
+from ..server.dirlock import LOCK, held_here, lock_holders, socket_gone, unreachable_owner, unserved_here
 from ..server.dirlock import _alive as pid_alive
 from .sql import Database, read_migrations
 
@@ -859,6 +859,8 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
                 deadline = max(deadline, now + min(until - time.time(), MAX_STOP_WAIT) + 5.0)
                 next_spawn = now + 0.1
             elif now >= next_spawn and not spawning.may_spawn():
+                if lock_holders(directory) and (unreachable := unreachable_owner(directory)) is not None:
+                    raise unreachable  # (it serves nothing, and will not: say so now, not at the deadline)
                 # a process owns the directory (a sidecar starting, most likely), or another client is starting
                 # one: one more would only lose the race, and on a busy machine slow the winner down (trial CG:
                 # 24 processes that lost their sidecar started 175 between them, and all failed at 30 s)
@@ -920,12 +922,18 @@ SPAWNING = "spawning"
 that the others wait with it rather than start their own (the kernel lets it go when that process dies)."""
 
 
+SPAWN_STALL = 5.0
+"""Seconds a client waits behind another that holds the lock of :data:`SPAWNING` while no process owns the
+directory, before it starts a sidecar itself."""
+
+
 class _SpawnLock:
     """The lock of ``DIR/server/`` :data:`SPAWNING`, for one :func:`ensure_server` call."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.fd: int | None = None
+        self.blocked_since: float | None = None  # (monotonic) since when another process holds it, nobody LOCK
 
     def may_spawn(self) -> bool:
         """Whether this process may start a sidecar now: no process owns the directory (holds its ``LOCK``), and
@@ -944,7 +952,12 @@ class _SpawnLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            return False
+            # its holder starts a sidecar, which takes LOCK within moments: one held this long with no owner of
+            # the directory is a client that froze or hangs (trial CK: every open() waited its 20 s behind it)
+            now = time.monotonic()
+            if self.blocked_since is None:
+                self.blocked_since = now
+            return now - self.blocked_since >= SPAWN_STALL
         self.fd = fd
         return True
 

@@ -136,6 +136,30 @@ def lock_holders(directory: Path) -> set[int] | None:
     return holders
 
 
+def unreachable_owner(directory: Path) -> InUseError | None:
+    """The error of a directory whose owner (the live process that wrote ``LOCK``) cannot be connected to for a
+    lasting reason: it wrote no address of its own and took the directory over :data:`STARTING` ago (an embedded
+    store opened with ``serve=False``), or its socket was removed. ``None`` otherwise (no owner, one still
+    starting, one that serves): a client waits for it rather than start a sidecar that could only lose."""
+    lock = DirLock(directory)
+    try:
+        owner = lock.path.read_text(errors="replace").strip()
+    except OSError:
+        return None
+    if not owner.isdigit() or int(owner) == os.getpid() or not _alive(int(owner)):
+        return None
+    from . import paths
+
+    info = paths.read_address(directory)
+    if info is None or str(info.get("pid")) != owner:
+        try:
+            age = max(0.0, time.time() - os.stat(lock.path).st_mtime)
+        except OSError:
+            return None
+        return lock._in_use(owner) if age >= STARTING else None
+    return lock._in_use(owner) if socket_gone(directory) is not None else None
+
+
 def held_here(directory: Path) -> InUseError | None:
     """The error of owning ``directory`` (resolved) again when this process already holds its lock (an embedded
     store, or a server of this process), else None: a private server started now would fail on the lock, and
