@@ -210,3 +210,55 @@ async def test_add_many_names_a_shared_argument_as_the_calls(tmp_path: Path) -> 
             await q.add_many([1, 2], tenant="x" * 300)
         with pytest.raises(tinystore.InvalidError, match=r"^queue q: add_many: values\[1\]: key ''"):
             await q.add_many([1, 2], keys=["a", ""])
+
+
+# contract: JOB-03
+async def test_a_failure_written_as_attempts_are_lowered_ends_the_job(tmp_path: Path) -> None:
+    """A failure whose write was under way when a configure lowered attempts (the attempt still running when the
+    configure looked) landed as failed 2/1, and the job ran a third time (trial CK)."""
+    async with open_store("embedded", tmp_path / "s", clock=START) as store:
+        q = store.queue("q", attempts=3, backoff=("1s", "1s"))
+        await q.add_many([{"i": i} for i in range(1500)])
+
+        async def failing(value: Any, run: tinystore.Run) -> None:
+            raise RuntimeError("down")
+
+        await q.run_due(failing, concurrency=200)
+        await store.clock.advance("3s")
+        second = asyncio.ensure_future(q.run_due(failing, concurrency=100))
+        await asyncio.sleep(0.01)
+        await configure(store, "q", Options(attempts=1))
+        await second
+        db = await store.database("tinystore-jobs")
+        rows = await db.all("select state, attempts, count(*) as n from _tinystore_jobs group by 1, 2")
+        assert all(r["state"] == "dead" for r in rows), rows
+        calls: list[int] = []
+
+        async def counting(value: Any, run: tinystore.Run) -> None:
+            calls.append(run.attempt)
+
+        await store.clock.advance("10s")
+        await q.run_due(counting)
+        assert calls == [], calls[:5]
+
+
+# contract: JOB-03
+async def test_attempts_raised_while_the_load_ends_spent_jobs_keep_them(tmp_path: Path) -> None:
+    """A configure that raised attempts while a store's start still ended the jobs spent under the lowered count
+    was answered, and every job ended dead all the same (trial CK)."""
+    async with open_store("embedded", tmp_path / "s", clock=START) as store:
+        q = store.queue("q", attempts=3)
+        await q.add_many([{"i": i} for i in range(20000)])
+    path = tmp_path / "s" / "sql" / "tinystore-jobs.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("update _tinystore_jobs set state = 'failed', attempts = 1, error = 'down'")
+        conn.execute("update _tinystore_queues set options = json_set(options, '$.attempts', 1)")
+        conn.commit()
+    async with open_store("embedded", tmp_path / "s", clock=START) as store:
+        db = await store.database("tinystore-jobs")
+        count = "select count(*) from _tinystore_jobs where state = 'dead'"
+        while await db.scalar(count) == 0:  # (the start's load is ending them)
+            await asyncio.sleep(0.005)
+        await configure(store, "q", Options(attempts=5))
+        rows = {r["state"]: r["n"] for r in await db.all("select state, count(*) as n from _tinystore_jobs group by 1")}
+        assert rows.get("failed", 0) > 0, rows  # (those still waiting when the count rose go on under it)

@@ -687,21 +687,31 @@ class JobsEngine:
 
     async def _end_loaded_spent(self, q: JobQueue) -> None:
         """End ``dead`` the waiting jobs the load of ``q`` set aside as spent (``q.spent_at_load``), a few hundred
-        at once; those a configure during the load gave more attempts are placed to run."""
+        at once; those a configure during the load gave more attempts are placed to run (trial CK: a configure
+        that raised the count meanwhile was answered, and they all ended dead all the same)."""
         spent, q.spent_at_load = q.spent_at_load, []
-        q.place_loaded([e for e in spent if e.attempts < q.options.attempts and q.entries.get(e.id) is e])
-        spent = [e for e in spent if e.attempts >= q.options.attempts]
         for i in range(0, len(spent), END_SPENT_AT_ONCE):
-            await asyncio.gather(*(self._end_if_spent(q, e) for e in spent[i : i + END_SPENT_AT_ONCE]))
+            chunk = spent[i : i + END_SPENT_AT_ONCE]
+            ended = await asyncio.gather(*(self._end_if_spent(q, e) for e in chunk))
+            q.place_loaded(
+                [e for e, done in zip(chunk, ended, strict=True) if done is None and q.entries.get(e.id) is e]
+            )
 
-    async def _end_if_spent(self, q: JobQueue, e: Entry, then: asyncio.Future[bool] | None = None) -> None:
+    def _attempts_now(self, q: JobQueue) -> int:
+        """The attempts ``q`` allows now: a configure's while the queue still loads (it takes them at the end)."""
+        return (self._configured.get(q.name) or q.options).attempts
+
+    async def _end_if_spent(self, q: JobQueue, e: Entry, then: asyncio.Future[bool] | None = None) -> bool | None:
         """End the waiting job ``e`` ``dead`` if it has made as many attempts as the queue allows (after its
-        write under way, if one is); then ``then`` (if given) gets ``True``, whatever came of it."""
+        write under way, if one is); then ``then`` (if given) gets ``True``, whatever came of it. Returns ``True``
+        when it ended, ``False`` when its row had moved on (it is placed as it is), ``None`` when it was not
+        spent or is no longer waiting (nothing done)."""
         try:
             while e.busy is not None:
                 await asyncio.shield(e.busy)
-            if e.where in (READY, DELAYED) and q.entries.get(e.id) is e and e.attempts >= q.options.attempts:
-                await self._end_waiting(q, e, "dead", _now_ms(self.clock))
+            if e.where in (READY, DELAYED) and q.entries.get(e.id) is e and e.attempts >= self._attempts_now(q):
+                return await self._end_waiting(q, e, "dead", _now_ms(self.clock))
+            return None
         finally:
             if then is not None and not then.done():
                 then.set_result(True)
@@ -1350,10 +1360,11 @@ class JobsEngine:
             self._settle(q, e, state, run_at)
             self._event(q, "state", e.id, state, _json_decode(prog) if prog else None, attempts, error)
             self._notify(q, e.id)
-            if uncount and attempts >= q.options.attempts:
-                # an attempt that did not count (a snooze, a hand-back) of a job whose attempts were lowered
-                # under it: it has made as many as allowed, and ends as _end_spent ends the waiting ones (before
-                # the answer, so who reads the job after it sees it dead)
+            if state in ("queued", "failed") and attempts >= self._attempts_now(q):
+                # a job back to wait (a snooze or a hand-back, which do not count; a failure written while a
+                # configure lowered the count: trial CK) that has made as many attempts as now allowed: it ends
+                # as _end_spent ends the waiting ones (before the answer, so who reads the job after it sees it
+                # dead)
                 self._track(self._end_if_spent(q, e, out))
             elif not out.done():
                 out.set_result(True)
