@@ -428,17 +428,26 @@ def _orphans_grown(before: _FkState, after: _FkState) -> list[str]:
     Counted table by table, not matched row by row: a database brought from an application that ran with foreign
     keys off may hold orphans, and SQLite's own way of rebuilding a table moves them to other rowids, while a
     WITHOUT ROWID table's orphans have no rowid to tell them apart (trials CE and CF). Not in all (trial CH: a
-    migration that deleted an old orphan could leave a new one elsewhere). A table the migration made may hold
-    as many as the tables it dropped (or renamed away) held; a table SQLite could not check at the start is not
-    judged."""
+    migration that deleted an old orphan could leave a new one elsewhere). A table the migration made may hold as
+    many as the tables it dropped, renamed away or emptied of orphans held (trial CK: a table renamed to keep its
+    rows, and a new one made under its name). A table SQLite could not check at the start is not judged."""
     grown = [
         t
         for t, n in after.counts.items()
         if t in before.tables and t not in before.unchecked and n > before.counts.get(t, 0)
     ]
     made = {t: n for t, n in after.counts.items() if t not in before.tables and n}
-    gone = sum(n for t, n in before.counts.items() if t not in after.tables)
-    return grown + (sorted(made) if sum(made.values()) > gone else [])
+    moved = sum(n for t, n in before.counts.items() if t not in after.tables) + sum(
+        max(0, n - after.counts[t]) for t, n in before.counts.items() if t in after.counts
+    )
+    return grown + (sorted(made) if sum(made.values()) > moved else [])
+
+
+def _checks_lost(before: _FkState, after: _FkState) -> list[str]:
+    """The tables whose foreign keys SQLite could check at a migration's start and not at its end (a "foreign key
+    mismatch": the migration dropped the unique index or key their parent columns had): every write to them
+    would fail, and their orphans could not be counted (trial CK)."""
+    return sorted(t for t in after.unchecked if t in before.counts)
 
 
 def _orphans_made(before: _FkState, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -452,6 +461,13 @@ def _orphans_made(before: _FkState, rows: list[tuple[Any, ...]]) -> list[tuple[A
 def _orphans_check(before: _FkState, after: _FkState) -> Generator[_FkQuery, list[Any], None]:
     """Raise ``InvalidError`` (its text without the database's name: see :func:`_orphans_left`) when a migration
     left more orphans than it found, naming some (their rows queried as :func:`_fk_state`'s are)."""
+    lost = _checks_lost(before, after)
+    if lost:
+        raise InvalidError(
+            f'it leaves table {lost[0]} with a foreign key SQLite cannot check ("foreign key mismatch": its parent '
+            "columns are no longer a primary key or unique), so every write to the table would fail; keep the "
+            "parent's key or unique index, or change the foreign key in the migration; nothing of it was applied"
+        )
     grown = _orphans_grown(before, after)
     if not grown:
         return

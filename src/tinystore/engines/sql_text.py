@@ -204,7 +204,7 @@ def has_deferred_constraint(schema: Sequence[str]) -> bool:
     return any(_INITIALLY_DEFERRED.search(_SQL_NOISE.sub(" ", text)) for text in schema)
 
 
-_NAME = r"(?:[a-z_][a-z0-9_$]*|\"(?:[^\"]|\"\")*\"|`(?:[^`]|``)*`|\[[^\]]*\])"
+_NAME = r"(?:[a-z_][a-z0-9_$]*|\"(?:[^\"]|\"\")*\"|'(?:[^']|'')*'|`(?:[^`]|``)*`|\[[^\]]*\])"
 _CHECKPOINT = re.compile(
     rf"pragma\s*(?:{_NAME}\s*\.\s*)?(?:wal_checkpoint|\"wal_checkpoint\"|'wal_checkpoint'|`wal_checkpoint`|"
     r"\[wal_checkpoint\])"
