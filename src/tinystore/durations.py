@@ -47,7 +47,8 @@ def seconds(value: Duration, what: str = "duration") -> float:
     if not math.isfinite(out) or out < 0:
         raise InvalidError(f"{what}: a duration must be finite and not negative, got {value!r}")
     if out > MAX_SECONDS:
-        raise InvalidError(f"{what}: a duration is at most 100 years (36500d), got {out / 86400:.6g}d")
+        got = format_seconds(out) if out < 1e12 else f"{out / 86400:.6g}d"  # (36500d1s: not "36500d", trial CK)
+        raise InvalidError(f"{what}: a duration is at most 100 years (36500d), got {got}")
     return out
 
 

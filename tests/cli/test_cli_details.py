@@ -243,3 +243,7 @@ def test_an_address_for_a_directory_says_the_command_takes_a_directory(tmp_path:
     assert "status, sql, jobs, channels and lock also take tcp:// and tls:// addresses" in done.stderr
     done = run_cli("status", "http://h:1")
     assert done.returncode == 1 and "http://h:1: an address is tcp://HOST:PORT or tls://HOST:PORT" in done.stderr
+    # (trial CK: an address as DEST made a folder named "tcp:")
+    done = run_cli("backup", str(tmp_path), "tcp://127.0.0.1:7600")
+    assert done.returncode == 1 and "DEST tcp://127.0.0.1:7600: an address; a backup is written" in done.stderr
+    assert not (Path.cwd() / "tcp:").exists()

@@ -44,3 +44,14 @@ async def test_a_branch_part_and_a_long_duration_are_named_as_such(tmp_path: Pat
         assert "key" not in raised.value.message
         with pytest.raises(InvalidError, match=r"delay: a duration is at most 100 years \(36500d\), got 36501d"):
             await store.queue("q").add(1, delay=timedelta(days=36501))
+
+
+# contract: STORE-04
+async def test_a_duration_just_past_100_years_is_not_shown_as_the_limit(tmp_path: Path) -> None:
+    """For 36500d1s: "at most 100 years (36500d), got 36500d" (trial CK); a lock key too long says its length."""
+    async with open_store("embedded", tmp_path / "s") as store:
+        with pytest.raises(InvalidError, match=r"at most 100 years \(36500d\), got 36500d1s$"):
+            await store.queue("q").add(1, delay="36500d1s")
+        with pytest.raises(InvalidError, match=r"\(this one has 300\)"):
+            async with store.lock("l").hold("k" * 300):
+                pass

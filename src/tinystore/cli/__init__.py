@@ -106,6 +106,9 @@ class UserPath(click.Path):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str):
+            if _ADDRESS.match(value) and param is not None and param.name == "dest":
+                # (trial CK: `backup DIR tcp://host:7600` backed up into a folder named "tcp:")
+                fail(InvalidError(f"DEST {value}: an address; a backup is written to a directory on this machine"))
             if _ADDRESS.match(value) and (param is None or param.name == "directory"):
                 # (trial BL: `tinystore status tcp://127.0.0.1:7600` said "no such directory tcp:/127.0.0.1:7600",
                 # and that `tinystore serve tcp:/…` would make a store there)

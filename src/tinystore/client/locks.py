@@ -153,7 +153,8 @@ def _key_text(kind: str, name: str, key: object) -> str:
     else:
         raise InvalidError(f"{kind} {name}: key {key!r}: a key is a str or an int, not {type(key).__name__}")
     if not text or len(text) > KEY_MAX:
-        raise InvalidError(f"{_where(kind, name, text[:40])}: a key is 1 to {KEY_MAX} characters as text")
+        got = f" (this one has {len(text)})" if text else ""
+        raise InvalidError(f"{_where(kind, name, text[:40])}: a key is 1 to {KEY_MAX} characters as text{got}")
     if not text.isascii():
         check_unicode(f"{kind} {name}: key", text)
     return text

@@ -1124,7 +1124,8 @@ class SqlDatabase:
             if open_now >= limit:
                 fut.set_exception(
                     LimitError(
-                        f"database {self.name}: {open_now} read-only transactions are open in the store, the most "
+                        f"database {self.name}: {open_now} read-only transaction{'s are' if open_now != 1 else ' is'} "
+                        "open in the store, the most "
                         f"it may have (Limits.read_transactions, {limit}: each holds a thread and a connection); "
                         "end one, or read outside a transaction",
                         limit=limit,
