@@ -206,3 +206,24 @@ async def test_a_connection_broken_under_the_hello_is_tried_again(monkeypatch: p
     finally:
         server.close()
         await server.wait_closed()
+
+
+# contract: STORE-04
+async def test_a_server_that_is_not_a_store_is_named_as_such() -> None:
+    """An HTTP server on the port: "frame body of 1213486105 bytes is over the limit" ("HTTP" read as a length),
+    with nothing to say that what listens is not a store (trial CK)."""
+
+    async def http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(10)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(http, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(UnavailableError, match=r"does not speak TinyStore's protocol; is it the store's address"):
+            await tinystore.connect(f"tcp://127.0.0.1:{port}", token="x" * 20, reconnect_timeout=1)
+    finally:
+        server.close()
+        await server.wait_closed()

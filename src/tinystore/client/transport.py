@@ -554,6 +554,11 @@ class _ClientConn(asyncio.Protocol):
                         self.on_frame(kind, flags, stream, method, body)
         except ProtocolError as exc:
             self.goaway = f"protocol error from the server: {exc.message}"
+            if not self.welcome.done():
+                # (trial CK: an HTTP server on the port answered "frame body of 1213486105 bytes", "HTTP" read as
+                # a length)
+                self.goaway += " (before its welcome: what listens there does not speak TinyStore's protocol; is it "
+                self.goaway += "the store's address and port?)"
             if self.transport is not None:
                 self.transport.close()
 
