@@ -564,3 +564,29 @@ async def test_a_client_stuck_holding_the_spawning_lock_does_not_hold_up_the_oth
         finally:
             await store.close()
             await stop_sidecar(d)
+
+
+# contract: STORE-02
+async def test_a_sidecar_slow_to_start_is_waited_for_not_started_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a busy machine an interpreter takes seconds to start: the client started another sidecar every 2 s
+    while its first still started, and the extra one logged "sidecar not needed" (trial CK)."""
+    from tinystore.client import store as client_store
+
+    real = client_store._server_cmd
+    started: list[int] = []
+
+    def slow(directory: Path, *extra: str) -> list[str]:
+        started.append(1)
+        return ["sh", "-c", 'sleep 3; exec "$@"', "sh", *real(directory, *extra)]
+
+    monkeypatch.setattr(client_store, "_server_cmd", slow)
+    d = tmp_path / "store"
+    store = await tinystore.open(d, idle="1s")
+    try:
+        assert (await store.status())["mode"] == "sidecar"
+        assert len(started) == 1, started
+    finally:
+        await store.close()
+        await stop_sidecar(d)

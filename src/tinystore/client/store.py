@@ -846,6 +846,7 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
     start = 0
     busy = state is None
     spawning = _SpawnLock(directory)
+    spawned = 0.0
     try:
         while time.monotonic() < deadline:
             now = time.monotonic()
@@ -865,8 +866,13 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
                 # one: one more would only lose the race, and on a busy machine slow the winner down (trial CG:
                 # 24 processes that lost their sidecar started 175 between them, and all failed at 30 s)
                 next_spawn = now + 0.1
+            if now >= next_spawn and child is not None and child.returncode is None and now - spawned < CHILD_START:
+                # the one this call started still starts (an interpreter is slow to start on a busy machine): one
+                # more would only lose the race to it (trial CK: a "sidecar not needed" line after a stop)
+                next_spawn = now + 0.1
             if now >= next_spawn:
                 child, start = _spawn_sidecar(directory, extra, log_path)
+                spawned = now
                 next_spawn = now + 2.0
             await asyncio.sleep(0.02)
             # (the server that comes up may serve another socket than the one that was looked at first: a
@@ -922,6 +928,8 @@ SPAWNING = "spawning"
 that the others wait with it rather than start their own (the kernel lets it go when that process dies)."""
 
 
+CHILD_START = 10.0
+"""Seconds a sidecar this process started is given to take the directory before another is started."""
 SPAWN_STALL = 5.0
 """Seconds a client waits behind another that holds the lock of :data:`SPAWNING` while no process owns the
 directory, before it starts a sidecar itself."""
