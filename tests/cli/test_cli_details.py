@@ -247,3 +247,8 @@ def test_an_address_for_a_directory_says_the_command_takes_a_directory(tmp_path:
     done = run_cli("backup", str(tmp_path), "tcp://127.0.0.1:7600")
     assert done.returncode == 1 and "DEST tcp://127.0.0.1:7600: an address; a backup is written" in done.stderr
     assert not (Path.cwd() / "tcp:").exists()
+    # (trial CK: one slash was a directory to make a store in; "tcp://" said "no scheme")
+    done = run_cli("status", "tcp:/127.0.0.1:7600")
+    assert done.returncode == 1 and "tcp:/127.0.0.1:7600: an address needs // after its scheme" in done.stderr
+    done = run_cli("status", "tcp://", env={"TINYSTORE_TOKEN": "x" * 20})
+    assert done.returncode == 1 and "(no host and port after the scheme)" in done.stderr, done.stderr

@@ -78,6 +78,7 @@ def fail(exc: TinystoreError) -> NoReturn:
 
 
 _ADDRESS = re.compile(r"[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+_HALF_ADDRESS = re.compile(r"(?:tcp|tls):/?(?!/)", re.IGNORECASE)  # tcp:/host:port, tls:host:port
 
 
 TOKEN_ENV = "TINYSTORE_TOKEN"
@@ -123,6 +124,11 @@ class UserPath(click.Path):
                         "the store (status, sql, jobs, channels and lock also take tcp:// and tls:// addresses)"
                     )
                 fail(InvalidError(f"{value}: {why}"))
+            if _HALF_ADDRESS.match(value) and (param is None or param.name in ("directory", "dest")):
+                # (trial CK: `status tcp:/127.0.0.1:7600` said to make a store there with `tinystore serve tcp:/…`)
+                fail(
+                    InvalidError(f"{value}: an address needs // after its scheme (tcp://HOST:PORT or tls://HOST:PORT)")
+                )
             if not value.strip():
                 # (an empty argument would be the current folder: `backup DIR ""` said "inside the store")
                 fail(InvalidError(f"{param.human_readable_name if param else 'path'}: {value!r} is no path"))

@@ -1122,8 +1122,12 @@ def _parse_address(address: object) -> tuple[str, str, int]:
         u = urlparse(address)
     except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
         raise bad(str(exc)) from None
-    if not u.scheme or not u.netloc:
+    if not u.scheme:
         raise bad("no scheme")
+    if not u.netloc:
+        raise bad(
+            "no host and port after the scheme" if address.rstrip("/").endswith(":") else "no // after the scheme"
+        )
     if "@" in u.netloc:  # never shown: it may hold a password
         shown = address.replace(u.netloc.rpartition("@")[0], "…", 1)
         raise bad("a user or password in the address is not used: give the token with connect(..., token=...)")
