@@ -62,6 +62,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+def reap(procs: list[subprocess.Popen[bytes]], directory: Path) -> None:
+    """Kill the client processes still running, and every server of ``directory``."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for pid in serving(directory):
+        os.kill(pid, 9)
+
+
 async def wait_for(cond: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not cond():  # type: ignore[operator]
@@ -133,12 +143,7 @@ async def test_many_processes_open_at_once_end_on_one_server(tmp_path: Path) -> 
             await store.close()
             await stop_sidecar(d)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for pid in serving(d):
-            os.kill(pid, 9)
+        reap(procs, d)
 
 
 # contract: STORE-02
@@ -503,12 +508,7 @@ async def test_processes_that_lost_their_sidecar_start_one_between_them(tmp_path
         started = log.read_text()[len(before) :]
         assert "error[in_use]" not in started, started
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for pid in serving(d):
-            os.kill(pid, 9)
+        reap(procs, d)
 
 
 EMBEDDED_OWNER = """

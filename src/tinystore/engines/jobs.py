@@ -680,22 +680,28 @@ class JobsEngine:
         they would have after their last attempt with these options (trial CD: lowered to stop retries against
         a service that is down, they ran once more each, ``2/1``). Their last error stays theirs."""
         limit = q.options.attempts
-        spent = [e for e in q.entries.values() if e.where in (READY, DELAYED) and e.attempts >= limit]
-        # (a few hundred at once: their writes share group commits; 50,000 at once stalled the loop 0.8 s)
-        for i in range(0, len(spent), END_SPENT_AT_ONCE):
-            await asyncio.gather(*(self._end_if_spent(q, e) for e in spent[i : i + END_SPENT_AT_ONCE]))
+        await self._end_all_spent(
+            q, [e for e in q.entries.values() if e.where in (READY, DELAYED) and e.attempts >= limit]
+        )
 
     async def _end_loaded_spent(self, q: JobQueue) -> None:
-        """End ``dead`` the waiting jobs the load of ``q`` set aside as spent (``q.spent_at_load``), a few hundred
-        at once; those a configure during the load gave more attempts are placed to run (trial CK: a configure
-        that raised the count meanwhile was answered, and they all ended dead all the same)."""
+        """End ``dead`` the waiting jobs the load of ``q`` set aside as spent (``q.spent_at_load``); those a
+        configure during the load gave more attempts are placed to run (trial CK: a configure that raised the count
+        meanwhile was answered, and they all ended dead all the same)."""
         spent, q.spent_at_load = q.spent_at_load, []
-        for i in range(0, len(spent), END_SPENT_AT_ONCE):
-            chunk = spent[i : i + END_SPENT_AT_ONCE]
+        await self._end_all_spent(q, spent, unplaced=True)
+
+    async def _end_all_spent(self, q: JobQueue, entries: list[Entry], unplaced: bool = False) -> None:
+        """:meth:`_end_if_spent` of each of ``entries``, a few hundred at once (their writes share group commits;
+        50,000 at once stalled the loop 0.8 s). ``unplaced``: entries the load set aside, in no line of the index:
+        those no longer spent are placed."""
+        for i in range(0, len(entries), END_SPENT_AT_ONCE):
+            chunk = entries[i : i + END_SPENT_AT_ONCE]
             ended = await asyncio.gather(*(self._end_if_spent(q, e) for e in chunk))
-            q.place_loaded(
-                [e for e, done in zip(chunk, ended, strict=True) if done is None and q.entries.get(e.id) is e]
-            )
+            if unplaced:
+                q.place_loaded(
+                    [e for e, done in zip(chunk, ended, strict=True) if done is None and q.entries.get(e.id) is e]
+                )
 
     def _attempts_now(self, q: JobQueue) -> int:
         """The attempts ``q`` allows now: a configure's while the queue still loads (it takes them at the end)."""
