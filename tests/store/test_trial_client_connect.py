@@ -104,3 +104,26 @@ async def test_open_takes_reconnect_timeout_as_connect_does(tmp_path: Path) -> N
         await store.close()
     embedded = await tinystore.open(tmp_path / "s", embedded=True, serve=False)  # still the way to say it
     await embedded.close()
+
+
+@pytest.mark.parametrize("what", ["missing", "directory", "not a certificate"])
+async def test_ssl_cert_file_naming_no_certificate_file_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    # OpenSSL skips an SSL_CERT_FILE it cannot read, without a word: the server's certificate then fails to
+    # verify, or the system's CAs stand in for the file the user meant (trial CK). Refused before any connection.
+    path = tmp_path / "ca.pem"
+    if what == "directory":
+        path.mkdir()
+    elif what == "not a certificate":
+        path.write_text("hello\n")
+    monkeypatch.setenv("SSL_CERT_FILE", str(path))
+    with pytest.raises(InvalidError) as info:
+        await tinystore.connect("tls://127.0.0.1:1", token="x" * 20)
+    message = info.value.message
+    assert "SSL_CERT_FILE" in message and str(path) in message
+    # an ssl_context of the caller's own is the caller's: the variable is not looked at
+    with pytest.raises(UnavailableError):
+        await tinystore.connect(
+            "tls://127.0.0.1:1", token="x" * 20, ssl_context=ssl.create_default_context(), reconnect_timeout=0.2
+        )

@@ -1097,7 +1097,7 @@ async def connect(
     reconnect_timeout = _checked_reconnect_timeout("connect", reconnect_timeout)
     ctx = None
     if scheme == "tls":
-        ctx = ssl_context or ssl.create_default_context()
+        ctx = ssl_context or _default_tls_context()
 
     async def endpoint() -> tuple[str, Any]:
         return "tcp", (host, port, ctx)
@@ -1105,6 +1105,32 @@ async def connect(
     transport = RemoteTransport(endpoint, token=token, description=address, reconnect_timeout=reconnect_timeout)
     await transport.connect(wait=True)
     return Store(transport, mode="remote", directory=None)
+
+
+def _default_tls_context() -> ssl.SSLContext:
+    """The system's CAs, or those of the file ``$SSL_CERT_FILE`` names (OpenSSL's rule). ``InvalidError`` when the
+    variable names no file of certificates: OpenSSL skips such a file without a word, and the server's
+    certificate would then fail to verify (or the system's CAs stand in for the ones meant)."""
+    ctx = ssl.create_default_context()
+    cafile = os.environ.get("SSL_CERT_FILE")
+    if cafile:
+        try:
+            ctx.load_verify_locations(cafile=cafile)
+        except FileNotFoundError:
+            problem = "no such file"
+        except IsADirectoryError:
+            problem = "a directory, not a file (SSL_CERT_DIR is for a directory of certificates)"
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+        except ssl.SSLError:
+            problem = "it holds no PEM certificate"
+        else:
+            return ctx
+        raise InvalidError(
+            f"connect: SSL_CERT_FILE={cafile!r}: {problem}; it should name a file of PEM CA certificates to verify "
+            "tls:// servers with (unset it to use the system's)"
+        )
+    return ctx
 
 
 def _parse_address(address: object) -> tuple[str, str, int]:
