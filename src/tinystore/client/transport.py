@@ -279,8 +279,10 @@ class LocalTransport(Transport):
         scratch = self._scratch
         try:
             self._measure(request, scratch)
-        except (TypeError, ValueError, OverflowError):
-            return  # not a wire value: the engine tells what is wrong with it
+        except (TypeError, ValueError, OverflowError, BufferError):
+            # not a wire value as it is (a memoryview of a buffer that is not contiguous, a released one): the
+            # engine tells what is wrong with it, or takes it (its bytes), as a socket's SDK does
+            return
         size = len(scratch)
         if size > 65536:
             self._scratch = bytearray(256)  # do not keep a large buffer

@@ -76,6 +76,7 @@ from .sql_guard import (
     own_objects,
     own_sql,
     rollback_quietly,
+    rowid_tables,
     set_rowid,
     statement_authorizer,
 )
@@ -88,6 +89,7 @@ from .sql_text import (
     defers_foreign_keys,
     has_deferred_constraint,
     holds_no_statement,
+    insert_target,
     is_insert,
     is_vacuum,
     is_vacuum_itself,
@@ -562,6 +564,9 @@ class SqlDatabase:
         self._schema_seen = -1  # the schema version _deferred was read at (writer thread)
         self._deferred = False  # whether the schema has INITIALLY DEFERRED constraints (see _deferred_constraints)
         self._schema_rowid = False  # whether a view or trigger of the schema calls last_insert_rowid() (same)
+        # the schema's ordinary rowid tables (see _adds_rowid_rows), read again after a schema change (writer)
+        self._rowid_tables: frozenset[str] | None = None
+        self._rowid_stale = False  # a statement of the batch or transaction under way changed the schema
         self._file_id: tuple[int, int] | None = None  # (device, inode) of the file at the open: _check_in_place
         self._wal_id: tuple[int, int] | None = None  # (device, inode) of its WAL at the first commit: _wal_kept
         self._place_due = 0.0  # (monotonic) when the writer looks at its files again: _check_in_place
@@ -1237,6 +1242,10 @@ class SqlDatabase:
             else:
                 tx, fut = item
                 self._run_tx(conn, tx, fut, arm)
+            if self._rowid_stale:
+                # a schema change in what just ran, committed or not: the tables are read again from what is now
+                self._rowid_tables = None
+                self._rowid_stale = False
             if conn.big > RECYCLE_BYTES:  # type: ignore[attr-defined]
                 conn = self._recycle(conn, readonly=False)
                 arm = self._progress_guard(conn)
@@ -1347,6 +1356,7 @@ class SqlDatabase:
                 # a view or trigger that calls last_insert_rowid(): every statement may, whatever its words
                 self._schema_rowid = any(names_last_rowid(t) for t in texts)
                 self._schema_seen = version
+                self._rowid_tables = None
         except sqlite3.Error:
             return self._deferred  # (what the writes then run into is theirs to report)
         return self._deferred
@@ -1456,10 +1466,13 @@ class SqlDatabase:
         if len(sql) > CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
         inserts = is_insert(sql)
+        if not inserts and changes_schema(sql):
+            self._rowid_tables = None  # (read again when needed; and once the batch or transaction has ended)
+            self._rowid_stale = True
         # (a view or trigger of the schema may call it, whatever the words; for an insert only its own words count,
         # so that one adding no rowid row still reports 0: a trigger it fires sees 0)
         names = names_last_rowid(sql) or (self._schema_rowid and not inserts)
-        if (inserts or names) and conn.resets_rowid:  # type: ignore[attr-defined]
+        if conn.resets_rowid and (names or (inserts and not self._adds_rowid_rows(conn, sql))):  # type: ignore[attr-defined]
             # an insert starts from 0, so that one that adds no rowid row gives 0 (the writer's value is whatever
             # another client inserted last); a statement that calls last_insert_rowid() sees the transaction's own
             # (0 in an exec). (One that does both and adds no row gives the transaction's, as SQLite's does.)
@@ -1486,6 +1499,24 @@ class SqlDatabase:
         if last_rowid and inserts and not rowid:
             set_rowid(conn, last_rowid)  # it added no row: the transaction's last insert is still the last
         return Done(changes, rowid, list(map(_first, desc)) if desc else [], rows)
+
+    def _adds_rowid_rows(self, conn: sqlite3.Connection, sql: str) -> bool:
+        """Whether every row the insert ``sql`` changes is one it adds to an ordinary rowid table (see
+        :func:`insert_target`, :func:`rowid_tables`): then, when it changed any, the connection's last insert rowid
+        is its own last row's, and the writer need not set it to 0 first (a statement less per insert).
+
+        Not after a schema change in the batch or transaction under way (its tables are read from a schema no
+        statement of it changed), nor when a view or trigger calls ``last_insert_rowid()`` (a BEFORE INSERT
+        trigger would see another client's rowid)."""
+        if self._rowid_stale or self._schema_rowid:
+            return False
+        target = insert_target(sql)
+        if target is None:
+            return False
+        tables = self._rowid_tables
+        if tables is None:
+            tables = self._rowid_tables = rowid_tables(conn)
+        return target in tables
 
     def _exec_alone(
         self, conn: sqlite3.Connection, sql: str, params: list[Any], own: bool = False, last_rowid: int = 0

@@ -323,6 +323,27 @@ def ctl(conn: sqlite3.Connection, sql: str) -> None:
         c.internal = c.control = False
 
 
+_WITHOUT_ROWID = re.compile(r"\bwithout\s+rowid\b", re.IGNORECASE)
+_VIRTUAL = re.compile(r"\s*create\s+virtual\b", re.IGNORECASE)
+
+
+def rowid_tables(conn: sqlite3.Connection) -> frozenset[str]:
+    """The names (in lower case) of the ordinary rowid tables of the main database on ``conn``: a row an INSERT
+    adds to one sets the connection's last insert rowid. Not a ``WITHOUT ROWID`` table (nor one whose text says
+    the words anywhere), not a virtual table, not a view; not a name the TEMP schema also has (it would be
+    the one an unqualified name finds); only names in ASCII."""
+    temp = {n.lower() for (n,) in conn.execute("select name from temp.sqlite_schema")}
+    return frozenset(
+        low
+        for name, text in conn.execute("select name, sql from main.sqlite_schema where type = 'table'")
+        if name.isascii()
+        and (low := name.lower()) not in temp
+        and text
+        and _VIRTUAL.match(text) is None
+        and _WITHOUT_ROWID.search(text) is None
+    )
+
+
 def set_rowid(conn: sqlite3.Connection, rowid: int) -> None:
     """Set the writer's last insert rowid (SQL's ``last_insert_rowid()``) to ``rowid``, through its TEMP table."""
     c: Any = conn

@@ -130,7 +130,10 @@ def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
             elif isinstance(v, float):
                 v = out[i] = float.__float__(v)
             elif isinstance(v, bytes | bytearray | memoryview):
-                out[i] = bytes.__bytes__(v) if isinstance(v, bytes) else bytes(memoryview(v))
+                try:
+                    out[i] = bytes.__bytes__(v) if isinstance(v, bytes) else bytes(memoryview(v))
+                except ValueError as exc:  # a released memoryview
+                    raise InvalidError(f"database {db}: parameter {i + 1}: {exc}") from None
                 continue
             else:
                 hint = (
@@ -266,6 +269,7 @@ _SCHEMA_WORD = re.compile(r"(?:create|drop|alter|analyze|reindex|vacuum)\b", re.
 
 
 @_cached_for_short_texts(256)
+@_cached_for_short_texts(512)
 def changes_schema(sql: str) -> bool:
     """Whether ``sql`` is a ``CREATE``, ``DROP`` or ``ALTER`` statement (what a migration is for), or an
     ``ANALYZE``, ``REINDEX`` or ``VACUUM`` (which make or rebuild the database's own tables and indexes)."""
@@ -307,6 +311,34 @@ def is_insert(sql: str) -> bool:
     if head.startswith(("insert", "replace")):
         return True
     return head.startswith("with") and _INSERT_WORD.search(sql) is not None
+
+
+_PLAIN_INSERT = re.compile(
+    r"(?:insert(?:\s++or\s++(?:abort|fail|ignore|replace|rollback))?|replace)\s++into\s++"
+    r'(?:([A-Za-z_][A-Za-z0-9_$]*+)|"((?:[^"]|"")++)")\s*+(?:\(|values\b|select\b|default\b)',
+    re.IGNORECASE,
+)
+
+
+@functools.lru_cache(maxsize=512)
+def _insert_target(sql: str) -> str | None:
+    if "conflict" in sql.lower():
+        # an UPSERT (ON CONFLICT ... DO UPDATE changes a row and adds none): the word anywhere in the text, so that
+        # no comment between its words hides it
+        return None
+    m = _PLAIN_INSERT.match(_skip_comments(sql))
+    if m is None:
+        return None
+    name = m[1] if m[1] is not None else m[2].replace('""', '"')
+    return name.lower() if name.isascii() else None
+
+
+def insert_target(sql: str) -> str | None:
+    """The table a plain ``INSERT`` (or ``REPLACE``) adds rows to, its name in lower case, when every row the
+    statement changes is one it adds there: no ``WITH`` before it, no schema name, no UPSERT (nor the word
+    "conflict" anywhere), a name in ASCII (SQLite folds only ASCII letters' case) that is bare or double-quoted, no
+    comment inside its head. ``None`` for any other statement: what a caller then does must hold for them all."""
+    return _insert_target(sql) if len(sql) <= CACHED_SQL else None
 
 
 _WRITE_HEADS = ("insert", "replace", "update", "delete", "create", "drop", "alter", "begin", "commit", "end", "rollb")
