@@ -51,7 +51,7 @@ import re
 import shlex
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +93,7 @@ from ..protocol.jobs import OPTION_NAMES as _OPTION_NAMES
 from ..protocol.jobs import (
     List as ListRequest,
 )
-from ..protocol.sql import Rows
+from ..protocol.sql import Done, Rows
 from ..protocol.values import json_problem, valid_text
 from . import gc_hold
 from .base import Peer
@@ -706,6 +706,14 @@ class JobsEngine:
     def _attempts_now(self, q: JobQueue) -> int:
         """The attempts ``q`` allows now: a configure's while the queue still loads (it takes them at the end)."""
         return (self._configured.get(q.name) or q.options).attempts
+
+    async def _answer_after(self, ending: Coroutine[Any, Any, bool], out: asyncio.Future[bool]) -> None:
+        """Await ``ending``, then give ``out`` ``True`` whatever came of it (an attempt's end was written)."""
+        try:
+            await ending
+        finally:
+            if not out.done():
+                out.set_result(True)
 
     async def _end_if_spent(self, q: JobQueue, e: Entry, then: asyncio.Future[bool] | None = None) -> bool | None:
         """End the waiting job ``e`` ``dead`` if it has made as many attempts as the queue allows (after its
@@ -1370,8 +1378,12 @@ class JobsEngine:
                 # a job back to wait (a snooze or a hand-back, which do not count; a failure written while a
                 # configure lowered the count: trial CK) that has made as many attempts as now allowed: it ends
                 # as _end_spent ends the waiting ones (before the answer, so who reads the job after it sees it
-                # dead)
-                self._track(self._end_if_spent(q, e, out))
+                # dead). Begun here, not in a task: a claim waiting (a live worker has one) would otherwise take
+                # it first, at the pump its placing asked for (trial CM: it ran once more)
+                if e.busy is None and e.where in (READY, DELAYED) and q.entries.get(e.id) is e:
+                    self._track(self._answer_after(self._begin_end_waiting(q, e, "dead", _now_ms(self.clock)), out))
+                else:
+                    self._track(self._end_if_spent(q, e, out))
             elif not out.done():
                 out.set_result(True)
 
@@ -1873,6 +1885,11 @@ class JobsEngine:
         """End the waiting (or being claimed) job ``e`` as ``state`` (``cancelled``, or ``dead`` when its attempts
         were lowered under those it made): its row, its place in the index, its event. ``False`` when its row
         had moved on meanwhile (nothing written then). A claim under way that got it is told to give it up."""
+        return await self._begin_end_waiting(q, e, state, now_ms)
+
+    def _begin_end_waiting(self, q: JobQueue, e: Entry, state: str, now_ms: int) -> Coroutine[Any, Any, bool]:
+        """:meth:`_end_waiting`'s start, done at once: ``e`` leaves the claimable jobs (a pump that comes next
+        passes it over) and its write is sent. The coroutine returned does the rest."""
         jid = e.id
         if e.where == CLAIMING:
             e.cancel_queued = True
@@ -1883,13 +1900,20 @@ class JobsEngine:
             e.where = ENDING
             sql_state = "('queued', 'failed')"
         busy = self._begin_write(e)
+        write = q.db.write(
+            f"update {TABLE} set state = ?, finished_at = ?, lease_until = null "
+            f"where id = ? and state in {sql_state} returning attempts, progress, fence, error",
+            [state, now_ms, jid],
+            own=True,
+        )
+        return self._finish_end_waiting(q, e, state, write, busy)
+
+    async def _finish_end_waiting(
+        self, q: JobQueue, e: Entry, state: str, write: asyncio.Future[Done], busy: asyncio.Future[None]
+    ) -> bool:
+        jid = e.id
         try:
-            done = await q.db.write(
-                f"update {TABLE} set state = ?, finished_at = ?, lease_until = null "
-                f"where id = ? and state in {sql_state} returning attempts, progress, fence, error",
-                [state, now_ms, jid],
-                own=True,
-            )
+            done = await write
         except BaseException:
             if e.where == ENDING:
                 q.place(e)
