@@ -138,9 +138,10 @@ def lock_holders(directory: Path) -> set[int] | None:
 
 def unreachable_owner(directory: Path) -> InUseError | None:
     """The error of a directory whose owner (the live process that wrote ``LOCK``) cannot be connected to for a
-    lasting reason: it wrote no address of its own and took the directory over :data:`STARTING` ago (an embedded
-    store opened with ``serve=False``), or its socket was removed. ``None`` otherwise (no owner, one still
-    starting, one that serves): a client waits for it rather than start a sidecar that could only lose."""
+    lasting reason: it wrote no address of its own and took the directory over :data:`STARTING` ago, and is no
+    ``tinystore serve`` (an embedded store opened with ``serve=False``), or its socket was removed. ``None``
+    otherwise (no owner, one still starting, one that serves): a client waits for it rather than start a sidecar
+    that could only lose."""
     lock = DirLock(directory)
     try:
         owner = lock.path.read_text(errors="replace").strip()
@@ -156,7 +157,9 @@ def unreachable_owner(directory: Path) -> InUseError | None:
             age = max(0.0, time.time() - os.stat(lock.path).st_mtime)
         except OSError:
             return None
-        return lock._in_use(owner) if age >= STARTING else None
+        # (a `tinystore serve` that took the directory listens once its engines are open, however long a slow
+        # disk makes that: it is waited for, within the caller's deadline; trial CM)
+        return lock._in_use(owner) if age >= STARTING and not _runs_server(int(owner)) else None
     return lock._in_use(owner) if socket_gone(directory) is not None else None
 
 
@@ -252,8 +255,16 @@ class DirLock:
                 age = max(0.0, time.time() - os.stat(self.path).st_mtime)  # (its owner writes LOCK as it takes it)
             except OSError:
                 age = 0.0
+            server = _runs_server(int(owner))
+            if server and age >= STARTING:
+                # (a `tinystore serve` listens once started, however long a slow disk makes that: trial CM)
+                return InUseError(
+                    f"{where}: the directory is owned by a tinystore server (pid {owner}) that took it "
+                    f"{format_seconds(round(age, 3))} ago and does not serve its socket: it is still starting (its "
+                    "engines open slowly: a slow disk, a long recovery), or its server/ folder was removed while it "
+                    f"ran (then stop it: tinystore stop {self.path.parent}, or SIGTERM; both graceful)"
+                )
             if age < STARTING:
-                server = _runs_server(int(owner))
                 return InUseError(
                     f"{where}: the directory is owned by {'a tinystore server' if server else 'another process'} "
                     f"(pid {owner}) that took it {format_seconds(round(age, 3))} ago and does not serve its socket "
