@@ -77,3 +77,36 @@ async def test_a_full_database_refuses_writes_clearly_and_keeps_what_was_committ
         assert await db.scalar("select count(*) from t where v = 'y'") == 0  # nothing of it is kept
         other = await store.database("other", migrations=[("001.sql", "create table t (v text);")])
         await other.exec("insert into t values (?)", "x" * 3000)  # another database goes on
+
+
+@pytest.mark.parametrize("opened", [False, True])
+async def test_a_migration_the_full_disk_stopped_is_unavailable_not_invalid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opened: bool
+) -> None:
+    """A migration that failed only because the disk was full was an ``InvalidError`` (its SQL at fault) when a
+    statement of it met the full disk, an ``UnavailableError`` when its COMMIT did (trial CN): a deploy that tries
+    again on ``UnavailableError`` took the first for a bad migration. Both ways: at the database's open, and for a
+    database already open."""
+    real = engine_sql.SqlDatabase.connect
+
+    def connect(self: Any, *, readonly: bool) -> sqlite3.Connection:
+        conn = real(self, readonly=readonly)
+        if self.name == "app" and not readonly:
+            conn.set_authorizer(None)
+            conn.execute("pragma max_page_count = 12")
+            conn.set_authorizer(statement_authorizer(conn))
+        return conn
+
+    monkeypatch.setattr(engine_sql.SqlDatabase, "connect", connect)
+    first = ("001.sql", "create table t (v text);")
+    big = ("002.sql", "create table u as select randomblob(300000) as b;")
+    async with open_store("embedded", tmp_path / "store") as store:
+        if opened:
+            await store.database("app", migrations=[first])
+        with pytest.raises(tinystore.UnavailableError) as info:
+            await store.database("app", migrations=[first, big])
+        message = info.value.message
+        assert message.startswith("database app: migration 002.sql: database or disk is full"), message
+        assert "the disk is full" in message
+        db = await store.database("app", migrations=[first])
+        assert await db.scalar("select count(*) from sqlite_master where name = 'u'") == 0

@@ -54,6 +54,7 @@ from ..errors import (
 from ..limits import Limits
 from ..names import NAME, check_name
 from ..protocol.sql import Done, Rows
+from .descriptors import check_room
 from .read_queue import FairReads
 from .sql_errors import (
     autoincrement_spent,
@@ -2023,6 +2024,8 @@ class SqlEngine:
                         limit=limit,
                         wanted=len(self.databases) + 1,
                     )
+                # (its connections: the writer, the readers, the loop's own for short reads; about 2 files each)
+                check_room(name, 2 * (self.limits.readers + 2) + 1)
                 path = self.directory / f"{name}.db"
                 existed = path.exists()
                 db = SqlDatabase(self, name, path)

@@ -33,11 +33,14 @@ def rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False)
 
 def migration_error(db: str, migration: str, exc: TinystoreError) -> TinystoreError:
     """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name; an ``InvalidError``,
-    or a ``CorruptError`` when the file is damaged (trial CE: said ``InvalidError``, as if the SQL were at
-    fault)."""
+    a ``CorruptError`` when the file is damaged (trial CE: said ``InvalidError``, as if the SQL were at fault), or
+    an ``UnavailableError`` when the file system refused it (a full disk, an I/O error, no file descriptor left:
+    trial CN; worth trying again once mended, where an ``InvalidError`` says to mend the SQL)."""
     why = exc.message.removeprefix(f"database {db}: ")
     if isinstance(exc, CorruptError):
         return CorruptError(f"database {db}: migration {migration}: {why}")
+    if isinstance(exc, UnavailableError):
+        return UnavailableError(f"database {db}: migration {migration}: {why}")
     return InvalidError(f"database {db}: migration {migration}: {why}")
 
 

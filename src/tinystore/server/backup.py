@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import shutil
 import sqlite3
 import stat
@@ -109,7 +110,11 @@ def backup(directory: Path, dest: Path, cancelled: threading.Event | None = None
 
     sizes: dict[str, int] = {}
     skipped: dict[str, str] = {}
-    for name, path in database_files(directory / "sql"):
+    try:
+        databases = database_files(directory / "sql")
+    except OSError as exc:  # (trial CN: out of descriptors, an "internal error" with a traceback)
+        raise UnavailableError(f"{what}: cannot list {directory / 'sql'}: {_os_why(exc)}; {incomplete}") from None
+    for name, path in databases:
         stop_if_cancelled()
         why = _skip_reason(path)
         if why is None:
@@ -118,10 +123,11 @@ def backup(directory: Path, dest: Path, cancelled: threading.Event | None = None
                 continue
             except sqlite3.DatabaseError as exc:
                 if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
-                    raise UnavailableError(f"{what}: database {name}: {exc}; {incomplete}") from None
+                    hint = f" ({_files_hint()})" if getattr(exc, "sqlite_errorname", "") == "SQLITE_CANTOPEN" else ""
+                    raise UnavailableError(f"{what}: database {name}: {exc}{hint}; {incomplete}") from None
                 why = f"not a database SQLite can read ({exc})"
             except OSError as exc:
-                raise UnavailableError(f"{what}: database {name}: {exc.strerror or exc}; {incomplete}") from None
+                raise UnavailableError(f"{what}: database {name}: {_os_why(exc)}; {incomplete}") from None
         skipped[name] = why
     for path in misnamed_files(directory / "sql"):
         skipped[path.name] = (
@@ -140,7 +146,7 @@ def backup(directory: Path, dest: Path, cancelled: threading.Event | None = None
         os.close(os.open(dest / LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         _fsync(dest)
     except OSError as exc:
-        raise UnavailableError(f"{what}: {exc.strerror or exc}; {incomplete}") from None
+        raise UnavailableError(f"{what}: {_os_why(exc)}; {incomplete}") from None
     return {
         "dest": str(dest),
         "databases": sizes,
@@ -201,6 +207,20 @@ def _copy_database(source: Path, target: Path, stop_if_cancelled: Any) -> int:
         with contextlib.suppress(OSError):
             partial.unlink()
         raise
+
+
+def _files_hint() -> str:
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):
+        soft = -1
+    return f"out of file descriptors? this process may open {soft} files: raise `ulimit -n`"
+
+
+def _os_why(exc: OSError) -> str:
+    """What the file system said, and for want of descriptors what to do."""
+    said = str(exc.strerror or exc)
+    return f"{said} ({_files_hint()})" if exc.errno in (errno.EMFILE, errno.ENFILE) else said
 
 
 def _fsync(path: Path) -> None:

@@ -96,6 +96,10 @@ BYPASS_HELD_MAX = READS_MAX // 2
 EXECS_MAX = 32
 INFLIGHT_HIGH = 64 * 1024 * 1024
 INFLIGHT_LOW = 16 * 1024 * 1024
+_join = b"".join
+OUT_OF_MEMORY = (
+    "the answer could not be made: the server is out of memory (try again later, or read fewer rows or bytes at once)"
+)
 CHUNK = 1 << 20  # a response body past this many bytes goes out in several frames (flag MORE)
 # While a burst of requests read at once is being answered, the answers made so far go out every this many:
 # the client works on them while the server computes the rest (the two processes overlap instead of taking
@@ -979,6 +983,13 @@ class ServerConnection(asyncio.Protocol):
         except (TypeError, OverflowError) as exc:
             self.send_error(stream, TinystoreError(f"the answer could not be encoded: {exc}"))
             return
+        except MemoryError:
+            # (unanswered, the call waited for ever: the connection answers pings; trial CN)
+            self.listener.silent_log("memory").warning(
+                "%s: out of memory making an answer: it was answered with an error", self.listener.description
+            )
+            self.send_error(stream, UnavailableError(OUT_OF_MEMORY))
+            return
         if len(body) > CHUNK:
             self.write_many(self.conn.send_response(stream, body, CHUNK))
             # to the transport now: past its high-water mark it pauses us (pause_writing) before the next
@@ -1036,8 +1047,28 @@ class ServerConnection(asyncio.Protocol):
         self.flush_scheduled = False
         self.pushed = 0
         out, self.out = self.out, []
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        transport = self.transport
+        if out and transport is not None and not transport.is_closing():
+            try:
+                transport.write(out[0] if len(out) == 1 else _join(out))
+            except MemoryError:
+                self.write_apart(transport, out)
+
+    def write_apart(self, transport: asyncio.Transport, out: list[bytes]) -> None:
+        """Out of memory joining ``out`` (a few answers of tens of MB): each frame written alone. Should one fail
+        too, what of it went out is not known: the connection is dropped (the SDK sends its reads again, and says
+        of its writes that they may have taken effect), rather than leave its calls waiting for ever (trial CN:
+        the frames joined were lost, and their calls never answered)."""
+        for part in out:
+            try:
+                transport.write(part)
+            except MemoryError:
+                self.listener.silent_log("memory").warning(
+                    "%s: out of memory writing answers: a connection was dropped", self.listener.description
+                )
+                self.closing = True
+                transport.abort()
+                return
 
     def close(
         self, reason: str, code: str = "closed", notify: bool = True, said_read: bool = False, stopping: bool = False

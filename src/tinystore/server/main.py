@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import faulthandler
 import logging
 import os
 import resource
@@ -376,6 +377,10 @@ def run(opts: ServeOptions, ready: Any = None) -> int:
     """Run :func:`serve` on uvloop when available: the whole of this process (``tinystore serve``, a sidecar, a
     private server), so a big queue's load may freeze what it made (see ``engines.gc_hold``)."""
     gc_hold.FREEZE = True
+    if not faulthandler.is_enabled():
+        # a crash in C code (an extension out of memory: trial CN's server died of SIGSEGV with no word of why)
+        # leaves the Python stacks of every thread in the log: stderr, a sidecar's sidecar.log
+        faulthandler.enable()
     try:
         import uvloop
 

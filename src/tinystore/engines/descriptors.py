@@ -1,0 +1,52 @@
+"""File descriptors a new database may take: some are kept back for the connections a server accepts.
+
+Each open database holds a few descriptors (its writer's, its readers' and the reads' in the loop: about 2 a
+connection, files and WAL). Opened until none was left, a server could accept no connection any more, and its
+clients were told that it was stopped or stuck (trial CN); only a restart mended it, as a database stays open.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+from ..errors import UnavailableError
+
+_FD_DIRS = ("/proc/self/fd", "/dev/fd")
+
+
+def open_descriptors() -> int | None:
+    """How many descriptors this process has open (``None`` when the system does not say)."""
+    for d in _FD_DIRS:
+        try:
+            return len(os.listdir(d))
+        except OSError:
+            continue
+    return None
+
+
+def reserve(soft: int) -> int:
+    """The descriptors kept back for connections (and what the application opens) under a limit of ``soft``: an
+    eighth of it, 16 at least, 256 at most."""
+    return min(256, max(16, soft // 8))
+
+
+def check_room(name: str, need: int) -> None:
+    """Raise ``UnavailableError`` when opening database ``name``, which takes about ``need`` descriptors, would
+    leave fewer than :func:`reserve` of this process's limit (``RLIMIT_NOFILE``, its soft value) free."""
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):
+        return
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return
+    used = open_descriptors()
+    if used is None:
+        return
+    kept = reserve(soft)
+    if used + need + kept > soft:
+        raise UnavailableError(
+            f"database {name}: not opened: this process may open {soft} files and has {used} open; a database takes "
+            f"about {need}, and {kept} are kept for connections (a server that used them all could accept none): "
+            "raise `ulimit -n` (a server takes the hard limit when it starts), or open fewer databases"
+        )
