@@ -37,9 +37,10 @@ async def test_the_command_runs_holding_the_key_with_its_fence_and_its_exit_stat
     sidecar: tinystore.Store, tmp_path: Path
 ) -> None:
     directory = str(tmp_path / "store")
-    first = await cli(
-        "lock", directory, "hold", "cron", "nightly", "--", "sh", "-c", 'echo "$TINYSTORE_FENCE"; sleep 1; exit 3'
-    )
+    done = tmp_path / "done"
+    # (it runs until told: a second command started after a fixed while found the key free on a busy machine)
+    script = f'echo "$TINYSTORE_FENCE"; while [ ! -e "{done}" ]; do sleep 0.05; done; exit 3'
+    first = await cli("lock", directory, "hold", "cron", "nightly", "--", "sh", "-c", script)
     assert first.stdout is not None
     fence = int((await asyncio.wait_for(first.stdout.readline(), 20)).decode())
     assert fence >> 64 > 0
@@ -51,6 +52,7 @@ async def test_the_command_runs_holding_the_key_with_its_fence_and_its_exit_stat
     out, err = await asyncio.wait_for(second.communicate(), 20)
     assert second.returncode == 1 and out == b""
     assert b'error[in_use] lock cron: key "nightly": held (no wait)\n' in err
+    done.touch()
     assert await asyncio.wait_for(first.wait(), 20) == 3
     # then it is free again
     async with sidecar.lock("cron").try_hold("nightly") as lease:

@@ -4,6 +4,7 @@ the store."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,3 +61,31 @@ async def test_a_memoryview_of_any_layout_is_a_blob_and_a_released_one_is_named(
                 await call("select ?", released)
             assert "parameter 1" in info.value.message and "released" in info.value.message
         assert await db.scalar("select count(*) from b") == 1
+
+
+# contract: SQL-04
+@pytest.mark.parametrize("mode", MODES)
+async def test_changes_after_an_insert_that_added_no_row_is_0(mode: str, tmp_path: Path) -> None:
+    """After an insert that added nothing, the writer set its last rowid back to the transaction's by a write of
+    its own, which SQL's ``changes()`` then counted: 1 where a connection of your own says 0 (trial CO)."""
+    async with open_store(mode, tmp_path / "s") as store:
+        db = await store.database("app")
+        await db.exec("create table t (a)")
+        await db.exec("create table uq (k unique)")
+        await db.exec("create table audit (id integer primary key, n)")
+        await db.exec("insert into uq (k) values ('x')")
+
+        async def fn(tx: tinystore.SqlTx) -> list[Any]:
+            first = await tx.exec("insert into t (a) values (1)")
+            ignored = await tx.exec("insert or ignore into uq (k) values ('x')")
+            await tx.exec("insert into audit (n) values (changes())")
+            nothing = await tx.exec("insert into t (a) select 1 where 0")
+            await tx.exec("insert into audit (n) values (changes())")
+            child = await tx.exec("insert into audit (n) values (last_insert_rowid())")
+            last = await tx.scalar("select last_insert_rowid()")
+            return [first.last_insert_rowid, ignored.last_insert_rowid, nothing.last_insert_rowid, child, last]
+
+        first, ignored, nothing, child, last = await db.tx(fn)
+        assert (first, ignored, nothing) == (1, 0, 0)
+        assert await db.all("select n from audit order by id") == [{"n": 0}, {"n": 0}, {"n": 2}]
+        assert last == child.last_insert_rowid == 3

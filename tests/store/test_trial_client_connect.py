@@ -122,6 +122,8 @@ async def test_ssl_cert_file_naming_no_certificate_file_is_named(
         await tinystore.connect("tls://127.0.0.1:1", token="x" * 20)
     message = info.value.message
     assert "SSL_CERT_FILE" in message and str(path) in message
+    if what == "not a certificate":
+        assert "holds no PEM certificate" in message, message
     # an ssl_context of the caller's own is the caller's: the variable is not looked at
     with pytest.raises(UnavailableError):
         await tinystore.connect(

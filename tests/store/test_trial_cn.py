@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -152,3 +153,54 @@ async def test_a_backup_out_of_descriptors_is_unavailable_and_says_why(
         message = info.value.message
         assert "Too many open files" in message and "raise `ulimit -n`" in message, message
         assert "remove it before trying again" in message
+
+
+async def test_an_answer_whose_frames_cannot_be_made_for_want_of_memory_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The frames of a big answer (its body cut into 1 MiB parts, each copied) were made outside the guard of
+    its encoding: a MemoryError there left the call unanswered (trial CO)."""
+    from tinystore.protocol import frames
+
+    owner, client, db = await served(tmp_path)
+    try:
+
+        def send_response(self: Any, stream: int, body: bytes, chunk: int = 1 << 20) -> list[bytes]:
+            raise MemoryError
+
+        monkeypatch.setattr(frames.Connection, "send_response", send_response)
+        with pytest.raises(tinystore.UnavailableError) as info:
+            await asyncio.wait_for(db.all("select b from t"), 10)  # 1.2 MB: more than one frame
+        assert "out of memory" in info.value.message
+        assert await db.scalar("select count(*) from t") == 4
+    finally:
+        await client.close()
+        await owner.close()
+
+
+async def test_databases_opened_at_once_or_read_later_keep_the_reserve(tmp_path: Path) -> None:
+    """The room was checked against the files open at that moment: databases opened at once all passed before any
+    opened its files, and the open ones opened more at their first reads; the process ran out (trial CO)."""
+    from tinystore.engines import descriptors
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = descriptors.open_descriptors()
+    assert used is not None
+    limit = used + 160
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        store = await tinystore.open(tmp_path / "s", embedded=True, limits=tinystore.Limits(databases=200))
+        try:
+            got = await asyncio.gather(*(store.database(f"d{i}") for i in range(60)), return_exceptions=True)
+            opened = [db for db in got if isinstance(db, tinystore.Database)]
+            refused = [e for e in got if isinstance(e, tinystore.UnavailableError)]
+            assert opened and refused and len(opened) + len(refused) == 60, got
+            assert "kept for connections" in refused[0].message
+            for _ in range(3):  # every reader of every database opens its files
+                await asyncio.gather(*(db.scalar("select 1") for db in opened for _ in range(8)))
+            now = descriptors.open_descriptors()
+            assert now is not None and limit - now >= descriptors.reserve(limit) // 2, (now, limit)
+        finally:
+            await store.close()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

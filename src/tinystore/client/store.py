@@ -1120,10 +1120,10 @@ def _default_tls_context() -> ssl.SSLContext:
             problem = "no such file"
         except IsADirectoryError:
             problem = "a directory, not a file (SSL_CERT_DIR is for a directory of certificates)"
+        except ssl.SSLError:  # (an OSError too: before it)
+            problem = "it holds no PEM certificate"
         except OSError as exc:
             problem = exc.strerror or str(exc)
-        except ssl.SSLError:
-            problem = "it holds no PEM certificate"
         else:
             return ctx
         raise InvalidError(

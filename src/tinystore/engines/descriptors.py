@@ -31,9 +31,11 @@ def reserve(soft: int) -> int:
     return min(256, max(16, soft // 8))
 
 
-def check_room(name: str, need: int) -> None:
+def check_room(name: str, need: int, coming: int = 0) -> None:
     """Raise ``UnavailableError`` when opening database ``name``, which takes about ``need`` descriptors, would
-    leave fewer than :func:`reserve` of this process's limit (``RLIMIT_NOFILE``, its soft value) free."""
+    leave fewer than :func:`reserve` of this process's limit (``RLIMIT_NOFILE``, its soft value) free; ``coming``:
+    descriptors not open yet that are already spoken for (databases opening beside it, files the open ones open
+    on their first reads: trial CO)."""
     try:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (OSError, ValueError):
@@ -44,9 +46,11 @@ def check_room(name: str, need: int) -> None:
     if used is None:
         return
     kept = reserve(soft)
+    used += coming
     if used + need + kept > soft:
         raise UnavailableError(
-            f"database {name}: not opened: this process may open {soft} files and has {used} open; a database takes "
+            f"database {name}: not opened: this process may open {soft} files and has {used} open or spoken for; a "
+            f"database takes "
             f"about {need}, and {kept} are kept for connections (a server that used them all could accept none): "
             "raise `ulimit -n` (a server takes the hard limit when it starts), or open fewer databases"
         )

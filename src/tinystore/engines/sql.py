@@ -105,6 +105,9 @@ log = logging.getLogger("tinystore.sql")
 _first = operator.itemgetter(0)
 MIGRATIONS_TABLE = "_tinystore_migrations"
 BATCH_MAX = 512
+LAZY_FILES = 2
+"""Files an open database may still open (its connections' WAL, at their first reads): spoken for when another
+database opens (see :func:`check_room`)."""
 """At most this many single writes share one commit."""
 STALL_SLACK = 0.1
 """Seconds a transaction's thread may wake past its idle wait before the wait is taken as the server's own stall
@@ -1496,9 +1499,10 @@ class SqlDatabase:
                 changes = conn.execute("select changes()").fetchone()[0]
             elif desc is None and holds_no_statement(sql):
                 raise no_statement(self.name, sql)
+        # (an insert that added no row leaves the writer's value as it was: a statement that reads it later in the
+        # transaction has it set to the transaction's last insert first, above; set now, it would make SQL's
+        # changes() 1 for the next statement: trial CO)
         rowid = (cur.lastrowid or 0) if changes and inserts else 0
-        if last_rowid and inserts and not rowid:
-            set_rowid(conn, last_rowid)  # it added no row: the transaction's last insert is still the last
         return Done(changes, rowid, list(map(_first, desc)) if desc else [], rows)
 
     def _adds_rowid_rows(self, conn: sqlite3.Connection, sql: str) -> bool:
@@ -1948,6 +1952,7 @@ class SqlEngine:
         # stopping), so that a late call learns why rather than only that the transaction is gone
         self._ended: collections.OrderedDict[int, TinystoreError] = collections.OrderedDict()
         self._opening: dict[str, asyncio.Lock] = {}
+        self._starting = 0  # databases whose start runs (their files count as spoken for: see check_room)
         self._tx_ids = 0
         self.closed = False
         self.stopping = False  # see stop_transactions
@@ -2024,12 +2029,16 @@ class SqlEngine:
                         limit=limit,
                         wanted=len(self.databases) + 1,
                     )
-                # (its connections: the writer, the readers, the loop's own for short reads; about 2 files each)
-                check_room(name, 2 * (self.limits.readers + 2) + 1)
+                # (its connections: the writer, the readers, the loop's own for short reads; about 2 files each,
+                # some opened at the first read; those opening beside it count whole)
+                need = 2 * (self.limits.readers + 2) + 1
+                check_room(name, need, need * self._starting + LAZY_FILES * len(self.databases))
                 path = self.directory / f"{name}.db"
                 existed = path.exists()
                 db = SqlDatabase(self, name, path)
+                self._starting += 1
                 start = asyncio.ensure_future(asyncio.to_thread(db.start, migrations))
+                start.add_done_callback(self._one_started)
                 try:
                     applied = await asyncio.shield(start)
                 except asyncio.CancelledError:
@@ -2056,6 +2065,9 @@ class SqlEngine:
         finally:
             if held:
                 lock.release()
+
+    def _one_started(self, _: asyncio.Future[Any]) -> None:
+        self._starting -= 1
 
     def _started_unseen(self, db: SqlDatabase, lock: asyncio.Lock, start: asyncio.Future[Any]) -> None:
         """The start of ``db`` whose opener was cancelled has ended: a started database is kept open (its

@@ -323,24 +323,21 @@ def ctl(conn: sqlite3.Connection, sql: str) -> None:
         c.internal = c.control = False
 
 
-_WITHOUT_ROWID = re.compile(r"\bwithout\s+rowid\b", re.IGNORECASE)
-_VIRTUAL = re.compile(r"\s*create\s+virtual\b", re.IGNORECASE)
-
-
 def rowid_tables(conn: sqlite3.Connection) -> frozenset[str]:
     """The names (in lower case) of the ordinary rowid tables of the main database on ``conn``: a row an INSERT
-    adds to one sets the connection's last insert rowid. Not a ``WITHOUT ROWID`` table (nor one whose text says
-    the words anywhere), not a virtual table, not a view; not a name the TEMP schema also has (it would be
-    the one an unqualified name finds); only names in ASCII."""
-    temp = {n.lower() for (n,) in conn.execute("select name from temp.sqlite_schema")}
+    adds to one sets the connection's last insert rowid. As SQLite itself tells (``pragma table_list``, SQLite
+    3.37: its ``wr`` column; not from the text, which may hold a comment inside WITHOUT ROWID: trial CO): not a
+    ``WITHOUT ROWID`` table, not a virtual or shadow table, not a view; not a name the TEMP schema also has (the
+    one an unqualified name finds); only names in ASCII. None at all on an older SQLite."""
+    try:
+        listed = own_execute(conn, "select schema, name, type, wr from pragma_table_list").fetchall()
+    except sqlite3.Error:
+        return frozenset()
+    temp = {name.lower() for schema, name, _, _ in listed if schema == "temp"}
     return frozenset(
         low
-        for name, text in conn.execute("select name, sql from main.sqlite_schema where type = 'table'")
-        if name.isascii()
-        and (low := name.lower()) not in temp
-        and text
-        and _VIRTUAL.match(text) is None
-        and _WITHOUT_ROWID.search(text) is None
+        for schema, name, kind, wr in listed
+        if schema == "main" and kind == "table" and not wr and name.isascii() and (low := name.lower()) not in temp
     )
 
 

@@ -314,8 +314,12 @@ def is_insert(sql: str) -> bool:
 
 
 _PLAIN_INSERT = re.compile(
-    r"(?:insert(?:\s++or\s++(?:abort|fail|ignore|replace|rollback))?|replace)\s++into\s++"
-    r'(?:([A-Za-z_][A-Za-z0-9_$]*+)|"((?:[^"]|"")++)")\s*+(?:\(|values\b|select\b|default\b)',
+    # SQLite's blanks only (space, tab, newline, form feed, return): a character past ASCII is part of a name
+    # there, where Python's \s would take U+00A0 for a blank (trial CO: "insert into u\u00a0(...)" writes to table
+    # "u\u00a0", not u)
+    r"(?:insert(?:[ \t\n\f\r]++or[ \t\n\f\r]++(?:abort|fail|ignore|replace|rollback))?|replace)[ \t\n\f\r]++"
+    r'into[ \t\n\f\r]++(?:([A-Za-z_][A-Za-z0-9_$]*+)|"((?:[^"]|"")++)")[ \t\n\f\r]*+'
+    r"(?:\(|(?:values|select|default)(?![A-Za-z0-9_$\x80-\U0010ffff]))",
     re.IGNORECASE,
 )
 

@@ -980,24 +980,28 @@ class ServerConnection(asyncio.Protocol):
             return
         try:
             body = encode(value)
+            if len(body) > CHUNK:
+                parts = self.conn.send_response(stream, body, CHUNK)
+            else:
+                frame = self.conn.send_response_frame(stream, body)
         except (TypeError, OverflowError) as exc:
             self.send_error(stream, TinystoreError(f"the answer could not be encoded: {exc}"))
             return
         except MemoryError:
-            # (unanswered, the call waited for ever: the connection answers pings; trial CN)
+            # (its encoding or its frames: unanswered, the call waited for ever, as the connection answers pings;
+            # trial CN, CO)
             self.listener.silent_log("memory").warning(
                 "%s: out of memory making an answer: it was answered with an error", self.listener.description
             )
             self.send_error(stream, UnavailableError(OUT_OF_MEMORY))
             return
         if len(body) > CHUNK:
-            self.write_many(self.conn.send_response(stream, body, CHUNK))
+            self.write_many(parts)
             # to the transport now: past its high-water mark it pauses us (pause_writing) before the next
             # request of this read begins (see BOUNDED_READS)
             self.flush()
             return
         # self.write(...), inline: the hot path of every answer
-        frame = self.conn.send_response_frame(stream, body)
         transport = self.transport
         if transport is None or transport.is_closing():
             return
