@@ -15,6 +15,14 @@ from ..errors import UnavailableError
 _FD_DIRS = ("/proc/self/fd", "/dev/fd")
 
 
+def open_files_limit() -> int:
+    """The soft limit on this process's open files (``RLIMIT_NOFILE``), or -1 when unknown."""
+    try:
+        return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (OSError, ValueError):  # pragma: no cover
+        return -1
+
+
 def open_descriptors() -> int | None:
     """How many descriptors this process has open (``None`` when the system does not say)."""
     for d in _FD_DIRS:
@@ -36,10 +44,7 @@ def check_room(name: str, need: int, coming: int = 0) -> None:
     leave fewer than :func:`reserve` of this process's limit (``RLIMIT_NOFILE``, its soft value) free; ``coming``:
     descriptors not open yet that are already spoken for (databases opening beside it, files the open ones open
     on their first reads: trial CO)."""
-    try:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (OSError, ValueError):
-        return
+    soft = open_files_limit()
     if soft == resource.RLIM_INFINITY or soft <= 0:
         return
     used = open_descriptors()
@@ -49,8 +54,8 @@ def check_room(name: str, need: int, coming: int = 0) -> None:
     used += coming
     if used + need + kept > soft:
         raise UnavailableError(
-            f"database {name}: not opened: this process may open {soft} files and has {used} open or spoken for; a "
-            f"database takes "
-            f"about {need}, and {kept} are kept for connections (a server that used them all could accept none): "
-            "raise `ulimit -n` (a server takes the hard limit when it starts), or open fewer databases"
+            f"database {name}: not opened: this process may open {soft} files and has {used} open or spoken for; "
+            f"a database takes about {need}, and {kept} are kept for connections (a server that used them all "
+            "could accept none): raise `ulimit -n` (a server takes the hard limit when it starts), or open fewer "
+            "databases"
         )

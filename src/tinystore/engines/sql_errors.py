@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import resource
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from ..errors import (
     TinystoreError,
     UnavailableError,
 )
+from .descriptors import open_files_limit
 from .sql_guard import DENIED_MESSAGES, TX_WHY, denial
 from .sql_text import INT_MAX
 
@@ -170,13 +170,9 @@ def storage_error(db: str, name: str, msg: str) -> UnavailableError:
     if name == "SQLITE_FULL":
         why = "the disk is full: free some space (writes go on then; deleting rows needs room too)"
     elif name.startswith("SQLITE_CANTOPEN"):
-        try:
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        except (OSError, ValueError):
-            soft = -1
         why = (
             "a file of the database cannot be opened: out of file descriptors (this process may open "
-            f"{soft} files: raise `ulimit -n`), or the store's directory was moved or made unwritable"
+            f"{open_files_limit()} files: raise `ulimit -n`), or the store's directory was moved or made unwritable"
         )
     elif name.startswith("SQLITE_READONLY"):
         why = "a file of the database cannot be written (a read-only file system, or its permissions)"

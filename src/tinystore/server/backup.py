@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import resource
 import shutil
 import sqlite3
 import stat
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..engines.descriptors import open_files_limit
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, UnavailableError
 from ..names import NAME
 from .dirlock import LOCK
@@ -210,11 +210,7 @@ def _copy_database(source: Path, target: Path, stop_if_cancelled: Any) -> int:
 
 
 def _files_hint() -> str:
-    try:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (OSError, ValueError):
-        soft = -1
-    return f"out of file descriptors? this process may open {soft} files: raise `ulimit -n`"
+    return f"out of file descriptors? this process may open {open_files_limit()} files: raise `ulimit -n`"
 
 
 def _os_why(exc: OSError) -> str:

@@ -24,7 +24,6 @@ import errno
 import hmac
 import logging
 import os
-import resource
 import socket
 import ssl
 import time
@@ -37,6 +36,7 @@ from typing import Any
 import msgspec
 
 from .. import __version__
+from ..engines.descriptors import open_files_limit
 from ..engines.sql import Later, SqlTx
 from ..engines.sql_text import may_return_rows
 from ..errors import (
@@ -156,14 +156,6 @@ class RateLimitedLog:
             message += f" (and {self.skipped} more times in the last {now - self.last:.0f}s)"
         self.last, self.skipped = now, 0
         log.warning(message, *args)
-
-
-def open_files_limit() -> int:
-    """The soft limit on this process's open files (``RLIMIT_NOFILE``), or -1 when unknown."""
-    try:
-        return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    except (OSError, ValueError):  # pragma: no cover
-        return -1
 
 
 #: the shortest token a tokens file may hold
