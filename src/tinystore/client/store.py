@@ -1111,8 +1111,14 @@ def _default_tls_context() -> ssl.SSLContext:
     """The system's CAs, or those of the file ``$SSL_CERT_FILE`` names (OpenSSL's rule). ``InvalidError`` when the
     variable names no file of certificates: OpenSSL skips such a file without a word, and the server's
     certificate would then fail to verify (or the system's CAs stand in for the ones meant)."""
-    ctx = ssl.create_default_context()
     cafile = os.environ.get("SSL_CERT_FILE")
+    if cafile and os.path.exists(cafile) and not os.path.isdir(cafile) and not os.path.isfile(cafile):
+        # (a FIFO or a device: OpenSSL would read it, and connect() wait for ever on a FIFO nobody writes: trial CO)
+        raise InvalidError(
+            f"connect: SSL_CERT_FILE={cafile!r}: not a regular file; it should name a file of PEM CA certificates to "
+            "verify tls:// servers with (unset it to use the system's)"
+        )
+    ctx = ssl.create_default_context()
     if cafile:
         try:
             ctx.load_verify_locations(cafile=cafile)
