@@ -20,6 +20,13 @@ from ..helpers import open_store
 MODES = ["embedded", "sidecar"]
 
 
+async def app_with_other(store: tinystore.Store) -> tinystore.Database:
+    """Database ``app`` with the table ``other`` that :func:`other_client_inserts` writes."""
+    db = await store.database("app")
+    await db.exec("create table other (id integer primary key, v)")
+    return db
+
+
 async def other_client_inserts(db: tinystore.Database) -> int:
     done = await db.exec("insert into other (v) values (1)")
     assert done.last_insert_rowid > 0
@@ -30,8 +37,7 @@ async def other_client_inserts(db: tinystore.Database) -> int:
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_table_made_anew_without_rowid_gives_0(mode: str, tmp_path: Path) -> None:
     async with open_store(mode, tmp_path / "s") as store:
-        db = await store.database("app")
-        await db.exec("create table other (id integer primary key, v)")
+        db = await app_with_other(store)
         await db.exec("create table t (k text primary key, v)")
         assert (await db.exec("insert into t (k, v) values ('a', 1)")).last_insert_rowid == 1
         await db.exec("drop table t")
@@ -75,8 +81,7 @@ async def test_a_rolled_back_transaction_that_made_a_rowid_table_leaves_the_old_
     mode: str, tmp_path: Path
 ) -> None:
     async with open_store(mode, tmp_path / "s") as store:
-        db = await store.database("app")
-        await db.exec("create table other (id integer primary key, v)")
+        db = await app_with_other(store)
         await db.exec("create table t (k text primary key, v) without rowid")
 
         async def remake(tx: tinystore.SqlTx) -> None:
@@ -97,8 +102,7 @@ async def test_a_rolled_back_transaction_that_made_a_rowid_table_leaves_the_old_
 async def test_names_that_differ_past_ascii_are_two_tables(mode: str, tmp_path: Path) -> None:
     # SQLite folds only ASCII letters' case: "Ä" and "ä" are two tables (Python's lower() would make them one)
     async with open_store(mode, tmp_path / "s") as store:
-        db = await store.database("app")
-        await db.exec("create table other (id integer primary key, v)")
+        db = await app_with_other(store)
         await db.exec('create table "Ä" (id integer primary key, v)')
         await db.exec('create table "ä" (k text primary key, v) without rowid')
         await db.exec('create table "MiXed" (id integer primary key, v)')
@@ -114,8 +118,7 @@ async def test_names_that_differ_past_ascii_are_two_tables(mode: str, tmp_path: 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_view_and_a_before_insert_trigger_see_what_they_would_alone(mode: str, tmp_path: Path) -> None:
     async with open_store(mode, tmp_path / "s") as store:
-        db = await store.database("app")
-        await db.exec("create table other (id integer primary key, v)")
+        db = await app_with_other(store)
         await db.exec("create table t (id integer primary key, v)")
         await db.exec("create view tv as select id, v from t")
         await db.exec("create trigger tv_ins instead of insert on tv begin insert into t (v) values (new.v); end")
@@ -137,8 +140,7 @@ async def test_a_view_and_a_before_insert_trigger_see_what_they_would_alone(mode
 @pytest.mark.parametrize("mode", MODES)
 async def test_an_upsert_spelled_with_comments_inside_gives_0_on_its_update_path(mode: str, tmp_path: Path) -> None:
     async with open_store(mode, tmp_path / "s") as store:
-        db = await store.database("app")
-        await db.exec("create table other (id integer primary key, v)")
+        db = await app_with_other(store)
         await db.exec("create table t (id integer primary key, k text unique, v)")
         await db.exec("insert into t (k, v) values ('a', 1)")
         for spelling in (
