@@ -19,6 +19,8 @@ from .durations import Duration, seconds
 from .errors import InvalidError
 
 _FIRE_MAX = 100_000
+LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+"""The latest time a test clock may reach (the last second a ``datetime`` holds)."""
 """At most this many timers fire in one go of a test clock (see ``Clock._fire_in_order``)."""
 
 
@@ -74,10 +76,14 @@ class Clock:
     def advance(self, by: Duration) -> None:
         """Move a test clock forward by ``by``; timers now due fire before this returns, in the order of their
         times (a lease that ends at 175 s ends after a wait that ends at 125 s). Raises ``InvalidError`` on a
-        real clock."""
+        real clock, and for a step past the end of year 9999 (it stays where it was)."""
         if not self.is_test:
             raise InvalidError("clock: only a test clock (open(..., clock=datetime)) can be advanced")
-        self._offset += seconds(by, "clock advance")
+        step = seconds(by, "clock advance")
+        if self.now() + step > LATEST:
+            # past it, no time could be a datetime: every job's add failed (trial CQ)
+            raise InvalidError(f"clock advance: {by!r} would take the test clock past the end of year 9999")
+        self._offset += step
         self._fire()
 
     def call_at(self, when: float, callback: Callable[[], object]) -> Timer:

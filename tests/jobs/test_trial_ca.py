@@ -204,39 +204,22 @@ async def test_reads_of_a_queue_answer_while_its_jobs_load(tmp_path: Path, monke
 
 
 # contract: JOB-04
-async def test_an_attempt_that_ends_while_the_history_is_trimmed_is_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # (trial CB) the trim of a job's history read it, then wrote the newest 50 back: an attempt that ended in between
-    # was lost (with 4,000-character tracebacks, the trim comes after a dozen attempts)
-    from tinystore.engines import jobs as jobs_engine
-
-    monkeypatch.setattr(jobs_engine, "ERRORS_KEPT", 3)
-    monkeypatch.setattr(jobs_engine, "ERRORS_TRIM_BYTES", 4_000)
-    # another attempt ends after the trim read the history
-    hooks, tasks = _hook_after_read(
-        monkeypatch, lambda sql: sql.endswith("select errors from _tinystore_jobs where id = ?")
-    )
+async def test_the_history_is_trimmed_in_the_write_of_the_attempt_that_passes_its_size(tmp_path: Path) -> None:
+    # (trial CB) a trim that read the history, then wrote the newest 50 back, lost an attempt ending in between;
+    # (trial CQ) one in a write after the attempt's let a read in between see 51. It is now part of the attempt's
+    # own write: every read, made as soon as the attempt's end is answered, sees at most the newest 50, in order
     async with open_store("embedded", tmp_path / "s", clock=datetime(2030, 1, 1)) as store:
-        q = store.queue("flaky", attempts=20, backoff=("1s", "1s"))
+        q = store.queue("flaky", attempts=80, backoff=("1s", "1s"))
         jid = await q.add("x")
-        long = "e" * 1_500  # (three of these pass 4,000 bytes: the trim begins)
-
-        async def fail_once() -> None:
+        long = "e" * 1_900  # (about 33 pass 64 KiB: from the 51st attempt on, each cuts the oldest)
+        for n in range(1, 71):
             await store.clock.advance("1s")
             (c,) = await claim(store, "flaky")
-            assert await report(store, "flaky", c, "error", error="boom", traceback=long)
-
-        for _ in range(4):
-            await fail_once()
-        hooks.append(fail_once)  # the fifth attempt ends during the trim that the fourth began
-        for _ in range(3):
-            await fail_once()
-        await asyncio.gather(*tasks)
-        for _ in range(100):
+            assert await report(store, "flaky", c, "error", error=f"boom {n}", traceback=long)
             job = await q.get(jid)
-            assert job is not None
-            if len(job.errors) <= 3:
-                break
-            await asyncio.sleep(0.01)
-        assert [e.attempt for e in job.errors] == [6, 7, 8] and job.attempts == 8
+            assert job is not None and job.attempts == n
+            kept = [e.attempt for e in job.errors]
+            assert kept == list(range(max(1, n - len(kept) + 1), n + 1))  # the newest, in order, none missing
+            assert len(kept) == min(n, 50), (n, len(kept))
+            assert job.errors[-1].error == f"boom {n}" and job.errors[-1].traceback == long
+        assert len(job.errors) == 50

@@ -300,7 +300,9 @@ def register(main: click.Group) -> None:
     @click.option("--timeout", default=None, help="How long a handler may run.")
     @click.option("--expected", default=None, help="Running past this, a job is reported stuck.")
     @click.option("--max-running", type=int, default=None, help="Jobs running at once, all tenants (0: no limit).")
-    @click.option("--max-running-per-tenant", type=int, default=None, help="Jobs running at once per tenant.")
+    @click.option(
+        "--max-running-per-tenant", type=int, default=None, help="Jobs running at once per tenant (0: no limit)."
+    )
     @click.option("--keep", default=None, help="How long ended jobs are kept.")
     @click.option("--json", "as_json", is_flag=True, help="Print the queue's options as JSON.")
     @pass_store_dir

@@ -134,12 +134,6 @@ def _text_of(value: object) -> str:
         return ""
 
 
-def _text_of_message(exc: TinystoreError) -> str:
-    """A store error's message, or its type's name when it has none."""
-    message = exc.message if isinstance(exc.message, str) else _text_of(exc)
-    return message or type(exc).__name__
-
-
 def _describe(exc: BaseException) -> str:
     """A readable error text for an exception a handler raised: ``Type: message``, the type's name alone when the
     message is empty or ``str()`` fails; never longer than the store keeps, always valid Unicode."""
@@ -830,8 +824,13 @@ class _Runner:
             await self._report(a, "fail", error=text or f"{type(exc).__name__} (the handler gave no reason)")
             return
         except LostError as exc:
-            if a.why is None:
-                await self._report(a, "error", error=f"LostError: {_text_of_message(exc)}")
+            if a.why is not None:
+                return  # this attempt itself was lost (its lease, or the job cancelled): the store decided its end
+            # the handler's own (a lock's lease it held ran out, or raised by its code): a failed attempt like any
+            # other raise, with its traceback and its log line (trial CQ: neither was kept)
+            text = _describe(exc)
+            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=exc)
+            await self._report(a, "error", error=text, traceback=_traceback_of(exc))
             return
         except Exception as exc:
             text = _describe(exc)

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
 from urllib.parse import urlparse
 
-from ..clock import Clock
+from ..clock import LATEST, Clock
 from ..durations import Duration, format_seconds, seconds
 from ..engines.sql_text import check_migrations
 from ..errors import (
@@ -81,8 +81,10 @@ class StoreClock:
         the future gives the store's time after the move (epoch seconds). Embedded, the move is made before this
         returns; over a socket (``private=True``) every call made after this one waits until the move is made,
         so the future need not be awaited. Raises ``InvalidError`` (a real clock; ``by`` no duration or below
-        0). A cancel of the future leaves the move to happen."""
+        0; a move past the end of year 9999). A cancel of the future leaves the move to happen."""
         secs = seconds(by, "clock advance")
+        if self._base is not None and self._base + (time.monotonic() - self._mono0) + self._advanced + secs > LATEST:
+            raise InvalidError(f"clock advance: {by!r} would take the test clock past the end of year 9999")
         loop = asyncio.get_running_loop()
         core = self._store._core
         if core is not None:

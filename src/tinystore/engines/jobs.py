@@ -147,24 +147,33 @@ END_SPENT_AT_ONCE = 256
 
 END_CHUNK = 400
 """Attempt ends per statement (10 parameters each)."""
-END_ONE = (
-    f"update {TABLE} set state = ?, run_at = coalesce(?, run_at), error = coalesce(?, error), "
-    "errors = case when ? is null then errors else "
-    "json_insert(coalesce(errors, '[]'), '$[#]', json(?)) end, result = coalesce(?, result), "
-    "progress = coalesce(?, progress), finished_at = ?, attempts = attempts - ?, lease_until = null "
-    "where id = ? and fence = ? and state = 'running' returning id, attempts, progress, errors"
-)
-"""One attempt's end, guarded by its fence (JOB-08)."""
+
+
+def _errors_with(entry: str) -> str:
+    """SQL for a job's error history (column ``errors``) with ``entry`` (the attempt's JSON, or null for none) added,
+    cut to its newest :data:`ERRORS_KEPT` when its JSON passes :data:`ERRORS_TRIM_BYTES`, in the same statement:
+    trimmed in a write after it, a read in between saw one too many (trial CQ)."""
+    added = f"json_insert(coalesce(errors, '[]'), '$[#]', json({entry}))"
+    return (
+        f"case when {entry} is null then errors "
+        f"when length({added}) <= {ERRORS_TRIM_BYTES} or json_array_length({added}) <= {ERRORS_KEPT} then {added} "
+        f"else (select json_group_array(json(value)) from json_each({added}) "
+        f"where key >= json_array_length({added}) - {ERRORS_KEPT}) end"
+    )
+
+
 END_MANY = (
     "with v(v_id, v_fence, v_state, v_run_at, v_error, v_entry, v_result, v_progress, v_finished, v_uncount) "
     f"as (values {{marks}}) update {TABLE} set state = v_state, run_at = coalesce(v_run_at, run_at), "
-    "error = coalesce(v_error, error), errors = case when v_entry is null then errors else "
-    "json_insert(coalesce(errors, '[]'), '$[#]', json(v_entry)) end, result = coalesce(v_result, result), "
+    f"error = coalesce(v_error, error), errors = {_errors_with('v_entry')}, result = coalesce(v_result, result), "
     "progress = coalesce(v_progress, progress), finished_at = v_finished, attempts = attempts - v_uncount, "
     "lease_until = null from v where id = v_id and fence = v_fence and state = 'running' "
-    "returning id, attempts, progress, errors"
+    "returning id, attempts, progress"
 )
-"""Several attempts' ends in one statement, each guarded by its fence like :data:`END_ONE`."""
+"""Attempts' ends in one statement (a row of ten parameters each: see ``JobsEngine._write_ending``), each guarded
+by its fence (JOB-08)."""
+END_ONE = END_MANY.format(marks="(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+"""One attempt's end."""
 
 SCHEMA = (
     f"""create table if not exists {TABLE} (
@@ -1367,10 +1376,8 @@ class JobsEngine:
                 else:
                     out.set_result(False)
                 return
-            attempts, prog, errors = row
+            attempts, prog = row
             e.attempts = attempts
-            if errors and entry is not None and len(errors) > ERRORS_TRIM_BYTES:
-                self._track(self._trim_errors(q, e.id))
             self._settle(q, e, state, run_at)
             self._event(q, "state", e.id, state, _json_decode(prog) if prog else None, attempts, error)
             self._notify(q, e.id)
@@ -1392,7 +1399,7 @@ class JobsEngine:
 
     def _write_ending(self, q: JobQueue, values: list[Any]) -> asyncio.Future[tuple[Any, ...] | None]:
         """Write one attempt's end (``values`` as in :data:`END_MANY`'s rows); the future gets the row's
-        ``(attempts, progress, errors)`` after the change, or ``None`` when the attempt was not the job's current
+        ``(attempts, progress)`` after the change, or ``None`` when the attempt was not the job's current
         running one. The ends asked for in one loop turn go to the writer as one statement."""
         loop = self.loop
         fut: asyncio.Future[tuple[Any, ...] | None] = loop.create_future()
@@ -1411,10 +1418,7 @@ class JobsEngine:
             self._end_many(q, ends[i : i + END_CHUNK])
 
     def _end_one(self, q: JobQueue, values: list[Any], fut: asyncio.Future[tuple[Any, ...] | None]) -> None:
-        jid, fence, state, run_at, error, entry, result, progress, finished, uncount = values
-        w = q.db.write(
-            END_ONE, [state, run_at, error, entry, entry, result, progress, finished, uncount, jid, fence], own=True
-        )
+        w = q.db.write(END_ONE, values, own=True)
 
         def done(f: asyncio.Future[Any]) -> None:
             if fut.done():
@@ -1445,25 +1449,6 @@ class JobsEngine:
                     fut.set_result(got.get(values[0]))
 
         w.add_done_callback(done)
-
-    async def _trim_errors(self, q: JobQueue, jid: str) -> None:
-        """Keep the newest :data:`ERRORS_KEPT` failed attempts of job ``jid``. The write holds only if the history
-        is still the one read: an attempt that ended in between was lost otherwise (trial CB: with tracebacks, a
-        job of 60 attempts missed one or two of its last 50); then it reads again."""
-        for _ in range(10):
-            rows = (await q.db.read(f"select errors from {TABLE} where id = ?", [jid], "one")).rows
-            if not rows or not rows[0][0]:
-                return
-            errors = _json_decode(rows[0][0])
-            if len(errors) <= ERRORS_KEPT:
-                return
-            done = await q.db.write(
-                f"update {TABLE} set errors = ? where id = ? and errors = ?",
-                [_json_encode(errors[-ERRORS_KEPT:]).decode(), jid, rows[0][0]],
-                own=True,
-            )
-            if done.changes:
-                return
 
     async def report(self, peer: Peer, r: Report) -> bool:
         """How an attempt ended (see :class:`~tinystore.protocol.jobs.Report`). Returns ``True`` when it changed
