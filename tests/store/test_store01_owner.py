@@ -152,7 +152,7 @@ async def test_lock_goes_away_with_the_process(tmp_path: Path, sig: signal.Signa
 
 OWNER = """
 import fcntl, os, sys
-fd = os.open(os.path.join(sys.argv[1], "LOCK"), os.O_RDWR | os.O_CREAT, 0o600)
+fd = os.open(os.path.join(sys.argv[-1], "LOCK"), os.O_RDWR | os.O_CREAT, 0o600)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.ftruncate(fd, 0)
 os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)
@@ -172,7 +172,11 @@ async def test_an_owner_still_starting_is_said_to_be_starting(tmp_path: Path, se
     # said to be a server
     d = tmp_path / "store"
     d.mkdir()
-    argv = [sys.executable, "-c", OWNER, str(d), *(["tinystore", "serve"] if server else [])]
+    # (a server's command line as the tinystore script's: `python …/bin/tinystore serve DIR`)
+    script = tmp_path / "bin" / ("tinystore" if server else "app.py")
+    script.parent.mkdir()
+    script.write_text(OWNER)
+    argv = [sys.executable, str(script), *(["serve"] if server else []), str(d)]
     owner = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert owner.stdout is not None and owner.stdout.readline() == b"owned\n"

@@ -428,21 +428,39 @@ async def connect_address(address: Address, reconnect_timeout: float = 2.0) -> A
     return await tinystore.connect(address, token=token, reconnect_timeout=reconnect_timeout)
 
 
+COMMAND_WAIT = 10.0
+"""Seconds a command waits for another that owns the directory (one that opened the store itself, as no server
+ran) to end, or for a server that owns it to serve it."""
+
+
 async def open_for_cli(directory: Target) -> Any:
-    """The directory's server if one runs, else the store embedded in this command (no socket); for an address,
-    the server there (:func:`connect_address`)."""
+    """The directory's server if one runs, else the store embedded in this command (no socket: a client that
+    connected to it would be left without a server when the command ends), waiting up to :data:`COMMAND_WAIT` for
+    another command that owns it so; for an address, the server there (:func:`connect_address`).
+    Others wait for this command as it runs (trial CR: they were refused at once)."""
     import tinystore
 
     if isinstance(directory, Address):
         return await connect_address(directory)
-    try:
-        return await _connect_dir(directory)
-    except (NoAnswer, Stopping):
-        raise  # a server owns the directory: opening it here would only say so, less clearly
-    except UnavailableError:
-        if not directory.exists():
-            raise
-        return await tinystore.open(directory, embedded=True, serve=False)
+    from ..server.dirlock import owned_by_command
+
+    deadline = time.monotonic() + COMMAND_WAIT
+    while True:
+        try:
+            return await _connect_dir(directory)
+        except (NoAnswer, Stopping):
+            raise  # a server owns the directory: opening it here would only say so, less clearly
+        except UnavailableError:
+            if not directory.exists():
+                raise
+        try:
+            return await tinystore.open(directory, embedded=True, serve=False)
+        except InUseError:
+            # another command that opened the store itself (it lets go when it ends), or a server still starting
+            # (a sidecar a client just started: trial CS): waited for, a while
+            if time.monotonic() >= deadline or owned_by_command(directory) is None:
+                raise
+        await asyncio.sleep(0.1)
 
 
 def _runs(pid: int) -> bool:
@@ -615,7 +633,8 @@ def backup(directory: Path, dest: Path, as_json: bool) -> None:
     dbs = result["databases"]
     print_table("databases copied", ["name", "bytes"], [[n, f"{b:,}"] for n, b in dbs.items()])
     for name, why in result.get("skipped", {}).items():
-        err_console.print(f"not copied: sql/{name}.db: {why}", highlight=False)
+        # (a database's name, or the name of a file whose name is none: it has its suffix; trial CR)
+        err_console.print(f"not copied: sql/{name if '.' in name else name + '.db'}: {why}", highlight=False)
     err_console.print(
         f"backed up {directory} into {result['dest']}: {len(dbs)} database{'s' if len(dbs) != 1 else ''} in "
         f"{result['seconds']:.2f}s",

@@ -650,10 +650,16 @@ class _Runner:
                     )
             except (TinystoreError, OSError, TimeoutError) as exc:
                 log.debug("queue %s: renewal failed: %s", self.queue.name, exc)
+                transport = self.queue.store.transport
                 for a in current:
                     if a.reporting or a.why is not None:
                         continue  # its handler has ended (its report is on its way), or it was told already
-                    if not self.queue.store.transport.local and time.monotonic() - a.renewed_at > a.lease:
+                    if transport.local or getattr(transport, "server_stopped", False):
+                        # (a server that stopped gracefully ends no lease: the next gives each running attempt a
+                        # fresh one, which this renews once it reaches it; trial CS: `tinystore stop` longer than
+                        # a lease made a healthy worker's job "worker lost")
+                        continue
+                    if time.monotonic() - a.renewed_at > a.lease:
                         log.warning("queue %s: job %s: no renewal for the whole lease: lost", self.queue.name, a.key[0])
                         a.stop("lost")
                 await asyncio.sleep(min(lease / 6, 2.0))  # (then again: the attempts' renewals stay due)
@@ -814,8 +820,9 @@ class _Runner:
             # this attempt not counted
             a.reporting = True
             self.free(a)
-            with contextlib.suppress(TinystoreError, OSError):
-                await self.call("jobs.release", Release(queue=q.name, attempts=[Attempt(c.id, c.fence)]), int)
+            with contextlib.suppress(TinystoreError, OSError, TimeoutError):
+                async with asyncio.timeout(ANSWER_WAIT):  # (else left to its lease: trial CS)
+                    await self.call("jobs.release", Release(queue=q.name, attempts=[Attempt(c.id, c.fence)]), int)
             if a.why is None:
                 raise
             return
@@ -888,9 +895,29 @@ class _Runner:
             self.grace = None
         for a in list(self.attempts.values()):
             a.stop("stopping")
-        running = [a.task for a in self.attempts.values() if a.task is not None]
-        if running:
-            _, stubborn = await asyncio.wait(running, timeout=CANCEL_WAIT)
+        of = {a.task: a for a in self.attempts.values() if a.task is not None}
+        if of:
+            # handlers get CANCEL_WAIT to end; an attempt whose handler has ended and whose end is still being
+            # reported (a server that does not answer) gets ANSWER_WAIT (trial CS: it was waited for as a stubborn
+            # handler, and named one)
+            deadline = self.loop.time() + CANCEL_WAIT
+            reports_until = self.loop.time() + ANSWER_WAIT
+            pending: set[asyncio.Task[Any]] = set(of)
+            while pending:
+                handlers = any(not of[t].reporting for t in pending)
+                left = (deadline if handlers else min(deadline, reports_until)) - self.loop.time()
+                if left <= 0:
+                    break
+                _, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            stubborn = {t for t in pending if not of[t].reporting}
+            reporting = len(pending) - len(stubborn)
+            if reporting:
+                log.warning(
+                    "queue %s: %d attempt(s) ended, and their ends could not be reported yet (the store does not "
+                    "answer): the worker stops without waiting; they are sent again until the store closes",
+                    self.queue.name,
+                    reporting,
+                )
             if stubborn:
                 # (trial CD: stop returned while such a handler ran on, and said nothing)
                 log.warning(
@@ -1098,8 +1125,10 @@ class Worker:
     async def _stop(self, grace: float) -> None:
         q = self.queue
         if q.store.transport.connected:  # else its claims ended with the connection: no waiting for a reconnect
-            with contextlib.suppress(TinystoreError, OSError):
-                await q.store._call("jobs.unwait", Unwait(queue=q.name, worker=self.id), int, retry=False)
+            # (bounded: a server that does not answer held stop until the connection was found dead; trial CS)
+            with contextlib.suppress(TinystoreError, OSError, TimeoutError):
+                async with asyncio.timeout(ANSWER_WAIT):
+                    await q.store._call("jobs.unwait", Unwait(queue=q.name, worker=self.id), int, retry=False)
         with contextlib.suppress(BaseException):
             async with asyncio.timeout(5):
                 await asyncio.shield(self._task)
@@ -1176,6 +1205,9 @@ async def claim(
 
 
 HAND_BACK_WAIT = 10.0
+ANSWER_WAIT = 2.0
+"""Seconds a stopping worker waits for the store to answer what it tells it (stop claiming, a job handed back,
+an attempt's end) before going on without the answer."""
 """Seconds a cancelled claim waits for its hand-back before its cancel goes on regardless."""
 
 

@@ -8,6 +8,7 @@ import contextvars
 import functools
 import inspect
 import os
+import stat
 import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -79,11 +80,11 @@ def open_tx_mark() -> _TxMark | None:
 def read_migrations(
     migrations: str | os.PathLike[str] | Sequence[tuple[str, str]] | None, db: str = ""
 ) -> list[Migration]:
-    """Migrations as (name, text): from a folder (its ``*.sql`` files, in name order; hidden ones, whose names
-    begin with a dot, passed over) or a list (or tuple) of pairs.
+    """Migrations as (name, text): from a folder (its ``*.sql`` files, ``.SQL`` too, in name order, their bytes
+    as they are; hidden ones, whose names begin with a dot, passed over) or a list (or tuple) of pairs.
 
-    Raises ``InvalidError`` (naming database ``db``) when the folder does not exist, a file of it cannot be read
-    or is not UTF-8 text, or ``migrations`` is neither.
+    Raises ``InvalidError`` (naming database ``db``) when the folder does not exist (or the path is empty), a
+    ``*.sql`` of it is not a file, cannot be read or is not UTF-8 text, or ``migrations`` is neither.
     """
     where = f"database {db}: migrations" if db else "migrations"
     if migrations is None:
@@ -100,12 +101,16 @@ def read_migrations(
             f"{where}: {a_or_an(type(migrations).__name__)} is neither a folder of .sql files nor a list of "
             "(name, SQL text) pairs"
         )
+    if not os.fspath(migrations):
+        # (Path("") is the working folder: its .sql files, whatever they are, would apply; trial CR)
+        raise InvalidError(f"{where}: an empty path is no folder of .sql files")
     folder = Path(migrations)
     if not folder.is_dir():
         raise InvalidError(f"{where}: {folder} is not a folder of .sql files")
     out = []
     try:
-        found = sorted(folder.glob("*.sql"))
+        # (002.SQL too: skipped, it was a migration that silently never ran; trial CR)
+        found = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".sql")
     except OSError as exc:
         raise InvalidError(f"{where}: the folder {folder} cannot be read: {exc.strerror or exc}") from None
     for p in found:
@@ -114,7 +119,11 @@ def read_migrations(
             # macOS's ._001.sql beside each file copied from its disks (trial CC)
             continue
         try:
-            out.append(Migration(p.name, p.read_text(encoding="utf-8")))
+            if not stat.S_ISREG(p.stat().st_mode):
+                # (a FIFO: its read blocked the event loop for ever; trial CR)
+                raise InvalidError(f"{where}: {p} is not a file (a folder, a FIFO or a device): rename it")
+            # bytes as they are, not with newlines translated: "\r\n" in a string literal is data (trial CR)
+            out.append(Migration(p.name, p.read_bytes().decode("utf-8")))
         except UnicodeDecodeError as exc:
             raise InvalidError(f"{where}: {p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except OSError as exc:

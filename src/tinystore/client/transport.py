@@ -137,6 +137,8 @@ class Transport:
         # called (on the loop) with the server's reason when it says that it is stopping (its GOAWAY at a graceful
         # stop), before the connection drops: nothing it holds for this client outlives it
         self.stopping_hooks: list[Callable[[str], None]] = []
+        # the last server said it was stopping (a graceful stop), and no other has been reached since
+        self.server_stopped = False
         self.closed = False
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -590,6 +592,8 @@ class _ClientConn(asyncio.Protocol):
             exc: BaseException = error_from(err.code, err.message, err.extra)
             if stream != 0 and err.code == UnavailableError.code and err.extra.get("refused"):
                 exc = _Refused(err.message)
+                if self.owner._conn is self:
+                    self.owner.server_stopped = True  # (refused as it stops: its GOAWAY comes once calls end)
             if stream == 0:
                 if not self.welcome.done():
                     self.welcome.set_exception(exc)
@@ -916,6 +920,7 @@ class RemoteTransport(Transport):
         if conn is not self._conn or self.closed:
             return
         reason = conn.goaway or "the store is stopping"
+        self.server_stopped = True
         for hook in list(self.stopping_hooks):
             try:
                 hook(reason)
@@ -973,6 +978,7 @@ class RemoteTransport(Transport):
             self._conn = conn
             self._refused = None
             self.reconnects += 1
+            self.server_stopped = False
             self._up.set()
             log.info("reconnected to the store (epoch %s → %s)", old_epoch, self.epoch)
             for hook in list(self.reconnect_hooks):

@@ -1181,6 +1181,11 @@ class JobsEngine:
     def _on_lease(self, q: JobQueue, e: Entry, fence: int) -> None:
         if e.fence != fence or q.entries.get(e.id) is not e:
             return
+        if self.stopping:
+            # renewals are refused while the store stops: no lease ends then (trial CS: a stop longer than a lease
+            # made a healthy worker's job "worker lost", dead with attempts=1); the attempt stays running in its
+            # row, and the next start gives it a fresh lease
+            return
         if e.where == ENDING:
             # its end is being written; should the write fail, the attempt runs on: look again a second later
             q.leases.push(max(e.lease_until, self.clock.now() + 1.0), (e, fence))

@@ -98,8 +98,9 @@ def sql_error(db: str, exc: BaseException, statement_timeout: float | None = Non
         )
     if isinstance(exc, sqlite3.ProgrammingError) and msg.startswith("You can only execute one statement"):
         return InvalidError(
-            f"database {db}: the SQL text holds more than one statement, and a call runs one; run several in one "
-            "transaction with db.tx (a tx.exec each), or put schema changes in a migration"
+            f"database {db}: the SQL text holds more than one statement (or an empty one after it: ';;'), and a "
+            "call runs one; run several in one transaction with db.tx (a tx.exec each), or put schema changes in a "
+            "migration"
         )
     name = error_name(exc)
     # (plain SQLITE_READONLY is a write on a reader's connection, below; its extended codes are the file's)

@@ -60,6 +60,8 @@ _OFF_LOOP_PRAGMAS = frozenset({"wal_checkpoint", "integrity_check", "quick_check
 _HIDDEN_TABLES = frozenset({"sqlite_stmt", "sqlite_dbpage"})
 """Virtual tables no client may read: the prepared statements of a connection (their texts: other clients' SQL,
 and the marks that keep the engines' cached statements apart), and the raw pages of the file."""
+WRITER_ONLY = "writes: it runs alone on the writer"
+"""What the refusal of a statement that only the writer runs (VACUUM, a WAL checkpoint) on a reader says."""
 MOVE_OFF_LOOP = "(run it on a reader thread)"
 """The ``why`` of a refusal on the inline connection: :meth:`SqlDatabase.read_now` moves the read, silently."""
 
@@ -89,7 +91,7 @@ def statement_authorizer(
             # neither the statement's time limit nor a cancel stopped it (trial CC). On the writer, only the
             # engine's runs one (db.exec's, alone, outside any transaction): inside one, SQLite refuses it as
             # "database table is locked" (trial CH: in db.tx, or spelled so that db.exec did not know it)
-            return _deny("PRAGMA wal_checkpoint writes: it runs alone on the writer (db.exec, outside any transaction)")
+            return _deny(f"PRAGMA wal_checkpoint {WRITER_ONLY} (db.exec, outside any transaction)")
         if inline and action == sqlite3.SQLITE_PRAGMA and arg1 is not None and arg1.lower() in _OFF_LOOP_PRAGMAS:
             return _deny(MOVE_OFF_LOOP)
         if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
@@ -97,10 +99,7 @@ def statement_authorizer(
                 # VACUUM (its scratch database has no file name): the engine's own, run alone on the writer
                 if internal():
                     return sqlite3.SQLITE_OK
-                return _deny(
-                    "VACUUM writes: it runs alone on the writer (db.exec outside any transaction; "
-                    "`tinystore sql --write`)"
-                )
+                return _deny(f"VACUUM {WRITER_ONLY} (db.exec outside any transaction; `tinystore sql --write`)")
             # a database is one file of the store: ATTACH (and VACUUM INTO) would let a client write files
             # anywhere the server can, and ATTACH would stay attached on a connection other clients share
             return _deny(

@@ -241,8 +241,8 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 def check_migrations(db: str, migrations: Sequence[tuple[str, str]]) -> None:
     """Refuse, with ``InvalidError`` naming the database and the migration, a name that is empty, over
-    :data:`MIGRATION_NAME_MAX` characters, holds a control character or is given twice, and a name or text that
-    is not valid Unicode (a lone surrogate, which UTF-8 cannot store)."""
+    :data:`MIGRATION_NAME_MAX` characters, holds a control character or is given twice, a name or text that
+    is not valid Unicode (a lone surrogate, which UTF-8 cannot store), and a text with a null character."""
     seen: set[str] = set()
     for name, text in migrations:
         shown = repr(name) if len(name) <= 40 else repr(name[:37]) + "..."
@@ -263,6 +263,12 @@ def check_migrations(db: str, migrations: Sequence[tuple[str, str]]) -> None:
                     f"database {db}: migration {shown}: its {what} is not valid Unicode ({exc.reason} at character "
                     f"{exc.start}): UTF-8 cannot store it"
                 ) from None
+        if "\x00" in text:
+            # (as an exec's: SQLite reads SQL text only up to it; it raised a bare ValueError, trial CR)
+            raise InvalidError(
+                f"database {db}: migration {shown}: its text contains a null character (at character "
+                f"{text.index(chr(0))}); write it in SQL as char(0) or x'00'"
+            )
 
 
 _SCHEMA_WORD = re.compile(r"(?:create|drop|alter|analyze|reindex|vacuum)\b", re.IGNORECASE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import msgspec
@@ -67,6 +68,35 @@ class GoAway(msgspec.Struct, kw_only=True):
 
 encoder = msgspec.msgpack.Encoder()
 encode = encoder.encode
+_AS_THEY_ARE = (bytes, bytearray, memoryview, datetime.datetime, datetime.date, datetime.time)
+
+
+def escaped(value: Any) -> Any:
+    """``value`` as builtins (what :func:`encode` sends for it), where each str that UTF-8 cannot hold (a lone
+    surrogate: a path of bytes that are not UTF-8, as ``os.fsdecode`` gives it) has those escaped (``\\udcff``):
+    what the server sends when ``encode(value)`` raised ``UnicodeEncodeError`` (its answers and errors name
+    paths, and a directory's path need not be UTF-8: trial CR). Raises what ``msgspec.to_builtins`` raises."""
+    return _escape(msgspec.to_builtins(value, builtin_types=_AS_THEY_ARE))
+
+
+def encode_escaping(value: Any) -> bytes:
+    """:func:`encode`, or, when a str of ``value`` is not UTF-8, that of :func:`escaped` (``value``)."""
+    try:
+        return encode(value)
+    except UnicodeEncodeError:
+        return encode(escaped(value))
+
+
+def _escape(v: Any) -> Any:
+    if type(v) is str:
+        return v.encode("utf-8", "backslashreplace").decode("utf-8")
+    if type(v) is list:
+        return [_escape(x) for x in v]
+    if type(v) is dict:
+        return {_escape(k): _escape(x) for k, x in v.items()}
+    return v
+
+
 _decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 
 

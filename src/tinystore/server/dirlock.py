@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import itertools
 import os
 import shlex
 import time
@@ -84,15 +83,39 @@ STARTING = 10.0
 starting (opening its engines), not to have been opened with ``serve=False``."""
 
 
-def _runs_server(pid: int) -> bool:
-    """Whether process ``pid`` runs ``tinystore serve`` (a sidecar, a private server, or one run by hand), as far
-    as ``/proc`` tells; it serves the directory's socket once started."""
+def _command_of(pid: int) -> str | None:
+    """The ``tinystore`` command process ``pid`` runs (``"serve"``, ``"sql"``, ``"jobs"``…), as far as ``/proc``
+    tells; ``None`` for another program (an application's embedded store)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             args = f.read().split(b"\0")
     except OSError:
-        return False
-    return any(a.endswith(b"tinystore") and b == b"serve" for a, b in itertools.pairwise(args))
+        return None
+    # `tinystore CMD …` (the script, or `python path/to/tinystore CMD`), or `python -m tinystore CMD …`; not an
+    # application given a path that ends so (`python app.py /data/tinystore …`)
+    for i, a in enumerate(args[:3]):
+        m = i > 0 and args[i - 1] == b"-m" and a == b"tinystore"
+        if (m or (i < 2 and os.path.basename(a) == b"tinystore")) and i + 1 < len(args) and args[i + 1][:1].isalpha():
+            return args[i + 1].decode(errors="replace")
+    return None
+
+
+def owned_by_command(directory: Path) -> str | None:
+    """The command of the ``tinystore`` command line that owns ``directory`` without serving its socket, else
+    ``None``: ``"serve"`` (a server still starting), or another (``"sql"``…: it opened the store itself, as no
+    server ran, for as long as it runs)."""
+    from . import paths
+
+    try:
+        owner = DirLock(directory).path.read_text(errors="replace").strip()
+    except OSError:
+        return None
+    if not owner.isdigit() or not _alive(int(owner)):
+        return None
+    info = paths.read_address(directory)
+    if info is not None and str(info.get("pid")) == owner:
+        return None
+    return _command_of(int(owner))
 
 
 def socket_gone(directory: Path) -> str | None:
@@ -158,8 +181,9 @@ def unreachable_owner(directory: Path) -> InUseError | None:
         except OSError:
             return None
         # (a `tinystore serve` that took the directory listens once its engines are open, however long a slow
-        # disk makes that: it is waited for, within the caller's deadline; trial CM)
-        return lock._in_use(owner) if age >= STARTING and not _runs_server(int(owner)) else None
+        # disk makes that: it is waited for, within the caller's deadline; trial CM. So is a command such as
+        # `tinystore sql`, which lets go when it ends: trial CR)
+        return lock._in_use(owner) if age >= STARTING and _command_of(int(owner)) is None else None
     return lock._in_use(owner) if socket_gone(directory) is not None else None
 
 
@@ -255,7 +279,17 @@ class DirLock:
                 age = max(0.0, time.time() - os.stat(self.path).st_mtime)  # (its owner writes LOCK as it takes it)
             except OSError:
                 age = 0.0
-            server = _runs_server(int(owner))
+            command = _command_of(int(owner))
+            server = command == "serve"
+            if command is not None and not server:
+                # (trial CR: an operator's `tinystore sql` while no server ran was called an embedded store opened
+                # with serve=False, and the advice was to open it there with serve=True)
+                return InUseError(
+                    f"{where}: the directory is owned by the command `tinystore {command}` (pid {owner}), which "
+                    "opened the store itself, as no server ran, for as long as it runs: open the store again once it "
+                    f"has ended (to share a store with commands, run a server: tinystore serve {self.path.parent}; "
+                    "or open it with tinystore.open(), which starts one)"
+                )
             if server and age >= STARTING:
                 # (a `tinystore serve` listens once started, however long a slow disk makes that: trial CM)
                 return InUseError(

@@ -49,7 +49,17 @@ from ..errors import (
 )
 from ..protocol import frames
 from ..protocol.frames import Kind
-from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode
+from ..protocol.messages import (
+    ErrorBody,
+    GoAway,
+    Hello,
+    Welcome,
+    decode,
+    decoder_for,
+    encode,
+    encode_escaping,
+    escaped,
+)
 from ..protocol.store import Empty
 from .core import Core, Method, Session, error_of
 from .dirlock import close_in_child, keep_in_child
@@ -561,7 +571,7 @@ class ServerConnection(asyncio.Protocol):
 
     def refuse(self, code: str, message: str, **extra: Any) -> None:
         """Refuse the handshake: an ``ERROR`` of ``code`` (with ``message`` and ``extra``), then close."""
-        self.write(self.conn.send_error(0, encode(ErrorBody(code=code, message=message, extra=extra))))
+        self.write(self.conn.send_error(0, encode_escaping(ErrorBody(code=code, message=message, extra=extra))))
         self.closing = True
         if self.transport is not None:
             self.flush()
@@ -971,12 +981,15 @@ class ServerConnection(asyncio.Protocol):
         if self.closing:
             return
         try:
-            body = encode(value)
+            try:
+                body = encode(value)
+            except UnicodeEncodeError:
+                body = encode(escaped(value))  # (a path of the answer that is not UTF-8: trial CR, it went unanswered)
             if len(body) > CHUNK:
                 parts = self.conn.send_response(stream, body, CHUNK)
             else:
                 frame = self.conn.send_response_frame(stream, body)
-        except (TypeError, OverflowError) as exc:
+        except (TypeError, OverflowError, ValueError) as exc:
             self.send_error(stream, TinystoreError(f"the answer could not be encoded: {exc}"))
             return
         except MemoryError:
@@ -1011,7 +1024,8 @@ class ServerConnection(asyncio.Protocol):
             return
         err = error_of(exc)
         extra = {k: v for k, v in err.extra.items() if isinstance(v, str | int | float | bool | None)}
-        self.write(self.conn.send_error(stream, encode(ErrorBody(code=err.code, message=err.message, extra=extra))))
+        body = encode_escaping(ErrorBody(code=err.code, message=err.message, extra=extra))
+        self.write(self.conn.send_error(stream, body))
 
     def push(self, method: str, body: Any) -> None:
         if not self.closing:
@@ -1081,7 +1095,7 @@ class ServerConnection(asyncio.Protocol):
             goaway = GoAway(
                 reason=reason, code=code, last_stream=self.last_stream if said_read else None, stopping=stopping
             )
-            self.write(self.conn.send_goaway(encode(goaway)))
+            self.write(self.conn.send_goaway(encode_escaping(goaway)))
         self.closing = True
         if code == "protocol":
             log.warning("closing a connection: %s", reason)

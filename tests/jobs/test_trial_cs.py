@@ -1,0 +1,114 @@
+"""Trial CS (several processes sharing a directory): a graceful stop longer than a lease, a worker stopped while its
+server does not answer, and commands run side by side with no server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import tinystore
+from tinystore.server import paths
+
+from ..cli.support import cli_argv
+from ..helpers import ServerProcess, open_store, stop_sidecar
+
+SLOW = "with recursive c(i) as (select 1 union all select i + 1 from c where i < 10000000) select count(*) from c"
+
+
+# contract: STORE-05
+# contract: JOB-05
+async def test_a_stop_longer_than_a_lease_does_not_lose_a_healthy_workers_attempt(tmp_path: Path) -> None:
+    # the server refused renewals while it stopped, and its lease timers ran on: a stop that lasted longer than a
+    # lease (a slow read under way) ended the running attempt "worker lost", dead with attempts=1
+    directory = tmp_path / "s"
+    server = ServerProcess(directory).start()
+    store = await tinystore.open(directory, reconnect_timeout=60)
+    other = await tinystore.open(directory)
+    try:
+        q = store.queue("mail", attempts=1, lease="1s")
+        release = asyncio.Event()
+        started = asyncio.Event()
+
+        async def handler(value: Any, run: tinystore.Run) -> str:
+            started.set()
+            await release.wait()
+            return "sent"
+
+        worker = q.work(handler)
+        jid = await q.add({"to": "a@example.com"})
+        await asyncio.wait_for(started.wait(), 10)
+        db = await other.database("app")
+        slow = asyncio.ensure_future(db.scalar(SLOW))  # (the stop lets it finish: the stop lasts as long)
+        await asyncio.sleep(0.3)
+        began = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        await asyncio.to_thread(server.proc.wait, 60)  # type: ignore[union-attr]
+        assert time.monotonic() - began > 1.5  # (longer than the lease: else this shows nothing)
+        await asyncio.gather(slow, return_exceptions=True)
+        server = ServerProcess(directory).start()
+        release.set()
+        for _ in range(300):
+            job = await q.get(jid)
+            assert job is not None
+            if job.state != "running":
+                break
+            await asyncio.sleep(0.05)
+        assert (job.state, job.attempts, job.result) == ("succeeded", 1, "sent"), job
+        await worker.stop()
+    finally:
+        await other.close()
+        await store.close()
+        server.stop()
+
+
+async def test_a_worker_stops_in_time_while_its_server_does_not_answer(tmp_path: Path) -> None:
+    # worker.stop(grace="1s") took 35 s with the server frozen (its unwait and hand-back waited for the connection
+    # to be found dead), and called the attempt reporting its end a handler that ignored its cancel
+    directory = tmp_path / "s"
+    async with open_store("sidecar", directory) as store:
+        q = store.queue("mail")
+
+        async def handler(value: Any, run: tinystore.Run) -> str:
+            await asyncio.sleep(0.5)
+            return "sent"
+
+        worker = q.work(handler)
+        jid = await q.add({"to": "a@example.com"})
+        await asyncio.sleep(0.2)
+        info = paths.read_address(directory)
+        assert info is not None
+        pid = int(info["pid"])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(0.6)  # (the handler returns; its report waits for the server)
+            began = time.monotonic()
+            await worker.stop(grace="1s")
+            assert time.monotonic() - began < 1 + 10 + 2  # grace + 10 s, and a moment (it was 35 s)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for _ in range(200):  # the report goes through once the server answers
+            job = await q.get(jid)
+            assert job is not None
+            if job.state == "succeeded":
+                break
+            await asyncio.sleep(0.05)
+        assert job.state == "succeeded", job
+    await stop_sidecar(directory)
+
+
+def test_commands_side_by_side_with_no_server(tmp_path: Path) -> None:
+    # with no server, each command opens the store itself: three of four run together failed at once (in use)
+    directory = tmp_path / "s"
+    ServerProcess(directory).start().stop()
+    d = str(directory)
+    procs = [
+        subprocess.Popen(cli_argv(*args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for args in (["status", d], ["status", d], ["jobs", d, "queues"], ["jobs", d, "queues"])
+    ]
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
