@@ -58,7 +58,7 @@ async def test_a_job_added_to_a_waiting_worker_is_claimed_in_the_commit_of_its_a
     events still come in order: queued, running, succeeded."""
     async with open_store(mode, tmp_path / "s") as store:
         q = store.queue("idle")
-        await q.add({"warm": True})  # the jobs database exists, and a first job ran
+        warm = await q.add({"warm": True})  # the jobs database exists, and a first job ran
         started: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
         go = asyncio.Event()
 
@@ -72,6 +72,7 @@ async def test_a_job_added_to_a_waiting_worker_is_claimed_in_the_commit_of_its_a
         worker = q.work(handler, concurrency=1)
         try:
             await wait_until(lambda: _a_claim_waits(store, "idle"), what="the worker waits for a job")
+            await wait_state(q, warm, "succeeded")  # (its end's commit, else counted below on a slow machine)
             before = await _commits(store)
             jid = await q.add({"n": 1})
             got, attempt = await asyncio.wait_for(started.get(), 10)

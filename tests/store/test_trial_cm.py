@@ -25,6 +25,14 @@ main()
 """
 
 
+def _script(tmp_path: Path, text: str) -> str:
+    """``text`` as a script named ``tinystore``, run as ``python …/tinystore serve DIR`` (as the installed one)."""
+    path = tmp_path / "bin" / "tinystore"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
 # contract: STORE-02
 async def test_open_waits_for_a_server_that_took_the_directory_but_listens_late(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -34,7 +42,7 @@ async def test_open_waits_for_a_server_that_took_the_directory_but_listens_late(
     1 s here): open() must wait for it within its deadline, as it did before."""
     monkeypatch.setattr(dirlock, "STARTING", 1.0)
     d = tmp_path / "store"
-    server = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, "tinystore", "serve", str(d)])
+    server = subprocess.Popen([sys.executable, _script(tmp_path, SLOW_SERVER), "serve", str(d)])
     try:
         deadline = time.monotonic() + 20
         while not (d / "LOCK").exists() or not (d / "LOCK").read_text().strip():
@@ -60,7 +68,7 @@ def test_a_server_still_starting_past_starting_is_named_a_starting_server(
     monkeypatch.setattr(dirlock, "STARTING", 1.0)
     d = tmp_path / "store"
     server = subprocess.Popen(
-        [sys.executable, "-c", SLOW_SERVER.replace("sleep(3)", "sleep(8)"), "tinystore", "serve", str(d)]
+        [sys.executable, _script(tmp_path, SLOW_SERVER.replace("sleep(3)", "sleep(8)")), "serve", str(d)]
     )
     try:
         deadline = time.monotonic() + 20
