@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import tinystore
@@ -161,3 +162,19 @@ def test_a_backup_names_a_skipped_file_by_its_name(tmp_path: Path) -> None:
     done = run_cli("backup", str(directory), str(tmp_path / "copy"))
     assert done.returncode == 0, done.stderr
     assert "not copied: sql/App.db: its name is no database name" in " ".join(done.stderr.split())
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    the_a: int
+
+
+# contract: SQL-04
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_columns_a_strict_struct_does_not_name_are_ignored(tmp_path: Path, mode: str) -> None:
+    # "Columns the type does not name are ignored": a Struct made with forbid_unknown_fields=True raised on them
+    async with open_store(mode, tmp_path / "s") as store:
+        db = await store.database("app")
+        assert await db.all(_Strict, "select 1 as theA, 2 as other") == [_Strict(the_a=1)]
+        assert await db.one(_Strict, "select 3 as theA, 'x' as other") == _Strict(the_a=3)
+        with pytest.raises(tinystore.InvalidError, match="a row does not fit _Strict"):
+            await db.all(_Strict, "select 2 as other")

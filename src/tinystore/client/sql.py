@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 import msgspec
 import msgspec.inspect
+import msgspec.structs
 
 from ..engines.sql_text import check_params
 from ..errors import ClosedError, InvalidError, UnavailableError
@@ -232,6 +233,22 @@ def _bool_columns(type_: Any) -> _BoolPlan:
     return tag_field, by_tag, frozenset(name for name, bool_ in judged.items() if bool_)
 
 
+@functools.lru_cache(maxsize=256)
+def _struct_keys(type_: Any) -> frozenset[str] | None:
+    """The column names a msgspec Struct made with ``forbid_unknown_fields=True`` takes (its fields' encoded names,
+    and its tag's), else ``None``: columns the type does not name are ignored, for such a Struct too (trial CR:
+    it raised on them)."""
+    if not (isinstance(type_, type) and issubclass(type_, msgspec.Struct)):
+        return None
+    config = type_.__struct_config__
+    if not config.forbid_unknown_fields:
+        return None
+    keys = {f.encode_name for f in msgspec.structs.fields(type_)}
+    if isinstance(config.tag_field, str):
+        keys.add(config.tag_field)
+    return frozenset(keys)
+
+
 def _convert(db: str, rows: Rows, type_: Any) -> list[Any]:
     """``rows`` as dicts, or as ``type_``: strictly (the values as SQLite gives them: a text is not read as a
     number, a bool or bytes), but for ``bool`` columns, which take the integers ``0`` and ``1``."""
@@ -249,6 +266,12 @@ def _convert(db: str, rows: Rows, type_: Any) -> list[Any]:
                 v = d.get(c)
                 if type(v) is int and (v == 0 or v == 1):
                     d[c] = v == 1
+    try:
+        keep = _struct_keys(type_)
+    except TypeError:  # (unhashable: not a type)
+        keep = None
+    if keep is not None:
+        dicts = [{k: v for k, v in d.items() if k in keep} for d in dicts]
     try:
         return [msgspec.convert(d, type_, strict=True, builtin_types=_NOT_FROM_TEXT) for d in dicts]
     except (msgspec.ValidationError, TypeError) as exc:
