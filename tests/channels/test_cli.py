@@ -10,7 +10,7 @@ from pathlib import Path
 
 import tinystore
 
-from ..helpers import stop_sidecar
+from ..helpers import ServerProcess, stop_sidecar
 
 
 def _cli(*args: str) -> list[str]:
@@ -103,3 +103,16 @@ async def test_a_subscription_stopped_while_its_store_is_away_stops_at_once(tmp_
                 await store.close()
     finally:
         server.stop()
+
+
+def test_publish_refuses_nan_as_text_that_is_not_json(tmp_path: Path) -> None:
+    # (trial CR: Python's json reads NaN, and the store refused it later: exit 1, where text that is not JSON is a
+    # usage error, exit 2, sending nothing)
+    directory = tmp_path / "s"
+    ServerProcess(directory).start().stop()
+    for text in ("NaN", "[1, Infinity]", "-Infinity"):
+        done = subprocess.run(
+            _cli("channels", str(directory), "publish", "news", text), capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 2, done.stderr
+        assert "is not JSON (RFC 8259 has no NaN or infinities)" in done.stderr

@@ -32,6 +32,11 @@ from . import (
 )
 
 
+def _no_constant(name: str) -> Any:
+    """``json.loads``' ``parse_constant``: ``NaN``, ``Infinity`` and ``-Infinity`` are no JSON (RFC 8259)."""
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or infinities)")
+
+
 def split_target(target: str) -> tuple[str, list[str]]:
     """``"chat-events/7/typing"`` → ``("chat-events", ["7", "typing"])``. Raises ``InvalidError`` for an
     empty branch part (``"a//b"``, a trailing ``/``)."""
@@ -106,7 +111,7 @@ def register(main: click.Group) -> None:
         Through the directory's server when one runs; else on the store opened in this command, where nobody
         hears it (no server is started)."""
         try:
-            data = json.loads(value)
+            data = json.loads(value, parse_constant=_no_constant)  # (NaN is no JSON: a usage error, exit 2)
         except ValueError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="JSON") from None
 
