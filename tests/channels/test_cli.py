@@ -110,7 +110,7 @@ def test_publish_refuses_nan_as_text_that_is_not_json(tmp_path: Path) -> None:
     # usage error, exit 2, sending nothing)
     directory = tmp_path / "s"
     ServerProcess(directory).start().stop()
-    for text in ("NaN", "[1, Infinity]", "{\"a\": -Infinity}"):
+    for text in ("NaN", "[1, Infinity]", '{"a": -Infinity}'):
         done = subprocess.run(
             _cli("channels", str(directory), "publish", "news", text), capture_output=True, text=True, timeout=30
         )
