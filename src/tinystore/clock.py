@@ -63,7 +63,8 @@ class Clock:
         """Seconds since the Unix epoch, as a float."""
         if not self.is_test:
             return time.time()
-        return self._base + (time.monotonic() - self._mono0) + self._offset
+        # (a test clock stops at the end of year 9999, running on by itself too: past it, every add failed; trial CT)
+        return min(self._base + (time.monotonic() - self._mono0) + self._offset, LATEST)
 
     def now_ms(self) -> int:
         """Milliseconds since the Unix epoch, as an int."""

@@ -15,7 +15,7 @@ import tinystore
 from tinystore.server import paths
 
 from ..cli.support import cli_argv
-from ..helpers import ServerProcess, open_store, stop_sidecar
+from ..helpers import ServerProcess, open_store, stop_sidecar, write_tokens
 
 SLOW = "with recursive c(i) as (select 1 union all select i + 1 from c where i < 10000000) select count(*) from c"
 
@@ -30,7 +30,7 @@ async def test_a_stop_longer_than_a_lease_does_not_lose_a_healthy_workers_attemp
     store = await tinystore.open(directory, reconnect_timeout=60)
     other = await tinystore.open(directory)
     try:
-        q = store.queue("mail", attempts=1, lease="1s")
+        q = store.queue("mail", attempts=1, lease="3s")
         release = asyncio.Event()
         started = asyncio.Event()
 
@@ -48,9 +48,11 @@ async def test_a_stop_longer_than_a_lease_does_not_lose_a_healthy_workers_attemp
         began = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         await asyncio.to_thread(server.proc.wait, 60)  # type: ignore[union-attr]
-        assert time.monotonic() - began > 1.5  # (longer than the lease: else this shows nothing)
+        took = time.monotonic() - began
+        assert took > 3.5  # (longer than the lease: else this shows nothing)
+        server = ServerProcess(directory).start()  # (at once: the worker reaches it within a lease)
+        slow.cancel()  # (a read is sent again to the next server: not waited for)
         await asyncio.gather(slow, return_exceptions=True)
-        server = ServerProcess(directory).start()
         release.set()
         for _ in range(300):
             job = await q.get(jid)
@@ -112,3 +114,41 @@ def test_commands_side_by_side_with_no_server(tmp_path: Path) -> None:
     ]
     errors = [p.communicate(timeout=60)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+
+
+# contract: JOB-05
+async def test_a_worker_that_cannot_reach_a_next_server_stops_its_handler_a_lease_after_the_stop(
+    tmp_path: Path,
+) -> None:
+    # (trial CT) after a graceful stop, a worker that could not reach the next server (another address, a network
+    # cut) never gave its attempt up, and ran its handler on beside the job's next attempt: the lease counts from
+    # the stopping server's last word
+    directory = tmp_path / "s"
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(directory, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    store = await tinystore.connect(server.tcp, token=admin, reconnect_timeout=60)
+    try:
+        q = store.queue("mail", attempts=3, lease="2s")
+        started = asyncio.Event()
+        cancelled = asyncio.Event()
+
+        async def handler(value: Any, run: tinystore.Run) -> str:
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return "sent"
+
+        worker = q.work(handler)
+        await q.add({"to": "a@example.com"})
+        await asyncio.wait_for(started.wait(), 10)
+        assert server.stop() == 0  # (and no server comes back at that address)
+        stopped = time.monotonic()
+        await asyncio.wait_for(cancelled.wait(), 15)
+        assert time.monotonic() - stopped < 10
+        await worker.stop(grace=0)
+    finally:
+        await asyncio.wait_for(store.close(), 30)
+        server.stop()

@@ -8,6 +8,7 @@ import asyncio
 import os
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,21 @@ async def test_columns_a_strict_struct_does_not_name_are_ignored(tmp_path: Path,
         assert await db.one(_Strict, "select 3 as theA, 'x' as other") == _Strict(the_a=3)
         with pytest.raises(tinystore.InvalidError, match="a row does not fit _Strict"):
             await db.all(_Strict, "select 2 as other")
+
+
+async def test_a_command_run_with_interpreter_options_is_known_as_a_command(tmp_path: Path) -> None:
+    # (trial CT) `python -u -m tinystore sql …` was no command: a second one failed at once, "most likely starting"
+    from tinystore.server.dirlock import owned_by_command
+
+    directory = tmp_path / "s"
+    ServerProcess(directory).start().stop()
+    assert run_cli("sql", str(directory), "--write", "--create", "create table t (x)").returncode == 0
+    sql = "with recursive c(i) as (select 1 union all select i + 1 from c where i < 3000000) select count(*) from c"
+    argv = [sys.executable, "-u", "-X", "dev", "-m", "tinystore", "sql", str(directory), sql]
+    query = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await _owned(directory, query.pid)
+        assert owned_by_command(directory) == "sql"
+    finally:
+        query.kill()
+        query.wait()

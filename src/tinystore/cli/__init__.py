@@ -442,7 +442,7 @@ async def open_for_cli(directory: Target) -> Any:
 
     if isinstance(directory, Address):
         return await connect_address(directory)
-    from ..server.dirlock import owned_by_command
+    from ..server.dirlock import changing_hands, owned_by_command
 
     deadline = time.monotonic() + COMMAND_WAIT
     while True:
@@ -458,7 +458,7 @@ async def open_for_cli(directory: Target) -> Any:
         except InUseError:
             # another command that opened the store itself (it lets go when it ends), or a server still starting
             # (a sidecar a client just started: trial CS): waited for, a while
-            if time.monotonic() >= deadline or owned_by_command(directory) is None:
+            if time.monotonic() >= deadline or (owned_by_command(directory) is None and not changing_hands(directory)):
                 raise
         await asyncio.sleep(0.1)
 

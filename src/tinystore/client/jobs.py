@@ -651,15 +651,19 @@ class _Runner:
             except (TinystoreError, OSError, TimeoutError) as exc:
                 log.debug("queue %s: renewal failed: %s", self.queue.name, exc)
                 transport = self.queue.store.transport
+                # a server that stops gracefully ends no lease while it stops (trial CS: a stop longer than a lease
+                # made a healthy worker's job "worker lost"), and the next one gives each running attempt a fresh
+                # lease as it starts: the lease is counted from the last word of the stopping server, not from the
+                # last renewal. Not for ever: a next server this worker cannot reach ends the attempt one lease
+                # after it started, and runs the job again (trial CT: the handler ran on beside the new attempt)
+                stopped_at = getattr(transport, "server_stopped_at", None)
                 for a in current:
                     if a.reporting or a.why is not None:
                         continue  # its handler has ended (its report is on its way), or it was told already
-                    if transport.local or getattr(transport, "server_stopped", False):
-                        # (a server that stopped gracefully ends no lease: the next gives each running attempt a
-                        # fresh one, which this renews once it reaches it; trial CS: `tinystore stop` longer than
-                        # a lease made a healthy worker's job "worker lost")
+                    if transport.local:
                         continue
-                    if time.monotonic() - a.renewed_at > a.lease:
+                    renewed = a.renewed_at if stopped_at is None else max(a.renewed_at, stopped_at)
+                    if time.monotonic() - renewed > a.lease:
                         log.warning("queue %s: job %s: no renewal for the whole lease: lost", self.queue.name, a.key[0])
                         a.stop("lost")
                 await asyncio.sleep(min(lease / 6, 2.0))  # (then again: the attempts' renewals stay due)
@@ -831,10 +835,11 @@ class _Runner:
             await self._report(a, "fail", error=text or f"{type(exc).__name__} (the handler gave no reason)")
             return
         except LostError as exc:
-            if a.why is not None:
+            if a.why in ("lost", "cancelled"):
                 return  # this attempt itself was lost (its lease, or the job cancelled): the store decided its end
-            # the handler's own (a lock's lease it held ran out, or raised by its code): a failed attempt like any
-            # other raise, with its traceback and its log line (trial CQ: neither was kept)
+            # the handler's own (a lock's lease it held ran out, or raised by its code; also as a worker's stop
+            # cancels it, where it went unreported: trial CT): a failed attempt like any other raise, with its
+            # traceback and its log line (trial CQ: neither was kept)
             text = _describe(exc)
             log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=exc)
             await self._report(a, "error", error=text, traceback=_traceback_of(exc))
@@ -1094,7 +1099,8 @@ class Worker:
         cuts the grace short), so when any call returns, no handler of this worker runs, but one that ignores
         its cancel (catches ``CancelledError`` and goes on, or blocks its thread) for :data:`CANCEL_WAIT` (10 s)
         more: ``stop`` then logs a warning and returns without it, its attempt left to its lease (it counts, as
-        ``worker lost``). So ``stop`` takes at most ``grace`` + 10 s, and a moment for the hand-backs."""
+        ``worker lost``). So ``stop`` takes at most ``grace`` + 10 s, and a moment for the hand-backs (2 s more
+        when the store does not answer: it is not waited for longer)."""
         grace_s = seconds(grace, f"queue {self.queue.name}: worker stop: grace")
         task = self._stop_task
         if task is None:
@@ -1124,13 +1130,16 @@ class Worker:
 
     async def _stop(self, grace: float) -> None:
         q = self.queue
+        wait = 5.0  # for the claims under way to end (the unwait ends them at the store)
         if q.store.transport.connected:  # else its claims ended with the connection: no waiting for a reconnect
             # (bounded: a server that does not answer held stop until the connection was found dead; trial CS)
+            wait = 0.0  # (unanswered: the claims would not end either; trial CT: 5 s more)
             with contextlib.suppress(TinystoreError, OSError, TimeoutError):
                 async with asyncio.timeout(ANSWER_WAIT):
                     await q.store._call("jobs.unwait", Unwait(queue=q.name, worker=self.id), int, retry=False)
+                    wait = 5.0
         with contextlib.suppress(BaseException):
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(wait):
                 await asyncio.shield(self._task)
         if not self._task.done():
             self._task.cancel()

@@ -103,7 +103,8 @@ def read_migrations(
             "(name, SQL text) pairs"
         )
     if not os.fspath(migrations):
-        # (Path("") is the working folder: its .sql files, whatever they are, would apply; trial CR)
+        # ("" made a Path is the working folder: its .sql files, whatever they are, would apply; trial CR. A Path
+        # made of "" is Path("."), which cannot be told from one meant so)
         raise InvalidError(f"{where}: an empty path is no folder of .sql files")
     folder = Path(migrations)
     if not folder.is_dir():

@@ -23,6 +23,7 @@ import os
 import random
 import socket
 import ssl
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -137,8 +138,9 @@ class Transport:
         # called (on the loop) with the server's reason when it says that it is stopping (its GOAWAY at a graceful
         # stop), before the connection drops: nothing it holds for this client outlives it
         self.stopping_hooks: list[Callable[[str], None]] = []
-        # the last server said it was stopping (a graceful stop), and no other has been reached since
-        self.server_stopped = False
+        # when (time.monotonic()) the server last said it was stopping (a graceful stop: a call refused, or its
+        # GOAWAY), None once another has been reached since
+        self.server_stopped_at: float | None = None
         self.closed = False
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -593,7 +595,7 @@ class _ClientConn(asyncio.Protocol):
             if stream != 0 and err.code == UnavailableError.code and err.extra.get("refused"):
                 exc = _Refused(err.message)
                 if self.owner._conn is self:
-                    self.owner.server_stopped = True  # (refused as it stops: its GOAWAY comes once calls end)
+                    self.owner.server_stopped_at = time.monotonic()  # (refused as it stops: GOAWAY comes later)
             if stream == 0:
                 if not self.welcome.done():
                     self.welcome.set_exception(exc)
@@ -882,15 +884,16 @@ class RemoteTransport(Transport):
                 continue  # (not reached: the calls leave the last of the credit to the probe)
             stream = next(self._ids)
             probe: asyncio.Future[bytes] = loop.create_future()
+            # (retrieved, whoever is there to: a lost connection fails it after this task was cancelled, which
+            # logged "Future exception was never retrieved" for a client woken from a long freeze; trial CU)
+            probe.add_done_callback(_retrieved)
             conn.pending[stream] = probe
             sent = loop.time()
             conn.send(request_frame(stream, _PING, _PING_BODY), stream)
             wait = self.keepalive_timeout
             await asyncio.wait({probe}, timeout=wait)
             if probe.done():
-                if not probe.cancelled():
-                    probe.exception()  # retrieved: a lost connection fails it, which is no news here
-                continue
+                continue  # (an answer, or the connection lost, which is no news here)
             conn.pending.pop(stream, None)
             probe.cancel()
             if conn.lost or conn.last_rx > sent:
@@ -920,7 +923,7 @@ class RemoteTransport(Transport):
         if conn is not self._conn or self.closed:
             return
         reason = conn.goaway or "the store is stopping"
-        self.server_stopped = True
+        self.server_stopped_at = time.monotonic()
         for hook in list(self.stopping_hooks):
             try:
                 hook(reason)
@@ -978,7 +981,7 @@ class RemoteTransport(Transport):
             self._conn = conn
             self._refused = None
             self.reconnects += 1
-            self.server_stopped = False
+            self.server_stopped_at = None
             self._up.set()
             log.info("reconnected to the store (epoch %s → %s)", old_epoch, self.epoch)
             for hook in list(self.reconnect_hooks):

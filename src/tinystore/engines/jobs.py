@@ -151,14 +151,20 @@ END_CHUNK = 400
 
 def _errors_with(entry: str) -> str:
     """SQL for a job's error history (column ``errors``) with ``entry`` (the attempt's JSON, or null for none) added,
-    cut to its newest :data:`ERRORS_KEPT` when its JSON passes :data:`ERRORS_TRIM_BYTES`, in the same statement:
-    trimmed in a write after it, a read in between saw one too many (trial CQ)."""
-    added = f"json_insert(coalesce(errors, '[]'), '$[#]', json({entry}))"
+    cut to its newest :data:`ERRORS_KEPT` when its JSON passes :data:`ERRORS_TRIM_BYTES` (characters, as the
+    history and the entry are long: no JSON is read to tell), in the same statement: trimmed in a write after it,
+    a read in between saw one too many (trial CQ). The history is read once in the common cases (under the size,
+    or under :data:`ERRORS_KEPT` entries, or cut by its oldest one); only one longer than that from before (or of
+    many small entries) takes the general cut (trial CT: an expression per entry made an end 25 times slower)."""
+    old = "coalesce(errors, '[]')"
+    added = f"json_insert({old}, '$[#]', json({entry}))"
     return (
         f"case when {entry} is null then errors "
-        f"when length({added}) <= {ERRORS_TRIM_BYTES} or json_array_length({added}) <= {ERRORS_KEPT} then {added} "
+        f"when length({old}) + length({entry}) < {ERRORS_TRIM_BYTES} then {added} "
+        f"when json_array_length({old}) < {ERRORS_KEPT} then {added} "
+        f"when json_array_length({old}) = {ERRORS_KEPT} then json_remove({added}, '$[0]') "
         f"else (select json_group_array(json(value)) from json_each({added}) "
-        f"where key >= json_array_length({added}) - {ERRORS_KEPT}) end"
+        f"where key > json_array_length({old}) - {ERRORS_KEPT}) end"
     )
 
 

@@ -96,6 +96,7 @@ from .sql_text import (
     is_vacuum_itself,
     names_last_rowid,
     no_statement,
+    same_migration,
     sets_foreign_keys,
     split_sql,
 )
@@ -868,7 +869,7 @@ class SqlDatabase:
         applied: list[str] = []
         for name, text in sorted(migrations, key=lambda m: m[0]):
             if name in known:
-                if known[name] != text:
+                if not same_migration(known[name], text):
                     raise ConflictError(
                         f"database {self.name}: migration {name} was applied with another text; "
                         "an applied migration must not change (add a new one instead)"
@@ -2090,7 +2091,7 @@ class SqlEngine:
         applied: list[str] = []
         for name, text in sorted(migrations, key=lambda m: m[0]):
             if name in known:  # applied: checked without taking the writer
-                if known[name] != text:
+                if not same_migration(known[name], text):
                     raise ConflictError(
                         f"database {db.name}: migration {name} was applied with another text; "
                         "an applied migration must not change (add a new one instead)"

@@ -93,11 +93,32 @@ def _command_of(pid: int) -> str | None:
         return None
     # `tinystore CMD …` (the script, or `python path/to/tinystore CMD`), or `python -m tinystore CMD …`; not an
     # application given a path that ends so (`python app.py /data/tinystore …`)
-    for i, a in enumerate(args[:3]):
-        m = i > 0 and args[i - 1] == b"-m" and a == b"tinystore"
-        if (m or (i < 2 and os.path.basename(a) == b"tinystore")) and i + 1 < len(args) and args[i + 1][:1].isalpha():
-            return args[i + 1].decode(errors="replace")
+    if os.path.basename(args[0]) == b"tinystore" and len(args) > 1:
+        return args[1].decode(errors="replace") if args[1][:1].isalpha() else None
+    # the interpreter's: its options (`-u`, `-X dev`: trial CT), then `-m tinystore CMD` or `path/tinystore CMD`
+    i = 1
+    while i < len(args) and args[i][:1] == b"-" and args[i] != b"-m":
+        i += 2 if args[i] in (b"-X", b"-W") else 1
+    if i < len(args) and args[i] == b"-m":
+        i += 1
+        if i >= len(args) or args[i] != b"tinystore":
+            return None
+    elif i >= len(args) or os.path.basename(args[i]) != b"tinystore":
+        return None
+    if i + 1 < len(args) and args[i + 1][:1].isalpha():
+        return args[i + 1].decode(errors="replace")
     return None
+
+
+def changing_hands(directory: Path) -> bool:
+    """Whether ``DIR/LOCK`` names no live owner (empty, or a pid that is gone) though it is held: its new owner has
+    taken it and not written its pid yet (trial CT: a command that read it then gave up at once), or a process
+    that inherited it."""
+    try:
+        owner = DirLock(directory).path.read_text(errors="replace").strip()
+    except OSError:
+        return False
+    return not owner.isdigit() or not _alive(int(owner))
 
 
 def owned_by_command(directory: Path) -> str | None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engines.sql import SqlDatabase, SqlTx
 from ..engines.sql_guard import WRITER_ONLY
-from ..engines.sql_text import changes_schema, check_params
+from ..engines.sql_text import changes_schema, check_params, same_migration
 from ..errors import ClosedError, InvalidError, PermissionDeniedError
 from ..names import RESERVED_DB_PREFIX, check_db_writable, reserved_db_error
 from ..protocol.sql import Begin, Done, Exec, OpenDb, Opened, Query, TxRef
@@ -64,7 +64,7 @@ def install(core: Core) -> None:
         if migrations and session.capability != "admin":
             db, applied = await engine.open(req.db, [])
             known = {r[0]: r[1] for r in (await db.read("select name, text from _tinystore_migrations", [])).rows}
-            if any(name not in known or known[name] != text for name, text in migrations):
+            if any(name not in known or not same_migration(known[name], text) for name, text in migrations):
                 raise PermissionDeniedError(f"database {req.db}: running migrations needs the admin capability")
             return Opened(db=req.db, applied=[], path=str(db.path))
         db, applied = await engine.open(req.db, migrations)
