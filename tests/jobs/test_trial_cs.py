@@ -16,6 +16,7 @@ from tinystore.server import paths
 
 from ..cli.support import cli_argv
 from ..helpers import ServerProcess, open_store, stop_sidecar, write_tokens
+from .util import wait_state
 
 SLOW = "with recursive c(i) as (select 1 union all select i + 1 from c where i < 10000000) select count(*) from c"
 
@@ -54,12 +55,7 @@ async def test_a_stop_longer_than_a_lease_does_not_lose_a_healthy_workers_attemp
         slow.cancel()  # (a read is sent again to the next server: not waited for)
         await asyncio.gather(slow, return_exceptions=True)
         release.set()
-        for _ in range(300):
-            job = await q.get(jid)
-            assert job is not None
-            if job.state != "running":
-                break
-            await asyncio.sleep(0.05)
+        job = await wait_state(q, jid, "succeeded", "failed", "dead", timeout=15)
         assert (job.state, job.attempts, job.result) == ("succeeded", 1, "sent"), job
         await worker.stop()
     finally:
@@ -93,13 +89,7 @@ async def test_a_worker_stops_in_time_while_its_server_does_not_answer(tmp_path:
             assert time.monotonic() - began < 1 + 10 + 2  # grace + 10 s, and a moment (it was 35 s)
         finally:
             os.kill(pid, signal.SIGCONT)
-        for _ in range(200):  # the report goes through once the server answers
-            job = await q.get(jid)
-            assert job is not None
-            if job.state == "succeeded":
-                break
-            await asyncio.sleep(0.05)
-        assert job.state == "succeeded", job
+        await wait_state(q, jid, "succeeded")  # the report goes through once the server answers
     await stop_sidecar(directory)
 
 
