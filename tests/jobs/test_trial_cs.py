@@ -107,38 +107,58 @@ def test_commands_side_by_side_with_no_server(tmp_path: Path) -> None:
 
 
 # contract: JOB-05
-async def test_a_worker_that_cannot_reach_a_next_server_stops_its_handler_a_lease_after_the_stop(
+async def test_a_worker_that_cannot_reach_a_next_server_stops_its_handler_before_the_next_attempt(
     tmp_path: Path,
 ) -> None:
     # (trial CT) after a graceful stop, a worker that could not reach the next server (another address, a network
     # cut) never gave its attempt up, and ran its handler on beside the job's next attempt: the lease counts from
-    # the stopping server's last word
+    # the stopping server's last word. (trial CV) It looked at it every half lease: up to that much overlap
     directory = tmp_path / "s"
     tokens, admin, _ = write_tokens(tmp_path)
-    server = ServerProcess(directory, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
-    store = await tinystore.connect(server.tcp, token=admin, reconnect_timeout=60)
-    try:
-        q = store.queue("mail", attempts=3, lease="2s")
-        started = asyncio.Event()
-        cancelled = asyncio.Event()
+    servers = [ServerProcess(directory, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()]
+    stores = [await tinystore.connect(servers[0].tcp, token=admin, reconnect_timeout=60)]
+    running: dict[str, int] = {}
+    overlaps: list[tuple[str, dict[str, int]]] = []
+    started = asyncio.Event()
 
+    def handler_of(name: str) -> Any:
         async def handler(value: Any, run: tinystore.Run) -> str:
+            if running:
+                overlaps.append((name, dict(running)))
+            running[name] = run.attempt
             started.set()
             try:
                 await asyncio.sleep(60)
-            except asyncio.CancelledError:
-                cancelled.set()
-                raise
+            finally:
+                running.pop(name, None)
             return "sent"
 
-        worker = q.work(handler)
-        await q.add({"to": "a@example.com"})
+        return handler
+
+    try:
+        q1 = stores[0].queue("mail", attempts=3, lease="3s", backoff=("10ms", "10ms"))
+        w1 = q1.work(handler_of("first"))
+        jid = await q1.add({"to": "a@example.com"})
         await asyncio.wait_for(started.wait(), 10)
-        assert server.stop() == 0  # (and no server comes back at that address)
-        stopped = time.monotonic()
-        await asyncio.wait_for(cancelled.wait(), 15)
-        assert time.monotonic() - stopped < 10
-        await worker.stop(grace=0)
+        await asyncio.sleep(1.75)  # (three quarters into a renewal's cycle of a second)
+        assert servers[0].stop() == 0
+        # the next server, at another address: the first worker cannot reach it
+        servers.append(ServerProcess(directory, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start())
+        stores.append(await tinystore.connect(servers[1].tcp, token=admin))
+        q2 = stores[1].queue("mail")
+        w2 = q2.work(handler_of("second"))
+        job = await wait_state(q2, jid, "running", timeout=5)
+        for _ in range(200):
+            job = await wait_state(q2, jid, "running", timeout=5)
+            if job.attempts == 2 and "second" in running:
+                break
+            await asyncio.sleep(0.05)
+        assert (job.attempts, list(running)) == (2, ["second"]), (job, running)
+        assert not overlaps, overlaps  # the first handler had ended when the second began
+        await w2.stop(grace=0)
+        await w1.stop(grace=0)
     finally:
-        await asyncio.wait_for(store.close(), 30)
-        server.stop()
+        for store in stores:
+            await asyncio.wait_for(store.close(), 30)
+        for server in servers:
+            server.stop()

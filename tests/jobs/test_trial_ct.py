@@ -26,8 +26,13 @@ async def test_a_store_whose_crlf_migrations_were_applied_as_lf_still_opens(tmp_
     folder.mkdir()
     text = "create table t (x);\r\ninsert into t values (1);\r\n"
     (folder / "001_init.sql").write_bytes(text.encode())
+    (folder / "002_mac.sql").write_bytes(b"create table u (y);\rinsert into u values (2);\r")  # (trial CV: "\r" alone)
     async with open_store("embedded", tmp_path / "s") as store:
-        await store.database("app", migrations=[("001_init.sql", text.replace("\r\n", "\n"))])  # (as recorded then)
+        lf = [
+            ("001_init.sql", text.replace("\r\n", "\n")),
+            ("002_mac.sql", "create table u (y);\ninsert into u values (2);\n"),
+        ]
+        await store.database("app", migrations=lf)  # (as the version before recorded them)
         db = await store.database("app", migrations=folder)
         assert await db.scalar("select count(*) from t") == 1
         with pytest.raises(tinystore.ConflictError, match="was applied with another text"):

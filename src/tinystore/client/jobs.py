@@ -639,8 +639,11 @@ class _Runner:
                 return
             lease = min(a.lease for a in current)
             sent = time.monotonic()
+            transport = self.queue.store.transport
             try:
-                async with asyncio.timeout(max(lease / 3, 0.5)):
+                # (no longer than until the first attempt's lease ends: looked at then, not half a lease later, when
+                # the store has ended it and another worker runs the job; trial CV)
+                async with asyncio.timeout(max(min(lease / 3, self._lease_left(current, transport)), 0.05)):
                     lost = await self.call(
                         "jobs.renew",
                         Renew(
@@ -650,7 +653,6 @@ class _Runner:
                     )
             except (TinystoreError, OSError, TimeoutError) as exc:
                 log.debug("queue %s: renewal failed: %s", self.queue.name, exc)
-                transport = self.queue.store.transport
                 # a server that stops gracefully ends no lease while it stops (trial CS: a stop longer than a lease
                 # made a healthy worker's job "worker lost"), and the next one gives each running attempt a fresh
                 # lease as it starts: the lease is counted from the last word of the stopping server, not from the
@@ -663,16 +665,31 @@ class _Runner:
                     if transport.local:
                         continue
                     renewed = a.renewed_at if stopped_at is None else max(a.renewed_at, stopped_at)
-                    if time.monotonic() - renewed > a.lease:
+                    if time.monotonic() - renewed > a.lease - _early(a.lease):
                         log.warning("queue %s: job %s: no renewal for the whole lease: lost", self.queue.name, a.key[0])
                         a.stop("lost")
-                await asyncio.sleep(min(lease / 6, 2.0))  # (then again: the attempts' renewals stay due)
+                # then again (the attempts' renewals stay due), and no later than the first lease's end
+                await asyncio.sleep(max(min(lease / 6, 2.0, self._lease_left(current, transport)), 0.0))
                 continue
             gone = set(lost)
             for a in current:
                 a.renewed_at = sent  # (one the store says is lost too: told now, not renewed again until it ends)
                 if a.claimed.id in gone:
                     a.stop("lost")
+
+    @staticmethod
+    def _lease_left(current: builtins.list[_Attempt], transport: Any) -> float:
+        """Seconds until the first lease of ``current`` ends as this worker counts it (see :meth:`_renew_loop`);
+        ``math.inf`` in this process's store (no lease)."""
+        if transport.local:
+            return math.inf
+        stopped_at = getattr(transport, "server_stopped_at", None)
+        ends = [
+            (a.renewed_at if stopped_at is None else max(a.renewed_at, stopped_at)) + a.lease - _early(a.lease)
+            for a in current
+            if not a.reporting and a.why is None
+        ]
+        return min(ends, default=math.inf) - time.monotonic()
 
     async def _report(self, a: _Attempt, outcome: str, **kw: Any) -> None:
         """Report how attempt ``a`` ended. Raises nothing but a cancel: a report the store refuses is sent again as
@@ -1211,6 +1228,14 @@ async def claim(
             _handing_back.add(task)
             task.add_done_callback(_handing_back.discard)
         raise
+
+
+def _early(lease: float) -> float:
+    """How long before its lease ends, as a worker counts it, the worker gives an attempt it could not renew up: a
+    quarter of the lease, 2 s at most. The store counts the lease from a moment a little later (its own renewal; a
+    next server, from its start, which a worker hears of only as the last one's connection closes): the handler is
+    cancelled before the store ends the attempt and another worker may run the job (trial CV: 10 ms apart)."""
+    return min(lease / 4, 2.0)
 
 
 HAND_BACK_WAIT = 10.0

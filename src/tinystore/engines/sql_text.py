@@ -273,10 +273,16 @@ def check_migrations(db: str, migrations: Sequence[tuple[str, str]]) -> None:
 
 def same_migration(applied: str, given: str) -> bool:
     """Whether ``given`` is the text of the migration applied as ``applied``: the same, or the same but for its line
-    endings (``\r\n`` and ``\n``): a folder's files were read with their line endings made ``\n`` before this
-    version, which reads their bytes as they are; a store upgraded with a folder of ``\r\n`` files must still open
-    (trial CT)."""
-    return applied == given or applied.replace("\r\n", "\n") == given.replace("\r\n", "\n")
+    endings (``\r\n``, ``\r`` or ``\n``): a folder's files were read with their line endings made ``\n`` before
+    this version, which reads their bytes as they are; a store upgraded with a folder of ``\r\n`` (trial CT) or
+    ``\r`` (trial CV) files must still open. (So a change of line endings alone, in a string literal too, is no
+    change.)"""
+    return applied == given or _lf(applied) == _lf(given)
+
+
+def _lf(text: str) -> str:
+    """``text`` with its line endings made ``\n``, as Python's universal newlines read them (``\r\n``, ``\r``)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 _SCHEMA_WORD = re.compile(r"(?:create|drop|alter|analyze|reindex|vacuum)\b", re.IGNORECASE)
