@@ -653,19 +653,11 @@ class _Runner:
                     )
             except (TinystoreError, OSError, TimeoutError) as exc:
                 log.debug("queue %s: renewal failed: %s", self.queue.name, exc)
-                # a server that stops gracefully ends no lease while it stops (trial CS: a stop longer than a lease
-                # made a healthy worker's job "worker lost"), and the next one gives each running attempt a fresh
-                # lease as it starts: the lease is counted from the last word of the stopping server, not from the
-                # last renewal. Not for ever: a next server this worker cannot reach ends the attempt one lease
-                # after it started, and runs the job again (trial CT: the handler ran on beside the new attempt)
                 stopped_at = getattr(transport, "server_stopped_at", None)
                 for a in current:
                     if a.reporting or a.why is not None:
                         continue  # its handler has ended (its report is on its way), or it was told already
-                    if transport.local:
-                        continue
-                    renewed = a.renewed_at if stopped_at is None else max(a.renewed_at, stopped_at)
-                    if time.monotonic() - renewed > a.lease - _early(a.lease):
+                    if not transport.local and time.monotonic() > _lease_end(a, stopped_at):
                         log.warning("queue %s: job %s: no renewal for the whole lease: lost", self.queue.name, a.key[0])
                         a.stop("lost")
                 # then again (the attempts' renewals stay due), and no later than the first lease's end
@@ -684,11 +676,7 @@ class _Runner:
         if transport.local:
             return math.inf
         stopped_at = getattr(transport, "server_stopped_at", None)
-        ends = [
-            (a.renewed_at if stopped_at is None else max(a.renewed_at, stopped_at)) + a.lease - _early(a.lease)
-            for a in current
-            if not a.reporting and a.why is None
-        ]
+        ends = [_lease_end(a, stopped_at) for a in current if not a.reporting and a.why is None]
         return min(ends, default=math.inf) - time.monotonic()
 
     async def _report(self, a: _Attempt, outcome: str, **kw: Any) -> None:
@@ -1228,6 +1216,17 @@ async def claim(
             _handing_back.add(task)
             task.add_done_callback(_handing_back.discard)
         raise
+
+
+def _lease_end(a: _Attempt, stopped_at: float | None) -> float:
+    """When (``time.monotonic()``) the worker gives attempt ``a`` up unless renewed. Its lease counts from its last
+    renewal, or from the last word of a server that said it was stopping (``stopped_at``), if later: a server that
+    stops gracefully ends no lease while it stops (trial CS: a stop longer than a lease made a healthy worker's job
+    "worker lost"), and the next one gives each running attempt a fresh lease as it starts. Not for ever: a next
+    server this worker cannot reach ends the attempt and runs the job again (trial CT: the handler ran on beside the
+    new attempt). A little early: see :func:`_early`."""
+    renewed = a.renewed_at if stopped_at is None else max(a.renewed_at, stopped_at)
+    return renewed + a.lease - _early(a.lease)
 
 
 def _early(lease: float) -> float:
