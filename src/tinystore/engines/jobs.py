@@ -203,7 +203,8 @@ SCHEMA = (
         created_at integer not null,
         started_at integer,
         finished_at integer,
-        lease_until integer
+        lease_until integer,
+        stuck_fence integer
     ) without rowid""",
     f"create unique index if not exists {TABLE}_key on {TABLE} (queue, key) where key is not null",
     f"create index if not exists {TABLE}_state on {TABLE} (queue, state, id)",
@@ -370,13 +371,19 @@ _SHIFTS = tuple(range(120, -1, -10))
 LOAD_SLICE = 10_000
 """Jobs a queue's load reads in one page, and indexes in one turn of the event loop (some 20 ms)."""
 LOAD_PAGE = (
-    f"select id, tenant, priority, run_at, state, attempts, fence, started_at, lease_until from {TABLE} "
-    f"indexed by {TABLE}_queue where queue = ? and id > ? and state in ('queued', 'failed', 'running') "
-    "order by id limit ?"
+    "select id, tenant, priority, run_at, state, attempts, fence, started_at, lease_until, {stuck} "
+    f"from {TABLE} indexed by {TABLE}_queue where queue = ? and id > ? and state in ('queued', 'failed', "
+    "'running') order by id limit ?"
 )
 """One page of a queue's jobs that have not ended, after the id given, in the order of their ids. Through the index
 ``(queue, id)``, so that each page goes on where the last one ended, whatever SQLite's statistics say (through
-the index of states, each page would sort all the jobs left)."""
+the index of states, each page would sort all the jobs left). ``{stuck}``: ``stuck_fence``, or ``null`` in a table
+made before that column was (:data:`STUCK_COLUMN`)."""
+STUCK_COLUMN = f"alter table {TABLE} add column stuck_fence integer"
+"""The column that keeps which attempt of a job was reported stuck (its fence), so that a next server does not
+report it again (JOB-11: once); added to a table made before it was, as its queue loads."""
+HAS_STUCK_COLUMN = f"select count(*) from pragma_table_info('{TABLE}') where name = 'stuck_fence'"
+MARK_STUCK = f"update {TABLE} set stuck_fence = ? where id = ? and fence = ? and state = 'running'"
 
 
 def _overdue_at(started_at: float, options: QueueOptions, lease: float | None = None) -> float:
@@ -385,6 +392,12 @@ def _overdue_at(started_at: float, options: QueueOptions, lease: float | None = 
     (it swallows the cancel, it blocks the thread) would otherwise keep its job running, its lease renewed, for
     ever (JOB-01). Renewals never carry a lease past this; the attempt then ends failed, "timed out"."""
     return started_at + options.timeout + (options.lease if lease is None else lease)
+
+
+async def _written(write: asyncio.Future[Any]) -> None:
+    """A write of the engine's own that nobody waits for, as a coroutine for :meth:`JobsEngine._track` (its failure
+    logged; a cancel at close leaves the writer to do it or not)."""
+    await asyncio.shield(write)
 
 
 def _settle(w: Waiter) -> None:
@@ -818,7 +831,13 @@ class JobsEngine:
         meanwhile, and what a read raises."""
         name, opts = q.name, q.options
         now = self.clock.now()
-        page: asyncio.Future[Rows] | None = db.read(LOAD_PAGE, [name, "", LOAD_SLICE], unlimited=True)
+        has_stuck = bool((await db.read(HAS_STUCK_COLUMN, [], "scalar")).rows[0][0])
+        if not has_stuck:
+            # a table made before the column was: added behind the writes under way (an application's transaction
+            # may hold its database's writer: nothing waits for it), ahead of any stuck report's
+            self._track(_written(db.write(STUCK_COLUMN, [], own=True)))
+        load_page = LOAD_PAGE.format(stuck="stuck_fence" if has_stuck else "null")
+        page: asyncio.Future[Rows] | None = db.read(load_page, [name, "", LOAD_SLICE], unlimited=True)
         gc_held = contextlib.ExitStack()
         holding = False
         try:
@@ -826,12 +845,12 @@ class JobsEngine:
                 rows = (await page).rows
                 page = None
                 if len(rows) == LOAD_SLICE:
-                    page = db.read(LOAD_PAGE, [name, rows[-1][0], LOAD_SLICE], unlimited=True)
+                    page = db.read(load_page, [name, rows[-1][0], LOAD_SLICE], unlimited=True)
                     if not holding:
                         holding = True
                         gc_held.enter_context(gc_hold.held())  # a big queue: see gc_hold
                 waiting: list[Entry] = []
-                for jid, tenant, priority, run_at, state, attempts, fence, started_at, lease_until in rows:
+                for jid, tenant, priority, run_at, state, attempts, fence, started_at, lease_until, stuck in rows:
                     e = Entry(jid, tenant, priority, run_at / 1000, attempts=attempts, fence=fence)
                     q.entries[jid] = e
                     if state != "running":
@@ -865,6 +884,8 @@ class JobsEngine:
                     q.running[tenant] = q.running.get(tenant, 0) + 1
                     q.running_total += 1
                     q.leases.push(e.lease_until, (e, fence))
+                    # (reported stuck by a server before: not again, JOB-11)
+                    e.stuck = stuck == fence
                     q.stuck_at.push(e.started_at + opts.expected, (e, fence))
                 q.place_loaded(waiting)
                 if page is not None:
@@ -1259,6 +1280,8 @@ class JobsEngine:
         )
         self._event(q, "stuck", e.id, "running", self._progress_now(q, e), e.attempts, None)
         self._notify(q, e.id)
+        # kept in its row, so that a next server loading the attempt does not report it again (JOB-11: once)
+        self._track(_written(q.db.write(MARK_STUCK, [fence, e.id, fence], own=True)))
 
     def _progress_now(self, q: JobQueue, e: Entry) -> Any:
         """The progress of running job ``e`` as its row holds it, for an event that tells the job's state (read on
