@@ -105,7 +105,9 @@ async def test_a_client_whose_requests_the_server_holds_back_is_told_the_server_
     # not read (listener.ALIVE_EVERY), and the calls wait, as docs/serving.md says
     # contract: STORE-06
     monkeypatch.setattr(listener, "ALIVE_EVERY", 0.2, raising=False)  # (the SDK's keep-alive is lowered as much)
-    async with open_store("embedded", tmp_path / "s") as store:
+    # (the transaction that holds the writer idles through the wait: a tx_idle of its own, not the default 5 s
+    # that a loaded machine's setup and wait went past)
+    async with open_store("embedded", tmp_path / "s", limits=tinystore.Limits(tx_idle=60.0)) as store:
         db = await store.database("app", migrations=MIGRATIONS)
         release, holder = await writer_held(db)
         client = await tinystore.open(tmp_path / "s")
