@@ -150,8 +150,11 @@ async def test_vacuum_and_a_checkpoint_of_the_stores_own_database_are_refused_as
         await store.queue("work").add(1)
         jobs = await store.database("tinystore-jobs")
         for sql in ("vacuum", "pragma wal_checkpoint", "pragma wal_checkpoint(truncate)"):
-            with pytest.raises(tinystore.PermissionDeniedError, match="database tinystore-jobs is the store's own"):
-                await jobs.exec(sql)
+            # (a read first: then an exec's VACUUM said "cannot VACUUM from within a transaction", and the read
+            # itself told to use db.exec)
+            for call in (jobs.all, jobs.exec, jobs.one, jobs.exec):
+                with pytest.raises(tinystore.PermissionDeniedError, match="database tinystore-jobs is the store's own"):
+                    await call(sql)
         assert await jobs.scalar("select count(*) from _tinystore_jobs") == 1
 
 
@@ -197,3 +200,15 @@ async def test_a_command_run_with_interpreter_options_is_known_as_a_command(tmp_
     finally:
         query.kill()
         query.wait()
+
+
+async def test_a_vacuum_read_in_a_busy_turn_is_told_what_it_is(tmp_path: Path) -> None:
+    # a read of VACUUM after another read of the same loop turn (which share one snapshot) said "cannot VACUUM from
+    # within a transaction"; alone, that only the writer runs it (db.exec)
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app")
+        got = await asyncio.gather(db.all("select 1"), db.all("vacuum"), db.one("vacuum"), return_exceptions=True)
+        assert got[0] == [{"1": 1}]
+        for err in got[1:]:
+            assert isinstance(err, tinystore.InvalidError), err
+            assert "VACUUM writes: it runs alone on the writer" in err.message, err

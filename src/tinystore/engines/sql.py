@@ -52,7 +52,7 @@ from ..errors import (
     UnavailableError,
 )
 from ..limits import Limits
-from ..names import NAME, check_name
+from ..names import NAME, RESERVED_DB_PREFIX, check_name, reserved_db_error
 from ..protocol.sql import Done, Rows
 from .descriptors import check_room
 from .read_queue import FairReads
@@ -67,6 +67,7 @@ from .sql_errors import (
 from .sql_guard import (
     DEFERRING_TAG,
     MOVE_OFF_LOOP,
+    WRITER_ONLY,
     GuardedConnection,
     as_engine,
     check_own_objects,
@@ -794,6 +795,9 @@ class SqlDatabase:
             # reader's connection: the file system refused, the statement is not at fault
             return storage_error(self.name, "SQLITE_READONLY", str(exc))
         err = sql_error(self.name, exc, self.limits.statement_timeout)
+        if self.name.startswith(RESERVED_DB_PREFIX) and WRITER_ONLY in err.message:
+            # a VACUUM or a checkpoint read on the store's own database: refused, not "use db.exec" (refused too)
+            return reserved_db_error(self.name, "a statement that writes is refused")
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
             table = autoincrement_spent(self.path)
             if table is not None:
@@ -1037,7 +1041,10 @@ class SqlDatabase:
         except sqlite3.DatabaseError as exc:
             # past the inline budget (interrupted), a value or a text too big for the loop, or a function that
             # may not run on it (OFF_LOOP): a reader runs it
-            if getattr(denial, "why", None) == MOVE_OFF_LOOP:
+            if is_vacuum(sql) and conn.in_transaction:
+                pass  # (SQLite said "cannot VACUUM from within a transaction", of this turn's snapshot: a reader
+                # refuses it for what it is, a statement only the writer runs)
+            elif getattr(denial, "why", None) == MOVE_OFF_LOOP:
                 denial.why = None
                 if len(sql) <= CACHED_SQL:  # (known: the next time it goes to a reader at once)
                     self._off_loop[sql] = None
