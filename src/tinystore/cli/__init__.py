@@ -496,7 +496,7 @@ def stop(directory: Path, grace: str) -> None:
     async def go() -> None:
         from ..client.store import _stopping_until
         from ..server import paths
-        from ..server.dirlock import lock_holders, socket_gone
+        from ..server.dirlock import live_owner, lock_holders, socket_gone
 
         pid: Any
         wait = grace_s + 5
@@ -513,6 +513,11 @@ def stop(directory: Path, grace: str) -> None:
             info = paths.read_address(directory.resolve()) or {}
             pid = int(info.get("pid", 0))
             if pid <= 0 or (sock is None and not isinstance(exc, Busy)):
+                # no server to ask: a program's embedded store that serves no socket, or a command, may own the
+                # directory all the same (trial CW: "no server is running there", and `serve` then failed)
+                owner = live_owner(directory.resolve()) if pid <= 0 or not _runs(pid) else None
+                if owner is not None:
+                    raise InvalidError(f"{owner.message}; `tinystore stop` stops a server only") from None
                 raise
             holders = lock_holders(directory.resolve())
             if holders is not None and pid not in holders:

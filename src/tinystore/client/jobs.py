@@ -1514,7 +1514,8 @@ class Queue(Generic[T]):
             else:
                 raise InvalidError(f"queue {self.name}: {what}: at {at!r} is not a datetime or epoch seconds")
             if not 0 <= at_ms <= RUN_AT_MAX_MS:
-                raise InvalidError(f"queue {self.name}: {what}: at {at!r} is not between 1970 and the end of 9999")
+                told = at.isoformat() if isinstance(at, datetime) else f"{at!r} (epoch seconds)"
+                raise InvalidError(f"queue {self.name}: {what}: at {told} is not between 1970 and the end of 9999")
         return NewJob(
             value=self._encode(value, where_value),
             key=key,

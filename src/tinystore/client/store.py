@@ -88,7 +88,7 @@ class StoreClock:
         loop = asyncio.get_running_loop()
         core = self._store._core
         if core is not None:
-            core.clock.advance(secs)
+            core.clock.advance(by)  # (its refusal names ``by`` as given, as a private server's does)
             fut: asyncio.Future[float] = loop.create_future()
             fut.set_result(core.clock.now())
             return fut

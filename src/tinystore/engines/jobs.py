@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import math
 import random
@@ -306,6 +307,14 @@ def _now_ms(clock: Clock) -> int:
 
 def _ms(when: float) -> int:
     return math.floor(when * 1000)
+
+
+def _when_text(ms: int) -> str:
+    """A time in epoch milliseconds as ISO 8601 (UTC) where it is one, else as epoch seconds in full."""
+    try:
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, ValueError, OSError):
+        return f"{ms / 1000:.3f} (epoch seconds)"
 
 
 def _cut_traceback(text: str | None) -> str | None:
@@ -1666,9 +1675,12 @@ class JobsEngine:
             elif j.at_ms is not None:
                 run_at = j.at_ms
             if not 0 <= run_at <= RUN_AT_MAX_MS:
-                raise InvalidError(
-                    f"{what}: at {run_at / 1000:.6g} (epoch seconds) is not between 1970 and the end of 9999"
-                )
+                if j.delay_ms is not None:  # (trial CW: it named an "at" the caller never gave)
+                    raise InvalidError(
+                        f"{what}: delay {j.delay_ms / 1000:g}s from now ({_when_text(now_ms)}) would run it "
+                        "past the end of 9999"
+                    )
+                raise InvalidError(f"{what}: at {_when_text(run_at)} is not between 1970 and the end of 9999")
             jid = self._ids.new(now_ms)
             out.append([jid, queue, j.key, j.tenant or "", j.user, j.type, j.priority, j.value, run_at, now_ms])
         return out

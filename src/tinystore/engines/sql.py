@@ -30,6 +30,7 @@ import operator
 import os
 import queue
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -627,6 +628,17 @@ class SqlDatabase:
                 raise PermissionDeniedError(
                     f"database {self.name}: {path} is a symbolic link; a database's files are the store's own, in "
                     "its directory (move the file there in place of the link)"
+                )
+            try:
+                mode = path.stat().st_mode
+            except OSError:
+                continue  # none (made below), or SQLite says what is wrong
+            if not stat.S_ISREG(mode):
+                # (SQLite's "unable to open database file" was explained as out of descriptors: trial CW)
+                kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, a socket or a device)"
+                raise UnavailableError(
+                    f"database {self.name}: {path} is {kind}; a database's files are regular files of the store's "
+                    "directory (move it away for the database to start empty, or put the database file there)"
                 )
         try:
             orphan_wal = not self.path.exists() and wal.stat().st_size > 0

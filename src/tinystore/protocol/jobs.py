@@ -98,6 +98,11 @@ DURATION_MAX_MS = 366 * 86400 * 1000
 KEEP_MAX_MS = 3660 * 86400 * 1000
 
 
+def _secs(ms: int) -> str:
+    """Milliseconds as seconds for a message, never in exponent notation (``31708800s``, ``0.5s``)."""
+    return f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+
+
 def check_options(queue: str, o: Options) -> None:
     """Refuse options out of their bounds: ``InvalidError`` naming the queue and the option
     (``queue q: option lease: ...``). ``None`` fields are not given and pass."""
@@ -119,14 +124,14 @@ def check_options(queue: str, o: Options) -> None:
     for name in ("backoff_first_ms", "backoff_cap_ms", "timeout_ms", "expected_ms"):
         v = getattr(o, name)
         if v is not None and not 0 < v <= DURATION_MAX_MS:
-            raise bad(OPTION_NAMES[name], f"{v / 1000:g}s is not above 0 and at most a year")
+            raise bad(OPTION_NAMES[name], f"{_secs(v)} is not above 0 and at most a year")
     if o.backoff_first_ms is not None and o.backoff_cap_ms is not None and o.backoff_first_ms > o.backoff_cap_ms:
         raise bad("backoff", "the first delay is above the cap")
     if o.lease_ms is not None and not LEASE_MIN_MS <= o.lease_ms <= LEASE_MAX_MS:
         low, high = LEASE_MIN_MS / 1000, LEASE_MAX_MS / 1000
-        raise bad("lease", f"{o.lease_ms / 1000:g}s is not between {low:g}s and {high:g}s")
+        raise bad("lease", f"{_secs(o.lease_ms)} is not between {low:g}s and {high:g}s")
     if o.keep_ms is not None and not 0 <= o.keep_ms <= KEEP_MAX_MS:
-        raise bad("keep", f"{o.keep_ms / 1000:g}s is not between 0 and ten years")
+        raise bad("keep", f"{_secs(o.keep_ms)} is not between 0 and ten years")
     for name in ("max_running", "max_running_per_tenant"):
         v = getattr(o, name)
         if v is not None and not 0 <= v <= 1_000_000:

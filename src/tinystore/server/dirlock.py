@@ -208,6 +208,24 @@ def unreachable_owner(directory: Path) -> InUseError | None:
     return lock._in_use(owner) if socket_gone(directory) is not None else None
 
 
+def live_owner(directory: Path) -> InUseError | None:
+    """The error naming the live process (not this one) that owns ``directory`` (resolved) by ``LOCK``, whether it
+    serves the socket or not (an embedded store, a command that opened the store itself, a server starting); None
+    when none does. For a command that found no server to ask: it says who owns the directory, not that nobody
+    does."""
+    lock = DirLock(directory)
+    try:
+        owner = lock.path.read_text(errors="replace").strip()
+    except OSError:
+        return None
+    if not owner.isdigit() or int(owner) == os.getpid() or not _alive(int(owner)):
+        return None
+    holders = lock_holders(directory)
+    if holders is not None and int(owner) not in holders:
+        return None  # (a pid left in LOCK by an owner killed outright, perhaps another process's now)
+    return lock._in_use(owner)
+
+
 def held_here(directory: Path) -> InUseError | None:
     """The error of owning ``directory`` (resolved) again when this process already holds its lock (an embedded
     store, or a server of this process), else None: a private server started now would fail on the lock, and
