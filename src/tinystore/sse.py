@@ -788,6 +788,17 @@ class _Shared:
             self.position = mid
             for stream in self.streams:
                 stream.skip(mid)
+        elif self.sub is not None and not self.sub.active:
+            # the subscription ended with the store (gone from its path, or this client's token refused: trial
+            # CX, its streams sent keep-alives for ever): each stream ends, and its browser reconnects after its
+            # retry delay, to a subscription made anew (or to the error the app answers then)
+            log.warning("sse: channel %s: the subscription ended: %s; ending its streams", self.key[0], exc)
+            self.closing = True
+            if self.registry.get(self.key) is self:
+                del self.registry[self.key]
+            for stream in list(self.streams):
+                if stream.outbox is not None:
+                    stream.outbox.end()
 
     def on_missed(self, missed: Missed) -> None:
         if missed.reason == "reconnect" and missed.count == 0:

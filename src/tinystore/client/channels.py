@@ -313,7 +313,9 @@ class Channel(Generic[T]):
         turn of the loop (as :meth:`subscribe`, with the same errors); the loop's body is the
         handler: credit goes back to the store as the body asks for the next message. ``on_missed`` is called
         before the first message after a gap (a warning in the log without it). The loop ends when the store
-        closes. See :class:`ChannelIterator` for how the subscription ends: ``async with ch.each() as it:
+        closes; it raises ``UnavailableError`` (or ``UnauthenticatedError``) when the store will not be reached
+        again as things are (its directory gone, its private server stopped, this client's token refused at a
+        reconnect). See :class:`ChannelIterator` for how the subscription ends: ``async with ch.each() as it:
         async for m in it: ...`` ends it when the block ends, whatever way it is left. Raises ``InvalidError`` at
         once for an ``on_missed`` that is not callable.
         """
@@ -408,6 +410,8 @@ class ChannelIterator(Generic[T]):
             if item is _EMPTY:
                 await sub._wait()
             elif item is None:
+                if sub._failure is not None:
+                    raise sub._failure  # (the store is gone for good, or refuses the token: not a quiet end)
                 raise StopAsyncIteration
             elif isinstance(item, Missed):
                 await sub._tell_missed(item)
@@ -527,6 +531,7 @@ class Subscription(Generic[T]):
         self._buf: collections.deque[DeliveryItem | Missed] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._stopped = False
+        self._failure: TinystoreError | None = None  # what ended it, when the store did (see _Hub._on_failed)
         self._task: asyncio.Task[None] | None = None
         self._in_hand = False  # the message last handed out took a credit of the current subscription
         self._owed = 0  # credit earned by finished messages, not granted yet
@@ -1016,6 +1021,7 @@ class _Hub:
             self.loop = None
         self.transport.on_push(DELIVER, self._deliver, Delivery)
         self.transport.reconnect_hooks.append(self._on_reconnect)
+        self.transport.failed_hooks.append(self._on_failed)
         store._close_hooks.append(self.close)
 
     def _deliver(self, body: Delivery) -> None:
@@ -1180,6 +1186,26 @@ class _Hub:
         self.orphans.clear()
         if self.live and not self.closed and (self.resub_task is None or self.resub_task.done()):
             self.resub_task = asyncio.ensure_future(self._resubscribe_all())
+
+    def _on_failed(self, exc: TinystoreError) -> None:
+        """The store will not be reached again as things are (gone from its path, or refusing this client's token
+        at a reconnect; trial CX: its subscriptions waited, deaf, for ever): each ends with ``exc``. Its
+        ``on_error`` is told (without one, a warning in the log), an ``each()`` loop raises it, and a later
+        call raises what the store's calls raise."""
+        if self.closed:
+            return
+        for s in list(self.live):
+            if s._stopped:
+                continue
+            s.errors += 1
+            s._failure = exc
+            s._stop_local()
+            if s._task is not None and not s._task.done():
+                s._task.cancel()
+            if s._on_error is not None:
+                self.spawn(s._report(exc))
+            else:
+                log.warning("%r: ended: %s", s, exc.message)
 
     async def _resubscribe_all(self) -> None:
         """Make every live subscription again on the current connection (run after each reconnect)."""

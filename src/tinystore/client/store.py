@@ -201,6 +201,7 @@ class Store:
                 f"store {self.directory}: its private server was stopped (stop_server, tinystore stop or SIGTERM); "
                 "close this store, and open it again to start another"
             )
+            self.transport.give_up(self._dead)  # (every call raises it, and the subscriptions end, told why)
             self._dead_task = asyncio.ensure_future(self.transport.close())
             return
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
@@ -210,12 +211,14 @@ class Store:
         self._child_exits = [t for t in self._child_exits if now - t < 60.0] + [now]
         if len(self._child_exits) > 5 or not self._child_cmd:
             self._dead = UnavailableError(f"store {self.directory}: the private server exited ({how})")
+            self.transport.give_up(self._dead)  # (every call raises it, and the subscriptions end, told why)
             self._dead_task = asyncio.ensure_future(self.transport.close())
             return
         if self.directory is not None and not (self.directory / LOCK).is_file():
             # the store is gone from its path (removed, or moved away: the server stopped for that): a new server
             # would make a new, empty store there, and this process's writes would go to it
             self._dead = _gone(self.directory)
+            self.transport.give_up(self._dead)  # (every call raises it, and the subscriptions end, told why)
             self._dead_task = asyncio.ensure_future(self.transport.close())
             return
         logging.getLogger("tinystore.client").warning(
@@ -1172,6 +1175,8 @@ def _parse_address(address: object) -> tuple[str, str, int]:
             raise bad(f"{part} ({value!r}) has no meaning here")
     if u.fragment or address.endswith("#"):
         raise bad(f"a fragment ({'#' + u.fragment!r}) has no meaning here")
+    if u.netloc.count(":") > 1 and not u.netloc.startswith("["):
+        raise bad(f"an IPv6 address goes in brackets: {u.scheme}://[{u.netloc.rpartition(':')[0]}]:PORT")
     if not u.hostname:
         raise bad("no host")
     try:

@@ -138,6 +138,9 @@ class Transport:
         # called (on the loop) with the server's reason when it says that it is stopping (its GOAWAY at a graceful
         # stop), before the connection drops: nothing it holds for this client outlives it
         self.stopping_hooks: list[Callable[[str], None]] = []
+        # called (on the loop) with the error when the store will not be reached again as things are: gone from its
+        # path for good, or refusing this client's token at a reconnect (what lives across reconnects ends then)
+        self.failed_hooks: list[Callable[[TinystoreError], None]] = []
         # when (time.monotonic()) the server last said it was stopping (a graceful stop: a call refused, or its
         # GOAWAY), None once another has been reached since
         self.server_stopped_at: float | None = None
@@ -146,6 +149,19 @@ class Transport:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self.loop = None
+
+    def give_up(self, exc: TinystoreError) -> None:
+        """The store will not be reached again (its private server stopped or gone with its directory): every call
+        from now raises ``exc``, and :attr:`failed_hooks` are told."""
+        self.failed(exc)
+
+    def failed(self, exc: TinystoreError) -> None:
+        """Tell :attr:`failed_hooks` that the store will not be reached again as things are (``exc`` says why)."""
+        for hook in list(self.failed_hooks):
+            try:
+                hook(exc)
+            except Exception:
+                log.exception("a hook of a store that cannot be reached failed")
 
     def other_loop(self) -> InvalidError:
         """The error of a call made on another event loop than the one the store was opened on (its
@@ -708,7 +724,7 @@ class RemoteTransport(Transport):
         self.description = description
         self.where = where or description
         self.reconnect_timeout = reconnect_timeout
-        self._gone: UnavailableError | None = None  # the store will not come back (see _reconnect_loop)
+        self._gone: TinystoreError | None = None  # the store will not come back (see _reconnect_loop)
         self._conn: _ClientConn | None = None
         self._up = asyncio.Event()
         self._ids = itertools.count(1)
@@ -959,8 +975,11 @@ class RemoteTransport(Transport):
                 # the server is up but refuses the token (revoked across a restart): the calls waiting for
                 # the connection fail now, not after reconnect_timeout; trying goes on in the background
                 self.last_error = exc
+                told = self._refused is not None
                 self._refused = exc
                 self._up.set()
+                if not told:
+                    self.failed(UnauthenticatedError(f"{exc.message} (refused when the SDK reconnected)", **exc.extra))
                 continue
             except (TinystoreError, OSError) as exc:
                 self.last_error = exc
@@ -968,6 +987,7 @@ class RemoteTransport(Transport):
                     # the store is gone from its path and will not come back there: every waiting call fails now
                     self._gone = exc
                     self._up.set()
+                    self.failed(exc)
                     return
                 if self._refused is not None:
                     self._refused = None
@@ -1001,11 +1021,16 @@ class RemoteTransport(Transport):
         conn = self._conn
         return not self.closed and conn is not None and not conn.going()
 
+    def give_up(self, exc: TinystoreError) -> None:
+        self._gone = exc
+        self._up.set()
+        self.failed(exc)
+
     async def _wait_up(self) -> _ClientConn:
+        if self._gone is not None:
+            raise self._gone  # (also once closed: what ended it, not "closed")
         if self.closed:
             raise ClosedError(f"store {self.where} is closed")
-        if self._gone is not None:
-            raise self._gone
         try:
             async with asyncio.timeout(self.reconnect_timeout):
                 await self._up.wait()

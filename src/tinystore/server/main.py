@@ -193,7 +193,8 @@ async def start_listeners(
     tcp: list[str] = []
     for (scheme, host, _port, ctx), socks in zip(plan.addresses, bound, strict=True):
         lst = Listener(core, plan.tokens, handshake_timeout=opts.handshake_timeout)
-        tcp.append(f"{scheme}://{host}:{lst.listen_tcp(host, socks, ctx)}")
+        shown = f"[{host}]" if ":" in host else host  # (an IPv6 address, bracketed as an address takes it back)
+        tcp.append(f"{scheme}://{shown}:{lst.listen_tcp(host, socks, ctx)}")
         listeners.append(lst)
     paths.write_address(
         core.directory,
