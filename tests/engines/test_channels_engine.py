@@ -904,3 +904,13 @@ async def test_a_full_peer_is_sent_nothing_until_it_can_take_more_then_told_exac
         assert full.notices[s] == [150]  # the log of 100 kept 152..251 of 2..251
         assert full.seqs(s) == [1, *range(152, 252)]
         assert full.count(s) == 251
+
+
+async def test_a_branch_part_over_the_limit_is_named_by_its_start_and_length() -> None:
+    # trial CX: a part of 10,000 characters was echoed whole in the error
+    e = engine()
+    with pytest.raises(InvalidError) as caught:
+        e.publish("c", ("ok", "x" * 10_000), b"1")
+    message = caught.value.message
+    assert len(message) < 300 and "a part of 10000 characters" in message, message
+    assert "'" + "x" * 40 + "…'" in message

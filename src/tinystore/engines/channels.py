@@ -818,8 +818,11 @@ class ChannelsEngine:
             raise InvalidError(f"channel {channel}: a branch has at most {MAX_DEPTH} parts; this one has {len(parts)}")
         for part in parts:
             if type(part) is not str or not part or len(part) > MAX_PART:
+                # (a part named by its first 40 characters: trial CX's part of 10,000 was echoed whole)
+                shown = [p[:40] + "…" if type(p) is str and len(p) > 40 else p for p in parts]
+                what = f"a part of {len(part)} characters" if type(part) is str and part else f"part {part!r}"
                 raise InvalidError(
-                    f"channel {channel}: branch {list(parts)!r}: a branch part is a str of 1 to {MAX_PART} characters"
+                    f"channel {channel}: branch {shown!r}: {what}; a branch part is a str of 1 to {MAX_PART} characters"
                 )
 
     def _too_big(self, channel: str, size: int) -> LimitError:
