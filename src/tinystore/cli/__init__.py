@@ -496,9 +496,10 @@ def stop(directory: Path, grace: str) -> None:
     async def go() -> None:
         from ..client.store import _stopping_until
         from ..server import paths
-        from ..server.dirlock import live_owner, lock_holders, socket_gone
+        from ..server.dirlock import is_server, live_owner, lock_holders, owner_pid, socket_gone
 
         pid: Any
+        by_lock = False
         wait = grace_s + 5
         try:
             store = await _connect_dir(directory)
@@ -512,20 +513,32 @@ def stop(directory: Path, grace: str) -> None:
             sock = None if isinstance(exc, Busy) else socket_gone(directory.resolve())
             info = paths.read_address(directory.resolve()) or {}
             pid = int(info.get("pid", 0))
-            if pid <= 0 or (sock is None and not isinstance(exc, Busy)):
-                # no server to ask: a program's embedded store that serves no socket, or a command, may own the
-                # directory all the same (trial CW: "no server is running there", and `serve` then failed)
-                owner = live_owner(directory.resolve()) if pid <= 0 or not _runs(pid) else None
-                if owner is not None:
-                    raise InvalidError(f"{owner.message}; `tinystore stop` stops a server only") from None
-                raise
             holders = lock_holders(directory.resolve())
-            if holders is not None and pid not in holders:
-                # a killed server's address, its pid perhaps another process's now: nothing to signal (trial AS)
-                raise UnavailableError(
-                    f"store {directory}: no server runs there: its address names pid {pid}, which does not hold "
-                    f"{directory / 'LOCK'} (a server killed outright leaves its address behind)"
-                ) from None
+            unowned = holders is not None and pid not in holders
+            if pid <= 0 or unowned or not _runs(pid):
+                # no server of the address owns the directory; another process may all the same (trial CW: "no
+                # server is running there", and `serve` then failed): a `tinystore serve` whose server/ folder was
+                # removed, or still starting, is stopped as one that lost its socket; a program's embedded store
+                # that serves no socket, or a command, is named (trial CY)
+                owner = owner_pid(directory.resolve())
+                if owner is not None and is_server(owner):
+                    pid, info, by_lock = owner, {}, True
+                    sock = sock or str(paths.socket_path(directory.resolve()))
+                elif owner is not None:
+                    err = live_owner(directory.resolve())
+                    raise InvalidError(
+                        f"{err.message if err else exc.message}; `tinystore stop` stops a server only"
+                    ) from None
+                elif pid > 0 and unowned:
+                    # a killed server's address, its pid perhaps another process's now: nothing to signal (trial AS)
+                    raise UnavailableError(
+                        f"store {directory}: no server runs there: its address names pid {pid}, which does not hold "
+                        f"{directory / 'LOCK'} (a server killed outright leaves its address behind)"
+                    ) from None
+                else:
+                    raise
+            elif sock is None and not isinstance(exc, Busy):
+                raise
             if info.get("mode") == "embedded":
                 # the program's own store: a signal would end the program, not a server (docs/serving.md)
                 what = "takes no connection" if sock is None else f"lost its socket {sock}"
@@ -543,9 +556,13 @@ def stop(directory: Path, grace: str) -> None:
         deadline = time.monotonic() + wait
         # the server removes DIR/server/address once it let the directory go (a zombie pid would fool kill 0)
         while pid and time.monotonic() < deadline:
-            now = paths.read_address(directory.resolve())
-            if not now or now.get("pid") != pid or not _runs(int(pid)):
-                break  # (a server killed outright leaves its address behind)
+            if by_lock:  # (a server with no address of its own: until it lets the directory go)
+                if not _runs(int(pid)) or owner_pid(directory.resolve()) != pid:
+                    break
+            else:
+                now = paths.read_address(directory.resolve())
+                if not now or now.get("pid") != pid or not _runs(int(pid)):
+                    break  # (a server killed outright leaves its address behind)
             await asyncio.sleep(0.05)
         else:
             if pid:

@@ -1069,6 +1069,12 @@ class Worker:
                 await asyncio.sleep(min(2.0, 0.05 * 2**self._failures))
                 return
             except (TinystoreError, OSError) as exc:
+                gone = q.store._gone_for_good()
+                if gone is not None:
+                    # (trial CY: it claimed every 2 s for ever, and wait() never returned to the process's supervisor)
+                    log.error("queue %s: the store will not be reached again, and the worker ends: %s", q.name, gone)
+                    self._fault = gone
+                    return
                 self._failures += 1
                 if self._failures in (1, 10):
                     log.warning("queue %s: claim failed: %s", q.name, exc)

@@ -176,6 +176,11 @@ class Store:
             raise self._dead
         return await self.transport.call(method, request, response_type, write=write, retry=retry, undo=undo)
 
+    def _gone_for_good(self) -> TinystoreError | None:
+        """What every call raises now that the store will not be reached again (its private server stopped, its
+        directory gone), else None (a store that may come back: a restart, a reconnect)."""
+        return self._dead or getattr(self.transport, "_gone", None)
+
     def _undo_soon(self, method: str, request: Any) -> None:
         """Call ``method`` in the background to give back what a cancelled call was handed (its answer came
         after the cancel); its outcome is not awaited by anyone but :meth:`close`, and its failure is no news

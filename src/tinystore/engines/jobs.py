@@ -409,6 +409,16 @@ async def _written(write: asyncio.Future[Any]) -> None:
     await asyncio.shield(write)
 
 
+async def _column_added(write: asyncio.Future[Any]) -> None:
+    """:data:`STUCK_COLUMN`'s write: one made by another queue's load meanwhile is no failure (trial CY: each
+    queue loading at once logged an error)."""
+    try:
+        await asyncio.shield(write)
+    except InvalidError as exc:
+        if "duplicate column" not in exc.message:
+            raise
+
+
 def _settle(w: Waiter) -> None:
     """The cancelled claim of ``w`` has landed and handed back what it got (see :meth:`JobsEngine.claim`)."""
     if w.settled is not None and not w.settled.done():
@@ -844,7 +854,7 @@ class JobsEngine:
         if not has_stuck:
             # a table made before the column was: added behind the writes under way (an application's transaction
             # may hold its database's writer: nothing waits for it), ahead of any stuck report's
-            self._track(_written(db.write(STUCK_COLUMN, [], own=True)))
+            self._track(_column_added(db.write(STUCK_COLUMN, [], own=True)))
         load_page = LOAD_PAGE.format(stuck="stuck_fence" if has_stuck else "null")
         page: asyncio.Future[Rows] | None = db.read(load_page, [name, "", LOAD_SLICE], unlimited=True)
         gc_held = contextlib.ExitStack()

@@ -807,7 +807,9 @@ class SqlDatabase:
             # reader's connection: the file system refused, the statement is not at fault
             return storage_error(self.name, "SQLITE_READONLY", str(exc))
         err = sql_error(self.name, exc, self.limits.statement_timeout)
-        if self.name.startswith(RESERVED_DB_PREFIX) and WRITER_ONLY in err.message:
+        if self.name.startswith(RESERVED_DB_PREFIX) and (
+            WRITER_ONLY in err.message or str(exc) == "cannot VACUUM from within a transaction"
+        ):
             # a VACUUM or a checkpoint read on the store's own database: refused, not "use db.exec" (refused too)
             return reserved_db_error(self.name, "a statement that writes is refused")
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
@@ -1961,7 +1963,14 @@ class SqlEngine:
         if durability not in ("full", "os"):
             raise InvalidError(f'durability {durability!r}: use "full" or "os"')
         self.directory = directory / "sql"
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            # (a file where the folder goes: a bare FileExistsError, and a sidecar that waited 20 s; trial CY)
+            raise UnavailableError(
+                f"store {directory}: {self.directory} is not a folder; it holds the store's SQL databases (move "
+                "the file away for the store to start with none)"
+            ) from None
         self.limits = limits
         _bound_heap(limits.sql_memory_bytes)
         self.durability = durability

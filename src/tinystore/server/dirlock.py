@@ -208,14 +208,12 @@ def unreachable_owner(directory: Path) -> InUseError | None:
     return lock._in_use(owner) if socket_gone(directory) is not None else None
 
 
-def live_owner(directory: Path) -> InUseError | None:
-    """The error naming the live process (not this one) that owns ``directory`` (resolved) by ``LOCK``, whether it
-    serves the socket or not (an embedded store, a command that opened the store itself, a server starting); None
-    when none does. For a command that found no server to ask: it says who owns the directory, not that nobody
-    does."""
-    lock = DirLock(directory)
+def owner_pid(directory: Path) -> int | None:
+    """The live process (not this one) that owns ``directory`` (resolved) by ``LOCK``, whether it serves the socket
+    or not (an embedded store, a command that opened the store itself, a server starting or without its
+    ``server/`` folder); None when none does."""
     try:
-        owner = lock.path.read_text(errors="replace").strip()
+        owner = (directory / LOCK).read_text(errors="replace").strip()
     except OSError:
         return None
     if not owner.isdigit() or int(owner) == os.getpid() or not _alive(int(owner)):
@@ -223,7 +221,19 @@ def live_owner(directory: Path) -> InUseError | None:
     holders = lock_holders(directory)
     if holders is not None and int(owner) not in holders:
         return None  # (a pid left in LOCK by an owner killed outright, perhaps another process's now)
-    return lock._in_use(owner)
+    return int(owner)
+
+
+def is_server(pid: int) -> bool:
+    """Whether process ``pid`` is a ``tinystore serve``."""
+    return _command_of(pid) == "serve"
+
+
+def live_owner(directory: Path) -> InUseError | None:
+    """The error naming :func:`owner_pid`'s process; None when none owns ``directory``. For a command that found no
+    server to ask: it says who owns the directory, not that nobody does."""
+    owner = owner_pid(directory)
+    return None if owner is None else DirLock(directory)._in_use(str(owner))
 
 
 def held_here(directory: Path) -> InUseError | None:

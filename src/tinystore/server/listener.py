@@ -1293,7 +1293,8 @@ class Listener:
         """Listen on ``socks`` (bound by :func:`bind_tcp` to ``host``'s addresses); returns their port."""
         bound = int(socks[0].getsockname()[1])
         self.ssl_context = ssl_context
-        self.description = f"{'tls' if ssl_context else 'tcp'}://{host}:{bound}"
+        shown = f"[{host}]" if ":" in host else host  # (an IPv6 address, bracketed as an address takes it back)
+        self.description = f"{'tls' if ssl_context else 'tcp'}://{shown}:{bound}"
         self._listen(socks)
         return bound
 

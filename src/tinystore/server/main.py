@@ -150,7 +150,7 @@ async def bind_listen(plan: ListenPlan) -> list[list[socket.socket]]:
             try:
                 bound.append(await bind_tcp(host, port))
             except OSError as exc:
-                raise bind_error(f"{scheme}://{host}:{port}", exc) from None
+                raise bind_error(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}", exc) from None
     except BaseException:
         close_sockets(bound)
         raise
@@ -191,10 +191,10 @@ async def start_listeners(
         raise
     listeners.append(unix)
     tcp: list[str] = []
-    for (scheme, host, _port, ctx), socks in zip(plan.addresses, bound, strict=True):
+    for (_scheme, host, _port, ctx), socks in zip(plan.addresses, bound, strict=True):
         lst = Listener(core, plan.tokens, handshake_timeout=opts.handshake_timeout)
-        shown = f"[{host}]" if ":" in host else host  # (an IPv6 address, bracketed as an address takes it back)
-        tcp.append(f"{scheme}://{shown}:{lst.listen_tcp(host, socks, ctx)}")
+        lst.listen_tcp(host, socks, ctx)
+        tcp.append(lst.description)
         listeners.append(lst)
     paths.write_address(
         core.directory,
