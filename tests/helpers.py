@@ -161,3 +161,13 @@ def sqlite_file(path: Path, script: str) -> None:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.executescript(script)
         conn.commit()
+
+
+def has_ipv6_loopback() -> bool:
+    """Whether this machine can bind ``::1`` (tests of IPv6 addresses are skipped where it cannot)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 import tinystore
 
-from ..helpers import ServerProcess, write_tokens
+from ..helpers import ServerProcess, has_ipv6_loopback, write_tokens
 
 
-def _ipv6() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _ipv6(), reason="no IPv6 loopback here")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
 async def test_an_ipv6_address_is_told_in_brackets_and_connects_as_told(tmp_path: Path) -> None:
     tokens, admin, _ = write_tokens(tmp_path)
     server = ServerProcess(tmp_path / "s", "--listen", "tcp://[::1]:0", "--tokens", str(tokens)).start()

@@ -18,7 +18,7 @@ import tinystore
 from tinystore.server import paths
 
 from ..cli.support import popen_cli, run_cli
-from ..helpers import ServerProcess, open_store, write_tokens
+from ..helpers import ServerProcess, has_ipv6_loopback, open_store, write_tokens
 
 
 def test_stop_stops_a_server_whose_server_folder_was_removed(tmp_path: Path) -> None:
@@ -79,16 +79,7 @@ async def test_a_file_where_the_sql_folder_goes_is_named(tmp_path: Path) -> None
     assert done.returncode == 1 and "sql is not a folder" in " ".join(done.stderr.split()), done.stderr
 
 
-def _ipv6() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _ipv6(), reason="no IPv6 loopback here")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
 def test_a_taken_ipv6_port_is_named_in_brackets(tmp_path: Path) -> None:
     tokens, _, _ = write_tokens(tmp_path)
     with socket.socket(socket.AF_INET6) as taken:
