@@ -1202,6 +1202,11 @@ def _given_up(conn: socket.socket, protocols: list[ServerConnection]) -> None:
         protocols[0].transport.abort()
 
 
+def tcp_address(scheme: str, host: str, port: int) -> str:
+    """``scheme://host:port``, an IPv6 host in brackets (as an address takes it back: ``tcp://[::1]:7700``)."""
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
 class Listener:
     """A socket server feeding a core. ``tokens``: token → capability, or ``None`` (Unix: trusted).
 
@@ -1293,8 +1298,7 @@ class Listener:
         """Listen on ``socks`` (bound by :func:`bind_tcp` to ``host``'s addresses); returns their port."""
         bound = int(socks[0].getsockname()[1])
         self.ssl_context = ssl_context
-        shown = f"[{host}]" if ":" in host else host  # (an IPv6 address, bracketed as an address takes it back)
-        self.description = f"{'tls' if ssl_context else 'tcp'}://{shown}:{bound}"
+        self.description = tcp_address("tls" if ssl_context else "tcp", host, bound)
         self._listen(socks)
         return bound
 

@@ -27,7 +27,7 @@ from ..protocol.frames import PROTOCOL_VERSION
 from . import paths
 from .core import Core
 from .dirlock import LOCK, storage_error
-from .listener import HANDSHAKE_TIMEOUT, Listener, bind_tcp, load_tokens
+from .listener import HANDSHAKE_TIMEOUT, Listener, bind_tcp, load_tokens, tcp_address
 
 log = logging.getLogger("tinystore.server")
 
@@ -150,7 +150,7 @@ async def bind_listen(plan: ListenPlan) -> list[list[socket.socket]]:
             try:
                 bound.append(await bind_tcp(host, port))
             except OSError as exc:
-                raise bind_error(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}", exc) from None
+                raise bind_error(tcp_address(scheme, host, port), exc) from None
     except BaseException:
         close_sockets(bound)
         raise
