@@ -80,6 +80,17 @@ async def test_only_an_expected_given_is_warned_of(tmp_path: Path, caplog: pytes
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
 
 
+# contract: JOB-11
+async def test_configure_by_a_command_that_opened_the_store_itself_warns_once(tmp_path: Path) -> None:
+    # trial CY: with no server running, the command's own engines logged the warning too: it was printed twice
+    async with open_store("embedded", tmp_path / "s") as store:
+        await store.queue("short", timeout="2s").add({})
+    done = run_cli("jobs", str(tmp_path / "s"), "configure", "short", "--expected", "1h", "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("is not below timeout") == 1, done.stderr
+    assert "warning: queue short: expected (1h) is not below timeout (2s)" in done.stderr
+
+
 # contract: JOB-09
 async def test_a_handler_that_ignores_its_cancel_is_told_of_at_stop(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch

@@ -124,6 +124,11 @@ BAD_TOKENS = {
     "comments only": (b"# admin tokens go here\n\n   \n", "no token in it"),
     "duplicated": (b"admin " + b"a" * 24 + b"\n# x\ndata " + b"a" * 24 + b"\n", "line 3: the token of line 1 again"),
     "short": (b"admin abc\n", "line 1: a token needs at least 16 characters"),
+    # (trial CX: a token too long for the handshake was taken, and then every client using it got UnavailableError)
+    "long": (
+        b"data " + b"a" * 24 + b"\nadmin " + b"b" * 4097 + b"\n",
+        "line 2: a token of 4097 bytes; a token holds at most 4096",
+    ),
     "three words": (b"admin " + b"a" * 24 + b" extra\n", "line 1: expected '<admin|data> <token>', found 3 words"),
     "token first": (b"a" * 24 + b" admin\n", "line 1: expected '<admin|data> <token>'; its first word is neither"),
     "only a comment after admin": (b"admin #" + b"a" * 24 + b"\n", "found 1 word (a word that starts with '#'"),
@@ -171,6 +176,17 @@ def test_a_tokens_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
 def test_the_tokens_help_states_the_minimum_length() -> None:
     done = run_cli("serve", "--help")
     assert "at least 16 characters" in done.stdout and "one line only" in done.stdout, done.stdout
+    assert "at most 4096 bytes" in " ".join(done.stdout.split()), done.stdout
+
+
+async def test_connect_refuses_a_token_longer_than_any_server_takes_before_trying() -> None:
+    # trial CX: a 100,000-character token went out in a HELLO over the handshake's limit, and the answer was
+    # UnavailableError after the reconnect timeout rather than a word on the token
+    import tinystore
+    from tinystore.errors import InvalidError
+
+    with pytest.raises(InvalidError, match=r"connect: token: 100000 bytes; a token holds at most 4096 bytes"):
+        await tinystore.connect("tcp://127.0.0.1:9", token="t" * 100_000)
 
 
 @pytest.mark.parametrize(
@@ -179,6 +195,9 @@ def test_the_tokens_help_states_the_minimum_length() -> None:
         ("tcp://127.0.0.1:99999", "the port must be a number from 0 to 65535"),
         ("tcp://127.0.0.1:-5", "the port must be a number from 0 to 65535"),
         ("tcp://127.0.0.1:abc", "the port must be a number from 0 to 65535"),
+        # (trial CY: an IPv6 address without brackets was told its port was no number)
+        ("tcp://::1:0", "an IPv6 address goes in brackets: tcp://[::1]:PORT"),
+        ("tls://[::1:7000", "Invalid IPv6 URL"),
         ("tcp://256.1.1.1:7000", "the host '256.1.1.1' does not resolve"),
         ("tcp://no-such-host.invalid:7000", "the host 'no-such-host.invalid' does not resolve"),
     ],

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import InUseError, InvalidError, TinystoreError, UnavailableError
+from ..protocol.frames import TOKEN_MAX
 from ..server.listener import MIN_TOKEN
 
 T = TypeVar("T")
@@ -281,7 +282,7 @@ def main() -> None:
     "--tokens",
     type=UserPath(dir_okay=False),
     help="Tokens file: '<admin|data> <token>' a line ('#' comments); each token at least "
-    f"{MIN_TOKEN} characters and on one line only. Needed with --listen.",
+    f"{MIN_TOKEN} characters, at most {TOKEN_MAX} bytes, and on one line only. Needed with --listen.",
 )
 @click.option("--tls-cert", type=UserPath(dir_okay=False), help="Certificate (PEM) for the tls:// addresses.")
 @click.option("--tls-key", type=UserPath(dir_okay=False), help="Its private key (PEM), for the tls:// addresses.")

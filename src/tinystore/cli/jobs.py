@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -358,7 +359,14 @@ def register(main: click.Group) -> None:
             finally:
                 await store.close()
 
-        info = run_async(go)
+        # the engines of a store this command opened itself log the same warning as the one below: said once (the
+        # trials' CY list: it was printed twice)
+        engine_log = logging.getLogger("tinystore.jobs")
+        engine_log.addFilter(_not_the_expected_warning)
+        try:
+            info = run_async(go)
+        finally:
+            engine_log.removeFilter(_not_the_expected_warning)
         o = info.options
         if o.expected_ms is not None and o.timeout_ms is not None and o.expected_ms >= o.timeout_ms:
             # (the server logs it; this is who asked: trial CD)
@@ -372,6 +380,11 @@ def register(main: click.Group) -> None:
             click.echo(to_json({"queue": info.queue, "options": _opts(info.options)}))
             return
         print_table(f"queue {info.queue}", ["option", "value"], _shown(info.options))
+
+
+def _not_the_expected_warning(record: logging.LogRecord) -> bool:
+    """A logging filter: all records but the engine's warning that ``expected`` is not below ``timeout``."""
+    return "is not below timeout" not in str(record.msg)
 
 
 def _not_found(job_id: str, directory: Target) -> str:

@@ -34,6 +34,7 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..names import check_name
+from ..protocol.frames import TOKEN_MAX
 from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Backup, Empty, Stop
 from ..server import paths
@@ -1084,8 +1085,9 @@ async def connect(
 
     Raises ``UnauthenticatedError`` (token refused: at once), ``UnavailableError`` (cannot reach within
     ``reconnect_timeout``; at once for a certificate not trusted, a host that does not resolve, a server that took
-    the connection but did not answer its handshake within 15 s), ``InvalidError`` (a bad address or option, before
-    anything is tried). Cancelled, it leaves nothing behind: no connection open, nothing trying in the background.
+    the connection but did not answer its handshake within 15 s), ``InvalidError`` (a bad address or option, a
+    token over 4096 bytes: before anything is tried). Cancelled, it leaves nothing behind: no connection open,
+    nothing trying in the background.
     """
     scheme, host, port = _parse_address(address)
     if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
@@ -1098,12 +1100,17 @@ async def connect(
     if not isinstance(token, str):
         raise InvalidError(f"connect: token: expected a str, got {type(token).__name__}")
     try:
-        token.encode()
+        size = len(token.encode())
     except UnicodeEncodeError as exc:  # the token is never shown
         raise InvalidError(
             f"connect: token: not valid Unicode text (a lone surrogate at character {exc.start}): a token is the "
             "text of a line of the server's tokens file"
         ) from None
+    if size > TOKEN_MAX:
+        raise InvalidError(
+            f"connect: token: {size} bytes; a token holds at most {TOKEN_MAX} bytes (UTF-8), as the server's "
+            "tokens file does"
+        )
     reconnect_timeout = _checked_reconnect_timeout("connect", reconnect_timeout)
     ctx = None
     if scheme == "tls":

@@ -41,6 +41,11 @@ DEFAULT_MAX_BODY = 16 * 1024 * 1024
 HELLO_MAX = 64 * 1024
 """The largest ``HELLO`` body a server reads: before the handshake, a peer (no token shown yet) cannot make it
 buffer more."""
+
+TOKEN_MAX = 4096
+"""The longest token, in bytes of UTF-8 (a tokens file holding a longer one is refused, and so is ``connect`` given
+one): it travels in the ``HELLO``, well under :data:`HELLO_MAX`."""
+
 DEFAULT_MAX_INFLIGHT = 1024
 
 

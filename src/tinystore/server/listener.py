@@ -48,7 +48,7 @@ from ..errors import (
     UnavailableError,
 )
 from ..protocol import frames
-from ..protocol.frames import Kind
+from ..protocol.frames import TOKEN_MAX, Kind
 from ..protocol.messages import (
     ErrorBody,
     GoAway,
@@ -178,7 +178,8 @@ def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
 
     Returns token → capability. Raises ``InvalidError`` when the file cannot be read (missing, unreadable, not
     UTF-8), holds no token (a TCP listener would refuse every client), or has a wrong line: not two words, an
-    unknown capability, a token shorter than :data:`MIN_TOKEN` characters, a token already on another line.
+    unknown capability, a token shorter than :data:`MIN_TOKEN` characters or longer than
+    :data:`~tinystore.protocol.frames.TOKEN_MAX` bytes, a token already on another line.
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -211,6 +212,11 @@ def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
             )
         if len(parts[1]) < MIN_TOKEN:
             raise InvalidError(f"tokens file {path}: line {n}: a token needs at least {MIN_TOKEN} characters")
+        if len(parts[1].encode()) > TOKEN_MAX:
+            raise InvalidError(
+                f"tokens file {path}: line {n}: a token of {len(parts[1].encode())} bytes; a token holds at most "
+                f"{TOKEN_MAX} bytes (UTF-8)"
+            )
         if parts[1] in lines:
             raise InvalidError(
                 f"tokens file {path}: line {n}: the token of line {lines[parts[1]]} again; give each client its "

@@ -70,7 +70,15 @@ def check_listen(opts: ServeOptions) -> ListenPlan:
     """
     parsed: list[tuple[str, str, str, int]] = []
     for addr in opts.listen:
-        u = urlparse(addr)
+        try:
+            u = urlparse(addr)
+        except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
+            raise InvalidError(f"listen address {addr!r}: {exc}") from None
+        if u.netloc.count(":") > 1 and not u.netloc.startswith("["):
+            raise InvalidError(
+                f"listen address {addr!r}: an IPv6 address goes in brackets: "
+                f"{u.scheme}://[{u.netloc.rpartition(':')[0]}]:PORT"
+            )
         try:
             port = u.port
         except ValueError:
