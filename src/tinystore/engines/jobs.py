@@ -1680,15 +1680,15 @@ class JobsEngine:
             run_at = now_ms
             if j.delay_ms is not None:
                 if j.delay_ms > DELAY_MAX_MS:
-                    raise InvalidError(f"{what}: delay {j.delay_ms / 1000:g}s is over 100 years")
+                    raise InvalidError(f"{what}: delay {format_seconds(j.delay_ms / 1000)} is over 100 years")
                 run_at = now_ms + j.delay_ms
             elif j.at_ms is not None:
                 run_at = j.at_ms
             if not 0 <= run_at <= RUN_AT_MAX_MS:
                 if j.delay_ms is not None:  # (trial CW: it named an "at" the caller never gave)
                     raise InvalidError(
-                        f"{what}: delay {j.delay_ms / 1000:g}s from now ({_when_text(now_ms)}) would run it "
-                        "past the end of 9999"
+                        f"{what}: delay {format_seconds(j.delay_ms / 1000)} from now ({_when_text(now_ms)}) would run "
+                        "it past the end of 9999"
                     )
                 raise InvalidError(f"{what}: at {_when_text(run_at)} is not between 1970 and the end of 9999")
             jid = self._ids.new(now_ms)
