@@ -174,8 +174,16 @@ def _sql_text(name: str, what: str, got: Any) -> str:
 
 
 def _not_sql(name: str, what: str, got: Any) -> NoReturn:
-    hint = " (it returns a value as SQLite gives it: it takes no type)" if isinstance(got, type) else ""
-    raise InvalidError(f"database {name}: {what} takes the SQL text first, not {type(got).__name__}{hint}")
+    if _is_type(got):
+        # the type given, by its name (trial CZ: it said "not type", the name of its metaclass)
+        shown = f"the type {got.__qualname__ if isinstance(got, type) else repr(got)}"
+        if what.endswith("exec"):
+            hint = " (it returns a Done: the rows changed and the last rowid; it takes no type)"
+        else:
+            hint = " (it returns a value as SQLite gives it: it takes no type)"
+    else:
+        shown, hint = type(got).__name__, ""
+    raise InvalidError(f"database {name}: {what} takes the SQL text first, not {shown}{hint}")
 
 
 _NOT_FROM_TEXT = (bytes, bytearray, memoryview)

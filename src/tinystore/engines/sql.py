@@ -1182,7 +1182,8 @@ class SqlDatabase:
         until ``start + statement_timeout`` before SQLite interrupts them, and, when ``fut`` is given (a read's),
         until ``fut`` is done: a read whose caller went away (cancelled) stops within some 10,000 SQLite
         instructions rather than keeping its thread to the end. Writes are never given one: a write that was
-        sent goes on (each write's docstring says so)."""
+        sent goes on (each write's docstring says so). ``until``: a moment no statement runs past, whatever its own
+        limit (a transaction's ``tx_max``: trial CZ, a statement ran on past it, keeping the writer)."""
         limit = self.limits.statement_timeout
         deadline = [time.monotonic() + limit]
         current: list[Any] = [None]
@@ -1202,8 +1203,8 @@ class SqlDatabase:
 
         conn.set_progress_handler(check, 10000)
 
-        def arm(start: float, fut: Any = None) -> None:
-            deadline[0] = start + limit
+        def arm(start: float, fut: Any = None, until: float = math.inf) -> None:
+            deadline[0] = min(start + limit, until)
             current[0] = fut
 
         return arm
@@ -1654,6 +1655,7 @@ class SqlDatabase:
             # statement_timeout or tx_max (trial CF). (A day each: a wait that SimpleQueue can take.)
             limits = msgspec.structs.replace(limits, tx_max=_UNLIMITED, tx_idle=_UNLIMITED)
         started = time.monotonic()
+        ends = started + limits.tx_max  # no statement of the transaction runs past its tx_max (see arm)
         end_reason: TinystoreError | None = None
         quiet = False
         last_rowid = 0  # the rowid the transaction's last insert added (SQL's last_insert_rowid())
@@ -1731,7 +1733,7 @@ class SqlDatabase:
                 return
             # a read in a transaction stops when its caller goes away; a write goes on (interrupting it would
             # roll back the whole transaction, which a caller that only gave up waiting may go on with)
-            arm(math.inf if tx.migration else time.monotonic(), call.fut if call.op == "query" else None)
+            arm(math.inf if tx.migration else time.monotonic(), call.fut if call.op == "query" else None, ends)
             sql = call.sql
             if deferring:
                 sql = DEFERRING_TAG + sql  # (see DEFERRING_TAG: prepared apart from every other client's text)
@@ -1756,6 +1758,14 @@ class SqlDatabase:
                     value = self._query(conn, call.sql, call.params, call.mode)
                 put(call.fut, value, None)
             except BaseException as exc:
+                if isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted" and time.monotonic() >= ends:
+                    # stopped at the transaction's tx_max (see arm): the transaction ends with it, rolled back
+                    end_reason = TimeoutError_(
+                        f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) "
+                        "and was rolled back"
+                    )
+                    put(call.fut, None, end_reason)
+                    break
                 err = self._error(exc)
                 if not conn.in_transaction:
                     # SQLite rolled back the whole transaction (INSERT OR ROLLBACK, a trigger's RAISE(ROLLBACK), an
@@ -2025,7 +2035,7 @@ class SqlEngine:
         message (``"channel c: "``)."""
         why = self._ended.get(tx_id)
         if why is not None:
-            return type(why)(f"{what}{why.message}")
+            return type(why)(f"{what}{why.message}", **why.extra)
         return ClosedError(f"{what}transaction {tx_id} is not open (it ended, timed out, or belongs to another client)")
 
     def next_tx_id(self) -> int:

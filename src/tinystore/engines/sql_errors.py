@@ -28,7 +28,8 @@ def rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False)
     else:
         msg = f"database {db}: transaction {tx_id} was rolled back by a statement that failed ({why})"
     kind = type(err) if type(err) in (ConflictError, TimeoutError_, InvalidError, UnavailableError) else ConflictError
-    return kind(msg)
+    # (the statement's extra goes with it: a constraint's sqlite_code, which docs/sql.md promises: trial CZ)
+    return kind(msg, **err.extra)
 
 
 def migration_error(db: str, migration: str, exc: TinystoreError) -> TinystoreError:
