@@ -91,7 +91,7 @@ def optional_seconds(value: Duration | None, what: str = "duration") -> float | 
 
 def format_seconds(value: float) -> str:
     """Text for a number of seconds, as ``seconds`` reads it back (``"1m30s"``, ``"250ms"``)."""
-    if value < 1 and value != 0:
+    if value < 1 and value != 0 and abs(value * 1000 - round(value * 1000)) < 1e-6:
         return f"{round(value * 1000)}ms"
     out = ""
     rest = value
@@ -101,5 +101,8 @@ def format_seconds(value: float) -> str:
             out += f"{n}{unit}"
             rest -= n * size
     if rest or not out:
-        out += f"{rest:g}s"
+        # in decimals, never an exponent, which ``seconds`` does not read (trial DA: "36500d9.53674e-07s"); to the
+        # microsecond, the finest a timedelta holds
+        text = f"{rest:.6f}".rstrip("0").rstrip(".")
+        out += f"{text if text != '0' or not rest else '0.000001'}s"
     return out

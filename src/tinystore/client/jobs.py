@@ -21,6 +21,8 @@ import itertools
 import logging
 import math
 import os
+import re
+import shlex
 import time
 import traceback as _traceback
 import uuid
@@ -99,6 +101,8 @@ __all__ = ["Job", "JobError", "JobEvent", "JobPage", "Outcome", "Queue", "Run", 
 log = logging.getLogger("tinystore.jobs")
 CANCEL_WAIT = 10.0
 """Seconds a stopping worker waits for its cancelled handlers to end."""
+CLOSE_GRACE = 10.0
+"""Seconds the handlers running get to end when the store closes (a worker's, and run_due's), before their cancel."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -348,11 +352,14 @@ class Run:
         self._where = f"queue {self.queue}: job {self.job_id}"
         self._steps = dict(c.steps)
         self._stepped: set[str] = set()  # the steps this attempt has returned
+        self._stepping: set[str] = set()  # the steps this attempt runs now
 
     def set_progress(self, progress: Any) -> None:
         """Keep ``progress`` (any JSON value, such as ``{"done": 120, "total": 300}``, at most 4 KiB) on the job
         and publish it (JOB-10). Sent at most 10 times a second: a newer value replaces one not yet sent; the
-        last one goes with the attempt's end. Raises ``InvalidError`` (not JSON), ``LimitError`` (too big)."""
+        last one goes with the attempt's end. May be called from another thread, such as the blocking work the
+        handler gives to ``asyncio.to_thread`` (trial DA: it raised "no running event loop"). Raises
+        ``InvalidError`` (not JSON), ``LimitError`` (too big)."""
         text = _json(progress, f"queue {self.queue}: job {self.job_id}: the progress")
         limit = self._a.runner.queue.store.limits.job_progress_bytes
         if len(text.encode()) > limit:
@@ -362,7 +369,15 @@ class Run:
                 limit=limit,
                 wanted=len(text.encode()),
             )
-        self._a.set_progress(text)
+        loop = self._a.runner.loop
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:  # (no loop runs in this thread)
+            here = False
+        if here:
+            self._a.set_progress(text)
+        else:
+            loop.call_soon_threadsafe(self._a.set_progress, text)
 
     @overload
     async def step(self, name: str, fn: Callable[[], object], *, type: builtins.type[R]) -> R: ...
@@ -383,7 +398,8 @@ class Run:
 
         A name is one step: a second call of a name this attempt has already had returned raises ``InvalidError``
         (trial BZ: ``for url in urls: await run.step("fetch", ...)`` got the first URL's result for every URL);
-        give each its own, ``f"fetch:{url}"``. A step whose ``fn`` raised may be called again.
+        give each its own, ``f"fetch:{url}"``. So does a call of a name whose step runs now (steps run at once by
+        ``asyncio.gather``). A step whose ``fn`` raised may be called again.
         """
         check_step_name(self._where, name)
         where = f"queue {self.queue}: job {self.job_id}: step {name!r}"
@@ -391,6 +407,12 @@ class Run:
             raise InvalidError(
                 f"{where}: this attempt has run this step already; each step needs a name of its own (a step in a "
                 "loop: a name for each round, such as f'fetch:{url}')"
+            )
+        if name in self._stepping:
+            # (trial DA: steps of one name run at once, by gather, all ran, and the one kept was the last to end)
+            raise InvalidError(
+                f"{where}: this attempt runs this step already (called again before it returned, as by "
+                "asyncio.gather); each step needs a name of its own, such as f'embed:{chunk}'"
             )
         if not callable(fn):
             raise InvalidError(f"{where}: fn must be a function called with no arguments, not {fn!r}")
@@ -404,17 +426,21 @@ class Run:
             self._stepped.add(name)
             return kept
         self._a.runner.queue._not_in_own_tx(f"step {name!r}")
-        result = fn()
-        if inspect.isawaitable(result):
-            result = await result
-        text = _json(result, f"queue {self.queue}: job {self.job_id}: the result of step {name!r}")
-        if type is not None:
-            _as_step_type(msgspec.json.decode(text), type, f"{where}: its result (not kept)")
-        ok = await self._a.runner.call(
-            "jobs.step",
-            Step(queue=self.queue, id=self.job_id, fence=self.fence, name=name, result=text),
-            bool,
-        )
+        self._stepping.add(name)
+        try:
+            result = fn()
+            if inspect.isawaitable(result):
+                result = await result
+            text = _json(result, f"queue {self.queue}: job {self.job_id}: the result of step {name!r}")
+            if type is not None:
+                _as_step_type(msgspec.json.decode(text), type, f"{where}: its result (not kept)")
+            ok = await self._a.runner.call(
+                "jobs.step",
+                Step(queue=self.queue, id=self.job_id, fence=self.fence, name=name, result=text),
+                bool,
+            )
+        finally:
+            self._stepping.discard(name)
         if not ok:
             raise LostError(
                 f"queue {self.queue}: job {self.job_id}: attempt {self.attempt} is no longer current "
@@ -473,6 +499,7 @@ class _Attempt:
         self.renewed_at = time.monotonic()
         self.lease = claimed.lease_ms / 1000
         self.pending_progress: str | None = None
+        self.last_progress: str | None = None  # the last value set, sent or not: it goes with the attempt's end
         self.progress_sent_at = 0.0
         self.progress_handle: asyncio.TimerHandle | None = None
         self.expired = False  # the handler's timeout fired (and cancelled the task)
@@ -494,12 +521,11 @@ class _Attempt:
             self.task.cancel()  # (not yet begun, it sees ``why`` as it begins: see _Runner._execute)
 
     def set_progress(self, text: str) -> None:
-        self.pending_progress = text
+        self.pending_progress = self.last_progress = text
         if self.progress_handle is not None or self.reporting:
             return
         wait = self.progress_sent_at + PROGRESS_INTERVAL - time.monotonic()
-        loop = asyncio.get_running_loop()
-        self.progress_handle = loop.call_later(max(0.0, wait), self._send_progress)
+        self.progress_handle = self.runner.loop.call_later(max(0.0, wait), self._send_progress)
 
     def _send_progress(self) -> None:
         self.progress_handle = None
@@ -518,8 +544,10 @@ class _Attempt:
         if self.progress_handle is not None:
             self.progress_handle.cancel()
             self.progress_handle = None
-        text, self.pending_progress = self.pending_progress, None
-        return text
+        self.pending_progress = None
+        # the last value set, even when already sent: a send still under way when the attempt ends may reach the
+        # store after its end and be refused (trial DA: the job kept {"done": 3} of 5)
+        return self.last_progress
 
 
 _registries: weakref.WeakKeyDictionary[Store, dict[tuple[str, str, int], _Attempt]] = weakref.WeakKeyDictionary()
@@ -1394,7 +1422,10 @@ class Queue(Generic[T]):
             )
             # retrieved here too: a caller cancelled while it waits must not leave its error unretrieved
             self._opening.add_done_callback(lambda f: f.cancelled() or f.exception())
-        info: QueueInfo = await asyncio.shield(self._opening)
+        try:
+            info: QueueInfo = await asyncio.shield(self._opening)
+        except InvalidError as exc:
+            raise _hint_here(self.store, exc) from None
         self._info = info
         cache[self.name] = (self._given, info)
         return info
@@ -1403,9 +1434,12 @@ class Queue(Generic[T]):
         """The options the store keeps for this queue, asked of the store now (``tinystore jobs DIR configure`` may
         have changed them since this process opened the queue): durations in seconds, ``max_running*`` ``None``
         for none. Raises ``InvalidError`` when this queue's options differ from them."""
-        info: QueueInfo = await self.store._call(
-            "jobs.open", OpenQueue(queue=self.name, options=self._given), QueueInfo, write=False
-        )
+        try:
+            info: QueueInfo = await self.store._call(
+                "jobs.open", OpenQueue(queue=self.name, options=self._given), QueueInfo, write=False
+            )
+        except InvalidError as exc:
+            raise _hint_here(self.store, exc) from None
         self._info = info
         _opened.setdefault(self.store, {})[self.name] = (self._given, info)
         o = info.options
@@ -1758,10 +1792,11 @@ class Queue(Generic[T]):
     async def run_due(self, handler: Handler[T], concurrency: int = 1) -> int:
         """Run the jobs due now (due at the store's time when this is called) with ``handler``, ``concurrency``
         at a time, and return how many attempts ran. A job made due again by its own run waits for the next call.
-        A cancel stops the handlers running (their jobs are handed back, not counted). A handler that raises
-        ``KeyboardInterrupt`` or ``SystemExit`` fails its attempt, and the exception is raised here, once the
-        attempts running with it have ended. Raises ``InvalidError`` (a ``concurrency`` that is not an int of 1
-        to 1000, a ``handler`` that is not callable), ``ClosedError``, ``UnavailableError``."""
+        A cancel stops the handlers running (their jobs are handed back, not counted); so does the store's close,
+        after letting them run 10 s to their end, as a worker's (it returns then, with the attempts that ended). A
+        handler that raises ``KeyboardInterrupt`` or ``SystemExit`` fails its attempt, and the exception is raised
+        here, once the attempts running with it have ended. Raises ``InvalidError`` (a ``concurrency`` that is not an
+        int of 1 to 1000, a ``handler`` that is not callable), ``ClosedError``, ``UnavailableError``."""
         check_concurrency(self.name, "run_due", concurrency)
         _check_handler(self.name, "run_due", handler)
         await self._ensure()
@@ -1770,6 +1805,20 @@ class Queue(Generic[T]):
         runner.hold_fatal = True
         runner.owner = asyncio.current_task()  # (an attempt's task cancelled while this one is not: a failed attempt)
         ran = 0
+
+        async def at_close() -> None:
+            # the store closes: as a worker's, the handlers running get 10 s to end, then are cancelled (their
+            # jobs handed back); trial DA: the close returned at once, and a handler ran on unreported ("worker lost")
+            if runner.handling:
+                log.warning(
+                    "queue %s: the store is closing: run_due lets %d running handler(s) finish for up to 10s, then "
+                    "cancels them (their jobs go back to the queue)",
+                    self.name,
+                    runner.handling,
+                )
+            await runner.stop(CLOSE_GRACE)
+
+        self.store._close_hooks.append(at_close)
         try:
             while True:
                 got = await claim(self.store, self.name, concurrency, 0.0, runner.worker, now)
@@ -1782,7 +1831,11 @@ class Queue(Generic[T]):
                     raise runner.fatal
                 if any(a.task is not None and a.task.cancelled() for a in attempts):
                     return ran  # cancelled from outside the worker (the event loop is ending): their jobs went back
+                if self.store._closed:
+                    return ran  # the store closes: what ran was reported (see at_close)
         finally:
+            with contextlib.suppress(ValueError):
+                self.store._close_hooks.remove(at_close)
             await runner.stop(0)
 
     def _bind_tx(self, tx: SqlTx) -> TxQueue[T]:
@@ -1793,6 +1846,21 @@ class Queue(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<tinystore.Queue {self.name}>"
+
+
+_HINT = re.compile(r"; to change what the store keeps: tinystore jobs (.+?) configure ")
+
+
+def _hint_here(store: Store, exc: InvalidError) -> InvalidError:
+    """``exc``, whose hint names the command that changes a queue's kept options, with the store as this client
+    reaches it: the server's directory means nothing to a client over TCP (trial DA), which gives the command the
+    address (its token in ``$TINYSTORE_TOKEN``)."""
+    if store.mode != "remote" or _HINT.search(exc.message) is None:
+        return exc
+    address = shlex.quote(store.transport.description)
+    command = f"; to change what the store keeps: TINYSTORE_TOKEN=<admin token> tinystore jobs {address} configure "
+    message = _HINT.sub(lambda m: command, exc.message)
+    return InvalidError(message, **exc.extra)
 
 
 class TxQueue(Generic[T]):

@@ -163,6 +163,9 @@ class JobQueue:
     def __init__(self, engine: JobsEngine, name: str, options: QueueOptions, db: SqlDatabase) -> None:
         self.name = name
         self.clock = engine.clock
+        self.loaded_at = (
+            engine.clock.now()
+        )  # when this server loaded the queue (its attempts from before: see _on_stuck)
         self.options = options
         self.db = db
         self.entries: dict[str, Entry] = {}

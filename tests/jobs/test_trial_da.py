@@ -1,0 +1,156 @@
+"""Trial DA: the store closed while run_due runs a handler; progress set from a thread; steps of one name run at
+once; one advance of the test clock past a job's expected time and its timeout; a duration shown in an exponent;
+the configure hint of a client over TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tinystore
+
+from ..helpers import open_store
+
+
+# contract: JOB-01
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_closing_the_store_lets_the_handler_of_run_due_end_and_keeps_its_result(
+    tmp_path: Path, mode: str
+) -> None:
+    # the close returned at once; the handler ran on unreported, and its job ended "worker lost" (to run again)
+    directory = tmp_path / "s"
+    log: list[str] = []
+    async with open_store(mode, directory) as store:
+        q = store.queue("q", attempts=3, lease="2s")
+        jid = await q.add({})
+        started = asyncio.Event()
+
+        async def handler(value: Any, run: tinystore.Run) -> str:
+            started.set()
+            await asyncio.sleep(1.0)
+            log.append("finished")
+            return "done"
+
+        running = asyncio.create_task(q.run_due(handler))
+        await started.wait()
+        await store.close()
+        assert log == ["finished"]  # the close waited for it
+        assert await running == 1
+    async with open_store(mode, directory) as store:
+        job = await store.queue("q", attempts=3, lease="2s").get(jid)
+        assert job is not None and job.state == "succeeded" and job.result == "done", job
+        assert job.attempts == 1 and not job.errors, job
+
+
+# contract: JOB-10
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_progress_set_from_a_thread_is_kept_to_the_last_value(tmp_path: Path, mode: str) -> None:
+    # docs/jobs.md hands blocking work to asyncio.to_thread; its set_progress raised "no running event loop", and
+    # the last value, sent while the attempt ended, was refused after its end: the job kept {"done": 3} of 5
+    def parse(pages: int, run: tinystore.Run) -> int:
+        for n in range(pages):
+            time.sleep(0.05)
+            run.set_progress({"done": n + 1, "total": pages})
+        return pages
+
+    async with open_store(mode, tmp_path / "s") as store:
+        q = store.queue("ingest", attempts=1)
+        jid = await q.add({"pages": 5})
+
+        async def handler(job: Any, run: tinystore.Run) -> Any:
+            return {"pages": await asyncio.to_thread(parse, job["pages"], run)}
+
+        assert await q.run_due(handler) == 1
+        job = await q.get(jid)
+        assert job is not None and job.state == "succeeded", job
+        assert job.progress == {"done": 5, "total": 5}, job.progress
+
+
+# contract: JOB-12
+async def test_steps_of_one_name_run_at_once_are_refused(tmp_path: Path) -> None:
+    # gathered steps of one name all ran their fn, the last to end was kept, and only the retry failed
+    async with open_store("embedded", tmp_path / "s") as store:
+        q = store.queue("q", attempts=1)
+        jid = await q.add({"chunks": ["a", "b", "c"]})
+        calls: list[str] = []
+
+        async def embed(chunk: str) -> str:
+            calls.append(chunk)
+            await asyncio.sleep(0.05)
+            return f"vector-of-{chunk}"
+
+        async def handler(value: Any, run: tinystore.Run) -> Any:
+            return await asyncio.gather(*(run.step("embed", lambda c=c: embed(c)) for c in value["chunks"]))
+
+        await q.run_due(handler)
+        job = await q.get(jid)
+        assert job is not None and job.state == "dead", job
+        assert "step 'embed': this attempt runs this step already" in (job.error or ""), job.error
+        assert calls == ["a"]
+
+
+# contract: JOB-11
+@pytest.mark.parametrize("steps", [["91s"], ["31s", "60s"]])
+async def test_one_advance_past_expected_and_timeout_reports_the_job_stuck_first(
+    tmp_path: Path, steps: list[str]
+) -> None:
+    # one advance past both ended the attempt "timed out" with no stuck report: the lease was compared with the time
+    # after the advance, not with when the job was due to be stuck
+    async with open_store("embedded", tmp_path / "s", clock=datetime(2030, 1, 1)) as store:
+        q = store.queue("q", attempts=3)  # expected 30 s, timeout 1 min, lease 30 s (the defaults)
+        events: list[tuple[str, str]] = []
+        sub = (
+            await store.channel("tinystore-jobs", tinystore.JobEvent)
+            .under("q")
+            .subscribe(lambda m: events.append((m.value.kind, m.value.state)), recursive=True)
+        )
+        jid = await q.add({})
+        started = asyncio.Event()
+
+        async def handler(value: Any, run: tinystore.Run) -> None:
+            started.set()
+            await asyncio.sleep(3600)
+
+        worker = q.work(handler)
+        await started.wait()
+        for step in steps:
+            await store.clock.advance(step)
+        job = None
+        for _ in range(100):
+            job = await q.get(jid)
+            if job is not None and job.state != "running":
+                break
+            await asyncio.sleep(0.05)
+        assert job is not None and job.state == "failed", job
+        await asyncio.sleep(0.2)
+        assert (await store.status())["jobs"]["stuck_reports"] == 1
+        assert ("stuck", "running") in events and events.index(("stuck", "running")) < events.index(("state", "failed"))
+        await worker.stop(grace=0)
+        await sub.stop()
+
+
+# contract: JOB-03
+async def test_a_duration_over_the_limit_is_shown_as_text_the_parser_reads(tmp_path: Path) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        q = store.queue("q")
+        with pytest.raises(tinystore.InvalidError, match=r"at most 100 years \(36500d\), got 36500d0\.000001s$"):
+            await q.add(1, delay=timedelta(days=36500, microseconds=1))
+        with pytest.raises(tinystore.InvalidError, match=r"got 36500d0\.001s$"):
+            await q.add(1, delay=timedelta(days=36500, milliseconds=1))
+
+
+# contract: JOB-02
+async def test_the_configure_hint_of_a_client_over_tcp_names_the_address(tmp_path: Path) -> None:
+    # it named the server's own directory, a path a client elsewhere cannot give the command line
+    async with open_store("tcp", tmp_path / "s") as store:
+        await store.queue("mail", attempts=2).add(1)
+        with pytest.raises(tinystore.InvalidError) as caught:
+            await store.queue("mail", attempts=3).add(1)
+        message = caught.value.message
+        assert "tinystore jobs tcp://127.0.0.1:" in message and "configure mail --attempts 3" in message, message
+        assert str(tmp_path) not in message and "TINYSTORE_TOKEN=" in message, message
