@@ -252,3 +252,14 @@ def test_an_address_for_a_directory_says_the_command_takes_a_directory(tmp_path:
     assert done.returncode == 1 and "tcp:/127.0.0.1:7600: an address needs // after its scheme" in done.stderr
     done = run_cli("status", "tcp://", env={"TINYSTORE_TOKEN": "x" * 20})
     assert done.returncode == 1 and "(no host and port after the scheme)" in done.stderr, done.stderr
+
+
+async def test_a_statement_that_starts_with_a_line_comment_is_the_statement(tmp_path: Path) -> None:
+    # trial CZ: click took it for an option: "No such option '-- how many rows\nselect ...'", exit 2
+    async with await tinystore.open(tmp_path / "s", embedded=True, serve=False) as store:
+        await (await store.database("main")).exec("create table t (x)")
+    statement = "-- how many rows\nselect count(*) as n from t where ? = ?"
+    done = run_cli("sql", str(tmp_path / "s"), statement, "-- a", "-- a", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout) == {"n": 0}, done.stderr
+    done = run_cli("sql", str(tmp_path / "s"), "select 1", "--wirte")  # a mistyped option is still one
+    assert done.returncode == 2 and "No such option '--wirte'" in done.stderr, done.stderr

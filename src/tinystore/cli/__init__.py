@@ -687,7 +687,31 @@ def _print_engine(key: str, value: Any) -> None:
                     console.print(f"  ... {more:,} more {k} of {key} (--json lists more)", highlight=False)
 
 
-@main.command()
+class _SqlCommand(click.Command):
+    """A command whose arguments are SQL: one that starts with a line comment (``-- how many rows``, then the
+    statement on the next line) is an argument, not an unknown option (trial CZ: "No such option '-- how many
+    rows ...'"). An option's name never has a space after its ``--``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        kept: dict[str, str] = {}
+        shown: list[str] = []
+        for arg in args:
+            if len(arg) > 2 and arg.startswith("--") and arg[2].isspace():
+                key = f"\x00{len(kept)}"
+                kept[key] = arg
+                shown.append(key)
+            else:
+                shown.append(arg)
+        rest = super().parse_args(ctx, shown)
+        for name, value in list(ctx.params.items()):
+            if isinstance(value, str) and value in kept:
+                ctx.params[name] = kept[value]
+            elif isinstance(value, tuple):
+                ctx.params[name] = tuple(kept.get(v, v) if isinstance(v, str) else v for v in value)
+        return rest
+
+
+@main.command(cls=_SqlCommand)
 @click.argument("directory", type=UserPath(file_okay=False, path_type=Path, remote=True))
 @click.argument("statement")
 @click.argument("params", nargs=-1)
