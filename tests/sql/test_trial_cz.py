@@ -12,7 +12,7 @@ import pytest
 
 import tinystore
 
-from ..helpers import open_store
+from ..helpers import drop_connection, open_store
 
 ENDLESS_READ = "with recursive c(x) as (select 1 union all select x + 1 from c) select count(*) from c"
 ENDLESS_WRITE = (
@@ -78,3 +78,29 @@ async def test_a_constraint_that_rolled_the_transaction_back_carries_its_sqlite_
         assert seen and seen[0].extra.get("sqlite_code") == "SQLITE_CONSTRAINT_UNIQUE", seen
         assert "rolled back the whole transaction" in seen[0].message
         assert by_tx.value.extra.get("sqlite_code") == "SQLITE_CONSTRAINT_UNIQUE", by_tx.value.extra
+
+
+# contract: STORE-06
+@pytest.mark.parametrize("under_way", [True, False])
+async def test_a_dropped_connection_under_a_transaction_is_one_error_whatever_the_timing(
+    tmp_path: Path, under_way: bool
+) -> None:
+    # the same event raised ClosedError when a call of the transaction was under way, UnavailableError when the
+    # next call came after it
+    async with open_store("private", tmp_path / "s", limits=LIMITS) as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (id integer primary key, a)")])
+
+        async def fn(tx: Any) -> None:
+            await tx.exec("insert into t (a) values ('tx')")
+            loop = asyncio.get_running_loop()
+            if under_way:
+                loop.call_later(0.3, drop_connection, store)
+                await tx.scalar(ENDLESS_READ)
+            else:
+                drop_connection(store)
+                await asyncio.sleep(0.5)
+                await tx.exec("insert into t (a) values ('next')")
+
+        with pytest.raises(tinystore.UnavailableError, match=r"transaction \d+.*was rolled back with it"):
+            await asyncio.wait_for(db.tx(fn), 20)
+        assert await db.scalar("select count(*) from t") == 0

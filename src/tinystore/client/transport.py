@@ -1152,7 +1152,9 @@ class RemoteTransport(Transport):
                         tx = getattr(request, "tx", 0)
                         if tx:  # (a commit is a write, above: it may have committed)
                             db = getattr(request, "db", "")
-                            raise ClosedError(
+                            # the same error as the transaction's next call raises (SqlTx._check): whether a call
+                            # was under way as the connection dropped is chance (trial CZ: ClosedError here)
+                            raise UnavailableError(
                                 f"{method}: {f'database {db}: ' if db else ''}transaction {tx}: the connection to "
                                 f"the store dropped before the answer came ({exc}); the transaction was rolled back "
                                 "with it (nothing of it was committed)"
