@@ -104,3 +104,21 @@ async def test_a_dropped_connection_under_a_transaction_is_one_error_whatever_th
         with pytest.raises(tinystore.UnavailableError, match=r"transaction \d+.*was rolled back with it"):
             await asyncio.wait_for(db.tx(fn), 20)
         assert await db.scalar("select count(*) from t") == 0
+
+
+# contract: SQL-05
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_migrations_over_what_one_open_carries_are_named_as_such(tmp_path: Path, mode: str) -> None:
+    # every open sends all the migrations; past the frame limit it said "sql.open: the request is N bytes encoded"
+    limits = tinystore.Limits(frame_body_bytes=1 << 20)
+    async with open_store(mode, tmp_path / "s", limits=limits) as store:
+        big = [(f"{i:03}.sql", "insert into seed (v) values ('" + "z" * 300_000 + "')") for i in range(1, 5)]
+        migrations = [("000.sql", "create table seed (i integer primary key, v text)"), *big]
+        db = await store.database("app", migrations=migrations[:3])
+        with pytest.raises(tinystore.LimitError) as caught:
+            await store.database("app", migrations=migrations)
+        message = caught.value.message
+        assert message.startswith("database app: its 5 migrations hold 1200") and "'001.sql' (300032 bytes)" in message
+        assert "every open of the database sends them all" in message and "frame_body_bytes" in message, message
+        assert await db.scalar("select count(*) from seed") == 2  # nothing lost; the applied ones still open
+        await store.database("app", migrations=migrations[:3])

@@ -20,7 +20,7 @@ import msgspec.inspect
 import msgspec.structs
 
 from ..engines.sql_text import check_params
-from ..errors import ClosedError, InvalidError, UnavailableError
+from ..errors import ClosedError, InvalidError, LimitError, UnavailableError
 from ..names import a_or_an, check_name
 from ..protocol.messages import decode
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
@@ -404,7 +404,25 @@ class Database(_Runner):
         self.store._undo_soon("sql.rollback", TxRef(decode(answer, int)))
 
     async def _open(self, migrations: list[Migration]) -> Opened:
-        result: Opened = await self.store._call("sql.open", OpenDb(db=self.name, migrations=migrations), Opened)
+        try:
+            result: Opened = await self.store._call("sql.open", OpenDb(db=self.name, migrations=migrations), Opened)
+        except LimitError as exc:
+            sizes = [len(m.text.encode("utf-8", "surrogatepass")) for m in migrations]
+            if exc.wanted is None or exc.wanted < sum(sizes) or not migrations:
+                raise
+            # the request over the frame limit: every open sends all the migrations (the store checks those applied
+            # against their texts), said so, with what to do (trial CZ: "sql.open: the request is 20971830 bytes
+            # encoded")
+            largest = max(range(len(migrations)), key=sizes.__getitem__)
+            raise LimitError(
+                f"database {self.name}: its {len(migrations)} migrations hold {sum(sizes)} bytes of text in all; "
+                f"with them, the request to open it is {exc.wanted} bytes, over the {exc.limit} one request carries "
+                f"(frame_body_bytes): every open of the database sends them all. The largest is "
+                f"{migrations[largest].name!r} ({sizes[largest]} bytes): load bulk data with db.exec rather than in "
+                "a migration, or raise the store's Limits.frame_body_bytes",
+                limit=exc.limit,
+                wanted=exc.wanted,
+            ) from None
         return result
 
     async def exec(self, sql: str, /, *params: Any) -> Done:
