@@ -154,3 +154,30 @@ async def test_the_configure_hint_of_a_client_over_tcp_names_the_address(tmp_pat
         message = caught.value.message
         assert "tinystore jobs tcp://127.0.0.1:" in message and "configure mail --attempts 3" in message, message
         assert str(tmp_path) not in message and "TINYSTORE_TOKEN=" in message, message
+
+
+# contract: JOB-04
+async def test_a_permanent_error_raised_in_a_task_group_ends_the_job_dead(tmp_path: Path) -> None:
+    # it reached the worker as an ExceptionGroup: retried, its error "unhandled errors in a TaskGroup"
+    async with open_store("embedded", tmp_path / "s") as store:
+        q = store.queue("q", attempts=3)
+        permanent = await q.add("permanent")
+        mixed = await q.add("mixed")
+
+        async def handler(value: str, run: tinystore.Run) -> None:
+            async def bad() -> None:
+                raise tinystore.PermanentError("the PDF is corrupt")
+
+            async def flaky() -> None:
+                raise ConnectionError("reset")
+
+            async with asyncio.TaskGroup() as tg:
+                if value == "mixed":
+                    tg.create_task(flaky())  # (first: it runs before the group's first failure cancels the rest)
+                tg.create_task(bad())
+
+        await q.run_due(handler, concurrency=2)
+        job = await q.get(permanent)
+        assert job is not None and job.state == "dead" and job.error == "the PDF is corrupt", job
+        job = await q.get(mixed)
+        assert job is not None and job.state == "failed" and job.attempts == 1, job  # retried: not all permanent

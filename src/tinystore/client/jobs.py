@@ -867,6 +867,21 @@ class _Runner:
             text = exc.message if isinstance(exc.message, str) else _text_of(exc)
             await self._report(a, "fail", error=text or f"{type(exc).__name__} (the handler gave no reason)")
             return
+        except ExceptionGroup as group:
+            # raised by a TaskGroup (or asyncio.gather's callers that group): made only of PermanentErrors, it is
+            # the handler's PermanentError all the same (JOB-04; trial DA: it was retried, its error the group's)
+            permanent, others = group.split(PermanentError)
+            if permanent is not None and others is None:
+                reasons = dict.fromkeys(
+                    (e.message if isinstance(e.message, str) else _text_of(e)) or "the handler gave no reason"
+                    for e in _leaves(permanent)
+                )
+                await self._report(a, "fail", error="; ".join(reasons))
+                return
+            text = _describe(group)
+            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=group)
+            await self._report(a, "error", error=text, traceback=_traceback_of(group))
+            return
         except LostError as exc:
             if a.why in ("lost", "cancelled"):
                 return  # this attempt itself was lost (its lease, or the job cancelled): the store decided its end
@@ -1846,6 +1861,14 @@ class Queue(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<tinystore.Queue {self.name}>"
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[Any]:
+    """The exceptions of ``group`` that are not groups themselves, in order."""
+    out: list[Any] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 _HINT = re.compile(r"; to change what the store keeps: tinystore jobs (.+?) configure ")
