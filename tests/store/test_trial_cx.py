@@ -24,7 +24,7 @@ async def test_an_ipv6_address_is_told_in_brackets_and_connects_as_told(tmp_path
         finally:
             await store.close()
         port = address.rpartition(":")[2]
-        with pytest.raises(tinystore.InvalidError, match=r"an IPv6 address goes in brackets: tcp://\[::1\]:PORT"):
+        with pytest.raises(tinystore.InvalidError, match=rf"an IPv6 address goes in brackets: tcp://\[::1\]:{port}\)"):
             await tinystore.connect(f"tcp://::1:{port}", token=admin)
     finally:
         server.stop()

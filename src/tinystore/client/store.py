@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
-from urllib.parse import urlparse
 
+from ..addresses import parse_address
 from ..clock import LATEST, Clock
 from ..durations import Duration, format_seconds, seconds
 from ..engines.sql_text import check_migrations
@@ -1157,49 +1157,8 @@ def _default_tls_context() -> ssl.SSLContext:
 
 
 def _parse_address(address: object) -> tuple[str, str, int]:
-    """``(scheme, host, port)`` of ``tcp://HOST:PORT`` / ``tls://HOST:PORT`` (the scheme in lower case, as URLs
-    have it); ``InvalidError`` naming what is wrong."""
-
-    shown = address
-
-    def bad(problem: str) -> InvalidError:
-        return InvalidError(f"connect: address {shown!r}: use tcp://HOST:PORT or tls://HOST:PORT ({problem})")
-
-    if not isinstance(address, str):
-        raise bad(f"expected a str, got {type(address).__name__}")
-    try:
-        u = urlparse(address)
-    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
-        raise bad(str(exc)) from None
-    if not u.scheme:
-        raise bad("no scheme")
-    if not u.netloc:
-        raise bad(
-            "no host and port after the scheme" if address.rstrip("/").endswith(":") else "no // after the scheme"
-        )
-    if "@" in u.netloc:  # never shown: it may hold a password
-        shown = address.replace(u.netloc.rpartition("@")[0], "…", 1)
-        raise bad("a user or password in the address is not used: give the token with connect(..., token=...)")
-    if u.scheme not in ("tcp", "tls"):
-        raise bad(f"unknown scheme {u.scheme + '://'!r}")
-    for part, value in (("a path", u.path + (";" + u.params if u.params else "")), ("a query", u.query)):
-        if value and value != "/":
-            raise bad(f"{part} ({value!r}) has no meaning here")
-    if u.fragment or address.endswith("#"):
-        raise bad(f"a fragment ({'#' + u.fragment!r}) has no meaning here")
-    if u.netloc.count(":") > 1 and not u.netloc.startswith("["):
-        raise bad(f"an IPv6 address goes in brackets: {u.scheme}://[{u.netloc.rpartition(':')[0]}]:PORT")
-    if not u.hostname:
-        raise bad("no host")
-    try:
-        port = u.port
-    except ValueError:
-        port = -1
-    if port is None:
-        raise bad("no port")
-    if not 0 < port <= 65535:
-        raise bad(f"port {u.netloc.rpartition(':')[2]!r} is not a number from 1 to 65535")
-    return u.scheme, u.hostname, port
+    """``(scheme, host, port)`` of ``tcp://HOST:PORT`` / ``tls://HOST:PORT`` (see :func:`parse_address`)."""
+    return parse_address(address, "connect: address")
 
 
 __all__ = ["ClosedError", "InUseError", "Store", "connect", "open"]

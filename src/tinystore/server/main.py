@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from .. import __version__
+from ..addresses import parse_address
 from ..clock import Clock
 from ..engines import gc_hold
 from ..errors import InvalidError, PermissionDeniedError
@@ -70,22 +70,8 @@ def check_listen(opts: ServeOptions) -> ListenPlan:
     """
     parsed: list[tuple[str, str, str, int]] = []
     for addr in opts.listen:
-        try:
-            u = urlparse(addr)
-        except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
-            raise InvalidError(f"listen address {addr!r}: {exc}") from None
-        if u.netloc.count(":") > 1 and not u.netloc.startswith("["):
-            raise InvalidError(
-                f"listen address {addr!r}: an IPv6 address goes in brackets: "
-                f"{u.scheme}://[{u.netloc.rpartition(':')[0]}]:PORT"
-            )
-        try:
-            port = u.port
-        except ValueError:
-            raise InvalidError(f"listen address {addr!r}: the port must be a number from 0 to 65535") from None
-        if u.scheme not in ("tcp", "tls") or not u.hostname or port is None:
-            raise InvalidError(f"listen address {addr!r}: use tcp://HOST:PORT or tls://HOST:PORT")
-        parsed.append((addr, u.scheme, u.hostname, port))
+        scheme, host, port = parse_address(addr, "listen address", lowest_port=0)
+        parsed.append((addr, scheme, host, port))
     tls_files = [f"--{name}" for name, value in (("tls-cert", opts.tls_cert), ("tls-key", opts.tls_key)) if value]
     if tls_files and not any(scheme == "tls" for _, scheme, _, _ in parsed):
         plain = [addr for addr, scheme, _, _ in parsed if scheme == "tcp"]
