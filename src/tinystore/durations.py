@@ -47,7 +47,9 @@ def seconds(value: Duration, what: str = "duration") -> float:
     if not math.isfinite(out) or out < 0:
         raise InvalidError(f"{what}: a duration must be finite and not negative, got {value!r}")
     if out > MAX_SECONDS:
-        got = format_seconds(out) if out < 1e12 else f"{out / 86400:.6g}d"  # (36500d1s: not "36500d", trial CK)
+        # (36500d1s: not "36500d", trial CK; past 1e12 s, whole days, never an exponent, which does not read back:
+        # trial DB)
+        got = format_seconds(out) if out < 1e12 else f"about {round(out / 86400)}d"
         raise InvalidError(f"{what}: a duration is at most 100 years (36500d), got {got}")
     return out
 
@@ -91,6 +93,10 @@ def optional_seconds(value: Duration | None, what: str = "duration") -> float | 
 
 def format_seconds(value: float) -> str:
     """Text for a number of seconds, as ``seconds`` reads it back (``"1m30s"``, ``"250ms"``)."""
+    if value > 0:
+        # to the microsecond, the finest a timedelta holds (3599.9999999 is "1h", not "59m60s"), but never 0 when
+        # it is not (trial DB)
+        value = max(round(value, 6), 0.000001)
     if value < 1 and value != 0 and abs(value * 1000 - round(value * 1000)) < 1e-6:
         return f"{round(value * 1000)}ms"
     out = ""
@@ -103,6 +109,5 @@ def format_seconds(value: float) -> str:
     if rest or not out:
         # in decimals, never an exponent, which ``seconds`` does not read (trial DA: "36500d9.53674e-07s"); to the
         # microsecond, the finest a timedelta holds
-        text = f"{rest:.6f}".rstrip("0").rstrip(".")
-        out += f"{text if text != '0' or not rest else '0.000001'}s"
+        out += f"{rest:.6f}".rstrip("0").rstrip(".") + "s"
     return out

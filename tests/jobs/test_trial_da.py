@@ -181,3 +181,99 @@ async def test_a_permanent_error_raised_in_a_task_group_ends_the_job_dead(tmp_pa
         assert job is not None and job.state == "dead" and job.error == "the PDF is corrupt", job
         job = await q.get(mixed)
         assert job is not None and job.state == "failed" and job.attempts == 1, job  # retried: not all permanent
+
+
+# contract: JOB-01
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_a_run_due_begun_just_before_the_close_runs_nothing_and_loses_nothing(tmp_path: Path, mode: str) -> None:
+    # trial DB: its close hook came after its first waits, so the close did not wait for it: the handler ran after
+    # the close, its result lost ("worker lost"), or the job stayed claimed
+    directory = tmp_path / "s"
+    ran: list[str] = []
+    async with open_store(mode, directory) as store:
+        q = store.queue("q", attempts=1)
+        jid = await q.add({})
+
+        async def handler(value: Any, run: tinystore.Run) -> str:
+            ran.append("ran")
+            return "r"
+
+        running = asyncio.create_task(q.run_due(handler))
+        await asyncio.sleep(0)
+        await store.close()
+        with pytest.raises(tinystore.ClosedError, match="queue q: run_due: the store is closed"):
+            await running
+    async with open_store(mode, directory) as store:
+        job = await store.queue("q", attempts=1).get(jid)
+        assert ran == [] and job is not None and job.state == "queued" and job.attempts == 0, job
+
+
+# contract: JOB-09
+async def test_at_the_close_runs_due_give_their_grace_at_once_and_count_only_what_ended(tmp_path: Path) -> None:
+    # trial DB: two run_due (or a worker and a run_due) took 10 s each, one after the other, and run_due counted the
+    # attempts the close stopped and handed back
+    import tinystore.client.jobs as client_jobs
+
+    directory = tmp_path / "s"
+    async with open_store("embedded", directory) as store:
+        client_jobs_grace = client_jobs.CLOSE_GRACE
+        client_jobs.CLOSE_GRACE = 1.0
+        try:
+            queues = [store.queue(name) for name in ("a", "b")]
+            ids = [await q.add({}) for q in queues]
+            started = [asyncio.Event() for _ in queues]
+
+            def handler_of(i: int) -> Any:
+                async def handler(value: Any, run: tinystore.Run) -> None:
+                    started[i].set()
+                    await asyncio.sleep(3600)
+
+                return handler
+
+            running = [asyncio.create_task(q.run_due(handler_of(i))) for i, q in enumerate(queues)]
+            for event in started:
+                await event.wait()
+            t0 = time.monotonic()
+            await store.close()
+            took = time.monotonic() - t0
+        finally:
+            client_jobs.CLOSE_GRACE = client_jobs_grace
+        assert took < 1.9, took  # one grace for both, not one after the other
+        assert [await r for r in running] == [0, 0]
+    async with open_store("embedded", directory) as store:
+        for name, jid in zip(("a", "b"), ids, strict=True):
+            job = await store.queue(name).get(jid)
+            assert job is not None and job.state == "queued" and job.attempts == 0, job
+
+
+# contract: JOB-10
+async def test_progress_set_from_a_thread_a_plain_handler_waits_for_is_kept(tmp_path: Path) -> None:
+    # trial DB: the loop, blocked by the handler, ran the thread's updates only after the attempt had reported
+    from concurrent.futures import ThreadPoolExecutor
+
+    async with open_store("embedded", tmp_path / "s") as store:
+        q = store.queue("q", attempts=1)
+        jid = await q.add({"pages": 5})
+
+        def handler(value: Any, run: tinystore.Run) -> str:
+            def parse() -> None:
+                for n in range(value["pages"]):
+                    run.set_progress({"done": n + 1, "total": value["pages"]})
+
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(parse).result()
+            return "parsed"
+
+        await q.run_due(handler)
+        job = await q.get(jid)
+        assert job is not None and job.state == "succeeded" and job.progress == {"done": 5, "total": 5}, job
+
+
+def test_durations_are_shown_as_text_that_reads_back() -> None:
+    from tinystore.durations import format_seconds, seconds
+
+    assert format_seconds(3599.9999999) == "1h" and format_seconds(1e-10) == "0.000001s"
+    for value in (1e-10, 0.0015, 59.9999996, 86400 * 2 + 0.25, 36500 * 86400 - 0.5):
+        assert abs(seconds(format_seconds(value), "x") - value) <= 1e-6
+    with pytest.raises(tinystore.InvalidError, match=r"at most 100 years \(36500d\), got about 1000000000d$"):
+        seconds(timedelta(days=999999999, seconds=86399), "delay")

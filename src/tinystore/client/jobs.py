@@ -376,8 +376,14 @@ class Run:
             here = False
         if here:
             self._a.set_progress(text)
-        else:
+            return
+        # the last value at once (a plain handler that blocks the loop while it waits for this thread reports before
+        # the loop runs the call below: trial DB), and its sending on the loop
+        self._a.last_progress = text
+        try:
             loop.call_soon_threadsafe(self._a.set_progress, text)
+        except RuntimeError:  # the loop has closed (a thread that outlived it): the attempt is over, as on the loop
+            pass
 
     @overload
     async def step(self, name: str, fn: Callable[[], object], *, type: builtins.type[R]) -> R: ...
@@ -493,6 +499,7 @@ class _Attempt:
         self.key = (claimed.id, claimed.fence)
         self.task: asyncio.Task[None] | None = None
         self.why: str | None = None  # why the task was cancelled: lost, cancelled, stopping
+        self.handed_back = False  # stopped before its end, its job handed back (the attempt not counted)
         self.reporting = False
         self.began = False  # its task ran (a task cancelled before its first step runs none of its code)
         self.freed = False  # its worker slot was given back (the handler ended; its report may be under way)
@@ -855,7 +862,7 @@ class _Runner:
                 return
             # stopped with its worker, or cancelled from outside (the event loop ending): hand the job back,
             # this attempt not counted
-            a.reporting = True
+            a.reporting = a.handed_back = True
             self.free(a)
             with contextlib.suppress(TinystoreError, OSError, TimeoutError):
                 async with asyncio.timeout(ANSWER_WAIT):  # (else left to its lease: trial CS)
@@ -1013,7 +1020,7 @@ class Worker:
         self._claims: set[asyncio.Task[None]] = set()  # claims under way
         self._task = asyncio.ensure_future(self._loop())
         self._runner.owner = self._task
-        queue.store._close_hooks.append(self._stop_at_close)
+        queue.store._stop_hooks.append(self._stop_at_close)
 
     @property
     def ran(self) -> int:
@@ -1201,7 +1208,7 @@ class Worker:
                 await self._task
         await self._runner.stop(grace)
         with contextlib.suppress(ValueError):
-            q.store._close_hooks.remove(self._stop_at_close)
+            q.store._stop_hooks.remove(self._stop_at_close)
 
     def __repr__(self) -> str:
         error = self.error
@@ -1814,16 +1821,22 @@ class Queue(Generic[T]):
         int of 1 to 1000, a ``handler`` that is not callable), ``ClosedError``, ``UnavailableError``."""
         check_concurrency(self.name, "run_due", concurrency)
         _check_handler(self.name, "run_due", handler)
-        await self._ensure()
-        now = await self.store.clock.now()
+        if self.store._closed:
+            raise ClosedError(f"queue {self.name}: run_due: the store is closed")
         runner = _Runner(self, handler, f"{os.getpid()}-due-{uuid.uuid4().hex[:8]}")
         runner.hold_fatal = True
         runner.owner = asyncio.current_task()  # (an attempt's task cancelled while this one is not: a failed attempt)
         ran = 0
+        began = False  # some attempt began
+        settled = asyncio.Event()  # set while no claim is under way
+        settled.set()
 
         async def at_close() -> None:
             # the store closes: as a worker's, the handlers running get 10 s to end, then are cancelled (their
-            # jobs handed back); trial DA: the close returned at once, and a handler ran on unreported ("worker lost")
+            # jobs handed back); trial DA: the close returned at once, and a handler ran on unreported ("worker
+            # lost"). A claim under way ends first: what it took is handed back (trial DB: a run_due begun just
+            # before the close ran its handler after it, the result lost)
+            await settled.wait()
             if runner.handling:
                 log.warning(
                     "queue %s: the store is closing: run_due lets %d running handler(s) finish for up to 10s, then "
@@ -1833,24 +1846,43 @@ class Queue(Generic[T]):
                 )
             await runner.stop(CLOSE_GRACE)
 
-        self.store._close_hooks.append(at_close)
+        # (at once, before the first wait: a close that begins meanwhile must wait for this run_due too)
+        self.store._stop_hooks.append(at_close)
         try:
+            await self._ensure()
+            now = await self.store.clock.now()
             while True:
-                got = await claim(self.store, self.name, concurrency, 0.0, runner.worker, now)
+                if self.store._closed:
+                    if not began:  # (closed before any handler ran: as any call on a closed store)
+                        raise ClosedError(f"queue {self.name}: run_due: the store is closed")
+                    return ran  # the attempts that ended; those the close stopped were handed back (see at_close)
+                settled.clear()
+                try:
+                    got = await claim(self.store, self.name, concurrency, 0.0, runner.worker, now)
+                    if got and self.store._closed:
+                        # claimed as the close began: not run, handed back (not counted)
+                        with contextlib.suppress(TinystoreError, OSError, TimeoutError):
+                            async with asyncio.timeout(ANSWER_WAIT):
+                                back = [Attempt(c.id, c.fence) for c in got]
+                                await runner.call("jobs.release", Release(queue=self.name, attempts=back), int)
+                        got = []
+                        continue
+                finally:
+                    settled.set()
                 if not got:
                     return ran
+                began = True
                 attempts = [runner.start(c) for c in got]
                 await asyncio.wait([a.task for a in attempts if a.task is not None])
-                ran += len(got)
+                # the attempts that ran to an end (a failure too); not those stopped and handed back
+                ran += sum(1 for a in attempts if not a.handed_back)
                 if runner.fatal is not None:  # a handler raised KeyboardInterrupt or SystemExit: it goes on here
                     raise runner.fatal
                 if any(a.task is not None and a.task.cancelled() for a in attempts):
                     return ran  # cancelled from outside the worker (the event loop is ending): their jobs went back
-                if self.store._closed:
-                    return ran  # the store closes: what ran was reported (see at_close)
         finally:
             with contextlib.suppress(ValueError):
-                self.store._close_hooks.remove(at_close)
+                self.store._stop_hooks.remove(at_close)
             await runner.stop(0)
 
     def _bind_tx(self, tx: SqlTx) -> TxQueue[T]:

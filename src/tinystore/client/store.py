@@ -139,6 +139,9 @@ class Store:
         self.clock = StoreClock(self)
         self._databases: dict[str, Database] = {}
         self._close_hooks: list[Any] = []
+        # the workers' and run_due's stops, run at once before the other hooks: each lets its handlers run out a
+        # grace (10 s), and one after another they took 10 s each (trial DB)
+        self._stop_hooks: list[Any] = []
         self._undoing: set[asyncio.Task[Any]] = set()  # calls that give back what a cancelled call was handed
         self._close_task: asyncio.Task[None] | None = None
 
@@ -389,6 +392,8 @@ class Store:
         await asyncio.shield(task)
 
     async def _close(self) -> None:
+        if self._stop_hooks:
+            await asyncio.gather(*(hook() for hook in list(self._stop_hooks)), return_exceptions=True)
         for hook in reversed(self._close_hooks):
             with contextlib.suppress(Exception):
                 await hook()
