@@ -47,9 +47,14 @@ def seconds(value: Duration, what: str = "duration") -> float:
     if not math.isfinite(out) or out < 0:
         raise InvalidError(f"{what}: a duration must be finite and not negative, got {value!r}")
     if out > MAX_SECONDS:
-        # (36500d1s: not "36500d", trial CK; past 1e12 s, whole days, never an exponent, which does not read back:
-        # trial DB)
-        got = format_seconds(out) if out < 1e12 else f"about {round(out / 86400)}d"
+        # (36500d1s: not "36500d", trial CK.) Past 1e12 s, the value as given (a timedelta in whole days): no
+        # exponent of the store's making, which would not read back as a duration (trial DB)
+        if out < 1e12:
+            got = format_seconds(out)
+        elif isinstance(value, timedelta):
+            got = f"about {round(out / 86400)}d"
+        else:
+            got = repr(value)
         raise InvalidError(f"{what}: a duration is at most 100 years (36500d), got {got}")
     return out
 

@@ -92,7 +92,7 @@ async def test_arguments_no_connection_can_carry_are_invalid_in_every_mode(tmp_p
                 pass
         with pytest.raises(InvalidError, match=r"limit .* must be an int from 1 to 1000000"):
             store.semaphore("s", limit=2**70)
-        with pytest.raises(InvalidError, match=r"ttl: a duration is at most 100 years \(36500d\), got 1\.15741e\+295d"):
+        with pytest.raises(InvalidError, match=r"ttl: a duration is at most 100 years \(36500d\), got 1e\+300$"):
             store.lock("t", ttl=1e300)
         channel = store.channel("c")
         with pytest.raises(InvalidError, match="not valid Unicode"):

@@ -555,17 +555,23 @@ class Subscription(Generic[T]):
         not handled yet are dropped. A handler running when ``stop`` is called from elsewhere is cancelled
         (called from inside the handler, the handler finishes and nothing follows). Idempotent; never raises
         for a connection that is gone (the store ends the subscription with the connection anyway). A cancel
-        of ``stop`` itself leaves the subscription ended on this side and, at worst, in the store until the
-        connection closes."""
+        of ``stop`` itself leaves the subscription ended on this side, and the store told all the same, without
+        waiting (trial DC: it stayed in the store until the connection closed, counted against the limit, its
+        branch kept)."""
         if self._stopped:
             return
         sid = self._stop_local()
         task = self._task
-        if task is not None and task is not asyncio.current_task() and not task.done():
-            task.cancel()
-            await asyncio.wait([task])
-        if sid and not self._hub.closed:
-            await self._hub.unsubscribe(sid)
+        try:
+            if task is not None and task is not asyncio.current_task() and not task.done():
+                task.cancel()
+                await asyncio.wait([task])
+            if sid and not self._hub.closed:
+                await self._hub.unsubscribe(sid)
+        except asyncio.CancelledError:
+            if sid:
+                self._hub.unsubscribe_soon(sid)  # (again, should the call have gone out: an unknown id is ignored)
+            raise
 
     @property
     def active(self) -> bool:

@@ -800,6 +800,7 @@ class _Hub:
         # client can let go of them from its next connection (_on_reconnect), and no other client can name them
         self.ticket_ids = iter(lambda: secrets.randbits(62) | 1, 0)
         self.unheard: list[int] = []  # tickets of asks whose outcome a dropped connection took with it
+        self.letting_go: asyncio.Task[None] | None = None  # the abandon of the unheard tickets under way
         self.release_batch: list[tuple[Lease, asyncio.Future[bool]]] | None = None
         self.closed = False
         self.closing = False
@@ -932,9 +933,12 @@ class _Hub:
         (a queued one leaves the line, a granted one's lease is let go), and a grant that came with the cancel
         is released.
         """
-        if self.unheard:
-            # before asking again (else the ask may meet its own lost grant); a cancel does not stop it
-            await asyncio.shield(self.spawn(self._let_go_unheard()))
+        letting_go = self._letting_go()
+        if letting_go is not None:
+            # before asking again (else the ask may meet its own lost grant); a cancel does not stop it. One for
+            # every ask, which go on in the order they came: the asks of a line a dropped connection ended ask
+            # again in its order (trial DC: its first, who started the abandon, was asked last)
+            await asyncio.shield(letting_go)
         if self.acquire_turn:
             return await self._ask_batched(req, sent)
         self.acquire_turn = True
@@ -1088,6 +1092,13 @@ class _Hub:
                 self.spawn(self._release_id(out.lease))
             return
         self._settle(ask, out)
+
+    def _letting_go(self) -> asyncio.Task[None] | None:
+        """The abandon of the :attr:`unheard` tickets under way (started when some wait), or ``None``."""
+        if self.unheard and (self.letting_go is None or self.letting_go.done()):
+            self.letting_go = self.spawn(self._let_go_unheard())
+        task = self.letting_go
+        return task if task is not None and not task.done() else None
 
     async def _let_go_unheard(self) -> None:
         """Abandon the tickets whose outcome a dropped connection took (:attr:`unheard`): a lease the store granted
@@ -1253,7 +1264,7 @@ class _Hub:
         if new_epoch != old_epoch:
             self.unheard = []  # a new server: it holds nothing of the last one's
         elif self.unheard and not self.closed:
-            self.spawn(self._let_go_unheard())
+            self._letting_go()
         self._fail_asks("the connection to the store dropped while waiting in line")
         for lease in list(self.leases.values()):
             if lease._state != _HELD:
