@@ -122,3 +122,23 @@ async def test_migrations_over_what_one_open_carries_are_named_as_such(tmp_path:
         assert "every open of the database sends them all" in message and "frame_body_bytes" in message, message
         assert await db.scalar("select count(*) from seed") == 2  # nothing lost; the applied ones still open
         await store.database("app", migrations=migrations[:3])
+
+
+# contract: SQL-06
+async def test_a_generator_function_given_to_tx_is_refused_not_committed_unrun(tmp_path: Path) -> None:
+    # its body never ran, and the transaction committed, returning the generator
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (x)")])
+
+        async def fill(tx: Any) -> Any:
+            await tx.exec("insert into t values (1)")
+            yield 1
+
+        def numbers(tx: Any) -> Any:
+            yield 1
+
+        for fn in (fill, numbers):
+            with pytest.raises(tinystore.InvalidError, match=r"tx: .* is a generator function \(it holds a yield\)"):
+                await db.tx(fn)
+        assert await db.scalar("select count(*) from t") == 0
+        assert await db.tx(lambda tx: tx.scalar("select 1")) == 1  # the writer is free

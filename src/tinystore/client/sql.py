@@ -510,6 +510,17 @@ class Database(_Runner):
                 raise
             if inspect.isawaitable(result):
                 result = await result
+            elif inspect.isgenerator(result) or inspect.isasyncgen(result):
+                # its body never ran: committed, it would have done nothing (trial CZ)
+                name = getattr(fn, "__qualname__", None) or _short(fn)
+                if inspect.isgenerator(result):
+                    result.close()
+                else:
+                    await result.aclose()
+                raise InvalidError(
+                    f"database {self.name}: tx: {name} is a generator function (it holds a yield): calling it ran "
+                    "none of its body; give a function (async or not) that does the work and returns"
+                )
         except BaseException:
             mark.open = False
             _active.reset(token)
