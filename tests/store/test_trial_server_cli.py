@@ -384,3 +384,31 @@ async def test_commands_during_a_graceful_stop_say_the_server_is_stopping(tmp_pa
             await store.close()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("tcp://a..b:7600", "the host 'a..b' has an empty label"),
+        ("tcp://" + "a" * 64 + ".example:7600", "has a label over 63 characters"),
+        ("tcp://h\x00:7600", "it holds whitespace or a control character"),
+        (" tcp://localhost:7600", "it holds whitespace or a control character"),
+        ("tcp://local\nhost:7600", "it holds whitespace or a control character"),
+        ("tcp://h:" + "1" * 100_000, "100008 characters: an address is at most 300"),
+    ],
+)
+async def test_connect_refuses_a_host_that_cannot_work_with_an_invalid_error(address: str, expected: str) -> None:
+    # trial DD: a raw UnicodeError (IDNA) or ValueError (a NUL), a traceback from the command line, a 200 kB message,
+    # and tabs or newlines dropped silently
+    import tinystore
+    from tinystore.errors import InvalidError
+
+    with pytest.raises(InvalidError) as caught:
+        await tinystore.connect(address, token="t" * 16, reconnect_timeout=1)
+    assert expected in caught.value.message and len(caught.value.message) < 400, caught.value.message
+
+
+def test_an_ipv6_zone_id_written_as_a_uri_writes_it_is_read() -> None:
+    from tinystore.addresses import parse_address
+
+    assert parse_address("tcp://[fe80::1%25lo]:7600", "x") == ("tcp", "fe80::1%lo", 7600)  # RFC 6874
