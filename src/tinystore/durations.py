@@ -44,13 +44,14 @@ def seconds(value: Duration, what: str = "duration") -> float:
         out = _text_seconds(value, what)
     else:
         raise InvalidError(f"{what}: expected a duration (timedelta, seconds, or text), got {type(value).__name__}")
+    out += 0.0  # (-0.0 is 0: never shown as "-0s")
     if not math.isfinite(out) or out < 0:
         raise InvalidError(f"{what}: a duration must be finite and not negative, got {value!r}")
     if out > MAX_SECONDS:
         # (36500d1s: not "36500d", trial CK.) Past 1e12 s, the value as given (a timedelta in whole days): no
         # exponent of the store's making, which would not read back as a duration (trial DB)
         if out < 1e12:
-            got = format_seconds(out)
+            got = format_beyond(out, MAX_SECONDS)
         elif isinstance(value, timedelta):
             got = f"about {round(out / 86400)}d"
         else:
@@ -94,6 +95,16 @@ def _unreadable(value: str, what: str, why: str = "") -> InvalidError:
 def optional_seconds(value: Duration | None, what: str = "duration") -> float | None:
     """Like :func:`seconds`, but ``None`` stays ``None``."""
     return None if value is None else seconds(value, what)
+
+
+def format_beyond(value: float, bound: float) -> str:
+    """:func:`format_seconds` of ``value``, a value refused for passing ``bound``: written ``just over`` (or
+    ``just under``) the bound when, to the microsecond, it would read as the bound itself (trial DD: "at most 100
+    years (36500d), got 36500d")."""
+    text = format_seconds(value)
+    if value != bound and text == format_seconds(bound):
+        return ("just over " if value > bound else "just under ") + text
+    return text
 
 
 def format_seconds(value: float) -> str:

@@ -277,3 +277,54 @@ def test_durations_are_shown_as_text_that_reads_back() -> None:
         assert abs(seconds(format_seconds(value), "x") - value) <= 1e-6
     with pytest.raises(tinystore.InvalidError, match=r"at most 100 years \(36500d\), got about 1000000000d$"):
         seconds(timedelta(days=999999999, seconds=86399), "delay")
+
+
+# contract: JOB-01
+@pytest.mark.parametrize("how", ["run_due", "work"])
+async def test_a_handler_that_closes_its_store_is_not_waited_for_and_its_attempt_counts(
+    tmp_path: Path, how: str
+) -> None:
+    # trial DD: the close waited its 10 s grace for the handler awaiting it, then handed the job back uncounted:
+    # a "shutdown" job ran again at every start, never dead
+    directory = tmp_path / "s"
+    took: list[float] = []
+    store = await tinystore.open(directory, embedded=True)
+    q = store.queue("q", attempts=3)
+    jid = await q.add({})
+    done = asyncio.Event()
+
+    async def handler(value: Any, run: tinystore.Run) -> str:
+        t0 = time.monotonic()
+        try:
+            await store.close()
+        finally:
+            took.append(time.monotonic() - t0)
+            done.set()
+        return "ok"
+
+    if how == "run_due":
+        await q.run_due(handler)
+    else:
+        q.work(handler)
+        await asyncio.wait_for(done.wait(), 10)
+    await store.close()
+    assert took and took[0] < 3, took
+    async with open_store("embedded", directory) as store:
+        job = await store.queue("q", attempts=3).get(jid)
+        assert job is not None and job.attempts == 1, job  # counted: it cannot come back for ever
+
+
+async def test_a_value_just_past_a_bound_is_not_shown_as_the_bound(tmp_path: Path) -> None:
+    # trial DD: "at most 100 years (36500d), got 36500d", "ttl 1h is outside 1s .. 1h", "-0s", and timeout=0.0004
+    # refused as "0s is not above 0"
+    from tinystore.durations import seconds
+
+    with pytest.raises(tinystore.InvalidError, match=r"got just over 36500d$"):
+        seconds(3153600000.0000005, "duration")
+    assert str(seconds(-0.0, "x")) == "0.0"
+    async with open_store("embedded", tmp_path / "s") as store:
+        with pytest.raises(tinystore.InvalidError, match=r"ttl just over 1h is outside 1s \.\. 1h"):
+            store.lock("a", ttl=3600.0000001)
+        with pytest.raises(tinystore.InvalidError, match=r"ttl 0s is outside"):
+            store.lock("b", ttl=-0.0)
+        await store.queue("q", timeout=0.0004).add({})  # above 0: a millisecond

@@ -945,17 +945,35 @@ class _Runner:
             return
         await self._report(a, "succeeded", result=text)
 
+    def waited_at_close(self) -> int:
+        """The handlers a close of the store waits for: those running, but the one that closes it (see stop)."""
+        closer = self.queue.store._closer
+        return self.handling - sum(1 for a in self.attempts.values() if a.task is not None and a.task is closer)
+
     async def stop(self, grace: float) -> None:
         """Let running attempts finish for ``grace`` seconds, then cancel them (their jobs are handed back).
-        While it waits, ``self.grace`` is its timeout: a later :meth:`Worker.stop` may move it sooner."""
-        if self.attempts and grace > 0:
+        While it waits, ``self.grace`` is its timeout: a later :meth:`Worker.stop` may move it sooner.
+
+        The attempt whose handler closes the store (it awaits the very close that stops this) is neither waited
+        for nor stopped: it could not end first (trial DD: the close waited 10 s for it, then handed its job back
+        uncounted, to run again at every start). It ends after the close, unreported: its lease (or, embedded, the
+        next start) ends it, counted."""
+        closer = self.queue.store._closer
+
+        def others() -> list[_Attempt]:
+            return [a for a in self.attempts.values() if a.task is None or a.task is not closer]
+
+        if others() and grace > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace) as self.grace:
-                    await self.idle.wait()
+                    if len(others()) == len(self.attempts):
+                        await self.idle.wait()
+                    else:
+                        await asyncio.wait([a.task for a in others() if a.task is not None])
             self.grace = None
-        for a in list(self.attempts.values()):
+        for a in others():
             a.stop("stopping")
-        of = {a.task: a for a in self.attempts.values() if a.task is not None}
+        of = {a.task: a for a in others() if a.task is not None}
         if of:
             # handlers get CANCEL_WAIT to end; an attempt whose handler has ended and whose end is still being
             # reported (a server that does not answer) gets ANSWER_WAIT (trial CS: it was waited for as a stubborn
@@ -1180,12 +1198,12 @@ class Worker:
     async def _stop_at_close(self) -> None:
         """The store closes: :meth:`stop` with its 10 s of grace, saying so when handlers run (trial BU: a program
         stopped by Ctrl-C sat silent for 10 s)."""
-        if self._stop_task is None and self._runner.handling:
+        if self._stop_task is None and self._runner.waited_at_close():
             log.warning(
                 "queue %s: the store is closing: its worker lets %d running handler(s) finish for up to 10s, then "
                 "cancels them (their jobs go back to the queue); call worker.stop(grace) before closing to choose",
                 self.queue.name,
-                self._runner.handling,
+                self._runner.waited_at_close(),
             )
         await self.stop()
 
@@ -1384,7 +1402,10 @@ class Queue(Generic[T]):
         def ms(option: str, value: Duration | None) -> int | None:
             if value is None:
                 return None
-            return round(seconds(value, f"queue {name}: option {option}") * 1000)
+            s = seconds(value, f"queue {name}: option {option}")
+            # in whole milliseconds, but never 0 for a value above 0 (trial DD: timeout=0.0004 was refused as "0s is
+            # not above 0")
+            return max(round(s * 1000), 1) if s > 0 else 0
 
         first = cap = None
         if backoff is not None:
@@ -1837,12 +1858,12 @@ class Queue(Generic[T]):
             # lost"). A claim under way ends first: what it took is handed back (trial DB: a run_due begun just
             # before the close ran its handler after it, the result lost)
             await settled.wait()
-            if runner.handling:
+            if runner.waited_at_close():
                 log.warning(
                     "queue %s: the store is closing: run_due lets %d running handler(s) finish for up to 10s, then "
                     "cancels them (their jobs go back to the queue)",
                     self.name,
-                    runner.handling,
+                    runner.waited_at_close(),
                 )
             await runner.stop(CLOSE_GRACE)
 

@@ -47,7 +47,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from ..durations import Duration, format_seconds, seconds
+from ..durations import Duration, format_beyond, format_seconds, seconds
 from ..engines.locks import LIMIT_MAX
 from ..errors import (
     ClosedError,
@@ -687,7 +687,8 @@ class Lock:
         lo, hi = limits.lock_ttl_min, limits.lock_ttl_max
         if not lo <= ttl_s <= hi:
             raise InvalidError(
-                f"{what}: ttl {format_seconds(ttl_s)} is outside {format_seconds(lo)} .. {format_seconds(hi)}"
+                f"{what}: ttl {format_beyond(ttl_s, lo if ttl_s < lo else hi)} is outside {format_seconds(lo)} .. "
+                f"{format_seconds(hi)}"
             )
         self.ttl = ttl_s
         self.max_hold = None if max_hold is None else seconds(max_hold, f"{what}: max_hold")

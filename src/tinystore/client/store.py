@@ -142,6 +142,7 @@ class Store:
         # the workers' and run_due's stops, run at once before the other hooks: each lets its handlers run out a
         # grace (10 s), and one after another they took 10 s each (trial DB)
         self._stop_hooks: list[Any] = []
+        self._closer: asyncio.Task[Any] | None = None  # the task that called close() first
         self._undoing: set[asyncio.Task[Any]] = set()  # calls that give back what a cancelled call was handed
         self._close_task: asyncio.Task[None] | None = None
 
@@ -388,6 +389,7 @@ class Store:
             raise self.transport.other_loop()
         if task is None:
             self._closed = True
+            self._closer = asyncio.current_task()  # (a job's handler, perhaps: see the jobs runner's stop)
             task = self._close_task = asyncio.ensure_future(self._close())
         await asyncio.shield(task)
 
