@@ -263,3 +263,51 @@ async def test_a_statement_that_starts_with_a_line_comment_is_the_statement(tmp_
     assert done.returncode == 0 and json.loads(done.stdout) == {"n": 0}, done.stderr
     done = run_cli("sql", str(tmp_path / "s"), "select 1", "--wirte")  # a mistyped option is still one
     assert done.returncode == 2 and "No such option '--wirte'" in done.stderr, done.stderr
+
+
+async def test_open_tells_of_the_command_that_held_the_store_for_all_of_its_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # trial DE: open() gave up naming "a sidecar still starting on a busy machine" while `tinystore sql` ran on
+    import tinystore.client.store as client_store
+
+    async with await tinystore.open(tmp_path / "s", embedded=True, serve=False) as store:
+        await (await store.database("main")).exec("create table t (x)")
+    endless = "with recursive c(x) as (select 1 union all select x + 1 from c) select count(*) from c"
+    command = popen_cli("sql", str(tmp_path / "s"), endless)
+    try:
+        deadline = time.monotonic() + 10
+        while (tmp_path / "s" / "LOCK").read_text().strip() != str(command.pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # (its statement begun)
+        real = client_store.ensure_server
+
+        async def short(directory: Path, sock: Path, extra: list[str], timeout: float = 20.0) -> Path:
+            return await real(directory, sock, extra, timeout=1.0)
+
+        monkeypatch.setattr(client_store, "ensure_server", short)
+        with pytest.raises(tinystore.UnavailableError) as caught:
+            await tinystore.open(tmp_path / "s")
+        message = caught.value.message
+        assert f"the command `tinystore sql` (pid {command.pid}) has held the store for all of the 1s" in message
+        assert "tinystore serve" in message, message
+    finally:
+        command.kill()
+        command.wait()
+
+
+async def test_a_file_the_store_does_not_open_is_not_a_database_for_the_default(tmp_path: Path) -> None:
+    # trial DE: App.db (not a database name; the store skips it) made `--db` default to main, "databases: App, app"
+    async with await tinystore.open(tmp_path / "s", embedded=True, serve=False) as store:
+        await (await store.database("app")).exec("create table t (x)")
+    (tmp_path / "s" / "sql" / "App.db").write_bytes((tmp_path / "s" / "sql" / "app.db").read_bytes())
+    done = run_cli("sql", str(tmp_path / "s"), "select count(*) as n from t", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout) == {"n": 0}, done.stderr
+
+
+async def test_max_running_out_of_bounds_is_told_in_the_apis_terms(tmp_path: Path) -> None:
+    # trial DE: "1000001 is not between 0 (no limit) and 1,000,000", where this API refuses 0
+    async with await tinystore.open(tmp_path / "s", embedded=True, serve=False) as store:
+        for bad in (0, 1_000_001):
+            with pytest.raises(tinystore.InvalidError, match=rf"max_running: {bad} is not between 1 and 1,000,000 \("):
+                store.queue("q", max_running=bad)

@@ -687,6 +687,18 @@ def _print_engine(key: str, value: Any) -> None:
                     console.print(f"  ... {more:,} more {k} of {key} (--json lists more)", highlight=False)
 
 
+def _db_name(stem: str) -> bool:
+    """Whether ``stem`` (a file's name less ``.db``) is a database's name: the store opens no other file."""
+    from ..errors import InvalidError
+    from ..names import check_name
+
+    try:
+        check_name("database", stem)
+    except InvalidError:
+        return False
+    return True
+
+
 class _SqlCommand(click.Command):
     """A command whose arguments are SQL: one that starts with a line comment (``-- how many rows``, then the
     statement on the next line) is an argument, not an unknown option (trial CZ: "No such option '-- how many
@@ -745,7 +757,8 @@ def sql(
                 return await run(store, check(sorted((await store.status())["databases"])))
             finally:
                 await store.close()
-        name = check(sorted(p.stem for p in (directory / "sql").glob("*.db")))  # (before the store is opened)
+        # (before the store is opened; a file the store does not open, App.db, is no database: trial DE)
+        name = check(sorted(p.stem for p in (directory / "sql").glob("*.db") if _db_name(p.stem)))
         store = await open_for_cli(directory)
         try:
             return await run(store, name)

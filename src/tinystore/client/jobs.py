@@ -1423,8 +1423,9 @@ class Queue(Generic[T]):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise InvalidError(f"queue {name}: option {label}: {v!r} is not an int")
         for label, v in (("max_running", max_running), ("max_running_per_tenant", max_running_per_tenant)):
-            if v is not None and v < 1:
-                raise InvalidError(f"queue {name}: option {label}: {v} is not at least 1 (None: no limit)")
+            if v is not None and not 1 <= v <= 1_000_000:
+                # (the wire's own bound says "0 (no limit)", the command line's way: not this API's, trial DE)
+                raise InvalidError(f"queue {name}: option {label}: {v} is not between 1 and 1,000,000 (None: no limit)")
         self._given = Options(
             database=db_name,
             attempts=attempts,

@@ -38,7 +38,15 @@ from ..protocol.frames import TOKEN_MAX
 from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Backup, Empty, Stop
 from ..server import paths
-from ..server.dirlock import LOCK, held_here, lock_holders, socket_gone, unreachable_owner, unserved_here
+from ..server.dirlock import (
+    LOCK,
+    held_here,
+    lock_holders,
+    owned_by_command,
+    socket_gone,
+    unreachable_owner,
+    unserved_here,
+)
 from ..server.dirlock import _alive as pid_alive
 from .sql import Database, read_migrations
 
@@ -929,6 +937,14 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
             f"{time.time() - float(info['stopping_until']):.0f}s after its grace ended; open it again once it has"
         )
     owners = lock_holders(directory) or set()
+    command = owned_by_command(directory)
+    if owners and command is not None and command != "serve":
+        # (trial DE: a command still running past the wait was named as "a sidecar still starting")
+        raise UnavailableError(
+            f"store {directory}: the command `tinystore {command}` (pid {min(owners)}) has held the store for all "
+            f"of the {timeout:g}s this waited (a command opens the store itself when no server runs); run "
+            f"`tinystore serve {directory}` for applications and commands to share it at once"
+        )
     if owners:
         # (trial CG: "the sidecar did not start within 20s (... the directory is owned by its sidecar server ...)")
         raise UnavailableError(
