@@ -777,9 +777,7 @@ class _Runner:
             if a.why not in ("lost", "cancelled"):
                 a.reporting = True
                 self.free(a)
-                back = Release(queue=self.queue.name, attempts=[Attempt(a.claimed.id, a.claimed.fence)])
-                with contextlib.suppress(TinystoreError, OSError):
-                    await self.call("jobs.release", back, int)
+                await self.hand_back([a.claimed])
             return
         try:
             await self._run_attempt(a)
@@ -864,9 +862,7 @@ class _Runner:
             # this attempt not counted
             a.reporting = a.handed_back = True
             self.free(a)
-            with contextlib.suppress(TinystoreError, OSError, TimeoutError):
-                async with asyncio.timeout(ANSWER_WAIT):  # (else left to its lease: trial CS)
-                    await self.call("jobs.release", Release(queue=q.name, attempts=[Attempt(c.id, c.fence)]), int)
+            await self.hand_back([c], ANSWER_WAIT)  # (else left to its lease: trial CS)
             if a.why is None:
                 raise
             return
@@ -944,6 +940,18 @@ class _Runner:
             await self._report(a, "error", error=exc.message)
             return
         await self._report(a, "succeeded", result=text)
+
+    async def hand_back(self, claimed: builtins.list[Claimed], wait: float | None = None) -> None:
+        """Hand back attempts claimed and not run (their jobs queued again, due now, the attempts not counted);
+        errors are not raised. ``wait``: seconds to wait for the store's answer (else left to the leases)."""
+        back = Release(queue=self.queue.name, attempts=[Attempt(c.id, c.fence) for c in claimed])
+        with contextlib.suppress(TinystoreError, OSError):
+            try:
+                async with asyncio.timeout(wait):
+                    await self.call("jobs.release", back, int)
+            except TimeoutError:
+                if wait is None:
+                    raise
 
     def waited_at_close(self) -> int:
         """The handlers a close of the store waits for: those running, but the one that closes it (see stop)."""
@@ -1108,10 +1116,7 @@ class Worker:
 
     async def _hand_back_now(self, got: builtins.list[Claimed]) -> None:
         """Hand back attempts claimed for a worker that is stopping (errors logged, not raised)."""
-        with contextlib.suppress(TinystoreError, OSError):
-            await self._runner.call(
-                "jobs.release", Release(queue=self.queue.name, attempts=[Attempt(c.id, c.fence) for c in got]), int
-            )
+        await self._runner.hand_back(got)
 
     async def _claim_some(self, n: int) -> None:
         """One claim of up to ``n`` attempts for free slots; starts what it gets. A failed claim waits out its
@@ -1883,10 +1888,7 @@ class Queue(Generic[T]):
                     got = await claim(self.store, self.name, concurrency, 0.0, runner.worker, now)
                     if got and self.store._closed:
                         # claimed as the close began: not run, handed back (not counted)
-                        with contextlib.suppress(TinystoreError, OSError, TimeoutError):
-                            async with asyncio.timeout(ANSWER_WAIT):
-                                back = [Attempt(c.id, c.fence) for c in got]
-                                await runner.call("jobs.release", Release(queue=self.name, attempts=back), int)
+                        await runner.hand_back(got, ANSWER_WAIT)
                         got = []
                         continue
                 finally:

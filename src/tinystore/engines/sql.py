@@ -1656,6 +1656,12 @@ class SqlDatabase:
             limits = msgspec.structs.replace(limits, tx_max=_UNLIMITED, tx_idle=_UNLIMITED)
         started = time.monotonic()
         ends = started + limits.tx_max  # no statement of the transaction runs past its tx_max (see arm)
+
+        def past_tx_max() -> TimeoutError_:
+            return TimeoutError_(
+                f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) and was rolled back"
+            )
+
         end_reason: TinystoreError | None = None
         quiet = False
         last_rowid = 0  # the rowid the transaction's last insert added (SQL's last_insert_rowid())
@@ -1664,10 +1670,7 @@ class SqlDatabase:
             now = time.monotonic()
             wait = min(limits.tx_idle, started + limits.tx_max - now)
             if wait <= 0:
-                end_reason = TimeoutError_(
-                    f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) "
-                    "and was rolled back"
-                )
+                end_reason = past_tx_max()
                 break
             call = _take(tx.calls, wait)
             if call is _NO_CALL:
@@ -1686,10 +1689,7 @@ class SqlDatabase:
                     call = _take(tx.calls, IDLE_GRACE)
             if call is _NO_CALL:
                 if time.monotonic() - started >= limits.tx_max:
-                    end_reason = TimeoutError_(
-                        f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) "
-                        "and was rolled back"
-                    )
+                    end_reason = past_tx_max()
                 else:
                     end_reason = TimeoutError_(
                         f"database {self.name}: transaction {tx.id} stayed idle past tx_idle ({limits.tx_idle:g}s) "
@@ -1760,10 +1760,7 @@ class SqlDatabase:
             except BaseException as exc:
                 if isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted" and time.monotonic() >= ends:
                     # stopped at the transaction's tx_max (see arm): the transaction ends with it, rolled back
-                    end_reason = TimeoutError_(
-                        f"database {self.name}: transaction {tx.id} ran past tx_max ({limits.tx_max:g}s) "
-                        "and was rolled back"
-                    )
+                    end_reason = past_tx_max()
                     put(call.fut, None, end_reason)
                     break
                 err = self._error(exc)
