@@ -97,11 +97,13 @@ async def test_status_of_a_directory_whose_owner_does_not_serve_says_so(tmp_path
     directory = tmp_path / "store"
     store = await tinystore.open(directory, embedded=True, serve=False)
     try:
-        # (taken moments ago, it would be said to be starting: serve=False is told apart by the time since)
-        os.utime(directory / "LOCK", (time.time() - 60, time.time() - 60))
+        # trial DH: taken moments ago (under 10 s), it was said to be "most likely still starting", to be opened
+        # again in a moment, though it was open and would never serve: its server/unserved says so at once
         done = await asyncio.to_thread(run_cli, "status", str(directory))
+        assert (directory / "server" / "unserved").read_text() == f"{os.getpid()}\n"
     finally:
         await store.close()
+    assert not (directory / "server" / "unserved").exists()
     assert done.returncode == 1, done.stdout
     assert done.stderr.startswith(f"error[in_use] store {directory}: the directory is owned by another process")
     assert f"(pid {os.getpid()}), which does not serve its socket (an embedded store opened with serve=False" in (

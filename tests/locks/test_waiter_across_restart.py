@@ -107,3 +107,26 @@ async def test_a_waiter_whose_store_is_gone_gives_up_at_the_end_of_its_wait(tmp_
             await asyncio.wait_for(holder.close(), 10)
     finally:
         server.stop()
+
+
+# contract: LOCK-03
+async def test_a_wait_asked_as_the_server_exits_ends_with_the_wait(tmp_path: Path) -> None:
+    """From trial DH: asked right after the server exited, before the SDK noticed its connection had dropped,
+    a hold with a wait of 2 s was sent as over a live connection, waited for the next one, and failed only after
+    the reconnect_timeout (30 s). It fails as its wait ends."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("data " + "c" * 24 + "\n")
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    server = ServerProcess(tmp_path / "store", "--listen", addr, "--tokens", str(tokens)).start()
+    try:
+        waiter = await tinystore.connect(addr, token="c" * 24, reconnect_timeout=30)
+        try:
+            assert await in_line(waiter, "0s") == "held"
+            server.stop()  # (no await meanwhile: the SDK has not read the end of its connection)
+            started = time.monotonic()
+            got = await asyncio.wait_for(in_line(waiter, "2s"), 40)
+            assert got == "UnavailableError" and time.monotonic() - started < 10, (got, time.monotonic() - started)
+        finally:
+            await asyncio.wait_for(waiter.close(), 10)
+    finally:
+        server.stop()

@@ -286,3 +286,40 @@ async def test_a_store_that_stops_during_a_backup_says_so_and_leaves_no_store_be
     await asyncio.to_thread(finished.wait, 10)
     assert not (tmp_path / "copy" / "LOCK").exists()
     assert not (tmp_path / "copy" / "sql" / "app.db").exists()
+
+
+async def test_a_server_killed_during_a_backup_is_said_to_leave_dest_maybe_incomplete(tmp_path: Path) -> None:
+    """Trial DF: with its server killed during a backup, the caller got ClosedError ("the connection to the store
+    dropped"), which said nothing of DEST (left with a NAME.db.partial file, mode 0644), though the store was not
+    closed. It is UnavailableError saying DEST may be incomplete, and the partial file is 0600."""
+    server = ServerProcess(tmp_path / "s").start()
+    try:
+        store = await tinystore.open(tmp_path / "s")
+        try:
+            db = await store.database("app")
+            await db.exec("create table t (b)")
+            await db.exec(
+                "with recursive c(i) as (select 1 union all select i + 1 from c where i < 800) "
+                "insert into t select randomblob(100000) from c"
+            )
+            partial = tmp_path / "copy" / "sql" / "app.db.partial"
+            call = asyncio.ensure_future(store.backup(tmp_path / "copy"))
+            for _ in range(5000):
+                if partial.exists() or call.done():
+                    break
+                await asyncio.sleep(0.001)
+            assert partial.exists(), "the copy was not seen under way"
+            assert partial.stat().st_mode & 0o777 == 0o600
+            server.kill()
+            with pytest.raises(tinystore.UnavailableError) as info:
+                await call
+            assert info.value.message == (
+                f"backup: the connection to the store dropped during the backup into {tmp_path / 'copy'} (its server "
+                f"stopped, or the network failed); {tmp_path / 'copy'} may be incomplete: a complete backup has its "
+                "LOCK (made last); without one, remove it before trying again"
+            )
+            assert not (tmp_path / "copy" / "LOCK").exists()
+        finally:
+            await store.close()
+    finally:
+        server.stop()

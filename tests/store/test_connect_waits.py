@@ -140,7 +140,16 @@ async def test_a_wrong_token_fails_at_once_naming_the_store(tmp_path: Path) -> N
         with pytest.raises(UnauthenticatedError) as info:
             await tinystore.connect(address, token="w" * 32, reconnect_timeout=30)
         assert time.monotonic() - began < 2
-        assert info.value.message == f"the store at {address}: the token is missing or wrong"
+        assert info.value.message == (
+            f"the store at {address}: the token is wrong: it is none of the server's (its --tokens file)"
+        )
+        # trial DH: none given was told "missing or wrong"
+        with pytest.raises(UnauthenticatedError) as info:
+            await tinystore.connect(address, reconnect_timeout=30)
+        assert info.value.message == (
+            f"the store at {address}: no token was given, and this server asks for one (pass token=, one of the "
+            "tokens in its --tokens file)"
+        )
     finally:
         await core.stop(1.0)
 

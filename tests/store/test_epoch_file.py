@@ -45,3 +45,30 @@ async def test_a_missing_epoch_file_is_made(tmp_path: Path) -> None:
     store = await tinystore.open(directory, embedded=True, serve=False)
     await store.close()
     assert int((directory / "EPOCH").read_text()) > 0
+
+
+# contract: LOCK-02
+async def test_a_missing_epoch_file_of_a_store_with_databases_is_a_corrupt_error(tmp_path: Path) -> None:
+    """From trial DF: removed from a store that had run, EPOCH was made again from the wall clock without a word;
+    with the clock behind the saved epoch (stepped back since), fences went below those given before."""
+    directory = tmp_path / "s"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    db = await store.database("app")
+    await db.exec("create table t (x)")
+    async with store.lock("l").hold(1) as lease:
+        first = lease.fence
+    await store.close()
+    (directory / "EPOCH").unlink()
+    with pytest.raises(CorruptError, match="EPOCH: is missing, though the store has run"):
+        await tinystore.open(directory, embedded=True, serve=False)
+    assert not (directory / "EPOCH").exists()
+    # fixed as the message says: the store opens, its rows and growing fences kept
+    (directory / "EPOCH").write_text(f"{int(time.time() * 1000) + 86_400_000}\n")
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        db = await store.database("app")
+        assert await db.all("select * from t") == []
+        async with store.lock("l").hold(1) as lease:
+            assert lease.fence > first
+    finally:
+        await store.close()

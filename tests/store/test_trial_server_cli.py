@@ -273,6 +273,8 @@ def test_serve_refuses_tls_files_it_cannot_use(tmp_path: Path, case: str) -> Non
     assert expected in line, line
     if case == "missing cert":
         assert str(tmp_path / "nope.pem") in line, line
+    # trial DH: files that were no PEM at all were asked whether they were swapped
+    assert ("are they swapped?" in line) == (case == "swapped"), line
     assert not (tmp_path / "store").exists()
 
 

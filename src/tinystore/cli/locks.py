@@ -167,7 +167,8 @@ def register(main: click.Group) -> None:
     def hold(directory: Target, name: str, key: str, command: tuple[str, ...], ttl: str, wait: str, grace: str) -> None:
         """Run COMMAND while holding KEY of LOCK: `tinystore lock DIR hold LOCK KEY -- COMMAND ARGS...`.
 
-        The command gets TINYSTORE_FENCE (the lease's fence, decimal), and is stopped when the lease is lost
+        The command gets TINYSTORE_FENCE (the lease's fence, decimal; TINYSTORE_FENCE_PADDED: 40 digits, which sort
+        as text), and is stopped when the lease is lost
         (SIGTERM, then SIGKILL after --grace). On Linux it is also killed (SIGKILL) if this `tinystore` process
         dies, even by SIGKILL, so it never runs on without the key. Only the command's own process is covered: processes
         it starts itself (in the background, or the commands of a script that does not `exec` them) are not.

@@ -98,7 +98,11 @@ MARGIN = 0.1
 """The SDK declares a lease lost itself when no renewal succeeded for ``ttl * (1 - MARGIN)``."""
 KEY_MAX = 256
 LET_GO_WAIT = 1.0
-"""Seconds a cancelled acquire waits, at most, for the calls that let go of what it may have been given."""
+"""Seconds a cancelled acquire waits, at most, for the calls that let go of what it may have been given (while
+connected: calls that wait for the next connection go on on their own)."""
+ANSWER_GRACE = 1.0
+"""Seconds past its wait that an ask sent over a connection may take to be answered (the store answers "held" as
+the wait ends) before the SDK takes the store for unreachable."""
 _WAITS: dict[str, float] = {}  # waits given as text ("10s"), read once each
 
 _HELD, _LOST, _DONE = 0, 1, 2
@@ -320,7 +324,7 @@ class Lease:
                 self._lose(f"{self._where()}: the lease reached its max_hold")
             else:
                 self._lose(
-                    f"{self._where()}: no renewal succeeded for {format_seconds(now - self._base)} of its "
+                    f"{self._where()}: no renewal succeeded for {format_seconds(round(now - self._base, 3))} of its "
                     f"{format_seconds(self._ttl)} ttl (the connection is down, or this process froze); "
                     "the lease may have run out and the key may be another's"
                 )
@@ -870,11 +874,25 @@ class _Hub:
             asked: list[float] = []  # when the ask was written: the lease starts at the store no sooner than
             # this plus its wait in line there
             try:
-                if wait and deadline is not None and not transport.connected:
-                    # the ask waits for the next connection: not past the wait (trial AY: a wait of 1 s took 10).
-                    # (A wait of 0, "now or never", is asked of the store once it is reached, as any call.)
-                    async with asyncio.timeout(max(0.0, deadline - loop.time())):
-                        reply = await self._ask(req, asked.append)
+                if wait and deadline is not None:
+                    # an ask that waits for the next connection: not past the wait (trial AY: a wait of 1 s took
+                    # 10); one sent over a connection: the store's answer, as the wait ends, is let come, unless the
+                    # connection turns out dead (trial DH: asked as the server exited, a wait of 2 s took 30, the
+                    # reconnect_timeout). (A wait of 0, "now or never", is asked of the store once it is reached,
+                    # as any call.)
+                    grace = ANSWER_GRACE if transport.connected else 0.0
+                    async with asyncio.timeout(max(0.0, deadline - loop.time()) + grace) as limit:
+
+                        def at_deadline(limit: asyncio.Timeout = limit) -> None:
+                            if not transport.connected:  # (the connection dropped: no answer is coming)
+                                limit.reschedule(loop.time())
+
+                        check = loop.call_at(deadline, at_deadline) if grace else None
+                        try:
+                            reply = await self._ask(req, asked.append)
+                        finally:
+                            if check is not None:
+                                check.cancel()
                 else:
                     reply = await self._ask(req, asked.append)
             except TimeoutError:
@@ -1009,7 +1027,9 @@ class _Hub:
         """Wait (a second at most) for the calls that let go of what a cancelled acquire or release holds, so
         that the key is free once the cancelled task has ended (LOCK-04). They go on past that second, and past
         another cancel, on their own."""
-        if pending:
+        if pending and self.transport.connected:
+            # (not connected, they wait for the next connection: a cancel does not wait for that; trial DH: a
+            # wait of 2 s with the server down took 3)
             with contextlib.suppress(BaseException):
                 await asyncio.wait(pending, timeout=LET_GO_WAIT)
 

@@ -370,7 +370,8 @@ class Store:
         Raises ``InvalidError`` (``dest`` inside the store, holding it, a symbolic link, an existing folder that
         is not empty, no path), ``PermissionDeniedError`` (not an admin token, ``dest`` a folder of another user or
         one that cannot be made), ``InUseError`` (another backup is under way), ``UnavailableError`` (a disk
-        error), ``ClosedError`` (the store stopped during the backup). After an error ``dest`` holds no ``LOCK``
+        error; the connection dropped during the backup: ``dest`` may be incomplete, and is complete only with
+        its ``LOCK``), ``ClosedError`` (the store stopped during the backup). After an error ``dest`` holds no ``LOCK``
         and no half-written database: remove it before trying again. A cancel leaves the copy going on in the
         server until it ends.
         """
@@ -383,7 +384,18 @@ class Store:
             raise InvalidError(f"backup: dest {path!r}: give the folder to copy the store into")
         if self.mode != "remote":
             path = os.path.abspath(path)
-        result: dict[str, Any] = await self._call("store.backup", Backup(path), Any, retry=False)
+        try:
+            result: dict[str, Any] = await self._call("store.backup", Backup(path), Any, retry=False)
+        except ClosedError as exc:
+            if not exc.extra.get("dropped"):
+                raise
+            # (trial DF: a server killed during a backup left DEST with NAME.db.partial files, and the error did
+            # not say so, nor that the store was not closed)
+            raise UnavailableError(
+                f"backup: the connection to the store dropped during the backup into {path} (its server stopped, "
+                f"or the network failed); {path} may be incomplete: a complete backup has its {LOCK} (made last); "
+                "without one, remove it before trying again"
+            ) from None
         return result
 
     async def close(self) -> None:
@@ -600,6 +612,8 @@ async def _open_embedded(
     try:
         if serve:
             await start_listeners(core, ServeOptions(directory=path, mode="embedded"))
+        else:
+            paths.mark_unserved(path)
         transport = LocalTransport(core)
     except BaseException:
         await core.stop()

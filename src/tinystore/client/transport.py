@@ -1159,7 +1159,9 @@ class RemoteTransport(Transport):
                                 f"the store dropped before the answer came ({exc}); the transaction was rolled back "
                                 "with it (nothing of it was committed)"
                             ) from None
-                        raise ClosedError(f"{method}: the connection to the store dropped ({exc})") from None
+                        raise ClosedError(
+                            f"{method}: the connection to the store dropped ({exc})", dropped=True
+                        ) from None
                     continue
                 except _Refused as exc:
                     self._no_tx_elsewhere(method, request, f"{exc}; the store stopped")

@@ -191,6 +191,9 @@ def _copy_database(source: Path, target: Path, stop_if_cancelled: Any) -> int:
         src = sqlite3.connect(source, isolation_level=None, timeout=60)
         try:
             src.execute("pragma query_only = 1")
+            # made 0600 before SQLite opens it (its journal takes its mode): never readable by others, even
+            # left by a server killed mid-copy (trial DF)
+            os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             dst = sqlite3.connect(partial, isolation_level=None)
             try:
                 src.backup(dst)  # all pages in one step: one read transaction's view of the database

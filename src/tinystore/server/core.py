@@ -158,6 +158,7 @@ class Core:
         paths.check_store_dir(self.directory, f"store {self.directory}")
         self._lock.acquire()
         try:
+            paths.remove_unserved(self.directory)  # (left by an owner that was killed)
             self.epoch = next_epoch(self.directory, self.clock.now_ms())
             self.read_facts = paths.read_last_read(self.directory)
             self.started = time.time()
@@ -291,6 +292,7 @@ class Core:
             self.running = False
             # the address this process wrote, if it served, goes before the directory does (a stale one misleads)
             paths.remove_address(self.directory)
+            paths.remove_unserved(self.directory)
             self._lock.release()
             self.stopped.set()
 

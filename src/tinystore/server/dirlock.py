@@ -328,6 +328,8 @@ class DirLock:
                 age = max(0.0, time.time() - os.stat(self.path).st_mtime)  # (its owner writes LOCK as it takes it)
             except OSError:
                 age = 0.0
+            # (open, and will not serve: told so at once, not taken to be starting; trial DH)
+            unserved = paths.unserved_by(self.path.parent) == int(owner)
             command = _command_of(int(owner))
             server = command == "serve"
             if command is not None and not server:
@@ -347,7 +349,7 @@ class DirLock:
                     "engines open slowly: a slow disk, a long recovery), or its server/ folder was removed while it "
                     f"ran (then stop it: tinystore stop {self.path.parent}, or SIGTERM; both graceful)"
                 )
-            if age < STARTING:
+            if age < STARTING and not unserved:
                 return InUseError(
                     f"{where}: the directory is owned by {'a tinystore server' if server else 'another process'} "
                     f"(pid {owner}) that took it {format_seconds(round(age, 3))} ago and does not serve its socket "
@@ -409,12 +411,20 @@ def _planted(path: Path) -> PermissionDeniedError:
     )
 
 
+def _has_databases(directory: Path) -> bool:
+    try:
+        return any(name.endswith(".db") for name in os.listdir(directory / "sql"))
+    except OSError:
+        return False
+
+
 def next_epoch(directory: Path, now_ms: int) -> int:
     """The store's epoch for this start: ``max(now_ms, last + 1)``, saved (fsync) before it is used.
 
     It only grows, whatever the wall clock does, so fences (``epoch << 64 | counter``) and message ids
     (``<epoch>-<seq>``) never repeat across restarts (LOCK-02). Raises ``CorruptError`` when the file is there
-    but does not hold a number: starting from the wall clock then could give fences that went out before.
+    but does not hold a number, or is missing from a store that has databases: starting from the wall clock then
+    could give fences that went out before.
     """
     path = directory / "EPOCH"
     try:
@@ -422,6 +432,15 @@ def next_epoch(directory: Path, now_ms: int) -> int:
             text = f.read()
     except FileNotFoundError:
         text = None
+        if _has_databases(directory):
+            # (trial DF: a store whose EPOCH was removed started from the wall clock, without a word: behind the
+            # saved epoch, as after a clock stepped back, its fences went below those it gave before). Its
+            # databases are made after its first EPOCH is written: a store with one had an EPOCH
+            raise CorruptError(
+                f"{path}: is missing, though the store has run (it has databases in sql/). Fences grow across "
+                "restarts only from it (LOCK-02): write in it a number above every epoch the store gave, such as "
+                "the current time in ms plus a day, to start again"
+            ) from None
     except (OSError, UnicodeDecodeError) as exc:
         if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
             raise _planted(path) from None

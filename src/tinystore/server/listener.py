@@ -542,7 +542,14 @@ class ServerConnection(asyncio.Protocol):
                 if hmac.compare_digest(token.encode(), hello.token.encode()):
                     capability = cap
             if not capability:
-                self.refuse(UnauthenticatedError.code, "the token is missing or wrong")
+                # (trial DH: "missing or wrong" left a client that gave none to guess which)
+                self.refuse(
+                    UnauthenticatedError.code,
+                    "the token is wrong: it is none of the server's (its --tokens file)"
+                    if hello.token
+                    else "no token was given, and this server asks for one (pass token=, one of the "
+                    "tokens in its --tokens file)",
+                )
                 return
         try:
             self.session = self.core.new_session(self.push, local=False, capability=capability, name=hello.client)

@@ -116,10 +116,28 @@ def tls_context(addr: str, cert: str | None, key: str | None) -> ssl.SSLContext:
     try:
         ctx.load_cert_chain(cert, key)
     except (ssl.SSLError, OSError, ValueError) as exc:
+        # (trial DH: two files that were no PEM at all were asked whether they were swapped)
+        swapped = _pem_kinds(cert) == {"PRIVATE KEY"} and _pem_kinds(key) == {"CERTIFICATE"}
+        hint = "; are they swapped?" if swapped else ""
         raise InvalidError(
-            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc}); are they swapped?"
+            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc}){hint}"
         ) from None
     return ctx
+
+
+def _pem_kinds(name: str) -> set[str]:
+    """What PEM blocks file ``name`` holds: ``"CERTIFICATE"``, ``"PRIVATE KEY"`` (of any kind: RSA, EC…)."""
+    try:
+        with open(name, "rb") as f:
+            head = f.read(1 << 20)
+    except OSError:
+        return set()
+    kinds = set()
+    if b"-----BEGIN CERTIFICATE-----" in head:
+        kinds.add("CERTIFICATE")
+    if b"PRIVATE KEY-----" in head:
+        kinds.add("PRIVATE KEY")
+    return kinds
 
 
 def bind_error(addr: str, exc: OSError) -> InvalidError:

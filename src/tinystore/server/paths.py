@@ -216,6 +216,35 @@ def remove_address(directory: Path) -> None:
             address_file(directory).unlink()
 
 
+def unserved_file(directory: Path) -> Path:
+    return directory / "server" / "unserved"
+
+
+def mark_unserved(directory: Path) -> None:
+    """Say in ``DIR/server/unserved`` (its pid) that this process owns the directory, open, and will not serve
+    its socket (an embedded store opened with ``serve=False``): another process is told so at once, rather than
+    that the owner is most likely still starting (trial DH). Errors are ignored: the file only words a message."""
+    with contextlib.suppress(OSError):
+        server_dir(directory)
+        unserved_file(directory).write_text(f"{os.getpid()}\n")
+
+
+def unserved_by(directory: Path) -> int | None:
+    """The pid ``DIR/server/unserved`` names (see :func:`mark_unserved`), or ``None``."""
+    try:
+        text = unserved_file(directory).read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def remove_unserved(directory: Path) -> None:
+    """Remove ``DIR/server/unserved``; called by the directory's owner only (the file is its own, or was left by
+    an owner that was killed)."""
+    with contextlib.suppress(OSError):
+        unserved_file(directory).unlink()
+
+
 ReadFacts = dict[str, list[tuple[int, int, int]]]
 """SDK transport (its instance) → ``(server epoch, connection number, last stream read)`` facts (see
 ``Core.read_facts``)."""
