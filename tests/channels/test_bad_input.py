@@ -74,3 +74,27 @@ def test_a_payload_nested_too_deeply_to_check_is_told_not_raised() -> None:
     nan = msgspec.msgpack.encode(float("nan"))
     assert non_finite(b"\x91" * 200_000 + nan) == "it nests too deeply to be read"
     assert non_finite(b"\x91" * 10 + nan) == "nan is not a JSON number (at $[0][0][0][0][0][0][0][0][0][0])"
+
+
+async def test_a_publish_many_past_its_item_limit_is_refused_unread(tmp_path: Path) -> None:
+    """Trial DG: 1.5 million messages in one channels.publish_many (under the 16 MiB frame limit) kept the server's
+    loop, and every other client, waiting some 6 s. Past PUBLISH_MANY_MAX it is refused, and nothing published."""
+    from tinystore.protocol.channels import PUBLISH_MANY_MAX, Publish, PublishMany
+
+    async with open_store("private", tmp_path / "s") as store:
+        got: list[Any] = []
+        sub = await store.channel("c").under("7").subscribe(lambda m: got.append(m.value))
+        try:
+            item = Publish("c", ["7"], msgspec.json.encode(1))
+            with pytest.raises(InvalidError, match=r"channels.publish_many: Expected `array` of length <= 10000"):
+                await store._call("channels.publish_many", PublishMany([item] * (PUBLISH_MANY_MAX + 1)), Any)
+            await store.channel("c").under("7").publish(2)
+            for _ in range(500):
+                if got:
+                    break
+                await asyncio.sleep(0.01)
+            assert got == [2]  # none of the refused call's
+            done = await store._call("channels.publish_many", PublishMany([item] * PUBLISH_MANY_MAX), Any)
+            assert len(done) == PUBLISH_MANY_MAX
+        finally:
+            await sub.stop()

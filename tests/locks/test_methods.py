@@ -73,3 +73,21 @@ async def test_acquire_many_answers_each_item_on_its_own(remote: tinystore.Store
     await waiting(remote, 0, "a")
     with pytest.raises(InvalidError, match="1 items but 2 tickets"):
         await remote._call("locks.acquire_many", AcquireMany(items=[acquire()], tickets=[1, 2]), Any)
+
+
+async def test_a_max_hold_or_wait_past_100_years_is_refused_and_grants_nothing(remote: tinystore.Store) -> None:
+    """Trial DG: a raw client's max_hold_ms of 2**64-1 was granted, then the answer (its max_hold_at) could not be
+    encoded: the caller was told of an internal error while the key stayed held, by nobody, for the ttl."""
+    huge = Acquire(lock="summaries", key="k", ttl_ms=30_000, max_hold_ms=2**64 - 1)
+    with pytest.raises(InvalidError, match=r"max_hold .* at most 100 years \(36500d\)"):
+        await remote._call("locks.acquire", huge, Granted)
+    got: list[AcquireOutcome] = await remote._call(
+        "locks.acquire_many", AcquireMany(items=[huge], tickets=[1]), list[AcquireOutcome]
+    )
+    assert got[0].code == "invalid" and "at most 100 years" in got[0].message
+    far = Acquire(lock="summaries", key="k", ttl_ms=30_000, wait_ms=2**64 - 1)
+    with pytest.raises(InvalidError, match=r"wait .* from 0 to 100 years \(36500d\)"):
+        await remote._call("locks.acquire", far, Granted)
+    assert holders(await remote.status(), "summaries", "k") == (0, 0)
+    held: Granted = await remote._call("locks.acquire", acquire(wait_ms=0), Granted)  # the key is free
+    assert held.lease

@@ -52,3 +52,22 @@ async def test_a_server_stalled_past_tx_idle_does_not_roll_back_a_busy_transacti
         else:
             raise AssertionError("an idle transaction was not rolled back")
         assert await db.scalar("select count(*) from t") == 3
+
+
+# contract: SQL-03
+async def test_a_server_loop_kept_busy_past_tx_idle_does_not_roll_back_a_busy_transaction(tmp_path: Path) -> None:
+    """From trial DG: one client's call kept the server's loop busy 6 s (its thread, not the process, stalled);
+    another client's transaction, never idle 0.3 s, was rolled back for tx_idle, its next statement unread. Here
+    the loop is the embedded store's own, kept busy by a blocking sleep."""
+    import time
+
+    async with open_store("embedded", tmp_path / "store", limits=tinystore.Limits(tx_idle=1)) as store:
+        db = await store.database("app", migrations=[("1.sql", "create table t (x integer);")])
+
+        async def body(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t (x) values (1)")
+            time.sleep(1.6)  # noqa: ASYNC251 (the loop is kept busy past tx_idle, 1 s, and its last look, 0.25 s)
+            await tx.exec("insert into t (x) values (2)")
+
+        await db.tx(body)
+        assert await db.all("select x from t order by x") == [{"x": 1}, {"x": 2}]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ..clock import Clock, Timer
+from ..durations import MAX_SECONDS
 from ..errors import ClosedError, InUseError, InvalidError, LostError
 from ..limits import Limits
 from ..names import check_name
@@ -242,8 +243,8 @@ class LocksEngine:
                 or not 1 <= limit <= LIMIT_MAX
                 or isinstance(ttl, bool)
                 or not self._ttl_min <= ttl <= self._ttl_max
-                or (wait is not None and (isinstance(wait, bool) or not wait >= 0))
-                or (max_hold is not None and (isinstance(max_hold, bool) or not _INF > max_hold > 0))
+                or (wait is not None and (isinstance(wait, bool) or not MAX_SECONDS >= wait >= 0))
+                or (max_hold is not None and (isinstance(max_hold, bool) or not MAX_SECONDS >= max_hold > 0))
             )
         except TypeError:
             bad = True
@@ -376,9 +377,16 @@ class LocksEngine:
             raise InvalidError(f"{where}: ttl {ttl!r} must be a number of seconds in {lo} .. {hi}")
         if not self._ttl_min <= ttl <= self._ttl_max:
             raise InvalidError(f"{where}: ttl {fmt_seconds(ttl)} is outside {lo} .. {hi}")
-        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0):
-            raise InvalidError(f"{where}: wait {wait!r} must be a number of seconds, 0 or more")
-        raise InvalidError(f"{where}: max_hold {max_hold!r} must be a finite number of seconds above 0")
+        # (at most 100 years, as the SDK takes them: trial DG's max_hold of 2**64-1 ms, from a raw client, was
+        # granted, then its answer (max_hold_at) could not be encoded: the caller was told of an internal error
+        # while the key stayed held, by nobody, for its ttl)
+        if wait is not None and (
+            isinstance(wait, bool) or not isinstance(wait, int | float) or not MAX_SECONDS >= wait >= 0
+        ):
+            raise InvalidError(f"{where}: wait {wait!r} must be a number of seconds from 0 to 100 years (36500d)")
+        raise InvalidError(
+            f"{where}: max_hold {max_hold!r} must be a number of seconds above 0 and at most 100 years (36500d)"
+        )
 
     # ------------------------------------------------------------------ grants and deadlines
 

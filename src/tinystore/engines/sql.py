@@ -1646,6 +1646,25 @@ class SqlDatabase:
             if tx.migration:
                 ctl(conn, "pragma foreign_keys = on")
 
+    def _loop_polled(self, tx: SqlTx, until: float) -> None:
+        """Wait, on a database thread, until the store's loop has polled its sockets since this call (two turns of
+        it: a callback scheduled by a callback runs a turn later, after a poll, in asyncio's loop and uvloop's
+        alike), or ``tx`` has a call (or its abort), or until ``until`` (``time.monotonic()``); at once when the
+        loop is closed."""
+        polled = threading.Event()
+        loop = self.loop
+
+        def first() -> None:
+            loop.call_soon(polled.set)
+
+        try:
+            loop.call_soon_threadsafe(first)
+        except RuntimeError:
+            return
+        while not polled.wait(0.05):
+            if not tx.calls.empty() or time.monotonic() >= until:
+                return
+
     def _serve_tx(self, conn: sqlite3.Connection, tx: SqlTx, arm: _Arm, writer: bool) -> None:
         put = self.results.put
         limits = self.limits
@@ -1684,8 +1703,10 @@ class SqlDatabase:
                     # doing, not the server's: the wait starts again, giving the loop the time to read it.
                     continue
                 if in_time:
-                    # woken on time, yet a stop may have ended just now, the loop not having read yet what the
-                    # client sent meanwhile: a last look, a moment later
+                    # woken on time, yet a stop may have ended just now, or the loop may be busy (trial DG: kept
+                    # 6 s by one client's call, while another's transaction was never idle 0.3 s): it has not
+                    # read yet what the client sent meanwhile. Once it has polled its sockets again, a last look
+                    self._loop_polled(tx, ends)
                     call = _take(tx.calls, IDLE_GRACE)
             if call is _NO_CALL:
                 if time.monotonic() - started >= limits.tx_max:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 import reprlib
+from typing import Annotated
 
 import msgspec
 
@@ -232,10 +233,17 @@ class Publish(msgspec.Struct, array_like=True):
     tx: int = 0
 
 
-class PublishMany(msgspec.Struct, array_like=True):
-    """``channels.publish_many``: several messages at once, in order (a transaction's, at its commit)."""
+PUBLISH_MANY_MAX = 10_000
+"""Messages in one ``channels.publish_many`` (the SDK sends 1,024 at most): refused past it as the body is read,
+before its items are (trial DG: 1.5 million in one frame kept the server's loop, and every other client, waiting
+some 6 s)."""
 
-    items: list[Publish]
+
+class PublishMany(msgspec.Struct, array_like=True):
+    """``channels.publish_many``: several messages at once, in order (a transaction's, at its commit); at most
+    :data:`PUBLISH_MANY_MAX`."""
+
+    items: Annotated[list[Publish], msgspec.Meta(max_length=PUBLISH_MANY_MAX)]
 
 
 class After(msgspec.Struct, array_like=True):

@@ -25,7 +25,7 @@ from ..engines.sql import SqlEngine
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError
 from ..limits import Limits
 from . import paths
-from .dirlock import DirLock, next_epoch
+from .dirlock import DirLock, is_store, next_epoch
 
 log = logging.getLogger("tinystore.server")
 
@@ -156,10 +156,11 @@ class Core:
             raise InvalidError(f'durability {self.durability!r}: use "full" or "os"')
         paths.make_directory(self.directory, "serve")
         paths.check_store_dir(self.directory, f"store {self.directory}")
+        ran_before = is_store(self.directory)  # (its LOCK is made by its first start, and kept)
         self._lock.acquire()
         try:
             paths.remove_unserved(self.directory)  # (left by an owner that was killed)
-            self.epoch = next_epoch(self.directory, self.clock.now_ms())
+            self.epoch = next_epoch(self.directory, self.clock.now_ms(), ran_before)
             self.read_facts = paths.read_last_read(self.directory)
             self.started = time.time()
             self.sql = SqlEngine(self.directory, self.limits, self.durability)

@@ -418,13 +418,13 @@ def _has_databases(directory: Path) -> bool:
         return False
 
 
-def next_epoch(directory: Path, now_ms: int) -> int:
+def next_epoch(directory: Path, now_ms: int, ran_before: bool = False) -> int:
     """The store's epoch for this start: ``max(now_ms, last + 1)``, saved (fsync) before it is used.
 
     It only grows, whatever the wall clock does, so fences (``epoch << 64 | counter``) and message ids
     (``<epoch>-<seq>``) never repeat across restarts (LOCK-02). Raises ``CorruptError`` when the file is there
-    but does not hold a number, or is missing from a store that has databases: starting from the wall clock then
-    could give fences that went out before.
+    but does not hold a number, or is missing from a store that ran before (``ran_before``: its ``LOCK`` was
+    there) and has databases: starting from the wall clock then could give fences that went out before.
     """
     path = directory / "EPOCH"
     try:
@@ -432,14 +432,15 @@ def next_epoch(directory: Path, now_ms: int) -> int:
             text = f.read()
     except FileNotFoundError:
         text = None
-        if _has_databases(directory):
+        if ran_before and _has_databases(directory):
             # (trial DF: a store whose EPOCH was removed started from the wall clock, without a word: behind the
-            # saved epoch, as after a clock stepped back, its fences went below those it gave before). Its
-            # databases are made after its first EPOCH is written: a store with one had an EPOCH
+            # saved epoch, as after a clock stepped back, its fences went below those it gave before). A store
+            # that ran had its LOCK before this start, and its databases are made after its EPOCH is written
+            # (databases alone may be SQLite files put in sql/ for a new store to take up: no epoch went out)
             raise CorruptError(
-                f"{path}: is missing, though the store has run (it has databases in sql/). Fences grow across "
-                "restarts only from it (LOCK-02): write in it a number above every epoch the store gave, such as "
-                "the current time in ms plus a day, to start again"
+                f"{path}: is missing, though the store has run (its {LOCK} and databases are there). Fences grow "
+                "across restarts only from it (LOCK-02): write in it a number above every epoch the store gave, such "
+                "as the current time in ms plus a day, to start again"
             ) from None
     except (OSError, UnicodeDecodeError) as exc:
         if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
