@@ -243,7 +243,7 @@ class LocksEngine:
                 or not 1 <= limit <= LIMIT_MAX
                 or isinstance(ttl, bool)
                 or not self._ttl_min <= ttl <= self._ttl_max
-                or (wait is not None and (isinstance(wait, bool) or not MAX_SECONDS >= wait >= 0))
+                or (wait is not None and (isinstance(wait, bool) or not (MAX_SECONDS >= wait >= 0 or wait == _INF)))
                 or (max_hold is not None and (isinstance(max_hold, bool) or not MAX_SECONDS >= max_hold > 0))
             )
         except TypeError:
@@ -381,7 +381,9 @@ class LocksEngine:
         # granted, then its answer (max_hold_at) could not be encoded: the caller was told of an internal error
         # while the key stayed held, by nobody, for its ttl)
         if wait is not None and (
-            isinstance(wait, bool) or not isinstance(wait, int | float) or not MAX_SECONDS >= wait >= 0
+            isinstance(wait, bool)
+            or not isinstance(wait, int | float)
+            or not (MAX_SECONDS >= wait >= 0 or wait == _INF)
         ):
             raise InvalidError(f"{where}: wait {wait!r} must be a number of seconds from 0 to 100 years (36500d)")
         raise InvalidError(
