@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -101,6 +103,22 @@ async def test_status_of_a_directory_whose_owner_does_not_serve_says_so(tmp_path
         # again in a moment, though it was open and would never serve: its server/unserved says so at once
         done = await asyncio.to_thread(run_cli, "status", str(directory))
         assert (directory / "server" / "unserved").read_text() == f"{os.getpid()}\n"
+        # trial DI: another program's tinystore.open() (the sidecar's way) still waited 10 s to be told so
+        script = (
+            "import asyncio, sys, time, tinystore\n"
+            "began = time.monotonic()\n"
+            "try:\n"
+            f"    asyncio.run(tinystore.open({str(directory)!r}))\n"
+            "except tinystore.InUseError as exc:\n"
+            "    print(round(time.monotonic() - began, 1), exc.message)\n"
+        )
+        other = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+        took, _, message = other.stdout.partition(" ")
+        assert float(took) < 5 and "which does not serve its socket (an embedded store opened with serve=False" in (
+            message
+        ), other
     finally:
         await store.close()
     assert not (directory / "server" / "unserved").exists()

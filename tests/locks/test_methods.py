@@ -91,3 +91,30 @@ async def test_a_max_hold_or_wait_past_100_years_is_refused_and_grants_nothing(r
     assert holders(await remote.status(), "summaries", "k") == (0, 0)
     held: Granted = await remote._call("locks.acquire", acquire(wait_ms=0), Granted)  # the key is free
     assert held.lease
+
+
+async def test_many_items_in_one_call_are_refused_as_read_and_the_sdk_sends_them_in_parts(
+    remote: tinystore.Store,
+) -> None:
+    """Trial DI: 250,000 acquires or 15 million releases in one frame kept the server's loop, and every other
+    client, waiting seconds. Past ACQUIRE_MANY_MAX (RELEASE_MANY_MAX) they are refused as the body is read; the
+    SDK's batches of one loop turn stay within them."""
+    from tinystore.protocol.locks import ACQUIRE_MANY_MAX, RELEASE_MANY_MAX, ReleaseMany
+
+    n = ACQUIRE_MANY_MAX + 1
+    many = AcquireMany(items=[acquire(str(i)) for i in range(n)], tickets=list(range(1, n + 1)))
+    with pytest.raises(InvalidError, match=r"locks.acquire_many: Expected `array` of length <= 1000"):
+        await remote._call("locks.acquire_many", many, Any)
+    assert holders(await remote.status(), "summaries", "0") == (0, 0)
+    with pytest.raises(InvalidError, match=r"locks.release_many: Expected `array` of length <= 10000"):
+        await remote._call("locks.release_many", ReleaseMany(leases=[1] * (RELEASE_MANY_MAX + 1)), Any)
+    with pytest.raises(InvalidError, match=r"locks.abandon: Expected `array` of length <= 10000"):
+        await remote._call("locks.abandon", Abandon(tickets=[1] * (RELEASE_MANY_MAX + 1)), Any)
+
+    # through the SDK: 2,500 holds asked in one loop turn, then let go in one
+    lock = remote.lock("many", ttl="30s")
+    entered = [lock.try_hold(i) for i in range(2500)]
+    leases = await asyncio.gather(*(hold.__aenter__() for hold in entered))
+    assert all(lease is not None for lease in leases)
+    await asyncio.gather(*(hold.__aexit__(None, None, None) for hold in entered))
+    assert not [row for row in (await remote.status())["locks"]["keys"] if row["lock"] == "many"]

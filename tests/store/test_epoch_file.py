@@ -3,6 +3,7 @@ there but unreadable is a CorruptError at open, never silently replaced by the w
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
@@ -37,37 +38,49 @@ async def test_a_garbage_epoch_file_is_a_corrupt_error_and_a_fixed_one_opens(tmp
         await store.close()
 
 
-async def test_a_missing_epoch_file_is_made(tmp_path: Path) -> None:
+@pytest.mark.parametrize("left", ["nothing", "LOCK", "sql"])
+async def test_a_missing_epoch_file_of_a_store_that_never_ran_is_made(tmp_path: Path, left: str) -> None:
+    """A new directory; one whose first start stopped before it wrote EPOCH (its LOCK made, no sql/ yet); one
+    given SQLite files in sql/ for a new store to take up (no LOCK): no fence went out, and EPOCH is made."""
     directory = tmp_path / "s"
-    store = await tinystore.open(directory, embedded=True, serve=False)
-    await store.close()
-    (directory / "EPOCH").unlink()
+    directory.mkdir()
+    if left == "LOCK":
+        (directory / "LOCK").write_text("")
+    elif left == "sql":
+        (directory / "sql").mkdir()
+        sqlite3.connect(directory / "sql" / "app.db").execute("create table t (x)").connection.close()
     store = await tinystore.open(directory, embedded=True, serve=False)
     await store.close()
     assert int((directory / "EPOCH").read_text()) > 0
 
 
 # contract: LOCK-02
-async def test_a_missing_epoch_file_of_a_store_with_databases_is_a_corrupt_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", ["databases", "locks only", "LOCK removed too"])
+async def test_a_missing_epoch_file_of_a_store_that_ran_is_a_corrupt_error(tmp_path: Path, case: str) -> None:
     """From trial DF: removed from a store that had run, EPOCH was made again from the wall clock without a word;
-    with the clock behind the saved epoch (stepped back since), fences went below those given before."""
+    with the clock behind the saved epoch (stepped back since), fences went below those given before. From
+    trial DI: so it was in a store of locks only (no database), and in one whose LOCK was removed too."""
     directory = tmp_path / "s"
     store = await tinystore.open(directory, embedded=True, serve=False)
-    db = await store.database("app")
-    await db.exec("create table t (x)")
+    if case != "locks only":
+        db = await store.database("app")
+        await db.exec("create table t (x)")
     async with store.lock("l").hold(1) as lease:
         first = lease.fence
     await store.close()
     (directory / "EPOCH").unlink()
-    with pytest.raises(CorruptError, match=r"EPOCH: is missing, though the store has run \(its LOCK and databases"):
+    if case == "LOCK removed too":
+        (directory / "LOCK").unlink()
+    with pytest.raises(CorruptError, match=r"EPOCH: is missing, though the store has run before \(its sql/ folder"):
         await tinystore.open(directory, embedded=True, serve=False)
     assert not (directory / "EPOCH").exists()
     # fixed as the message says: the store opens, its rows and growing fences kept
     (directory / "EPOCH").write_text(f"{int(time.time() * 1000) + 86_400_000}\n")
     store = await tinystore.open(directory, embedded=True, serve=False)
     try:
-        db = await store.database("app")
-        assert await db.all("select * from t") == []
+        if case != "locks only":
+            db = await store.database("app")
+            assert await db.all("select * from t") == []
         async with store.lock("l").hold(1) as lease:
             assert lease.fence > first
     finally:

@@ -63,9 +63,11 @@ from ..protocol.locks import (
     ABANDON,
     ACQUIRE,
     ACQUIRE_MANY,
+    ACQUIRE_MANY_MAX,
     LOST,
     RELEASE,
     RELEASE_MANY,
+    RELEASE_MANY_MAX,
     RENEW,
     SETTLED,
     Abandon,
@@ -138,6 +140,15 @@ def _sent(asks: list[_Ask], t: float) -> None:
     for ask in asks:
         if ask.sent is not None:
             ask.sent(t)
+
+
+def _utc(at: float) -> datetime:
+    """The aware UTC time of Unix time ``at``; ``NEVER`` for one past the end of year 9999 (or infinite), which a
+    ``datetime`` cannot hold (trial DI: a bare ``ValueError`` near a test clock's end)."""
+    try:
+        return datetime.fromtimestamp(at, UTC)
+    except (ValueError, OverflowError, OSError):
+        return NEVER
 
 
 def _where(kind: str, name: str, key: str) -> str:
@@ -274,14 +285,13 @@ class Lease:
     @property
     def expires_at(self) -> datetime:
         """When the lease runs out unless renewed (aware UTC, the store's clock); ``NEVER`` when it cannot."""
-        if math.isinf(self._expires):
-            return NEVER
-        return datetime.fromtimestamp(self._expires, UTC)
+        return _utc(self._expires)
 
     @property
     def max_hold_at(self) -> datetime | None:
-        """When ``max_hold`` ends the lease whatever its renewals (aware UTC), or ``None``."""
-        return None if self._max_hold_at is None else datetime.fromtimestamp(self._max_hold_at, UTC)
+        """When ``max_hold`` ends the lease whatever its renewals (aware UTC), or ``None``; ``NEVER`` (the end of
+        year 9999) for a time past it (a test clock near it, a long ``max_hold``)."""
+        return None if self._max_hold_at is None else _utc(self._max_hold_at)
 
     def __repr__(self) -> str:
         state = ("held", "lost", "ended")[self._state]
@@ -1001,7 +1011,7 @@ class _Hub:
     async def _ask_batched(self, req: Acquire, sent: Callable[[float], None] | None = None) -> AcquireOutcome:
         ask = _Ask(req, self.loop.create_future(), sent)
         batch = self.acquire_batch
-        if batch is None:
+        if batch is None or len(batch) >= ACQUIRE_MANY_MAX:
             batch = self.acquire_batch = []
             self.spawn(self._send_acquires(batch))
         batch.append(ask)
@@ -1129,8 +1139,10 @@ class _Hub:
             await self._abandon(tickets)
 
     async def _abandon(self, tickets: list[int]) -> None:
-        with contextlib.suppress(TinystoreError):
-            await self.transport.call(ABANDON, Abandon(tickets=tickets), Any, write=False, retry=False)
+        for at in range(0, len(tickets), RELEASE_MANY_MAX):
+            with contextlib.suppress(TinystoreError):
+                part = tickets[at : at + RELEASE_MANY_MAX]
+                await self.transport.call(ABANDON, Abandon(tickets=part), Any, write=False, retry=False)
 
     def _register(self, lease: Lease) -> None:
         self.leases[lease.id] = lease
@@ -1160,7 +1172,7 @@ class _Hub:
                 return False
         if self.release_turn:
             batch = self.release_batch
-            if batch is None:
+            if batch is None or len(batch) >= RELEASE_MANY_MAX:
                 batch = self.release_batch = []
                 self.spawn(self._send_releases(batch))
             fut: asyncio.Future[bool] = self.loop.create_future()

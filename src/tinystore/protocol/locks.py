@@ -30,6 +30,7 @@ so that many callers cost one frame each way rather than one per caller.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import msgspec
 
@@ -158,18 +159,28 @@ class Released(msgspec.Struct, kw_only=True):
     released: bool
 
 
-class ReleaseMany(msgspec.Struct, kw_only=True):
-    """``locks.release_many``: let go of each lease of ``leases`` in order, as :class:`Release` does."""
+ACQUIRE_MANY_MAX = 1_000
+"""Items of one ``locks.acquire_many`` (the SDK sends at most this many a call): refused past it as the body is
+read (trial DI: 250,000 in one frame kept the server's loop, and every other client, waiting near 3 s)."""
+RELEASE_MANY_MAX = 10_000
+"""Leases of one ``locks.release_many``, tickets of one ``locks.abandon`` (the SDK sends at most this many a call;
+trial DI: 15 million released in one frame kept the loop 1.6 s)."""
 
-    leases: list[int]
+
+class ReleaseMany(msgspec.Struct, kw_only=True):
+    """``locks.release_many``: let go of each lease of ``leases`` in order, as :class:`Release` does; at most
+    :data:`RELEASE_MANY_MAX`."""
+
+    leases: Annotated[list[int], msgspec.Meta(max_length=RELEASE_MANY_MAX)]
 
 
 class AcquireMany(msgspec.Struct, kw_only=True):
     """``locks.acquire_many``: the :class:`Acquire` items in order, each with a ticket the client chose (unique
-    on its connection) that names it in the reply, in ``locks.settled`` and in ``locks.abandon``."""
+    on its connection) that names it in the reply, in ``locks.settled`` and in ``locks.abandon``; at most
+    :data:`ACQUIRE_MANY_MAX`."""
 
-    items: list[Acquire]
-    tickets: list[int]
+    items: Annotated[list[Acquire], msgspec.Meta(max_length=ACQUIRE_MANY_MAX)]
+    tickets: Annotated[list[int], msgspec.Meta(max_length=ACQUIRE_MANY_MAX)]
 
 
 class AcquireOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -209,9 +220,9 @@ class AcquireOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
 class Abandon(msgspec.Struct, kw_only=True):
     """``locks.abandon``: the items of these tickets, whose outcome the client never heard: a queued one leaves
     its line; a granted one's lease is let go (by its id: nothing if it was let go already). Unknown tickets:
-    nothing."""
+    nothing. At most :data:`RELEASE_MANY_MAX`."""
 
-    tickets: list[int]
+    tickets: Annotated[list[int], msgspec.Meta(max_length=RELEASE_MANY_MAX)]
 
 
 class Lost(msgspec.Struct, kw_only=True):

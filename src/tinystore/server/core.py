@@ -156,7 +156,8 @@ class Core:
             raise InvalidError(f'durability {self.durability!r}: use "full" or "os"')
         paths.make_directory(self.directory, "serve")
         paths.check_store_dir(self.directory, f"store {self.directory}")
-        ran_before = is_store(self.directory)  # (its LOCK is made by its first start, and kept)
+        # (its LOCK is made by its first start, and kept; its server/ by any start that served or said it would not)
+        ran_before = is_store(self.directory) or (self.directory / "server").is_dir()
         self._lock.acquire()
         try:
             paths.remove_unserved(self.directory)  # (left by an owner that was killed)

@@ -204,7 +204,10 @@ def unreachable_owner(directory: Path) -> InUseError | None:
         # (a `tinystore serve` that took the directory listens once its engines are open, however long a slow
         # disk makes that: it is waited for, within the caller's deadline; trial CM. So is a command such as
         # `tinystore sql`, which lets go when it ends: trial CR)
-        return lock._in_use(owner) if age >= STARTING and _command_of(int(owner)) is None else None
+        if _command_of(int(owner)) is not None:
+            return None
+        # (open, and will not serve: told at once, trial DI)
+        return lock._in_use(owner) if age >= STARTING or paths.unserved_by(directory) == int(owner) else None
     return lock._in_use(owner) if socket_gone(directory) is not None else None
 
 
@@ -411,20 +414,14 @@ def _planted(path: Path) -> PermissionDeniedError:
     )
 
 
-def _has_databases(directory: Path) -> bool:
-    try:
-        return any(name.endswith(".db") for name in os.listdir(directory / "sql"))
-    except OSError:
-        return False
-
-
 def next_epoch(directory: Path, now_ms: int, ran_before: bool = False) -> int:
     """The store's epoch for this start: ``max(now_ms, last + 1)``, saved (fsync) before it is used.
 
     It only grows, whatever the wall clock does, so fences (``epoch << 64 | counter``) and message ids
     (``<epoch>-<seq>``) never repeat across restarts (LOCK-02). Raises ``CorruptError`` when the file is there
-    but does not hold a number, or is missing from a store that ran before (``ran_before``: its ``LOCK`` was
-    there) and has databases: starting from the wall clock then could give fences that went out before.
+    but does not hold a number, or is missing from a store that ran before (``ran_before``: its ``LOCK`` or its
+    ``server/`` folder was there) and has its ``sql/`` folder: starting from the wall clock then could give fences
+    that went out before.
     """
     path = directory / "EPOCH"
     try:
@@ -432,13 +429,15 @@ def next_epoch(directory: Path, now_ms: int, ran_before: bool = False) -> int:
             text = f.read()
     except FileNotFoundError:
         text = None
-        if ran_before and _has_databases(directory):
+        if ran_before and (directory / "sql").is_dir():
             # (trial DF: a store whose EPOCH was removed started from the wall clock, without a word: behind the
             # saved epoch, as after a clock stepped back, its fences went below those it gave before). A store
-            # that ran had its LOCK before this start, and its databases are made after its EPOCH is written
-            # (databases alone may be SQLite files put in sql/ for a new store to take up: no epoch went out)
+            # that ran left its LOCK (or its server/ folder), and its sql/ folder is made after its EPOCH is
+            # written, databases or not (trial DI: a store of locks only). A first start stopped before it wrote
+            # EPOCH left no sql/; SQLite files put in sql/ for a new store to take up come with no LOCK
             raise CorruptError(
-                f"{path}: is missing, though the store has run (its {LOCK} and databases are there). Fences grow "
+                f"{path}: is missing, though the store has run before (its sql/ folder is there, and its {LOCK} "
+                "or server/ folder). Fences grow "
                 "across restarts only from it (LOCK-02): write in it a number above every epoch the store gave, such "
                 "as the current time in ms plus a day, to start again"
             ) from None
