@@ -98,3 +98,22 @@ async def test_a_publish_many_past_its_item_limit_is_refused_unread(tmp_path: Pa
             assert len(done) == PUBLISH_MANY_MAX
         finally:
             await sub.stop()
+
+
+async def test_calls_past_their_item_limits_are_refused_unread(tmp_path: Path) -> None:
+    """Trial DJ: one frame of 5 million channel grants, 4 million job renewals or 15 million SQL parameters kept
+    the server's loop, and every other client, waiting up to 2.6 s. Past their limits they are refused as the
+    body is read."""
+    from tinystore.protocol.channels import GRANT_MANY_MAX, Grant, GrantMany
+    from tinystore.protocol.jobs import RENEW_MAX, Attempt, Renew
+    from tinystore.protocol.sql import PARAMS_MAX, Query
+
+    async with open_store("private", tmp_path / "s") as store:
+        db = await store.database("app")
+        with pytest.raises(InvalidError, match=r"channels.grant_many: Expected `array` of length <= 10000"):
+            await store._call("channels.grant_many", GrantMany([Grant(1, 1)] * (GRANT_MANY_MAX + 1)), Any)
+        with pytest.raises(InvalidError, match=r"jobs.renew: Expected `array` of length <= 10000"):
+            await store._call("jobs.renew", Renew(queue="q", attempts=[Attempt("x", 1)] * (RENEW_MAX + 1)), Any)
+        with pytest.raises(InvalidError, match=r"sql.query: Expected `array` of length <= 250000"):
+            await store._call("sql.query", Query("app", "select 1", [1] * (PARAMS_MAX + 1)), Any)
+        assert await db.scalar("select 1") == 1  # the connection goes on

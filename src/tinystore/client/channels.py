@@ -38,6 +38,7 @@ from ..protocol.channels import (
     FLOAT64,
     GRANT,
     GRANT_MANY,
+    GRANT_MANY_MAX,
     MAX_DEPTH,
     PUBLISH,
     PUBLISH_MANY,
@@ -1131,7 +1132,9 @@ class _Hub:
             if len(items) == 1:
                 await self.transport.call(GRANT, items[0], Any, retry=False)
             elif self.grant_many:
-                await self.transport.call(GRANT_MANY, GrantMany(items), Any, retry=False)
+                for at in range(0, len(items), GRANT_MANY_MAX):  # (in parts the server takes)
+                    part = GrantMany(items[at : at + GRANT_MANY_MAX])
+                    await self.transport.call(GRANT_MANY, part, Any, retry=False)
             else:
                 await self._grant_each(items)
         except InvalidError as exc:

@@ -53,6 +53,7 @@ from ..protocol.jobs import (
     ENDED,
     KEY_MAX,
     PRIORITY_MAX,
+    RENEW_MAX,
     RUN_AT_MAX_MS,
     Add,
     Attempt,
@@ -679,13 +680,12 @@ class _Runner:
                 # (no longer than until the first attempt's lease ends: looked at then, not half a lease later, when
                 # the store has ended it and another worker runs the job; trial CV)
                 async with asyncio.timeout(max(min(lease / 3, self._lease_left(current, transport)), 0.05)):
-                    lost = await self.call(
-                        "jobs.renew",
-                        Renew(
-                            queue=self.queue.name, attempts=[Attempt(a.claimed.id, a.claimed.fence) for a in current]
-                        ),
-                        builtins.list[str],
-                    )
+                    lost = []
+                    for at in range(0, len(current), RENEW_MAX):  # (in parts the server takes)
+                        part = [Attempt(a.claimed.id, a.claimed.fence) for a in current[at : at + RENEW_MAX]]
+                        lost += await self.call(
+                            "jobs.renew", Renew(queue=self.queue.name, attempts=part), builtins.list[str]
+                        )
             except (TinystoreError, OSError, TimeoutError) as exc:
                 log.debug("queue %s: renewal failed: %s", self.queue.name, exc)
                 stopped_at = getattr(transport, "server_stopped_at", None)
