@@ -25,7 +25,8 @@ def test_a_directory_that_cannot_be_made_is_one_error_line(tmp_path: Path, comma
         ("/proc/tinystore-nope", "cannot make the store's directory"),
         (tmp_path / "file" / "x", "is not a directory"),
     ):
-        done = run_cli(command, str(directory))
+        # (any free port for the demo: its port is checked first, and 8000 may be taken on the machine)
+        done = run_cli(command, str(directory), *(["--port", "0"] if command == "demo" else []))
         assert done.returncode == 1, (done.stdout, done.stderr)
         assert done.stderr.startswith(f"error[invalid] {command}: ") and why in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
