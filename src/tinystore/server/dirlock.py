@@ -437,9 +437,8 @@ def next_epoch(directory: Path, now_ms: int, ran_before: bool = False) -> int:
             # EPOCH left no sql/; SQLite files put in sql/ for a new store to take up come with no LOCK
             raise CorruptError(
                 f"{path}: is missing, though the store has run before (its sql/ folder is there, and its {LOCK} "
-                "or server/ folder). Fences grow "
-                "across restarts only from it (LOCK-02): write in it a number above every epoch the store gave, such "
-                "as the current time in ms plus a day, to start again"
+                "or server/ folder). Fences grow across restarts only from it (LOCK-02): write in it a number above "
+                "every epoch the store gave, such as the current time in ms plus a day, to start again"
             ) from None
     except (OSError, UnicodeDecodeError) as exc:
         if isinstance(exc, OSError) and exc.errno == errno.ELOOP:

@@ -224,7 +224,9 @@ def mark_unserved(directory: Path) -> None:
     """Say in ``DIR/server/unserved`` (its pid) that this process owns the directory, open, and will not serve
     its socket (an embedded store opened with ``serve=False``): another process is told so at once, rather than
     that the owner is most likely still starting (trial DH). Errors are ignored: the file only words a message."""
-    with contextlib.suppress(OSError):
+    from ..errors import TinystoreError
+
+    with contextlib.suppress(OSError, TinystoreError):  # (server_dir's own errors: a full disk, say)
         server_dir(directory)
         unserved_file(directory).write_text(f"{os.getpid()}\n")
 
