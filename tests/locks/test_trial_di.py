@@ -8,6 +8,8 @@ from pathlib import Path
 import tinystore
 from tinystore.client.locks import NEVER
 
+from ..helpers import open_store
+
 
 async def test_a_max_hold_ending_past_year_9999_reads_as_never(tmp_path: Path) -> None:
     """With a test clock near the end of 9999 and a long max_hold, lease.max_hold_at raised a bare ValueError
@@ -22,3 +24,14 @@ async def test_a_max_hold_ending_past_year_9999_reads_as_never(tmp_path: Path) -
             assert at is not None and timedelta(0) <= at - datetime(9990, 1, 2, tzinfo=UTC) < timedelta(minutes=1)
     finally:
         await store.close()
+
+
+async def test_status_of_a_lease_ending_past_year_9999_reads_never(tmp_path: Path) -> None:
+    """From trial DK: store.status()["locks"] was {"error": "year 10000 is out of range"} (and so the CLI's status)
+    while a lease's end was past 9999; its expires reads "never", as the lease's own times do."""
+    async with open_store("private", tmp_path / "s", clock=datetime(9999, 12, 31, 23, 30, tzinfo=UTC)) as store:
+        async with store.lock("c", ttl="1h").hold(1) as lease:
+            assert lease.expires_at == NEVER
+            locks = (await store.status())["locks"]
+            assert "error" not in locks, locks
+            assert [(k["key"], k["held"], k["expires"]) for k in locks["keys"]] == [("1", 1, "never")]

@@ -12,6 +12,8 @@ import pytest
 import tinystore
 from tinystore import CorruptError
 
+from ..helpers import open_store
+
 
 # contract: LOCK-02
 async def test_a_garbage_epoch_file_is_a_corrupt_error_and_a_fixed_one_opens(tmp_path: Path) -> None:
@@ -52,6 +54,25 @@ async def test_a_missing_epoch_file_of_a_store_that_never_ran_is_made(tmp_path: 
     store = await tinystore.open(directory, embedded=True, serve=False)
     await store.close()
     assert int((directory / "EPOCH").read_text()) > 0
+
+
+# contract: LOCK-02
+@pytest.mark.parametrize("mode", ["sidecar", "private", "embedded"])
+async def test_sqlite_files_given_to_a_new_store_open_in_every_mode_and_again(tmp_path: Path, mode: str) -> None:
+    """From trial DK: the default open() makes DIR/server/ (its spawning lock, the sidecar's log) before the sidecar
+    starts, and that folder was taken for a store that ran: a new directory given SQLite files in sql/ was refused
+    for a missing EPOCH, then for good (the refused start had made its LOCK)."""
+    directory = tmp_path / "s"
+    directory.mkdir()
+    (directory / "sql").mkdir()
+    sqlite3.connect(directory / "sql" / "app.db").execute("create table t (x)").connection.close()
+    for _ in range(2):
+        async with open_store(mode, directory) as store:
+            db = await store.database("app")
+            await db.exec("insert into t values (1)")
+    assert int((directory / "EPOCH").read_text()) > 0
+    async with open_store(mode, directory) as store:
+        assert await (await store.database("app")).all("select x from t") == [{"x": 1}, {"x": 1}]
 
 
 # contract: LOCK-02

@@ -49,10 +49,12 @@ from ..errors import (
 )
 from ..names import check_name
 from ..protocol.jobs import (
+    ADD_MAX,
     CANCEL_PUSH,
     ENDED,
     KEY_MAX,
     PRIORITY_MAX,
+    RELEASE_MAX,
     RENEW_MAX,
     RUN_AT_MAX_MS,
     Add,
@@ -944,11 +946,12 @@ class _Runner:
     async def hand_back(self, claimed: builtins.list[Claimed], wait: float | None = None) -> None:
         """Hand back attempts claimed and not run (their jobs queued again, due now, the attempts not counted);
         errors are not raised. ``wait``: seconds to wait for the store's answer (else left to the leases)."""
-        back = Release(queue=self.queue.name, attempts=[Attempt(c.id, c.fence) for c in claimed])
         with contextlib.suppress(TinystoreError, OSError):
             try:
                 async with asyncio.timeout(wait):
-                    await self.call("jobs.release", back, int)
+                    for at in range(0, len(claimed), RELEASE_MAX):  # (in parts the server takes)
+                        part = [Attempt(c.id, c.fence) for c in claimed[at : at + RELEASE_MAX]]
+                        await self.call("jobs.release", Release(queue=self.queue.name, attempts=part), int)
             except TimeoutError:
                 if wait is None:
                     raise
@@ -1707,6 +1710,12 @@ class Queue(Generic[T]):
                 "(for one value, use add)"
             )
         values = builtins.list(values)
+        if len(values) > ADD_MAX:  # (as the store refuses them, before each is encoded and sent: trial DK)
+            raise LimitError(
+                f"queue {self.name}: {len(values):,} jobs in one add; at most {ADD_MAX:,}",
+                limit=ADD_MAX,
+                wanted=len(values),
+            )
         if keys is not None:
             if isinstance(keys, str | bytes | bytearray | Mapping) or not isinstance(keys, Iterable):
                 raise InvalidError(

@@ -64,6 +64,7 @@ from ..errors import ClosedError, InvalidError, LimitError, PermissionDeniedErro
 from ..limits import Limits
 from ..names import RESERVED_DB_PREFIX, check_name
 from ..protocol.jobs import (
+    ADD_MAX,
     CANCEL_PUSH,
     DELAY_MAX_MS,
     ENDED,
@@ -1710,9 +1711,9 @@ class JobsEngine:
         q = await self._queue(queue)
         if not jobs:
             return []
-        if len(jobs) > 100_000:
+        if len(jobs) > ADD_MAX:
             raise LimitError(
-                f"queue {queue}: {len(jobs)} jobs in one add; at most 100,000", limit=100_000, wanted=len(jobs)
+                f"queue {queue}: {len(jobs):,} jobs in one add; at most {ADD_MAX:,}", limit=ADD_MAX, wanted=len(jobs)
             )
         rows = self._new_rows(queue, jobs)
         if tx is not None:

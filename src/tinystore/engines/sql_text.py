@@ -16,6 +16,7 @@ from ..errors import (
     InvalidError,
 )
 from ..names import a_or_an
+from ..protocol.sql import PARAMS_MAX
 
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 63) - 1
@@ -28,7 +29,13 @@ def check_params(db: str, sql: str, params: Sequence[Any]) -> list[Any]:
     """Return ``params`` as a list of SQLite values for ``sql``; ``InvalidError`` for a value SQLite cannot
     hold, or for a named placeholder in ``sql`` (parameters are ``?`` placeholders, in order).
 
-    A list whose values are all fine already is returned as it is (not copied)."""
+    A list whose values are all fine already is returned as it is (not copied). More than :data:`PARAMS_MAX`
+    parameters: ``InvalidError``, as SQLite words it (a server refuses them as it reads the call; trial DK: its
+    refusal named neither the database nor the parameters)."""
+    if len(params) > PARAMS_MAX:
+        raise InvalidError(
+            f"database {db}: too many SQL variables ({len(params):,} parameters; at most {PARAMS_MAX:,})"
+        )
     named = named_placeholder(sql)
     if named is not None:
         raise InvalidError(

@@ -278,7 +278,8 @@ def lock_status(engine: LocksEngine, to_datetime: Any) -> dict[str, Any]:
     the status hook, ``ended_kept``, ``granted_kept``, ``orphans_kept``: capped memory kept beyond leases) with one
     row per key held or waited for: ``lock``, ``key``, ``limit``, ``held`` (live leases), ``waiters``,
     ``fences`` (decimal, comma-separated, oldest first), ``expires`` (the earliest deadline as ISO text, or
-    ``"never"``: a lease of the embedded process), ``sessions`` (the holders' session ids, comma-separated).
+    ``"never"``: a lease of the embedded process, or one ending past year 9999), ``sessions`` (the holders'
+    session ids, comma-separated).
     """
     raw = engine.status()
     keys: list[dict[str, Any]] = []
@@ -286,7 +287,10 @@ def lock_status(engine: LocksEngine, to_datetime: Any) -> dict[str, Any]:
         leases = entry["leases"]
         deadlines = [x["expires_at"] for x in leases if x["expires_at"] is not None]
         if deadlines:
-            expires = to_datetime(min(deadlines)).isoformat(timespec="milliseconds")
+            try:
+                expires = to_datetime(min(deadlines)).isoformat(timespec="milliseconds")
+            except (ValueError, OverflowError, OSError):
+                expires = "never"  # (past the end of year 9999, which a datetime cannot hold: trial DK)
         else:
             expires = "never" if leases else ""
         keys.append(

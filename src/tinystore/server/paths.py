@@ -247,6 +247,30 @@ def remove_unserved(directory: Path) -> None:
         unserved_file(directory).unlink()
 
 
+def started_file(directory: Path) -> Path:
+    return directory / "server" / "started"
+
+
+def mark_started(directory: Path, epoch: int) -> None:
+    """Say in ``DIR/server/started`` (the epoch of its last start) that a server of the directory started: with its
+    ``LOCK``, what tells that the store ran before when its ``EPOCH`` is missing (see ``dirlock.next_epoch``).
+    Not the ``server/`` folder itself: a client makes it (its ``spawning`` and ``sidecar.log``) before the
+    sidecar it starts runs (trial DK). Errors are ignored: the file is only evidence."""
+    from ..errors import TinystoreError
+
+    with contextlib.suppress(OSError, TinystoreError):
+        server_dir(directory)
+        path = started_file(directory)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{epoch}\n")
+        os.replace(tmp, path)
+
+
+def started_before(directory: Path) -> bool:
+    """Whether :func:`mark_started` marked ``directory``."""
+    return started_file(directory).is_file()
+
+
 ReadFacts = dict[str, list[tuple[int, int, int]]]
 """SDK transport (its instance) → ``(server epoch, connection number, last stream read)`` facts (see
 ``Core.read_facts``)."""
