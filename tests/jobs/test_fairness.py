@@ -61,3 +61,26 @@ async def test_a_tenants_thousand_jobs_do_not_delay_anothers_job(tmp_path: Path)
         for c in clients:
             await c.close()
         server.stop()
+
+
+# contract: JOB-07
+@pytest.mark.parametrize("cap", [2, 3])
+async def test_a_tenant_under_its_cap_keeps_priority_over_a_lower_one(store: tinystore.Store, cap: int) -> None:
+    """From trial DL: with max_running_per_tenant, a worker's next claim (sent after its report) came while the
+    finished attempt's end was being written, and counted it as running: the tenant seemed at its cap, and a job
+    of lower priority of another tenant ran before the tenant's own (A0, A1, A2, LO, A3, ...)."""
+    queue = store.queue("f", max_running_per_tenant=cap)
+    order: list[str] = []
+
+    async def handler(value: str, run: Any) -> None:
+        order.append(value)
+        await asyncio.sleep(0.02)
+
+    await queue.add_many([f"A{i}" for i in range(8)], tenant="A")
+    await queue.add("LO", tenant="Z", priority=-1)
+    worker = queue.work(handler, concurrency=2)
+    try:
+        await wait_until(lambda: len(order) == 9, what="all nine jobs run")
+    finally:
+        await worker.stop()
+    assert order[-1] == "LO", order

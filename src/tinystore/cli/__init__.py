@@ -40,7 +40,28 @@ def _closed_streams() -> None:
             setattr(sys, name, open(os.devnull, "w"))  # (the process's own, to its end)
 
 
+def _buffered_streams() -> None:
+    """Under ``PYTHONUNBUFFERED`` (``python -u``, set in many container images) ``sys.stdout`` writes straight to
+    its descriptor, and a write the kernel takes only in part (a pipe whose reader is slow: the first 64 KiB)
+    loses the rest without a word: CPython's text layer does not write again (trial DL: ``jobs show --json |
+    (sleep 1; cat)`` gave 65,536 of 1,000,432 bytes, status 0). A buffer in between writes all of it, flushed at
+    each line as unbuffered output is. The streams Python made stay as they were (``sys.__stdout__``)."""
+    import io
+
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, io.TextIOWrapper) or not isinstance(stream.buffer, io.RawIOBase):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            raw = io.FileIO(stream.fileno(), "w", closefd=False)
+            wrapped = io.TextIOWrapper(
+                io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors, line_buffering=True
+            )
+            setattr(sys, name, wrapped)
+
+
 _closed_streams()
+_buffered_streams()
 
 
 # written to a file or a pipe, rich would fold tables to 80 columns: give them room (a terminal keeps its width)

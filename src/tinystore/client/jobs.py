@@ -640,7 +640,7 @@ class _Runner:
 
     def free(self, a: _Attempt) -> None:
         """The handler of ``a`` ended: its slot goes back to the worker, which may claim again while the report is
-        under way (the store counts the job as running until the report is written, so ``max_running`` holds)."""
+        under way (the store counts the job as running until the report comes, so ``max_running`` holds)."""
         if not a.freed:
             a.freed = True
             self.handling -= 1

@@ -1391,6 +1391,15 @@ class JobsEngine:
             out.set_result(False)
             return out
         e.where = ENDING
+        # its handler ended (or its worker is lost): it no longer counts against max_running and
+        # max_running_per_tenant while its end is written, so that a claim that comes meanwhile (a worker's next,
+        # sent after the report) takes the tenant's next job by priority, not a lower one of another tenant
+        # because this tenant seemed at its cap (trial DL); counted again should the end not be written
+        uncounted = e.counted
+        if uncounted:
+            e.counted = False
+            q.count(e, -1)
+            self._pump_soon(q)
         busy = self._begin_write(e)
         now = self.clock.now()
         entry = None
@@ -1423,6 +1432,9 @@ class JobsEngine:
             if row is None:
                 if e.where == ENDING:
                     e.where = RUNNING  # (its deadlines are still armed: see _on_lease)
+                    if uncounted and not e.counted:
+                        e.counted = True
+                        q.count(e, 1)
                 if out.done():
                     pass
                 elif f.cancelled():
