@@ -1,6 +1,10 @@
 """Open an embedded store, migrate, write and read: the smallest TinyStore program.
 
-Run: python examples/quickstart.py [DIR]
+Run from the repository's root, with the venv the README makes:
+
+    .venv/bin/python examples/quickstart.py [DIR]
+
+DIR is ./data unless given (a directory that does not exist is made, as tinystore.open makes it).
 """
 
 from __future__ import annotations

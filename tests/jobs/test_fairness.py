@@ -84,3 +84,35 @@ async def test_a_tenant_under_its_cap_keeps_priority_over_a_lower_one(store: tin
     finally:
         await worker.stop()
     assert order[-1] == "LO", order
+
+
+# contract: JOB-07
+async def test_a_cancelled_job_holds_its_slot_until_its_handler_is_told(store: tinystore.Store) -> None:
+    """From trial DN: with max_running=1 and two workers, a cancel of the running job let the other worker's
+    waiting claim start the next job before the cancelled handler had heard of its cancel (two ran at once)."""
+    queue = store.queue("one", max_running=1)
+    spans: dict[str, list[float]] = {}
+    started = asyncio.Event()
+
+    async def handler(value: str, run: Any) -> None:
+        spans[value] = [time.monotonic()]
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            spans[value].append(time.monotonic())
+
+    first = await queue.add("first")
+    await queue.add("second")
+    workers = [queue.work(handler, concurrency=1), queue.work(handler, concurrency=1)]
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        assert list(spans) == ["first"]
+        await asyncio.sleep(0.2)  # (the other worker's claim waits in the store)
+        assert await queue.cancel(first)
+        await wait_until(lambda: "second" in spans, what="the second job to start")
+        assert len(spans["first"]) == 2, "the second job started before the cancelled handler was told"
+        assert spans["first"][1] <= spans["second"][0]
+    finally:
+        for w in workers:
+            await w.stop(grace=0)

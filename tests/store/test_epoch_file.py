@@ -40,15 +40,17 @@ async def test_a_garbage_epoch_file_is_a_corrupt_error_and_a_fixed_one_opens(tmp
         await store.close()
 
 
-@pytest.mark.parametrize("left", ["nothing", "LOCK", "sql"])
+@pytest.mark.parametrize("left", ["nothing", "LOCK", "sql", "LOCK and sql"])
 async def test_a_missing_epoch_file_of_a_store_that_never_ran_is_made(tmp_path: Path, left: str) -> None:
     """A new directory; one whose first start stopped before it wrote EPOCH (its LOCK made, no sql/ yet); one
-    given SQLite files in sql/ for a new store to take up (no LOCK): no fence went out, and EPOCH is made."""
+    given SQLite files in sql/ for a new store to take up (no LOCK); one given them whose first start failed
+    before it wrote EPOCH (trial DN: a full disk; its LOCK made, it was refused from then on): no fence went out,
+    and EPOCH is made."""
     directory = tmp_path / "s"
     directory.mkdir()
-    if left == "LOCK":
+    if "LOCK" in left:
         (directory / "LOCK").write_text("")
-    elif left == "sql":
+    if "sql" in left:
         (directory / "sql").mkdir()
         sqlite3.connect(directory / "sql" / "app.db").execute("create table t (x)").connection.close()
     store = await tinystore.open(directory, embedded=True, serve=False)

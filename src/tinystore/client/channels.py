@@ -24,7 +24,7 @@ import inspect
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
@@ -342,8 +342,9 @@ class TxChannel(Generic[T]):
         """The branch ``owners`` below this one, still bound to the transaction (see :meth:`Channel.under`)."""
         return TxChannel(self.channel.under(*owners), self.tx)
 
-    async def publish(self, value: T) -> None:
-        """Publish ``value`` when the transaction commits; returns once the store has it, checked.
+    def publish(self, value: T) -> Coroutine[Any, Any, None]:
+        """Publish ``value`` when the transaction commits (a coroutine: await it; one never awaited fails the
+        transaction, see ``Database.tx``); returns once the store has it, checked.
 
         Subscribers hear it only after the commit returned, and a subscriber that hears it can read the
         committed rows; a rollback (a raise, a cancel, a timeout, a dropped connection) drops it, and nobody
@@ -353,6 +354,9 @@ class TxChannel(Generic[T]):
         when it raises. A cancel after the call was sent may leave the message waiting for the commit;
         cancelling the transaction's function rolls it back, and the message with it.
         """
+        return self.tx._watch(self._publish(value), f"tx.with_(channel {self.channel.name}).publish")
+
+    async def _publish(self, value: T) -> None:
         self.tx._check()
         ch = self.channel
         data = ch._codec.encode(value, ch.branch)

@@ -11,7 +11,7 @@ import os
 import stat
 import types
 import typing
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
@@ -510,6 +510,8 @@ class Database(_Runner):
                 raise
             if inspect.isawaitable(result):
                 result = await result
+                if inspect.iscoroutine(result) and any(c is result for c, _ in tx._writes):
+                    result = None  # (`return tx.exec(...)` without await: told just below, not returned)
             elif inspect.isgenerator(result) or inspect.isasyncgen(result):
                 # its body never ran: committed, it would have done nothing (trial CZ)
                 name = getattr(fn, "__qualname__", None) or _short(fn)
@@ -521,9 +523,18 @@ class Database(_Runner):
                     f"database {self.name}: tx: {name} is a generator function (it holds a yield): calling it ran "
                     "none of its body; give a function (async or not) that does the work and returns"
                 )
+            never = tx._never_awaited()
+            if never:
+                calls = ", ".join(dict.fromkeys(never))
+                raise InvalidError(
+                    f"database {self.name}: tx: {len(never)} call{'s' if len(never) > 1 else ''} made with the "
+                    f"transaction never awaited ({calls}), so never run: the transaction is rolled back, nothing "
+                    "of it committed (await each call made with it)"
+                )
         except BaseException:
             mark.open = False
             _active.reset(token)
+            tx._never_awaited()  # (closed: the error or the cancel is what the caller hears)
             await tx._rollback()
             raise
         mark.open = False
@@ -552,14 +563,19 @@ class SqlTx(_Runner):
         self._retry = False
         # the connection it began on (its reconnects so far): on another, its id means nothing
         self._connection = getattr(self._transport, "reconnects", 0)
+        self._writes: list[tuple[Coroutine[Any, Any, Any], str]] = []  # see _watch
 
     def __repr__(self) -> str:
         kind = "read-only " if self.read_only else ""
         return f"<tinystore.SqlTx {kind}transaction {self.id} of database {self.name}{' ended' if self.ended else ''}>"
 
-    async def exec(self, sql: str, /, *params: Any) -> Done:
-        """Run a statement inside the transaction. Errors as :meth:`Database.exec`; a failed statement leaves
-        the transaction usable (SQL-06)."""
+    def exec(self, sql: str, /, *params: Any) -> Coroutine[Any, Any, Done]:
+        """Run a statement inside the transaction (a coroutine: await it). Errors as :meth:`Database.exec`; a
+        failed statement leaves the transaction usable (SQL-06). One never awaited fails the transaction (see
+        :meth:`Database.tx`)."""
+        return self._watch(self._exec(sql, *params), "tx.exec")
+
+    async def _exec(self, sql: str, /, *params: Any) -> Done:
         if type(sql) is not str:
             sql = _sql_text(self.name, "tx.exec", sql)
         self._check()
@@ -588,6 +604,27 @@ class SqlTx(_Runner):
                 f"Channel object (store.queue({name}) or store.channel({name}))"
             )
         return bind(self)
+
+    def _watch(self, coro: Coroutine[Any, Any, R], what: str) -> Coroutine[Any, Any, R]:
+        """Keep ``coro``, a write of this transaction (``what``: how it was called), so that the commit can tell
+        one that was never awaited (trial DO: a ``tx.with_(queue).add(...)`` without ``await`` never ran, and the
+        transaction committed the rows without their job, with only Python's warning). The kept ones that ran
+        are dropped every 64 calls."""
+        writes = self._writes
+        if len(writes) >= 64:
+            writes[:] = [(c, w) for c, w in writes if inspect.getcoroutinestate(c) == inspect.CORO_CREATED]
+        writes.append((coro, what))
+        return coro
+
+    def _never_awaited(self) -> list[str]:
+        """The writes of :meth:`_watch` never awaited, closed (so Python warns of none of them)."""
+        never = []
+        for coro, what in self._writes:
+            if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                coro.close()
+                never.append(what)
+        self._writes.clear()
+        return never
 
     def _check(self) -> None:
         if self.ended:

@@ -1356,17 +1356,28 @@ class JobsEngine:
         after: float | None,
         progress: str | None = None,
         traceback: str | None = None,
+        handler_ended: bool = False,
     ) -> asyncio.Future[bool]:
         """A failed attempt (a raise, a timeout, a lost worker, ``run.retry``): retried after the backoff (or
         ``after``), or ``dead`` when it was the last attempt. The future as :meth:`_end_now`'s."""
         fence = e.fence
         if e.attempts >= q.options.attempts:
-            return self._end_now(q, e, fence, "dead", error=error, progress=progress, traceback=traceback)
+            return self._end_now(
+                q, e, fence, "dead", error=error, progress=progress, traceback=traceback, handler_ended=handler_ended
+            )
         delay = (
             after if after is not None else backoff_delay(e.attempts, q.options.backoff_first, q.options.backoff_cap)
         )
         return self._end_now(
-            q, e, fence, "failed", error=error, run_at=self.clock.now() + delay, progress=progress, traceback=traceback
+            q,
+            e,
+            fence,
+            "failed",
+            error=error,
+            run_at=self.clock.now() + delay,
+            progress=progress,
+            traceback=traceback,
+            handler_ended=handler_ended,
         )
 
     def _end_now(
@@ -1382,20 +1393,24 @@ class JobsEngine:
         progress: str | None = None,
         uncount: bool = False,
         traceback: str | None = None,
+        handler_ended: bool = False,
     ) -> asyncio.Future[bool]:
         """End attempt ``fence`` of ``e`` as ``state`` (one guarded write), then move the index. The future gets
         ``True`` when it changed the job (the server answers a report from it). A cancel of the future leaves
-        the write to go on (and the index to follow it)."""
+        the write to go on (and the index to follow it). ``handler_ended``: the attempt's own report, its
+        handler done: it stops counting against ``max_running*`` at once, not once its end is written."""
         out: asyncio.Future[bool] = self.loop.create_future()
         if e.where != RUNNING or e.fence != fence:
             out.set_result(False)
             return out
         e.where = ENDING
-        # its handler ended (or its worker is lost): it no longer counts against max_running and
-        # max_running_per_tenant while its end is written, so that a claim that comes meanwhile (a worker's next,
-        # sent after the report) takes the tenant's next job by priority, not a lower one of another tenant
-        # because this tenant seemed at its cap (trial DL); counted again should the end not be written
-        uncounted = e.counted
+        # reported, its handler ended: it no longer counts against max_running and max_running_per_tenant while
+        # its end is written, so that a claim that comes meanwhile (a worker's next, sent after the report) takes
+        # the tenant's next job by priority, not a lower one of another tenant because this tenant seemed at its
+        # cap (trial DL); counted again should the end not be written. Not for a cancel, a timeout or a lease
+        # that ran out: the handler may run on until its worker hears (trial DN: the next job of a queue of
+        # max_running=1 started before the cancelled handler was told)
+        uncounted = handler_ended and e.counted
         if uncounted:
             e.counted = False
             q.count(e, -1)
@@ -1555,17 +1570,24 @@ class JobsEngine:
             raise InvalidError(f"queue {q.name}: job {r.id}: after {r.after_ms / 1000:g}s is not within 0 .. 100 years")
         after = None if r.after_ms is None else r.after_ms / 1000
         if r.outcome == "succeeded":
-            return self._end_now(
-                q, e, r.fence, "succeeded", result=r.result if r.result is not None else "null", progress=r.progress
-            )
+            result = r.result if r.result is not None else "null"
+            return self._end_now(q, e, r.fence, "succeeded", result=result, progress=r.progress, handler_ended=True)
         if r.outcome == "error":
-            return self._fail_now(q, e, r.error or "failed", after, r.progress, r.traceback)
+            return self._fail_now(q, e, r.error or "failed", after, r.progress, r.traceback, handler_ended=True)
         if r.outcome == "fail":
             return self._end_now(
-                q, e, r.fence, "dead", error=r.error or "failed", progress=r.progress, traceback=r.traceback
+                q,
+                e,
+                r.fence,
+                "dead",
+                error=r.error or "failed",
+                progress=r.progress,
+                traceback=r.traceback,
+                handler_ended=True,
             )
+        run_at = self.clock.now() + (after or 0.0)
         return self._end_now(
-            q, e, r.fence, "queued", run_at=self.clock.now() + (after or 0.0), progress=r.progress, uncount=True
+            q, e, r.fence, "queued", run_at=run_at, progress=r.progress, uncount=True, handler_ended=True
         )
 
     async def release(self, queue: str, attempts: Sequence[Attempt]) -> int:

@@ -25,7 +25,7 @@ from ..engines.sql import SqlEngine
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError
 from ..limits import Limits
 from . import paths
-from .dirlock import DirLock, is_store, next_epoch
+from .dirlock import DirLock, next_epoch
 
 log = logging.getLogger("tinystore.server")
 
@@ -156,11 +156,12 @@ class Core:
             raise InvalidError(f'durability {self.durability!r}: use "full" or "os"')
         paths.make_directory(self.directory, "serve")
         paths.check_store_dir(self.directory, f"store {self.directory}")
-        # (its LOCK is made by its first start, and kept; server/started by every start, once its EPOCH is written)
-        ran_before = is_store(self.directory) or paths.started_before(self.directory)
+        # (server/started is written by every start once its EPOCH is: not its LOCK, made before, which a first
+        # start that failed then leaves: trial DN, a full disk at the first start of SQLite files given to it)
         self._lock.acquire()
         try:
             paths.remove_unserved(self.directory)  # (left by an owner that was killed)
+            ran_before = paths.started_before(self.directory)
             self.epoch = next_epoch(self.directory, self.clock.now_ms(), ran_before)
             paths.mark_started(self.directory, self.epoch)
             self.read_facts = paths.read_last_read(self.directory)

@@ -1,0 +1,88 @@
+"""From trial DO: a write made with a transaction and never awaited (``tx.with_(queue).add(...)`` without
+``await``) never ran, and the transaction committed the rows without their job, with only Python's
+RuntimeWarning. The transaction now fails: rolled back, nothing of it committed, an error naming the call."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from typing import Any
+
+import pytest
+
+import tinystore
+from tinystore import InvalidError
+from tinystore.client.sql import SqlTx
+
+
+async def _setup(store: tinystore.Store) -> tuple[Any, Any, Any, list[Any]]:
+    db = await store.database("app", migrations=[("001", "create table docs (name text)")])
+    queue = store.queue("ingest", database=db)
+    heard: list[Any] = []
+    sub = await store.channel("events").subscribe(lambda m: heard.append(m.value))
+    return db, queue, sub, heard
+
+
+async def _first(heard: list[Any]) -> Any:
+    for _ in range(200):
+        if heard:
+            break
+        await asyncio.sleep(0.01)
+    assert len(heard) == 1, heard
+    return heard[0]
+
+
+@pytest.mark.parametrize("forgot", ["exec", "add", "add_many", "publish", "returned", "sync fn"])
+async def test_a_write_never_awaited_fails_the_transaction(store: tinystore.Store, forgot: str) -> None:
+    db, queue, sub, heard = await _setup(store)
+    events = store.channel("events")
+    try:
+
+        async def fn(tx: SqlTx) -> Any:
+            await tx.exec("insert into docs values ('kept?')")
+            if forgot == "exec":
+                tx.exec("insert into docs values ('b')")
+            elif forgot == "add":
+                tx.with_(queue).add({"x": 1})
+            elif forgot == "add_many":
+                tx.with_(queue).add_many([1, 2])
+            elif forgot == "publish":
+                tx.with_(events).publish({"k": 1})
+            elif forgot == "returned":
+                return tx.with_(queue).add({"x": 1})
+            return None
+
+        def sync_fn(tx: SqlTx) -> None:
+            tx.with_(queue).add({"x": 1})
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (closed, not left to Python's "never awaited" warning)
+            with pytest.raises(InvalidError, match=r"database app: tx: 1 call made with the transaction never") as e:
+                await db.tx(sync_fn if forgot == "sync fn" else fn)
+        assert "rolled back" in e.value.message
+        assert await db.all("select * from docs") == []
+        assert (await queue.list()).jobs == []
+        await events.publish({"k": 2})
+        assert await _first(heard) == {"k": 2}  # (none of the rolled-back transaction's)
+    finally:
+        await sub.stop()
+
+
+async def test_awaited_writes_commit_as_before(store: tinystore.Store) -> None:
+    db, queue, sub, heard = await _setup(store)
+    events = store.channel("events")
+    try:
+
+        async def fn(tx: SqlTx) -> str:
+            await asyncio.gather(*(tx.exec("insert into docs values (?)", str(i)) for i in range(100)))
+            await tx.with_(events).publish({"k": 1})
+            await tx.with_(queue).add_many([1, 2])
+            job_id: str = await tx.with_(queue).add({"x": 1})
+            return job_id
+
+        job_id = await db.tx(fn)
+        assert await db.scalar("select count(*) from docs") == 100
+        assert len((await queue.list()).jobs) == 3 and await queue.get(job_id) is not None
+        assert await _first(heard) == {"k": 1}
+    finally:
+        await sub.stop()
