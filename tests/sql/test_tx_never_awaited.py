@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,8 @@ import pytest
 import tinystore
 from tinystore import InvalidError
 from tinystore.client.sql import SqlTx
+
+from ..helpers import open_store
 
 
 async def _setup(store: tinystore.Store) -> tuple[Any, Any, Any, list[Any]]:
@@ -86,3 +89,49 @@ async def test_awaited_writes_commit_as_before(store: tinystore.Store) -> None:
         assert await _first(heard) == {"k": 1}
     finally:
         await sub.stop()
+
+
+async def test_writes_made_before_a_gather_are_looked_at_in_linear_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From trial DP: the kept writes were looked at every 64 calls while more than 64 waited unstarted, so
+    5,000 writes made before a gather took 3.3 s (15,000 ran past tx_max). Looked at once the list doubled."""
+    import inspect as inspect_module
+
+    looks = 0
+    state = inspect_module.getcoroutinestate
+
+    def counted(coro: Any) -> str:
+        nonlocal looks
+        looks += 1
+        return state(coro)
+
+    monkeypatch.setattr(inspect_module, "getcoroutinestate", counted)
+    async with open_store("embedded", tmp_path / "s", serve=False) as store:
+        db = await store.database("app", migrations=[("001", "create table docs (name text)")])
+        n = 5000
+
+        async def fn(tx: SqlTx) -> None:
+            await asyncio.gather(*[tx.exec("insert into docs values (?)", str(i)) for i in range(n)])
+
+        await db.tx(fn)
+        assert await db.scalar("select count(*) from docs") == n
+    assert looks < 4 * n
+
+
+async def test_a_task_made_of_a_write_never_awaited_is_cancelled(tmp_path: Path) -> None:
+    """From trial DP: a create_task(tx.exec(...)) not awaited in fn had its coroutine closed under the task, which
+    then failed with "cannot reuse already awaited coroutine", logged as an exception never retrieved. The
+    transaction fails as for any write never awaited, and the task is cancelled before it starts."""
+    tasks: list[asyncio.Task[Any]] = []
+    async with open_store("embedded", tmp_path / "s", serve=False) as store:
+        db = await store.database("app", migrations=[("001", "create table docs (name text)")])
+
+        async def fn(tx: SqlTx) -> None:
+            tasks.append(asyncio.create_task(tx.exec("insert into docs values ('x')")))
+
+        with pytest.raises(InvalidError, match=r"never awaited \(tx.exec\)"):
+            await db.tx(fn)
+        await asyncio.wait(tasks, timeout=5)
+        assert tasks[0].cancelled()
+        assert await db.all("select * from docs") == []

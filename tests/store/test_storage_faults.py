@@ -177,6 +177,42 @@ async def test_an_epoch_that_cannot_be_saved_stops_the_start_with_the_reason(
     assert lock_is_free(directory)  # nothing is left owned
 
 
+async def test_an_address_file_that_cannot_be_written_stops_the_start_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From trial DP: a full disk as the address file was written raised a bare OSError, left address.tmp, and
+    the socket listened on in the embedded store's process with nobody serving it."""
+    real = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        if str(src).endswith("address.tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    directory = tmp_path / "store"
+    with pytest.raises(tinystore.UnavailableError, match="cannot write its address file: No space left on device"):
+        await tinystore.open(directory, embedded=True)
+    assert not (directory / "server" / "address.tmp").exists()
+    assert lock_is_free(directory)
+    monkeypatch.undo()
+    sock = directory / "server" / "sock"
+    assert not sock.exists() or not _accepts(sock)
+    store = await tinystore.open(directory, embedded=True)  # room again: it opens
+    await store.close()
+
+
+def _accepts(sock: Path) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return False
+        return True
+
+
 async def test_a_sidecar_that_cannot_start_says_why_at_once(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     (directory / "sql").mkdir(parents=True)

@@ -564,6 +564,7 @@ class SqlTx(_Runner):
         # the connection it began on (its reconnects so far): on another, its id means nothing
         self._connection = getattr(self._transport, "reconnects", 0)
         self._writes: list[tuple[Coroutine[Any, Any, Any], str]] = []  # see _watch
+        self._prune_at = 64
 
     def __repr__(self) -> str:
         kind = "read-only " if self.read_only else ""
@@ -609,21 +610,33 @@ class SqlTx(_Runner):
         """Keep ``coro``, a write of this transaction (``what``: how it was called), so that the commit can tell
         one that was never awaited (trial DO: a ``tx.with_(queue).add(...)`` without ``await`` never ran, and the
         transaction committed the rows without their job, with only Python's warning). The kept ones that ran
-        are dropped every 64 calls."""
+        are dropped once the list doubled since the last look (trial DP: looked at every 64 calls, thousands made
+        before a ``gather`` cost quadratic time): O(1) amortized a call."""
         writes = self._writes
-        if len(writes) >= 64:
+        if len(writes) >= self._prune_at:
             writes[:] = [(c, w) for c, w in writes if inspect.getcoroutinestate(c) == inspect.CORO_CREATED]
+            self._prune_at = max(64, 2 * len(writes))
         writes.append((coro, what))
         return coro
 
     def _never_awaited(self) -> list[str]:
-        """The writes of :meth:`_watch` never awaited, closed (so Python warns of none of them)."""
+        """The writes of :meth:`_watch` never awaited, closed (so Python warns of none of them); one a task was
+        made of (``create_task``) has its task cancelled instead, before it starts (trial DP: closed under it,
+        the task failed with "cannot reuse already awaited coroutine", logged as never retrieved)."""
         never = []
+        tasks: dict[int, asyncio.Task[Any]] | None = None
         for coro, what in self._writes:
             if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
-                coro.close()
+                if tasks is None:
+                    tasks = {id(t.get_coro()): t for t in asyncio.all_tasks()}
+                task = tasks.get(id(coro))
+                if task is not None:
+                    task.cancel()
+                else:
+                    coro.close()
                 never.append(what)
         self._writes.clear()
+        self._prune_at = 64
         return never
 
     def _check(self) -> None:

@@ -208,19 +208,23 @@ async def start_listeners(
         lst.listen_tcp(host, socks, ctx)
         tcp.append(lst.description)
         listeners.append(lst)
-    paths.write_address(
-        core.directory,
-        {
-            "pid": os.getpid(),
-            "socket": str(sock),
-            "tcp": tcp,
-            "version": __version__,
-            "protocol": PROTOCOL_VERSION,
-            "mode": opts.mode,
-            "idle": opts.idle,
-            "started": time.time(),
-        },
-    )
+    address = {
+        "pid": os.getpid(),
+        "socket": str(sock),
+        "tcp": tcp,
+        "version": __version__,
+        "protocol": PROTOCOL_VERSION,
+        "mode": opts.mode,
+        "idle": opts.idle,
+        "started": time.time(),
+    }
+    try:
+        paths.write_address(core.directory, address)
+    except OSError as exc:
+        # (trial DP: a full disk here was a bare OSError, and the sockets listened on, unserved, in an embedded
+        # store's process)
+        await asyncio.gather(*(lst.close(0) for lst in listeners), return_exceptions=True)
+        raise storage_error(f"store {core.directory}: cannot write its address file", exc) from None
     return listeners
 
 

@@ -193,9 +193,19 @@ def write_address(directory: Path, info: dict[str, Any]) -> None:
     st = os.stat(directory)
     info = {**info, "directory": info.get("directory") or str(directory.resolve()), "dir_id": [st.st_dev, st.st_ino]}
     path = address_file(directory)
+    _write_atomically(path, json.dumps(info, indent=2))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through ``path.tmp`` and a rename; the tmp file removed when it fails."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info, indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def mark_stopping(directory: Path, until: float) -> None:
@@ -260,10 +270,7 @@ def mark_started(directory: Path, epoch: int) -> None:
 
     with contextlib.suppress(OSError, TinystoreError):
         server_dir(directory)
-        path = started_file(directory)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(f"{epoch}\n")
-        os.replace(tmp, path)
+        _write_atomically(started_file(directory), f"{epoch}\n")
 
 
 def started_before(directory: Path) -> bool:
@@ -279,10 +286,7 @@ ReadFacts = dict[str, list[tuple[int, int, int]]]
 def write_last_read(directory: Path, facts: ReadFacts) -> None:
     """Write ``DIR/server/last-read`` atomically (JSON: for each SDK transport, what servers read of its connections
     that ended without telling it): the next servers tell each client (see ``Core.read_facts``)."""
-    path = directory / "server" / "last-read"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"facts": facts}))
-    os.replace(tmp, path)
+    _write_atomically(directory / "server" / "last-read", json.dumps({"facts": facts}))
 
 
 def read_last_read(directory: Path) -> ReadFacts:
