@@ -141,6 +141,12 @@ async def test_a_tab_taken_offline_and_back_shows_every_message(tmp_path: Path, 
         for i in range(2):
             await laptop.post(f"question {i} while the phone is offline")
             await laptop.wait_saved(2 * (i + 1))
+        # a post from the offline phone names its own connection (trial DQ: it blamed the server), text kept
+        await phone.post("sent while offline")
+        await phone.page.wait_for_selector("#error:not([hidden])", timeout=10_000)
+        assert "this device is offline" in await phone.page.inner_text("#error")
+        assert await phone.page.input_value("#text") == "sent while offline"
+        await phone.page.fill("#text", "")
         await phone.page.context.set_offline(False)
         await phone.wait_saved(4, timeout=15.0)
         assert await phone.saved() == await laptop.saved()

@@ -30,7 +30,10 @@ async function api(path, options = {}) {
   try {
     res = await fetch(path, { headers: { "content-type": "application/json" }, ...options });
   } catch {
-    throw new Error("the server cannot be reached (is the demo running?)"); // not the browser's "Failed to fetch"
+    // not the browser's "Failed to fetch"; and the device's own connection named when it has none (trial DQ)
+    throw new Error(navigator.onLine === false
+      ? "this device is offline: the text is kept here; send it again once you are back online"
+      : "the server cannot be reached (is the demo running?)");
   }
   const body = await res.json().catch(() => null);
   if (!res.ok) {

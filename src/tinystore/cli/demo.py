@@ -15,7 +15,9 @@ comes from ``$OPENAI_API_KEY``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -23,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -253,6 +256,7 @@ def run_single(
 
 def run_web(directory: Path, host: str, port: int, model_url: str | None, model_name: str, token_delay: float) -> None:
     """A web process of ``--web-processes``: the app on the directory's shared store, no workers."""
+    _die_with_parent()
     app_module = load_example()
     app = app_module.create_app(
         directory=directory, embedded=False, workers=False, model=make_model(model_url, model_name, token_delay)
@@ -268,6 +272,7 @@ def run_web(directory: Path, host: str, port: int, model_url: str | None, model_
 
 def run_worker(directory: Path, model_url: str | None, model_name: str, token_delay: float) -> None:
     """The worker process of ``--web-processes``: the reply and summary jobs, until SIGTERM or SIGINT."""
+    _die_with_parent()
     load_example()
     service = importlib.import_module(f"{PACKAGE}.service")
 
@@ -297,7 +302,8 @@ def run_worker(directory: Path, model_url: str | None, model_name: str, token_de
 def run_many(
     directory: Path, host: str, port: int, processes: int, model_url: str | None, model_name: str, token_delay: float
 ) -> None:
-    """N web processes and a worker process on the directory's server; stops them all on Ctrl-C / SIGTERM."""
+    """N web processes and a worker process on the directory's server; one that exits is started again (see
+    :func:`_supervise`); stops them all on Ctrl-C / SIGTERM."""
     load_example()  # fail here, not in every child
 
     async def main() -> None:
@@ -318,17 +324,25 @@ def run_many(
         store = await tinystore.open(directory)
         service = importlib.import_module(f"{PACKAGE}.service")
         await service.Chat(store).open()
-        children: list[asyncio.subprocess.Process] = []
+        children: list[asyncio.subprocess.Process] = []  # every process started (each stopped at the end)
         base = [sys.executable, "-m", "tinystore", "demo", str(directory), "--host", host]
         base += ["--token-delay", repr(token_delay)]
         if model_url:
             base += ["--model-url", model_url, "--model-name", model_name]
         try:
-            addresses = []
+            slots: list[_Slot] = []
+            addresses: list[str] = []
             for i in range(processes):
                 p = 0 if port == 0 else port + i
-                addresses.append(await _start_child(children, [*base, "--port", str(p), "--role", "web"]))
-            await _start_child(children, [*base, "--role", "worker"])
+                argv = [*base, "--port", str(p), "--role", "web"]
+                proc, address = await _start_child(children, argv)
+                # started again, it takes the same port, so that its pages reconnect to it
+                argv[argv.index("--port") + 1] = str(urllib.parse.urlsplit(address).port or p)
+                slots.append(_Slot(f"web process {i + 1} ({address})", argv, proc))
+                addresses.append(address)
+            argv = [*base, "--role", "worker"]
+            proc, _ = await _start_child(children, argv)
+            slots.append(_Slot("the worker", argv, proc))
             click.echo(
                 f"TinyStore chat: {processes} web processes and a worker share the store {directory} "
                 "(through its server); Ctrl-C stops"
@@ -336,18 +350,7 @@ def run_many(
             for i, address in enumerate(addresses, 1):
                 click.echo(f"  web process {i}: {address}")
             sys.stdout.flush()
-            waits = [asyncio.ensure_future(c.wait()) for c in children]
-            stopping = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait([*waits, stopping], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in [*waits, stopping]:
-                    w.cancel()
-                await asyncio.gather(*waits, stopping, return_exceptions=True)
-            if not stop.is_set():
-                click.echo("a demo process exited; stopping the others", err=True)
-            else:
-                click.echo(STOPPING, err=True)
+            await _supervise(slots, children, stop)
         finally:
             await _stop_children(children)
             if not serving:
@@ -358,8 +361,67 @@ def run_many(
     _run(main)
 
 
-async def _start_child(children: list[asyncio.subprocess.Process], argv: list[str]) -> str:
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+@dataclasses.dataclass
+class _Slot:
+    """A process of ``--web-processes``: what it is (for messages), how it starts, the process now."""
+
+    label: str
+    argv: list[str]
+    proc: asyncio.subprocess.Process
+
+
+RESTARTS_MAX = 5
+"""Starts again within :data:`RESTARTS_WITHIN` seconds, over all the demo's processes, past which the demo stops
+(a process that exits at once would otherwise be started forever)."""
+RESTARTS_WITHIN = 60.0
+
+
+async def _supervise(slots: list[_Slot], children: list[asyncio.subprocess.Process], stop: asyncio.Event) -> None:
+    """Until ``stop``: a process that exits (killed, crashed) is started again, in its place (a web process on its
+    port), while the others go on serving (trial DQ: one web process killed stopped the whole demo, and every
+    page, those of the other process too, stayed "reconnecting"). Past :data:`RESTARTS_MAX` starts again within
+    :data:`RESTARTS_WITHIN` seconds, or a start that fails, the demo stops."""
+    loop = asyncio.get_running_loop()
+    restarts: collections.deque[float] = collections.deque()
+    while True:
+        waits = {asyncio.ensure_future(slot.proc.wait()): slot for slot in slots}
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            done, _ = await asyncio.wait([*waits, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in [*waits, stopping]:
+                w.cancel()
+            await asyncio.gather(*waits, stopping, return_exceptions=True)
+        if stop.is_set():
+            click.echo(STOPPING, err=True)
+            return
+        for slot in (waits[w] for w in done if w in waits):
+            now = loop.time()
+            restarts.append(now)
+            while restarts[0] < now - RESTARTS_WITHIN:
+                restarts.popleft()
+            if len(restarts) > RESTARTS_MAX:
+                click.echo(
+                    f"{slot.label} exited (status {slot.proc.returncode}); demo processes exited {len(restarts)} "
+                    f"times within {RESTARTS_WITHIN:g}s: stopping the others",
+                    err=True,
+                )
+                return
+            click.echo(f"{slot.label} exited (status {slot.proc.returncode}); starting it again", err=True)
+            try:
+                slot.proc, _ = await _start_child(children, slot.argv)
+            except click.ClickException as exc:
+                click.echo(f"{exc.message}; stopping the others", err=True)
+                return
+
+
+async def _start_child(
+    children: list[asyncio.subprocess.Process], argv: list[str]
+) -> tuple[asyncio.subprocess.Process, str]:
+    """Start a demo process (it ends with this one: see :func:`_die_with_parent`); it and what it said once ready.
+    Raises ``ClickException`` when it does not get ready."""
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
     children.append(proc)
     assert proc.stdout is not None
     try:
@@ -369,7 +431,26 @@ async def _start_child(children: list[asyncio.subprocess.Process], argv: list[st
         raise click.ClickException(f"a demo process did not start within {START_WITHIN:g}s: {argv}") from None
     if not line.startswith(READY):
         raise click.ClickException(f"a demo process exited before it served (exit {await proc.wait()}): {argv}")
-    return line[len(READY) :]
+    return proc, line[len(READY) :]
+
+
+PARENT_ENV = "TINYSTORE_DEMO_PARENT"
+"""The pid of the demo that started a web or worker process of ``--web-processes``."""
+
+
+def _die_with_parent() -> None:
+    """In a process of ``--web-processes``: be sent SIGTERM when the demo that started it dies (Linux's
+    ``PR_SET_PDEATHSIG``), so that a demo killed with SIGKILL leaves none of them serving its ports (trial DQ:
+    they ran on, and a new demo found its port taken). Nothing elsewhere, or for a process started otherwise."""
+    parent = os.environ.get(PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):  # (it died before the line above)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _stop_children(children: list[asyncio.subprocess.Process]) -> None:

@@ -1,0 +1,70 @@
+"""From trial DQ: the processes of ``tinystore demo --web-processes N``. One killed stopped the whole demo (the
+other web process too: every page stayed "reconnecting"); it is started again in its place, on its port. And a
+demo killed with SIGKILL left its web processes and worker serving, its ports taken."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from ..cli.support import running
+from ..sse.harness import client
+from .demo_proc import run_demo
+from .test_demo import post_and_hear_the_reply
+
+
+async def _ended(pid: int, within: float = 15.0) -> bool:
+    """Whether process ``pid`` ended (a zombie counts: its parent may be gone too) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while running(pid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def _pid(http: httpx.AsyncClient, url: str, within: float = 30.0) -> int:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            pid: int = (await http.get(f"{url}/healthz", timeout=2)).json()["pid"]
+            return pid
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline, f"{url} did not answer within {within}s"
+            await asyncio.sleep(0.1)
+
+
+async def test_a_killed_web_process_is_started_again_and_the_other_goes_on(tmp_path: Path) -> None:
+    err = tmp_path / "stderr.txt"
+    async with (
+        run_demo(tmp_path / "data", "--web-processes", "2", "--token-delay", "0.002", urls=2, stderr=err) as demo,
+        client() as http,
+    ):
+        one, two = demo.urls
+        first = await _pid(http, one)
+        os.kill(first, signal.SIGKILL)
+        assert await _ended(first)
+        assert (await http.get(f"{two}/healthz")).status_code == 200  # the other went on serving
+        again = await _pid(http, one)  # started again, on its port
+        assert again != first
+        await post_and_hear_the_reply(http, one, two)
+        await post_and_hear_the_reply(http, two, one)
+        assert demo.proc.returncode is None
+        assert await demo.stop() == 0
+    assert "exited (status -9); starting it again" in err.read_text(), err.read_text()
+
+
+async def test_a_demo_killed_takes_its_processes_with_it(tmp_path: Path) -> None:
+    async with (
+        run_demo(tmp_path / "data", "--web-processes", "2", "--token-delay", "0.002", urls=2) as demo,
+        client() as http,
+    ):
+        pids = [await _pid(http, url) for url in demo.urls]
+        demo.proc.kill()
+        for pid in pids:
+            assert await _ended(pid), f"web process {pid} went on after its demo was killed"
