@@ -68,3 +68,35 @@ async def test_a_demo_killed_takes_its_processes_with_it(tmp_path: Path) -> None
         demo.proc.kill()
         for pid in pids:
             assert await _ended(pid), f"web process {pid} went on after its demo was killed"
+
+
+async def test_a_web_process_on_a_wildcard_host_is_started_again_on_its_port(tmp_path: Path) -> None:
+    """From trial DR: with --host 0.0.0.0 the address printed ends with "(on this network: ...)", and reading its
+    port failed: the demo crashed at its start."""
+    async with (
+        run_demo(tmp_path / "data", "--host", "0.0.0.0", "--web-processes", "1", "--token-delay", "0.002") as demo,
+        client() as http,
+    ):
+        (url,) = demo.urls
+        first = await _pid(http, url)
+        os.kill(first, signal.SIGKILL)
+        assert await _ended(first)
+        assert await _pid(http, url) != first
+
+
+async def test_processes_that_keep_exiting_stop_the_demo_with_status_1(tmp_path: Path) -> None:
+    """Past 5 starts again within a minute the demo stops, its processes and sidecar with it; its status says it
+    was not asked to (trial DR: 0, as for a Ctrl-C)."""
+    err = tmp_path / "stderr.txt"
+    async with (
+        run_demo(tmp_path / "data", "--web-processes", "1", "--token-delay", "0.002", stderr=err) as demo,
+        client() as http,
+    ):
+        (url,) = demo.urls
+        for _ in range(6):
+            pid = await _pid(http, url)
+            os.kill(pid, signal.SIGKILL)
+            assert await _ended(pid)
+        async with asyncio.timeout(30):
+            assert await demo.proc.wait() == 1
+    assert "exited 6 times within 60s: stopping the others" in err.read_text(), err.read_text()

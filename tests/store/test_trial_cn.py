@@ -83,9 +83,9 @@ async def test_a_sidecar_that_crashes_in_c_code_leaves_why_in_its_log(tmp_path: 
     try:
         pid = int(paths.read_address(d)["pid"])  # type: ignore[index]
         os.kill(pid, signal.SIGSEGV)
-        for _ in range(200):
+        for _ in range(200):  # (faulthandler writes the error, then each thread's stack: wait for both)
             log = (d / "server" / "sidecar.log").read_text(errors="replace")
-            if "Segmentation fault" in log:
+            if "Segmentation fault" in log and ("Thread 0x" in log or "Current thread" in log):
                 break
             await asyncio.sleep(0.05)
         assert "Fatal Python error: Segmentation fault" in log, log[-2000:]

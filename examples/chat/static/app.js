@@ -32,7 +32,7 @@ async function api(path, options = {}) {
   } catch {
     // not the browser's "Failed to fetch"; and the device's own connection named when it has none (trial DQ)
     throw new Error(navigator.onLine === false
-      ? "this device is offline: the text is kept here; send it again once you are back online"
+      ? "this device is offline: try again once you are back online"
       : "the server cannot be reached (is the demo running?)");
   }
   const body = await res.json().catch(() => null);

@@ -336,27 +336,30 @@ def run_many(
                 p = 0 if port == 0 else port + i
                 argv = [*base, "--port", str(p), "--role", "web"]
                 proc, address = await _start_child(children, argv)
-                # started again, it takes the same port, so that its pages reconnect to it
-                argv[argv.index("--port") + 1] = str(urllib.parse.urlsplit(address).port or p)
-                slots.append(_Slot(f"web process {i + 1} ({address})", argv, proc))
+                # started again, it takes the same port, so that its pages reconnect to it (the address is the
+                # URL, then, for a wildcard host, "(on this network: ...)": trial DR)
+                argv[argv.index("--port") + 1] = str(urllib.parse.urlsplit(address.split()[0]).port or p)
+                slots.append(_Slot(f"web process {i + 1} ({address.split()[0]})", argv, proc))
                 addresses.append(address)
             argv = [*base, "--role", "worker"]
             proc, _ = await _start_child(children, argv)
             slots.append(_Slot("the worker", argv, proc))
             click.echo(
-                f"TinyStore chat: {processes} web processes and a worker share the store {directory} "
-                "(through its server); Ctrl-C stops"
+                f"TinyStore chat: {processes} web process{'es' if processes > 1 else ''} and a worker share the "
+                f"store {directory} (through its server); Ctrl-C stops"
             )
             for i, address in enumerate(addresses, 1):
                 click.echo(f"  web process {i}: {address}")
             sys.stdout.flush()
-            await _supervise(slots, children, stop)
+            asked = await _supervise(slots, children, stop)
         finally:
             await _stop_children(children)
             if not serving:
                 with contextlib.suppress(tinystore.TinystoreError, OSError):
                     await store.stop_server(5.0)
             await store.close()
+        if not asked:  # (stopped as its processes kept exiting: not a stop anyone asked for, trial DR)
+            raise SystemExit(1)
 
     _run(main)
 
@@ -376,43 +379,64 @@ RESTARTS_MAX = 5
 RESTARTS_WITHIN = 60.0
 
 
-async def _supervise(slots: list[_Slot], children: list[asyncio.subprocess.Process], stop: asyncio.Event) -> None:
-    """Until ``stop``: a process that exits (killed, crashed) is started again, in its place (a web process on its
-    port), while the others go on serving (trial DQ: one web process killed stopped the whole demo, and every
-    page, those of the other process too, stayed "reconnecting"). Past :data:`RESTARTS_MAX` starts again within
-    :data:`RESTARTS_WITHIN` seconds, or a start that fails, the demo stops."""
+async def _supervise(slots: list[_Slot], children: list[asyncio.subprocess.Process], stop: asyncio.Event) -> bool:
+    """Until ``stop``: a process that exits (killed, crashed, or failed to start again) is started again, in its
+    place (a web process on its port), while the others go on serving (trial DQ: one web process killed stopped
+    the whole demo, and every page, those of the other process too, stayed "reconnecting"). ``stop`` ends a
+    start under way too. Returns whether the demo stopped as asked; ``False`` once the processes exited more than
+    :data:`RESTARTS_MAX` times within :data:`RESTARTS_WITHIN` seconds (then the demo stops, status 1)."""
     loop = asyncio.get_running_loop()
     restarts: collections.deque[float] = collections.deque()
-    while True:
-        waits = {asyncio.ensure_future(slot.proc.wait()): slot for slot in slots}
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            done, _ = await asyncio.wait([*waits, stopping], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in [*waits, stopping]:
-                w.cancel()
-            await asyncio.gather(*waits, stopping, return_exceptions=True)
-        if stop.is_set():
-            click.echo(STOPPING, err=True)
-            return
-        for slot in (waits[w] for w in done if w in waits):
-            now = loop.time()
-            restarts.append(now)
-            while restarts[0] < now - RESTARTS_WITHIN:
-                restarts.popleft()
-            if len(restarts) > RESTARTS_MAX:
-                click.echo(
-                    f"{slot.label} exited (status {slot.proc.returncode}); demo processes exited {len(restarts)} "
-                    f"times within {RESTARTS_WITHIN:g}s: stopping the others",
-                    err=True,
-                )
-                return
-            click.echo(f"{slot.label} exited (status {slot.proc.returncode}); starting it again", err=True)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            waits = {asyncio.ensure_future(slot.proc.wait()): slot for slot in slots}
             try:
-                slot.proc, _ = await _start_child(children, slot.argv)
-            except click.ClickException as exc:
-                click.echo(f"{exc.message}; stopping the others", err=True)
-                return
+                done, _ = await asyncio.wait([*waits, stopping], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+            if stop.is_set():
+                click.echo(STOPPING, err=True)
+                return True
+            for slot in (waits[w] for w in done if w in waits):
+                now = loop.time()
+                restarts.append(now)
+                while restarts[0] < now - RESTARTS_WITHIN:
+                    restarts.popleft()
+                if len(restarts) > RESTARTS_MAX:
+                    click.echo(
+                        f"{slot.label} exited (status {slot.proc.returncode}); the demo's processes exited "
+                        f"{len(restarts)} times within {RESTARTS_WITHIN:g}s: stopping the others",
+                        err=True,
+                    )
+                    return False
+                click.echo(f"{slot.label} exited (status {slot.proc.returncode}); starting it again", err=True)
+                start = asyncio.ensure_future(_start_child(children, slot.argv))
+                await asyncio.wait([start, stopping], return_when=asyncio.FIRST_COMPLETED)
+                if stop.is_set():  # (trial DR: a start that hung kept a Ctrl-C waiting up to 70 s)
+                    start.cancel()
+                    await asyncio.gather(start, return_exceptions=True)
+                    click.echo(STOPPING, err=True)
+                    return True
+                try:
+                    slot.proc, _ = start.result()
+                except click.ClickException as exc:
+                    # (trial DR: one failed start, a port taken meanwhile, stopped the others too) it counts as an
+                    # exit, and is tried again after a moment, until the limit above
+                    click.echo(f"{slot.label}: {exc.message}", err=True)
+                    failed = children[-1]
+                    if failed.returncode is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            failed.kill()
+                        await failed.wait()
+                    slot.proc = failed
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(stopping), 1.0)
+    finally:
+        stopping.cancel()
+        await asyncio.gather(stopping, return_exceptions=True)
 
 
 async def _start_child(
@@ -421,17 +445,29 @@ async def _start_child(
     """Start a demo process (it ends with this one: see :func:`_die_with_parent`); it and what it said once ready.
     Raises ``ClickException`` when it does not get ready."""
     env = {**os.environ, PARENT_ENV: str(os.getpid())}
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    # in a session of its own: a Ctrl-C reaches the demo alone, which stops its processes in order (trial DR: a
+    # process starting then printed a KeyboardInterrupt traceback)
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+    )
     children.append(proc)
     assert proc.stdout is not None
     try:
         async with asyncio.timeout(START_WITHIN):
             line = (await proc.stdout.readline()).decode(errors="replace").strip()
     except TimeoutError:
-        raise click.ClickException(f"a demo process did not start within {START_WITHIN:g}s: {argv}") from None
+        raise click.ClickException(f"{_what(argv)} did not start within {START_WITHIN:g}s") from None
     if not line.startswith(READY):
-        raise click.ClickException(f"a demo process exited before it served (exit {await proc.wait()}): {argv}")
+        raise click.ClickException(f"{_what(argv)} exited before it served (status {await proc.wait()})")
     return proc, line[len(READY) :]
+
+
+def _what(argv: list[str]) -> str:
+    """A demo process's name for messages: ``the worker`` or ``a web process (port 8000)``."""
+    if argv[argv.index("--role") + 1] == "worker":
+        return "the worker"
+    port = argv[argv.index("--port") + 1]
+    return "a web process" + ("" if port == "0" else f" (port {port})")
 
 
 PARENT_ENV = "TINYSTORE_DEMO_PARENT"
