@@ -432,8 +432,7 @@ async def _supervise(slots: list[_Slot], children: list[asyncio.subprocess.Proce
                             failed.kill()
                         await failed.wait()
                     slot.proc = failed
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(stopping), 1.0)
+                    await asyncio.wait([stopping], timeout=1.0)
     finally:
         stopping.cancel()
         await asyncio.gather(stopping, return_exceptions=True)
@@ -494,6 +493,7 @@ async def _stop_children(children: list[asyncio.subprocess.Process]) -> None:
         if c.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 c.send_signal(signal.SIGTERM)
+                c.send_signal(signal.SIGCONT)  # (one stopped, SIGSTOP, takes its SIGTERM then: trial DR waited 10 s)
     for c in children:
         try:
             async with asyncio.timeout(10):

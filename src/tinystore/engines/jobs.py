@@ -1289,21 +1289,31 @@ class JobsEngine:
             # a start has a whole timeout more from then
             return
         e.stuck = True
-        q.stuck_reports += 1
-        self.stuck_reports += 1
         ran = self.clock.now() - e.started_at
-        log.warning(
-            "queue %s: job %s is stuck: attempt %d has run %.0fs, past its expected %gs",
-            q.name,
-            e.id,
-            e.attempts,
-            ran,
-            q.options.expected,
-        )
-        self._event(q, "stuck", e.id, "running", self._progress_now(q, e), e.attempts, None)
-        self._notify(q, e.id)
-        # kept in its row, so that a next server loading the attempt does not report it again (JOB-11: once)
-        self._track(_written(q.db.write(MARK_STUCK, [fence, e.id, fence], own=True)))
+
+        def report(_: object) -> None:
+            if self.closed:
+                return
+            q.stuck_reports += 1
+            self.stuck_reports += 1
+            log.warning(
+                "queue %s: job %s is stuck: attempt %d has run %.0fs, past its expected %gs",
+                q.name,
+                e.id,
+                e.attempts,
+                ran,
+                q.options.expected,
+            )
+            self._event(q, "stuck", e.id, "running", self._progress_now(q, e), e.attempts, None)
+            self._notify(q, e.id)
+
+        # kept in its row, so that a next server loading the attempt does not report it again (JOB-11: once); and
+        # reported once kept (a CI run killed the server between the report and its mark, and the next server
+        # reported it again), or once the mark failed (then a next server may report it again: better twice than
+        # never)
+        write = q.db.write(MARK_STUCK, [fence, e.id, fence], own=True)
+        write.add_done_callback(report)
+        self._track(_written(write))
 
     def _progress_now(self, q: JobQueue, e: Entry) -> Any:
         """The progress of running job ``e`` as its row holds it, for an event that tells the job's state (read on
