@@ -262,8 +262,9 @@ def started_file(directory: Path) -> Path:
 
 
 def mark_started(directory: Path, epoch: int) -> None:
-    """Say in ``DIR/server/started`` (the epoch of its last start) that a server of the directory started: with its
-    ``LOCK``, what tells that the store ran before when its ``EPOCH`` is missing (see ``dirlock.next_epoch``).
+    """Say in ``DIR/server/started`` (the epoch of its last start) that a server of the directory started: what
+    tells that the store ran before when its ``EPOCH`` is missing (see ``dirlock.next_epoch``); not its ``LOCK``,
+    which a first start that failed leaves (trial DN).
     Not the ``server/`` folder itself: a client makes it (its ``spawning`` and ``sidecar.log``) before the
     sidecar it starts runs (trial DK). Errors are ignored: the file is only evidence."""
     from ..errors import TinystoreError
