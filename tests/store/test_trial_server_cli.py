@@ -278,6 +278,35 @@ def test_serve_refuses_tls_files_it_cannot_use(tmp_path: Path, case: str) -> Non
     assert not (tmp_path / "store").exists()
 
 
+@pytest.mark.parametrize("kind", ["another pair", "another type"])
+def test_serve_names_a_key_that_is_not_the_certificates(tmp_path: Path, kind: str) -> None:
+    # (a TLS key of another type than its certificate was told as "not a PEM certificate and its private key")
+    tokens, _, _ = write_tokens(tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    cert, _ = make_cert(tmp_path / "a")
+    _, key = make_cert(tmp_path / "b")
+    if kind == "another type":
+        if shutil.which("openssl") is None:
+            pytest.skip("no openssl command to make an RSA key")
+        key = tmp_path / "rsa.pem"
+        subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True, timeout=60)
+    done = serve(
+        tmp_path / "store",
+        "--listen",
+        "tls://127.0.0.1:0",
+        "--tokens",
+        str(tokens),
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+    )
+    line = one_error_line(done)
+    assert f"--tls-key {key}: not the private key of the certificate in --tls-cert {cert}" in line, line
+    assert not (tmp_path / "store").exists()
+
+
 def test_serve_refuses_a_directory_it_cannot_write(tmp_path: Path) -> None:
     parent = tmp_path / "locked"
     parent.mkdir()

@@ -116,13 +116,25 @@ def tls_context(addr: str, cert: str | None, key: str | None) -> ssl.SSLContext:
     try:
         ctx.load_cert_chain(cert, key)
     except (ssl.SSLError, OSError, ValueError) as exc:
+        cert_kinds, key_kinds = _pem_kinds(cert), _pem_kinds(key)
+        if "CERTIFICATE" in cert_kinds and "PRIVATE KEY" in key_kinds and getattr(exc, "reason", None) in _NOT_ITS_KEY:
+            # a key of another pair: OpenSSL says "key values mismatch", or, for a key of another type (an RSA key
+            # for an EC certificate), "no certificate assigned"
+            raise InvalidError(
+                f"--tls-key {key}: not the private key of the certificate in --tls-cert {cert} (the key of another "
+                f"pair, or of another type: {exc})"
+            ) from None
         # (trial DH: two files that were no PEM at all were asked whether they were swapped)
-        swapped = _pem_kinds(cert) == {"PRIVATE KEY"} and _pem_kinds(key) == {"CERTIFICATE"}
+        swapped = cert_kinds == {"PRIVATE KEY"} and key_kinds == {"CERTIFICATE"}
         hint = "; are they swapped?" if swapped else ""
         raise InvalidError(
             f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc}){hint}"
         ) from None
     return ctx
+
+
+_NOT_ITS_KEY = frozenset({"KEY_VALUES_MISMATCH", "KEY_TYPE_MISMATCH", "NO_CERTIFICATE_ASSIGNED"})
+"""OpenSSL's reasons for a private key that is not the certificate's."""
 
 
 def _pem_kinds(name: str) -> set[str]:
