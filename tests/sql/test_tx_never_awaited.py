@@ -135,3 +135,53 @@ async def test_a_task_made_of_a_write_never_awaited_is_cancelled(tmp_path: Path)
         await asyncio.wait(tasks, timeout=5)
         assert tasks[0].cancelled()
         assert await db.all("select * from docs") == []
+
+
+@pytest.mark.parametrize("forgot", ["add task", "exec task", "gather", "helper task"])
+async def test_a_write_still_under_way_as_fn_returns_fails_the_transaction(
+    any_store: tinystore.Store, forgot: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """From trial DS: a ``create_task(tx.with_(queue).add(...))`` never awaited, on a queue not used yet, had
+    started (it waited on the queue's first use) as fn returned: it was passed over, the transaction committed its
+    row, and the add then failed on the ended transaction, only logged. A write started but not finished as fn
+    returns fails the transaction as one never awaited does; what drives it is cancelled."""
+    store = any_store
+    db = await store.database("app", migrations=[("001", "create table docs (name text)")])
+    queue = store.queue("ingest", database=db)  # (not used before: its add waits on its first use)
+    events = store.channel("events")
+    heard: list[Any] = []
+    sub = await events.subscribe(lambda m: heard.append(m.value))
+    started: list[asyncio.Future[Any]] = []
+    try:
+
+        async def helper(tx: SqlTx) -> None:
+            await tx.exec("insert into docs values ('helper')")
+
+        async def fn(tx: SqlTx) -> None:
+            await tx.exec("insert into docs values ('kept?')")
+            if forgot == "add task":
+                started.append(asyncio.create_task(tx.with_(queue).add({"x": 1})))
+            elif forgot == "exec task":
+                started.append(asyncio.create_task(tx.exec("insert into docs values ('b')")))
+            elif forgot == "gather":
+                started.append(asyncio.gather(*(tx.exec("insert into docs values (?)", str(i)) for i in range(3))))
+            else:
+                started.append(asyncio.create_task(helper(tx)))
+            await asyncio.sleep(0)  # (each has started: its first step ran)
+
+        with pytest.raises(InvalidError, match=r"database app: tx: \d+ calls? made with the transaction still under"):
+            await db.tx(fn)
+        await asyncio.wait(started, timeout=10)
+        assert all(f.cancelled() or isinstance(f.exception(), asyncio.CancelledError) for f in started), started
+        assert await db.all("select * from docs") == []
+        assert (await queue.list()).jobs == []
+        await events.publish({"k": 2})
+        assert await _first(heard) == {"k": 2}  # (none of the rolled-back transaction's)
+        # the add or publish cancelled is not logged as an exception never retrieved
+        started.clear()
+        import gc
+
+        gc.collect()
+        assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], caplog.text
+    finally:
+        await sub.stop()

@@ -523,24 +523,38 @@ class Database(_Runner):
                     f"database {self.name}: tx: {name} is a generator function (it holds a yield): calling it ran "
                     "none of its body; give a function (async or not) that does the work and returns"
                 )
-            never = tx._never_awaited()
-            if never:
-                calls = ", ".join(dict.fromkeys(never))
+            never, running = tx._unfinished()
+            if never or running:
+                told = []
+                for whats, how in (
+                    (never, "never awaited ({}), so never run"),
+                    (running, "still under way as fn returned ({}: a task or a gather of it never awaited)"),
+                ):
+                    if whats:
+                        calls = ", ".join(dict.fromkeys(whats))
+                        told.append(
+                            f"{len(whats)} call{'s' if len(whats) > 1 else ''} made with the transaction "
+                            + how.format(calls)
+                        )
                 raise InvalidError(
-                    f"database {self.name}: tx: {len(never)} call{'s' if len(never) > 1 else ''} made with the "
-                    f"transaction never awaited ({calls}), so never run: the transaction is rolled back, nothing "
-                    "of it committed (await each call made with it)"
+                    f"database {self.name}: tx: {'; and '.join(told)}: the transaction is rolled back, nothing of it "
+                    "committed (await each call made with it, and each task made of one, before fn returns)"
                 )
         except BaseException:
             mark.open = False
             _active.reset(token)
-            tx._never_awaited()  # (closed: the error or the cancel is what the caller hears)
+            tx._unfinished()  # (closed or cancelled: the error or the cancel is what the caller hears)
             await tx._rollback()
             raise
         mark.open = False
         _active.reset(token)
         await tx._commit()
         return result
+
+
+_AWAIT_DEPTH = 64
+"""How far down a task's chain of awaited coroutines :meth:`SqlTx._unfinished` looks for a write of the
+transaction (a gather's child awaits it at once; a helper of the application, a level or two below)."""
 
 
 class SqlTx(_Runner):
@@ -614,30 +628,52 @@ class SqlTx(_Runner):
         before a ``gather`` cost quadratic time): O(1) amortized a call."""
         writes = self._writes
         if len(writes) >= self._prune_at:
-            writes[:] = [(c, w) for c, w in writes if inspect.getcoroutinestate(c) == inspect.CORO_CREATED]
+            writes[:] = [(c, w) for c, w in writes if inspect.getcoroutinestate(c) != inspect.CORO_CLOSED]
             self._prune_at = max(64, 2 * len(writes))
         writes.append((coro, what))
         return coro
 
-    def _never_awaited(self) -> list[str]:
-        """The writes of :meth:`_watch` never awaited, closed (so Python warns of none of them); one a task was
-        made of (``create_task``) has its task cancelled instead, before it starts (trial DP: closed under it,
-        the task failed with "cannot reuse already awaited coroutine", logged as never retrieved)."""
-        never = []
-        tasks: dict[int, asyncio.Task[Any]] | None = None
+    def _unfinished(self) -> tuple[list[str], list[str]]:
+        """The writes of :meth:`_watch` that have not finished: those never awaited, then those still under way
+        (a task made of one, or of a coroutine awaiting one, as ``gather`` makes, never awaited: trial DS, a
+        ``create_task(tx.with_(queue).add(...))`` waiting on the queue's first use was passed over, the rows
+        committed, and the add then failed on the ended transaction, only logged). A task driving one is
+        cancelled (trial DP: a coroutine closed under its task failed it with "cannot reuse already awaited
+        coroutine", logged as never retrieved); one never started that no task drives is closed, so Python warns
+        of none of them."""
+        never: list[str] = []
+        running: list[str] = []
+        pending: dict[int, Coroutine[Any, Any, Any]] = {}
         for coro, what in self._writes:
-            if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
-                if tasks is None:
-                    tasks = {id(t.get_coro()): t for t in asyncio.all_tasks()}
-                task = tasks.get(id(coro))
-                if task is not None:
-                    task.cancel()
-                else:
-                    coro.close()
+            state = inspect.getcoroutinestate(coro)
+            if state == inspect.CORO_CREATED:
                 never.append(what)
+            elif state != inspect.CORO_CLOSED:
+                running.append(what)
+            else:
+                continue
+            pending[id(coro)] = coro
         self._writes.clear()
         self._prune_at = 64
-        return never
+        if pending:
+            driven: set[int] = set()
+            me = asyncio.current_task()
+            for task in asyncio.all_tasks():
+                if task is me:
+                    continue
+                c: Any = task.get_coro()
+                for _ in range(_AWAIT_DEPTH):
+                    if c is None:
+                        break
+                    if id(c) in pending:
+                        task.cancel()
+                        driven.add(id(c))
+                        break
+                    c = getattr(c, "cr_await", None)
+            for key, coro in pending.items():
+                if key not in driven and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                    coro.close()
+        return never, running
 
     def _check(self) -> None:
         if self.ended:
