@@ -3,6 +3,7 @@ there but unreadable is a CorruptError at open, never silently replaced by the w
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import time
 from pathlib import Path
@@ -78,11 +79,12 @@ async def test_sqlite_files_given_to_a_new_store_open_in_every_mode_and_again(tm
 
 
 # contract: LOCK-02
-@pytest.mark.parametrize("case", ["databases", "locks only", "LOCK removed too"])
+@pytest.mark.parametrize("case", ["databases", "locks only", "LOCK removed too", "server/ removed too"])
 async def test_a_missing_epoch_file_of_a_store_that_ran_is_a_corrupt_error(tmp_path: Path, case: str) -> None:
     """From trial DF: removed from a store that had run, EPOCH was made again from the wall clock without a word;
     with the clock behind the saved epoch (stepped back since), fences went below those given before. From
-    trial DI: so it was in a store of locks only (no database), and in one whose LOCK was removed too."""
+    trial DI: so it was in a store of locks only (no database), and in one whose LOCK was removed too. From trial
+    DS: so it was once its server/ folder (its runtime files) was removed too."""
     directory = tmp_path / "s"
     store = await tinystore.open(directory, embedded=True, serve=False)
     if case != "locks only":
@@ -94,6 +96,9 @@ async def test_a_missing_epoch_file_of_a_store_that_ran_is_a_corrupt_error(tmp_p
     (directory / "EPOCH").unlink()
     if case == "LOCK removed too":
         (directory / "LOCK").unlink()
+    if case == "server/ removed too":
+        # (trial DS: the runtime folder cleaned out, and the store that ran was taken as new, its fences lower)
+        shutil.rmtree(directory / "server")
     with pytest.raises(CorruptError, match=r"EPOCH: is missing, though the store has run before \(its sql/ folder"):
         await tinystore.open(directory, embedded=True, serve=False)
     assert not (directory / "EPOCH").exists()
@@ -104,6 +109,32 @@ async def test_a_missing_epoch_file_of_a_store_that_ran_is_a_corrupt_error(tmp_p
         if case != "locks only":
             db = await store.database("app")
             assert await db.all("select * from t") == []
+        async with store.lock("l").hold(1) as lease:
+            assert lease.fence > first
+    finally:
+        await store.close()
+
+
+# contract: LOCK-02
+async def test_a_backup_that_lost_its_epoch_file_is_a_corrupt_error(tmp_path: Path) -> None:
+    """From trial DS: a backup holds EPOCH but not the mark that its store ran; with its EPOCH removed, it started
+    from the wall clock, its fences below the original's (the original's EPOCH was ahead of the clock)."""
+    directory, copy = tmp_path / "s", tmp_path / "copy"
+    directory.mkdir()
+    (directory / "EPOCH").write_text(f"{int(time.time() * 1000) + 86_400_000}\n")  # (as the error says to write)
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        async with store.lock("l").hold(1) as lease:
+            first = lease.fence
+        await store.backup(copy)
+    finally:
+        await store.close()
+    (copy / "EPOCH").unlink()
+    with pytest.raises(CorruptError, match=r"EPOCH: is missing, though the store has run before"):
+        await tinystore.open(copy, embedded=True, serve=False)
+    (copy / "EPOCH").write_text((directory / "EPOCH").read_text())
+    store = await tinystore.open(copy, embedded=True, serve=False)
+    try:
         async with store.lock("l").hold(1) as lease:
             assert lease.fence > first
     finally:

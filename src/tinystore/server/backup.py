@@ -3,8 +3,9 @@
 Each database of ``DIR/sql`` (the open ones and those not opened since the start) is copied with SQLite's
 online backup API (https://sqlite.org/backup.html) from a connection of its own, in one step: the copy is the
 database as one read transaction saw it, while the store's writer goes on (WAL). Each copy is written as
-``NAME.db.partial``, synced, then renamed; the store's ``EPOCH`` is copied too, so a store started on the copy
-gives fences and message ids above every one the original gave before the copy (LOCK-02). The copy's ``LOCK``
+``NAME.db.partial``, synced, then renamed; the store's ``EPOCH`` is copied too (with its ``STARTED``), so a
+store started on the copy gives fences and message ids above every one the original gave before the copy
+(LOCK-02). The copy's ``LOCK``
 file, the mark of a store directory, is written last: a backup that did not end holds none.
 
 Databases are copied one after another: each is consistent in itself (a queue kept in an application database
@@ -28,6 +29,7 @@ from ..engines.descriptors import open_files_limit
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, UnavailableError
 from ..names import NAME
 from .dirlock import LOCK
+from .paths import STARTED
 
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -141,6 +143,12 @@ def backup(directory: Path, dest: Path, cancelled: threading.Event | None = None
             shutil.copyfile(epoch, dest / "EPOCH")
             os.chmod(dest / "EPOCH", 0o600)
             _fsync(dest / "EPOCH")
+            # the copy is of a store that ran: with its EPOCH lost, it is refused as the original would be (trial DS:
+            # it started from the wall clock, its fences below the original's)
+            mark = dest / STARTED
+            mark.write_text(epoch.read_text())
+            os.chmod(mark, 0o600)
+            _fsync(mark)
         _fsync(dest / "sql")
         # last: the mark of a store directory (the file a server locks), so the copy opens as a store only whole
         os.close(os.open(dest / LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))

@@ -156,7 +156,7 @@ class Core:
             raise InvalidError(f'durability {self.durability!r}: use "full" or "os"')
         paths.make_directory(self.directory, "serve")
         paths.check_store_dir(self.directory, f"store {self.directory}")
-        # (server/started is written by every start once its EPOCH is: not its LOCK, made before, which a first
+        # (STARTED is written by every start once its EPOCH is: not its LOCK, made before, which a first
         # start that failed then leaves: trial DN, a full disk at the first start of SQLite files given to it)
         self._lock.acquire()
         try:

@@ -420,7 +420,7 @@ def next_epoch(directory: Path, now_ms: int, ran_before: bool = False) -> int:
     It only grows, whatever the wall clock does, so fences (``epoch << 64 | counter``) and message ids
     (``<epoch>-<seq>``) never repeat across restarts (LOCK-02). Raises ``CorruptError`` when the file is there
     but does not hold a number, or is missing from a store that ran before (``ran_before``: its
-    ``server/started`` was there) and has its ``sql/`` folder: starting from the wall clock then could give fences
+    ``STARTED`` was there) and has its ``sql/`` folder: starting from the wall clock then could give fences
     that went out before.
     """
     path = directory / "EPOCH"
@@ -432,12 +432,12 @@ def next_epoch(directory: Path, now_ms: int, ran_before: bool = False) -> int:
         if ran_before and (directory / "sql").is_dir():
             # (trial DF: a store whose EPOCH was removed started from the wall clock, without a word: behind the
             # saved epoch, as after a clock stepped back, its fences went below those it gave before). A store
-            # that ran left its server/started, and its sql/ folder is made after its EPOCH is written, databases
+            # that ran left its STARTED, and its sql/ folder is made after its EPOCH is written, databases
             # or not (trial DI: a store of locks only). A first start stopped before it wrote EPOCH left neither;
-            # SQLite files put in sql/ for a new store to take up come without server/started
+            # SQLite files put in sql/ for a new store to take up come without STARTED
             raise CorruptError(
                 f"{path}: is missing, though the store has run before (its sql/ folder is there, and its "
-                "server/started). Fences grow across restarts only from it (LOCK-02): write in it a number above "
+                "STARTED). Fences grow across restarts only from it (LOCK-02): write in it a number above "
                 "every epoch the store gave, such as the current time in ms plus a day, to start again"
             ) from None
     except (OSError, UnicodeDecodeError) as exc:

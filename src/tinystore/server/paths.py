@@ -257,26 +257,41 @@ def remove_unserved(directory: Path) -> None:
         unserved_file(directory).unlink()
 
 
+STARTED = "STARTED"
+"""``DIR/STARTED``: written by every start of a server of the directory once its ``EPOCH`` is (see
+:func:`mark_started`)."""
+
+
 def started_file(directory: Path) -> Path:
-    return directory / "server" / "started"
+    return directory / STARTED
 
 
 def mark_started(directory: Path, epoch: int) -> None:
-    """Say in ``DIR/server/started`` (the epoch of its last start) that a server of the directory started: what
-    tells that the store ran before when its ``EPOCH`` is missing (see ``dirlock.next_epoch``); not its ``LOCK``,
-    which a first start that failed leaves (trial DN).
-    Not the ``server/`` folder itself: a client makes it (its ``spawning`` and ``sidecar.log``) before the
-    sidecar it starts runs (trial DK). Errors are ignored: the file is only evidence."""
+    """Say in ``DIR/STARTED`` (the epoch of its last start) that a server of the directory started: what tells that
+    the store ran before when its ``EPOCH`` is missing (see ``dirlock.next_epoch``); not its ``LOCK``, which a first
+    start that failed leaves (trial DN), nor its ``server/`` folder, which a client makes (its ``spawning`` and
+    ``sidecar.log``) before the sidecar it starts runs (trial DK). Beside ``EPOCH`` and ``LOCK``, not in
+    ``server/`` (trial DS: that folder, its runtime files, cleaned out with the store's EPOCH lost, and the store
+    that ran was taken as new, its fences below those it gave). Errors are ignored: the file is only evidence."""
     from ..errors import TinystoreError
 
+    path = started_file(directory)
+    tmp = path.with_suffix(".tmp")
     with contextlib.suppress(OSError, TinystoreError):
-        server_dir(directory)
-        _write_atomically(started_file(directory), f"{epoch}\n")
+        tmp.unlink(missing_ok=True)  # (a leftover, or a symlink planted there: never followed)
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
+                f.write(f"{epoch}\n")
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def started_before(directory: Path) -> bool:
-    """Whether :func:`mark_started` marked ``directory``."""
-    return started_file(directory).is_file()
+    """Whether :func:`mark_started` marked ``directory`` (or a server of the version before, which wrote
+    ``DIR/server/started``)."""
+    return started_file(directory).is_file() or (directory / "server" / "started").is_file()
 
 
 ReadFacts = dict[str, list[tuple[int, int, int]]]
