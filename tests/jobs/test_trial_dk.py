@@ -12,6 +12,7 @@ import pytest
 from tinystore import InvalidError, LimitError
 from tinystore.client import jobs as client_jobs
 from tinystore.protocol.jobs import ADD_MAX, RELEASE_MAX, Add, Attempt, Claim, Claimed, NewJob, Release
+from tinystore.protocol.sql import Exec, Query
 
 from ..helpers import open_store
 
@@ -49,6 +50,18 @@ async def test_too_many_sql_parameters_name_the_database(tmp_path: Path) -> None
         n = 250_001
         with pytest.raises(InvalidError, match=r"database app: too many SQL variables \(250,001 parameters"):
             await db.all("select 1 where ? in (" + ",".join("?" * (n - 1)) + ")", *range(n))
+        assert await db.scalar("select 1") == 1
+
+
+@pytest.mark.parametrize("method", ["sql.exec", "sql.query"])
+async def test_too_many_sql_parameters_sent_past_the_sdk_name_the_database(tmp_path: Path, method: str) -> None:
+    """From trial DS: a call that skips the SDK's own check (another client of the protocol) was refused with
+    msgspec's "Expected `array` of length <= 250000 - at `$[2]`"; the connection goes on."""
+    async with open_store("private", tmp_path / "s") as store:
+        db = await store.database("app")
+        request = (Exec if method == "sql.exec" else Query)("app", "select ?", [1] * 250_001)
+        with pytest.raises(InvalidError, match=r"database app: too many SQL variables \(250,001 parameters; at most"):
+            await store.transport.call(method, request, Any)
         assert await db.scalar("select 1") == 1
 
 

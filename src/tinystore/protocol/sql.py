@@ -53,6 +53,37 @@ class Query(msgspec.Struct, array_like=True):
     tx: int = 0
 
 
+class _Head(msgspec.Struct, array_like=True):
+    """The first fields of an :class:`Exec` or a :class:`Query` (what follows is skipped, not read)."""
+
+    db: str
+    sql: str
+    params: msgspec.Raw
+
+
+def too_many_params(body: bytes) -> str | None:
+    """For the body of an ``sql.exec`` or ``sql.query`` that was refused as it was read: the message saying its
+    statement has more than :data:`PARAMS_MAX` parameters, naming the database as the SDK's own check does (trial
+    DS: msgspec's "Expected `array` of length <= 250000 - at `$[2]`" named neither); ``None`` when that is not
+    what is wrong with it."""
+    try:
+        head = msgspec.msgpack.decode(body, type=_Head)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    raw = bytes(memoryview(head.params)[:5])
+    if not raw:
+        return None
+    if raw[0] == 0xDC and len(raw) >= 3:
+        count = int.from_bytes(raw[1:3], "big")
+    elif raw[0] == 0xDD and len(raw) >= 5:
+        count = int.from_bytes(raw[1:5], "big")
+    else:
+        return None  # (a fixarray holds at most 15)
+    if count <= PARAMS_MAX:
+        return None
+    return f"database {head.db}: too many SQL variables ({count:,} parameters; at most {PARAMS_MAX:,})"
+
+
 class Done(msgspec.Struct, array_like=True):
     """What a write did: rows changed, the last rowid, and what a ``returning`` clause gave.
 

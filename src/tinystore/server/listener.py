@@ -60,6 +60,7 @@ from ..protocol.messages import (
     encode_escaping,
     escaped,
 )
+from ..protocol.sql import too_many_params
 from ..protocol.store import Empty
 from .core import Core, Method, Session, error_of
 from .dirlock import close_in_child, keep_in_child
@@ -101,6 +102,8 @@ BIG_BODY = 64 * 1024
 # is not held until tx_idle (trial AW; keeping execs aside while a transaction began starved them: trial AY); execs
 # that would wait there for another connection's transaction take at most half of it (trial BA: they took it all).
 BOUNDED_READS = frozenset({"sql.query", "jobs.list", "jobs.get", "jobs.find"})
+_WITH_PARAMS = frozenset({"sql.exec", "sql.query"})
+"""The methods whose body holds a statement's parameters (see ``protocol.sql.too_many_params``)."""
 READS_MAX = 8
 BYPASS_HELD_MAX = READS_MAX // 2
 EXECS_MAX = 32
@@ -609,7 +612,8 @@ class ServerConnection(asyncio.Protocol):
             try:
                 req = entry[1](body)
             except msgspec.ValidationError as exc:
-                raise InvalidError(f"{name}: {exc}") from None
+                told = too_many_params(body) if name in _WITH_PARAMS else None
+                raise InvalidError(told or f"{name}: {exc}") from None
             except msgspec.DecodeError as exc:
                 raise InvalidError(f"{name}: the body is not valid MessagePack: {exc}") from None
             except RecursionError:
