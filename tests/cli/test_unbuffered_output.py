@@ -32,3 +32,22 @@ async def test_a_slow_reader_gets_all_of_a_large_output(tmp_path: Path, unbuffer
     assert proc.returncode == 0
     assert len(out) > 1_000_000
     assert json.loads(out)["value"] == "x" * 1_000_000
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+@pytest.mark.parametrize("command", ["--help", "status", "sql"])
+async def test_output_that_cannot_be_written_is_told_in_one_line(tmp_path: Path, unbuffered: str, command: str) -> None:
+    """From trial DS: stdout to a full disk (``> /dev/full``) gave a traceback, then Python's "Exception ignored"
+    of its last flush, status 120."""
+    directory = tmp_path / "s"
+    async with open_store("embedded", directory, serve=False) as store:
+        await store.database("main")
+    args = {"--help": ["--help"], "status": ["status", str(directory)], "sql": ["sql", str(directory), "select 1"]}
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    with open("/dev/full", "w") as full:
+        proc = popen_cli(*args[command], stdout=full, stderr=subprocess.PIPE, env=env)
+        _, err = await asyncio.to_thread(proc.communicate, timeout=30)
+    text = err.decode()
+    assert proc.returncode == 1, text
+    assert text == "tinystore: the output could not be written: No space left on device\n", text

@@ -278,6 +278,30 @@ class _Group(click.Group):
             silence_stdout()
             ctx.exit(0)
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """click's ``main``; output that cannot be written (stdout to a full disk, ``> /dev/full``) is told in one
+        line on stderr, status 1 (trial DS: a traceback, then Python's "Exception ignored" of the last flush,
+        status 120)."""
+        try:
+            return super().main(*args, **kwargs)
+        except OSError as exc:
+            if isinstance(exc, BrokenPipeError) or not _stdout_fails():
+                raise
+            silence_stdout()
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(f"tinystore: the output could not be written: {exc.strerror or exc}\n")
+                sys.stderr.flush()
+            sys.exit(1)
+
+
+def _stdout_fails() -> bool:
+    """Whether what stdout holds cannot be written (what an ``OSError`` raised by a write to it leaves there)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        return True
+    return False
+
 
 def silence_stdout() -> None:
     """Point stdout at ``/dev/null``: its reader is gone, and the interpreter's last flush must not raise
