@@ -306,6 +306,18 @@ def _now_ms(clock: Clock) -> int:
     return clock.now_ms()
 
 
+class _JobName:
+    """``queue Q: job I of N`` (``queue Q: the job`` for one), as text only when an error is made of it."""
+
+    __slots__ = ("i", "n", "queue")
+
+    def __init__(self, queue: str, i: int, n: int) -> None:
+        self.queue, self.i, self.n = queue, i, n
+
+    def __str__(self) -> str:
+        return f"queue {self.queue}: job {self.i + 1} of {self.n}" if self.n > 1 else f"queue {self.queue}: the job"
+
+
 def _ms(when: float) -> int:
     return math.floor(when * 1000)
 
@@ -1703,8 +1715,10 @@ class JobsEngine:
         now = self.clock.now()
         now_ms = _ms(now)
         out: list[list[Any]] = []
+        n = len(jobs)
         for i, j in enumerate(jobs):
-            what = f"queue {queue}: job {i + 1} of {len(jobs)}" if len(jobs) > 1 else f"queue {queue}: the job"
+            # (the job's name for an error, made only then: a job or two of the millions added is refused)
+            what = _JobName(queue, i, n)
             if not isinstance(j.value, str):
                 raise InvalidError(f"{what}: the value must be JSON text")
             self._check_json(queue, "(new)", "value", j.value, self.limits.job_value_bytes)
