@@ -100,3 +100,36 @@ async def test_processes_that_keep_exiting_stop_the_demo_with_status_1(tmp_path:
         async with asyncio.timeout(30):
             assert await demo.proc.wait() == 1
     assert "exited 6 times within 60s: stopping the others" in err.read_text(), err.read_text()
+
+
+async def test_a_web_process_that_stops_answering_is_killed_and_started_again(tmp_path: Path) -> None:
+    """A web process stopped (SIGSTOP) or hung was not noticed: its pages stayed "reconnecting". One that does not
+    answer /healthz for --hang-after seconds (30 by default) is killed and started again on its port."""
+    err = tmp_path / "stderr.txt"
+    async with (
+        run_demo(
+            tmp_path / "data",
+            "--web-processes",
+            "2",
+            "--hang-after",
+            "1.5",
+            "--token-delay",
+            "0.002",
+            urls=2,
+            stderr=err,
+        ) as demo,
+        client() as http,
+    ):
+        one, two = demo.urls
+        first, other = await _pid(http, one), await _pid(http, two)
+        os.kill(first, signal.SIGSTOP)
+        assert await _ended(first, within=30)
+        again = await _pid(http, one)
+        assert again != first
+        assert await _pid(http, two) == other  # (the one that answers is left alone)
+        await post_and_hear_the_reply(http, one, two)
+        assert demo.proc.returncode is None
+        assert await demo.stop() == 0
+    text = err.read_text()
+    assert "web process 1 (" in text and "did not answer for" in text and "starting it again" in text, text
+    assert "web process 2 (" not in text, text

@@ -300,10 +300,18 @@ def run_worker(directory: Path, model_url: str | None, model_name: str, token_de
 
 
 def run_many(
-    directory: Path, host: str, port: int, processes: int, model_url: str | None, model_name: str, token_delay: float
+    directory: Path,
+    host: str,
+    port: int,
+    processes: int,
+    model_url: str | None,
+    model_name: str,
+    token_delay: float,
+    hang_after: float = 30.0,
 ) -> None:
-    """N web processes and a worker process on the directory's server; one that exits is started again (see
-    :func:`_supervise`); stops them all on Ctrl-C / SIGTERM."""
+    """N web processes and a worker process on the directory's server; one that exits is started again, and a web
+    process that does not answer for ``hang_after`` seconds is killed and started again (see :func:`_supervise`);
+    stops them all on Ctrl-C / SIGTERM."""
     load_example()  # fail here, not in every child
 
     async def main() -> None:
@@ -339,7 +347,7 @@ def run_many(
                 # started again, it takes the same port, so that its pages reconnect to it (the address is the
                 # URL, then, for a wildcard host, "(on this network: ...)": trial DR)
                 argv[argv.index("--port") + 1] = str(urllib.parse.urlsplit(address.split()[0]).port or p)
-                slots.append(_Slot(f"web process {i + 1} ({address.split()[0]})", argv, proc))
+                slots.append(_Slot(f"web process {i + 1} ({address.split()[0]})", argv, proc, _probe_at(address)))
                 addresses.append(address)
             argv = [*base, "--role", "worker"]
             proc, _ = await _start_child(children, argv)
@@ -351,7 +359,7 @@ def run_many(
             for i, address in enumerate(addresses, 1):
                 click.echo(f"  web process {i}: {address}")
             sys.stdout.flush()
-            asked = await _supervise(slots, children, stop)
+            asked = await _supervise(slots, children, stop, hang_after)
         finally:
             await _stop_children(children)
             if not serving:
@@ -371,6 +379,7 @@ class _Slot:
     label: str
     argv: list[str]
     proc: asyncio.subprocess.Process
+    probe: tuple[str, int] | None = None  # (host, port) of a web process, asked for /healthz
 
 
 RESTARTS_MAX = 5
@@ -379,15 +388,20 @@ RESTARTS_MAX = 5
 RESTARTS_WITHIN = 60.0
 
 
-async def _supervise(slots: list[_Slot], children: list[asyncio.subprocess.Process], stop: asyncio.Event) -> bool:
+async def _supervise(
+    slots: list[_Slot], children: list[asyncio.subprocess.Process], stop: asyncio.Event, hang_after: float = 30.0
+) -> bool:
     """Until ``stop``: a process that exits (killed, crashed, or failed to start again) is started again, in its
     place (a web process on its port), while the others go on serving (trial DQ: one web process killed stopped
-    the whole demo, and every page, those of the other process too, stayed "reconnecting"). ``stop`` ends a
-    start under way too. Returns whether the demo stopped as asked; ``False`` once the processes exited more than
-    :data:`RESTARTS_MAX` times within :data:`RESTARTS_WITHIN` seconds (then the demo stops, status 1)."""
+    the whole demo, and every page, those of the other process too, stayed "reconnecting"). A web process that
+    does not answer ``GET /healthz`` for ``hang_after`` seconds (hung, or stopped with SIGSTOP) is killed, and so
+    started again (:func:`_watch_hangs`; gunicorn's worker ``timeout`` does the same, 30 s by default). ``stop``
+    ends a start under way too. Returns whether the demo stopped as asked; ``False`` once the processes exited
+    more than :data:`RESTARTS_MAX` times within :data:`RESTARTS_WITHIN` seconds (then the demo stops, status 1)."""
     loop = asyncio.get_running_loop()
     restarts: collections.deque[float] = collections.deque()
     stopping = asyncio.ensure_future(stop.wait())
+    watchdog = asyncio.ensure_future(_watch_hangs(slots, hang_after))
     try:
         while True:
             waits = {asyncio.ensure_future(slot.proc.wait()): slot for slot in slots}
@@ -435,7 +449,62 @@ async def _supervise(slots: list[_Slot], children: list[asyncio.subprocess.Proce
                     await asyncio.wait([stopping], timeout=1.0)
     finally:
         stopping.cancel()
-        await asyncio.gather(stopping, return_exceptions=True)
+        watchdog.cancel()
+        await asyncio.gather(stopping, watchdog, return_exceptions=True)
+
+
+def _probe_at(address: str) -> tuple[str, int] | None:
+    """Where to ask a web process that printed ``address`` (its URL, then perhaps "(on this network: ...)") for its
+    health: its host (this machine's loopback for a wildcard one) and port."""
+    parts = urllib.parse.urlsplit(address.split()[0])
+    if parts.port is None:
+        return None
+    host = parts.hostname or "127.0.0.1"
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), parts.port
+
+
+async def _watch_hangs(slots: list[_Slot], hang_after: float) -> None:
+    """Kill (SIGKILL) a web process of ``slots`` that has not answered ``GET /healthz`` for ``hang_after``
+    seconds; :func:`_supervise` then starts it again as for any exit. Asked every third of that (at most every
+    5 s); a process that exited, or is being started again, is not asked. Runs until cancelled."""
+    loop = asyncio.get_running_loop()
+    every = min(5.0, hang_after / 3)
+    answered: dict[int, float] = {}  # pid → when it last answered (or was first seen)
+    while True:
+        await asyncio.sleep(every)
+        live = [s for s in slots if s.probe is not None and s.proc.returncode is None]
+        answers = await asyncio.gather(*(_answers(*s.probe, timeout=every) for s in live if s.probe is not None))
+        now = loop.time()
+        for slot, ok in zip(live, answers, strict=True):
+            pid = slot.proc.pid
+            since = answered.setdefault(pid, now)
+            if ok:
+                answered[pid] = now
+            elif now - since > hang_after and slot.proc.returncode is None:
+                click.echo(
+                    f"{slot.label} did not answer for {now - since:.0f}s (hung, or stopped): killing it", err=True
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    slot.proc.kill()
+                del answered[pid]
+        for pid in [p for p in answered if all(s.proc.pid != p for s in slots)]:
+            del answered[pid]
+
+
+async def _answers(host: str, port: int, timeout: float) -> bool:
+    """Whether the web process at ``host``:``port`` answers ``GET /healthz`` with 200 within ``timeout`` seconds."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(b"GET /healthz HTTP/1.0\r\nHost: tinystore-demo\r\n\r\n")
+                await writer.drain()
+                status = await reader.readline()
+            finally:
+                writer.close()
+        return status.startswith(b"HTTP/1.") and status.split(b" ", 2)[1:2] == [b"200"]
+    except (OSError, TimeoutError, ValueError):
+        return False
 
 
 async def _start_child(
@@ -535,6 +604,7 @@ def register(main: click.Group) -> None:
         help="Seconds between the offline model's tokens.",
     )
     @click.option("--role", type=click.Choice(["web", "worker"]), default=None, hidden=True)
+    @click.option("--hang-after", type=click.FloatRange(0.3, 3600), default=30.0, hidden=True)
     def demo(
         directory: Path,
         port: int,
@@ -544,6 +614,7 @@ def register(main: click.Group) -> None:
         model_name: str,
         token_delay: float,
         role: str | None,
+        hang_after: float,
     ) -> None:
         """Run the live chat on a store in DIRECTORY (./data): open the address it prints in two tabs."""
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -577,6 +648,6 @@ def register(main: click.Group) -> None:
         elif role == "worker":
             run_worker(directory, model_url, model_name, token_delay)
         elif web_processes:
-            run_many(directory, host, port, web_processes, model_url, model_name, token_delay)
+            run_many(directory, host, port, web_processes, model_url, model_name, token_delay, hang_after)
         else:
             run_single(directory, host, port, model_url, model_name, token_delay)
