@@ -528,7 +528,7 @@ class Database(_Runner):
                 told = []
                 for whats, how in (
                     (never, "never awaited ({}), so never run"),
-                    (running, "still under way as fn returned ({}: a task or a gather of it never awaited)"),
+                    (running, "still under way as fn returned ({}: a task or a gather of it not awaited to its end)"),
                 ):
                     if whats:
                         calls = ", ".join(dict.fromkeys(whats))
@@ -538,7 +538,9 @@ class Database(_Runner):
                         )
                 raise InvalidError(
                     f"database {self.name}: tx: {'; and '.join(told)}: the transaction is rolled back, nothing of it "
-                    "committed (await each call made with it, and each task made of one, before fn returns)"
+                    "committed (await each call made with it, and each task made of one, before fn returns; a gather "
+                    "that raised leaves the others running: gather(..., return_exceptions=True) or a TaskGroup "
+                    "waits for all)"
                 )
         except BaseException:
             mark.open = False
@@ -552,9 +554,27 @@ class Database(_Runner):
         return result
 
 
-_AWAIT_DEPTH = 64
-"""How far down a task's chain of awaited coroutines :meth:`SqlTx._unfinished` looks for a write of the
-transaction (a gather's child awaits it at once; a helper of the application, a level or two below)."""
+def _seen(fut: asyncio.Future[Any]) -> None:
+    """Take the outcome of ``fut`` (so that asyncio logs no exception of it as never retrieved)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _gathering(task: asyncio.Task[Any]) -> asyncio.Future[Any] | None:
+    """The future of the ``asyncio.gather`` that ``task`` is a child of, or ``None``: cancelled in its place (its
+    children with it), its ``CancelledError`` is then taken (:func:`_seen`), not left for nobody (trial DU: logged
+    as never retrieved when it was collected). CPython shows it only inside the done callback gather gives its
+    children; where it does not, ``None``, and the task is cancelled."""
+    try:
+        for callback, _ in getattr(task, "_callbacks", None) or ():
+            if getattr(callback, "__qualname__", "") == "gather.<locals>._done_callback":
+                for cell in getattr(callback, "__closure__", None) or ():
+                    outer = cell.cell_contents
+                    if isinstance(outer, asyncio.Future) and type(outer).__name__ == "_GatheringFuture":
+                        return outer
+    except (TypeError, ValueError, AttributeError):  # (an empty cell, another layout)
+        pass
+    return None
 
 
 class SqlTx(_Runner):
@@ -635,12 +655,15 @@ class SqlTx(_Runner):
 
     def _unfinished(self) -> tuple[list[str], list[str]]:
         """The writes of :meth:`_watch` that have not finished: those never awaited, then those still under way
-        (a task made of one, or of a coroutine awaiting one, as ``gather`` makes, never awaited: trial DS, a
+        (a task made of one, as ``create_task`` or ``gather`` makes, not awaited to its end: trial DS, a
         ``create_task(tx.with_(queue).add(...))`` waiting on the queue's first use was passed over, the rows
-        committed, and the add then failed on the ended transaction, only logged). A task driving one is
-        cancelled (trial DP: a coroutine closed under its task failed it with "cannot reuse already awaited
-        coroutine", logged as never retrieved); one never started that no task drives is closed, so Python warns
-        of none of them."""
+        committed, and the add then failed on the ended transaction, only logged). A task made of one is
+        cancelled, or the ``gather`` it is a child of (:func:`_gathering`; trial DU: its children cancelled, the
+        gather logged a ``CancelledError`` never retrieved); one never started that no task drives is closed, so
+        Python warns of none of them (trial DP: a coroutine closed under its task failed it with "cannot reuse
+        already awaited coroutine"). A task that awaits one deeper down (a helper of the application's, perhaps a
+        long-lived one that fn only handed the write to: trial DU) is its owner's: left to run, its write ends as
+        the rolled-back transaction's calls do."""
         never: list[str] = []
         running: list[str] = []
         pending: dict[int, Coroutine[Any, Any, Any]] = {}
@@ -657,19 +680,16 @@ class SqlTx(_Runner):
         self._prune_at = 64
         if pending:
             driven: set[int] = set()
-            me = asyncio.current_task()
             for task in asyncio.all_tasks():
-                if task is me:
-                    continue
-                c: Any = task.get_coro()
-                for _ in range(_AWAIT_DEPTH):
-                    if c is None:
-                        break
-                    if id(c) in pending:
+                key = id(task.get_coro())
+                if key in pending:
+                    outer = _gathering(task)
+                    if outer is None:
                         task.cancel()
-                        driven.add(id(c))
-                        break
-                    c = getattr(c, "cr_await", None)
+                    elif not outer.done():
+                        outer.cancel()
+                        outer.add_done_callback(_seen)
+                    driven.add(key)
             for key, coro in pending.items():
                 if key not in driven and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
                     coro.close()
@@ -677,7 +697,11 @@ class SqlTx(_Runner):
 
     def _check(self) -> None:
         if self.ended:
-            raise ClosedError(f"database {self.name}: transaction {self.id} has ended")
+            # (trial DU: a task that fn started and did not await made its write after fn returned)
+            raise ClosedError(
+                f"database {self.name}: transaction {self.id} has ended: a call made with it after its fn returned "
+                "(from a task fn started and did not await?) is not run"
+            )
         if getattr(self._transport, "reconnects", 0) != self._connection:
             self.ended = True
             raise UnavailableError(
