@@ -82,3 +82,22 @@ async def test_a_hand_back_past_the_limit_goes_in_parts(tmp_path: Path, monkeypa
         await runner.hand_back(claimed, 5.0)
         jobs = [await queue.get(i) for i in ids]
         assert [(j.state, j.attempts) for j in jobs if j is not None] == [("queued", 0)] * 5
+
+
+@pytest.mark.parametrize("case", ["deep", "long name"])
+async def test_a_body_over_the_parameters_that_cannot_be_read_is_refused_plainly(tmp_path: Path, case: str) -> None:
+    """From trial DU: over 250,000 parameters, the first nested too deep to be read: the look at the body for its
+    database raised RecursionError, answered as an internal error (a traceback in the server's log); and a name of
+    a million characters was repeated in the message."""
+    enc = msgspec.msgpack.encode
+    params = b"\xdd" + (250_001).to_bytes(4, "big")
+    if case == "deep":
+        body = b"\x93" + enc("app") + enc("select ?") + params + b"\x91" * 200_000 + b"\x01" * 250_001
+    else:
+        body = b"\x93" + enc("a" * 1_000_000) + enc("select ?") + params + b"\x01" * 250_001
+    async with open_store("private", tmp_path / "s") as store:
+        db = await store.database("app")
+        with pytest.raises(InvalidError) as e:
+            await store.transport.call("sql.query", msgspec.Raw(body), Any)
+        assert "internal" not in e.value.message and len(e.value.message) < 500, e.value.message
+        assert await db.scalar("select 1") == 1

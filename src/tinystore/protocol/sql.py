@@ -6,6 +6,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ..names import NAME
+
 Value = None | int | float | str | bytes | bool
 
 
@@ -68,8 +70,10 @@ def too_many_params(body: bytes) -> str | None:
     what is wrong with it."""
     try:
         head = msgspec.msgpack.decode(body, type=_Head)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # (trial DU: nested deep)
         return None
+    if not NAME.fullmatch(head.db):
+        return None  # (no name to repeat: a megabyte of one, control characters; trial DU)
     raw = bytes(memoryview(head.params)[:5])
     if not raw:
         return None
