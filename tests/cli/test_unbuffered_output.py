@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ..helpers import open_store
-from .support import popen_cli
+from .support import popen_cli, run_cli
 
 
 @pytest.mark.parametrize("unbuffered", ["1", ""])
@@ -51,3 +51,59 @@ async def test_output_that_cannot_be_written_is_told_in_one_line(tmp_path: Path,
     text = err.decode()
     assert proc.returncode == 1, text
     assert text == "tinystore: the output could not be written: No space left on device\n", text
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+@pytest.mark.parametrize("stderr", ["pipe", "full"])
+async def test_a_large_output_that_cannot_be_written_is_told_in_one_line(
+    tmp_path: Path, unbuffered: str, stderr: str
+) -> None:
+    """From trial DU: a table larger than one buffer (the failed write left the buffer empty) still gave a
+    traceback; and with stderr to a full disk too, every command exited 120."""
+    directory = tmp_path / "s"
+    async with open_store("embedded", directory, serve=False) as store:
+        db = await store.database("main")
+        await db.exec("create table big (a, b)")
+        await db.exec(
+            "insert into big with recursive n(x) as (select 1 union all select x + 1 from n where x < 3000) "
+            "select x, 'some text to make the table wide enough' from n"
+        )
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    with open("/dev/full", "w") as full:
+        proc = popen_cli(
+            "sql",
+            str(directory),
+            "select * from big",
+            stdout=full,
+            stderr=subprocess.PIPE if stderr == "pipe" else full,
+            env=env,
+        )
+        _, err = await asyncio.to_thread(proc.communicate, timeout=30)
+    assert proc.returncode == 1, err
+    if stderr == "pipe":
+        assert err.decode() == "tinystore: the output could not be written: No space left on device\n", err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+async def test_a_subscription_whose_output_cannot_be_written_ends_with_one_line(tmp_path: Path) -> None:
+    """From trial DU: `channels subscribe > /dev/full` logged a traceback at each message and went on."""
+    directory = tmp_path / "s"
+    async with open_store("embedded", directory, serve=False):
+        pass
+    with open("/dev/full", "w") as full:
+        proc = popen_cli("channels", str(directory), "subscribe", "ch", stdout=full, stderr=subprocess.PIPE)
+        try:
+            for _ in range(100):  # until the subscription hears it (its sidecar starts first)
+                await asyncio.to_thread(run_cli, "channels", str(directory), "publish", "ch", '{"a": 1}')
+                if proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.2)
+            _, err = await asyncio.to_thread(proc.communicate, timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            run_cli("stop", str(directory))
+    assert proc.returncode == 1, err
+    assert err.decode() == "tinystore: the output could not be written: No space left on device\n", err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import io
 import json
 import math
 import os
@@ -40,28 +41,70 @@ def _closed_streams() -> None:
             setattr(sys, name, open(os.devnull, "w"))  # (the process's own, to its end)
 
 
-def _buffered_streams() -> None:
-    """Under ``PYTHONUNBUFFERED`` (``python -u``, set in many container images) ``sys.stdout`` writes straight to
+class _Output(io.TextIOWrapper):
+    """The CLI's stdout: a text layer over a buffer over the descriptor, which keeps (``failed``) an ``OSError`` a
+    write or a flush raised, other than the reader going away: whatever raised it then (click, rich, a
+    subscription's handler), the command tells it in one line (trial DS, DU: a traceback and status 120, or for a
+    large output, where the failed write left the buffer empty, a traceback still)."""
+
+    failed: OSError | None = None
+
+    def write(self, text: str) -> int:
+        try:
+            return super().write(text)
+        except OSError as exc:
+            self._failing(exc)
+            raise
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as exc:
+            self._failing(exc)
+            raise
+
+    def _failing(self, exc: OSError) -> None:
+        if not isinstance(exc, BrokenPipeError) and self.failed is None:
+            self.failed = exc
+
+
+def _own_streams() -> None:
+    """stdout as an :class:`_Output`, and stderr (when unbuffered) through a buffer.
+
+    Under ``PYTHONUNBUFFERED`` (``python -u``, set in many container images) ``sys.stdout`` writes straight to
     its descriptor, and a write the kernel takes only in part (a pipe whose reader is slow: the first 64 KiB)
     loses the rest without a word: CPython's text layer does not write again (trial DL: ``jobs show --json |
     (sleep 1; cat)`` gave 65,536 of 1,000,432 bytes, status 0). A buffer in between writes all of it, flushed at
-    each line as unbuffered output is. The streams Python made stay as they were (``sys.__stdout__``)."""
-    import io
-
+    each line as unbuffered output is. Only the streams Python made are replaced (not one a test harness put in
+    their place); those stay as they were (``sys.__stdout__``)."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
-        if not isinstance(stream, io.TextIOWrapper) or not isinstance(stream.buffer, io.RawIOBase):
+        if type(stream) is not io.TextIOWrapper:
+            continue
+        unbuffered = isinstance(stream.buffer, io.RawIOBase)
+        if name == "stderr" and not unbuffered:
             continue
         with contextlib.suppress(OSError, ValueError):
             raw = io.FileIO(stream.fileno(), "w", closefd=False)
-            wrapped = io.TextIOWrapper(
-                io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors, line_buffering=True
+            kind = _Output if name == "stdout" else io.TextIOWrapper
+            wrapped = kind(
+                io.BufferedWriter(raw),
+                encoding=stream.encoding,
+                errors=stream.errors,
+                line_buffering=unbuffered or stream.line_buffering,
             )
+            if name == "stdout":
+                stream.flush()
+            _REPLACED.append(stream)  # (kept open: the /dev/null of _closed_streams closes its descriptor once lost)
             setattr(sys, name, wrapped)
 
 
+_REPLACED: list[Any] = []
+"""The streams :func:`_own_streams` put others in the place of."""
+
+
 _closed_streams()
-_buffered_streams()
+_own_streams()
 
 
 # written to a file or a pipe, rich would fold tables to 80 columns: give them room (a terminal keeps its width)
@@ -281,35 +324,56 @@ class _Group(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         """click's ``main``; output that cannot be written (stdout to a full disk, ``> /dev/full``) is told in one
         line on stderr, status 1 (trial DS: a traceback, then Python's "Exception ignored" of the last flush,
-        status 120)."""
+        status 120). A stderr that cannot be written either is let go of at the end, the status kept (trial DU:
+        120 for every command)."""
         try:
-            return super().main(*args, **kwargs)
-        except OSError as exc:
-            if isinstance(exc, BrokenPipeError) or not _stdout_fails():
-                raise
-            silence_stdout()
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write(f"tinystore: the output could not be written: {exc.strerror or exc}\n")
+            try:
+                return super().main(*args, **kwargs)
+            except OSError:
+                failed = _output_failed()
+                if failed is None:
+                    raise
+                silence(sys.stdout)
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.write(f"tinystore: the output could not be written: {failed.strerror or failed}\n")
+                sys.exit(1)
+        finally:
+            try:
                 sys.stderr.flush()
-            sys.exit(1)
+            except (OSError, ValueError):
+                silence(sys.stderr)
 
 
-def _stdout_fails() -> bool:
-    """Whether what stdout holds cannot be written (what an ``OSError`` raised by a write to it leaves there)."""
+def _output_failed() -> OSError | None:
+    """The error that writing stdout met (:class:`_Output`), or that flushing what it holds meets now; ``None``
+    when it can be written (a reader gone, ``BrokenPipeError``, is not a failure: see :meth:`_Group.invoke`)."""
+    failed = getattr(sys.stdout, "failed", None)
+    if isinstance(failed, OSError):
+        return failed
     try:
         sys.stdout.flush()
-    except (OSError, ValueError):
-        return True
-    return False
+    except BrokenPipeError:
+        return None
+    except OSError as exc:
+        return exc
+    except ValueError:
+        return None
+    return None
 
 
 def silence_stdout() -> None:
     """Point stdout at ``/dev/null``: its reader is gone, and the interpreter's last flush must not raise
     ``BrokenPipeError`` at exit (the Python docs' advice for SIGPIPE)."""
+    silence(sys.stdout)
+
+
+def silence(stream: Any) -> None:
+    """Point ``stream``'s descriptor at ``/dev/null``: what it holds can no longer be written, and the interpreter's
+    last flush must not fail at exit (status 120)."""
     with contextlib.suppress(AttributeError, OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
-            os.dup2(devnull, sys.stdout.fileno())
+            os.dup2(devnull, stream.fileno())
         finally:
             os.close(devnull)
 

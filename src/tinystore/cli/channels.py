@@ -150,6 +150,7 @@ def register(main: click.Group) -> None:
 
             name, parts = split_target(target)
             output_gone = asyncio.Event()
+            failed: list[OSError] = []
 
             def reader_gone() -> None:
                 silence_stdout()
@@ -163,6 +164,12 @@ def register(main: click.Group) -> None:
                     sys.stdout.flush()
                 except BrokenPipeError:  # the reader is gone: the subscription ends, quietly
                     reader_gone()
+                except OSError as exc:
+                    # (trial DU: a full disk was logged, with a traceback, at each message, and the subscription
+                    # went on, dropping them): it ends, told as any command's output that cannot be written
+                    failed.append(exc)
+                    silence_stdout()
+                    output_gone.set()
 
             # the directory's server, started when none runs (as `tinystore lock hold` does): a listener that
             # owned the directory itself would shut out the publishers it waits for
@@ -186,6 +193,8 @@ def register(main: click.Group) -> None:
                     await sub.stop()
             finally:
                 await store.close()
+            if failed:
+                raise failed[0]
 
         try:
             run_async(go)
