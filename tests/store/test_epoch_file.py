@@ -79,7 +79,9 @@ async def test_sqlite_files_given_to_a_new_store_open_in_every_mode_and_again(tm
 
 
 # contract: LOCK-02
-@pytest.mark.parametrize("case", ["databases", "locks only", "LOCK removed too", "server/ removed too"])
+@pytest.mark.parametrize(
+    "case", ["databases", "locks only", "LOCK removed too", "server/ removed too", "STARTED a folder"]
+)
 async def test_a_missing_epoch_file_of_a_store_that_ran_is_a_corrupt_error(tmp_path: Path, case: str) -> None:
     """From trial DF: removed from a store that had run, EPOCH was made again from the wall clock without a word;
     with the clock behind the saved epoch (stepped back since), fences went below those given before. From
@@ -98,6 +100,11 @@ async def test_a_missing_epoch_file_of_a_store_that_ran_is_a_corrupt_error(tmp_p
         (directory / "LOCK").unlink()
     if case == "server/ removed too":
         # (trial DS: the runtime folder cleaned out, and the store that ran was taken as new, its fences lower)
+        shutil.rmtree(directory / "server")
+    if case == "STARTED a folder":
+        # (trial DU: one planted in its place, which the mark cannot replace, had the store taken as new)
+        (directory / "STARTED").unlink()
+        (directory / "STARTED").mkdir()
         shutil.rmtree(directory / "server")
     with pytest.raises(CorruptError, match=r"EPOCH: is missing, though the store has run before \(its sql/ folder"):
         await tinystore.open(directory, embedded=True, serve=False)

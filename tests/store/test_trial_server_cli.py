@@ -307,6 +307,31 @@ def test_serve_names_a_key_that_is_not_the_certificates(tmp_path: Path, kind: st
     assert not (tmp_path / "store").exists()
 
 
+def test_serve_names_an_encrypted_key_without_asking_for_its_passphrase(tmp_path: Path) -> None:
+    """From trial DU: OpenSSL asked for the passphrase on the terminal (a serve with one waited there for ever);
+    without one, it was told as "not a PEM certificate and its private key"."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to encrypt a key")
+    tokens, _, _ = write_tokens(tmp_path)
+    cert, key = make_cert(tmp_path)
+    encrypted = tmp_path / "encrypted.pem"
+    subprocess.run(
+        ["openssl", "pkey", "-in", str(key), "-aes256", "-passout", "pass:secret", "-out", str(encrypted)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    done = serve(
+        tmp_path / "store",
+        *("--listen", "tls://127.0.0.1:0", "--tokens", str(tokens), "--tls-cert", str(cert)),
+        *("--tls-key", str(encrypted)),
+    )
+    line = one_error_line(done)
+    assert f"--tls-key {encrypted}: the private key is encrypted" in line, line
+    assert "pass phrase" not in done.stdout + done.stderr
+    assert not (tmp_path / "store").exists()
+
+
 def test_serve_refuses_a_directory_it_cannot_write(tmp_path: Path) -> None:
     parent = tmp_path / "locked"
     parent.mkdir()

@@ -436,9 +436,10 @@ def next_epoch(directory: Path, now_ms: int, ran_before: bool = False) -> int:
             # or not (trial DI: a store of locks only). A first start stopped before it wrote EPOCH left neither;
             # SQLite files put in sql/ for a new store to take up come without STARTED
             raise CorruptError(
-                f"{path}: is missing, though the store has run before (its sql/ folder is there, and its "
-                "STARTED). Fences grow across restarts only from it (LOCK-02): write in it a number above "
-                "every epoch the store gave, such as the current time in ms plus a day, to start again"
+                f"{path}: is missing, though the store has run before (its sql/ folder is there, and the mark a "
+                "start leaves: STARTED, or server/started of an earlier version). Fences grow across restarts "
+                "only from it (LOCK-02): write in it a number above every epoch the store gave, such as the current "
+                "time in ms plus a day, to start again"
             ) from None
     except (OSError, UnicodeDecodeError) as exc:
         if isinstance(exc, OSError) and exc.errno == errno.ELOOP:

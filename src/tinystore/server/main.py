@@ -114,7 +114,15 @@ def tls_context(addr: str, cert: str | None, key: str | None) -> ssl.SSLContext:
             raise InvalidError(f"{flag} {name}: cannot be read: {exc.strerror or exc}") from None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        ctx.load_cert_chain(cert, key)
+        # (trial DU: OpenSSL asked for an encrypted key's passphrase on the terminal, and a serve with one waited
+        # there; with none, it was told as "not a PEM certificate and its private key")
+        ctx.load_cert_chain(cert, key, password=_no_passphrase)
+    except _Encrypted:
+        raise InvalidError(
+            f"--tls-key {key}: the private key is encrypted (it needs a passphrase, which serve does not ask for): "
+            f"give it unencrypted, made so with `openssl pkey -in {key} -out KEY.pem` (a file only its user may "
+            "read, chmod 600)"
+        ) from None
     except (ssl.SSLError, OSError, ValueError) as exc:
         cert_kinds, key_kinds = _pem_kinds(cert), _pem_kinds(key)
         if "CERTIFICATE" in cert_kinds and "PRIVATE KEY" in key_kinds and getattr(exc, "reason", None) in _NOT_ITS_KEY:
@@ -131,6 +139,15 @@ def tls_context(addr: str, cert: str | None, key: str | None) -> ssl.SSLContext:
             f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc}){hint}"
         ) from None
     return ctx
+
+
+class _Encrypted(Exception):
+    """The private key asked for a passphrase."""
+
+
+def _no_passphrase() -> str:
+    """The passphrase OpenSSL asks for: none (raises :class:`_Encrypted`), rather than a prompt on the terminal."""
+    raise _Encrypted
 
 
 _NOT_ITS_KEY = frozenset({"KEY_VALUES_MISMATCH", "KEY_TYPE_MISMATCH", "NO_CERTIFICATE_ASSIGNED"})

@@ -291,7 +291,9 @@ def mark_started(directory: Path, epoch: int) -> None:
 def started_before(directory: Path) -> bool:
     """Whether :func:`mark_started` marked ``directory`` (or a server of the version before, which wrote
     ``DIR/server/started``)."""
-    return started_file(directory).is_file() or (directory / "server" / "started").is_file()
+    # (anything by that name: a folder or a link planted there, that the mark could not replace, counts too: trial
+    # DU, a folder named STARTED had the store taken as new)
+    return os.path.lexists(started_file(directory)) or (directory / "server" / "started").is_file()
 
 
 ReadFacts = dict[str, list[tuple[int, int, int]]]
