@@ -4,6 +4,7 @@ with InvalidError in every mode (and never fail other callers' calls)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 from pathlib import Path
 
@@ -154,3 +155,51 @@ async def test_hold_awaited_or_used_with_plain_with_says_async_with(tmp_path: Pa
             await sem.try_hold("k")
     finally:
         await store.close()
+
+
+# contract: LOCK-07
+async def test_an_embedded_store_closing_gives_no_lease_to_another_clients_waiter(tmp_path: Path) -> None:
+    """From trial DT: an embedded store being closed, while a holder of its own ran its block's clean-up, gave the
+    key to another client's waiter, whose block began only to be told at once that the store was stopping. No
+    lease is given once the store begins to stop: the waiter gets the key from the next server."""
+    from tests.helpers import stop_sidecar
+
+    directory = tmp_path / "s"
+    embedded = await tinystore.open(directory, embedded=True)
+    other = await tinystore.open(directory, idle="5s")  # (through the embedded store's socket)
+    closed = asyncio.Event()
+    entered = asyncio.Event()
+    seen: list[tuple[bool, bool, int]] = []  # (closed yet, lost at once, fence) of the other's block
+    fences: list[int] = []
+    try:
+
+        async def holder() -> None:
+            with contextlib.suppress(BaseException):
+                async with embedded.lock("sg", ttl="3s").hold("k") as lease:
+                    fences.append(lease.fence)
+                    entered.set()
+                    try:
+                        await asyncio.sleep(30)
+                    finally:
+                        await asyncio.sleep(0.3)  # its clean-up, as the store closes
+
+        async def waiter() -> None:
+            async with other.lock("sg", ttl="3s").hold("k", wait="20s") as lease:
+                seen.append((closed.is_set(), lease.lost.is_set(), lease.fence))
+
+        held = asyncio.create_task(holder())
+        await entered.wait()
+        waiting = asyncio.create_task(waiter())
+        await asyncio.sleep(0.2)
+        await embedded.close()
+        closed.set()
+        embedded = await tinystore.open(directory, embedded=True)  # the next server (its socket the same)
+        await asyncio.wait_for(waiting, 20)
+        await held
+        ((after_close, lost, fence),) = seen
+        assert after_close and not lost, seen
+        assert fence > fences[0]
+    finally:
+        await other.close()
+        await embedded.close()
+        await stop_sidecar(directory)

@@ -854,6 +854,11 @@ class _Hub:
         try:
             grant: Grant | None = await self.transport.call(ACQUIRE, req, write=True)
         except TinystoreError as exc:
+            if self.closing and isinstance(exc, ClosedError):
+                # (a store that is stopping gives no lease: its line is let go as the store closes, trial DT)
+                raise ClosedError(
+                    f"{_where(lock._kind, lock.name, key)}: the store was closed while waiting in line"
+                ) from None
             raise _named(exc, lock, key) from None
         if grant is None:
             return None

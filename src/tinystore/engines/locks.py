@@ -171,6 +171,7 @@ class LocksEngine:
         self._epoch = epoch
         self._fence_base = epoch << 64
         self._counter = 0
+        self._granting = True  # False once the store is stopping (see stop_granting)
         self._locks: dict[str, _Lock] = {}
         self._leases: dict[int, _Lease] = {}
         self._ended: OrderedDict[int, tuple[str, str, str, float, float | None]] = OrderedDict()
@@ -269,7 +270,7 @@ class LocksEngine:
             lk = self._locks[lock] = _Lock(lock)
         if slot is None:
             slot = lk.keys[key] = _Key(lk, key, limit)
-        if len(slot.leases) < limit and not slot.waiters:
+        if len(slot.leases) < limit and not slot.waiters and self._granting:
             return self._grant(slot, peer, ttl, max_hold)
         if wait is None:
             return None
@@ -513,10 +514,22 @@ class LocksEngine:
                 log.exception("locks: push of %s to peer %s failed", LOST, peer.id)
         self._pass(slot)
 
+    def stop_granting(self) -> None:
+        """The store is stopping: from now on no lease is given. A key let go stays free, its waiters in line (and
+        a new acquire waits there too, a try finds it held), until :meth:`close` fails them (the SDK then waits
+        for the key at the next server, LOCK-07). Before, an embedded store being closed, while a holder of its
+        own ran its block's clean-up, gave the key to another client's waiter, whose block began only to be told
+        at once that the store was stopping (trial DT)."""
+        self._granting = False
+
     def _pass(self, slot: _Key) -> None:
         """Give free places of ``slot`` to its waiters, oldest first (LOCK-04); drop the key when empty."""
         waiters = slot.waiters
         limit = slot.limit
+        if not self._granting:
+            if not slot.leases and not waiters:
+                self._drop_slot(slot)
+            return
         while waiters and len(slot.leases) < limit:
             waiter, _ = waiters.popitem(last=False)
             self._unindex(waiter)

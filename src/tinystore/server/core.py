@@ -122,6 +122,9 @@ class Core:
         self.session_full_hooks: list[Callable[[Session, bool], None]] = []
         self.status_hooks: dict[str, Callable[[], Any]] = {}
         self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
+        # run once, as the store begins to stop (see begin_stopping)
+        self.stopping_hooks: list[Callable[[], None]] = []
+        self._stopping_begun = False
         self._ids = itertools.count(1)
         self._lock = DirLock(self.directory)
         self.epoch = 0
@@ -260,12 +263,26 @@ class Core:
                 out[key] = {"error": str(exc)}
         return out
 
+    def begin_stopping(self) -> None:
+        """The store begins to stop: the engines' ``stopping_hooks`` run (once): no lease is given from now on.
+        What was given goes on, and calls are still served (an embedded store being closed waits first for what
+        its own SDK runs: a lease's block, its clean-up, may still write). Never raises."""
+        if self._stopping_begun:
+            return
+        self._stopping_begun = True
+        for hook in self.stopping_hooks:
+            try:
+                hook()
+            except Exception:
+                log.exception("an engine's stopping hook failed")
+
     async def stop(self, grace: float = 10.0) -> None:
         """Stop gracefully (STORE-05): no new calls; sessions closed (their transactions rolled back);
         engines stopped; SQLite files checkpointed and closed; the directory lock let go. Idempotent."""
         if self.stopping.is_set():
             await self.stopped.wait()
             return
+        self.begin_stopping()
         self.stopping.set()
         with contextlib.suppress(OSError):
             paths.mark_stopping(self.directory, time.time() + grace)

@@ -264,6 +264,7 @@ def install(core: Core) -> None:
     core.session_close_hooks.append(on_close)
     core.status_hooks["locks"] = status
     core.stop_hooks.append(stop)
+    core.stopping_hooks.append(engine.stop_granting)
     core.register(Method(ACQUIRE, Acquire, acquire, write=True))
     core.register(Method(ACQUIRE_MANY, AcquireMany, acquire_many, write=True))
     core.register(Method(ABANDON, Abandon, abandon, write=True))
