@@ -114,6 +114,6 @@ async def test_calls_past_their_item_limits_are_refused_unread(tmp_path: Path) -
             await store._call("channels.grant_many", GrantMany([Grant(1, 1)] * (GRANT_MANY_MAX + 1)), Any)
         with pytest.raises(InvalidError, match=r"jobs.renew: Expected `array` of length <= 10000"):
             await store._call("jobs.renew", Renew(queue="q", attempts=[Attempt("x", 1)] * (RENEW_MAX + 1)), Any)
-        with pytest.raises(InvalidError, match=r"sql.query: Expected `array` of length <= 250000"):
+        with pytest.raises(InvalidError, match=r"database app: too many SQL variables \(250,001 parameters"):
             await store._call("sql.query", Query("app", "select 1", [1] * (PARAMS_MAX + 1)), Any)
         assert await db.scalar("select 1") == 1  # the connection goes on
