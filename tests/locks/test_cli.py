@@ -107,3 +107,15 @@ async def test_a_command_that_cannot_run_is_one_error_line(sidecar: tinystore.St
     assert proc.returncode == 127
     assert err.decode().startswith("error[invalid] cannot run '/no/such/command': "), err
     assert err.decode().count("\n") == 1
+
+
+@pytest.mark.parametrize(("ttl", "told"), [("nan", "lock l: --ttl: cannot read 'nan'"), ("0", "lock l: ttl 0s is")])
+async def test_a_bad_ttl_is_worded_alike_however_it_is_bad(
+    sidecar: tinystore.Store, tmp_path: Path, ttl: str, told: str
+) -> None:
+    # from trial DT: one that could not be read named the key as well ("lock l: key "k": --ttl: ..."), one out of
+    # bounds did not ("lock l: ttl 0s is outside 1s .. 1h")
+    proc = await cli("lock", str(tmp_path / "store"), "hold", "l", "k", "--ttl", ttl, "--", "true")
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1
+    assert err.decode().startswith(f"error[invalid] {told}"), err

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import subprocess
@@ -184,7 +183,8 @@ def register(main: click.Group) -> None:
             try:
                 ttl_s, wait_s, grace_s = seconds(ttl, "--ttl"), seconds(wait, "--wait"), seconds(grace, "--grace")
             except InvalidError as exc:
-                raise InvalidError(f"lock {name}: key {json.dumps(key)}: {exc.message}") from None
+                # (worded as the store words a ttl it refuses, "lock NAME: ttl ...": trial DT)
+                raise InvalidError(f"lock {name}: {exc.message}") from None
             where = directory if isinstance(directory, Address) else directory.resolve()
             return await hold_and_run(where, name, key, args, ttl_s, wait_s, grace_s)
 
