@@ -133,3 +133,43 @@ async def test_a_web_process_that_stops_answering_is_killed_and_started_again(tm
     text = err.read_text()
     assert "web process 1 (" in text and "did not answer for" in text and "starting it again" in text, text
     assert "web process 2 (" not in text, text
+
+
+async def test_a_worker_that_stops_beating_is_killed_and_started_again(tmp_path: Path) -> None:
+    """The worker process stopped (SIGSTOP) or hung was not noticed: replies never came. It writes a line every
+    third of --hang-after (at most 5 s); one that writes none for --hang-after seconds is killed and started
+    again, and replies come again."""
+    err = tmp_path / "stderr.txt"
+    async with (
+        run_demo(
+            tmp_path / "data", "--web-processes", "1", "--hang-after", "1.5", "--token-delay", "0.002", stderr=err
+        ) as demo,
+        client() as http,
+    ):
+        (url,) = demo.urls
+        await post_and_hear_the_reply(http, url, url)
+        worker = _worker_pid(demo.proc.pid)
+        os.kill(worker, signal.SIGSTOP)
+        assert await _ended(worker, within=30)
+        await post_and_hear_the_reply(http, url, url)  # (from the worker started again)
+        assert _worker_pid(demo.proc.pid) != worker
+        assert demo.proc.returncode is None
+        assert await demo.stop() == 0
+    text = err.read_text()
+    assert "the worker did not answer for" in text and "the worker exited" in text, text
+
+
+def _worker_pid(demo: int) -> int:
+    """The pid of the worker process of the demo ``demo`` (a child whose command line has ``--role worker``)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        if ppid == demo and b"--role" in argv and argv[argv.index(b"--role") + 1] == b"worker":
+            return int(entry.name)
+    raise AssertionError(f"no worker process of demo {demo}")

@@ -289,14 +289,38 @@ def run_worker(directory: Path, model_url: str | None, model_name: str, token_de
             chat.start_workers()
             sys.stdout.write(f"{READY}worker {os.getpid()}\n")
             sys.stdout.flush()
+            beating = asyncio.ensure_future(_beat(stop))
             try:
                 await stop.wait()
             finally:
+                beating.cancel()
+                await asyncio.gather(beating, return_exceptions=True)
                 await chat.stop_workers()
         finally:
             await store.close()
 
     _run(main)
+
+
+BEAT_ENV = "TINYSTORE_DEMO_BEAT"
+"""Seconds between the lines the worker of ``--web-processes`` writes to say it is alive (see :func:`_beat`)."""
+BEAT = b"alive"
+
+
+async def _beat(stop: asyncio.Event) -> None:
+    """In the worker of ``--web-processes``: a line on stdout every ``$TINYSTORE_DEMO_BEAT`` seconds, from its
+    loop, which the demo reads (:func:`_heard`): a worker whose loop is stuck, or that was stopped, writes none."""
+    try:
+        every = float(os.environ.get(BEAT_ENV, ""))
+    except ValueError:
+        return
+    while not stop.is_set():
+        try:
+            sys.stdout.buffer.write(BEAT + b"\n")
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            return  # (the demo is gone)
+        await asyncio.sleep(every)
 
 
 def run_many(
@@ -333,6 +357,7 @@ def run_many(
         service = importlib.import_module(f"{PACKAGE}.service")
         await service.Chat(store).open()
         children: list[asyncio.subprocess.Process] = []  # every process started (each stopped at the end)
+        os.environ[BEAT_ENV] = repr(beat_every(hang_after))  # (the worker's beat: its children have it)
         base = [sys.executable, "-m", "tinystore", "demo", str(directory), "--host", host]
         base += ["--token-delay", repr(token_delay)]
         if model_url:
@@ -380,6 +405,7 @@ class _Slot:
     argv: list[str]
     proc: asyncio.subprocess.Process
     probe: tuple[str, int] | None = None  # (host, port) of a web process, asked for /healthz
+    beat: float = 0.0  # the worker: when its last line came (loop time; see _heard)
 
 
 RESTARTS_MAX = 5
@@ -402,6 +428,7 @@ async def _supervise(
     restarts: collections.deque[float] = collections.deque()
     stopping = asyncio.ensure_future(stop.wait())
     watchdog = asyncio.ensure_future(_watch_hangs(slots, hang_after))
+    listening = {asyncio.ensure_future(_heard(slot, slot.proc)) for slot in slots if slot.probe is None}
     try:
         while True:
             waits = {asyncio.ensure_future(slot.proc.wait()): slot for slot in slots}
@@ -436,6 +463,9 @@ async def _supervise(
                     return True
                 try:
                     slot.proc, _ = start.result()
+                    if slot.probe is None:
+                        listening = {t for t in listening if not t.done()}
+                        listening.add(asyncio.ensure_future(_heard(slot, slot.proc)))
                 except click.ClickException as exc:
                     # (trial DR: one failed start, a port taken meanwhile, stopped the others too) it counts as an
                     # exit, and is tried again after a moment, until the limit above
@@ -450,7 +480,19 @@ async def _supervise(
     finally:
         stopping.cancel()
         watchdog.cancel()
-        await asyncio.gather(stopping, watchdog, return_exceptions=True)
+        for t in listening:
+            t.cancel()
+        await asyncio.gather(stopping, watchdog, *listening, return_exceptions=True)
+
+
+async def _heard(slot: _Slot, proc: asyncio.subprocess.Process) -> None:
+    """Read the worker ``proc``'s lines (its :func:`_beat`) until it ends, noting in ``slot`` when each came."""
+    loop = asyncio.get_running_loop()
+    slot.beat = loop.time()
+    if proc.stdout is None:
+        return
+    while await proc.stdout.readline():
+        slot.beat = loop.time()
 
 
 def _probe_at(address: str) -> tuple[str, int] | None:
@@ -465,15 +507,18 @@ def _probe_at(address: str) -> tuple[str, int] | None:
 
 async def _watch_hangs(slots: list[_Slot], hang_after: float) -> None:
     """Kill (SIGKILL) a web process of ``slots`` that has not answered ``GET /healthz`` for ``hang_after``
-    seconds; :func:`_supervise` then starts it again as for any exit. Asked every third of that (at most every
-    5 s); a process that exited, or is being started again, is not asked. Runs until cancelled."""
+    seconds, or the worker when no line of its :func:`_beat` came for that long; :func:`_supervise` then starts
+    it again as for any exit. Asked every third of that (at most every 5 s); a process that exited, or is being
+    started again, is not asked. Runs until cancelled."""
     loop = asyncio.get_running_loop()
-    every = min(5.0, hang_after / 3)
+    every = beat_every(hang_after)
     answered: dict[int, float] = {}  # pid → when it last answered (or was first seen)
     while True:
         await asyncio.sleep(every)
-        live = [s for s in slots if s.probe is not None and s.proc.returncode is None]
-        answers = await asyncio.gather(*(_answers(*s.probe, timeout=every) for s in live if s.probe is not None))
+        live = [s for s in slots if s.proc.returncode is None]
+        answers = await asyncio.gather(
+            *(_answers(*s.probe, timeout=every) if s.probe is not None else _beat_since(s, every) for s in live)
+        )
         now = loop.time()
         for slot, ok in zip(live, answers, strict=True):
             pid = slot.proc.pid
@@ -489,6 +534,17 @@ async def _watch_hangs(slots: list[_Slot], hang_after: float) -> None:
                 del answered[pid]
         for pid in [p for p in answered if all(s.proc.pid != p for s in slots)]:
             del answered[pid]
+
+
+def beat_every(hang_after: float) -> float:
+    """Seconds between two looks at the demo's processes (and between the worker's lines): a third of
+    ``hang_after``, at most 5."""
+    return min(5.0, hang_after / 3)
+
+
+async def _beat_since(slot: _Slot, every: float) -> bool:
+    """Whether the worker of ``slot`` wrote a line within the last two ``every`` (its beat's period)."""
+    return asyncio.get_running_loop().time() - slot.beat < 2 * every
 
 
 async def _answers(host: str, port: int, timeout: float) -> bool:
