@@ -107,3 +107,54 @@ async def test_a_subscription_whose_output_cannot_be_written_ends_with_one_line(
             run_cli("stop", str(directory))
     assert proc.returncode == 1, err
     assert err.decode() == "tinystore: the output could not be written: No space left on device\n", err
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+@pytest.mark.parametrize("json_out", [True, False])
+async def test_values_the_output_encoding_cannot_hold_are_escaped(
+    tmp_path: Path, encoding: str, json_out: bool
+) -> None:
+    """From trial DV: under PYTHONIOENCODING=latin-1 (or a C locale) a value outside the encoding was a
+    UnicodeEncodeError traceback."""
+    directory = tmp_path / "s"
+    async with open_store("embedded", directory, serve=False) as store:
+        db = await store.database("app")
+        await db.exec("create table t (name text)")
+        await db.exec("insert into t values ('日本語 é ☃')")
+    proc = popen_cli(
+        "sql",
+        str(directory),
+        "select name from t",
+        "--db",
+        "app",
+        *(["--json"] if json_out else []),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONIOENCODING": encoding},
+    )
+    out, err = await asyncio.to_thread(proc.communicate, timeout=30)
+    assert proc.returncode == 0 and b"Traceback" not in err, err
+    assert b"65e5" in out or "日本語".encode() in out, out
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+async def test_a_server_whose_stderr_cannot_be_written_serves_and_stops_cleanly(tmp_path: Path) -> None:
+    """From trial DV: `tinystore serve DIR 2>/dev/full` failed its start as it printed that it served, leaving its
+    address and socket behind."""
+    directory = tmp_path / "s"
+    with open("/dev/full", "w") as full:
+        proc = popen_cli("serve", str(directory), stdout=full, stderr=full)
+        try:
+            for _ in range(200):
+                done = await asyncio.to_thread(run_cli, "status", str(directory))
+                if done.returncode == 0 or proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.1)
+            assert proc.poll() is None, "the server exited"
+            assert (await asyncio.to_thread(run_cli, "stop", str(directory))).returncode == 0
+            assert await asyncio.to_thread(proc.wait, 30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert not (directory / "server" / "address").exists() and not (directory / "server" / "sock").exists()

@@ -203,3 +203,80 @@ async def test_an_embedded_store_closing_gives_no_lease_to_another_clients_waite
         await other.close()
         await embedded.close()
         await stop_sidecar(directory)
+
+
+async def test_an_embedded_store_closing_still_gives_keys_to_its_own_code(tmp_path: Path) -> None:
+    """From trial DV: with no lease given at all once the store began to stop, its own job handlers (running in
+    their grace) and its blocks' clean-up were told a free key was held: a handler waiting for one failed its
+    attempt after its whole wait, one using try_hold skipped its work and ended succeeded, and a clean-up
+    taking a key kept the close 5 s. The store's own code is served until the store is stopped."""
+    store = await tinystore.open(tmp_path / "s", embedded=True, serve=False)
+    db = await store.database("app")
+    queue = store.queue("work", database=db)
+    per_user = store.lock("per-user")
+    started = asyncio.Event()
+    outcomes: list[str] = []
+
+    async def handler(value: int, run: object) -> str:
+        started.set()
+        await asyncio.sleep(0.3)  # the store closes meanwhile
+        async with per_user.try_hold(str(value)) as lease:
+            outcomes.append("skipped" if lease is None else "done")
+        async with per_user.hold(str(value), wait=3):
+            outcomes.append("waited")
+        return "ok"
+
+    job = await queue.add(1)
+    worker = queue.work(handler)
+    await started.wait()
+    t0 = asyncio.get_running_loop().time()
+    await store.close()
+    assert asyncio.get_running_loop().time() - t0 < 2.5
+    assert outcomes == ["done", "waited"]
+    del worker
+    store = await tinystore.open(tmp_path / "s", embedded=True, serve=False)
+    try:
+        got = await store.queue("work", database=await store.database("app")).get(job)
+        assert got is not None and got.state == "succeeded", got
+    finally:
+        await store.close()
+
+
+async def test_another_clients_try_as_an_embedded_store_closes_is_answered_by_the_next_server(tmp_path: Path) -> None:
+    """From trial DV: another client's try_hold on a free key, while the store closed, came back None (held), and
+    a hold with a wait of 0 raised InUseError "held". It waits for the next server, which answers it truly."""
+    from tests.helpers import stop_sidecar
+
+    directory = tmp_path / "s"
+    embedded = await tinystore.open(directory, embedded=True)
+    other = await tinystore.open(directory, idle="5s")
+    entered = asyncio.Event()
+    try:
+
+        async def holder() -> None:
+            with contextlib.suppress(BaseException):
+                async with embedded.lock("a", ttl="3s").hold("k"):
+                    entered.set()
+                    try:
+                        await asyncio.sleep(30)
+                    finally:
+                        await asyncio.sleep(0.5)  # its clean-up, as the store closes
+
+        held = asyncio.create_task(holder())
+        await entered.wait()
+        closing = asyncio.create_task(embedded.close())
+        await asyncio.sleep(0.2)  # the store has begun to stop; its holder runs its clean-up
+
+        async def try_free() -> bool:
+            async with other.lock("free", ttl="3s").try_hold("z") as lease:
+                return lease is not None
+
+        trying = asyncio.create_task(try_free())
+        await closing
+        embedded = await tinystore.open(directory, embedded=True)  # the next server
+        assert await asyncio.wait_for(trying, 20) is True
+        await held
+    finally:
+        await other.close()
+        await embedded.close()
+        await stop_sidecar(directory)

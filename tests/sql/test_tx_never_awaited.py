@@ -240,3 +240,54 @@ async def test_a_task_fn_did_not_await_is_told_why_its_later_write_is_not_run(tm
         assert await db.all("select name from docs order by name") == [{"name": "a"}]
         shared.cancel()
         await asyncio.gather(shared, return_exceptions=True)
+
+
+async def test_a_nested_gather_under_way_as_fn_returns_logs_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """From trial DV: a gather of a gather of writes, never awaited: the inner one was cancelled and its error
+    taken, and the outer one's was logged as never retrieved. The outermost gather is cancelled."""
+    async with open_store("embedded", tmp_path / "s", serve=False) as store:
+        db = await store.database("app", migrations=[("001", "create table docs (name text)")])
+        outer: list[asyncio.Future[Any]] = []
+
+        async def fn(tx: SqlTx) -> None:
+            await tx.exec("insert into docs values ('a')")
+            inner = asyncio.gather(tx.exec("insert into docs values ('b')"), tx.exec("insert into docs values ('c')"))
+            outer.append(asyncio.gather(inner, asyncio.sleep(0.01)))
+            await asyncio.sleep(0)
+
+        with pytest.raises(InvalidError, match="still under way"):
+            await db.tx(fn)
+        await asyncio.wait(outer, timeout=5)
+        assert outer[0].done()
+        outer.clear()
+        import gc
+
+        gc.collect()
+        await asyncio.sleep(0.05)
+        assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], caplog.text
+        assert await db.all("select * from docs") == []
+
+
+async def test_a_call_after_the_connection_dropped_is_told_so(tmp_path: Path) -> None:
+    """From trial DV: inside fn, once the connection had dropped, the second call (and the commit) said "a call
+    made with it after its fn returned (from a task ...)": fn had not returned."""
+    from tinystore import UnavailableError
+
+    async with open_store("private", tmp_path / "s") as store:
+        db = await store.database("app", migrations=[("001", "create table docs (name text)")])
+        told: list[str] = []
+
+        async def fn(tx: SqlTx) -> None:
+            await tx.exec("insert into docs values ('a')")
+            store.transport.reconnects += 1  # (as after the connection dropped and the SDK reconnected)
+            for _ in range(2):
+                try:
+                    await tx.exec("insert into docs values ('b')")
+                except UnavailableError as exc:
+                    told.append(exc.message)
+
+        with pytest.raises(UnavailableError, match="the connection to the store dropped since transaction"):
+            await db.tx(fn)
+        assert len(told) == 2 and all("the connection to the store dropped" in m for m in told), told

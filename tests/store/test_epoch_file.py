@@ -80,7 +80,8 @@ async def test_sqlite_files_given_to_a_new_store_open_in_every_mode_and_again(tm
 
 # contract: LOCK-02
 @pytest.mark.parametrize(
-    "case", ["databases", "locks only", "LOCK removed too", "server/ removed too", "STARTED a folder"]
+    "case",
+    ["databases", "locks only", "LOCK removed too", "server/ removed too", "STARTED a folder", "old mark a folder"],
 )
 async def test_a_missing_epoch_file_of_a_store_that_ran_is_a_corrupt_error(tmp_path: Path, case: str) -> None:
     """From trial DF: removed from a store that had run, EPOCH was made again from the wall clock without a word;
@@ -101,6 +102,10 @@ async def test_a_missing_epoch_file_of_a_store_that_ran_is_a_corrupt_error(tmp_p
     if case == "server/ removed too":
         # (trial DS: the runtime folder cleaned out, and the store that ran was taken as new, its fences lower)
         shutil.rmtree(directory / "server")
+    if case == "old mark a folder":
+        # (trial DV: the mark of the version before, server/started, counted only as a file)
+        (directory / "STARTED").unlink()
+        (directory / "server" / "started").mkdir(parents=True, exist_ok=True)
     if case == "STARTED a folder":
         # (trial DU: one planted in its place, which the mark cannot replace, had the store taken as new)
         (directory / "STARTED").unlink()

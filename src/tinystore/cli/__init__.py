@@ -69,7 +69,8 @@ class _Output(io.TextIOWrapper):
 
 
 def _own_streams() -> None:
-    """stdout as an :class:`_Output`, and stderr (when unbuffered) through a buffer.
+    """stdout as an :class:`_Output`, and stderr (when unbuffered) through a buffer; what the output's encoding
+    cannot hold is escaped (``\\u65e5``), not an error.
 
     Under ``PYTHONUNBUFFERED`` (``python -u``, set in many container images) ``sys.stdout`` writes straight to
     its descriptor, and a write the kernel takes only in part (a pipe whose reader is slow: the first 64 KiB)
@@ -90,7 +91,9 @@ def _own_streams() -> None:
             wrapped = kind(
                 io.BufferedWriter(raw),
                 encoding=stream.encoding,
-                errors=stream.errors,
+                # (trial DV: a value the encoding has no room for, PYTHONIOENCODING=latin-1 or a C locale, was a
+                # traceback: written as Python writes it to stderr, escaped)
+                errors="backslashreplace" if stream.errors == "strict" else stream.errors,
                 line_buffering=unbuffered or stream.line_buffering,
             )
             if name == "stdout":
@@ -457,11 +460,14 @@ def serve(
                     "tinystore serving %s on %s", opts.directory, ", ".join(lst.description for lst in listeners)
                 )
             else:
-                err_console.print(
-                    f"tinystore serving {opts.directory} on " + ", ".join(lst.description for lst in listeners),
-                    highlight=False,
-                    soft_wrap=True,  # one line, however long the paths: a log line, and scripts read it
-                )
+                # (trial DV: with stderr to a full disk, this line failed the start half-way, its address and
+                # socket left behind: the store is served all the same, its line lost)
+                with contextlib.suppress(OSError, ValueError):
+                    err_console.print(
+                        f"tinystore serving {opts.directory} on " + ", ".join(lst.description for lst in listeners),
+                        highlight=False,
+                        soft_wrap=True,  # one line, however long the paths: a log line, and scripts read it
+                    )
 
         status = run(opts, ready)
     except InUseError as exc:

@@ -560,7 +560,7 @@ def _seen(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-def _gathering(task: asyncio.Task[Any]) -> asyncio.Future[Any] | None:
+def _gathering(task: asyncio.Future[Any]) -> asyncio.Future[Any] | None:
     """The future of the ``asyncio.gather`` that ``task`` is a child of, or ``None``: cancelled in its place (its
     children with it), its ``CancelledError`` is then taken (:func:`_seen`), not left for nobody (trial DU: logged
     as never retrieved when it was collected). CPython shows it only inside the done callback gather gives its
@@ -590,6 +590,7 @@ class SqlTx(_Runner):
         self.id = tx_id
         self.read_only = read_only
         self.ended = False
+        self._dropped: str | None = None  # why it ended, when its connection dropped (see _check)
         self.on_commit: list[Callable[[], Any]] = []
         self._store = db.store
         self._transport = db._transport
@@ -684,6 +685,8 @@ class SqlTx(_Runner):
                 key = id(task.get_coro())
                 if key in pending:
                     outer = _gathering(task)
+                    while outer is not None and (above := _gathering(outer)) is not None:
+                        outer = above  # (a gather inside a gather: trial DV, the outer one's error was logged)
                     if outer is None:
                         task.cancel()
                     elif not outer.done():
@@ -697,6 +700,8 @@ class SqlTx(_Runner):
 
     def _check(self) -> None:
         if self.ended:
+            if self._dropped is not None:  # (trial DV: told as a call made after fn returned)
+                raise UnavailableError(self._dropped)
             # (trial DU: a task that fn started and did not await made its write after fn returned)
             raise ClosedError(
                 f"database {self.name}: transaction {self.id} has ended: a call made with it after its fn returned "
@@ -704,10 +709,11 @@ class SqlTx(_Runner):
             )
         if getattr(self._transport, "reconnects", 0) != self._connection:
             self.ended = True
-            raise UnavailableError(
+            self._dropped = (
                 f"database {self.name}: the connection to the store dropped since transaction {self.id} began; "
                 "it was rolled back with it (nothing of it was committed)"
             )
+            raise UnavailableError(self._dropped)
 
     async def _commit(self) -> None:
         self._check()

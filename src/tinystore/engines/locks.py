@@ -216,8 +216,7 @@ class LocksEngine:
         """
         got = self._begin(peer, lock, key, limit, ttl, max_hold, wait)
         if isinstance(got, _Key):
-            assert wait is not None
-            return await self._wait(got, peer, ttl, max_hold, wait)
+            return await self._wait(got, peer, ttl, max_hold, self._line_wait(peer, wait))
         return got
 
     def _begin(
@@ -270,7 +269,11 @@ class LocksEngine:
             lk = self._locks[lock] = _Lock(lock)
         if slot is None:
             slot = lk.keys[key] = _Key(lk, key, limit)
-        if len(slot.leases) < limit and not slot.waiters and self._granting:
+        if not self._granting and not peer.local:
+            return slot  # (stopping: in line, with no wait of its own, until close fails it; see stop_granting)
+        if len(slot.leases) < limit and (
+            not slot.waiters or (not self._granting and not any(w.peer.local for w in slot.waiters))
+        ):  # (while stopping, the others' asks in line are not ahead of the store's own)
             return self._grant(slot, peer, ttl, max_hold)
         if wait is None:
             return None
@@ -303,11 +306,17 @@ class LocksEngine:
         """
         got = self._begin(peer, lock, key, limit, ttl, max_hold, wait)
         if isinstance(got, _Key):
-            assert wait is not None
-            waiter = self._enqueue(got, peer, ttl, max_hold, wait)
+            waiter = self._enqueue(got, peer, ttl, max_hold, self._line_wait(peer, wait))
             waiter.on_grant = on_grant
             return waiter.future
         return got
+
+    def _line_wait(self, peer: Peer, wait: float | None) -> float:
+        """How long an ask that :meth:`_begin` put in line waits there: its ``wait``; with no bound for another
+        client's ask while the store stops (a try too), which the close fails (see :meth:`stop_granting`)."""
+        if wait is None or not (self._granting or peer.local):
+            return _INF
+        return wait
 
     def _enqueue(self, slot: _Key, peer: Peer, ttl: float, max_hold: float | None, wait: float) -> _Waiter:
         """Put a waiter at the end of ``slot``'s line; cancelling its future takes it out again."""
@@ -515,43 +524,54 @@ class LocksEngine:
         self._pass(slot)
 
     def stop_granting(self) -> None:
-        """The store is stopping: from now on no lease is given. A key let go stays free, its waiters in line (and
-        a new acquire waits there too, a try finds it held), until :meth:`close` fails them (the SDK then waits
-        for the key at the next server, LOCK-07). Before, an embedded store being closed, while a holder of its
-        own ran its block's clean-up, gave the key to another client's waiter, whose block began only to be told
-        at once that the store was stopping (trial DT)."""
+        """The store is stopping: from now on no lease is given to another client (a peer that is not local). A
+        key let go goes to the store's own waiters only (an embedded store's code: its job handlers' grace, its
+        blocks' clean-up, may still take keys: trial DV); another client's ask, a try too, waits in line with
+        no wait of its own until :meth:`close` fails it, and the SDK then asks the next server (LOCK-07), which
+        answers it truly (trial DV: told "held" of a free key, a handler skipped its work). Before, an embedded
+        store being closed, while a holder of its own ran its block's clean-up, gave the key to another client's
+        waiter, whose block began only to be told at once that the store was stopping (trial DT)."""
         self._granting = False
 
     def _pass(self, slot: _Key) -> None:
-        """Give free places of ``slot`` to its waiters, oldest first (LOCK-04); drop the key when empty."""
+        """Give free places of ``slot`` to its waiters, oldest first (LOCK-04); drop the key when empty. While the
+        store stops, to its own (local) waiters only (see :meth:`stop_granting`)."""
         waiters = slot.waiters
         limit = slot.limit
-        if not self._granting:
-            if not slot.leases and not waiters:
-                self._drop_slot(slot)
-            return
-        while waiters and len(slot.leases) < limit:
-            waiter, _ = waiters.popitem(last=False)
-            self._unindex(waiter)
-            if waiter.timer is not None:
-                waiter.timer.cancel()
-                waiter.timer = None
-            if waiter.future.done():  # cancelled, its task has not run its clean-up yet
-                continue
-            if waiter.peer.closed:
-                waiter.future.set_exception(
-                    ClosedError(f"{_where(slot.lock.name, slot.key)}: the connection closed while waiting")
-                )
-                continue
-            grant = self._grant(slot, waiter.peer, waiter.ttl, waiter.max_hold)
-            waiter.future.set_result(grant)
-            if waiter.on_grant is not None:
-                try:
-                    waiter.on_grant(grant)
-                except Exception:  # the key is passed on whatever the hook does
-                    log.exception("locks: a grant hook failed")
+        if self._granting:
+            while waiters and len(slot.leases) < limit:
+                waiter, _ = waiters.popitem(last=False)
+                self._give(slot, waiter)
+        else:
+            for waiter in [w for w in waiters if w.peer.local]:
+                if len(slot.leases) >= limit:
+                    break
+                del waiters[waiter]
+                self._give(slot, waiter)
         if not slot.leases and not waiters:
             self._drop_slot(slot)
+
+    def _give(self, slot: _Key, waiter: _Waiter) -> None:
+        """Give ``waiter``, just taken out of ``slot``'s line, its lease (one that gave up, or whose connection
+        closed, gets nothing)."""
+        self._unindex(waiter)
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+        if waiter.future.done():  # cancelled, its task has not run its clean-up yet
+            return
+        if waiter.peer.closed:
+            waiter.future.set_exception(
+                ClosedError(f"{_where(slot.lock.name, slot.key)}: the connection closed while waiting")
+            )
+            return
+        grant = self._grant(slot, waiter.peer, waiter.ttl, waiter.max_hold)
+        waiter.future.set_result(grant)
+        if waiter.on_grant is not None:
+            try:
+                waiter.on_grant(grant)
+            except Exception:  # the key is passed on whatever the hook does
+                log.exception("locks: a grant hook failed")
 
     def _drop_slot(self, slot: _Key) -> None:
         lk = slot.lock

@@ -293,7 +293,7 @@ def started_before(directory: Path) -> bool:
     ``DIR/server/started``)."""
     # (anything by that name: a folder or a link planted there, that the mark could not replace, counts too: trial
     # DU, a folder named STARTED had the store taken as new)
-    return os.path.lexists(started_file(directory)) or (directory / "server" / "started").is_file()
+    return os.path.lexists(started_file(directory)) or os.path.lexists(directory / "server" / "started")
 
 
 ReadFacts = dict[str, list[tuple[int, int, int]]]
