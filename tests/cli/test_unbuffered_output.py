@@ -109,18 +109,24 @@ async def test_a_subscription_whose_output_cannot_be_written_ends_with_one_line(
     assert err.decode() == "tinystore: the output could not be written: No space left on device\n", err
 
 
-@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii", "C locale"])
 @pytest.mark.parametrize("json_out", [True, False])
 async def test_values_the_output_encoding_cannot_hold_are_escaped(
     tmp_path: Path, encoding: str, json_out: bool
 ) -> None:
-    """From trial DV: under PYTHONIOENCODING=latin-1 (or a C locale) a value outside the encoding was a
-    UnicodeEncodeError traceback."""
+    """From trials DV, DW: under PYTHONIOENCODING=latin-1 or a C locale a value outside the encoding was a
+    UnicodeEncodeError traceback; escaped as Python's own, JSON was no longer JSON (``\\U0001f600``)."""
     directory = tmp_path / "s"
+    value = "日本語 é ☃ 😀"
     async with open_store("embedded", directory, serve=False) as store:
         db = await store.database("app")
         await db.exec("create table t (name text)")
-        await db.exec("insert into t values ('日本語 é ☃')")
+        await db.exec("insert into t values (?)", value)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIOENCODING", "PYTHONUTF8"))}
+    if encoding == "C locale":
+        env.update(LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    else:
+        env["PYTHONIOENCODING"] = encoding
     proc = popen_cli(
         "sql",
         str(directory),
@@ -130,11 +136,14 @@ async def test_values_the_output_encoding_cannot_hold_are_escaped(
         *(["--json"] if json_out else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONIOENCODING": encoding},
+        env=env,
     )
     out, err = await asyncio.to_thread(proc.communicate, timeout=30)
     assert proc.returncode == 0 and b"Traceback" not in err, err
-    assert b"65e5" in out or "日本語".encode() in out, out
+    if json_out:
+        assert json.loads(out) == {"name": value}, out
+    else:
+        assert b"65e5" in out, out
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")

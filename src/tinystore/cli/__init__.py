@@ -93,7 +93,8 @@ def _own_streams() -> None:
                 encoding=stream.encoding,
                 # (trial DV: a value the encoding has no room for, PYTHONIOENCODING=latin-1 or a C locale, was a
                 # traceback: written as Python writes it to stderr, escaped)
-                errors="backslashreplace" if stream.errors == "strict" else stream.errors,
+                # (a C locale's is surrogateescape, as strict for every character but those: trial DW)
+                errors="backslashreplace" if stream.errors in ("strict", "surrogateescape") else stream.errors,
                 line_buffering=unbuffered or stream.line_buffering,
             )
             if name == "stdout":
@@ -294,10 +295,18 @@ def to_json(value: Any) -> str:
             return o.isoformat()
         return str(o)
 
+    # (to an output that is not UTF-8, in JSON's own escapes, \\u65e5: the output's would not be JSON, trial DW)
+    ascii_only = not _utf8_output()
     try:
-        return json.dumps(value, default=default, ensure_ascii=False, allow_nan=False)
+        return json.dumps(value, default=default, ensure_ascii=ascii_only, allow_nan=False)
     except ValueError:  # a NaN or an infinity somewhere (the usual value has none: this costs nothing then)
-        return json.dumps(_finite(value), default=default, ensure_ascii=False, allow_nan=False)
+        return json.dumps(_finite(value), default=default, ensure_ascii=ascii_only, allow_nan=False)
+
+
+def _utf8_output() -> bool:
+    """Whether stdout writes UTF-8 (else :func:`to_json` writes JSON in ASCII)."""
+    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+    return encoding in ("utf8", "utf8sig")
 
 
 def _finite(value: Any) -> Any:
