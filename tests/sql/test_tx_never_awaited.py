@@ -291,3 +291,38 @@ async def test_a_call_after_the_connection_dropped_is_told_so(tmp_path: Path) ->
         with pytest.raises(UnavailableError, match="the connection to the store dropped since transaction"):
             await db.tx(fn)
         assert len(told) == 2 and all("the connection to the store dropped" in m for m in told), told
+
+
+@pytest.mark.parametrize("shape", ["shield in gather", "gather in shield", "gather with a task of its own"])
+async def test_what_is_made_of_a_write_under_way_logs_nothing_and_other_tasks_go_on(
+    tmp_path: Path, shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """From trial DW: a shield between the write and its gather left the gather's CancelledError to be logged as
+    never retrieved; and cancelling a gather from the top cancelled a task of the application's it gathered."""
+    async with open_store("embedded", tmp_path / "s", serve=False) as store:
+        db = await store.database("app", migrations=[("001", "create table docs (name text)")])
+        made: list[asyncio.Future[Any]] = []
+        own = asyncio.create_task(asyncio.sleep(0.3, "done"))  # the application's, made before the transaction
+
+        async def fn(tx: SqlTx) -> None:
+            await tx.exec("insert into docs values ('a')")
+            write = tx.exec("insert into docs values ('b')")
+            if shape == "shield in gather":
+                made.append(asyncio.gather(asyncio.shield(write)))
+            elif shape == "gather in shield":
+                made.append(asyncio.shield(asyncio.gather(write)))
+            else:
+                made.append(asyncio.gather(asyncio.gather(write), own))
+            await asyncio.sleep(0)
+
+        with pytest.raises(InvalidError, match="still under way"):
+            await db.tx(fn)
+        await asyncio.wait(made, timeout=5)
+        assert await own == "done"  # (not cancelled)
+        made.clear()
+        import gc
+
+        gc.collect()
+        await asyncio.sleep(0.05)
+        assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], caplog.text
+        assert await db.all("select * from docs") == []

@@ -560,21 +560,36 @@ def _seen(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-def _gathering(task: asyncio.Future[Any]) -> asyncio.Future[Any] | None:
-    """The future of the ``asyncio.gather`` that ``task`` is a child of, or ``None``: cancelled in its place (its
-    children with it), its ``CancelledError`` is then taken (:func:`_seen`), not left for nobody (trial DU: logged
-    as never retrieved when it was collected). CPython shows it only inside the done callback gather gives its
-    children; where it does not, ``None``, and the task is cancelled."""
-    try:
-        for callback, _ in getattr(task, "_callbacks", None) or ():
-            if getattr(callback, "__qualname__", "") == "gather.<locals>._done_callback":
-                for cell in getattr(callback, "__closure__", None) or ():
+def _made_of(fut: asyncio.Future[Any]) -> list[asyncio.Future[Any]]:
+    """The futures that ``asyncio.gather`` and ``asyncio.shield`` made of ``fut``, and those made of them in turn,
+    as far as CPython shows them: inside the done callbacks those functions give what they wrap (their closures).
+    Where it does not show them, fewer (each is only told its outcome was taken)."""
+    found: list[asyncio.Future[Any]] = []
+    todo = [fut]
+    while todo and len(found) < _MADE_OF_MAX:
+        current = todo.pop()
+        try:
+            callbacks = list(getattr(current, "_callbacks", None) or ())
+        except (TypeError, AttributeError):
+            continue
+        for entry in callbacks:
+            callback = entry[0] if isinstance(entry, tuple) else entry
+            if getattr(callback, "__qualname__", "") not in _WRAPPERS:
+                continue
+            for cell in getattr(callback, "__closure__", None) or ():
+                try:
                     outer = cell.cell_contents
-                    if isinstance(outer, asyncio.Future) and type(outer).__name__ == "_GatheringFuture":
-                        return outer
-    except (TypeError, ValueError, AttributeError):  # (an empty cell, another layout)
-        pass
-    return None
+                except ValueError:  # (an empty cell)
+                    continue
+                if isinstance(outer, asyncio.Future) and outer is not current and outer not in found:
+                    found.append(outer)
+                    todo.append(outer)
+    return found
+
+
+_WRAPPERS = frozenset({"gather.<locals>._done_callback", "shield.<locals>._inner_done_callback"})
+"""The done callbacks by which ``asyncio.gather`` and ``asyncio.shield`` follow what they wrap."""
+_MADE_OF_MAX = 64
 
 
 class SqlTx(_Runner):
@@ -659,8 +674,8 @@ class SqlTx(_Runner):
         (a task made of one, as ``create_task`` or ``gather`` makes, not awaited to its end: trial DS, a
         ``create_task(tx.with_(queue).add(...))`` waiting on the queue's first use was passed over, the rows
         committed, and the add then failed on the ended transaction, only logged). A task made of one is
-        cancelled, or the ``gather`` it is a child of (:func:`_gathering`; trial DU: its children cancelled, the
-        gather logged a ``CancelledError`` never retrieved); one never started that no task drives is closed, so
+        cancelled, and the outcome of the gathers and shields made of it is taken (:func:`_made_of`; trial DU:
+        a gather logged a ``CancelledError`` never retrieved); one never started that no task drives is closed, so
         Python warns of none of them (trial DP: a coroutine closed under its task failed it with "cannot reuse
         already awaited coroutine"). A task that awaits one deeper down (a helper of the application's, perhaps a
         long-lived one that fn only handed the write to: trial DU) is its owner's: left to run, its write ends as
@@ -684,14 +699,12 @@ class SqlTx(_Runner):
             for task in asyncio.all_tasks():
                 key = id(task.get_coro())
                 if key in pending:
-                    outer = _gathering(task)
-                    while outer is not None and (above := _gathering(outer)) is not None:
-                        outer = above  # (a gather inside a gather: trial DV, the outer one's error was logged)
-                    if outer is None:
-                        task.cancel()
-                    elif not outer.done():
-                        outer.cancel()
+                    # the futures made of it (a gather, a shield, those of them in turn) end with its cancel: their
+                    # outcome is taken (trials DU, DV, DW: logged as never retrieved), and the other tasks they
+                    # gather go on (trial DW: cancelling a gather cancelled a task of the application's in it)
+                    for outer in _made_of(task):
                         outer.add_done_callback(_seen)
+                    task.cancel()
                     driven.add(key)
             for key, coro in pending.items():
                 if key not in driven and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
