@@ -910,3 +910,35 @@ async def test_status_lists_the_first_keys_and_counts_them_all(engine: LocksEngi
     assert listed[0] == ("alpha", "k") and listed[1:] == [("renders", f"k{i:05d}") for i in range(999)]
     small = engine.status(max_keys=5000)
     assert small["keys_total"] == 1501 and len(small["keys"]) == 1501
+
+
+async def test_a_stopping_store_gives_its_own_asks_and_leaves_the_others_to_the_next_server(
+    engine: LocksEngine, clock: Clock
+) -> None:
+    """Trials DT, DV, DW: once the store begins to stop, another client gets no lease (it would be told at once
+    that the store stops), and is never told "held" of a key that is free: its asks, those in line before too,
+    wait with no wait of their own until the close fails them (its SDK asks the next server). The store's own
+    (local) asks are served as before, ahead of the others in line."""
+    own, other = FakePeer(local=True), FakePeer()
+    held = await engine.acquire(own, "l", "k", ttl=10, max_hold=None, wait=None)
+    assert held is not None
+    queued = engine.acquire_start(other, "l", "k", ttl=10, max_hold=None, wait=3)
+    assert isinstance(queued, asyncio.Future)
+    engine.stop_granting()
+    tried = engine.acquire_start(other, "l", "free", ttl=10, max_hold=None, wait=None)
+    assert isinstance(tried, asyncio.Future)  # (not None: "held")
+    mine = engine.acquire_start(own, "l", "k", ttl=10, max_hold=None, wait=3)
+    assert isinstance(mine, asyncio.Future)
+    assert engine.release(own, held.lease)
+    await settle()
+    assert mine.done() and mine.result().fence > held.fence  # the store's own, ahead of the other's
+    assert engine.release(own, mine.result().lease)
+    clock.advance(5)  # past the other's wait: it is not told "held" of a key let go
+    await settle()
+    assert not queued.done() and not tried.done()
+    free = await engine.acquire(own, "l", "free2", ttl=10, max_hold=None, wait=None)
+    assert free is not None  # (the store's own try is answered at once)
+    engine.close()
+    await settle()
+    for fut in (queued, tried):
+        assert isinstance(fut.exception(), ClosedError)

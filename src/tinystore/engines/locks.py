@@ -530,8 +530,15 @@ class LocksEngine:
         no wait of its own until :meth:`close` fails it, and the SDK then asks the next server (LOCK-07), which
         answers it truly (trial DV: told "held" of a free key, a handler skipped its work). Before, an embedded
         store being closed, while a holder of its own ran its block's clean-up, gave the key to another client's
-        waiter, whose block began only to be told at once that the store was stopping (trial DT)."""
+        waiter, whose block began only to be told at once that the store was stopping (trial DT). Another
+        client's asks already in line lose their wait too (trial DW: one was told "held for all of the wait" of
+        a key let go meanwhile)."""
         self._granting = False
+        for waiters in self._peer_waiters.values():
+            for waiter in waiters:
+                if not waiter.peer.local and waiter.timer is not None:
+                    waiter.timer.cancel()
+                    waiter.timer = None
 
     def _pass(self, slot: _Key) -> None:
         """Give free places of ``slot`` to its waiters, oldest first (LOCK-04); drop the key when empty. While the
