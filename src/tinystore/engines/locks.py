@@ -525,8 +525,8 @@ class LocksEngine:
 
     def stop_granting(self) -> None:
         """The store is stopping: from now on no lease is given to another client (a peer that is not local). A
-        key let go goes to the store's own waiters only (an embedded store's code: its job handlers' grace, its
-        blocks' clean-up, may still take keys: trial DV); another client's ask, a try too, waits in line with
+        key let go goes to the store's own waiters only (an embedded store's code: its job handlers, in their
+        grace, may still take keys: trial DV); another client's ask, a try too, waits in line with
         no wait of its own until :meth:`close` fails it, and the SDK then asks the next server (LOCK-07), which
         answers it truly (trial DV: told "held" of a free key, a handler skipped its work). Before, an embedded
         store being closed, while a holder of its own ran its block's clean-up, gave the key to another client's
