@@ -333,9 +333,9 @@ def run_many(
     token_delay: float,
     hang_after: float = 30.0,
 ) -> None:
-    """N web processes and a worker process on the directory's server; one that exits is started again, and a web
-    process that does not answer for ``hang_after`` seconds is killed and started again (see :func:`_supervise`);
-    stops them all on Ctrl-C / SIGTERM."""
+    """N web processes and a worker process on the directory's server; one that exits is started again, and one
+    that does not answer (or, the worker, beat) for ``hang_after`` seconds is killed and started again (see
+    :func:`_supervise`); stops them all on Ctrl-C / SIGTERM."""
     load_example()  # fail here, not in every child
 
     async def main() -> None:
@@ -371,8 +371,9 @@ def run_many(
                 proc, address = await _start_child(children, argv)
                 # started again, it takes the same port, so that its pages reconnect to it (the address is the
                 # URL, then, for a wildcard host, "(on this network: ...)": trial DR)
-                argv[argv.index("--port") + 1] = str(urllib.parse.urlsplit(address.split()[0]).port or p)
-                slots.append(_Slot(f"web process {i + 1} ({address.split()[0]})", argv, proc, _probe_at(address)))
+                probe = _probe_at(address)
+                argv[argv.index("--port") + 1] = str(probe[1] if probe else p)
+                slots.append(_Slot(f"web process {i + 1} ({address.split()[0]})", argv, proc, probe))
                 addresses.append(address)
             argv = [*base, "--role", "worker"]
             proc, _ = await _start_child(children, argv)

@@ -855,7 +855,7 @@ class _Hub:
             grant: Grant | None = await self.transport.call(ACQUIRE, req, write=True)
         except TinystoreError as exc:
             if self.closing and isinstance(exc, ClosedError):
-                # (a store that is stopping gives no lease: its line is let go as the store closes, trial DT)
+                # (its line failed as the store closed: told as this SDK's own closing tells it, trial DT)
                 raise ClosedError(
                     f"{_where(lock._kind, lock.name, key)}: the store was closed while waiting in line"
                 ) from None

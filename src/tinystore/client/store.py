@@ -415,8 +415,9 @@ class Store:
 
     async def _close(self) -> None:
         if self._core is not None:
-            # an embedded store: no lease given from now on, to anyone (trial DT: while a holder of this process ran
-            # its block's clean-up, the key went to another client's waiter, told at once the store was stopping)
+            # an embedded store: no lease given to another client from now on (trial DT: while a holder of this
+            # process ran its block's clean-up, the key went to another client's waiter, told at once the store was
+            # stopping)
             self._core.begin_stopping()
         if self._stop_hooks:
             await asyncio.gather(*(hook() for hook in list(self._stop_hooks)), return_exceptions=True)

@@ -264,7 +264,8 @@ class Core:
         return out
 
     def begin_stopping(self) -> None:
-        """The store begins to stop: the engines' ``stopping_hooks`` run (once): no lease is given from now on.
+        """The store begins to stop: the engines' ``stopping_hooks`` run (once): no lease is given to another client
+        from now on (see ``LocksEngine.stop_granting``).
         What was given goes on, and calls are still served (an embedded store being closed waits first for what
         its own SDK runs: a lease's block, its clean-up, may still write). Never raises."""
         if self._stopping_begun:

@@ -458,25 +458,37 @@ def next_epoch(directory: Path, now_ms: int, ran_before: bool = False) -> int:
         if last < 0:
             raise CorruptError(f"{path}: holds a negative epoch ({last})")
     epoch = max(now_ms, last + 1)
+    try:
+        write_private(path, f"{epoch}\n", sync=True)
+    except PermissionError:
+        raise  # the caller names the store and this process's user
+    except OSError as exc:
+        raise storage_error(f"store {directory}: cannot save its epoch in {path.name}", exc) from None
+    return epoch
+
+
+def write_private(path: Path, text: str, *, sync: bool = False) -> None:
+    """Write ``text`` to ``path`` (mode 0600) through ``path.tmp`` and a rename, following no symbolic link (one
+    planted at ``path.tmp`` is removed, one at ``path`` replaced); with ``sync``, the file and then its folder are
+    synced. Raises ``OSError``, the tmp file removed."""
     tmp = path.with_suffix(".tmp")
     try:
         tmp.unlink(missing_ok=True)  # (a leftover, or a symlink planted there: never followed)
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
-            f.write(f"{epoch}\n")
-            f.flush()
-            os.fsync(f.fileno())
+            f.write(text)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except PermissionError:
-        raise  # the caller names the store and this process's user
-    except OSError as exc:
+        if sync:
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+    except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
-        raise storage_error(f"store {directory}: cannot save its epoch in {path.name}", exc) from None
-    return epoch
+        raise

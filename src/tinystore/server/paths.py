@@ -273,19 +273,10 @@ def mark_started(directory: Path, epoch: int) -> None:
     ``sidecar.log``) before the sidecar it starts runs (trial DK). Beside ``EPOCH`` and ``LOCK``, not in
     ``server/`` (trial DS: that folder, its runtime files, cleaned out with the store's EPOCH lost, and the store
     that ran was taken as new, its fences below those it gave). Errors are ignored: the file is only evidence."""
-    from ..errors import TinystoreError
+    from .dirlock import write_private
 
-    path = started_file(directory)
-    tmp = path.with_suffix(".tmp")
-    with contextlib.suppress(OSError, TinystoreError):
-        tmp.unlink(missing_ok=True)  # (a leftover, or a symlink planted there: never followed)
-        try:
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
-                f.write(f"{epoch}\n")
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
+    with contextlib.suppress(OSError):
+        write_private(started_file(directory), f"{epoch}\n")
 
 
 def started_before(directory: Path) -> bool:
