@@ -6,6 +6,7 @@ that cannot start says why at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import signal
@@ -497,3 +498,73 @@ async def test_opening_again_a_directory_this_process_holds_unserved_says_so_at_
             assert "serve=False" in message and "serve=True" in message, message
     finally:
         await store.close()
+
+
+async def test_a_sidecar_started_again_just_before_its_directory_moves_makes_no_new_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial DY: `tinystore stop DIR`, then `mv DIR DIR.old` at once (a backup's restore) while a worker is
+    connected. The worker's SDK started a sidecar in place of the stopped one just before the move; the sidecar,
+    slower to start than the move, made a new, empty store at DIR (a new EPOCH), and the worker went on there.
+    A sidecar started in place of one that ran only opens the store that ran, and the SDK says it is gone."""
+    from tinystore.client import store as store_mod
+    from tinystore.server import paths
+
+    directory = tmp_path / "a" / "store"
+    real_spawn = store_mod._spawn_sidecar
+    spawned: list[Any] = []
+
+    def spawn_as_it_moves(d: Path, extra: list[str], log_path: Path) -> Any:
+        got = real_spawn(d, extra, log_path)
+        if not spawned:
+            # the move lands as the sidecar starts (an interpreter takes a good part of a second to start)
+            (tmp_path / "a").rename(tmp_path / "b")
+        spawned.append(got[0])
+        return got
+
+    store = await tinystore.open(directory)
+    pid = int((paths.read_address(directory) or {})["pid"])
+    try:
+        db = await store.database("app", migrations=[("001.sql", "create table t (v);")])
+        await db.exec("insert into t values (1)")
+        monkeypatch.setattr(store_mod, "_spawn_sidecar", spawn_as_it_moves)
+        os.kill(pid, signal.SIGTERM)  # as `tinystore stop` does
+        async with asyncio.timeout(10):
+            while running(pid):
+                await asyncio.sleep(0.02)
+        with pytest.raises(tinystore.UnavailableError, match="its directory is gone or holds no store any more"):
+            async with asyncio.timeout(20):
+                await db.exec("insert into t values (2)")
+        assert spawned
+        for child in spawned:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(child.wait, 10)  # (it refuses, at once; before, it served a new store)
+        assert not directory.exists(), "a new, empty store was made where the old one was"
+    finally:
+        await store.close()
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+        for child in spawned:
+            child.kill()
+    moved = await tinystore.open(tmp_path / "b" / "store", embedded=True)  # all of it, where it went
+    try:
+        assert await (await moved.database("app")).scalar("select count(*) from t") == 1
+    finally:
+        await moved.close()
+
+
+@pytest.mark.parametrize("there", ["nothing", "an empty folder"])
+def test_a_sidecar_started_in_place_of_one_that_ran_makes_no_store(tmp_path: Path, there: str) -> None:
+    """(Trial DY) what the SDK starts in place of a sidecar whose store it used: it serves that store or nothing."""
+    directory = tmp_path / "store"
+    if there == "an empty folder":
+        directory.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "tinystore", "serve", str(directory), "--sidecar", "--existing"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "no store that ran is there any more (removed or moved?)" in done.stderr
+    assert list(directory.iterdir()) == [] if there == "an empty folder" else not directory.exists()

@@ -410,6 +410,7 @@ def main() -> None:
 @click.option("--durability", type=click.Choice(["full", "os"]), default="full", show_default=True)
 @click.option("--idle", default=None, help="Exit after this long without connections (sidecars).")
 @click.option("--sidecar", is_flag=True, hidden=True)
+@click.option("--existing", is_flag=True, hidden=True, help="Serve only a store that ran there (make none).")
 @click.option("--private", is_flag=True, hidden=True)
 @click.option("--parent-pid", type=int, default=None, hidden=True)
 @click.option("--clock", default=None, hidden=True, help="Start a test clock at this ISO datetime.")
@@ -424,6 +425,7 @@ def serve(
     durability: str,
     idle: str | None,
     sidecar: bool,
+    existing: bool,
     private: bool,
     parent_pid: int | None,
     clock: str | None,
@@ -453,6 +455,7 @@ def serve(
             limits=Limits.from_json(limits) if limits else None,
             durability=durability,
             mode="sidecar" if sidecar else "private" if private else "serve",
+            existing=existing,
         )
         if handshake_timeout is not None:
             opts.handshake_timeout = handshake_timeout

@@ -765,7 +765,8 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
             # would make a new, empty store in its place, and the writes of this process would go there
             raise _gone(path)
         if served.sidecar:
-            sock = await ensure_server(path, sock, extra)
+            # (one that ran before: the sidecar started in its place opens that store only, never a new one)
+            sock = await ensure_server(path, sock, extra, existing=bool(served.pid))
         elif (state := await asyncio.to_thread(_can_connect, sock)) is not True:
             if state is None:
                 raise _busy(path, sock)
@@ -867,14 +868,18 @@ def _busy(directory: Path, sock: Path) -> UnavailableError:
     )
 
 
-async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: float = 20.0) -> Path:
+async def ensure_server(
+    directory: Path, sock: Path, extra: list[str], timeout: float = 20.0, *, existing: bool = False
+) -> Path:
     """Make sure someone serves ``directory``: connect, or start a detached sidecar and wait for it.
     Many processes racing here end on one server: only one sidecar gets the directory lock. Returns the socket
     that answered: ``sock``, or the one the server that came up says it serves (a long path's socket is under
-    the runtime or temporary folder of that server's environment).
+    the runtime or temporary folder of that server's environment). ``existing``: the store ran before (this
+    process used it); neither this call nor the sidecar it starts makes ``directory`` or a new store in it.
 
     Raises ``PermissionDeniedError`` when this process may not reach the socket (the server runs as another
-    user: STORE-03) or not write the directory, ``UnavailableError`` when no sidecar came up."""
+    user: STORE-03) or not write the directory, ``UnavailableError`` when no sidecar came up (``gone``, when
+    ``existing`` and the store is no longer at ``directory``: removed or moved, even as the sidecar started)."""
     try:
         state = await asyncio.to_thread(_can_connect, sock)
         if state:
@@ -886,15 +891,26 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
         ) from None
     deadline = time.monotonic() + timeout
     next_spawn = 0.0
-    log_path = paths.server_dir(directory) / "sidecar.log"
+    if existing:
+        # (trial DY: `tinystore stop DIR`, then `mv DIR DIR.old` at once; the sidecar started in between came up
+        # after the move, and made a new, empty store at DIR, where this process went on writing)
+        extra = [*extra, "--existing"]
+        if not paths.holds_store(directory):
+            raise _gone(directory)
+    try:
+        log_path = paths.server_dir(directory, make_store=not existing) / "sidecar.log"
+    except FileNotFoundError:
+        raise _gone(directory) from None
     child: subprocess.Popen[bytes] | None = None
     start = 0
     busy = state is None
-    spawning = _SpawnLock(directory)
+    spawning = _SpawnLock(directory, make_store=not existing)
     spawned = 0.0
     try:
         while time.monotonic() < deadline:
             now = time.monotonic()
+            if existing and not paths.holds_store(directory):
+                raise _gone(directory)
             if busy:
                 # a server listens and is overloaded: starting a sidecar would not help (the directory is owned);
                 # keep trying to get in until the deadline
@@ -931,6 +947,8 @@ async def ensure_server(directory: Path, sock: Path, extra: list[str], timeout: 
                 # it said why it could not start (a full disk, a read-only directory, a corrupt file): that will
                 # not pass by starting it again. A busy directory may: another process's sidecar is starting.
                 err = _sidecar_error(log_path, start)
+                if existing and not paths.holds_store(directory):
+                    raise _gone(directory)  # (it refused to make a new store: the one that ran is not there)
                 if err is not None and (not isinstance(err, InUseError) or socket_gone(directory) is not None):
                     raise err  # (a busy directory may pass, but not a server whose socket was removed)
                 until = _stopping_until(directory)
@@ -991,8 +1009,9 @@ directory, before it starts a sidecar itself."""
 class _SpawnLock:
     """The lock of ``DIR/server/`` :data:`SPAWNING`, for one :func:`ensure_server` call."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, make_store: bool = True) -> None:
         self.directory = directory
+        self.make_store = make_store  # (see paths.server_dir)
         self.fd: int | None = None
         self.blocked_since: float | None = None  # (monotonic) since when another process holds it, nobody LOCK
 
@@ -1006,7 +1025,8 @@ class _SpawnLock:
         import fcntl
 
         try:
-            fd = os.open(paths.server_dir(self.directory) / SPAWNING, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            folder = paths.server_dir(self.directory, make_store=self.make_store)
+            fd = os.open(folder / SPAWNING, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError:
             return True  # (no lock to take: start one, as before)
         try:

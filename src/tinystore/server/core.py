@@ -22,7 +22,7 @@ from typing import Any
 from .. import __version__
 from ..clock import Clock
 from ..engines.sql import SqlEngine
-from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError
+from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError, UnavailableError
 from ..limits import Limits
 from . import paths
 from .dirlock import DirLock, next_epoch
@@ -109,8 +109,10 @@ class Core:
         clock: Clock | None = None,
         limits: Limits | None = None,
         durability: str = "full",
+        existing: bool = False,
     ) -> None:
         self.directory = Path(directory).resolve()
+        self.existing = existing  # open only a store that ran before: make no directory, no new store
         self.clock = clock or Clock()
         self.limits = limits or Limits()
         self.limits_json = self.limits.to_json()  # told to each client in its Welcome
@@ -157,7 +159,10 @@ class Core:
         """Own the directory and start the engines. Raises ``InUseError`` when another process owns it."""
         if durability_bad(self.durability):
             raise InvalidError(f'durability {self.durability!r}: use "full" or "os"')
-        paths.make_directory(self.directory, "serve")
+        if self.existing:
+            self._check_ran()
+        else:
+            paths.make_directory(self.directory, "serve")
         paths.check_store_dir(self.directory, f"store {self.directory}")
         # (STARTED is written by every start once its EPOCH is: not its LOCK, made before, which a first
         # start that failed then leaves: trial DN, a full disk at the first start of SQLite files given to it)
@@ -165,6 +170,8 @@ class Core:
         try:
             paths.remove_unserved(self.directory)  # (left by an owner that was killed)
             ran_before = paths.started_before(self.directory)
+            if self.existing:
+                self._check_ran()  # (again, as the directory is owned: it may have moved meanwhile)
             self.epoch = next_epoch(self.directory, self.clock.now_ms(), ran_before)
             paths.mark_started(self.directory, self.epoch)
             self.read_facts = paths.read_last_read(self.directory)
@@ -177,6 +184,15 @@ class Core:
             self._lock.release()
             raise
         self.running = True
+
+    def _check_ran(self) -> None:
+        """With ``existing``: ``UnavailableError`` unless a store that ran is at the directory (a sidecar started
+        in place of one whose store was then removed or moved: its clients' writes must not go to a new one)."""
+        if not paths.holds_store(self.directory):
+            raise UnavailableError(
+                f"store {self.directory}: no store that ran is there any more (removed or moved?); not making a "
+                "new, empty one in its place"
+            )
 
     def read_fact(self, instance: str, connection: int, last: int) -> None:
         """Note that this server read up to stream ``last`` of connection ``connection`` of SDK transport

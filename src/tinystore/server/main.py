@@ -47,6 +47,7 @@ class ServeOptions:
     limits: Limits | None = None
     durability: str = "full"
     mode: str = "serve"  # serve | sidecar | private | embedded
+    existing: bool = False  # open only a store that ran there (a sidecar in place of one that ran): Core.existing
     handshake_timeout: float = HANDSHAKE_TIMEOUT  # seconds a connection has to finish its handshake
 
 
@@ -266,7 +267,9 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
     plan = check_listen(opts)  # bad input is refused before the directory is owned
     bound = await bind_listen(plan)  # and a port in use too
     raise_open_files_limit()
-    core = Core(opts.directory, clock=opts.clock, limits=opts.limits, durability=opts.durability)
+    core = Core(
+        opts.directory, clock=opts.clock, limits=opts.limits, durability=opts.durability, existing=opts.existing
+    )
     core.mode = opts.mode
     try:
         await core.start()

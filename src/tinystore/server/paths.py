@@ -42,14 +42,15 @@ def make_directory(path: Path, what: str) -> None:
         raise InvalidError(f"{what}: cannot make the store's directory {path}: {exc.strerror or exc}") from None
 
 
-def _private_dir(d: Path, what: str) -> None:
-    """Make the folder ``d`` (mode 0700) when missing; then it must be a folder, not a symlink, of this process's
-    user, and it is set to 0700 (on the folder itself, opened without following a link). Another user's folder
-    there (planted before the server started, in a shared /tmp or a world-writable store directory) would let
-    that user replace the socket, and read what clients send: ``PermissionDeniedError`` names it."""
+def _private_dir(d: Path, what: str, parents: bool = True) -> None:
+    """Make the folder ``d`` (mode 0700) when missing (its parents too, unless not ``parents``: then a missing
+    parent is ``FileNotFoundError``); then it must be a folder, not a symlink, of this process's user, and it is
+    set to 0700 (on the folder itself, opened without following a link). Another user's folder there (planted
+    before the server started, in a shared /tmp or a world-writable store directory) would let that user replace
+    the socket, and read what clients send: ``PermissionDeniedError`` names it."""
     from ..errors import PermissionDeniedError
 
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    d.mkdir(mode=0o700, parents=parents, exist_ok=True)
     try:
         fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
@@ -95,14 +96,17 @@ def check_store_dir(directory: Path, what: str) -> None:
         pass
 
 
-def server_dir(directory: Path) -> Path:
-    """``DIR/server``, created with mode 0700 (only its user can enter); see :func:`_private_dir`."""
+def server_dir(directory: Path, make_store: bool = True) -> Path:
+    """``DIR/server``, created with mode 0700 (only its user can enter); see :func:`_private_dir`. Not
+    ``make_store``: ``DIR`` itself is never made (``FileNotFoundError`` when it is missing)."""
     d = directory / "server"
     try:
-        _private_dir(d, f"store {directory}")
+        _private_dir(d, f"store {directory}", parents=make_store)
     except PermissionError:
         raise  # the caller names the store and this process's user
     except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and not make_store:
+            raise  # (the caller says the store is gone)
         from .dirlock import storage_error
 
         raise storage_error(f"store {directory}: cannot make {d}", exc) from None
@@ -285,6 +289,12 @@ def started_before(directory: Path) -> bool:
     # (anything by that name: a folder or a link planted there, that the mark could not replace, counts too: trial
     # DU, a folder named STARTED had the store taken as new)
     return os.path.lexists(started_file(directory)) or os.path.lexists(directory / "server" / "started")
+
+
+def holds_store(directory: Path) -> bool:
+    """Whether a store that ran is at ``directory``: :func:`started_before`, or its ``EPOCH`` (a mark that could
+    not be written: it is only evidence)."""
+    return started_before(directory) or os.path.lexists(directory / "EPOCH")
 
 
 ReadFacts = dict[str, list[tuple[int, int, int]]]
