@@ -606,6 +606,15 @@ def _runs(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
 
 
+def _suspended(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP: ``T`` in ``/proc/PID/stat``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["T"]
+
+
 @main.command()
 @click.argument("directory", type=UserPath(file_okay=False, path_type=Path))
 @click.option(
@@ -694,9 +703,16 @@ def stop(directory: Path, grace: str) -> None:
             await asyncio.sleep(0.05)
         else:
             if pid:
+                # (trial DZ: a server busy with a long VACUUM was said to stop "once it runs again")
+                how = (
+                    "it is suspended (SIGSTOP?), and stops once it runs again"
+                    if _suspended(int(pid))
+                    else "it still finishes (what its databases ran was interrupted at the grace's end; a COMMIT "
+                    "waiting on a slow disk, say), and stops once that ends"
+                )
                 raise UnavailableError(
-                    f"store {directory}: its server (pid {pid}) did not stop within {wait:.0f}s; it was told to, "
-                    f"and stops once it runs again (`kill -9 {pid}` ends it at once)"
+                    f"store {directory}: its server (pid {pid}) did not stop within {wait:.0f}s; it was told to: "
+                    f"{how} (`kill -9 {pid}` ends it at once)"
                 )
         console.print(f"stopped the server of {directory}", highlight=False)
 

@@ -557,6 +557,9 @@ class SqlDatabase:
         self._reads: FairReads[_Read] = FairReads()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        # the store's stop has run past its grace: statements still running are interrupted (see halt)
+        self.halted = False
+        self._start_ended = threading.Event()  # set as start returns or raises (see join)
         self.active_tx: SqlTx | None = None
         self.stats = {"writes": 0, "commits": 0, "reads": 0, "transactions": 0}
         self._spare: list[sqlite3.Connection] = []
@@ -781,6 +784,11 @@ class SqlDatabase:
 
     def _error(self, exc: BaseException) -> TinystoreError:
         """:func:`sql_error` for this database."""
+        if self.halted and isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted":
+            return ClosedError(
+                f"database {self.name}: the store stopped while the statement ran (its grace ended): interrupted, "
+                "and rolled back"
+            )
         if isinstance(exc, MemoryError):  # SQLITE_NOMEM: past the hard heap limit (Limits.sql_memory_bytes)
             limit = self.limits.sql_memory_bytes
             return LimitError(
@@ -828,11 +836,20 @@ class SqlDatabase:
         What SQLite or the file system refuses is raised as :func:`sql_error` maps it (a full disk, a file that
         cannot be opened: ``UnavailableError``); a file of the database that is a symbolic link:
         ``PermissionDeniedError``."""
+        try:
+            return self._start(migrations)
+        finally:
+            self._start_ended.set()
+
+    def _start(self, migrations: Sequence[tuple[str, str]]) -> list[str]:
         self._own_files()
         try:
             writer = self.connect(readonly=False)
         except sqlite3.Error as exc:
             raise self._error(exc) from None
+        w: Any = writer
+        # (the migrations run with no time limit; only a stop past its grace interrupts them: see halt)
+        writer.set_progress_handler(lambda: 1 if self.halted and not w.control else 0, 10000)
         try:
             st = os.stat(self.path)
             self._file_id = (st.st_dev, st.st_ino)
@@ -1196,7 +1213,7 @@ class SqlDatabase:
             # under no statement's limit (an interrupted COMMIT may have committed all the same)
             if c.control:
                 return 0
-            if monotonic() > deadline[0]:
+            if monotonic() > deadline[0] or self.halted:
                 return 1
             fut = current[0]
             return 1 if fut is not None and fut.done() else 0
@@ -1856,10 +1873,26 @@ class SqlDatabase:
         self._writes.put(None)
         self._reads.stop(max(1, self.limits.readers))
 
-    def join(self, timeout: float) -> None:
+    def halt(self) -> None:
+        """Interrupt what the threads run now (a long migration, write, VACUUM or read: rolled back), and all they
+        would run after: the store's stop ran past its grace. They end within some 10,000 SQLite instructions
+        (or a COMMIT's fsync)."""
+        self.halted = True
+
+    def busy(self) -> bool:
+        """Whether its start or one of its threads still runs."""
+        return not self._start_ended.is_set() or any(t.is_alive() for t in self._threads)
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the threads to end; whether they all did (then the spare
+        connections are closed)."""
         deadline = time.monotonic() + timeout
+        if not self._start_ended.wait(timeout):
+            return False  # (its migrations at open still run)
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            return False
         with self._spare_lock:
             for c in self._spare:
                 c.close()
@@ -1867,7 +1900,11 @@ class SqlDatabase:
         if self._inline is not None:
             self._inline.close()
             self._inline = None
+        return True
 
+
+HALT_WAIT = 10.0
+"""Seconds between the stop's warnings while an interrupted statement has not ended (see ``SqlEngine.close``)."""
 
 ENDED_KEPT = 1024
 """How many transactions that timed out an engine remembers, to tell a late call why (see ``SqlEngine.not_open``)."""
@@ -2010,6 +2047,7 @@ class SqlEngine:
         self._ended: collections.OrderedDict[int, TinystoreError] = collections.OrderedDict()
         self._opening: dict[str, asyncio.Lock] = {}
         self._starting = 0  # databases whose start runs (their files count as spoken for: see check_room)
+        self._opening_dbs: set[SqlDatabase] = set()  # those databases (see close)
         self._tx_ids = 0
         self.closed = False
         self.stopping = False  # see stop_transactions
@@ -2094,8 +2132,9 @@ class SqlEngine:
                 existed = path.exists()
                 db = SqlDatabase(self, name, path)
                 self._starting += 1
+                self._opening_dbs.add(db)
                 start = asyncio.ensure_future(asyncio.to_thread(db.start, migrations))
-                start.add_done_callback(self._one_started)
+                start.add_done_callback(functools.partial(self._one_started, db))
                 try:
                     applied = await asyncio.shield(start)
                 except asyncio.CancelledError:
@@ -2123,8 +2162,9 @@ class SqlEngine:
             if held:
                 lock.release()
 
-    def _one_started(self, _: asyncio.Future[Any]) -> None:
+    def _one_started(self, db: SqlDatabase, _: asyncio.Future[Any]) -> None:
         self._starting -= 1
+        self._opening_dbs.discard(db)
 
     def _started_unseen(self, db: SqlDatabase, lock: asyncio.Lock, start: asyncio.Future[Any]) -> None:
         """The start of ``db`` whose opener was cancelled has ended: a started database is kept open (its
@@ -2215,15 +2255,34 @@ class SqlEngine:
         return out
 
     async def close(self, timeout: float = 10.0) -> None:
-        """Close every database (see :meth:`SqlDatabase.close`) and wait for their threads; a later
-        :meth:`open` raises ``ClosedError``."""
+        """Close every database (see :meth:`SqlDatabase.close`) and wait for their threads: up to ``timeout``
+        seconds for the work queued to be done, then what still runs is interrupted (:meth:`SqlDatabase.halt`)
+        and waited for. Returns only once no thread of the engine has a database file open (trial DZ: a stop let
+        the directory go while a migration still ran and then committed, under a new owner). A later :meth:`open`
+        raises ``ClosedError``. Cancelled, the threads are left to end on their own."""
         self.closed = True
-        dbs = list(self.databases.values())
+        # (and those whose start still runs, their migrations at open: told to stop once started, if they start)
+        dbs = [*self.databases.values(), *self._opening_dbs]
         for db in dbs:
             db.close()
-        await asyncio.to_thread(self._join, dbs, timeout)
+        if await asyncio.to_thread(self._join, dbs, timeout):
+            return
+        for db in dbs:
+            db.halt()
+        waited = 0.0
+        while not await asyncio.to_thread(self._join, dbs, HALT_WAIT):
+            waited += HALT_WAIT
+            log.warning(
+                "stopping: a statement of %s still runs %gs after it was interrupted (a COMMIT's fsync, a disk that "
+                "does not answer?); waiting for it before letting the directory go",
+                ", ".join(db.name for db in dbs if db.busy()),
+                waited,
+            )
 
     @staticmethod
-    def _join(dbs: list[SqlDatabase], timeout: float) -> None:
+    def _join(dbs: list[SqlDatabase], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        ended = True
         for db in dbs:
-            db.join(timeout)
+            ended = db.join(max(0.0, deadline - time.monotonic())) and ended
+        return ended
