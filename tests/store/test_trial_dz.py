@@ -100,3 +100,63 @@ def test_stop_tells_a_suspended_server_from_a_busy_one() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_a_client_of_an_embedded_store_that_is_gone_is_told_so_in_english(tmp_path: Path) -> None:
+    """Trial DZ: "its server (a embedded server, pid N) is gone"."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from tinystore.server import paths
+
+    directory = tmp_path / "store"
+    script = textwrap.dedent(
+        f"""
+        import asyncio, tinystore
+        async def main():
+            store = await tinystore.open({str(directory)!r}, embedded=True)
+            print("ready", flush=True)
+            await asyncio.sleep(60)
+        asyncio.run(main())
+        """
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        assert (await asyncio.to_thread(owner.stdout.readline)).strip() == "ready"
+        store = await tinystore.open(directory, reconnect_timeout="1s")
+        try:
+            assert (paths.read_address(directory) or {}).get("mode") == "embedded"
+            await store.status()
+            owner.send_signal(signal.SIGKILL)
+            owner.wait(10)
+            with pytest.raises(tinystore.UnavailableError) as caught:
+                await store.status()
+            assert f"its server (an embedded server, pid {owner.pid}) is gone" in str(caught.value)
+        finally:
+            await store.close()
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+async def test_the_command_line_says_a_checkpoint_needs_write(tmp_path: Path) -> None:
+    """Trial DZ: `tinystore sql DIR "pragma wal_checkpoint(truncate)"` did not say --write, as VACUUM's refusal did."""
+    import subprocess
+    import sys
+
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    await store.database("main", migrations=[("001.sql", "create table t (v);")])
+    await store.close()
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "tinystore", "sql", str(directory), "pragma wal_checkpoint(truncate)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "PRAGMA wal_checkpoint writes" in done.stderr and "`tinystore sql --write`" in done.stderr

@@ -33,7 +33,7 @@ from ..errors import (
     error_from,
 )
 from ..limits import Limits
-from ..names import check_name
+from ..names import a_or_an, check_name
 from ..protocol.frames import TOKEN_MAX
 from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Backup, Empty, Stop
@@ -770,7 +770,7 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
         elif (state := await asyncio.to_thread(_can_connect, sock)) is not True:
             if state is None:
                 raise _busy(path, sock)
-            what = "tinystore serve" if served.mode == "serve" else f"a {served.mode} server"
+            what = "tinystore serve" if served.mode == "serve" else f"{a_or_an(served.mode)} server"
             raise UnavailableError(
                 f"store {path}: its server ({what}, pid {served.pid}) is gone; waiting for it to come back "
                 "(the SDK starts a sidecar only in place of a sidecar)"

@@ -91,7 +91,9 @@ def statement_authorizer(
             # neither the statement's time limit nor a cancel stopped it (trial CC). On the writer, only the
             # engine's runs one (db.exec's, alone, outside any transaction): inside one, SQLite refuses it as
             # "database table is locked" (trial CH: in db.tx, or spelled so that db.exec did not know it)
-            return _deny(f"PRAGMA wal_checkpoint {WRITER_ONLY} (db.exec, outside any transaction)")
+            return _deny(
+                f"PRAGMA wal_checkpoint {WRITER_ONLY} (db.exec outside any transaction; `tinystore sql --write`)"
+            )
         if inline and action == sqlite3.SQLITE_PRAGMA and arg1 is not None and arg1.lower() in _OFF_LOOP_PRAGMAS:
             return _deny(MOVE_OFF_LOOP)
         if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
