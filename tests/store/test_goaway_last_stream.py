@@ -291,6 +291,32 @@ async def test_a_write_unread_by_a_server_whose_connection_was_cut_is_sent_again
 
 
 # contract: STORE-06
+async def test_a_write_unread_by_a_server_that_saw_the_cut_is_sent_again(tmp_path: Path) -> None:
+    # trial DZ: a proxy that cut both sides (the server saw its connection end before the client came back): the
+    # server noted nothing of what it had read, and the write it never read was OutcomeUnknownError at once
+    d = tmp_path / "s"
+    owner, client = await _owner_and_client(d)
+    try:
+        db = await client.database("app")
+        await db.exec("insert into t values (0)")
+        server_conn = _server_side(owner)
+        server_conn.transport.pause_reading()  # nothing more is read of it
+        write = asyncio.ensure_future(db.exec("insert into t values (1)"))
+        await asyncio.sleep(0.3)
+        assert not write.done()
+        first = client.transport._conn  # type: ignore[attr-defined]
+        server_conn.transport.abort()  # the server's side of the cut, seen at once
+        await asyncio.sleep(0.05)
+        if first.transport is not None:  # and the client's, unless it saw the cut already (not its next one)
+            first.transport.abort()
+        await asyncio.wait_for(write, 20)
+        assert await db.scalar("select count(*) from t where k = 1") == 1
+    finally:
+        await client.close()
+        await owner.close()
+
+
+# contract: STORE-06
 async def test_a_write_read_before_its_connection_was_cut_is_not_sent_again(tmp_path: Path) -> None:
     # the other side of the test above (trial BX: after two cuts, a fact about the second connection cleared a write
     # of the first, which the server had read and committed: applied twice). A fact names its connection: the

@@ -198,6 +198,8 @@ class Core:
         """Note that this server read up to stream ``last`` of connection ``connection`` of SDK transport
         ``instance``, which ended without telling it (see ``read_facts``)."""
         facts = self.read_facts.pop(instance, [])  # (re-inserted: the newest clients last)
+        # (one fact a connection: a stop notes its connections, which end after)
+        facts = [f for f in facts if f[0] != self.epoch or f[1] != connection]
         facts.append((self.epoch, connection, last))
         self.read_facts[instance] = facts[-READ_FACTS_EACH:]
         while len(self.read_facts) > READ_FACTS_MAX:

@@ -434,6 +434,7 @@ class ServerConnection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        ended_by_peer = not self.closing  # (not closed by this server: a refusal, a stop, a newer connection)
         self.closing = True
         if self.linger is not None:
             self.linger.cancel()
@@ -443,6 +444,11 @@ class ServerConnection(asyncio.Protocol):
             self.alive = None
         if self.instance and self.core.instances.get(self.instance) is self:
             del self.core.instances[self.instance]
+            if ended_by_peer and self.number and self.session is not None:
+                # nothing more of it is read: its client's next connection learns which of its requests were
+                # never read, sent again then (trial DZ: a network cut the server saw first noted nothing, and an
+                # unread write was OutcomeUnknownError)
+                self.core.read_fact(self.instance, self.number, self.last_stream)
         self.conn.discard()  # a part of a frame (up to 16 MiB) goes now, not at the next full collection
         for tx_id in self.tx_held:
             self.sync_held(tx_id)  # (closing: none held any more)
