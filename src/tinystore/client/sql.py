@@ -510,8 +510,10 @@ class Database(_Runner):
                 raise
             if inspect.isawaitable(result):
                 result = await result
-                if inspect.iscoroutine(result) and any(c is result for c, _ in tx._writes):
-                    result = None  # (`return tx.exec(...)` without await: told just below, not returned)
+                if inspect.isawaitable(result):
+                    # an async fn that returned one (`return tx.exec(...)` without await): awaited too, inside the
+                    # transaction, as whatever a callback returns that is awaitable is (spec/API.md; trial DZ)
+                    result = await result
             elif inspect.isgenerator(result) or inspect.isasyncgen(result):
                 # its body never ran: committed, it would have done nothing (trial CZ)
                 name = getattr(fn, "__qualname__", None) or _short(fn)
