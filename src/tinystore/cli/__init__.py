@@ -707,8 +707,9 @@ def stop(directory: Path, grace: str) -> None:
                 how = (
                     "it is suspended (SIGSTOP?), and stops once it runs again"
                     if _suspended(int(pid))
-                    else "it still finishes (what its databases ran was interrupted at the grace's end; a COMMIT "
-                    "waiting on a slow disk, say), and stops once that ends"
+                    else "it still finishes (what its databases ran was interrupted at the grace's end, but not a "
+                    "wait for another process holding a database's write lock, nor a COMMIT on a disk that does not "
+                    "answer), and stops once that ends"
                 )
                 raise UnavailableError(
                     f"store {directory}: its server (pid {pid}) did not stop within {wait:.0f}s; it was told to: "

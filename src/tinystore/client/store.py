@@ -828,9 +828,16 @@ def _warn_if_not_as_asked(store: Store, limits: Limits | None, durability: str) 
         )
 
 
-def _gone(path: str | Path) -> UnavailableError:
+def _gone(path: str | Path, marks: bool = False) -> UnavailableError:
     """The error of a store whose directory went away while this process used it (``gone``: the transport
-    stops trying to reconnect, and waiting calls fail at once)."""
+    stops trying to reconnect, and waiting calls fail at once). ``marks``: the directory is there, with neither
+    ``STARTED`` nor ``EPOCH`` in it (trial EA: "gone", of a directory still there)."""
+    if marks and os.path.isdir(path):
+        return UnavailableError(
+            f"store {path}: the directory holds no mark of a store that ran (neither its STARTED nor its EPOCH "
+            "file: removed or moved with the store, or by hand?); not making a new, empty store in its place",
+            gone=True,
+        )
     return UnavailableError(
         f"store {path}: its directory is gone or holds no store any more (removed or moved while this process "
         "used it); not making a new, empty store in its place",
@@ -896,7 +903,7 @@ async def ensure_server(
         # after the move, and made a new, empty store at DIR, where this process went on writing)
         extra = [*extra, "--existing"]
         if not paths.holds_store(directory):
-            raise _gone(directory)
+            raise _gone(directory, marks=True)
     try:
         log_path = paths.server_dir(directory, make_store=not existing) / "sidecar.log"
     except FileNotFoundError:
@@ -910,7 +917,7 @@ async def ensure_server(
         while time.monotonic() < deadline:
             now = time.monotonic()
             if existing and not paths.holds_store(directory):
-                raise _gone(directory)
+                raise _gone(directory, marks=True)
             if busy:
                 # a server listens and is overloaded: starting a sidecar would not help (the directory is owned);
                 # keep trying to get in until the deadline
@@ -948,7 +955,7 @@ async def ensure_server(
                 # not pass by starting it again. A busy directory may: another process's sidecar is starting.
                 err = _sidecar_error(log_path, start)
                 if existing and not paths.holds_store(directory):
-                    raise _gone(directory)  # (it refused to make a new store: the one that ran is not there)
+                    raise _gone(directory, marks=True)  # (it refused to make a new store: none that ran is there)
                 if err is not None and (not isinstance(err, InUseError) or socket_gone(directory) is not None):
                     raise err  # (a busy directory may pass, but not a server whose socket was removed)
                 until = _stopping_until(directory)

@@ -725,6 +725,7 @@ class RemoteTransport(Transport):
         self.where = where or description
         self.reconnect_timeout = reconnect_timeout
         self._gone: TinystoreError | None = None  # the store will not come back (see _reconnect_loop)
+        self.store_id = ""  # the id of the store its first connection reached (Welcome.store): the only one it joins
         self._conn: _ClientConn | None = None
         self._up = asyncio.Event()
         self._ids = itertools.count(1)
@@ -864,6 +865,19 @@ class RemoteTransport(Transport):
             proto.welcome.cancel()
             proto.transport.close()
             raise
+        if welcome.store and self.store_id and welcome.store != self.store_id:
+            # another store than the one this transport used, made at its path or address meanwhile (trial EA: a
+            # client paused through `tinystore stop DIR; mv DIR DIR.old`, and another process's open of DIR, went
+            # on writing into that new, empty store): never joined
+            proto.transport.close()
+            raise UnavailableError(
+                f"the store at {self.description} is another store now (id {welcome.store}; this process used "
+                f"{self.store_id}): the one it used was moved or removed, and another made in its place; not going "
+                "on with it (open it anew to use it)",
+                gone=True,
+            )
+        if welcome.store:
+            self.store_id = welcome.store
         self.welcome = welcome
         self.epoch = proto.epoch = welcome.epoch
         self.test_clock = welcome.test_clock

@@ -2262,25 +2262,41 @@ class SqlEngine:
         raises ``ClosedError``. Cancelled, the threads are left to end on their own."""
         self.closed = True
         # (and those whose start still runs, their migrations at open: told to stop once started, if they start)
-        dbs = [*self.databases.values(), *self._opening_dbs]
+        dbs = self.every_database()
         for db in dbs:
             db.close()
-        if await asyncio.to_thread(self._join, dbs, timeout):
+        if await asyncio.to_thread(self.join, dbs, timeout):
             return
         for db in dbs:
             db.halt()
         waited = 0.0
-        while not await asyncio.to_thread(self._join, dbs, HALT_WAIT):
+        while not await asyncio.to_thread(self.join, dbs, HALT_WAIT):
             waited += HALT_WAIT
             log.warning(
-                "stopping: a statement of %s still runs %gs after it was interrupted (a COMMIT's fsync, a disk that "
-                "does not answer?); waiting for it before letting the directory go",
+                "stopping: a statement of %s still runs %gs after it was interrupted (a wait for another process "
+                "that holds the database's write lock, which SQLite does not cut short; a COMMIT's fsync on a disk "
+                "that does not answer?); waiting for it before letting the directory go",
                 ", ".join(db.name for db in dbs if db.busy()),
                 waited,
             )
 
+    def every_database(self) -> list[SqlDatabase]:
+        """The databases open, and those whose start runs (a list of the moment)."""
+        return [*self.databases.values(), *self._opening_dbs]
+
+    def busy(self) -> bool:
+        """Whether a thread of a database (or a database's start) still runs."""
+        return any(db.busy() for db in self.every_database())
+
+    def halt(self) -> None:
+        """Interrupt what every database runs and would run (see :meth:`SqlDatabase.halt`)."""
+        for db in self.every_database():
+            db.halt()
+
     @staticmethod
-    def _join(dbs: list[SqlDatabase], timeout: float) -> bool:
+    def join(dbs: list[SqlDatabase], timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the threads of ``dbs`` to end (blocking: from a thread); whether
+        they all have."""
         deadline = time.monotonic() + timeout
         ended = True
         for db in dbs:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..errors import (
+    ClosedError,
     ConflictError,
     CorruptError,
     InvalidError,
@@ -27,17 +28,24 @@ def rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False)
         msg = f"database {db}: {why}; this rolled back the whole transaction {tx_id}, which has ended"
     else:
         msg = f"database {db}: transaction {tx_id} was rolled back by a statement that failed ({why})"
-    kind = type(err) if type(err) in (ConflictError, TimeoutError_, InvalidError, UnavailableError) else ConflictError
+    kind = (
+        type(err)
+        if type(err) in (ConflictError, TimeoutError_, InvalidError, UnavailableError, ClosedError)
+        else ConflictError
+    )
     # (the statement's extra goes with it: a constraint's sqlite_code, which docs/sql.md promises: trial CZ)
     return kind(msg, **err.extra)
 
 
 def migration_error(db: str, migration: str, exc: TinystoreError) -> TinystoreError:
     """A migration that failed: ``exc`` (from :func:`sql_error`) with the migration's name; an ``InvalidError``,
-    a ``CorruptError`` when the file is damaged (trial CE: said ``InvalidError``, as if the SQL were at fault), or
-    an ``UnavailableError`` when the file system refused it (a full disk, an I/O error, no file descriptor left:
-    trial CN; worth trying again once mended, where an ``InvalidError`` says to mend the SQL)."""
+    a ``ClosedError`` when the store stopped as it ran, a ``CorruptError`` when the file is damaged (trial CE:
+    said ``InvalidError``, as if the SQL were at fault), or an ``UnavailableError`` when the file system refused it
+    (a full disk, an I/O error, no file descriptor left: trial CN; worth trying again once mended, where an
+    ``InvalidError`` says to mend the SQL)."""
     why = exc.message.removeprefix(f"database {db}: ")
+    if isinstance(exc, ClosedError):  # (the store stopped as it ran: trial EA, said InvalidError, "mend your SQL")
+        return ClosedError(f"database {db}: migration {migration}: {why}")
     if isinstance(exc, CorruptError):
         return CorruptError(f"database {db}: migration {migration}: {why}")
     if isinstance(exc, UnavailableError):

@@ -42,6 +42,9 @@ class Welcome(msgspec.Struct, kw_only=True):
     #: run. Facts of a server that stopped gracefully (written down for the next ones) or ended the connection as
     #: this one came
     last_reads: list[tuple[int, int, int]] = []
+    #: the store's id (``DIR/ID``): the same across its restarts and backups, another for another store made at
+    #: the same path; "" from an older server
+    store: str = ""
 
 
 class ErrorBody(msgspec.Struct, kw_only=True):

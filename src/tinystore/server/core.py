@@ -13,6 +13,7 @@ import inspect
 import itertools
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ from typing import Any
 
 from .. import __version__
 from ..clock import Clock
-from ..engines.sql import SqlEngine
+from ..engines.sql import HALT_WAIT as HALT_JOIN
+from ..engines.sql import SqlDatabase, SqlEngine
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError, UnavailableError
 from ..limits import Limits
 from . import paths
@@ -130,6 +132,9 @@ class Core:
         self._ids = itertools.count(1)
         self._lock = DirLock(self.directory)
         self.epoch = 0
+        self._releaser: threading.Thread | None = None  # (see stop)
+        self.store_id = ""  # (see paths.store_id)
+        self._file_work: list[threading.Event] = []  # (see file_work)
         self.started = 0.0
         self.running = False
         self.stopping = asyncio.Event()
@@ -174,6 +179,7 @@ class Core:
                 self._check_ran()  # (again, as the directory is owned: it may have moved meanwhile)
             self.epoch = next_epoch(self.directory, self.clock.now_ms(), ran_before)
             paths.mark_started(self.directory, self.epoch)
+            self.store_id = paths.store_id(self.directory)
             self.read_facts = paths.read_last_read(self.directory)
             self.started = time.time()
             self.sql = SqlEngine(self.directory, self.limits, self.durability)
@@ -330,6 +336,7 @@ class Core:
                 await self.sql.close(max(1.0, ends - time.monotonic()))
             self.clock.close()
         finally:
+            sql = self.sql if self.running else None
             if self.running and self.read_facts:
                 with contextlib.suppress(OSError):
                     paths.write_last_read(self.directory, self.read_facts)
@@ -337,8 +344,37 @@ class Core:
             # the address this process wrote, if it served, goes before the directory does (a stale one misleads)
             paths.remove_address(self.directory)
             paths.remove_unserved(self.directory)
-            self._lock.release()
+            work = [e for e in self._file_work if not e.is_set()]
+            if (sql is not None and sql.busy()) or work:
+                # cancelled (or failed) while the databases' threads still run, or a backup's copy (trial EA: a
+                # second Ctrl-C, a wait_for around an embedded store's close; a write then committed under the next
+                # owner): what they run is interrupted, and the directory is let go once they have ended, not before
+                # (or by the OS, as this process exits: the threads end with it, their transactions rolled back)
+                dbs = sql.every_database() if sql is not None else []
+                for db in dbs:
+                    db.halt()
+                self._releaser = threading.Thread(
+                    target=self._release_after, args=(dbs, work), name="tinystore-let-go", daemon=True
+                )
+                self._releaser.start()
+            else:
+                self._lock.release()
             self.stopped.set()
+
+    def file_work(self) -> threading.Event:
+        """An event for a thread that reads or writes the store's files outside the engines (a backup's copy) to set
+        as it ends: the directory is let go only once it is set (see :meth:`stop`)."""
+        self._file_work = [e for e in self._file_work if not e.is_set()]
+        ended = threading.Event()
+        self._file_work.append(ended)
+        return ended
+
+    def _release_after(self, dbs: list[SqlDatabase], work: list[threading.Event]) -> None:
+        """Let the directory go once no thread of ``dbs`` runs and every one of ``work`` is set (in a thread of its
+        own: see :meth:`stop`)."""
+        while not SqlEngine.join(dbs, HALT_JOIN) or not all(e.wait(HALT_JOIN) for e in work):
+            log.warning("stopping: the directory is let go once the threads that have its files open have ended")
+        self._lock.release()
 
 
 def durability_bad(value: str) -> bool:

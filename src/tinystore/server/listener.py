@@ -587,6 +587,7 @@ class ServerConnection(asyncio.Protocol):
                 limits=self.core.limits_json,
                 durability=self.core.durability,
                 last_reads=reads,
+                store=self.core.store_id,
             )
         )
         self.write(self.conn.send_welcome(body))

@@ -56,8 +56,16 @@ def install(core: Core) -> None:
 
     async def copy(dest: Path) -> dict[str, Any]:
         cancelled = threading.Event()
+        ended = core.file_work()  # (the directory is let go only once the copy's thread has ended: trial EA)
+
+        def run() -> dict[str, Any]:
+            try:
+                return backups.backup(core.directory, dest, cancelled)
+            finally:
+                ended.set()
+
         try:
-            return await asyncio.to_thread(backups.backup, core.directory, dest, cancelled)
+            return await asyncio.to_thread(run)
         except asyncio.CancelledError:
             cancelled.set()  # the store stops: the copy keeps nothing more as done, and writes no LOCK
             raise

@@ -291,6 +291,34 @@ def started_before(directory: Path) -> bool:
     return os.path.lexists(started_file(directory)) or os.path.lexists(directory / "server" / "started")
 
 
+STORE_ID = "ID"
+"""``DIR/ID``: the store's id, random, made at its first start (one of this version) and kept: told each client in
+its ``Welcome``, which reconnects only to the store it used, not to another made at the same path meanwhile (trial
+EA). A backup keeps it: the copy is that store."""
+
+
+def store_id(directory: Path) -> str:
+    """The id in ``DIR/ID``, made now when missing (or not an id); "" when it can be neither read nor made (then
+    clients do not check: it is only a guard). Call with the directory owned."""
+    import secrets
+
+    from .dirlock import write_private
+
+    path = directory / STORE_ID
+    try:
+        got = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        got = ""
+    if len(got) == 32 and all(c in "0123456789abcdef" for c in got):
+        return got
+    made = secrets.token_hex(16)
+    try:
+        write_private(path, made + "\n", sync=True)
+    except OSError:
+        return ""
+    return made
+
+
 def holds_store(directory: Path) -> bool:
     """Whether a store that ran is at ``directory``: :func:`started_before`, or its ``EPOCH`` (a mark that could
     not be written: it is only evidence)."""
