@@ -10,6 +10,10 @@
     GET  /api/chats/{id}/events           the chat's live events (server-sent events)
     GET  /healthz                         {"ok": true, "pid": ...}
 
+Every request that changes something (POST, PUT, PATCH, DELETE) must say ``Content-Type: application/json`` and,
+when it has an ``Origin``, come from the page's own origin; served on a loopback address, every request must name
+loopback in its ``Host`` (see :class:`Guard`, trial EB).
+
 Run it with ``tinystore demo`` (see ``src/tinystore/cli/demo.py``), or build it yourself with
 :func:`create_app` and serve it with uvicorn.
 """
@@ -17,6 +21,7 @@ Run it with ``tinystore demo`` (see ``src/tinystore/cli/demo.py``), or build it 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 from collections.abc import AsyncIterator
@@ -24,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -39,6 +46,100 @@ from .service import BadInput, Chat, NotFound
 STATIC = Path(__file__).parent / "static"
 MAX_STREAMS = 10_000
 """Event streams one web process holds at most; past it a new one gets a 503 (the browser retries)."""
+MAX_BODY = 64 * 1024
+"""Bytes a request's body may have; past it the request gets a 413, before the rest of the body is read."""
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+"""What the ``Host`` of a request to a demo that listens on a loopback address may name (with or without a port)."""
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether ``address`` (an address to listen on, or a socket's address) is this machine's loopback."""
+    if address.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_and_port(netloc: str, default_port: int | None) -> tuple[str, int | None]:
+    """``netloc`` ("Example.org:8000", "[::1]", "127.0.0.1") as (lowercase host, port or ``default_port``); a port
+    that is no number is -1, which matches no other."""
+    netloc = netloc.strip().lower()
+    if netloc.startswith("["):  # an IPv6 address: [::1]:8000
+        host, _, rest = netloc.partition("]")
+        host, port = host + "]", rest[1:] if rest.startswith(":") else rest
+    else:
+        host, _, port = netloc.partition(":")
+    if not port:
+        return host, default_port
+    return host, int(port) if port.isdigit() else -1
+
+
+class Guard:
+    """An ASGI middleware that refuses, with a 403 and a JSON error saying why, the requests another site's page
+    could make (trial EB: a cross-site ``text/plain`` POST, which a browser sends without asking first, posted a
+    message, and the model answered it on the user's API key; a DNS-rebinding page could read every chat).
+
+    - Every request that changes something (POST, PUT, PATCH, DELETE) must say ``Content-Type:
+      application/json``: a cross-site page can send that only after a CORS preflight, which this app never
+      grants. When it has an ``Origin`` (a browser's), its host and port must be the request's ``Host``.
+    - Served on a loopback address, every request must name loopback in its ``Host`` (``localhost``,
+      ``127.0.0.1``, ``[::1]``, with or without a port): a page of ``attacker.example`` whose name was made to
+      point at 127.0.0.1 (DNS rebinding) sends ``Host: attacker.example``. ``listen_host``: the address the server
+      listens on; a loopback one checks every request, any other (``0.0.0.0``, a LAN address: the user chose to
+      expose the demo) none. Without it, the address each connection came in on decides: a connection to a
+      loopback address is checked, one from the network is not. ``GET /healthz`` is not checked (the demo's
+      health probe sends a Host of its own, and it tells nothing of the chats).
+    """
+
+    def __init__(self, app: Any, listen_host: str | None = None) -> None:
+        self.app = app
+        self.check_all = None if listen_host is None else _is_loopback(listen_host)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refused = self.refusal(scope)
+            if refused is not None:
+                await _error(refused, 403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Scope) -> str | None:
+        """Why the request of ``scope`` is refused, or None."""
+        headers = Headers(scope=scope)
+        host = headers.get("host")
+        method = scope["method"]
+        default_port = 443 if scope.get("scheme") in ("https", "wss") else 80
+        if self.checks_host(scope) and not (method == "GET" and scope["path"] == "/healthz"):
+            if host is None:
+                return "the request has no Host header"
+            if _host_and_port(host, None)[0] not in LOOPBACK_NAMES:
+                return (
+                    f"the Host header {host!r} names no loopback address: this demo, listening on loopback, serves "
+                    "localhost, 127.0.0.1 and [::1] only (--host 0.0.0.0 serves the network, under any name)"
+                )
+        if method not in UNSAFE_METHODS:
+            return None
+        content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if content_type != "application/json":
+            has = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+            return f"a {method} must have Content-Type: application/json (this one has {has})"
+        origin = headers.get("origin")
+        if origin is not None:
+            scheme, _, netloc = origin.partition("://")
+            origin_port = {"http": 80, "https": 443}.get(scheme.lower())
+            if host is None or not netloc or _host_and_port(netloc, origin_port) != _host_and_port(host, default_port):
+                return f"a {method} from another origin ({origin}) is refused: this demo takes them from its own page"
+        return None
+
+    def checks_host(self, scope: Scope) -> bool:
+        """Whether the request of ``scope`` must name loopback in its ``Host``."""
+        if self.check_all is not None:
+            return self.check_all
+        server = scope.get("server")  # (the address this connection came in on, as the socket says)
+        return server is not None and _is_loopback(str(server[0]))
 
 
 class _Counted:
@@ -65,12 +166,15 @@ def create_app(
     model: Model | None = None,
     max_streams: int = MAX_STREAMS,
     keepalive: str = "15s",
+    listen_host: str | None = None,
 ) -> Starlette:
     """The chat app. With ``store``, it runs on that open store (and leaves it open); else it opens
     ``directory`` at startup (``embedded=True``: the engines inside this process, serving the directory's
     socket so that other processes and ``tinystore status`` reach them; ``False``: the directory's server, a
     sidecar started when none runs) and closes it at shutdown. ``workers``: also run the reply and summary
-    jobs in this process. ``model``: the model the replies come from (default: the offline one)."""
+    jobs in this process. ``model``: the model the replies come from (default: the offline one). ``listen_host``:
+    the address the server listens on, which decides the ``Host`` check (see :class:`Guard`; without it, the address
+    each connection came in on decides)."""
     if store is None and directory is None:
         raise ValueError("create_app: give a store or a directory")
     counter = {"streams": 0}
@@ -182,6 +286,7 @@ def create_app(
     return Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(Guard, listen_host=listen_host)],
         exception_handlers={
             NotFound: not_found,
             BadInput: bad_input,
@@ -191,9 +296,20 @@ def create_app(
 
 
 async def _json(request: Request) -> Any:
-    raw = await request.body()
-    if len(raw) > 64 * 1024:
-        raise BadInput("the request body is over 64 KiB", 413)
+    """The request's body, as JSON. One over :data:`MAX_BODY` is refused from its ``Content-Length`` before any of
+    it is read, or, sent without one (chunked), as soon as more than that has come (trial EB: a 400 MiB body was
+    read whole first, and the process grew from 50 MB to 610 MB before its 413)."""
+    too_big = BadInput(f"the request body is over {MAX_BODY // 1024} KiB", 413)
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise too_big
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
         return json.loads(raw or b"{}")
     except ValueError:

@@ -35,6 +35,15 @@ HISTORY = 40
 """Messages of a chat the model sees (the summary stands for the older ones)."""
 REPLY_ATTEMPTS = 5
 """Attempts of a reply job: after the last one fails, the tabs are told the model gave up (``gave_up``)."""
+INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff"
+"""Characters that show nothing (zero-width space, non-joiner, joiner, word joiner, BOM), which ``str.strip``
+keeps: a message of only these and spaces has no text (trial EB: it was saved, an empty bubble)."""
+_DROP_INVISIBLE = dict.fromkeys(map(ord, INVISIBLE))
+
+
+def has_text(text: str) -> bool:
+    """Whether ``text`` shows something: more than spaces and :data:`INVISIBLE` characters."""
+    return bool(text.translate(_DROP_INVISIBLE).strip())
 
 
 @dataclasses.dataclass
@@ -273,7 +282,7 @@ class Chat:
 
     async def post(self, chat_id: int, text: str) -> dict[str, Any]:
         """Save a user's message, tell the tabs, and add the reply job: one transaction."""
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str) or not has_text(text):
             raise BadInput("a message needs some text")
         if len(text) > MAX_TEXT:
             raise BadInput(f"a message has at most {MAX_TEXT} characters, this one has {len(text)}", 413)
@@ -338,7 +347,16 @@ class Chat:
                     at += _utf16_length(token)
                 run.set_progress({"tokens": len(pieces)})
         except Exception as exc:
-            log.warning("chat %s: the model failed answering message %s: %r", chat_id, message_id, exc)
+            # a TinyStore error is the store's (a publish whose connection dropped), not the model's (trial EB: the
+            # log blamed the model for the store's dropped connection); but a PermanentError is the model adapter's
+            # way to say a 4xx will not fix itself (a wrong key)
+            store_error = isinstance(exc, tinystore.TinystoreError) and not isinstance(exc, tinystore.PermanentError)
+            if store_error:
+                log.warning(
+                    "chat %s: could not reach the store while answering message %s: %r", chat_id, message_id, exc
+                )
+            else:
+                log.warning("chat %s: the model failed answering message %s: %r", chat_id, message_id, exc)
             reason = str(exc)[:200]
             last = isinstance(exc, tinystore.PermanentError) or (run is not None and run.attempt >= REPLY_ATTEMPTS)
             if not last:

@@ -11,7 +11,7 @@
 "use strict";
 
 const state = {
-  chatId: null,
+  chatId: null, // the chat's id as the digits of its address, a string: a number rounds past 2^53 (trial EB)
   lastId: 0, // the newest message id read in order from the API
   rendered: new Map(), // message id -> its <li>
   answered: new Set(), // ids of user messages whose reply is saved
@@ -21,6 +21,7 @@ const state = {
   channel: null, // the BroadcastChannel the chat's events are relayed on
   leave: null, // gives back the Web Lock of the chat's stream (and closes it) when this tab leaves the chat
   beat: null, // the interval of a following tab's asks to the tab that keeps the stream (see BEAT)
+  unsent: null, // why the text in the box was not sent, until it is sent again or the box is cleared
 };
 
 const $ = (id) => document.getElementById(id);
@@ -28,7 +29,8 @@ const $ = (id) => document.getElementById(id);
 async function api(path, options = {}) {
   let res;
   try {
-    res = await fetch(path, { headers: { "content-type": "application/json" }, ...options });
+    // (the server refuses a POST without this header: a cross-site page cannot send it without asking; trial EB)
+    res = await fetch(path, { ...options, headers: { "content-type": "application/json", ...options.headers } });
   } catch {
     // not the browser's "Failed to fetch"; and the device's own connection named when it has none (trial DQ)
     throw new Error(navigator.onLine === false
@@ -56,9 +58,14 @@ function chatGone(chatId) {
   showError(`There is no chat ${chatId}: pick one from the list, or start a new one.`);
 }
 
+// The error line: `text` (none: cleared), and, until the text in the box is sent or cleared, that it was not sent
+// (trial EB: a send that failed while the store was unreachable lost its error at the next refresh, and the unsent
+// text sat in the box as if it were a draft).
 function showError(text) {
-  $("error").textContent = text || "";
-  $("error").hidden = !text;
+  const unsent = state.unsent === null ? "" : `not sent: ${state.unsent} (press Send to try again)`;
+  const shown = [unsent, text].filter(Boolean).join(" · ");
+  $("error").textContent = shown;
+  $("error").hidden = !shown;
 }
 
 function setStatus(s) {
@@ -383,19 +390,19 @@ function renderChats(chats) {
     const a = document.createElement("a");
     a.href = `/chats/${c.id}`;
     a.textContent = c.title;
-    a.dataset.id = c.id;
-    if (c.id === state.chatId) a.className = "current";
+    a.dataset.id = String(c.id);
+    if (a.dataset.id === state.chatId) a.className = "current";
     a.addEventListener("click", (e) => {
       e.preventDefault();
       history.pushState(null, "", a.href);
-      openChat(c.id);
+      openChat(a.dataset.id);
     });
     nav.appendChild(a);
   }
 }
 
 function markCurrent() {
-  for (const a of $("chats").children) a.classList.toggle("current", +a.dataset.id === state.chatId);
+  for (const a of $("chats").children) a.classList.toggle("current", a.dataset.id === state.chatId);
 }
 
 async function openChat(id) {
@@ -415,12 +422,12 @@ async function openChat(id) {
 async function start() {
   const match = location.pathname.match(/^\/chats\/(\d+)/);
   let chats = await api("/api/chats");
-  let id = match ? +match[1] : null;
+  let id = match ? match[1] : null; // the digits, as given (trial EB: +"99999999999999999999999" is 1e+23)
   if (id === null) {
     if (!chats.length) {
       chats = [await api("/api/chats", { method: "POST", body: JSON.stringify({ title: "First chat" }) })];
     }
-    id = chats[0].id;
+    id = String(chats[0].id);
     history.replaceState(null, "", `/chats/${id}`);
   }
   state.chatId = id;
@@ -429,18 +436,22 @@ async function start() {
 }
 
 const MAX_TEXT = 4000; // characters (code points) a message may have, as the server counts them
+// Characters that show nothing, which trim() keeps (but U+FEFF): a message of only these and spaces has no text,
+// as the server says (trial EB: it was sent, and showed as an empty bubble).
+const INVISIBLE = /[\u200B\u200C\u200D\u2060\uFEFF]/g;
 
 $("composer").addEventListener("submit", async (e) => {
   e.preventDefault();
   const box = $("text");
   const text = box.value;
-  if (!text.trim()) return;
+  if (!text.replace(INVISIBLE, "").trim()) return;
   const length = [...text].length;
   if (length > MAX_TEXT) {
     showError(`A message has at most ${MAX_TEXT.toLocaleString()} characters; this one has ${length.toLocaleString()}.`);
     return; // kept in the box, to be shortened
   }
   box.value = "";
+  state.unsent = null; // sent again: what failed before is no longer the news
   try {
     const message = await api(`/api/chats/${state.chatId}/messages`, {
       method: "POST",
@@ -450,7 +461,16 @@ $("composer").addEventListener("submit", async (e) => {
     showError("");
   } catch (err) {
     box.value = text;
-    showError(err.message);
+    state.unsent = err.message;
+    showError("");
+  }
+});
+
+// the box cleared: the text that was not sent is given up, and so is its flag
+$("text").addEventListener("input", () => {
+  if (state.unsent !== null && !$("text").value.trim()) {
+    state.unsent = null;
+    showError("");
   }
 });
 
@@ -465,9 +485,9 @@ $("new-chat").addEventListener("click", async () => {
   try {
     const chat = await api("/api/chats", { method: "POST", body: JSON.stringify({ title: `Chat ${new Date().toLocaleString()}` }) });
     history.pushState(null, "", `/chats/${chat.id}`);
-    state.chatId = chat.id;
+    state.chatId = String(chat.id);
     renderChats(await api("/api/chats"));
-    openChat(chat.id);
+    openChat(state.chatId);
   } catch (err) {
     showError(err.message);
   }
@@ -475,7 +495,7 @@ $("new-chat").addEventListener("click", async () => {
 
 window.addEventListener("popstate", () => {
   const match = location.pathname.match(/^\/chats\/(\d+)/);
-  if (match) openChat(+match[1]);
+  if (match) openChat(match[1]);
 });
 
 // a chat made in another tab shows in this one's list when this tab is shown again

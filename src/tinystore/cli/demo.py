@@ -239,7 +239,7 @@ def run_single(
             store = await tinystore.open(directory)
             how = "through the directory's running server"
         try:
-            app = app_module.create_app(store=store, workers=True, model=model)
+            app = app_module.create_app(store=store, workers=True, model=model, listen_host=host)
             server = _uvicorn_server(app, host, port)
 
             def ready(address: str) -> None:
@@ -259,7 +259,11 @@ def run_web(directory: Path, host: str, port: int, model_url: str | None, model_
     _die_with_parent()
     app_module = load_example()
     app = app_module.create_app(
-        directory=directory, embedded=False, workers=False, model=make_model(model_url, model_name, token_delay)
+        directory=directory,
+        embedded=False,
+        workers=False,
+        model=make_model(model_url, model_name, token_delay),
+        listen_host=host,
     )
     server = _uvicorn_server(app, host, port, say_stopping=False)
 
@@ -642,7 +646,13 @@ def register(main: click.Group) -> None:
     @click.option(
         "--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="The web port (0: any free one)."
     )
-    @click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+    @click.option(
+        "--host",
+        default="127.0.0.1",
+        show_default=True,
+        help="The address to listen on. On a loopback address, only requests naming localhost (their Host) are "
+        "answered, against DNS rebinding; on another (0.0.0.0, for phones) any Host is.",
+    )
     @click.option(
         "--web-processes",
         default=0,
