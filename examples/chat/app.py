@@ -11,8 +11,8 @@
     GET  /healthz                         {"ok": true, "pid": ...}
 
 Every request that changes something (POST, PUT, PATCH, DELETE) must say ``Content-Type: application/json`` and,
-when it has an ``Origin``, come from the page's own origin; served on a loopback address, every request must name
-loopback in its ``Host`` (see :class:`Guard`, trial EB).
+when it has an ``Origin``, come from the page's own origin; a request that comes over loopback (and every one,
+served on a loopback address) must name loopback in its ``Host`` (see :class:`Guard`, trials EB and ED).
 
 Run it with ``tinystore demo`` (see ``src/tinystore/cli/demo.py``), or build it yourself with
 :func:`create_app` and serve it with uvicorn.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -43,24 +44,41 @@ from tinystore.sse import event_stream
 from .model import Model
 from .service import BadInput, Chat, NotFound
 
+log = logging.getLogger("chat")
 STATIC = Path(__file__).parent / "static"
 MAX_STREAMS = 10_000
 """Event streams one web process holds at most; past it a new one gets a 503 (the browser retries)."""
 MAX_BODY = 64 * 1024
 """Bytes a request's body may have; past it the request gets a 413, before the rest of the body is read."""
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
-"""What the ``Host`` of a request to a demo that listens on a loopback address may name (with or without a port)."""
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def _is_loopback(address: str) -> bool:
-    """Whether ``address`` (an address to listen on, or a socket's address) is this machine's loopback."""
+    """Whether ``address`` (an address to listen on, or a socket's address) is this machine's loopback; an IPv4 one
+    as a dual-stack socket (``--host ::``) names it, ``::ffff:127.0.0.1``, too (trial ED)."""
     if address.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
+        ip = ipaddress.ip_address(address.strip("[]"))
     except ValueError:
         return False
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _names_loopback(host: str) -> bool:
+    """Whether ``host``, the host of a ``Host`` header (lowercase, no port), names this machine's loopback:
+    ``localhost``, an IPv4 literal of 127.0.0.0/8 or ``[::1]`` (trial ED: ``--host 127.0.0.2`` printed an address
+    whose every request was refused, its ``Host`` being no ``127.0.0.1``). A name that resolves to loopback is not
+    enough: a DNS-rebinding page's name does."""
+    if host == "localhost":
+        return True
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        address = ipaddress.ip_address(host[1:-1] if bracketed else host)
+    except ValueError:
+        return False
+    return address.is_loopback and (address.version == 6) == bracketed
 
 
 def _host_and_port(netloc: str, default_port: int | None) -> tuple[str, int | None]:
@@ -85,13 +103,15 @@ class Guard:
     - Every request that changes something (POST, PUT, PATCH, DELETE) must say ``Content-Type:
       application/json``: a cross-site page can send that only after a CORS preflight, which this app never
       grants. When it has an ``Origin`` (a browser's), its host and port must be the request's ``Host``.
-    - Served on a loopback address, every request must name loopback in its ``Host`` (``localhost``,
-      ``127.0.0.1``, ``[::1]``, with or without a port): a page of ``attacker.example`` whose name was made to
-      point at 127.0.0.1 (DNS rebinding) sends ``Host: attacker.example``. ``listen_host``: the address the server
-      listens on; a loopback one checks every request, any other (``0.0.0.0``, a LAN address: the user chose to
-      expose the demo) none. Without it, the address each connection came in on decides: a connection to a
-      loopback address is checked, one from the network is not. ``GET /healthz`` is not checked (the demo's
-      health probe sends a Host of its own, and it tells nothing of the chats).
+    - Requests from the network are answered under any name; those over loopback must name loopback in their
+      ``Host`` (``localhost``, an address of 127.0.0.0/8 or ``[::1]``, with or without a port): a page of
+      ``attacker.example`` whose name was made to point at 127.0.0.1 (DNS rebinding) sends ``Host:
+      attacker.example``. A connection that came in on a loopback address (the ASGI scope's ``server``) is always
+      checked, whatever ``listen_host`` (trial ED: with ``--host 0.0.0.0`` none was, and a rebinding page read and
+      wrote every chat through 127.0.0.1). ``listen_host``: the address the server listens on; a loopback one
+      checks every request, whatever the connection's address says; any other (``0.0.0.0``, a LAN address: the
+      user chose to expose the demo) leaves the requests from the network unchecked. ``GET /healthz`` is not
+      checked (the demo's health probe sends a Host of its own, and it tells nothing of the chats).
     """
 
     def __init__(self, app: Any, listen_host: str | None = None) -> None:
@@ -115,10 +135,10 @@ class Guard:
         if self.checks_host(scope) and not (method == "GET" and scope["path"] == "/healthz"):
             if host is None:
                 return "the request has no Host header"
-            if _host_and_port(host, None)[0] not in LOOPBACK_NAMES:
+            if not _names_loopback(_host_and_port(host, None)[0]):
                 return (
-                    f"the Host header {host!r} names no loopback address: this demo, listening on loopback, serves "
-                    "localhost, 127.0.0.1 and [::1] only (--host 0.0.0.0 serves the network, under any name)"
+                    f"the Host header {host!r} names no loopback address: over loopback this demo serves the names "
+                    "localhost, 127.x.x.x and [::1] only (from the network, with --host 0.0.0.0, it serves any name)"
                 )
         if method not in UNSAFE_METHODS:
             return None
@@ -135,11 +155,12 @@ class Guard:
         return None
 
     def checks_host(self, scope: Scope) -> bool:
-        """Whether the request of ``scope`` must name loopback in its ``Host``."""
-        if self.check_all is not None:
-            return self.check_all
+        """Whether the request of ``scope`` must name loopback in its ``Host``: one that came in on a loopback
+        address always, and every one when the server listens on loopback."""
         server = scope.get("server")  # (the address this connection came in on, as the socket says)
-        return server is not None and _is_loopback(str(server[0]))
+        if server is not None and _is_loopback(str(server[0])):
+            return True
+        return bool(self.check_all)
 
 
 class _Counted:
@@ -260,6 +281,12 @@ def create_app(
         assert isinstance(exc, BadInput)
         return _error(str(exc), exc.status)
 
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # the client went away in the middle of its body (trial ED: each logged "Exception in ASGI application" and
+        # a 44-line traceback; 900 of them, 2.7 MB of log): nothing is wrong here, and nobody reads the answer
+        log.debug("%s %s: the client went away before its body ended", request.method, request.url.path)
+        return Response(status_code=400)
+
     async def unavailable(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, tinystore.TinystoreError)
         # invalid: the request's own input, which the checks above let through (a 4xx, not a fault of ours)
@@ -290,6 +317,7 @@ def create_app(
         exception_handlers={
             NotFound: not_found,
             BadInput: bad_input,
+            ClientDisconnect: client_gone,
             tinystore.TinystoreError: unavailable,
         },
     )

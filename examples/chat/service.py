@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +36,24 @@ HISTORY = 40
 """Messages of a chat the model sees (the summary stands for the older ones)."""
 REPLY_ATTEMPTS = 5
 """Attempts of a reply job: after the last one fails, the tabs are told the model gave up (``gave_up``)."""
-INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff"
-"""Characters that show nothing (zero-width space, non-joiner, joiner, word joiner, BOM), which ``str.strip``
-keeps: a message of only these and spaces has no text (trial EB: it was saved, an empty bubble)."""
-_DROP_INVISIBLE = dict.fromkeys(map(ord, INVISIBLE))
+BLANK_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf"})
+"""Unicode categories of the characters that show nothing: spaces, line and paragraph separators, controls, and
+format characters (zero-width space, joiners, BOM, soft hyphen, direction marks); ``str.strip`` keeps the format
+characters (trial EB: a message of zero-width spaces was saved, an empty bubble)."""
+FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+"""Letters and symbols that show nothing: the Hangul fillers and the blank Braille pattern (trial ED: a message
+"\u3164" was saved, and so was one of "\u2800")."""
+
+
+def _blank(char: str) -> bool:
+    return char in FILLERS or unicodedata.category(char) in BLANK_CATEGORIES
 
 
 def has_text(text: str) -> bool:
-    """Whether ``text`` shows something: more than spaces and :data:`INVISIBLE` characters."""
-    return bool(text.translate(_DROP_INVISIBLE).strip())
+    """Whether ``text`` shows something: a character that is not blank (of :data:`BLANK_CATEGORIES`, or one of the
+    :data:`FILLERS`). The page (``static/app.js``, ``isBlank``) has the same notion, so that it sends no message the
+    server would refuse (trial ED)."""
+    return not all(map(_blank, text))
 
 
 @dataclasses.dataclass
@@ -268,10 +278,12 @@ class Chat:
     # ------------------------------------------------------------------------------------ writes
 
     async def create_chat(self, title: str) -> dict[str, Any]:
+        """Make a chat; a title that shows nothing (see :func:`has_text`) gets the default one, as an empty one
+        always did (trial ED: a title "\u200b" made an invisible link in the sidebar)."""
         title = title.strip()
         if len(title) > MAX_TITLE:
             raise BadInput(f"a chat's title has at most {MAX_TITLE} characters, this one has {len(title)}", 413)
-        title = title or "New chat"
+        title = title if has_text(title) else "New chat"
         done = await self.db.exec(
             "insert into chats (title, created_at) values (?, ?) returning id, title, created_at",
             title,

@@ -29,13 +29,20 @@ INVISIBLE = ["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff"]
 
 
 @contextlib.asynccontextmanager
-async def chat_app(tmp_path: Path, **kw: Any) -> AsyncIterator[str]:
-    """The chat app on an embedded store, served on 127.0.0.1; yields its base URL."""
-    async with (
-        open_store("embedded", tmp_path / "store") as store,
-        serve(app_module.create_app(store=store, model=fast_model(), **kw), lifespan="on") as url,
-    ):
-        yield url
+async def chat_app(tmp_path: Path, *, server: tuple[str, int] | None = None, **kw: Any) -> AsyncIterator[str]:
+    """The chat app on an embedded store, served on 127.0.0.1; yields its base URL. ``server``: the address its
+    requests seem to come in on (the ASGI scope's ``server``), a LAN one standing for a connection from the network
+    (one that came over loopback is Host-checked whatever the app listens on, trial ED)."""
+    async with open_store("embedded", tmp_path / "store") as store:
+        app = app_module.create_app(store=store, model=fast_model(), **kw)
+
+        async def seen_from(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and server is not None:
+                scope = {**scope, "server": server}
+            await app(scope, receive, send)
+
+        async with serve(seen_from, lifespan="on") as url:
+            yield url
 
 
 @pytest.fixture
@@ -127,7 +134,7 @@ async def test_a_host_that_names_no_loopback_is_refused_when_listening_on_loopba
 
 
 async def test_a_demo_exposed_on_the_network_takes_any_host_but_still_refuses_cross_site_posts(tmp_path: Path) -> None:
-    async with chat_app(tmp_path, listen_host="0.0.0.0") as web, client() as http:
+    async with chat_app(tmp_path, listen_host="0.0.0.0", server=("192.168.1.5", 8000)) as web, client() as http:
         chat_id = await new_chat(http, web)
         name = {"host": "laptop.lan:8000"}  # as a phone on the network names it
         assert (await http.get(f"{web}/api/chats/{chat_id}/messages", headers=name)).status_code == 200
@@ -157,7 +164,8 @@ def test_which_connections_have_their_host_checked() -> None:
     for loopback in ["127.0.0.1", "localhost", "::1", "127.0.0.2"]:
         assert checks(loopback, ("192.168.1.5", 8000))
     for exposed in ["0.0.0.0", "::", "192.168.1.5"]:
-        assert not checks(exposed, ("127.0.0.1", 8000))
+        assert not checks(exposed, ("192.168.1.5", 8000))
+        assert checks(exposed, ("127.0.0.1", 8000))  # over loopback, always (trial ED)
     # without the address it listens on: the address the connection came in on decides
     assert checks(None, ("127.0.0.1", 8000)) and checks(None, ("::1", 8000))
     assert not checks(None, ("192.168.1.5", 8000)) and not checks(None, None)

@@ -11,7 +11,8 @@
 "use strict";
 
 const state = {
-  chatId: null, // the chat's id as the digits of its address, a string: a number rounds past 2^53 (trial EB)
+  chatId: null, // the chat's id as the digits of its address, a string (a number rounds past 2^53, trial EB), without
+  // leading zeros (see chatKey)
   lastId: 0, // the newest message id read in order from the API
   rendered: new Map(), // message id -> its <li>
   answered: new Set(), // ids of user messages whose reply is saved
@@ -21,8 +22,24 @@ const state = {
   channel: null, // the BroadcastChannel the chat's events are relayed on
   leave: null, // gives back the Web Lock of the chat's stream (and closes it) when this tab leaves the chat
   beat: null, // the interval of a following tab's asks to the tab that keeps the stream (see BEAT)
-  unsent: null, // why the text in the box was not sent, until it is sent again or the box is cleared
+  unsent: null, // why the text in the box was not sent ({reason, retry}), until it is sent again or the box is cleared
+  drafts: new Map(), // chat id -> {text, unsent}: the box of each chat this tab left (trial ED: a failed send followed
+  // the user into another chat, flag and all, and Send posted it there)
 };
+
+// A chat's id as the page keeps it: its digits without leading zeros ("0049" is chat 49, "0" stays "0"), so that
+// /chats/0049 marks chat 49 in the list as the current one (trial ED: "0049" was compared with "49").
+function chatKey(digits) {
+  return String(digits).replace(/^0+(?=\d)/, "");
+}
+
+// Whether `text` shows nothing, as the server's has_text (service.py) says: every character a space, a line or
+// paragraph separator, a control or format character, or one of the fillers (Hangul fillers, blank Braille).
+// (trim() keeps U+0085 and the format characters, which the server's notion does not; trial ED)
+const BLANK = /^[\p{Zs}\p{Zl}\p{Zp}\p{Cc}\p{Cf}\u115F\u1160\u3164\uFFA0\u2800]*$/u;
+function isBlank(text) {
+  return BLANK.test(text);
+}
 
 const $ = (id) => document.getElementById(id);
 
@@ -60,9 +77,11 @@ function chatGone(chatId) {
 
 // The error line: `text` (none: cleared), and, until the text in the box is sent or cleared, that it was not sent
 // (trial EB: a send that failed while the store was unreachable lost its error at the next refresh, and the unsent
-// text sat in the box as if it were a draft).
+// text sat in the box as if it were a draft); "press Send to try again" only when trying again may help (trial ED:
+// it was said of "a message needs some text" too).
 function showError(text) {
-  const unsent = state.unsent === null ? "" : `not sent: ${state.unsent} (press Send to try again)`;
+  const u = state.unsent;
+  const unsent = u === null ? "" : `not sent: ${u.reason}${u.retry ? " (press Send to try again)" : ""}`;
   const shown = [unsent, text].filter(Boolean).join(" · ");
   $("error").textContent = shown;
   $("error").hidden = !shown;
@@ -406,6 +425,18 @@ function markCurrent() {
 }
 
 async function openChat(id) {
+  id = chatKey(id);
+  if (state.chatId !== null && state.chatId !== id) {
+    // the box belongs to its chat: keep this one's draft, and show the other's (trial ED)
+    const box = $("text");
+    if (box.value || state.unsent !== null) state.drafts.set(state.chatId, { text: box.value, unsent: state.unsent });
+    else state.drafts.delete(state.chatId);
+    const draft = state.drafts.get(id);
+    state.drafts.delete(id);
+    box.value = draft ? draft.text : "";
+    state.unsent = draft ? draft.unsent : null;
+    showError("");
+  }
   state.chatId = id;
   state.lastId = 0;
   state.rendered.clear();
@@ -422,7 +453,8 @@ async function openChat(id) {
 async function start() {
   const match = location.pathname.match(/^\/chats\/(\d+)/);
   let chats = await api("/api/chats");
-  let id = match ? match[1] : null; // the digits, as given (trial EB: +"99999999999999999999999" is 1e+23)
+  // the digits, as given (trial EB: +"99999999999999999999999" is 1e+23), without leading zeros (trial ED)
+  let id = match ? chatKey(match[1]) : null;
   if (id === null) {
     if (!chats.length) {
       chats = [await api("/api/chats", { method: "POST", body: JSON.stringify({ title: "First chat" }) })];
@@ -436,15 +468,18 @@ async function start() {
 }
 
 const MAX_TEXT = 4000; // characters (code points) a message may have, as the server counts them
-// Characters that show nothing, which trim() keeps (but U+FEFF): a message of only these and spaces has no text,
-// as the server says (trial EB: it was sent, and showed as an empty bubble).
-const INVISIBLE = /[\u200B\u200C\u200D\u2060\uFEFF]/g;
+
+// Whether trying the same send again may work: a failure of the network or of the server (a 5xx, a 503 while the
+// store is unreachable; a 408 or a 429 too), not a refusal of the message itself (a 4xx; trial ED).
+function mayRetry(err) {
+  return err.status === undefined || err.status >= 500 || err.status === 408 || err.status === 429;
+}
 
 $("composer").addEventListener("submit", async (e) => {
   e.preventDefault();
   const box = $("text");
   const text = box.value;
-  if (!text.replace(INVISIBLE, "").trim()) return;
+  if (isBlank(text)) return; // (trial EB: a message of zero-width characters showed as an empty bubble)
   const length = [...text].length;
   if (length > MAX_TEXT) {
     showError(`A message has at most ${MAX_TEXT.toLocaleString()} characters; this one has ${length.toLocaleString()}.`);
@@ -452,23 +487,31 @@ $("composer").addEventListener("submit", async (e) => {
   }
   box.value = "";
   state.unsent = null; // sent again: what failed before is no longer the news
+  const chatId = state.chatId;
   try {
-    const message = await api(`/api/chats/${state.chatId}/messages`, {
+    const message = await api(`/api/chats/${chatId}/messages`, {
       method: "POST",
       body: JSON.stringify({ text }),
     });
+    if (chatId !== state.chatId) return; // (another chat was opened meanwhile: this one reads it when it comes back)
     render(message);
     showError("");
   } catch (err) {
+    const unsent = { reason: err.message, retry: mayRetry(err) };
+    if (chatId !== state.chatId) {
+      // another chat was opened meanwhile: the text and its flag wait in the draft of the chat it was for (trial ED)
+      state.drafts.set(chatId, { text, unsent });
+      return;
+    }
     box.value = text;
-    state.unsent = err.message;
+    state.unsent = unsent;
     showError("");
   }
 });
 
 // the box cleared: the text that was not sent is given up, and so is its flag
 $("text").addEventListener("input", () => {
-  if (state.unsent !== null && !$("text").value.trim()) {
+  if (state.unsent !== null && isBlank($("text").value)) {
     state.unsent = null;
     showError("");
   }
@@ -485,9 +528,8 @@ $("new-chat").addEventListener("click", async () => {
   try {
     const chat = await api("/api/chats", { method: "POST", body: JSON.stringify({ title: `Chat ${new Date().toLocaleString()}` }) });
     history.pushState(null, "", `/chats/${chat.id}`);
-    state.chatId = String(chat.id);
     renderChats(await api("/api/chats"));
-    openChat(state.chatId);
+    openChat(String(chat.id)); // (which keeps the draft of the chat left, trial ED)
   } catch (err) {
     showError(err.message);
   }

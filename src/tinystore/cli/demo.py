@@ -650,8 +650,9 @@ def register(main: click.Group) -> None:
         "--host",
         default="127.0.0.1",
         show_default=True,
-        help="The address to listen on. On a loopback address, only requests naming localhost (their Host) are "
-        "answered, against DNS rebinding; on another (0.0.0.0, for phones) any Host is.",
+        help="The address to listen on. A request that comes over loopback must name loopback (localhost, "
+        "127.x.x.x, [::1]) in its Host, against DNS rebinding; on another address (0.0.0.0, for phones), requests "
+        "from the network are answered under any name.",
     )
     @click.option(
         "--web-processes",
