@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -303,8 +304,8 @@ async def test_open_tells_of_the_command_that_held_the_store_for_all_of_its_wait
         await asyncio.sleep(0.3)  # (its statement begun)
         real = client_store.ensure_server
 
-        async def short(directory: Path, sock: Path, extra: list[str], timeout: float = 20.0) -> Path:
-            return await real(directory, sock, extra, timeout=1.0)
+        async def short(directory: Path, sock: Path, extra: list[str], timeout: float = 20.0, **kw: Any) -> Path:
+            return await real(directory, sock, extra, timeout=1.0, **kw)
 
         monkeypatch.setattr(client_store, "ensure_server", short)
         with pytest.raises(tinystore.UnavailableError) as caught:

@@ -12,6 +12,8 @@ import pytest
 
 import tinystore
 
+from ..cli.support import running
+from ..helpers import ServerProcess
 from .test_store01_owner import lock_is_free
 from .test_trial_dz import files_open
 
@@ -104,14 +106,56 @@ async def test_a_client_does_not_join_another_store_made_where_its_own_was(tmp_p
         await client.close()
 
 
-async def test_a_backup_is_the_same_store(tmp_path: Path) -> None:
-    """Restored in the store's place, its clients go on with it: it keeps the store's id."""
-    source = await tinystore.open(tmp_path / "store", embedded=True)
+async def test_a_backup_is_a_store_of_its_own(tmp_path: Path) -> None:
+    """Trial EC: a backup kept the store's id, so two copies served at once were taken for one store, and a backup
+    restored in the store's place (back in time: rows acknowledged after it gone) was joined without a word. A copy
+    has an id of its own: the clients of the store are told it is another store."""
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    client = await tinystore.open(directory, reconnect_timeout="20s")
     try:
-        await source.backup(tmp_path / "copy")
+        db = await client.database("app", migrations=[("001.sql", "create table t (v);")])
+        await db.exec("insert into t values (1)")
+        await client.backup(tmp_path / "copy")
+        assert (tmp_path / "copy" / "ID").read_text() != (directory / "ID").read_text()
+        await db.exec("insert into t values (2)")  # after the backup: not in it
+        server.stop()
+        (directory).rename(tmp_path / "old")  # the documented restore: stop, move the store away, the copy in
+        (tmp_path / "copy").rename(directory)
+        server = ServerProcess(directory).start()
+        with pytest.raises(tinystore.UnavailableError, match="a backup was restored there"):
+            await db.scalar("select count(*) from t")
     finally:
-        await source.close()
-    assert (tmp_path / "copy" / "ID").read_text() == (tmp_path / "store" / "ID").read_text()
+        await client.close()
+        server.stop()
+
+
+@pytest.mark.parametrize("planted", ["a link to /dev/zero", "a FIFO", "a folder", "no id"])
+async def test_an_id_file_that_is_no_id_does_not_stop_the_store(
+    tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Trial EC: a link to /dev/zero planted at ID filled the memory as the store started, and a FIFO hung it."""
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True)
+    await store.close()
+    first = (directory / "ID").read_text().strip()
+    (directory / "ID").unlink()
+    if planted == "a link to /dev/zero":
+        (directory / "ID").symlink_to("/dev/zero")
+    elif planted == "a FIFO":
+        os.mkfifo(directory / "ID")
+    elif planted == "a folder":
+        (directory / "ID").mkdir()
+    else:
+        (directory / "ID").write_text("not an id at all!\n")
+    async with asyncio.timeout(20):
+        store = await tinystore.open(directory, embedded=True)
+    try:
+        assert "its ID " in caplog.text
+        if planted != "a folder":
+            assert (directory / "ID").read_text().strip() not in ("", first)
+    finally:
+        await store.close()
 
 
 async def test_a_store_whose_marks_were_removed_is_named_so(tmp_path: Path) -> None:
@@ -129,6 +173,9 @@ async def test_a_store_whose_marks_were_removed_is_named_so(tmp_path: Path) -> N
         (directory / "STARTED").unlink()
         (directory / "EPOCH").unlink()
         os.kill(pid, signal.SIGTERM)
+        async with asyncio.timeout(20):
+            while running(pid):
+                await asyncio.sleep(0.02)
         with pytest.raises(tinystore.UnavailableError, match="the directory holds no mark of a store that ran"):
             async with asyncio.timeout(20):
                 await db.exec("insert into t values (1)")
@@ -169,3 +216,30 @@ async def test_the_directory_is_let_go_only_once_a_backups_copy_has_ended(
     assert copied.is_set(), "the directory was let go while the copy still had a database open"
     with contextlib.suppress(tinystore.TinystoreError):
         await copy
+
+
+async def test_a_stop_that_interrupts_a_write_logs_no_unretrieved_error(tmp_path: Path) -> None:
+    """Trial EC: "Future exception was never retrieved ... the store stopped while the statement ran" in the log of
+    every stop that interrupted a write."""
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    client = await tinystore.open(directory, reconnect_timeout="2s")
+    try:
+        db = await client.database("app", migrations=[("001.sql", "create table t (x); create table u (x);")])
+        await db.exec(
+            "insert into t select x from (with recursive c(x) as (select 1 union all select x + 1 from c "
+            "where x < 3000) select x from c)"
+        )
+        write = asyncio.ensure_future(db.exec(LONG_WRITE))
+        await asyncio.sleep(0.5)
+        await client.stop_server("300ms")
+        with contextlib.suppress(tinystore.TinystoreError):
+            await write
+        assert server.proc is not None
+        await asyncio.to_thread(server.proc.wait, 30)
+        log = (directory / "serve.log").read_text()
+        assert "interrupted" not in log or "never retrieved" not in log, log[-3000:]
+        assert "never retrieved" not in log, log[-3000:]
+    finally:
+        await client.close()
+        server.stop()

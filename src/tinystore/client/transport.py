@@ -872,8 +872,9 @@ class RemoteTransport(Transport):
             proto.transport.close()
             raise UnavailableError(
                 f"the store at {self.description} is another store now (id {welcome.store}; this process used "
-                f"{self.store_id}): the one it used was moved or removed, and another made in its place; not going "
-                "on with it (open it anew to use it)",
+                f"{self.store_id}): the one it used was moved or removed and another made in its place, a backup "
+                "was restored there (back in time), or its ID file was lost; not going on with it (open it anew to "
+                "use it)",
                 gone=True,
             )
         if welcome.store:

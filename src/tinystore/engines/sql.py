@@ -173,10 +173,13 @@ class Later:
         return self._outcome is not None
 
     def future(self) -> asyncio.Future[Any]:
-        """The result as a future (made on first use)."""
+        """The result as a future (made on first use). Its error is taken as it comes (asyncio logs none as
+        never retrieved): it mirrors the outcome, which :meth:`then` gives too (trial EC: a stop that waited on the
+        future of an interrupted write, and then closed the connection, logged the write's error)."""
         fut = self._fut
         if fut is None:
             fut = self._fut = self._loop.create_future()
+            fut.add_done_callback(_taken)
             if self._outcome is not None:
                 _resolve(fut, *self._outcome)
         return fut
@@ -195,6 +198,11 @@ class Later:
             fn(value, exc)
         if self._fut is not None:
             _resolve(self._fut, value, exc)
+
+
+def _taken(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _resolve(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import shutil
 import sqlite3
 import stat
@@ -28,7 +29,7 @@ from typing import Any
 from ..engines.descriptors import open_files_limit
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, UnavailableError
 from ..names import NAME
-from .dirlock import LOCK
+from .dirlock import LOCK, write_private
 from .paths import STARTED, STORE_ID
 
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -149,11 +150,9 @@ def backup(directory: Path, dest: Path, cancelled: threading.Event | None = None
             mark.write_text(epoch.read_text())
             os.chmod(mark, 0o600)
             _fsync(mark)
-        ident = directory / STORE_ID
-        if ident.is_file():  # (the copy is the store: its clients go on with it, restored in its place)
-            shutil.copyfile(ident, dest / STORE_ID)
-            os.chmod(dest / STORE_ID, 0o600)
-            _fsync(dest / STORE_ID)
+        # a store of its own, with an id of its own (paths.STORE_ID; trial EC): restored in the store's place, its
+        # clients are told it is another store, not taken back in time without a word
+        write_private(dest / STORE_ID, secrets.token_hex(16) + "\n", sync=True)
         _fsync(dest / "sql")
         # last: the mark of a store directory (the file a server locks), so the copy opens as a store only whole
         os.close(os.open(dest / LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))

@@ -179,7 +179,7 @@ class Core:
                 self._check_ran()  # (again, as the directory is owned: it may have moved meanwhile)
             self.epoch = next_epoch(self.directory, self.clock.now_ms(), ran_before)
             paths.mark_started(self.directory, self.epoch)
-            self.store_id = paths.store_id(self.directory)
+            self.store_id = paths.store_id(self.directory, ran_before)
             self.read_facts = paths.read_last_read(self.directory)
             self.started = time.time()
             self.sql = SqlEngine(self.directory, self.limits, self.durability)

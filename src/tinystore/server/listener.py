@@ -963,7 +963,11 @@ class ServerConnection(asyncio.Protocol):
         elif self.futures.get(stream) is fut:
             del self.futures[stream]
         else:
-            return  # cancelled by the client (or the connection is gone); the stream may be in use again
+            # cancelled by the client (or the connection is gone); the stream may be in use again. Its error is
+            # taken all the same: asyncio would log it as never retrieved (trial EC: a stop's interrupted write)
+            if not fut.cancelled():
+                fut.exception()
+            return
         if self.big:
             self.big_done(stream)
         self.settle(stream, fut)
@@ -972,12 +976,13 @@ class ServerConnection(asyncio.Protocol):
 
     def settle(self, stream: int, fut: asyncio.Future[Any]) -> None:
         """Answer ``stream`` with the outcome of ``fut`` (done)."""
+        if fut.cancelled():
+            if not self.closing:
+                self.send_error(stream, ClosedError("the call was cancelled"))
+            return
+        exc = fut.exception()  # (taken, the connection closing too: else asyncio logs it as never retrieved)
         if self.closing:
             return
-        if fut.cancelled():
-            self.send_error(stream, ClosedError("the call was cancelled"))
-            return
-        exc = fut.exception()
         if exc is not None:
             self.send_error(stream, exc)
         else:

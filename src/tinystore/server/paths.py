@@ -294,28 +294,64 @@ def started_before(directory: Path) -> bool:
 STORE_ID = "ID"
 """``DIR/ID``: the store's id, random, made at its first start (one of this version) and kept: told each client in
 its ``Welcome``, which reconnects only to the store it used, not to another made at the same path meanwhile (trial
-EA). A backup keeps it: the copy is that store."""
+EA). A backup is a store of its own, with an id of its own (trial EC: two copies with one id, each served, were
+taken for one store; and a restored backup, which goes back in time, was joined without a word)."""
+
+_ID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_")
 
 
-def store_id(directory: Path) -> str:
-    """The id in ``DIR/ID``, made now when missing (or not an id); "" when it can be neither read nor made (then
-    clients do not check: it is only a guard). Call with the directory owned."""
+def store_id(directory: Path, ran_before: bool) -> str:
+    """The id in ``DIR/ID`` (1 to 64 of ``[A-Za-z0-9_-]``), made now when missing; "" when it can be neither read
+    nor made (then clients do not check: it is only a guard; logged). Read without following a link, only from a
+    regular file, at most 128 bytes (trial EC: a link to /dev/zero filled the memory, a FIFO hung the start). A
+    store that ran and lost its id gets a new one, logged: its clients are told it is another store. Call with the
+    directory owned; ``ran_before``: the store ran before this start (a new store's id is made quietly)."""
+    import logging
     import secrets
 
     from .dirlock import write_private
 
+    log = logging.getLogger("tinystore.server")
     path = directory / STORE_ID
+    got, why = "", ""
     try:
-        got = path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        got = ""
-    if len(got) == 32 and all(c in "0123456789abcdef" for c in got):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        why = "missing"
+    except OSError as exc:
+        why = f"cannot be read ({exc.strerror or exc})"
+    else:
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                got = os.read(fd, 128).decode("ascii", "replace").strip()
+                why = "" if 0 < len(got) <= 64 and set(got) <= _ID_CHARS else f"holds no id ({got[:20]!r})"
+            else:
+                why = "is not a regular file"
+        except OSError as exc:
+            why = f"cannot be read ({exc.strerror or exc})"
+        finally:
+            os.close(fd)
+    if not why:
         return got
     made = secrets.token_hex(16)
     try:
         write_private(path, made + "\n", sync=True)
-    except OSError:
+    except OSError as exc:
+        log.warning(
+            "store %s: its ID %s and cannot be made (%s): its clients do not check that they reconnect to this "
+            "same store",
+            directory,
+            why,
+            exc.strerror or exc,
+        )
         return ""
+    if why != "missing" or ran_before:
+        log.warning(
+            "store %s: its ID %s%s: a new id made; clients connected before are told this is another store",
+            directory,
+            why,
+            " (a store made by an older version, or the file was removed)" if why == "missing" else "",
+        )
     return made
 
 
