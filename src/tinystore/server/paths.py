@@ -346,8 +346,11 @@ def store_id(directory: Path, ran_before: bool) -> str:
         )
         return ""
     if why != "missing" or ran_before:
-        log.warning(
-            "store %s: its ID %s%s: a new id made; clients connected before are told this is another store",
+        # (missing, of a store that ran: most often one made by an older version, at its first start under this
+        # one, whose clients had no id to check; told, not warned of)
+        log.log(
+            logging.INFO if why == "missing" else logging.WARNING,
+            "store %s: its ID %s%s: a new id made; a client that knew its old id is told this is another store",
             directory,
             why,
             " (a store made by an older version, or the file was removed)" if why == "missing" else "",
