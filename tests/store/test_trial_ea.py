@@ -243,3 +243,66 @@ async def test_a_stop_that_interrupts_a_write_logs_no_unretrieved_error(tmp_path
     finally:
         await client.close()
         server.stop()
+
+
+async def test_a_subscribe_command_whose_store_is_gone_ends(tmp_path: Path) -> None:
+    """Trial EE: `tinystore channels DIR subscribe c` logged that its subscription ended (the store gone from its
+    directory) and then waited for ever."""
+    import shutil
+    import subprocess
+    import sys
+
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    sub = subprocess.Popen(
+        [sys.executable, "-m", "tinystore", "channels", str(directory), "subscribe", "c"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        client = await tinystore.open(directory)
+        try:
+            for _ in range(200):  # until its subscription is made
+                if (await client.status())["channels"]["subscriptions"]:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await client.close()
+        server.stop()
+        shutil.rmtree(directory)
+        out, err = await asyncio.to_thread(sub.communicate, timeout=30)
+        assert sub.returncode == 1, (out, err)
+        assert "its directory is gone" in err
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+        server.stop()
+
+
+async def test_no_sidecar_is_started_for_another_store_than_the_one_a_client_used(tmp_path: Path) -> None:
+    """Trial EE: a backup restored in place while a sidecar's clients ran: the SDK started a sidecar on it (it
+    checked only that a store had run there), which served nobody (its clients refused it) and held the directory
+    against `tinystore serve` for its idle time."""
+    import subprocess
+    import sys
+
+    from tinystore.client.store import ensure_server
+    from tinystore.server import paths
+
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    await store.close()
+    theirs = "0123456789abcdef0123456789abcdef"
+    with pytest.raises(tinystore.UnavailableError, match="is another store now"):
+        await ensure_server(directory, paths.socket_path(directory), [], existing=True, store_id=theirs)
+    assert lock_is_free(directory)
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "tinystore", "serve", str(directory), "--sidecar", "--existing", "--store-id", theirs],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "another store is there now" in done.stderr, done.stderr

@@ -411,6 +411,7 @@ def main() -> None:
 @click.option("--idle", default=None, help="Exit after this long without connections (sidecars).")
 @click.option("--sidecar", is_flag=True, hidden=True)
 @click.option("--existing", is_flag=True, hidden=True, help="Serve only a store that ran there (make none).")
+@click.option("--store-id", default="", hidden=True, help="With --existing: only the store of this id.")
 @click.option("--private", is_flag=True, hidden=True)
 @click.option("--parent-pid", type=int, default=None, hidden=True)
 @click.option("--clock", default=None, hidden=True, help="Start a test clock at this ISO datetime.")
@@ -426,6 +427,7 @@ def serve(
     idle: str | None,
     sidecar: bool,
     existing: bool,
+    store_id: str,
     private: bool,
     parent_pid: int | None,
     clock: str | None,
@@ -456,6 +458,7 @@ def serve(
             durability=durability,
             mode="sidecar" if sidecar else "private" if private else "serve",
             existing=existing,
+            expect_id=store_id,
         )
         if handshake_timeout is not None:
             opts.handshake_timeout = handshake_timeout

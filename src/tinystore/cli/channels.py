@@ -139,7 +139,8 @@ def register(main: click.Group) -> None:
 
         Reaches the directory's server, starting one when none runs (a sidecar, which exits once idle), so that
         `publish` in other commands reaches it. Ends after --for, on Ctrl-C, or once its output is closed (as
-        `| head -1` does), with status 0."""
+        `| head -1` does), with status 0; when the store ends it (its directory gone, another store there now),
+        with status 1 and why."""
         try:
             limit = seconds(for_, "--for") if for_ else None
         except TinystoreError as exc:
@@ -185,16 +186,30 @@ def register(main: click.Group) -> None:
                     recursive=recursive,
                     after=after,
                 )
+
+                async def ended() -> None:
+                    # the store ended it (gone from its path, another store there now: trial EE, the command said
+                    # so in its log and went on waiting for ever)
+                    while sub.active:
+                        await asyncio.sleep(0.2)
+
+                watch = asyncio.ensure_future(ended())
+                gone = asyncio.ensure_future(output_gone.wait())
                 try:
                     with when_stdout_reader_gone(reader_gone), contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(limit):  # None: until Ctrl-C
-                            await output_gone.wait()
+                            await asyncio.wait([watch, gone], return_when=asyncio.FIRST_COMPLETED)
                 finally:
+                    for task in (watch, gone):
+                        task.cancel()
+                    await asyncio.gather(watch, gone, return_exceptions=True)
                     await sub.stop()
             finally:
                 await store.close()
             if failed:
                 raise failed[0]
+            if sub._failure is not None:
+                raise sub._failure
 
         try:
             run_async(go)

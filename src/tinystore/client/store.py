@@ -766,7 +766,7 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
             raise _gone(path)
         if served.sidecar:
             # (one that ran before: the sidecar started in its place opens that store only, never a new one)
-            sock = await ensure_server(path, sock, extra, existing=bool(served.pid))
+            sock = await ensure_server(path, sock, extra, existing=bool(served.pid), store_id=transport.store_id)
         elif (state := await asyncio.to_thread(_can_connect, sock)) is not True:
             if state is None:
                 raise _busy(path, sock)
@@ -828,6 +828,22 @@ def _warn_if_not_as_asked(store: Store, limits: Limits | None, durability: str) 
         )
 
 
+def _check_same(directory: Path, store_id: str) -> None:
+    """``UnavailableError`` (``gone``) when ``directory`` holds another store than the one of id ``store_id``
+    (nothing when no id is known): a backup restored in its place, another store made there (trial EE: the sidecar
+    started for it served nobody, and held the directory against `tinystore serve` for its idle time)."""
+    if not store_id:
+        return
+    found, _ = paths.read_store_id(directory)
+    if found != store_id:
+        raise UnavailableError(
+            f"the store at {directory} is another store now (id {found or 'none'}; this process used {store_id}): "
+            "the one it used was moved or removed and another made in its place, a backup was restored there (back "
+            "in time), or its ID file was lost; not going on with it (open it anew to use it)",
+            gone=True,
+        )
+
+
 def _gone(path: str | Path, marks: bool = False) -> UnavailableError:
     """The error of a store whose directory went away while this process used it (``gone``: the transport
     stops trying to reconnect, and waiting calls fail at once). ``marks``: the directory is there, with neither
@@ -876,13 +892,14 @@ def _busy(directory: Path, sock: Path) -> UnavailableError:
 
 
 async def ensure_server(
-    directory: Path, sock: Path, extra: list[str], timeout: float = 20.0, *, existing: bool = False
+    directory: Path, sock: Path, extra: list[str], timeout: float = 20.0, *, existing: bool = False, store_id: str = ""
 ) -> Path:
     """Make sure someone serves ``directory``: connect, or start a detached sidecar and wait for it.
     Many processes racing here end on one server: only one sidecar gets the directory lock. Returns the socket
     that answered: ``sock``, or the one the server that came up says it serves (a long path's socket is under
     the runtime or temporary folder of that server's environment). ``existing``: the store ran before (this
-    process used it); neither this call nor the sidecar it starts makes ``directory`` or a new store in it.
+    process used it); neither this call nor the sidecar it starts makes ``directory`` or a new store in it, and
+    with ``store_id`` (the id its clients know, ``Welcome.store``) the sidecar serves that store only.
 
     Raises ``PermissionDeniedError`` when this process may not reach the socket (the server runs as another
     user: STORE-03) or not write the directory, ``UnavailableError`` when no sidecar came up (``gone``, when
@@ -901,9 +918,10 @@ async def ensure_server(
     if existing:
         # (trial DY: `tinystore stop DIR`, then `mv DIR DIR.old` at once; the sidecar started in between came up
         # after the move, and made a new, empty store at DIR, where this process went on writing)
-        extra = [*extra, "--existing"]
+        extra = [*extra, "--existing", *(["--store-id", store_id] if store_id else [])]
         if not paths.holds_store(directory):
             raise _gone(directory, marks=True)
+        _check_same(directory, store_id)
     try:
         log_path = paths.server_dir(directory, make_store=not existing) / "sidecar.log"
     except FileNotFoundError:
@@ -918,6 +936,8 @@ async def ensure_server(
             now = time.monotonic()
             if existing and not paths.holds_store(directory):
                 raise _gone(directory, marks=True)
+            if existing:
+                _check_same(directory, store_id)
             if busy:
                 # a server listens and is overloaded: starting a sidecar would not help (the directory is owned);
                 # keep trying to get in until the deadline

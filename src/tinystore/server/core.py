@@ -112,9 +112,11 @@ class Core:
         limits: Limits | None = None,
         durability: str = "full",
         existing: bool = False,
+        expect_id: str = "",
     ) -> None:
         self.directory = Path(directory).resolve()
         self.existing = existing  # open only a store that ran before: make no directory, no new store
+        self.expect_id = expect_id  # with existing: and only the store of this id (paths.STORE_ID; trial EE)
         self.clock = clock or Clock()
         self.limits = limits or Limits()
         self.limits_json = self.limits.to_json()  # told to each client in its Welcome
@@ -198,6 +200,13 @@ class Core:
             raise UnavailableError(
                 f"store {self.directory}: no store that ran is there any more (removed or moved?); not making a "
                 "new, empty one in its place"
+            )
+        if self.expect_id and (found := paths.read_store_id(self.directory)[0]) != self.expect_id:
+            # (trial EE: a backup restored in place while a client's sidecar was gone: started in its place, it
+            # held the directory for its idle time, serving nobody, and `tinystore serve` was refused)
+            raise UnavailableError(
+                f"store {self.directory}: another store is there now (id {found or 'none'}, not {self.expect_id}); "
+                "not serving it in place of the one that ran"
             )
 
     def read_fact(self, instance: str, connection: int, last: int) -> None:

@@ -48,6 +48,7 @@ class ServeOptions:
     durability: str = "full"
     mode: str = "serve"  # serve | sidecar | private | embedded
     existing: bool = False  # open only a store that ran there (a sidecar in place of one that ran): Core.existing
+    expect_id: str = ""  # with existing: only the store of this id (Core.expect_id)
     handshake_timeout: float = HANDSHAKE_TIMEOUT  # seconds a connection has to finish its handshake
 
 
@@ -268,7 +269,12 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
     bound = await bind_listen(plan)  # and a port in use too
     raise_open_files_limit()
     core = Core(
-        opts.directory, clock=opts.clock, limits=opts.limits, durability=opts.durability, existing=opts.existing
+        opts.directory,
+        clock=opts.clock,
+        limits=opts.limits,
+        durability=opts.durability,
+        existing=opts.existing,
+        expect_id=opts.expect_id,
     )
     core.mode = opts.mode
     try:

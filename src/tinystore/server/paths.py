@@ -300,18 +300,10 @@ taken for one store; and a restored backup, which goes back in time, was joined 
 _ID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_")
 
 
-def store_id(directory: Path, ran_before: bool) -> str:
-    """The id in ``DIR/ID`` (1 to 64 of ``[A-Za-z0-9_-]``), made now when missing; "" when it can be neither read
-    nor made (then clients do not check: it is only a guard; logged). Read without following a link, only from a
-    regular file, at most 128 bytes (trial EC: a link to /dev/zero filled the memory, a FIFO hung the start). A
-    store that ran and lost its id gets a new one, logged: its clients are told it is another store. Call with the
-    directory owned; ``ran_before``: the store ran before this start (a new store's id is made quietly)."""
-    import logging
-    import secrets
-
-    from .dirlock import write_private
-
-    log = logging.getLogger("tinystore.server")
+def read_store_id(directory: Path) -> tuple[str, str]:
+    """``(id, "")`` from ``DIR/ID``, or ``("", why not)``: ``"missing"``, ``"cannot be read (...)"``, ``"is not a
+    regular file"``, ``"holds no id (...)"``. Read without following a link, only from a regular file, at most 128
+    bytes (trial EC: a link to /dev/zero filled the memory, a FIFO hung the start)."""
     path = directory / STORE_ID
     got, why = "", ""
     try:
@@ -331,6 +323,22 @@ def store_id(directory: Path, ran_before: bool) -> str:
             why = f"cannot be read ({exc.strerror or exc})"
         finally:
             os.close(fd)
+    return (got, "") if not why else ("", why)
+
+
+def store_id(directory: Path, ran_before: bool) -> str:
+    """The id in ``DIR/ID`` (1 to 64 of ``[A-Za-z0-9_-]``; see :func:`read_store_id`), made now when missing; ""
+    when it can be neither read nor made (then clients do not check: it is only a guard; logged). A store that ran
+    and lost its id gets a new one, logged: a client that knew the old one is told it is another store. Call with
+    the directory owned; ``ran_before``: the store ran before this start (a new store's id is made quietly)."""
+    import logging
+    import secrets
+
+    from .dirlock import write_private
+
+    log = logging.getLogger("tinystore.server")
+    got, why = read_store_id(directory)
+    path = directory / STORE_ID
     if not why:
         return got
     made = secrets.token_hex(16)
