@@ -71,13 +71,16 @@ def _names_loopback(host: str) -> bool:
     ``localhost``, an IPv4 literal of 127.0.0.0/8 or ``[::1]`` (trial ED: ``--host 127.0.0.2`` printed an address
     whose every request was refused, its ``Host`` being no ``127.0.0.1``). A name that resolves to loopback is not
     enough: a DNS-rebinding page's name does."""
-    if host == "localhost":
+    if host in ("localhost", "localhost."):  # (the fully qualified form too: trial EE)
         return True
     bracketed = host.startswith("[") and host.endswith("]")
     try:
         address = ipaddress.ip_address(host[1:-1] if bracketed else host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ([::ffff:127.0.0.1]: an IPv4 loopback address, written as IPv6)
+        return address.is_loopback and bracketed
     return address.is_loopback and (address.version == 6) == bracketed
 
 

@@ -67,7 +67,11 @@ def test_a_host_naming_any_loopback_address_is_loopback() -> None:
     names = app_module._names_loopback
     for host in ["localhost", "127.0.0.1", "127.0.0.2", "127.255.255.254", "[::1]", "[0:0:0:0:0:0:0:1]"]:
         assert names(host), host
+    for host in ["localhost.", "[::ffff:127.0.0.1]"]:  # (trial EE: refused)
+        assert names(host), host
     for host in ["rebind.test", "127.0.0.1.nip.io", "128.0.0.1", "[127.0.0.1]", "::1", "[::2]", "0.0.0.0", ""]:
+        assert not names(host), host
+    for host in ["::ffff:127.0.0.1", "[::ffff:128.0.0.1]", "localhost.evil.example", "localhost.."]:
         assert not names(host), host
 
 
