@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .channels import Channel
     from .jobs import Queue, QueueOptions
     from .locks import Lock, Semaphore
-from .transport import LocalTransport, RemoteTransport, Transport
+from .transport import LocalTransport, RemoteTransport, Transport, another_store
 
 T = TypeVar("T")
 Durability = Literal["full", "os"]
@@ -836,12 +836,7 @@ def _check_same(directory: Path, store_id: str) -> None:
         return
     found, _ = paths.read_store_id(directory)
     if found != store_id:
-        raise UnavailableError(
-            f"the store at {directory} is another store now (id {found or 'none'}; this process used {store_id}): "
-            "the one it used was moved or removed and another made in its place, a backup was restored there (back "
-            "in time), or its ID file was lost; not going on with it (open it anew to use it)",
-            gone=True,
-        )
+        raise another_store(directory, found, store_id)
 
 
 def _gone(path: str | Path, marks: bool = False) -> UnavailableError:

@@ -322,6 +322,17 @@ class LocalTransport(Transport):
             self.session.close()
 
 
+def another_store(where: str | os.PathLike[str], found: str, used: str) -> UnavailableError:
+    """The error (``gone``) of a client that reached another store than the one of id ``used`` (``Welcome.store``)
+    at ``where``: found ``found`` ("" when it has none)."""
+    return UnavailableError(
+        f"the store at {where} is another store now (id {found or 'none'}; this process used {used}): the one it "
+        "used was moved or removed and another made in its place, a backup was restored there (back in time), or "
+        "its ID file was lost; not going on with it (open it anew to use it)",
+        gone=True,
+    )
+
+
 _DECODERS: dict[Any, Callable[[bytes], Any]] = {}
 
 
@@ -870,13 +881,7 @@ class RemoteTransport(Transport):
             # client paused through `tinystore stop DIR; mv DIR DIR.old`, and another process's open of DIR, went
             # on writing into that new, empty store): never joined
             proto.transport.close()
-            raise UnavailableError(
-                f"the store at {self.description} is another store now (id {welcome.store}; this process used "
-                f"{self.store_id}): the one it used was moved or removed and another made in its place, a backup "
-                "was restored there (back in time), or its ID file was lost; not going on with it (open it anew to "
-                "use it)",
-                gone=True,
-            )
+            raise another_store(self.description, welcome.store, self.store_id)
         if welcome.store:
             self.store_id = welcome.store
         self.welcome = welcome
