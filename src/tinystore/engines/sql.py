@@ -567,6 +567,9 @@ class SqlDatabase:
         self._closed = False
         # the store's stop has run past its grace: statements still running are interrupted (see halt)
         self.halted = False
+        # the store's stop has run past its grace while clients' calls ran: their statements are interrupted (see
+        # cut_calls), the engines' own go on
+        self.cut = False
         self._start_ended = threading.Event()  # set as start returns or raises (see join)
         self.active_tx: SqlTx | None = None
         self.stats = {"writes": 0, "commits": 0, "reads": 0, "transactions": 0}
@@ -792,7 +795,7 @@ class SqlDatabase:
 
     def _error(self, exc: BaseException) -> TinystoreError:
         """:func:`sql_error` for this database."""
-        if self.halted and isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted":
+        if (self.halted or self.cut) and isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted":
             return ClosedError(
                 f"database {self.name}: the store stopped while the statement ran (its grace ended): interrupted, "
                 "and rolled back"
@@ -857,7 +860,7 @@ class SqlDatabase:
             raise self._error(exc) from None
         w: Any = writer
         # (the migrations run with no time limit; only a stop past its grace interrupts them: see halt)
-        writer.set_progress_handler(lambda: 1 if self.halted and not w.control else 0, 10000)
+        writer.set_progress_handler(lambda: 1 if (self.halted or self.cut) and not w.control else 0, 10000)
         try:
             st = os.stat(self.path)
             self._file_id = (st.st_dev, st.st_ino)
@@ -1202,16 +1205,19 @@ class SqlDatabase:
 
     # -- threads ---------------------------------------------------------------------------------
 
-    def _progress_guard(self, conn: sqlite3.Connection) -> _Arm:
+    def _progress_guard(self, conn: sqlite3.Connection, *, reads: bool = False) -> _Arm:
         """Install on ``conn`` SQLite's progress handler; ``arm(start, fut)`` gives the statements from now on
         until ``start + statement_timeout`` before SQLite interrupts them, and, when ``fut`` is given (a read's),
         until ``fut`` is done: a read whose caller went away (cancelled) stops within some 10,000 SQLite
         instructions rather than keeping its thread to the end. Writes are never given one: a write that was
         sent goes on (each write's docstring says so). ``until``: a moment no statement runs past, whatever its own
-        limit (a transaction's ``tx_max``: trial CZ, a statement ran on past it, keeping the writer)."""
+        limit (a transaction's ``tx_max``: trial CZ, a statement ran on past it, keeping the writer). On the writer's
+        connection (not ``reads``), a statement armed with ``own=False`` (a client's) is also interrupted once
+        :meth:`cut_calls` was called; a read is not (its client sends it again to the next server)."""
         limit = self.limits.statement_timeout
         deadline = [time.monotonic() + limit]
         current: list[Any] = [None]
+        own_now = [False]
         monotonic = time.monotonic
         c: Any = conn
 
@@ -1221,16 +1227,17 @@ class SqlDatabase:
             # under no statement's limit (an interrupted COMMIT may have committed all the same)
             if c.control:
                 return 0
-            if monotonic() > deadline[0] or self.halted:
+            if monotonic() > deadline[0] or self.halted or (self.cut and not own_now[0] and not reads):
                 return 1
             fut = current[0]
             return 1 if fut is not None and fut.done() else 0
 
         conn.set_progress_handler(check, 10000)
 
-        def arm(start: float, fut: Any = None, until: float = math.inf) -> None:
+        def arm(start: float, fut: Any = None, until: float = math.inf, own: bool = False) -> None:
             deadline[0] = min(start + limit, until)
             current[0] = fut
+            own_now[0] = own
 
         return arm
 
@@ -1348,7 +1355,7 @@ class SqlDatabase:
             rerun = False
             while failure is None:
                 for w in batch[len(done) :]:
-                    arm(monotonic())
+                    arm(monotonic(), own=w.own)
                     try:
                         done.append(exec_(conn, w.sql, w.params, w.own))
                     except BaseException as exc:
@@ -1424,7 +1431,7 @@ class SqlDatabase:
             committing = False
             try:
                 ctl(conn, "begin immediate")
-                arm(time.monotonic())
+                arm(time.monotonic(), own=w.own)
                 done = self._exec(conn, w.sql, w.params, w.own)
                 self._check_in_place()
                 committing = True
@@ -1463,7 +1470,7 @@ class SqlDatabase:
                 if error is not None:
                     results.append((w.fut, None, self._error(error)))
                     continue
-                arm(time.monotonic())
+                arm(time.monotonic(), own=w.own)
                 ctl(conn, "savepoint g")
                 try:
                     value = self._exec(conn, w.sql, w.params, w.own)
@@ -1486,7 +1493,7 @@ class SqlDatabase:
         runs under no time limit, as a migration does (one of a few GB passed ``statement_timeout`` and rolled
         back; trial CF). A checkpoint keeps the limit (it waits a second at most for readers, below)."""
         checkpoint = not is_vacuum_itself(w.sql)
-        arm(time.monotonic() if checkpoint else math.inf)
+        arm(time.monotonic() if checkpoint else math.inf, own=w.own)
         c: Any = conn
         c.internal = True  # its own BEGIN and scratch database; VACUUM INTO a file stays refused (authorizer)
         try:
@@ -1614,7 +1621,7 @@ class SqlDatabase:
         return Rows(columns, rows)
 
     def _reader_main(self, conn: sqlite3.Connection) -> None:
-        arm = self._progress_guard(conn)
+        arm = self._progress_guard(conn, reads=True)
         put = self.results.put
         reads = self._reads
         while True:
@@ -1632,7 +1639,7 @@ class SqlDatabase:
                 reads.done(owner)
             if conn.big > RECYCLE_BYTES:  # type: ignore[attr-defined]
                 conn = self._recycle(conn, readonly=True)
-                arm = self._progress_guard(conn)
+                arm = self._progress_guard(conn, reads=True)
         conn.close()
 
     def _run_tx(self, conn: sqlite3.Connection, tx: SqlTx, fut: asyncio.Future[SqlTx], arm: _Arm) -> None:
@@ -1850,7 +1857,7 @@ class SqlDatabase:
                 tx.done = True
                 self.results.put(fut, None, self._error(exc))
                 return
-        arm = self._progress_guard(conn)
+        arm = self._progress_guard(conn, reads=True)
         try:
             ctl(conn, "begin")
             conn.execute(f"select count(*) from {MIGRATIONS_TABLE}").fetchone()  # pin the snapshot now
@@ -1880,6 +1887,13 @@ class SqlDatabase:
         self._hand_over()
         self._writes.put(None)
         self._reads.stop(max(1, self.limits.readers))
+
+    def cut_calls(self) -> None:
+        """Interrupt the statements the threads run for clients' calls, now and from now on (rolled back; each call
+        answered ``ClosedError``); the engines' own go on. The store's stop ran past its grace with calls still
+        under way: their clients are told before their connections close, rather than left to guess
+        (``OutcomeUnknownError``). They end within some 10,000 SQLite instructions."""
+        self.cut = True
 
     def halt(self) -> None:
         """Interrupt what the threads run now (a long migration, write, VACUUM or read: rolled back), and all they
@@ -2295,6 +2309,11 @@ class SqlEngine:
     def busy(self) -> bool:
         """Whether a thread of a database (or a database's start) still runs."""
         return any(db.busy() for db in self.every_database())
+
+    def cut_calls(self) -> None:
+        """Interrupt the statements every database runs for clients' calls (see :meth:`SqlDatabase.cut_calls`)."""
+        for db in self.every_database():
+            db.cut_calls()
 
     def halt(self) -> None:
         """Interrupt what every database runs and would run (see :meth:`SqlDatabase.halt`)."""

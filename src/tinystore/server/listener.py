@@ -132,6 +132,9 @@ PEER_SILENCE = 60.0
 #: client wrote meanwhile failed (EPIPE over a Unix socket; over TCP the unread bytes turn the close into a reset)
 #: before its SDK read the GOAWAY, which took every pending write for one that may have committed (trial BS)
 LINGER = 2.0
+#: seconds a stop waits, past its grace, for the calls whose statements it interrupted (``SqlEngine.cut_calls``) to be
+#: answered before it closes their connections: an interrupt ends a statement within some 10,000 SQLite instructions
+CUT_ANSWER = 1.0
 #: while the server holds a connection's requests back unread (too many bytes of its big requests, or of its
 #: cancelled writes, still under way), it pushes ``store.alive`` to it every this many seconds: the SDK's
 #: keep-alive ping waits unread too, and unanswered it took the server for frozen and dropped the connection,
@@ -1178,6 +1181,17 @@ class ServerConnection(asyncio.Protocol):
                 ),
             )
 
+    def _pending(self) -> list[asyncio.Future[Any]]:
+        return [
+            f
+            for f in (*self.tasks.values(), *self.futures.values(), *(x.future() for x, _ in self.laters.values()))
+            if not f.done()
+        ]
+
+    def calls_pending(self) -> bool:
+        """Whether calls under way on this connection have not been answered yet."""
+        return bool(self._pending())
+
     async def drain_calls(self, timeout: float) -> None:
         """Wait, ``timeout`` seconds at most, for the calls under way to be answered (the ones that begin meanwhile,
         a transaction's calls that waited in its line, too); the calls that have not begun are refused first."""
@@ -1185,11 +1199,7 @@ class ServerConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            pending = [
-                f
-                for f in (*self.tasks.values(), *self.futures.values(), *(x.future() for x, _ in self.laters.values()))
-                if not f.done()
-            ]
+            pending = self._pending()
             left = deadline - loop.time()
             if not pending or left <= 0:
                 return
@@ -1458,6 +1468,12 @@ class Listener:
         self._stop_accepting()
         conns = list(self.connections)
         await asyncio.gather(*(c.drain_calls(grace) for c in conns), return_exceptions=True)
+        if self.core.running and any(c.calls_pending() for c in conns):
+            # the grace ended with calls under way: the statements they run are interrupted (rolled back) now,
+            # before their connections close, so that their clients are told so (ClosedError), not left to guess
+            # (OutcomeUnknownError); the engines' own statements go on
+            self.core.sql.cut_calls()
+            await asyncio.gather(*(c.drain_calls(CUT_ANSWER) for c in conns), return_exceptions=True)
         for c in conns:
             if c.instance and c.number and c.session is not None:
                 self.core.read_fact(c.instance, c.number, c.last_stream)  # (see Core.read_facts)

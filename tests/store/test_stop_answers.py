@@ -1,0 +1,80 @@
+"""A stop whose grace ends while a socket client's write still runs: the write is interrupted and rolled back, and
+its client is told so (``ClosedError``), not left to guess (``OutcomeUnknownError``)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import tinystore
+
+from ..helpers import ServerProcess, write_tokens
+
+# a write that runs for minutes, unless interrupted
+LONG_WRITE = "insert into u select a.x from t a, t b, t c"
+MIGRATIONS = [("001.sql", "create table t (x); create table u (x);")]
+FILL = (
+    "insert into t select x from (with recursive c(x) as (select 1 union all select x + 1 from c where x < 3000) "
+    "select x from c)"
+)
+
+
+# contract: STORE-05
+@pytest.mark.parametrize("way", ["unix", "tcp"])
+async def test_a_write_interrupted_by_a_stop_is_answered_closed(tmp_path: Path, way: str) -> None:
+    directory = tmp_path / "store"
+    if way == "tcp":
+        tokens, admin, _ = write_tokens(tmp_path)
+        server = ServerProcess(directory, "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+        client = await tinystore.connect(server.tcp, token=admin, reconnect_timeout="2s")
+    else:
+        server = ServerProcess(directory).start()
+        client = await tinystore.open(directory, reconnect_timeout="2s")
+    try:
+        db = await client.database("app", migrations=MIGRATIONS)
+        await db.exec(FILL)
+        await db.exec("insert into u values (-1)")
+        write = asyncio.ensure_future(db.exec(LONG_WRITE))
+        await asyncio.sleep(0.5)
+        assert not write.done()
+        await client.stop_server("300ms")
+        with pytest.raises(tinystore.ClosedError) as caught:
+            await write
+        assert "interrupted, and rolled back" in str(caught.value)
+        assert server.proc is not None
+        await asyncio.to_thread(server.proc.wait, 30)
+    finally:
+        await client.close()
+        server.stop()
+    # and rolled back it was
+    again = await tinystore.open(directory, embedded=True)
+    try:
+        assert await (await again.database("app")).scalar("select count(*) from u") == 1
+    finally:
+        await again.close()
+
+
+# contract: STORE-05
+@pytest.mark.parametrize("when", ["at open", "added later"])
+async def test_a_migration_interrupted_by_a_stop_is_answered_closed_over_a_socket(tmp_path: Path, when: str) -> None:
+    from .test_trial_dz import BIG, FIRST
+
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    client = await tinystore.open(directory, reconnect_timeout="2s")
+    try:
+        if when == "added later":
+            await client.database("app", migrations=FIRST)
+        task = asyncio.ensure_future(client.database("app", migrations=[*FIRST, ("002_big.sql", BIG)]))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        await client.stop_server("300ms")
+        with pytest.raises(tinystore.ClosedError, match=r"migration 002_big\.sql: the store stopped while the"):
+            await task
+        assert server.proc is not None
+        await asyncio.to_thread(server.proc.wait, 30)
+    finally:
+        await client.close()
+        server.stop()
