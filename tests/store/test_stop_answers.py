@@ -78,3 +78,34 @@ async def test_a_migration_interrupted_by_a_stop_is_answered_closed_over_a_socke
     finally:
         await client.close()
         server.stop()
+
+
+# contract: STORE-05
+async def test_a_second_signal_ends_the_grace_now(tmp_path: Path) -> None:
+    """Ctrl-C twice (or SIGTERM again): the stop no longer gives the calls under way what is left of their grace;
+    they are interrupted, rolled back and answered, and the server exits."""
+    import signal
+    import time
+
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    client = await tinystore.open(directory, reconnect_timeout="2s")
+    try:
+        db = await client.database("app", migrations=MIGRATIONS)
+        await db.exec(FILL)
+        write = asyncio.ensure_future(db.exec(LONG_WRITE))
+        await asyncio.sleep(0.5)
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGINT)  # a grace of 10 s
+        await asyncio.sleep(0.5)
+        assert not write.done()
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGINT)
+        with pytest.raises(tinystore.ClosedError, match="interrupted, and rolled back"):
+            await write
+        await asyncio.to_thread(server.proc.wait, 30)
+        assert time.monotonic() - started < 5.0  # (not the 9 s left of the grace)
+        assert "the grace ends now" in (directory / "serve.log").read_text()
+    finally:
+        await client.close()
+        server.stop()

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +143,7 @@ class Core:
         self.stopped = asyncio.Event()
         self.stop_requested = asyncio.Event()
         self.stop_grace = 10.0
+        self.grace_over = asyncio.Event()  # (see end_grace)
         #: the server process's exit status: 0 for a stop asked for (SIGTERM, ``tinystore stop``, idle, its
         #: parent's exit), :data:`~tinystore.server.paths.EXIT_LOST_PLACE` when it stopped because its directory or
         #: socket went away (a private server's SDK starts another for a removed socket)
@@ -336,13 +337,17 @@ class Core:
                     log.exception("stopping an engine")
             for task in list(self._tasks):
                 task.cancel()
-            if self._tasks:
-                await asyncio.wait(list(self._tasks), timeout=grace)
+            tasks_end = time.monotonic() + grace  # (the tasks cancelled above are given a grace of their own)
+            while (left := [t for t in self._tasks if not t.done()]) and time.monotonic() < tasks_end:
+                if self.grace_over.is_set():
+                    break
+                await self.within_grace(left, tasks_end - time.monotonic())
             if self.running:
                 # what the databases' threads still run past the grace is interrupted (trial DZ: a migration ran
                 # on 30 s past it, and committed after the lock was let go; at least a second for the work
-                # queued to end as it should)
-                await self.sql.close(max(1.0, ends - time.monotonic()))
+                # queued to end as it should, unless the grace was ended: a tenth)
+                least = 0.1 if self.grace_over.is_set() else 1.0
+                await self.sql.close(max(least, ends - time.monotonic()))
             self.clock.close()
         finally:
             sql = self.sql if self.running else None
@@ -369,6 +374,24 @@ class Core:
             else:
                 self._lock.release()
             self.stopped.set()
+
+    def end_grace(self) -> None:
+        """End the stop's grace now (a second SIGINT or SIGTERM to the server): what the calls under way still run is
+        interrupted (rolled back, and answered ``ClosedError``) as at the grace's end, rather than waited for. The
+        directory is still let go only once the databases' threads have ended (see :meth:`stop`)."""
+        self.grace_over.set()
+
+    async def within_grace(self, aws: Sequence[asyncio.Future[Any]], timeout: float) -> None:
+        """Wait until every one of ``aws`` is done, ``timeout`` seconds have passed, or :meth:`end_grace` was
+        called, whichever comes first (nothing of ``aws`` is cancelled)."""
+        if not aws or self.grace_over.is_set():
+            return
+        over = asyncio.ensure_future(self.grace_over.wait())
+        try:
+            await asyncio.wait([*aws, over], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            over.cancel()
+            await asyncio.gather(over, return_exceptions=True)
 
     def file_work(self) -> threading.Event:
         """An event for a thread that reads or writes the store's files outside the engines (a backup's copy) to set

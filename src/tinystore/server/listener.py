@@ -1192,18 +1192,22 @@ class ServerConnection(asyncio.Protocol):
         """Whether calls under way on this connection have not been answered yet."""
         return bool(self._pending())
 
-    async def drain_calls(self, timeout: float) -> None:
+    async def drain_calls(self, timeout: float, *, grace: bool = True) -> None:
         """Wait, ``timeout`` seconds at most, for the calls under way to be answered (the ones that begin meanwhile,
-        a transaction's calls that waited in its line, too); the calls that have not begun are refused first."""
+        a transaction's calls that waited in its line, too); the calls that have not begun are refused first. With
+        ``grace``, the wait also ends when the stop's grace was ended (``Core.end_grace``)."""
         self.refuse_unbegun()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             pending = self._pending()
             left = deadline - loop.time()
-            if not pending or left <= 0:
+            if not pending or left <= 0 or (grace and self.core.grace_over.is_set()):
                 return
-            await asyncio.wait(pending, timeout=left)
+            if grace:
+                await self.core.within_grace(pending, left)
+            else:
+                await asyncio.wait(pending, timeout=left)
 
 
 async def bind_tcp(host: str, port: int) -> list[socket.socket]:
@@ -1473,7 +1477,7 @@ class Listener:
             # before their connections close, so that their clients are told so (ClosedError), not left to guess
             # (OutcomeUnknownError); the engines' own statements go on
             self.core.sql.cut_calls()
-            await asyncio.gather(*(c.drain_calls(CUT_ANSWER) for c in conns), return_exceptions=True)
+            await asyncio.gather(*(c.drain_calls(CUT_ANSWER, grace=False) for c in conns), return_exceptions=True)
         for c in conns:
             if c.instance and c.number and c.session is not None:
                 self.core.read_fact(c.instance, c.number, c.last_stream)  # (see Core.read_facts)

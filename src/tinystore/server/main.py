@@ -299,7 +299,13 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
         sigs.append(signal.SIGHUP)
 
     def on_signal(sig: signal.Signals) -> None:
-        if not core.stop_requested.is_set() and opts.mode != "private":
+        if core.stop_requested.is_set():
+            # a second Ctrl-C: the calls under way are interrupted now, not given the rest of their grace
+            if not core.grace_over.is_set():
+                log.info("%s again: the grace ends now; what calls still run is interrupted and rolled back", sig.name)
+                core.end_grace()
+            return
+        if opts.mode != "private":
             log.info("%s: stopping", sig.name)  # (sidecar.log tells how each sidecar stopped)
         core.stop_requested.set()
 
