@@ -90,6 +90,8 @@ async def test_without_db_the_only_database_or_main_else_a_choice(tmp_path: Path
     done = run_cli("sql", str(directory), "select 1", "--db", "newdb")
     want = "no database 'newdb' (databases: app, other; choose one with --db, or add --write --create to create it)"
     assert want in done.stderr
+    done = run_cli("sql", str(directory), "select 1", "--db", "newdb", "--create")  # trial EF
+    assert "or add --write to create it (--create makes one only with --write))" in done.stderr, done.stderr
     done = run_cli("sql", str(directory), "select 1", "--db", "tinystore-jobs")
     assert "no database 'tinystore-jobs' (it is made when the store first opens a queue)" in done.stderr
     assert "--write" not in done.stderr  # the store makes it, not --write

@@ -61,6 +61,17 @@ async def test_bad_keys_delays_and_fields(store: tinystore.Store) -> None:
         await q.add(Ask(1), tenant="t" * 300)
     with pytest.raises(InvalidError, match="3 keys for 2 values"):
         await q.add_many([Ask(1), Ask(2)], keys=["a", "b", "c"])
+    # trial EF: "add_many: values[1]: key 5", when the bad one is keys[1]
+    with pytest.raises(InvalidError, match=r"queue asks: add_many: keys\[1\]: key 5: an idempotency key is a str"):
+        await q.add_many([Ask(1), Ask(2)], keys=["a", 5])  # type: ignore[list-item]
+    assert (await q.list()).jobs == []
+
+
+async def test_an_add_many_past_the_frame_limit_is_named_add_many(store: tinystore.Store) -> None:
+    """Trial EF: "queue big: jobs.add: the request is ... bytes encoded" (the wire's method, not the caller's)."""
+    q = store.queue("big")
+    with pytest.raises(LimitError, match=r"queue big: add_many: 17 jobs are \d+ bytes encoded, over the frame limit"):
+        await q.add_many(["x" * 1_000_000] * 17)
     assert (await q.list()).jobs == []
 
 
@@ -110,9 +121,11 @@ async def test_a_result_that_is_not_json_fails_the_attempt_with_a_clear_error(st
     assert await q.run_due(handler) == 2
     job = await q.get(jid)
     assert job is not None and job.state == "dead" and job.result is None
-    assert job.error is not None and f"queue results: job {jid}: the result does not encode as JSON" in job.error
+    assert job.error is not None
+    assert job.error.startswith(f"InvalidError: queue results: job {jid}: the result does not encode as JSON")
     job = await q.get(big)
     assert job is not None and job.state == "dead" and "over the 1048576 bytes" in (job.error or "")
+    assert (job.error or "").startswith(f"LimitError: queue results: job {big}: the result is")  # (trial EF)
 
 
 async def test_progress_and_steps_that_are_not_json_or_too_big(store: tinystore.Store) -> None:

@@ -930,7 +930,10 @@ def sql(
                 hint = " (it is made when the store first opens a queue)" if name == "tinystore-jobs" else ""
                 make = ""
             else:
-                hint, make = "", ", or add --write --create to create it"
+                # (trial EF: with --create given, "add --write --create" read as though it had not been)
+                hint = ""
+                make = ", or add --write to create it (--create makes one only with --write)" if create else ""
+                make = make or ", or add --write --create to create it"
             raise InvalidError(
                 f"store {directory}: no database {name!r}{hint} (databases: {', '.join(known) or 'none'}; "
                 f"choose one with --db{make})"

@@ -939,8 +939,9 @@ class _Runner:
                 )
         except (InvalidError, LimitError) as exc:
             # a failed attempt, logged as every other is (docs/jobs.md: at INFO; trial DO: this one was at ERROR)
-            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, exc.message)
-            await self._report(a, "error", error=exc.message)
+            # (``Type: message``, as a handler's own raise reads: trial EF)
+            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, _describe(exc))
+            await self._report(a, "error", error=_describe(exc))
             return
         await self._report(a, "succeeded", result=text)
 
@@ -1571,11 +1572,12 @@ class Queue(Generic[T]):
         delay: Duration | None,
         at: datetime | float | None,
         shared: str | None = None,
+        key_what: str | None = None,
     ) -> NewJob:
         """A job to add; errors name ``what`` (``add``, ``add_many: values[2]``): for the arguments all the jobs
         of a call share (all but the value and the key), ``shared`` when given (``add_many``; trial CH: a tenant
-        too long was "values[0]: tenant")."""
-        where = f"queue {self.name}: {what}"
+        too long was "values[0]: tenant"); for the key, ``key_what`` when given (``add_many: keys[2]``; trial EF)."""
+        where = f"queue {self.name}: {key_what or what}"
         where_value = what
         if key is not None and (not isinstance(key, str) or not 0 < len(key) <= KEY_MAX):
             raise InvalidError(f"{where}: key {shown(key)}: an idempotency key is a str of 1 to {KEY_MAX} characters")
@@ -1689,9 +1691,21 @@ class Queue(Generic[T]):
         jobs = self._many(values, keys, tenant, user, type, priority, delay, at)
         await self._ensure()
         self._not_in_own_tx("add_many")
-        ids: builtins.list[str] = await self.store._call(
-            "jobs.add", Add(queue=self.name, jobs=jobs), builtins.list[str], write=True
-        )
+        try:
+            ids: builtins.list[str] = await self.store._call(
+                "jobs.add", Add(queue=self.name, jobs=jobs), builtins.list[str], write=True
+            )
+        except LimitError as exc:
+            # named as the caller called it, not by the wire's method (trial EF: "queue q: jobs.add: the request")
+            wire = f"queue {self.name}: jobs.add: the request is "
+            if not exc.message.startswith(wire):
+                raise
+            raise LimitError(
+                f"queue {self.name}: add_many: {len(jobs):,} jobs are {exc.message[len(wire) :]}; add them in "
+                "smaller batches",
+                limit=exc.limit,
+                wanted=exc.wanted,
+            ) from None
         return ids
 
     def _many(
@@ -1738,6 +1752,7 @@ class Queue(Generic[T]):
                 delay,
                 at,
                 shared="add_many",
+                key_what=f"add_many: keys[{i}]",
             )
             for i, v in enumerate(values)
         ]
