@@ -347,12 +347,17 @@ LOW_WATER = 1024 * 1024
 
 class _Lost(Exception):
     """The connection dropped before the answer came. ``in_doubt``: nothing said whether the server read the request
-    (no GOAWAY came with its last request read): the next server may tell (see ``RemoteTransport._never_read``)."""
+    (no GOAWAY came with its last request read): the next server may tell (see ``RemoteTransport._never_read``).
+    ``out_of_memory``: this process dropped it, having no memory for what the server sent."""
 
-    def __init__(self, message: str, in_doubt: bool = False) -> None:
+    def __init__(self, message: str, in_doubt: bool = False, out_of_memory: bool = False) -> None:
         super().__init__(message)
         self.in_doubt = in_doubt
+        self.out_of_memory = out_of_memory
 
+
+OUT_OF_MEMORY_TRIES = 2
+"""A read whose connection this process dropped for want of memory is sent again once; then it fails."""
 
 IN_DOUBT_WAIT = 10.0
 """Seconds a write whose connection dropped, with nothing said of whether the server read it, waits for the next
@@ -445,6 +450,7 @@ class _ClientConn(asyncio.Protocol):
         self.goaway: str | None = None
         self.goaway_last: int | None = None  # the server's last request read, told in its GOAWAY
         self.stopping = False  # the GOAWAY said the store is stopping (a graceful stop)
+        self.out_of_memory = False  # dropped by this process: it had no memory for what the server sent
         self.lost = False
         self.gone = asyncio.Event()  # set once the connection is lost
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -563,9 +569,9 @@ class _ClientConn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_rx = self.loop.time()
         conn = self.conn
-        conn.receive_data(data)
         pending = self.pending
         try:
+            conn.receive_data(data)
             while True:
                 batch = conn.next_frames()
                 if not batch:
@@ -594,6 +600,15 @@ class _ClientConn(asyncio.Protocol):
                 self.goaway += "the store's address and port?)"
             if self.transport is not None:
                 self.transport.close()
+        except MemoryError:
+            # no memory in this process for what came (an answer too big for it: trial EG, each reconnect sent the
+            # read again, for ever, with a traceback each): the connection is dropped, and a call pending on it
+            # when it happens twice fails (see RemoteTransport.call) rather than be sent again
+            self.chunks.clear()
+            self.out_of_memory = True
+            self.goaway = "this process ran out of memory (MemoryError) reading the store's answers"
+            if self.transport is not None:
+                self.transport.abort()
 
     def on_frame(self, kind: Kind, flags: int, stream: int, method: str, body: bytes) -> None:
         if kind is Kind.RESPONSE:
@@ -677,7 +692,13 @@ class _ClientConn(asyncio.Protocol):
                 if stream in self.unsent or (last is not None and stream > last):
                     fut.set_exception(_NotSent())  # (after the server's last request read: it never read it)
                 else:
-                    fut.set_exception(_Lost(self.goaway or str(exc or "connection closed"), in_doubt=last is None))
+                    fut.set_exception(
+                        _Lost(
+                            self.goaway or str(exc or "connection closed"),
+                            in_doubt=last is None,
+                            out_of_memory=self.out_of_memory,
+                        )
+                    )
         for w in self.waiters:
             if not w.done():
                 w.set_result(None)
@@ -1014,6 +1035,11 @@ class RemoteTransport(Transport):
                     if self._conn is None:
                         self._up.clear()
                 continue
+            except (MemoryError, RuntimeError) as exc:
+                # this process is short of memory or threads ("can't start new thread": trial EG, the loop ended
+                # with it, and the store was never reached again): tried again, as for a server not there yet
+                self.last_error = UnavailableError(f"this process could not connect: {type(exc).__name__}: {exc}")
+                continue
             if self.closed:
                 if conn.transport is not None:
                     conn.transport.close()
@@ -1119,6 +1145,7 @@ class RemoteTransport(Transport):
             if len(body) > self.max_body:
                 # the server would refuse the frame and close the connection: refuse it here, send nothing
                 raise too_large(method, request, len(body), self.max_body)
+            starved = 0  # connections this process dropped, out of memory, while this call waited for its answer
             while True:
                 conn = self._conn
                 if conn is None or self.closed:
@@ -1158,6 +1185,13 @@ class RemoteTransport(Transport):
                     self._no_tx_elsewhere(method, request, conn.goaway)
                     continue
                 except _Lost as exc:
+                    if exc.out_of_memory:
+                        starved += 1
+                        if starved >= OUT_OF_MEMORY_TRIES and not write:
+                            raise UnavailableError(
+                                f"{method}: the answer could not be read: {exc} ({starved} tries): ask for less at "
+                                "a time (a LIMIT, fewer or smaller columns)"
+                            ) from None
                     if write and exc.in_doubt and await self._never_read(conn, stream):
                         # the server stopped, or the connection was cut, before it read this one: sent again (a
                         # transaction's call is not: its transaction ended with the connection)
