@@ -800,11 +800,14 @@ class SqlDatabase:
                 f"database {self.name}: the store stopped while the statement ran (its grace ended): interrupted, "
                 "and rolled back"
             )
-        if isinstance(exc, MemoryError):  # SQLITE_NOMEM: past the hard heap limit (Limits.sql_memory_bytes)
+        if isinstance(exc, MemoryError):
+            # SQLITE_NOMEM, past the hard heap limit (Limits.sql_memory_bytes), or the process's own memory ran out
+            # (a ulimit, a container's limit: trial EG), which neither SQLite nor Python tells apart
             limit = self.limits.sql_memory_bytes
             return LimitError(
-                f"database {self.name}: SQLite ran out of the memory it may use (Limits.sql_memory_bytes, {limit} "
-                "bytes for all of the store's databases): the statement holds too much at once",
+                f"database {self.name}: out of memory running the statement (SQLite may use Limits.sql_memory_bytes, "
+                f"{limit} bytes for all of the store's databases, and the server process what its own limits allow): "
+                "the statement holds too much at once",
                 limit=limit,
             )
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_TOOBIG":
@@ -1932,7 +1935,18 @@ ENDED_KEPT = 1024
 """How many transactions that timed out an engine remembers, to tell a late call why (see ``SqlEngine.not_open``)."""
 
 
-_encode = msgspec.msgpack.encode
+_size_encoder = msgspec.msgpack.Encoder()
+
+
+def _encode(value: Any) -> bytearray:
+    """``value`` in MessagePack (to measure it), into a bytearray: msgspec's ``encode`` to bytes crashes the process
+    (SIGSEGV, msgspec 0.23) when memory runs out as its buffer grows (trial EG: a server under a memory limit read
+    60 MB of rows); ``encode_into`` raises ``MemoryError``, which the call is answered."""
+    out = bytearray()
+    _size_encoder.encode_into(value, out)
+    return out
+
+
 _SIZE_CHUNK = 1024  # rows measured at a time: a large result is never encoded whole (the copy stays small)
 
 

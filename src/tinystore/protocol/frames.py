@@ -126,7 +126,7 @@ def body_too_large(what: str, size: int, limit: int) -> LimitError:
     )
 
 
-def encode_frame(kind: Kind, stream: int, method: str, body: bytes, flags: int = 0) -> bytes:
+def encode_frame(kind: Kind, stream: int, method: str, body: bytes | bytearray, flags: int = 0) -> bytes:
     """Bytes of one frame. ``method`` must be ASCII of at most 255 bytes."""
     m = _method_bytes(method) if method else b""
     return b"".join((_pack(7 + len(m) + len(body), kind, flags, stream, len(m)), m, body))
@@ -138,7 +138,7 @@ def request_frame(stream: int, method: str, body: bytes) -> bytes:
     return b"".join((_pack(7 + len(m) + len(body), 3, 0, stream, len(m)), m, body))
 
 
-def response_frame(stream: int, body: bytes) -> bytes:
+def response_frame(stream: int, body: bytes | bytearray) -> bytes:
     """Bytes of one ``RESPONSE`` frame, whole (no ``MORE``): for a body of at most the chunk size."""
     return _pack(7 + len(body), 4, 0, stream, 0) + body
 
@@ -413,7 +413,7 @@ class Connection:
             raise body_too_large(method, len(body), self.peer_max_body)
         return request_frame(stream, method, body)
 
-    def send_response(self, stream: int, body: bytes, chunk: int = 1 << 20) -> list[bytes]:
+    def send_response(self, stream: int, body: bytes | bytearray, chunk: int = 1 << 20) -> list[bytes]:
         """The frames of one response; a body past ``chunk`` bytes is split (flag ``MORE`` on all but the last)."""
         self.inflight.discard(stream)
         if len(body) <= chunk:
@@ -424,7 +424,7 @@ class Connection:
             parts.append(encode_frame(Kind.RESPONSE, stream, "", body[i : i + chunk], 0 if last else MORE))
         return parts
 
-    def send_response_frame(self, stream: int, body: bytes) -> bytes:
+    def send_response_frame(self, stream: int, body: bytes | bytearray) -> bytes:
         """The one frame of a response whose body fits a frame (see :meth:`send_response`)."""
         self.inflight.discard(stream)
         return _pack(7 + len(body), 4, 0, stream, 0) + body

@@ -71,6 +71,18 @@ class GoAway(msgspec.Struct, kw_only=True):
 
 encoder = msgspec.msgpack.Encoder()
 encode = encoder.encode
+_encode_into = encoder.encode_into
+
+
+def encode_answer(value: Any) -> bytearray:
+    """:func:`encode`, into a new bytearray: for what may be large (a query's rows). msgspec's ``encode`` to bytes
+    crashes the process (SIGSEGV, msgspec 0.23) when memory runs out as its buffer grows (trial EG: a server under
+    a memory limit answering 60 MB of rows); ``encode_into`` raises ``MemoryError``, which the server answers."""
+    out = bytearray()
+    _encode_into(value, out)
+    return out
+
+
 _AS_THEY_ARE = (bytes, bytearray, memoryview, datetime.datetime, datetime.date, datetime.time)
 
 

@@ -57,6 +57,7 @@ from ..protocol.messages import (
     decode,
     decoder_for,
     encode,
+    encode_answer,
     encode_escaping,
     escaped,
 )
@@ -1014,9 +1015,9 @@ class ServerConnection(asyncio.Protocol):
             return
         try:
             try:
-                body = encode(value)
+                body = encode_answer(value)  # (not encode: see encode_answer)
             except UnicodeEncodeError:
-                body = encode(escaped(value))  # (a path of the answer that is not UTF-8: trial CR, it went unanswered)
+                body = encode_answer(escaped(value))  # (a path of the answer not UTF-8: trial CR, it went unanswered)
             if len(body) > CHUNK:
                 parts = self.conn.send_response(stream, body, CHUNK)
             else:
