@@ -78,6 +78,16 @@ async def test_a_constraint_that_rolled_the_transaction_back_carries_its_sqlite_
         assert seen and seen[0].extra.get("sqlite_code") == "SQLITE_CONSTRAINT_UNIQUE", seen
         assert "rolled back the whole transaction" in seen[0].message
         assert by_tx.value.extra.get("sqlite_code") == "SQLITE_CONSTRAINT_UNIQUE", by_tx.value.extra
+        # trial EG: in a migration, not "transaction 2" (a number the client never saw)
+        with pytest.raises(tinystore.InvalidError) as by_migration:
+            await store.database(
+                "app",
+                migrations=[
+                    ("001.sql", "create table u (id integer primary key, v unique)"),
+                    ("002.sql", "insert into u (v) values (2); " + sql),
+                ],
+            )
+        assert "this rolled back the migration's whole transaction, which has ended" in by_migration.value.message
 
 
 # contract: STORE-06

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -323,3 +325,26 @@ async def test_a_server_killed_during_a_backup_is_said_to_leave_dest_maybe_incom
             await store.close()
     finally:
         server.stop()
+
+
+def test_a_copy_that_fails_leaves_neither_it_nor_its_journal(tmp_path: Path) -> None:
+    """Trial EG: a disk full in the middle of a copy left DEST/sql/app.db.partial-journal (SQLite's, of the copy)."""
+    import sqlite3
+
+    from tinystore.server.backup import _copy_database
+
+    source = tmp_path / "app.db"
+    with contextlib.closing(sqlite3.connect(source)) as conn:
+        conn.execute("create table t (x)")
+        conn.commit()
+    target = tmp_path / "copy" / "app.db"
+    target.parent.mkdir()
+    journal = target.with_name("app.db.partial-journal")
+
+    def disk_full() -> None:
+        journal.write_bytes(b"\0" * 512)  # (as SQLite leaves it when a write of the copy fails)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError):
+        _copy_database(source, target, disk_full)
+    assert sorted(p.name for p in target.parent.iterdir()) == []

@@ -866,7 +866,8 @@ class RemoteTransport(Transport):
             proto.transport.close()
             raise UnavailableError(
                 f"the store at {self.description or where} did not answer the handshake within {HANDSHAKE_WAIT:g}s: "
-                "its server took the connection but is stopped (SIGSTOP), stuck or overloaded"
+                "its server took the connection but is stopped (SIGSTOP), stuck or overloaded, or is out of file "
+                "descriptors and cannot accept it yet (its log says so)"
             ) from None
         except _HandshakeClosed as exc:
             hint = (

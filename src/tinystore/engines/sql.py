@@ -1823,8 +1823,8 @@ class SqlDatabase:
                 if not conn.in_transaction:
                     # SQLite rolled back the whole transaction (INSERT OR ROLLBACK, a trigger's RAISE(ROLLBACK), an
                     # interrupt): it is over; what follows must not run in autocommit
-                    end_reason = rolled_back_by(self.name, tx.id, err)
-                    put(call.fut, None, rolled_back_by(self.name, tx.id, err, this=True))
+                    end_reason = rolled_back_by(self.name, tx.id, err, migration=tx.migration)
+                    put(call.fut, None, rolled_back_by(self.name, tx.id, err, this=True, migration=tx.migration))
                     quiet = True  # the application's own doing, not the store's: no warning in the log
                     break
                 put(call.fut, None, err)

@@ -20,14 +20,19 @@ from .sql_guard import DENIED_MESSAGES, TX_WHY, denial
 from .sql_text import INT_MAX
 
 
-def rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False) -> TinystoreError:
+def rolled_back_by(
+    db: str, tx_id: int, err: TinystoreError, this: bool = False, migration: bool = False
+) -> TinystoreError:
     """The error of a statement that made SQLite roll back its whole transaction (``this``), or of what the
-    transaction is asked for after it: the same kind as the statement's."""
+    transaction is asked for after it: the same kind as the statement's. ``migration``: the transaction is a
+    migration's (its number is the store's own, never seen by the client: trial EG)."""
     why = err.message.removeprefix(f"database {db}: ")
+    which = "the migration's transaction" if migration else f"transaction {tx_id}"
     if this:
-        msg = f"database {db}: {why}; this rolled back the whole transaction {tx_id}, which has ended"
+        whole = "the migration's whole transaction" if migration else f"the whole transaction {tx_id}"
+        msg = f"database {db}: {why}; this rolled back {whole}, which has ended"
     else:
-        msg = f"database {db}: transaction {tx_id} was rolled back by a statement that failed ({why})"
+        msg = f"database {db}: {which} was rolled back by a statement that failed ({why})"
     kind = (
         type(err)
         if type(err) in (ConflictError, TimeoutError_, InvalidError, UnavailableError, ClosedError)

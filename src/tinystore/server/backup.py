@@ -219,8 +219,10 @@ def _copy_database(source: Path, target: Path, stop_if_cancelled: Any) -> int:
         os.replace(partial, target)
         return target.stat().st_size
     except BaseException:
-        with contextlib.suppress(OSError):
-            partial.unlink()
+        # the copy, and its journal (trial EG: a disk full left "app.db.partial-journal")
+        for left in (partial, partial.with_name(partial.name + "-journal")):
+            with contextlib.suppress(OSError):
+                left.unlink()
         raise
 
 

@@ -1432,8 +1432,8 @@ class Listener:
         """``accept`` failed for want of descriptors or memory: say so (once a minute at most), stop accepting
         for :data:`ACCEPT_PAUSE` (the clients wait in the backlog), then try again."""
         self.accept_log.warning(
-            "%s: cannot accept connections: %s (%d connections open here; this process may open %d files); "
-            "new clients wait until some close",
+            "%s: cannot accept connections: %s (%d connections open here; this process may open %d files, and the "
+            "databases' files count too); new clients wait until some close",
             self.description,
             exc.strerror or exc,
             len(self.connections) + len(self.starting),
