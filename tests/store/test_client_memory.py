@@ -93,3 +93,51 @@ async def test_the_reconnect_goes_on_when_this_process_cannot_start_a_thread(tmp
     finally:
         await client.close()
         await owner.close()
+
+
+WRITER = textwrap.dedent(
+    """
+    import asyncio, resource, sys
+    import tinystore
+
+    async def main():
+        store = await tinystore.open(sys.argv[1], reconnect_timeout="5s")
+        db = await store.database("app")
+        await db.exec("create table if not exists t (b)")
+        blob = b"x" * 12_000_000
+        for room in (1_000_000, 10_000_000, 20_000_000, 25_000_000):
+            with open("/proc/self/status") as f:
+                mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+            resource.setrlimit(resource.RLIMIT_AS, (mapped + room, resource.RLIM_INFINITY))
+            try:
+                await db.exec("insert into t values (?)", blob)
+                print("sent", flush=True)
+            except MemoryError:
+                print("MemoryError", flush=True)
+            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        print("after", await db.scalar("select 2"), flush=True)
+        await store.close()
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_write_too_big_for_the_clients_memory_raises_memory_error(tmp_path: Path) -> None:
+    """Trial EG: msgspec's encode to bytes crashed the client (SIGSEGV) sending 12 MB with too little memory; and a
+    MemoryError making the frame left its call pending ("Future exception was never retrieved" at the close)."""
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", WRITER, str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "MemoryError" in done.stdout and "after 2" in done.stdout, done.stdout
+        assert "never retrieved" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    finally:
+        server.stop()

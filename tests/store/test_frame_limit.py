@@ -65,7 +65,7 @@ async def test_an_oversized_request_is_refused_before_sending(any_store: tinysto
     queue = store.queue("big")
     with pytest.raises(LimitError) as err:
         await asyncio.wait_for(queue.add_many(["y" * (1000 * 1000)] * 18), 60)
-    assert_frame_limit(err.value, "queue big", "jobs.add")
+    assert_frame_limit(err.value, "queue big: add_many: 18 jobs")
     assert (await queue.list()).jobs == []
     job = await queue.add("small")
     assert (await queue.get(job)) is not None

@@ -39,14 +39,14 @@ async def test_an_answer_that_cannot_be_encoded_for_want_of_memory_is_an_error(
     client waited for ever (its connection answered pings)."""
     owner, client, db = await served(tmp_path)
     try:
-        real = listener.encode
+        real = listener.encode_answer
 
-        def encode(value: Any) -> bytes:
+        def encode(value: Any) -> bytearray:
             if type(value).__name__ == "Rows" and len(value.rows) == 4:
                 raise MemoryError
             return real(value)
 
-        monkeypatch.setattr(listener, "encode", encode)
+        monkeypatch.setattr(listener, "encode_answer", encode)
         with pytest.raises(tinystore.UnavailableError) as info:
             await asyncio.wait_for(db.all("select b from t"), 10)
         assert "out of memory" in info.value.message

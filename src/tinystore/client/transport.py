@@ -47,7 +47,7 @@ from ..protocol import frames
 from ..protocol.channels import GRANT, PUBLISH, UNSUBSCRIBE
 from ..protocol.frames import Kind, body_too_large, request_frame
 from ..protocol.locks import ACQUIRE, RELEASE, RENEW
-from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode
+from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode, encode_answer
 from ..protocol.store import Empty
 from ..protocol.values import valid_text
 from ..server.paths import check_socket_dir
@@ -1140,7 +1140,7 @@ class RemoteTransport(Transport):
                 turns.count += 1
         try:
             try:
-                body = encode(request)
+                body = encode_answer(request)  # (not encode: see encode_answer)
             except (TypeError, ValueError, OverflowError) as exc:  # ValueError: text that is not valid Unicode
                 raise _unsendable(method, request, exc) from None
             if len(body) > self.max_body:
@@ -1169,10 +1169,12 @@ class RemoteTransport(Transport):
                     await w
                     continue
                 stream = next(self._ids)
+                # (made before the call is pending: a MemoryError here leaves nothing behind, trial EG)
+                frame = request_frame(stream, method, body)
                 fut: asyncio.Future[bytes] = conn.loop.create_future()
                 pending[stream] = fut
                 # conn.send(...), inline: what this loop turn queues goes out in one write
-                conn.out.append(request_frame(stream, method, body))
+                conn.out.append(frame)
                 conn.unsent.add(stream)
                 if sent is not None:
                     sent(conn.loop.time())  # (no later than the write: a lower bound of when the server reads it)

@@ -132,7 +132,7 @@ def encode_frame(kind: Kind, stream: int, method: str, body: bytes | bytearray, 
     return b"".join((_pack(7 + len(m) + len(body), kind, flags, stream, len(m)), m, body))
 
 
-def request_frame(stream: int, method: str, body: bytes) -> bytes:
+def request_frame(stream: int, method: str, body: bytes | bytearray) -> bytes:
     """Bytes of one ``REQUEST`` frame (what :meth:`Connection.send_request` returns)."""
     m = _ENCODED.get(method) or _method_bytes(method)
     return b"".join((_pack(7 + len(m) + len(body), 3, 0, stream, len(m)), m, body))

@@ -75,9 +75,10 @@ _encode_into = encoder.encode_into
 
 
 def encode_answer(value: Any) -> bytearray:
-    """:func:`encode`, into a new bytearray: for what may be large (a query's rows). msgspec's ``encode`` to bytes
-    crashes the process (SIGSEGV, msgspec 0.23) when memory runs out as its buffer grows (trial EG: a server under
-    a memory limit answering 60 MB of rows); ``encode_into`` raises ``MemoryError``, which the server answers."""
+    """:func:`encode`, into a new bytearray: for what may be large (a query's rows, a request's parameters).
+    msgspec's ``encode`` to bytes crashes the process (SIGSEGV, msgspec 0.23) when memory runs out as its buffer
+    grows (trial EG: a server under a memory limit answering 60 MB of rows; a client sending 12 MB);
+    ``encode_into`` raises ``MemoryError``, which the server answers, and a client's caller gets."""
     out = bytearray()
     _encode_into(value, out)
     return out
