@@ -116,3 +116,41 @@ def test_publish_refuses_nan_as_text_that_is_not_json(tmp_path: Path) -> None:
         )
         assert done.returncode == 2, done.stderr
         assert "is not JSON (RFC 8259 has no NaN or infinities)" in done.stderr
+
+
+async def test_a_branch_part_with_a_slash_is_reached_escaped(tmp_path: Path) -> None:
+    """Trial EF: the SDK's under("a/b") could not be reached from the command line (c/a/b is under("a", "b"))."""
+    from tinystore.cli.channels import split_target
+    from tinystore.errors import InvalidError
+
+    assert split_target("c/a%2Fb/x%25y") == ("c", ["a/b", "x%y"])
+    assert split_target("c/a/b") == ("c", ["a", "b"])
+    for bad in ("c/a%2", "c/a%zz", "c/%ff"):
+        try:
+            split_target(bad)
+        except InvalidError as exc:
+            assert "escape" in exc.message or "UTF-8" in exc.message
+        else:
+            raise AssertionError(bad)
+    directory = tmp_path / "s"
+    server = ServerProcess(directory).start()
+    store = await tinystore.open(directory)
+    try:
+        heard: list[tuple[list[str], object]] = []
+        sub = await store.channel("c").under("a/b").subscribe(lambda m: heard.append((m.branch, m.value)))
+        done = await asyncio.to_thread(
+            subprocess.run,
+            _cli("channels", str(directory), "publish", "c/a%2Fb", '"cli"'),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        async with asyncio.timeout(10):
+            while not heard:
+                await asyncio.sleep(0.01)
+        assert heard == [(["a/b"], "cli")]
+        await sub.stop()
+    finally:
+        await store.close()
+        server.stop()

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import select
 import stat
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,12 +40,28 @@ def _no_constant(name: str) -> Any:
 
 
 def split_target(target: str) -> tuple[str, list[str]]:
-    """``"chat-events/7/typing"`` → ``("chat-events", ["7", "typing"])``. Raises ``InvalidError`` for an
-    empty branch part (``"a//b"``, a trailing ``/``)."""
+    """``"chat-events/7/typing"`` → ``("chat-events", ["7", "typing"])``. A part is percent-decoded as a URL's
+    path segment is (RFC 3986): ``%2F`` for a ``/`` inside a part (an SDK's ``under("a/b")``: trial EF, the
+    command line could not reach it), ``%25`` for a ``%``. Raises ``InvalidError`` for an empty branch part
+    (``"a//b"``, a trailing ``/``) or a ``%`` not followed by two hex digits."""
     name, *parts = target.split("/")
     if any(not p for p in parts):
         raise InvalidError(f"channel {target!r}: a branch part is empty (write NAME/BRANCH/...)")
-    return name, parts
+    return name, [_unescape(target, p) for p in parts]
+
+
+def _unescape(target: str, part: str) -> str:
+    if "%" not in part:
+        return part
+    if re.search(r"%(?![0-9A-Fa-f]{2})", part):
+        raise InvalidError(
+            f"channel {target!r}: branch part {part!r}: a % begins an escape of two hex digits (%2F for a /, "
+            "%25 for a %)"
+        )
+    try:
+        return urllib.parse.unquote(part, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidError(f"channel {target!r}: branch part {part!r}: its escapes are not UTF-8") from None
 
 
 @contextlib.contextmanager
@@ -106,7 +124,8 @@ def register(main: click.Group) -> None:
     @click.argument("value", metavar="JSON")
     @pass_store_dir
     def publish(directory: Target, target: str, value: str) -> None:
-        """Publish the JSON VALUE on channel NAME (under BRANCH...); prints {"id": ..., "seq": ...}.
+        """Publish the JSON VALUE on channel NAME (under BRANCH...); prints {"id": ..., "seq": ...}. A branch part
+        with a / in it is written with %2F (and a % as %25).
 
         Through the directory's server when one runs; else on the store opened in this command, where nobody
         hears it (no server is started)."""
