@@ -73,6 +73,16 @@ async def test_an_add_many_past_the_frame_limit_is_named_add_many(store: tinysto
     with pytest.raises(LimitError, match=r"queue big: add_many: 17 jobs are \d+ bytes encoded, over the frame limit"):
         await q.add_many(["x" * 1_000_000] * 17)
     assert (await q.list()).jobs == []
+    # and inside a transaction (trial EH)
+    db = await store.database("app")
+    in_app = store.queue("bigtx", database=db)
+
+    async def fn(tx: Any) -> Any:
+        return await tx.with_(in_app).add_many(["x" * 1_000_000] * 17)
+
+    with pytest.raises(LimitError, match=r"queue bigtx: add_many: 17 jobs are \d+ bytes encoded, over the frame"):
+        await db.tx(fn)
+    assert (await in_app.list()).jobs == []
 
 
 async def test_bad_names_and_options(store: tinystore.Store) -> None:

@@ -10,6 +10,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ..helpers import ServerProcess
 
 CLIENT = textwrap.dedent(
@@ -141,3 +143,96 @@ async def test_a_write_too_big_for_the_clients_memory_raises_memory_error(tmp_pa
         assert "never retrieved" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
     finally:
         server.stop()
+
+
+BESIDE = textwrap.dedent(
+    """
+    import asyncio, resource, sys
+    import tinystore
+
+    BIG = (
+        "with recursive c(x) as (select 1 union all select x + 1 from c where x < 60) "
+        "select x, randomblob(1000000) as b from c"
+    )
+    SMALL = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 2000000) select count(*) from c"
+
+    async def main():
+        store = await tinystore.open(sys.argv[1], reconnect_timeout="5s")
+        db = await store.database("app")
+        with open("/proc/self/status") as f:
+            mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + 40_000_000, resource.RLIM_INFINITY))
+
+        async def run(name, coro):
+            try:
+                return name, await coro
+            except tinystore.TinystoreError as exc:
+                return name, f"{type(exc).__name__}: {exc}"
+
+        async def later(coro):
+            await asyncio.sleep(0.05)
+            return await coro
+
+        for name, got in await asyncio.gather(run("big", db.all(BIG)), run("small", later(db.scalar(SMALL)))):
+            print(name, got, flush=True)
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        await store.close()
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_read_beside_one_too_big_for_memory_is_answered(tmp_path: Path) -> None:
+    """Trial EH: every read pending on the connection when one answer was too big for this process's memory failed
+    with that one ("ask for less at a time"), a small read beside it too."""
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", BESIDE, str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "big UnavailableError: sql.query: the answer could not be read" in done.stdout, done.stdout
+        assert "small 2000000" in done.stdout, done.stdout
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    finally:
+        server.stop()
+
+
+# contract: STORE-04
+async def test_a_request_too_big_for_the_servers_memory_is_refused_not_sent_again(tmp_path: Path) -> None:
+    """Trial EH: a server short of memory taking a 15 MB request off the wire dropped the connection with a
+    traceback, and its client sent the read again, for ever (a thousand tracebacks a minute)."""
+    import os
+    import resource
+
+    import tinystore
+
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    client = await tinystore.open(directory, reconnect_timeout="3s")
+    try:
+        db = await client.database("app", migrations=[("001.sql", "create table b (x);")])
+        assert server.proc is not None
+        with open(f"/proc/{server.proc.pid}/status") as f:
+            mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        limit = mapped + 30_000_000
+        resource.prlimit(server.proc.pid, resource.RLIMIT_AS, (limit, limit))
+        for call in (
+            db.scalar("select length(?)", os.urandom(15_000_000)),
+            db.exec("insert into b values (?)", os.urandom(15_000_000)),
+        ):
+            with pytest.raises(tinystore.UnavailableError, match="the request could not be read, and was not run"):
+                await asyncio.wait_for(call, 20)
+        assert await db.scalar("select count(*) from b") == 0
+        assert server.proc.poll() is None
+    finally:
+        await client.close()
+        server.stop()
+    log = (directory / "serve.log").read_text()
+    assert "Traceback" not in log, log[-3000:]

@@ -109,3 +109,60 @@ async def test_a_second_signal_ends_the_grace_now(tmp_path: Path) -> None:
     finally:
         await client.close()
         server.stop()
+
+
+# contract: STORE-05
+async def test_a_vacuum_of_large_rows_is_interrupted_and_a_write_queued_behind_it_not_run(tmp_path: Path) -> None:
+    """Trial EH: a VACUUM of 1 MB rows runs fewer than 10,000 SQLite instructions, so the progress handler never
+    interrupted it at the grace's end: its client got OutcomeUnknownError, the stop overran its grace, and a write
+    queued behind it committed after its connection closed. Interrupted at once now; the write is answered unrun."""
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    client = await tinystore.open(directory, reconnect_timeout="2s")
+    try:
+        db = await client.database("app", migrations=[("001.sql", "create table b (x);")])
+        for _ in range(4):  # 400 MB; half of it deleted: a VACUUM of some 1.5 s
+            await db.exec(
+                "insert into b select randomblob(1000000) from (with recursive c(x) as "
+                "(select 1 union all select x + 1 from c where x < 100) select x from c)"
+            )
+        await db.exec("delete from b where rowid % 2 = 0")
+        vacuum = asyncio.ensure_future(db.exec("vacuum"))
+        write = asyncio.ensure_future(db.exec("insert into b values ('queued behind the vacuum')"))
+        await asyncio.sleep(0.2)
+        await client.stop_server("100ms")
+        with pytest.raises(tinystore.ClosedError, match="interrupted, and rolled back"):
+            await vacuum
+        with pytest.raises(tinystore.ClosedError, match="the store stopped before the statement ran"):
+            await write
+        assert server.proc is not None
+        await asyncio.to_thread(server.proc.wait, 30)
+    finally:
+        await client.close()
+        server.stop()
+    again = await tinystore.open(directory, embedded=True)
+    try:
+        db = await again.database("app")
+        assert await db.scalar("select count(*) from b where typeof(x) = 'text'") == 0
+        assert await db.scalar("select count(*) from b") == 200
+    finally:
+        await again.close()
+
+
+def test_a_second_signal_just_after_the_stop_leaves_a_clean_exit(tmp_path: Path) -> None:
+    """Trial EH: a second SIGTERM 10-20 ms after the first, as the stop had ended, killed the process (status 143,
+    130 for SIGINT), which says it did not stop cleanly; or its log said "the grace ends now" after "stopped"."""
+    import signal
+    import time
+
+    for i, (first, second) in enumerate(
+        [(signal.SIGTERM, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGHUP)] * 2
+    ):
+        server = ServerProcess(tmp_path / f"s{i}").start()
+        assert server.proc is not None
+        server.proc.send_signal(first)
+        time.sleep(0.002 * (i + 1) * 3)
+        server.proc.send_signal(second)
+        assert server.proc.wait(30) == 0
+        log = (tmp_path / f"s{i}" / "serve.log").read_text()
+        assert "the grace ends now" not in log.partition("stopped")[2], log

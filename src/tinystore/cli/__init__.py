@@ -435,7 +435,7 @@ def serve(
     handshake_timeout: float | None,
 ) -> None:
     """Own DIRECTORY and serve it on its Unix socket (and on --listen addresses) until SIGTERM (or SIGINT, SIGHUP)
-    or `tinystore stop`; a second SIGTERM or SIGINT ends the calls' grace at once."""
+    or `tinystore stop`; a second of these signals ends the calls' grace at once."""
     import logging
 
     from ..clock import Clock

@@ -1696,16 +1696,7 @@ class Queue(Generic[T]):
                 "jobs.add", Add(queue=self.name, jobs=jobs), builtins.list[str], write=True
             )
         except LimitError as exc:
-            # named as the caller called it, not by the wire's method (trial EF: "queue q: jobs.add: the request")
-            wire = f"queue {self.name}: jobs.add: the request is "
-            if not exc.message.startswith(wire):
-                raise
-            raise LimitError(
-                f"queue {self.name}: add_many: {len(jobs):,} jobs are {exc.message[len(wire) :]}; add them in "
-                "smaller batches",
-                limit=exc.limit,
-                wanted=exc.wanted,
-            ) from None
+            raise _as_add_many(self.name, len(jobs), exc) from None
         return ids
 
     def _many(
@@ -2022,17 +2013,35 @@ class TxQueue(Generic[T]):
     ) -> Coroutine[Any, Any, builtins.list[str]]:
         """As :meth:`Queue.add_many`, inside the transaction (a coroutine: await it, as :meth:`add`)."""
         jobs = self.queue._many(values, keys, tenant, user, type, priority, delay, at)
-        return self.tx._watch(self._add(jobs), f"tx.with_(queue {self.queue.name}).add_many")
+        return self.tx._watch(self._add(jobs, many=True), f"tx.with_(queue {self.queue.name}).add_many")
 
     async def _add_one(self, job: NewJob) -> str:
         return (await self._add([job]))[0]
 
-    async def _add(self, jobs: builtins.list[NewJob]) -> builtins.list[str]:
+    async def _add(self, jobs: builtins.list[NewJob], many: bool = False) -> builtins.list[str]:
         await self._check()
-        ids: builtins.list[str] = await self.queue.store._call(
-            "jobs.add", Add(queue=self.queue.name, jobs=jobs, tx=self.tx.id), builtins.list[str], retry=False
-        )
+        try:
+            ids: builtins.list[str] = await self.queue.store._call(
+                "jobs.add", Add(queue=self.queue.name, jobs=jobs, tx=self.tx.id), builtins.list[str], retry=False
+            )
+        except LimitError as exc:
+            if not many:
+                raise
+            raise _as_add_many(self.queue.name, len(jobs), exc) from None
         return ids
+
+
+def _as_add_many(queue: str, n: int, exc: LimitError) -> LimitError:
+    """``exc`` named as the caller called it (``add_many``), not by the wire's method (trial EF, EH: "queue q:
+    jobs.add: the request is ... bytes encoded")."""
+    wire = f"queue {queue}: jobs.add: the request is "
+    if not exc.message.startswith(wire):
+        return exc
+    return LimitError(
+        f"queue {queue}: add_many: {n:,} jobs are {exc.message[len(wire) :]}; add them in smaller batches",
+        limit=exc.limit,
+        wanted=exc.wanted,
+    )
 
 
 def _job_of(row: JobRow, value: Any) -> Job[Any]:

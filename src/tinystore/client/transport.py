@@ -359,6 +359,11 @@ class _Lost(Exception):
 OUT_OF_MEMORY_TRIES = 2
 """A read whose connection this process dropped for want of memory is sent again once; then it fails."""
 
+
+class _Starved(Exception):
+    """The answer came, but this process had no memory to hold it (the connection goes on)."""
+
+
 IN_DOUBT_WAIT = 10.0
 """Seconds a write whose connection dropped, with nothing said of whether the server read it, waits for the next
 connection to learn that (then, or when no connection comes, it is ``OutcomeUnknownError``)."""
@@ -450,7 +455,9 @@ class _ClientConn(asyncio.Protocol):
         self.goaway: str | None = None
         self.goaway_last: int | None = None  # the server's last request read, told in its GOAWAY
         self.stopping = False  # the GOAWAY said the store is stopping (a graceful stop)
-        self.out_of_memory = False  # dropped by this process: it had no memory for what the server sent
+        # the calls whose answers this process had no memory for as it dropped the connection (see data_received)
+        self.starving: set[int] = set()
+        self.passing: set[int] = set()  # streams whose answer's parts are passed over (see starve)
         self.lost = False
         self.gone = asyncio.Event()  # set once the connection is lost
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -577,7 +584,7 @@ class _ClientConn(asyncio.Protocol):
                 if not batch:
                     return
                 for kind, flags, stream, method, body in batch:
-                    if kind is _RESPONSE and not flags and not self.chunks:
+                    if kind is _RESPONSE and not flags and not self.chunks and not self.passing:
                         # the usual answer: one whole frame
                         fut = pending.pop(stream, None)
                         if self.waiters:
@@ -601,24 +608,51 @@ class _ClientConn(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
         except MemoryError:
-            # no memory in this process for what came (an answer too big for it: trial EG, each reconnect sent the
-            # read again, for ever, with a traceback each): the connection is dropped, and a call pending on it
-            # when it happens twice fails (see RemoteTransport.call) rather than be sent again
+            # no memory in this process for what came, and not in one answer's frames (below): the bytes buffered
+            # (trial EG: each reconnect sent the read again, for ever, with a traceback each). The connection is
+            # dropped; the calls whose answers were coming in parts then (else every call pending on it) count it
+            # against their being sent again (see RemoteTransport.call)
+            self.starving = set(self.chunks) or set(self.pending)
             self.chunks.clear()
-            self.out_of_memory = True
             self.goaway = "this process ran out of memory (MemoryError) reading the store's answers"
             if self.transport is not None:
                 self.transport.abort()
 
+    def starve(self, stream: int) -> None:
+        """The answer of ``stream`` came, but this process had no memory to hold it: its call fails (``_Starved``),
+        the connection going on; the rest of its parts, if any, are passed over as they come."""
+        self.chunks.pop(stream, None)
+        fut = self.pending.pop(stream, None)
+        if self.waiters:
+            self.release()
+        if fut is not None and not fut.done():
+            fut.set_exception(_Starved())
+        self.orphans.pop(stream, None)
+
     def on_frame(self, kind: Kind, flags: int, stream: int, method: str, body: bytes) -> None:
         if kind is Kind.RESPONSE:
+            passed = self.passing
+            if passed and stream in passed:
+                if not flags & frames.MORE:
+                    passed.discard(stream)  # (its last part: what comes on this stream after it is new)
+                return
+            if flags & frames.UNREAD:
+                self.starve(stream)
+                if flags & frames.MORE:
+                    self.passing.add(stream)
+                return
             if flags & frames.MORE:
                 self.chunks.setdefault(stream, []).append(body)
                 return
             parts = self.chunks.pop(stream, None)
             if parts is not None:
                 parts.append(body)
-                body = b"".join(parts)
+                try:
+                    body = b"".join(parts)
+                except MemoryError:
+                    del parts
+                    self.starve(stream)
+                    return
             fut = self.pending.pop(stream, None)
             if self.waiters:
                 self.release()
@@ -696,7 +730,7 @@ class _ClientConn(asyncio.Protocol):
                         _Lost(
                             self.goaway or str(exc or "connection closed"),
                             in_doubt=last is None,
-                            out_of_memory=self.out_of_memory,
+                            out_of_memory=stream in self.starving,
                         )
                     )
         for w in self.waiters:
@@ -1187,6 +1221,19 @@ class RemoteTransport(Transport):
                     # never read: sent again, but a transaction's call only on its own connection (trial BX)
                     self._no_tx_elsewhere(method, request, conn.goaway)
                     continue
+                except _Starved:
+                    starved += 1
+                    if write:
+                        raise OutcomeUnknownError(
+                            f"{method}: its answer came, but this process ran out of memory (MemoryError) reading "
+                            "it; the write may or may not have taken effect"
+                        ) from None
+                    if starved >= OUT_OF_MEMORY_TRIES:
+                        raise UnavailableError(
+                            f"{method}: the answer could not be read: this process ran out of memory (MemoryError) "
+                            f"reading it ({starved} tries): ask for less at a time (a LIMIT, fewer or smaller columns)"
+                        ) from None
+                    continue  # (a read: sent again, once)
                 except _Lost as exc:
                     if exc.out_of_memory:
                         starved += 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import math
@@ -570,6 +571,9 @@ class SqlDatabase:
         # the store's stop has run past its grace while clients' calls ran: their statements are interrupted (see
         # cut_calls), the engines' own go on
         self.cut = False
+        # each thread's connection, with its statement's ``own`` and whether it reads: what cut_calls and halt
+        # interrupt at once (see _progress_guard)
+        self._guards: dict[int, tuple[sqlite3.Connection, list[bool], bool]] = {}
         self._start_ended = threading.Event()  # set as start returns or raises (see join)
         self.active_tx: SqlTx | None = None
         self.stats = {"writes": 0, "commits": 0, "reads": 0, "transactions": 0}
@@ -1236,6 +1240,7 @@ class SqlDatabase:
             return 1 if fut is not None and fut.done() else 0
 
         conn.set_progress_handler(check, 10000)
+        self._guards[threading.get_ident()] = (conn, own_now, reads)
 
         def arm(start: float, fut: Any = None, until: float = math.inf, own: bool = False) -> None:
             deadline[0] = min(start + limit, until)
@@ -1283,7 +1288,9 @@ class SqlDatabase:
             # the single writes at the head of ``todo`` (a transaction or a VACUUM waits its turn), at most ``room``
             out: list[_Write] = []
             while todo and len(out) < room and isinstance(todo[0], _Write) and not is_vacuum(todo[0].sql):
-                out.append(todo.popleft())
+                w = todo.popleft()
+                if not self._not_run(w):
+                    out.append(w)
             return out
 
         def late(room: int) -> list[_Write]:
@@ -1296,6 +1303,8 @@ class SqlDatabase:
                 break
             item = todo.popleft()
             if isinstance(item, _Write):
+                if self._not_run(item):
+                    continue
                 if is_vacuum(item.sql):
                     self._vacuum(conn, item, arm)
                     continue
@@ -1316,6 +1325,18 @@ class SqlDatabase:
         except sqlite3.Error:
             pass
         conn.close()
+
+    def _not_run(self, w: _Write) -> bool:
+        """Whether ``w``, queued, is not to run now that the store stopped past its grace (every write once
+        :meth:`halt`, a client's once :meth:`cut_calls`): then it was answered ``ClosedError``."""
+        if not (self.halted or (self.cut and not w.own)):
+            return False
+        self.results.put(
+            w.fut,
+            None,
+            ClosedError(f"database {self.name}: the store stopped before the statement ran (its grace ended): not run"),
+        )
+        return True
 
     def _group_commit(
         self,
@@ -1789,7 +1810,12 @@ class SqlDatabase:
                 return
             # a read in a transaction stops when its caller goes away; a write goes on (interrupting it would
             # roll back the whole transaction, which a caller that only gave up waiting may go on with)
-            arm(math.inf if tx.migration else time.monotonic(), call.fut if call.op == "query" else None, ends)
+            arm(
+                math.inf if tx.migration else time.monotonic(),
+                call.fut if call.op == "query" else None,
+                ends,
+                own=call.own,
+            )
             sql = call.sql
             if deferring:
                 sql = DEFERRING_TAG + sql  # (see DEFERRING_TAG: prepared apart from every other client's text)
@@ -1823,8 +1849,11 @@ class SqlDatabase:
                 if not conn.in_transaction:
                     # SQLite rolled back the whole transaction (INSERT OR ROLLBACK, a trigger's RAISE(ROLLBACK), an
                     # interrupt): it is over; what follows must not run in autocommit
-                    end_reason = rolled_back_by(self.name, tx.id, err, migration=tx.migration)
-                    put(call.fut, None, rolled_back_by(self.name, tx.id, err, this=True, migration=tx.migration))
+                    # (a migration's, or one the store began for a call, as a big add_many's, is not named by its
+                    # number, which the client never saw: trial EG, EH)
+                    which = "migration" if tx.migration else "own" if call.own else ""
+                    end_reason = rolled_back_by(self.name, tx.id, err, which=which)
+                    put(call.fut, None, rolled_back_by(self.name, tx.id, err, this=True, which=which))
                     quiet = True  # the application's own doing, not the store's: no warning in the log
                     break
                 put(call.fut, None, err)
@@ -1895,14 +1924,30 @@ class SqlDatabase:
         """Interrupt the statements the threads run for clients' calls, now and from now on (rolled back; each call
         answered ``ClosedError``); the engines' own go on. The store's stop ran past its grace with calls still
         under way: their clients are told before their connections close, rather than left to guess
-        (``OutcomeUnknownError``). They end within some 10,000 SQLite instructions."""
+        (``OutcomeUnknownError``). A statement running now is interrupted at once (``sqlite3_interrupt``: a VACUUM
+        of large rows runs fewer than 10,000 instructions, trial EH), the ones after it at their next 10,000
+        instructions, and a client's write queued behind them is answered unrun (``ClosedError``). Reads are not
+        cut (their clients send them again to the next server)."""
         self.cut = True
+        self._interrupt(clients_only=True)
+
+    def _interrupt(self, clients_only: bool) -> None:
+        """``sqlite3_interrupt`` on the threads' connections running a statement now (a no-op on one running none):
+        every one, or, with ``clients_only``, the writer's when its statement is a client's. Never one running the
+        engine's own BEGIN, COMMIT or ROLLBACK (an interrupted COMMIT may have committed all the same)."""
+        for conn, own_now, reads in list(self._guards.values()):
+            c: Any = conn
+            if getattr(c, "control", False) or (clients_only and (reads or own_now[0])):
+                continue
+            with contextlib.suppress(Exception):  # (closed meanwhile: nothing to interrupt)
+                conn.interrupt()
 
     def halt(self) -> None:
         """Interrupt what the threads run now (a long migration, write, VACUUM or read: rolled back), and all they
         would run after: the store's stop ran past its grace. They end within some 10,000 SQLite instructions
         (or a COMMIT's fsync)."""
         self.halted = True
+        self._interrupt(clients_only=False)
 
     def busy(self) -> bool:
         """Whether its start or one of its threads still runs."""

@@ -20,16 +20,16 @@ from .sql_guard import DENIED_MESSAGES, TX_WHY, denial
 from .sql_text import INT_MAX
 
 
-def rolled_back_by(
-    db: str, tx_id: int, err: TinystoreError, this: bool = False, migration: bool = False
-) -> TinystoreError:
+def rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False, which: str = "") -> TinystoreError:
     """The error of a statement that made SQLite roll back its whole transaction (``this``), or of what the
-    transaction is asked for after it: the same kind as the statement's. ``migration``: the transaction is a
-    migration's (its number is the store's own, never seen by the client: trial EG)."""
+    transaction is asked for after it: the same kind as the statement's. ``which``: ``"migration"`` for a
+    migration's transaction, ``"own"`` for one the store began for a call; their numbers are the store's own, never
+    seen by the client (trial EG, EH)."""
     why = err.message.removeprefix(f"database {db}: ")
-    which = "the migration's transaction" if migration else f"transaction {tx_id}"
+    names = {"migration": "the migration's transaction", "own": "the transaction the store ran it in"}
+    wholes = {"migration": "the migration's whole transaction", "own": "the whole transaction the store ran it in"}
+    which, whole = names.get(which, f"transaction {tx_id}"), wholes.get(which, f"the whole transaction {tx_id}")
     if this:
-        whole = "the migration's whole transaction" if migration else f"the whole transaction {tx_id}"
         msg = f"database {db}: {why}; this rolled back {whole}, which has ended"
     else:
         msg = f"database {db}: {which} was rolled back by a statement that failed ({why})"

@@ -37,6 +37,10 @@ HEADER = struct.Struct(">IBBIB")
 HEADER_SIZE = HEADER.size  # 11 bytes, the length included
 _pack = HEADER.pack
 MORE = 0x01
+UNREAD = 0x80
+"""Not on the wire (cleared from what a peer sends): set by :meth:`Connection.next_frames` on a frame whose body
+this process had no memory to hold (its body is then ``b""``): the frame is passed over, and the caller answers it
+(a server: an error for that request) or fails its call (a client), the connection going on."""
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 HELLO_MAX = 64 * 1024
 """The largest ``HELLO`` body a server reads: before the handshake, a peer (no token shown yet) cannot make it
@@ -282,7 +286,14 @@ class Connection:
                     start += mlen
                 else:
                     method = ""
-                body: bytes = buf[start:stop] if whole else bytes(buf[start:stop])  # type: ignore[assignment]
+                flags &= ~UNREAD
+                try:
+                    body: bytes = buf[start:stop] if whole else bytes(buf[start:stop])  # type: ignore[assignment]
+                except MemoryError:
+                    # (trial EH: a server short of memory took a 15 MB request for a connection error, and its
+                    # client sent it again, for ever)
+                    body = b""
+                    flags |= UNREAD
                 pos = stop
                 if server:
                     if k is Kind.REQUEST:

@@ -152,6 +152,7 @@ ACCEPT_PAUSE = 0.5
 LOG_EVERY = 60.0
 _NO_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _REQUEST = Kind.REQUEST
+_UNREAD = frames.UNREAD
 _Future = asyncio.Future
 
 
@@ -414,8 +415,10 @@ class ServerConnection(asyncio.Protocol):
                 batch = conn.next_frames()
                 if not batch:
                     break
-                for kind, _flags, stream, method, body in batch:
-                    if kind is _REQUEST:
+                for kind, flags, stream, method, body in batch:
+                    if flags & _UNREAD:
+                        self.unread(kind, stream, method)
+                    elif kind is _REQUEST:
                         if stream > self.last_stream:
                             self.last_stream = stream
                         self.on_request(stream, method, body)
@@ -425,6 +428,12 @@ class ServerConnection(asyncio.Protocol):
                         break
         except ProtocolError as exc:
             self.close(exc.message, "protocol")
+        except MemoryError:
+            # (no traceback for each: trial EH, a thousand a minute as a client sent its request again)
+            self.listener.silent_log("memory").warning(
+                "%s: out of memory reading what a client sent: its connection is closed", self.listener.description
+            )
+            self.close("the server is out of memory: what this client sent could not be read", "unavailable")
         except Exception as exc:
             log.exception("connection error")
             self.close(f"internal error: {exc}", "internal")
@@ -433,6 +442,26 @@ class ServerConnection(asyncio.Protocol):
             # the answers of this read go out in one write, now (not a loop turn later)
             if self.out:
                 self.flush()
+
+    def unread(self, kind: Kind, stream: int, method: str) -> None:
+        """A frame whose body this process had no memory to hold (``frames.UNREAD``): a request is answered with an
+        error (it was not run; trial EH: the connection was dropped, and its client sent it again, for ever), and
+        the connection goes on; any other frame closes it."""
+        self.listener.silent_log("memory").warning(
+            "%s: out of memory reading a request (%s): it was refused", self.listener.description, method or kind.name
+        )
+        if kind is not _REQUEST:
+            self.close("the server is out of memory: what this client sent could not be read", "unavailable")
+            return
+        if stream > self.last_stream:
+            self.last_stream = stream
+        self.send_error(
+            stream,
+            UnavailableError(
+                f"{method}: the server is out of memory: the request could not be read, and was not run (try again "
+                "later, or send less at once)"
+            ),
+        )
 
     def eof_received(self) -> bool | None:
         return None

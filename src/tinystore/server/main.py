@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import faulthandler
 import logging
@@ -299,6 +300,8 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
         sigs.append(signal.SIGHUP)
 
     def on_signal(sig: signal.Signals) -> None:
+        if core.stopped.is_set():
+            return  # (stopped already: the process is about to exit)
         if core.stop_requested.is_set():
             # a second Ctrl-C: the calls under way are interrupted now, not given the rest of their grace
             if not core.grace_over.is_set():
@@ -329,6 +332,12 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
         await core.stop(core.stop_grace)  # (its address file goes with it)
+        for sig in sigs:
+            # stopped: a signal that comes now (a second Ctrl-C just too late) must not end the process with a
+            # failure status, which says it did not stop cleanly (trial EH: 130, 143)
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
         if opts.mode != "private":  # (a private server's log is its program's standard error)
             log.info("stopped")
     return core.exit_status
