@@ -129,6 +129,14 @@ BUSY_TIMEOUT_MS = 60_000
 """How long a connection waits for a lock another holds (SQLite's busy timeout)."""
 CHECKPOINT_WAIT_MS = 1_000
 """How long a checkpoint through exec waits for readers (see ``SqlDatabase._vacuum``)."""
+WAL_BOUND = 64 * 1024 * 1024
+"""Bytes of a database's WAL past which its writer checkpoints it whole and truncates it (see
+``SqlDatabase._bound_wal``): SQLite's automatic checkpoint cannot reset a WAL while reads that overlap without a pause
+keep snapshots in it, and it grew without end (trial EI: 5 MB/s, 337 MB, kept until the store stopped)."""
+WAL_LOOK_EVERY = 1.0
+"""Seconds between two looks of the writer at its WAL's size (and two tries to truncate it, when past the bound)."""
+WAL_WAIT_MS = 250
+"""How long such a checkpoint waits for the reads that still use the WAL, holding the writes meanwhile."""
 _UNLIMITED = 86400.0 * 365
 """A migration's ``tx_max`` and ``tx_idle`` (a year: none)."""
 
@@ -599,6 +607,8 @@ class SqlDatabase:
         self._moved = False  # the database file was found removed or replaced (for good, until a restart)
         self._wal_moved = False  # the WAL was (each commit is then copied into the database file)
         self._wal = path.with_name(path.name + "-wal")
+        self._wal_look_at = 0.0  # (see _bound_wal)
+        self._wal_told = 0.0
         self._shm = path.with_name(path.name + "-shm")
         self._told_gone = False
         # why the database takes no more writes until the store restarts: a COMMIT the file system failed (see
@@ -1313,6 +1323,7 @@ class SqlDatabase:
             else:
                 tx, fut = item
                 self._run_tx(conn, tx, fut, arm)
+            self._bound_wal(conn, arm)
             if self._rowid_stale:
                 # a schema change in what just ran, committed or not: the tables are read again from what is now
                 self._rowid_tables = None
@@ -1325,6 +1336,46 @@ class SqlDatabase:
         except sqlite3.Error:
             pass
         conn.close()
+
+    def _bound_wal(self, conn: sqlite3.Connection, arm: _Arm) -> None:
+        """After a commit (writer thread, outside a transaction), at most every :data:`WAL_LOOK_EVERY` seconds: a
+        WAL past :data:`WAL_BOUND` is checkpointed whole and truncated (``wal_checkpoint(TRUNCATE)``), waiting
+        :data:`WAL_WAIT_MS` at most for the reads still in it (new reads meanwhile read the database file), the
+        writes held meanwhile; when reads keep it from finishing, it is tried again a second later, and logged
+        (once a minute)."""
+        now = time.monotonic()
+        if now < self._wal_look_at or self._wal_moved or conn.in_transaction:
+            return
+        self._wal_look_at = now + WAL_LOOK_EVERY
+        try:
+            size = os.stat(self._wal).st_size
+        except OSError:
+            return
+        if size <= WAL_BOUND:
+            return
+        arm(now, own=True)
+        c: Any = conn
+        c.internal = True
+        try:
+            conn.execute(f"pragma busy_timeout = {WAL_WAIT_MS}")
+            busy = own_execute(conn, "pragma wal_checkpoint(truncate)").fetchone()[0]
+        except sqlite3.Error:
+            busy = 1
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
+            c.internal = False
+        self.stats["wal_truncated" if not busy else "wal_busy"] = (
+            self.stats.get("wal_truncated" if not busy else "wal_busy", 0) + 1
+        )
+        if busy and now - self._wal_told > 60:
+            self._wal_told = now
+            log.warning(
+                "database %s: its WAL is %d MB, and reads that overlap without a pause keep it from being "
+                "checkpointed; it is tried again every second (a read of the whole table, over and over, does this)",
+                self.name,
+                size // (1024 * 1024),
+            )
 
     def _not_run(self, w: _Write) -> bool:
         """Whether ``w``, queued, is not to run now that the store stopped past its grace (every write once
