@@ -219,7 +219,7 @@ async def test_add_many_names_a_shared_argument_as_the_calls(tmp_path: Path) -> 
         q = store.queue("q")
         with pytest.raises(tinystore.InvalidError, match=r"^queue q: add_many: tenant '"):
             await q.add_many([1, 2], tenant="x" * 300)
-        with pytest.raises(tinystore.InvalidError, match=r"^queue q: add_many: values\[1\]: key ''"):
+        with pytest.raises(tinystore.InvalidError, match=r"^queue q: add_many: keys\[1\]: key ''"):
             await q.add_many([1, 2], keys=["a", ""])
 
 
