@@ -205,7 +205,8 @@ async def test_a_read_beside_one_too_big_for_memory_is_answered(tmp_path: Path) 
 
 
 # contract: STORE-04
-async def test_a_request_too_big_for_the_servers_memory_is_refused_not_sent_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("room_mb", [8, 30])
+async def test_a_request_too_big_for_the_servers_memory_is_refused_not_sent_again(tmp_path: Path, room_mb: int) -> None:
     """Trial EH: a server short of memory taking a 15 MB request off the wire dropped the connection with a
     traceback, and its client sent the read again, for ever (a thousand tracebacks a minute)."""
     import os
@@ -221,7 +222,8 @@ async def test_a_request_too_big_for_the_servers_memory_is_refused_not_sent_agai
         assert server.proc is not None
         with open(f"/proc/{server.proc.pid}/status") as f:
             mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-        limit = mapped + 30_000_000
+        # (8 MB: no room for its bytes as they come, trial EJ; 30 MB: no room to take the whole frame out of them)
+        limit = mapped + room_mb * 1_000_000
         resource.prlimit(server.proc.pid, resource.RLIMIT_AS, (limit, limit))
         for call in (
             db.scalar("select length(?)", os.urandom(15_000_000)),
@@ -236,3 +238,55 @@ async def test_a_request_too_big_for_the_servers_memory_is_refused_not_sent_agai
         server.stop()
     log = (directory / "serve.log").read_text()
     assert "Traceback" not in log, log[-3000:]
+
+
+IN_TX = textwrap.dedent(
+    """
+    import asyncio, resource, sys
+    import tinystore
+
+    async def main():
+        store = await tinystore.open(sys.argv[1], reconnect_timeout="5s")
+        db = await store.database("app", migrations=[("001.sql", "create table t (id integer primary key, b blob);")])
+        with open("/proc/self/status") as f:
+            mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + 60 * 2**20, resource.RLIM_INFINITY))
+
+        async def fn(tx):
+            try:
+                done = await tx.exec(
+                    "insert into t (b) values (randomblob(case when (select count(*) from t) = 0 then 40000000 "
+                    "else 10 end)) returning id, b"
+                )
+                print("answered", [(r[0], len(r[1])) for r in done.rows], flush=True)
+            except tinystore.TinystoreError as exc:
+                print(type(exc).__name__, exc, flush=True)
+
+        await db.tx(fn)
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        print("rows", await db.scalar("select count(*) from t"), flush=True)
+        await store.close()
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_statement_in_a_transaction_whose_answer_does_not_fit_is_not_sent_again(tmp_path: Path) -> None:
+    """Trial EJ: a transaction's statement whose answer this process had no memory for was sent again in the same
+    transaction (taken for a read): it ran twice, and both committed, once with no error at all."""
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", IN_TX, str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "rows 1" in done.stdout, done.stdout
+        assert "OutcomeUnknownError sql.exec: its answer came, but this process ran out of memory" in done.stdout
+    finally:
+        server.stop()

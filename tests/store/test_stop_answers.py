@@ -166,3 +166,34 @@ def test_a_second_signal_just_after_the_stop_leaves_a_clean_exit(tmp_path: Path)
         assert server.proc.wait(30) == 0
         log = (tmp_path / f"s{i}" / "serve.log").read_text()
         assert "the grace ends now" not in log.partition("stopped")[2], log
+
+
+# contract: STORE-06
+async def test_calls_queued_for_their_turn_when_the_store_goes_fail_within_the_reconnect_timeout(
+    tmp_path: Path,
+) -> None:
+    """Trial EJ: 30,000 writes queued as the store stopped (not to come back) failed 160 every 30 s: each group that
+    got its turn waited reconnect_timeout afresh (half an hour for all). A call waits reconnect_timeout from the
+    later of its start and the connection's loss."""
+    import time
+
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    client = await tinystore.open(directory, reconnect_timeout="1s")
+    try:
+        db = await client.database("app", migrations=[("001.sql", "create table w (k, v);")])
+        calls = [asyncio.ensure_future(db.exec("insert into w values (?, ?)", k, "x" * 200)) for k in range(6000)]
+        await asyncio.sleep(0.05)
+        assert server.proc is not None
+        server.proc.kill()  # (gone, and not coming back: a tinystore serve is waited for, never replaced)
+        await asyncio.to_thread(server.proc.wait, 30)
+        stopped = time.monotonic()
+        outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 90)
+        took = time.monotonic() - stopped
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        assert failed, "every write was done before the kill: nothing to tell"
+        assert all(isinstance(o, tinystore.TinystoreError) for o in failed), failed[:3]
+        assert took < 8, took  # (1 s of reconnect_timeout, and in doubt writes' 1 s: not 19 waits of 1 s each)
+    finally:
+        await client.close()
+        server.stop()

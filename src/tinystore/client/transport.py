@@ -370,7 +370,12 @@ connection to learn that (then, or when no connection comes, it is ``OutcomeUnkn
 
 
 class _NotSent(Exception):
-    """The connection dropped before the request was written: it never reached the server."""
+    """The connection dropped before the request was written: it never reached the server (or the server said it
+    never read it). ``out_of_memory``: the server dropped the connection having no memory to take it in."""
+
+    def __init__(self, out_of_memory: bool = False) -> None:
+        super().__init__()
+        self.out_of_memory = out_of_memory
 
 
 class NotRunError(UnavailableError):
@@ -458,6 +463,7 @@ class _ClientConn(asyncio.Protocol):
         # the calls whose answers this process had no memory for as it dropped the connection (see data_received)
         self.starving: set[int] = set()
         self.passing: set[int] = set()  # streams whose answer's parts are passed over (see starve)
+        self.server_starved = False  # the server's GOAWAY said it had no memory to take in what this client sent
         self.lost = False
         self.gone = asyncio.Event()  # set once the connection is lost
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -692,6 +698,7 @@ class _ClientConn(asyncio.Protocol):
             try:
                 goaway = decode(body, GoAway)
                 self.goaway, self.goaway_last = goaway.reason, goaway.last_stream
+                self.server_starved = goaway.code == "out_of_memory"
                 # (an older server does not say ``stopping``: its stop's GOAWAY is the one with this code and a
                 # last stream read)
                 self.stopping = goaway.stopping or (goaway.code == "unavailable" and goaway.last_stream is not None)
@@ -724,7 +731,8 @@ class _ClientConn(asyncio.Protocol):
         for stream, fut in pending.items():
             if not fut.done():
                 if stream in self.unsent or (last is not None and stream > last):
-                    fut.set_exception(_NotSent())  # (after the server's last request read: it never read it)
+                    # (after the server's last request read: it never read it)
+                    fut.set_exception(_NotSent(out_of_memory=self.server_starved and stream not in self.unsent))
                 else:
                     fut.set_exception(
                         _Lost(
@@ -794,6 +802,7 @@ class RemoteTransport(Transport):
         self.store_id = ""  # the id of the store its first connection reached (Welcome.store): the only one it joins
         self._conn: _ClientConn | None = None
         self._up = asyncio.Event()
+        self.down_since = 0.0  # when (time.monotonic()) the last connection was lost (see _wait_up)
         self._ids = itertools.count(1)
         self._reconnecting: asyncio.Task[None] | None = None
         self._hook_tasks: set[asyncio.Task[Any]] = set()
@@ -1027,6 +1036,7 @@ class RemoteTransport(Transport):
             return
         self._conn = None
         self._up.clear()
+        self.down_since = time.monotonic()
         if self.closed:
             return
         self.last_error = UnavailableError(conn.goaway or "the connection to the store dropped")
@@ -1107,13 +1117,20 @@ class RemoteTransport(Transport):
         self._up.set()
         self.failed(exc)
 
-    async def _wait_up(self) -> _ClientConn:
+    async def _wait_up(self, since: float | None = None) -> _ClientConn:
+        """The connection, once the store is reached. ``since``: when (``time.monotonic()``) the call began, given
+        by a call: it waits ``reconnect_timeout`` from the later of that and the moment the connection was lost, not
+        from now (trial EJ: 30,000 calls queued for their turns as the store stopped failed 160 every 30 s, each
+        group waiting afresh, for half an hour)."""
         if self._gone is not None:
             raise self._gone  # (also once closed: what ended it, not "closed")
         if self.closed:
             raise ClosedError(f"store {self.where} is closed")
+        wait = self.reconnect_timeout
+        if since is not None and not self._up.is_set():
+            wait = max(0.0, max(since, self.down_since) + wait - time.monotonic())
         try:
-            async with asyncio.timeout(self.reconnect_timeout):
+            async with asyncio.timeout(wait):
                 await self._up.wait()
         except TimeoutError:
             raise UnavailableError(
@@ -1130,7 +1147,7 @@ class RemoteTransport(Transport):
             if refused is not None:
                 raise UnauthenticatedError(f"{refused.message} (refused when the SDK reconnected)", **refused.extra)
             self._up.clear()  # woken for nothing (the refusal was cleared meanwhile): wait again
-            return await self._wait_up()
+            return await self._wait_up(since)
         return conn
 
     async def call(
@@ -1146,6 +1163,7 @@ class RemoteTransport(Transport):
     ) -> Any:
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
+        began = time.monotonic()
         first = self._first
         if first is not None:
             if first.done():
@@ -1186,7 +1204,7 @@ class RemoteTransport(Transport):
                 if conn is None or self.closed:
                     if not self.closed:
                         self._no_tx_elsewhere(method, request, None)
-                    conn = await self._wait_up()
+                    conn = await self._wait_up(began)
                 if conn.lost or conn.goaway is not None or conn.transport is None or conn.transport.is_closing():
                     # aborted, or the server said goodbye, and not yet lost: wait for the next connection
                     # rather than write into this one (a write would be lost unsent, yet OutcomeUnknownError)
@@ -1217,16 +1235,31 @@ class RemoteTransport(Transport):
                     conn.loop.call_soon(conn.flush)
                 try:
                     raw = await fut
-                except _NotSent:
+                except _NotSent as exc:
+                    if exc.out_of_memory:
+                        # the server had no memory to take in what came (trial EJ: sent again for ever, 18 a second)
+                        starved += 1
+                        if starved >= OUT_OF_MEMORY_TRIES or not retry:
+                            raise UnavailableError(
+                                f"{method}: the server is out of memory: the request could not be read, and was not "
+                                f"run ({starved} tries; try again later, or send less at once)"
+                            ) from None
                     # never read: sent again, but a transaction's call only on its own connection (trial BX)
                     self._no_tx_elsewhere(method, request, conn.goaway)
                     continue
                 except _Starved:
                     starved += 1
-                    if write:
+                    if write or (not retry and method != "sql.query"):
+                        # (a transaction's statement too: it ran there, or failed there, and is never sent again;
+                        # trial EJ: it was, and ran twice in the transaction)
                         raise OutcomeUnknownError(
                             f"{method}: its answer came, but this process ran out of memory (MemoryError) reading "
-                            "it; the write may or may not have taken effect"
+                            "it; the write may or may not have taken effect (it is not sent again)"
+                        ) from None
+                    if not retry:
+                        raise UnavailableError(
+                            f"{method}: the answer could not be read: this process ran out of memory (MemoryError) "
+                            "reading it (a transaction's read is not sent again; the transaction goes on)"
                         ) from None
                     if starved >= OUT_OF_MEMORY_TRIES:
                         raise UnavailableError(

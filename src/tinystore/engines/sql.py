@@ -910,15 +910,35 @@ class SqlDatabase:
             if isinstance(exc, sqlite3.Error):
                 raise self._error(exc) from None
             raise
-        t = threading.Thread(target=self._writer_main, args=(writer,), name=f"tinystore-sql-{self.name}-w", daemon=True)
-        self._threads.append(t)
-        t.start()
-        for i, conn in enumerate(readers):
-            r = threading.Thread(
-                target=self._reader_main, args=(conn,), name=f"tinystore-sql-{self.name}-r{i}", daemon=True
+        started = 0  # threads started: the writer's, then the readers'
+        try:
+            t = threading.Thread(
+                target=self._writer_main, args=(writer,), name=f"tinystore-sql-{self.name}-w", daemon=True
             )
-            self._threads.append(r)
-            r.start()
+            t.start()
+            self._threads.append(t)
+            started = 1
+            for i, conn in enumerate(readers):
+                r = threading.Thread(
+                    target=self._reader_main, args=(conn,), name=f"tinystore-sql-{self.name}-r{i}", daemon=True
+                )
+                r.start()
+                self._threads.append(r)
+                started += 1
+        except RuntimeError as exc:  # "can't start new thread": short of memory or of threads (trial EJ)
+            # the threads started end (each closes its connection), the other connections are closed here
+            if started:
+                self._writes.put(None)
+                self._reads.stop(started - 1)
+            for conn in [writer, *readers][started:]:
+                conn.close()
+            if self._inline is not None:
+                self._inline.close()
+                self._inline = None
+            raise UnavailableError(
+                f"database {self.name}: the server could not start its threads ({exc}): it is short of memory or of "
+                "threads; try again later"
+            ) from None
         return applied
 
     def _migrate(self, conn: sqlite3.Connection, migrations: Sequence[tuple[str, str]]) -> list[str]:

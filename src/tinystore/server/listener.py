@@ -408,9 +408,9 @@ class ServerConnection(asyncio.Protocol):
                 self.close("TLS spoken to a plain listener: use tcp://, or serve tls://", "invalid")
                 return
         conn = self.conn
-        conn.receive_data(data)
         self.receiving = True
         try:
+            conn.receive_data(data)
             while not self.closing:
                 batch = conn.next_frames()
                 if not batch:
@@ -429,11 +429,15 @@ class ServerConnection(asyncio.Protocol):
         except ProtocolError as exc:
             self.close(exc.message, "protocol")
         except MemoryError:
-            # (no traceback for each: trial EH, a thousand a minute as a client sent its request again)
+            # no memory to take in what came (the bytes of a big request, before its frame was whole): the
+            # connection is closed, saying which requests were read; the SDK sends the others again, once (trial EH,
+            # EJ: a traceback each time, and sent again for ever)
             self.listener.silent_log("memory").warning(
                 "%s: out of memory reading what a client sent: its connection is closed", self.listener.description
             )
-            self.close("the server is out of memory: what this client sent could not be read", "unavailable")
+            self.close(
+                "the server is out of memory: what this client sent could not be read", "out_of_memory", said_read=True
+            )
         except Exception as exc:
             log.exception("connection error")
             self.close(f"internal error: {exc}", "internal")
