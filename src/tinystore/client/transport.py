@@ -728,11 +728,19 @@ class _ClientConn(asyncio.Protocol):
             self.keepalive.cancel()
         pending, self.pending = self.pending, {}
         last = self.goaway_last
+        # the request the server was taking in as its memory ran out: the first it did not read (it reads them in
+        # order); only that one counts it against being sent again (trial EK: the small calls written behind a big
+        # one failed with it)
+        starved = (
+            min((s for s in pending if s > last and s not in self.unsent), default=None)
+            if self.server_starved and last is not None
+            else None
+        )
         for stream, fut in pending.items():
             if not fut.done():
                 if stream in self.unsent or (last is not None and stream > last):
                     # (after the server's last request read: it never read it)
-                    fut.set_exception(_NotSent(out_of_memory=self.server_starved and stream not in self.unsent))
+                    fut.set_exception(_NotSent(out_of_memory=stream == starved))
                 else:
                     fut.set_exception(
                         _Lost(
@@ -1239,7 +1247,7 @@ class RemoteTransport(Transport):
                     if exc.out_of_memory:
                         # the server had no memory to take in what came (trial EJ: sent again for ever, 18 a second)
                         starved += 1
-                        if starved >= OUT_OF_MEMORY_TRIES or not retry:
+                        if starved >= OUT_OF_MEMORY_TRIES:
                             raise UnavailableError(
                                 f"{method}: the server is out of memory: the request could not be read, and was not "
                                 f"run ({starved} tries; try again later, or send less at once)"
