@@ -94,6 +94,9 @@ async def test_open_refuses_options_of_another_way_of_reaching_the_store(tmp_pat
         await tinystore.open(tmp_path / "s", private=True, reconnect_timeout=-1)
     with pytest.raises(InvalidError, match="open: reconnect_timeout '0s': expected a duration above 0"):
         await tinystore.open(tmp_path / "s", private=True, reconnect_timeout="0s")
+    # trial EK: too long was "expected a duration above 0"
+    with pytest.raises(InvalidError, match=r"open: reconnect_timeout: a duration is at most 100 years \(36500d\)"):
+        await tinystore.open(tmp_path / "s", private=True, reconnect_timeout="100000000d")
 
 
 async def test_open_takes_reconnect_timeout_as_connect_does(tmp_path: Path) -> None:

@@ -586,7 +586,9 @@ def _checked_reconnect_timeout(who: str, value: Any) -> float:
     """``value`` (a duration: a number of seconds, a timedelta or text such as ``"30s"``) in seconds, above 0."""
     try:
         checked = seconds(value, f"{who}: reconnect_timeout")
-    except InvalidError:
+    except InvalidError as exc:
+        if "above 0" not in exc.message and "negative" not in exc.message:
+            raise  # (what else is wrong with it, said as it is: over the longest duration, trial EK)
         checked = 0.0
     if not checked > 0:
         raise InvalidError(
