@@ -44,18 +44,19 @@ CLIENT = textwrap.dedent(
 )
 
 
+async def run_client(script: str, directory: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run by a Python of its own, with the store's directory as its argument (a minute at most)."""
+    return await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", script, str(directory)], capture_output=True, text=True, timeout=60
+    )
+
+
 # contract: STORE-06
 async def test_a_read_too_big_for_the_clients_memory_fails_once_sent_again(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     server = ServerProcess(directory).start()
     try:
-        done = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-c", CLIENT, str(directory)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = await run_client(CLIENT, directory)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "small 1" in done.stdout
         assert "UnavailableError sql.query: the answer could not be read: this process ran out of memory" in done.stdout
@@ -131,13 +132,7 @@ async def test_a_write_too_big_for_the_clients_memory_raises_memory_error(tmp_pa
     directory = tmp_path / "store"
     server = ServerProcess(directory).start()
     try:
-        done = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-c", WRITER, str(directory)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = await run_client(WRITER, directory)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "MemoryError" in done.stdout and "after 2" in done.stdout, done.stdout
         assert "never retrieved" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -189,13 +184,7 @@ async def test_a_read_beside_one_too_big_for_memory_is_answered(tmp_path: Path) 
     directory = tmp_path / "store"
     server = ServerProcess(directory).start()
     try:
-        done = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-c", BESIDE, str(directory)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = await run_client(BESIDE, directory)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "big UnavailableError: sql.query: the answer could not be read" in done.stdout, done.stdout
         assert "small 2000000" in done.stdout, done.stdout
@@ -278,13 +267,7 @@ async def test_a_statement_in_a_transaction_whose_answer_does_not_fit_is_not_sen
     directory = tmp_path / "store"
     server = ServerProcess(directory).start()
     try:
-        done = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-c", IN_TX, str(directory)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = await run_client(IN_TX, directory)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "rows 1" in done.stdout, done.stdout
         assert "OutcomeUnknownError sql.exec: its answer came, but this process ran out of memory" in done.stdout
