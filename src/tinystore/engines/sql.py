@@ -1385,14 +1385,14 @@ class SqlDatabase:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
             c.internal = False
-        self.stats["wal_truncated" if not busy else "wal_busy"] = (
-            self.stats.get("wal_truncated" if not busy else "wal_busy", 0) + 1
-        )
+        key = "wal_busy" if busy else "wal_truncated"
+        self.stats[key] = self.stats.get(key, 0) + 1
         if busy and now - self._wal_told > 60:
             self._wal_told = now
             log.warning(
-                "database %s: its WAL is %d MB, and reads that overlap without a pause keep it from being "
-                "checkpointed; it is tried again every second (a read of the whole table, over and over, does this)",
+                "database %s: its WAL is %d MB, and reads keep it from being checkpointed (reads that overlap "
+                "without a pause, a read-only transaction held open, another program reading the file); it is "
+                "tried again every second",
                 self.name,
                 size // (1024 * 1024),
             )
