@@ -5,13 +5,15 @@
 Systems: tinystore embedded and sidecar (ours), aiosqlite, plain sqlite3 in this process (the limit),
 and the original TinyStore's embedded mode and sidecar. Every insert is durable when it returns: ours and
 the original commit with durability "full"; aiosqlite and sqlite3 run WAL with synchronous=FULL and commit.
-Prints one JSON object: ops/s per system and the ratios ours / peer.
+Prints one JSON object: ops/s per system and the ratios ours / peer. sqlite3's `insert_batch_32` is the
+ceiling of `insert_32`: 32 rows in each durable commit, as many as 32 waiting callers can share.
 """
 
 from __future__ import annotations
 
 import random
 import sqlite3
+import time
 from typing import Any
 
 from common import Sizes, rate, run_benchmark, soft, temp_dir
@@ -96,6 +98,7 @@ CHECKS = [
     ),
 ]
 PRAGMAS = ("pragma journal_mode=wal", "pragma synchronous=full")
+BATCH = 32  # rows a commit in sqlite3's insert_batch_32: what 32 callers waiting each for its insert can share
 
 
 async def measure(system: str, sizes: Sizes) -> dict[str, Any]:
@@ -156,9 +159,30 @@ async def sqlite3_load(sizes: Sizes) -> dict[str, Any]:
                 db.commit()
 
             await run_cases(results, read, insert, sizes)
+            await soft(results, "insert_batch_32", batch_rate(db, sizes), case_timeout(sizes))
         finally:
             db.close()
     return results
+
+
+async def batch_rate(db: sqlite3.Connection, sizes: Sizes) -> float:
+    """Rows a second when every commit carries 32 inserts, called straight from the loop (no thread hop).
+
+    The ceiling of any store whose 32 callers each wait for their own durable insert: a commit can hold no more
+    than the 32 rows its waiting callers sent, and it costs one fsync.
+    """
+
+    def batches(seconds: float) -> tuple[int, float]:
+        rows, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            with db:
+                db.executemany(INSERT, [("row", i) for i in range(BATCH)])
+            rows += BATCH
+        return rows, time.perf_counter() - start
+
+    batches(sizes.warmup)
+    rows, elapsed = batches(sizes.seconds)
+    return rows / elapsed if elapsed > 0 else 0.0
 
 
 async def run_cases(results: dict[str, Any], read: Any, insert: Any, sizes: Sizes) -> None:
@@ -189,6 +213,8 @@ if __name__ == "__main__":
         units={
             "point_read_N": "ops/s with N concurrent callers",
             "insert_N": "ops/s with N concurrent callers",
+            "insert_batch_32": "sqlite3 only: rows/s, 32 rows a durable commit, no caller, no thread hop: the "
+            "ceiling of insert_32 for any store that answers each insert after its own commit's fsync",
         },
         params={
             "rows": ROWS,
