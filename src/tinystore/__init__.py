@@ -11,9 +11,9 @@ __version__ = "0.1.0"
 
 from .client.channels import Channel, ChannelIterator, Message, Missed, Subscription, TxChannel
 from .client.jobs import Job, JobError, JobEvent, JobPage, JobState, Outcome, Queue, QueueOptions, Run, TxQueue, Worker
-from .client.locks import Lease, Lock, Permit, Semaphore
+from .client.locks import Hold, Lease, Lock, Permit, Semaphore
 from .client.sql import Database, SqlTx
-from .client.store import Durability, Store, connect, open
+from .client.store import Durability, Store, StoreClock, connect, open
 from .durations import Duration
 from .errors import (
     ClosedError,
@@ -44,6 +44,7 @@ __all__ = [
     "Done",
     "Durability",
     "Duration",
+    "Hold",
     "InUseError",
     "InvalidError",
     "Job",
@@ -69,6 +70,7 @@ __all__ = [
     "Semaphore",
     "SqlTx",
     "Store",
+    "StoreClock",
     "Subscription",
     "TimeoutError_",
     "TinystoreError",

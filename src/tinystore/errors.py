@@ -120,7 +120,9 @@ class ProtocolError(TinystoreError):
 class TimeoutError_(TinystoreError):
     """A statement ran past ``Limits.statement_timeout``, or a transaction stayed idle past ``tx_idle`` or ran
     past ``tx_max``, and was stopped (rolled back). Its message names the limit. (Beyond API.md's list: a
-    subclass of ``TinystoreError``, so code catching that catches this too.)"""
+    subclass of ``TinystoreError``, so code catching that catches this too. Not a subclass of the built-in
+    ``TimeoutError``, which is an ``OSError`` and what ``asyncio.timeout`` raises: ``except TimeoutError`` does not
+    catch it.)"""
 
     code = "timeout"
 

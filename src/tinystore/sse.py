@@ -42,7 +42,7 @@ import signal
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 from starlette.requests import HTTPConnection
@@ -722,6 +722,7 @@ def _kind(value: object) -> str:
 
 
 EventName = str | Callable[["Message[Any]"], "str | None"] | None
+T = TypeVar("T")
 
 RING = 256
 """Messages a shared subscription keeps in this process, so that a browser reconnecting with a recent
@@ -1061,12 +1062,12 @@ def _position(sub: Subscription[Any]) -> str | None:
 
 
 def event_stream(
-    branch: Channel[Any],
+    branch: Channel[T],
     request: HTTPConnection,
     keepalive: Duration = KEEPALIVE,
-    event: EventName = None,
+    event: str | Callable[[Message[T]], str | None] | None = None,
     *,
-    data: Callable[[Message[Any]], Any] | None = None,
+    data: Callable[[Message[T]], Any] | None = None,
     retry: Duration | None = None,
     headers: Mapping[str, str] | None = None,
     shared: bool = True,

@@ -139,7 +139,7 @@ async def test_an_awaited_hold_shows_the_call_as_made(tmp_path: Path) -> None:
 
 # contract: LOCK-01
 async def test_hold_awaited_or_used_with_plain_with_says_async_with(tmp_path: Path) -> None:
-    # from trial BG: Python's own TypeErrors named a private class (_Hold) and gave no hint
+    # from trial BG: Python's own TypeErrors named a private class (Hold) and gave no hint
     store = await tinystore.open(tmp_path / "s", embedded=True)
     try:
         lock = store.lock("nightly")

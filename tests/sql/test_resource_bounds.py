@@ -95,13 +95,20 @@ async def test_a_data_token_cannot_make_the_jobs_tables_of_a_database(
     boss, user = admin_and_data
     await boss.database("app")
     db = await user.database("app")
-    with pytest.raises(PermissionDeniedError, match="has no jobs tables yet, and making them needs the admin"):
+    with pytest.raises(PermissionDeniedError, match="has no jobs tables yet, and making them needs the admin") as e:
         await user.queue("mail", database=db).add({"to": "a@x"})
+    # trial EL: it said "open the queue once with an admin token", and store.queue(...) alone makes nothing
+    assert "call the queue once with an admin token (`await queue.list(limit=1)`" in str(e.value)
     assert await db.scalar("select count(*) from sqlite_master where name = '_tinystore_jobs'") == 0
+    boss.queue("mail", database="app")  # opened by the admin, never called: still no tables
+    with pytest.raises(PermissionDeniedError, match="has no jobs tables yet"):
+        await user.queue("mail", database=db).add({"to": "a@x"})
+    await boss.queue("mail", database="app").list(limit=1)  # as the message says: now a data token adds
+    assert len(await user.queue("mail", database=db).add({"to": "a@x"})) > 0
     with pytest.raises(PermissionDeniedError, match="database nope does not exist"):
         await user.queue("other", database="nope").add({"to": "a@x"})
     assert not (tmp_path / "store" / "sql" / "nope.db").exists()
     await boss.queue("mail", database=await boss.database("app")).add({"to": "boss@x"})
     await user.queue("mail", database=db).add({"to": "b@x"})  # made by the admin: a data token adds
-    assert await db.scalar("select count(*) from _tinystore_jobs") == 2
+    assert await db.scalar("select count(*) from _tinystore_jobs") == 3
     await user.queue("plain").add({"x": 1})  # the store's own jobs database: any token

@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 import tinystore
+from tinystore.sse import event_stream
 from tinystore import (
     ChannelIterator,
     Durability,
@@ -104,6 +105,9 @@ async def main(store: tinystore.Store, db: tinystore.Database) -> None:
 
     one: int = await db.tx(save)
     print(one)
+    done: tinystore.Done = await db.tx(lambda tx: tx.exec("insert into t values (1)"))
+    job_id: str = await db.tx(lambda tx: tx.with_(asks).add(Ask(chat_id=7)))
+    print(done, job_id)
     sub = await events.subscribe(lambda m: None, recursive=True, after={("org-1", 7): "1-1", "org-2": "2-1"})
     await sub.stop()
     it: ChannelIterator[ChatEvent] = events.each()
@@ -135,6 +139,21 @@ async def main(store: tinystore.Store) -> None:
     await good.list(state="done")  # E
     await tinystore.open("./data", durability="fast")  # E
     print(asks)
+
+
+async def in_tx(store: tinystore.Store, db: tinystore.Database, request: Any) -> None:
+    # trial EL: a lambda that returns a coroutine made db.tx's result Any, and event_stream's messages were Any
+    good = store.queue("asks", Ask)
+    done = await db.tx(lambda tx: tx.exec("insert into t values (1)"))
+    print(done.no_such_field)  # E
+    job_id = await db.tx(lambda tx: tx.with_(good).add(Ask(chat_id=7), key="ask/7"))
+    print(job_id + 1)  # E
+    row = await db.tx(lambda tx: tx.one(Ask, "select 1 as chat_id"))
+    print(row.chat_id if row is not None else 0, row.no_such_field if row else 0)  # E
+    events = store.channel("chat-events", ChatEvent)
+    event_stream(events.under(7), request, event=lambda m: m.value.knid)  # E
+    event_stream(events, request, data=lambda m: m.value.kind + 1)  # E
+    await db.tx(lambda tx: 3)  # E
 """
 
 

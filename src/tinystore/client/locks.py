@@ -594,7 +594,7 @@ class Permit(Lease):
     __slots__ = ()
 
 
-class _Hold(Generic[R]):
+class Hold(Generic[R]):
     """The async context manager of :meth:`Lock.hold` (a :class:`Lease`) and :meth:`Lock.try_hold` (a
     :class:`Lease` or ``None``)."""
 
@@ -717,7 +717,7 @@ class Lock:
         hub = self._hub = _hub(self.store)
         return hub
 
-    def try_hold(self, key: str | int) -> _Hold[Lease | None]:
+    def try_hold(self, key: str | int) -> Hold[Lease | None]:
         """``async with lock.try_hold(key) as lease``: the lease when nobody holds ``key`` (or waits for it),
         else ``None`` at once (LOCK-03). The key is let go when the block ends (LOCK-04).
 
@@ -727,9 +727,9 @@ class Lock:
         (the store is closed), ``UnavailableError`` (the store cannot be reached). A cancel while asking
         keeps nothing: a lease given meanwhile is released.
         """
-        return _Hold(self, _key_text(self._kind, self.name, key), None)
+        return Hold(self, _key_text(self._kind, self.name, key), None)
 
-    def hold(self, key: str | int, wait: Duration | None = None) -> _Hold[Lease]:
+    def hold(self, key: str | int, wait: Duration | None = None) -> Hold[Lease]:
         """``async with lock.hold(key, wait="10s") as lease``: wait in line for ``key``, first come first served,
         at most ``wait`` (the store's ``hold_wait``, 10 s, unless given; 0: now or never); then ``InUseError``
         (LOCK-03). A lease given after a wait has its full ttl from the moment it is given. The key is let go
@@ -743,17 +743,17 @@ class Lock:
         """
         text = _key_text(self._kind, self.name, key)
         if wait is None:
-            return _Hold(self, text, self._default_wait)
+            return Hold(self, text, self._default_wait)
         known = _WAITS.get(wait) if type(wait) is str else None
         if known is not None:
-            return _Hold(self, text, known)
+            return Hold(self, text, known)
         try:
             wait_s = seconds(wait, "wait")
         except InvalidError as exc:
             raise InvalidError(f"{_where(self._kind, self.name, text)}: {exc.message}") from None
         if type(wait) is str and len(_WAITS) < 256:
             _WAITS[wait] = wait_s
-        return _Hold(self, text, wait_s)
+        return Hold(self, text, wait_s)
 
     def __repr__(self) -> str:
         return f"<tinystore.{type(self).__name__} {self.name} ttl {format_seconds(self.ttl)}>"
@@ -785,13 +785,13 @@ class Semaphore(Lock):
     def __repr__(self) -> str:
         return f"<tinystore.Semaphore {self.name} limit {self.limit} ttl {format_seconds(self.ttl)}>"
 
-    def try_hold(self, key: str | int) -> _Hold[Permit | None]:
+    def try_hold(self, key: str | int) -> Hold[Permit | None]:
         """As :meth:`Lock.try_hold`, with a :class:`Permit`: ``None`` at once when ``limit`` others hold ``key``."""
-        return cast("_Hold[Permit | None]", super().try_hold(key))
+        return cast("Hold[Permit | None]", super().try_hold(key))
 
-    def hold(self, key: str | int, wait: Duration | None = None) -> _Hold[Permit]:
+    def hold(self, key: str | int, wait: Duration | None = None) -> Hold[Permit]:
         """As :meth:`Lock.hold`, with a :class:`Permit`: waits in line while ``limit`` others hold ``key``."""
-        return cast("_Hold[Permit]", super().hold(key, wait))
+        return cast("Hold[Permit]", super().hold(key, wait))
 
 
 class _Hub:

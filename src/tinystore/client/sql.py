@@ -13,7 +13,7 @@ import types
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast, overload
 
 import msgspec
 import msgspec.inspect
@@ -288,8 +288,8 @@ def _convert(db: str, rows: Rows, type_: Any) -> list[Any]:
         raise InvalidError(f"database {db}: a row does not fit {name}: {exc} (columns: {', '.join(cols)})") from None
 
 
-class _Runner:
-    """Shared by Database and SqlTx: one(), all(), scalar() over ``_query``."""
+class Queries:
+    """What :class:`Database` and :class:`SqlTx` share: ``one()``, ``all()`` and ``scalar()``."""
 
     name: str
     _store: Store
@@ -378,7 +378,7 @@ class _Runner:
         return found[0][0] if found and found[0] else None
 
 
-class Database(_Runner):
+class Database(Queries):
     """A SQL database of the store (``DIR/sql/<name>.db``). Get one with ``await store.database(name)``."""
 
     def __init__(self, store: Store, name: str) -> None:
@@ -454,20 +454,16 @@ class Database(_Runner):
         )
         return done
 
-    @overload
-    async def tx(self, fn: Callable[[SqlTx], Awaitable[R]], *, read_only: bool = False) -> R: ...
-
-    @overload
-    async def tx(self, fn: Callable[[SqlTx], R], *, read_only: bool = False) -> R: ...
-
-    async def tx(self, fn: Callable[[SqlTx], Any], *, read_only: bool = False) -> Any:
+    async def tx(self, fn: Callable[[SqlTx], Awaitable[R]], *, read_only: bool = False) -> R:
         """Run ``fn(tx)`` in a transaction and return what it returns.
 
         The transaction takes the writer at its start (``BEGIN IMMEDIATE``), so read-then-write never fails
         with "database is locked"; with ``read_only=True`` it runs on a reader's snapshot instead. It commits
         when ``fn`` returns and rolls back when ``fn`` raises or is cancelled (the error or the cancel goes
         on), when it stays idle past ``tx_idle`` or runs past ``tx_max`` (``TimeoutError_``), or when the
-        connection drops (``ClosedError``). A commit whose answer was lost raises ``OutcomeUnknownError``.
+        connection drops or the server stops under it (``UnavailableError``, from the call under way or the next;
+        ``ClosedError`` for a statement a stopping server interrupted). A commit whose answer was lost raises
+        ``OutcomeUnknownError``.
         A cancel that comes while the commit is under way (``fn`` has returned) leaves the transaction committed
         whole or not at all, and the caller cannot tell which from the ``CancelledError``; the commit may land
         a moment after the cancel.
@@ -498,7 +494,7 @@ class Database(_Runner):
         token = _active.set(active if read_only else {**active, self._key: mark})
         try:
             try:
-                result = fn(tx)
+                result: Any = fn(tx)
             except TypeError as exc:
                 tb = exc.__traceback__
                 if tb is not None and tb.tb_next is None:  # raised by the call itself, not inside fn: its arguments
@@ -553,7 +549,7 @@ class Database(_Runner):
         mark.open = False
         _active.reset(token)
         await tx._commit()
-        return result
+        return cast(R, result)
 
 
 def _seen(fut: asyncio.Future[Any]) -> None:
@@ -594,7 +590,7 @@ _WRAPPERS = frozenset({"gather.<locals>._done_callback", "shield.<locals>._inner
 _MADE_OF_MAX = 64
 
 
-class SqlTx(_Runner):
+class SqlTx(Queries):
     """An open transaction, handed to the function given to :meth:`Database.tx`.
 
     Its calls see its own writes. ``with_(channel)`` / ``with_(queue)`` bind a channel or a queue to it:

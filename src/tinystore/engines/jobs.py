@@ -790,6 +790,13 @@ class JobsEngine:
             if then is not None and not then.done():
                 then.set_result(True)
 
+    async def load(self, name: str, wait: bool) -> None:
+        """Load queue ``name`` (already opened): in an application database, its jobs tables are made now, behind
+        any transaction that holds the writer; ``wait``: until they are made (raises why they could not be)."""
+        q = await self._queue(name)
+        if wait:
+            await q.wait_schema()
+
     async def _queue(self, name: str) -> JobQueue:
         q = self.queues.get(name)
         if q is not None:

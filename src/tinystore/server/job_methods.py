@@ -74,7 +74,16 @@ def install(core: Core) -> None:
         database = req.options.database
         if session.capability != "admin" and database is not None and database != JOBS_DB:
             await schema_guard(session, req.queue, database)
-        return await engine.open_queue(req.queue, req.options)
+        info = await engine.open_queue(req.queue, req.options)
+        if database is not None and database != JOBS_DB and session.capability == "admin":
+            # an admin's first call of a queue in an application database makes its jobs tables there, so that
+            # data tokens can use it (trial EL: a list() by the admin, as the message said, made nothing)
+            # (waiting for them, unless this session's own transaction holds that database's writer: then that
+            # transaction's first add makes them, see JobsEngine._load)
+            txs = (core.sql.transactions.get(t) for t in session.transactions)
+            mine = any(tx is not None and not tx.read_only and tx.db.name == database for tx in txs)
+            await engine.load(req.queue, wait=not mine)
+        return info
 
     async def schema_guard(session: Session, queue: str, database: str) -> None:
         """A queue in an application database needs its jobs tables there: making them (and the database) is a
@@ -90,7 +99,8 @@ def install(core: Core) -> None:
         if not found.rows:
             raise PermissionDeniedError(
                 f"queue {queue}: database {database} has no jobs tables yet, and making them needs the admin "
-                f"capability (open the queue once with an admin token, as a deploy runs migrations); this token has "
+                f"capability: call the queue once with an admin token (`await queue.list(limit=1)`, or an add; "
+                f"store.queue(...) alone makes nothing), as a deploy runs migrations; this token has "
                 f"{session.capability!r}"
             )
 
