@@ -60,8 +60,12 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     #: read-only transactions open at once in the store, all databases together (each holds a thread and a
     #: connection)
     read_transactions: int = 128
-    #: databases open at once in a store (each holds a writer thread, ``readers`` reader threads, files)
+    #: databases open at once in a store (each holds a writer thread, ``readers`` reader threads, files); at the
+    #: limit, the one a call used the longest ago of those not in use is closed to open another
     databases: int = 1000
+    #: a database no call used for this long (seconds), with nothing running or waiting in it and no queue's jobs,
+    #: is closed (its threads end, its files close); its next call opens it again
+    database_idle: float = 60.0
     #: the heap SQLite may use in this process, all connections together (SQLite's hard heap limit): a statement
     #: that would need more fails with ``LimitError`` rather than the process running out of memory
     sql_memory_bytes: int = 4 * 1024 * 1024 * 1024

@@ -191,3 +191,22 @@ async def test_the_claims_kept_for_lost_answers_are_capped_by_their_attempts(
             assert status["claimed_attempts_kept"] <= 10, status
         assert status["claimed_attempts_kept"] == 8 and status["claims_kept"] == 2
         assert sum(len(a) for _, a in engine._claims.values()) == 8
+
+
+# contract: JOB-08
+async def test_the_claims_kept_are_forgotten_when_kept_long_enough_with_no_new_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept claims were dropped only when a new claim came (trial EM: an idle store kept its last 8,958 for more
+    than the 5 minutes it keeps them)."""
+    monkeypatch.setattr(jobs_engine, "CLAIM_KEPT_FOR", 0.2)
+    async with open_store("embedded", tmp_path / "s", clock=START) as store, other_client(store) as worker:
+        q = store.queue("idle")
+        await q.add_many([{"i": i} for i in range(6)])
+        for _ in range(3):
+            assert len(await claim(worker, "idle", n=2)) == 2
+        assert (await store.status())["jobs"]["claims_kept"] == 3
+        async with asyncio.timeout(5):
+            while (status := (await store.status())["jobs"])["claims_kept"]:
+                await asyncio.sleep(0.05)
+        assert status["claimed_attempts_kept"] == 0

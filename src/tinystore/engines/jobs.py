@@ -485,6 +485,7 @@ class JobsEngine:
         self.stuck_reports = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._claims: OrderedDict[str, tuple[float, list[Attempt]]] = OrderedDict()
+        self._claims_timer: asyncio.TimerHandle | None = None  # forgets them once kept long enough (_forget_claims)
         self._claiming: dict[str, Waiter] = {}  # token → a claim whose write is on its way
         self._claimed_kept = 0  # attempts in _claims
 
@@ -822,6 +823,7 @@ class JobsEngine:
         if opts.database == JOBS_DB:
             return opts, await self.jobs_db(), True
         db, _ = await self.sql.open(opts.database)
+        db.pinned = True  # the queue's jobs are there: never closed as unused (see SqlEngine._sweep)
         made = bool(
             (
                 await db.read(
@@ -1116,6 +1118,20 @@ class JobsEngine:
             self._claimed_kept -= len(claims.popitem(last=False)[1][1])
         claims[token] = (now, attempts)
         self._claimed_kept += len(attempts)
+        if self._claims_timer is None and not self.closed:
+            self._claims_timer = self.loop.call_later(CLAIM_KEPT_FOR, self._forget_claims)
+
+    def _forget_claims(self) -> None:
+        """Forgets the claims kept :data:`CLAIM_KEPT_FOR`, with no new claim to do it (trial EM: an idle store kept
+        its last 10,000 claims for ever); looks again when the oldest left is due."""
+        self._claims_timer = None
+        claims = self._claims
+        now = time.monotonic()
+        while claims and next(iter(claims.values()))[0] <= now - CLAIM_KEPT_FOR:
+            self._claimed_kept -= len(claims.popitem(last=False)[1][1])
+        if claims and not self.closed:
+            due = next(iter(claims.values()))[0] + CLAIM_KEPT_FOR - now
+            self._claims_timer = self.loop.call_later(max(due, 0.0) + 0.001, self._forget_claims)
 
     async def release_claim(self, queue: str, token: str) -> int:
         """Hand back the attempts that claim ``token`` got (those still unreported and current): for a caller whose
@@ -2455,6 +2471,9 @@ class JobsEngine:
         if self.closed:
             return
         self.closed = True
+        if self._claims_timer is not None:
+            self._claims_timer.cancel()
+            self._claims_timer = None
         for q in self.queues.values():
             q.close()
             for w in q.waiters:

@@ -54,6 +54,11 @@ class FairReads(Generic[T]):
         for _ in range(threads):
             self._bell.put(_STOP)
 
+    def idle(self) -> bool:
+        """Whether no item waits or runs."""
+        with self._lock:
+            return not self._waiting and not self._running
+
     def get(self) -> tuple[T, object] | None:
         """The next item and its owner, waiting for one; ``None`` once let go by :meth:`stop`."""
         if self._bell.get() == _STOP:

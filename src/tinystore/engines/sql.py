@@ -585,6 +585,13 @@ class SqlDatabase:
         self._start_ended = threading.Event()  # set as start returns or raises (see join)
         self.active_tx: SqlTx | None = None
         self.stats = {"writes": 0, "commits": 0, "reads": 0, "transactions": 0}
+        # calls taken (on the loop), and what the engine's sweep saw of them: a database no call used for
+        # ``Limits.database_idle`` is closed (see SqlEngine._sweep); ``pinned``: an engine holds it (a queue's jobs)
+        self.uses = 0
+        self.uses_seen = -1
+        self.quiet_since = 0.0
+        self.pinned = False
+        self._writer_waiting = False  # the writer thread waits for work (it has none)
         self._spare: list[sqlite3.Connection] = []
         self._spare_lock = threading.Lock()
         self._inline: sqlite3.Connection | None = None
@@ -1000,6 +1007,7 @@ class SqlDatabase:
         a parameter SQLite cannot hold (``InvalidError``) or a closed database (``ClosedError``) is the
         future's exception, so a caller that gathered several calls' writes fails only the one. ``own``: an
         engine's statement, which may write the store's own tables (:func:`own_sql`)."""
+        self.uses += 1
         if own:
             sql = own_sql(sql)
         fut: asyncio.Future[Done] = self.loop.create_future()
@@ -1023,6 +1031,7 @@ class SqlDatabase:
 
         Raises ``InvalidError`` for a value SQLite cannot hold, or a ``PRAGMA defer_foreign_keys``; a closed
         database gives ``ClosedError``."""
+        self.uses += 1
         later = Later(self.loop)
         if self._closed:
             later.deliver(None, ClosedError(f"database {self.name} is closed"))
@@ -1084,6 +1093,7 @@ class SqlDatabase:
 
         ``values`` must have passed :func:`check_params`. Raises ``ClosedError`` (the database is closed) and
         SQLite's errors as :func:`sql_error` maps them."""
+        self.uses += 1
         if self._closed:
             raise ClosedError(f"database {self.name} is closed")
         conn = self._inline
@@ -1190,6 +1200,7 @@ class SqlDatabase:
     def read_later(self, sql: str, values: list[Any], mode: str = "all", owner: object = None) -> asyncio.Future[Rows]:
         """A read on a reader thread (``values`` checked already, see :meth:`read_now`); ``owner``: whose read it
         is (a client's session): the readers take turns between owners (:class:`FairReads`)."""
+        self.uses += 1
         fut: asyncio.Future[Rows] = self.loop.create_future()
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
@@ -1200,6 +1211,7 @@ class SqlDatabase:
     def begin(self, owner: object, read_only: bool = False, migration: bool = False) -> asyncio.Future[SqlTx]:
         """Start an interactive transaction; resolves once it holds the writer (or a reader snapshot).
         ``migration``: with foreign keys off (see :meth:`_migrate`)."""
+        self.uses += 1
         fut: asyncio.Future[SqlTx] = self.loop.create_future()
         if self._closed:
             fut.set_exception(ClosedError(f"database {self.name} is closed"))
@@ -1306,7 +1318,12 @@ class SqlDatabase:
             nonlocal stopping
             while not stopping:
                 try:
-                    got = writes.get() if block and not todo else writes.get_nowait()
+                    if block and not todo:
+                        self._writer_waiting = True  # (see closable)
+                        got = writes.get()
+                        self._writer_waiting = False
+                    else:
+                        got = writes.get_nowait()
                 except queue.Empty:
                     return
                 if got is None:
@@ -2020,6 +2037,26 @@ class SqlDatabase:
         self.halted = True
         self._interrupt(clients_only=False)
 
+    def closable(self) -> bool:
+        """Whether nothing of it runs or waits, so that closing it loses nothing (its next call opens it again):
+        no transaction, no write or read queued or running, no snapshot of the loop's, no engine holding it
+        (the store's own databases, a queue's jobs), and not broken or moved (those wait for a restart)."""
+        return (
+            not self._closed
+            and not self.pinned
+            and not self.name.startswith(RESERVED_DB_PREFIX)
+            and self.broken is None
+            and not self._moved
+            and not self._wal_moved
+            and not self._snapshot
+            and self.active_tx is None
+            and not self._queued
+            and self._writes.empty()
+            and self._writer_waiting
+            and self._reads.idle()
+            and not any(tx.db is self for tx in self.engine.transactions.values())
+        )
+
     def busy(self) -> bool:
         """Whether its start or one of its threads still runs."""
         return not self._start_ended.is_set() or any(t.is_alive() for t in self._threads)
@@ -2042,6 +2079,18 @@ class SqlDatabase:
             self._inline.close()
             self._inline = None
         return True
+
+
+SWEEP_MIN = 0.05
+SWEEP_MAX = 10.0
+"""Seconds between two looks for databases no call used (a quarter of ``Limits.database_idle``, within these)."""
+
+
+def _join_all(dbs: list[SqlDatabase]) -> None:
+    """Waits (in a thread) for the threads of ``dbs``, closed, to end."""
+    for db in dbs:
+        while not db.join(HALT_WAIT):
+            pass
 
 
 HALT_WAIT = 10.0
@@ -2200,6 +2249,10 @@ class SqlEngine:
         self._opening: dict[str, asyncio.Lock] = {}
         self._starting = 0  # databases whose start runs (their files count as spoken for: see check_room)
         self._opening_dbs: set[SqlDatabase] = set()  # those databases (see close)
+        # databases closed because no call used them (see _sweep), until their threads ended: an open of one
+        # waits for that first, so that two writers never share a file
+        self._closing: dict[str, tuple[SqlDatabase, asyncio.Future[None]]] = {}
+        self._sweep_timer: asyncio.TimerHandle | None = None
         self._tx_ids = 0
         self.closed = False
         self.stopping = False  # see stop_transactions
@@ -2265,14 +2318,19 @@ class SqlEngine:
         try:
             db = self.databases.get(name)
             if db is None:
+                closing = self._closing.get(name)
+                if closing is not None:  # closed as unused a moment ago: its threads end first
+                    await asyncio.shield(closing[1])
+            if db is None:
                 if self.closed:
                     raise ClosedError(f"database {name}: the store is stopping")
                 limit = self.limits.databases
-                if len(self.databases) >= limit:
+                if len(self.databases) >= limit and not self._close_one_unused():
                     raise LimitError(
                         f"database {name}: the store has {len(self.databases)} databases open, the most it may "
                         f"(Limits.databases, {limit}: each holds a writer thread, {self.limits.readers} readers and "
-                        "their files)",
+                        "their files), and each is in use (a call or a transaction under way, or a queue's jobs in "
+                        "it); one no call uses is closed to make room",
                         limit=limit,
                         wanted=len(self.databases) + 1,
                     )
@@ -2306,6 +2364,7 @@ class SqlEngine:
                     db.close()
                     raise ClosedError(f"database {name}: the store is stopping")
                 self.databases[name] = db
+                self._sweep_soon()
                 return db, applied
             if not migrations:
                 return db, []
@@ -2313,6 +2372,84 @@ class SqlEngine:
         finally:
             if held:
                 lock.release()
+
+    # -- closing the databases no call uses (trial EM: each kept its threads and files for the server's life, and
+    # Limits.databases counted every database opened since the start)
+
+    def _sweep_soon(self) -> None:
+        idle = self.limits.database_idle
+        if self._sweep_timer is None and not self.closed:
+            self._sweep_timer = self.loop.call_later(min(SWEEP_MAX, max(SWEEP_MIN, idle / 4)), self._sweep)
+
+    def _seen_now(self) -> float:
+        """Marks each database a call used since the last look as used now; returns the loop's time."""
+        now = self.loop.time()
+        for db in self.databases.values():
+            if db.uses != db.uses_seen:
+                db.uses_seen = db.uses
+                db.quiet_since = now
+        return now
+
+    def _sweep(self) -> None:
+        """Closes the databases no call used for ``Limits.database_idle`` (and in which nothing runs or waits:
+        :meth:`SqlDatabase.closable`). The next call of one opens it again."""
+        self._sweep_timer = None
+        if self.closed:
+            return
+        now = self._seen_now()
+        unused = [
+            db
+            for db in self.databases.values()
+            if now - db.quiet_since >= self.limits.database_idle and self._unused(db)
+        ]
+        if unused:
+            log.info(
+                "closed %d database%s no call used for %gs (%s): opened again at the next call",
+                len(unused),
+                "" if len(unused) == 1 else "s",
+                self.limits.database_idle,
+                ", ".join(db.name for db in unused[:8]) + (", ..." if len(unused) > 8 else ""),
+            )
+            self._close_unused(unused)
+        if self.databases:
+            self._sweep_soon()
+
+    def _close_one_unused(self) -> bool:
+        """At ``Limits.databases``: closes the database a call used the longest ago of those in which nothing runs
+        or waits; whether there was one."""
+        self._seen_now()
+        unused = [db for db in self.databases.values() if self._unused(db)]
+        if not unused:
+            return False
+        db = min(unused, key=operator.attrgetter("quiet_since"))
+        log.info("closed database %s, unused, to open another (Limits.databases, %d)", db.name, self.limits.databases)
+        self._close_unused([db])
+        return True
+
+    def _unused(self, db: SqlDatabase) -> bool:
+        """:meth:`SqlDatabase.closable`, and no open of it under way (one applying new migrations to it)."""
+        lock = self._opening.get(db.name)
+        return (lock is None or not lock.locked()) and db.closable()
+
+    def _close_unused(self, dbs: list[SqlDatabase]) -> None:
+        for db in dbs:
+            del self.databases[db.name]
+            inline, db._inline = db._inline, None  # (on the loop, which alone reads with it)
+            if inline is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    inline.close()
+            db.close()
+        ended = asyncio.ensure_future(asyncio.to_thread(_join_all, dbs))
+        ended.add_done_callback(functools.partial(self._closed_unused, dbs))
+        for db in dbs:
+            self._closing[db.name] = (db, ended)
+
+    def _closed_unused(self, dbs: list[SqlDatabase], ended: asyncio.Future[None]) -> None:
+        if not ended.cancelled() and ended.exception() is not None:
+            log.error("closing unused databases failed", exc_info=ended.exception())
+        for db in dbs:
+            if self._closing.get(db.name, (None,))[0] is db:
+                del self._closing[db.name]
 
     def _one_started(self, db: SqlDatabase, _: asyncio.Future[Any]) -> None:
         self._starting -= 1
@@ -2413,28 +2550,32 @@ class SqlEngine:
         the directory go while a migration still ran and then committed, under a new owner). A later :meth:`open`
         raises ``ClosedError``. Cancelled, the threads are left to end on their own."""
         self.closed = True
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
+        closing = [ended for _, ended in self._closing.values()]
         # (and those whose start still runs, their migrations at open: told to stop once started, if they start)
         dbs = self.every_database()
         for db in dbs:
             db.close()
-        if await asyncio.to_thread(self.join, dbs, timeout):
-            return
-        for db in dbs:
-            db.halt()
-        waited = 0.0
-        while not await asyncio.to_thread(self.join, dbs, HALT_WAIT):
-            waited += HALT_WAIT
-            log.warning(
-                "stopping: a statement of %s still runs %gs after it was interrupted (a wait for another process "
-                "that holds the database's write lock, which SQLite does not cut short; a COMMIT's fsync on a disk "
-                "that does not answer?); waiting for it before letting the directory go",
-                ", ".join(db.name for db in dbs if db.busy()),
-                waited,
-            )
+        if not await asyncio.to_thread(self.join, dbs, timeout):
+            for db in dbs:
+                db.halt()
+            waited = 0.0
+            while not await asyncio.to_thread(self.join, dbs, HALT_WAIT):
+                waited += HALT_WAIT
+                log.warning(
+                    "stopping: a statement of %s still runs %gs after it was interrupted (a wait for another process "
+                    "that holds the database's write lock, which SQLite does not cut short; a COMMIT's fsync on a "
+                    "disk that does not answer?); waiting for it before letting the directory go",
+                    ", ".join(db.name for db in dbs if db.busy()),
+                    waited,
+                )
+        await asyncio.gather(*closing, return_exceptions=True)  # (their threads ended: these end at once)
 
     def every_database(self) -> list[SqlDatabase]:
-        """The databases open, and those whose start runs (a list of the moment)."""
-        return [*self.databases.values(), *self._opening_dbs]
+        """The databases open, those whose start runs, and those closing as unused (a list of the moment)."""
+        return [*self.databases.values(), *self._opening_dbs, *(db for db, _ in self._closing.values())]
 
     def busy(self) -> bool:
         """Whether a thread of a database (or a database's start) still runs."""
