@@ -402,27 +402,35 @@ class ChannelIterator(Generic[T]):
         return self
 
     async def __anext__(self) -> Message[T]:
-        sub = self._sub
-        if sub is None:
-            if self._closed:
-                raise StopAsyncIteration
-            sub = await self._open()
-        while True:
-            item = sub._take()  # no await while messages are buffered
-            if type(item) is Message:
-                sub.handled += 1
-                return item
-            if item is _EMPTY:
-                await sub._wait()
-            elif item is None:
-                if sub._failure is not None:
-                    raise sub._failure  # (the store is gone for good, or refuses the token: not a quiet end)
-                raise StopAsyncIteration
-            elif isinstance(item, Missed):
-                await sub._tell_missed(item)
-            else:
-                assert isinstance(item, InvalidError)
-                await sub._report(item)
+        try:
+            sub = self._sub
+            if sub is None:
+                if self._closed:
+                    raise StopAsyncIteration
+                sub = await self._open()
+            while True:
+                item = sub._take()  # no await while messages are buffered
+                if type(item) is Message:
+                    sub.handled += 1
+                    return item
+                if item is _EMPTY:
+                    await sub._wait()
+                elif item is None:
+                    if sub._failure is not None:
+                        raise sub._failure  # (the store is gone for good, or refuses the token: not a quiet end)
+                    raise StopAsyncIteration
+                elif isinstance(item, Missed):
+                    await sub._tell_missed(item)
+                else:
+                    assert isinstance(item, InvalidError)
+                    await sub._report(item)
+        except asyncio.CancelledError as exc:
+            why = exc.args
+        # A cancel goes on as a new CancelledError raised here, from a frame that holds neither this iterator nor
+        # its subscription: the one caught kept them in its traceback, and a task cancelled while it waited here
+        # keeps its error (trial EN: a cancelled task not awaited, still held, kept the subscription alive)
+        del self, sub
+        raise asyncio.CancelledError(*why)
 
     async def _open(self) -> Subscription[T]:
         if self._opening:
@@ -560,9 +568,10 @@ class Subscription(Generic[T]):
         not handled yet are dropped. A handler running when ``stop`` is called from elsewhere is cancelled
         (called from inside the handler, the handler finishes and nothing follows). Idempotent; never raises
         for a connection that is gone (the store ends the subscription with the connection anyway). A cancel
-        of ``stop`` itself leaves the subscription ended on this side, and the store told all the same, without
-        waiting (trial DC: it stayed in the store until the connection closed, counted against the limit, its
-        branch kept)."""
+        of ``stop`` itself, once it has begun, leaves the subscription ended on this side, and the store told all
+        the same, without waiting (trial DC: it stayed in the store until the connection closed, counted against
+        the limit, its branch kept). A task of ``stop()`` cancelled before it first ran ran none of it, as any
+        coroutine (trial EN): the subscription goes on; call ``stop`` again."""
         if self._stopped:
             return
         sid = self._stop_local()

@@ -1184,7 +1184,8 @@ class Worker:
         closes. Raises ``InvalidError`` for a ``grace`` that is no duration (before anything stops); nothing
         else: a store that is gone leaves the attempts to their leases.
 
-        A cancel of ``stop`` leaves the stop going on; a later call waits for it (with a shorter ``grace``, it
+        A cancel of ``stop``, once it has begun (a task of ``stop()`` cancelled before it first ran ran none of
+        it, as any coroutine), leaves the stop going on; a later call waits for it (with a shorter ``grace``, it
         cuts the grace short), so when any call returns, no handler of this worker runs, but one that ignores
         its cancel (catches ``CancelledError`` and goes on, or blocks its thread) for :data:`CANCEL_WAIT` (10 s)
         more: ``stop`` then logs a warning and returns without it, its attempt left to its lease (it counts, as

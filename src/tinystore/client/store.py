@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
 
 from ..addresses import parse_address
 from ..clock import LATEST, Clock
@@ -103,9 +103,14 @@ class StoreClock:
             return fut
         if self._base is not None:
             self._advanced += secs
+        moving: asyncio.Future[Any]
         if self._store._dead is not None:
-            return asyncio.ensure_future(self._store._call("clock.advance", Advance(secs), float, write=True))
-        return self._store.transport.call_first("clock.advance", Advance(secs), float, write=True)
+            moving = asyncio.ensure_future(self._store._call("clock.advance", Advance(secs), float, write=True))
+        else:
+            moving = self._store.transport.call_first("clock.advance", Advance(secs), float, write=True)
+        # (a cancel of what the caller holds does not reach the call: trial EN, a cancelled advance, or one awaited
+        # under asyncio.timeout(0), was never made, though this process counted it)
+        return asyncio.shield(moving)
 
     def __repr__(self) -> str:
         core = self._store._core
@@ -401,7 +406,8 @@ class Store:
     async def close(self) -> None:
         """Close the store: stop what this SDK runs (subscriptions, leases, workers), then the connection.
         A private server stops; an embedded store stops its engines and lets the directory go. Idempotent.
-        A cancel of ``close`` leaves the close going on; a later call waits for it to end. Raises ``InvalidError``
+        A cancel of ``close``, once it has begun, leaves the close going on; a later call waits for it to end (a
+        task of ``close()`` cancelled before it first ran ran none of it, as any coroutine). Raises ``InvalidError``
         from another event loop than the one the store was opened on, as every call does."""
         task = self._close_task
         if (task is None or not task.done()) and asyncio.get_running_loop() is not self.transport.loop:
@@ -453,12 +459,20 @@ def _undone(task: asyncio.Task[Any]) -> None:
         task.exception()  # retrieved: a call that could not give back is no news (see Store._undo_soon)
 
 
-def _reap(child: subprocess.Popen[bytes], timeout: float) -> None:
+def _reap(child: subprocess.Popen[bytes], timeout: float, *pipes: IO[bytes] | None) -> None:
+    """Wait up to ``timeout`` seconds for ``child`` to end, then kill it and wait; then close ``pipes`` (its
+    ``stdout``/``stderr`` that nothing else reads: trial EN, a cancelled open left them to a garbage collection,
+    a ``ResourceWarning``)."""
     try:
         child.wait(timeout)
     except subprocess.TimeoutExpired:
         child.kill()
         child.wait()
+    finally:
+        for pipe in pipes:
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 def _server_cmd(directory: Path, *extra: str) -> list[str]:
@@ -646,7 +660,7 @@ async def _spawn_private(cmd: list[str]) -> subprocess.Popen[bytes]:
     except BaseException:
         child.terminate()
         # (shielded: a second cancel does not leave the child unreaped; the thread goes on either way)
-        await asyncio.shield(asyncio.to_thread(_reap, child, 10.0))
+        await asyncio.shield(asyncio.to_thread(_reap, child, 10.0, child.stdout, child.stderr))
         raise
     if not line.startswith("ready"):
         raise await asyncio.to_thread(_child_error, child)
@@ -683,7 +697,8 @@ async def _open_private(path: Path, durability: str, clock: datetime | None, lim
         await transport.connect()
     except BaseException:
         child.terminate()
-        await asyncio.to_thread(_reap, child, 10.0)
+        # (its stderr: closed by the thread that copies it, at its end)
+        await asyncio.shield(asyncio.to_thread(_reap, child, 10.0, child.stdout))
         raise
     store = Store(transport, mode="private", directory=path, child=child, limits=limits)
     store._child_cmd = cmd
