@@ -162,6 +162,14 @@ async def test_stop_takes_a_duration_for_grace(tmp_path: Path) -> None:
 
 
 # contract: SQL-04
+async def test_sql_json_keeps_every_column_of_a_name_that_comes_again(tmp_path: Path) -> None:
+    # from trial EP: the JSON object kept the last of the columns named alike ({"a": 2, "b": 3}); a join lost ids
+    directory = await _store_with(tmp_path, "app")
+    done = run_cli("sql", str(directory), "--db", "app", "--json", "select 1 as a, 2 as a, 3 as b, 4 as a_2")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"a": 1, "a_2": 2, "b": 3, "a_2_2": 4}
+
+
 async def test_sql_parameters_are_ints_only_when_ascii_digits(tmp_path: Path) -> None:
     # from trial AM: Python's int() read "1_000", " 7" and digits of other scripts as ints
     directory = await _store_with(tmp_path, "app")

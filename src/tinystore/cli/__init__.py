@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import InUseError, InvalidError, TinystoreError, UnavailableError
+from ..errors import InUseError, InvalidError, PermissionDeniedError, TinystoreError, UnavailableError
 from ..protocol.frames import TOKEN_MAX
 from ..server.listener import MIN_TOKEN
 
@@ -523,7 +523,15 @@ async def _connect_dir(directory: Path) -> Any:
     except UnavailableError:
         from ..client.store import _busy, _can_connect, _stopping_until
 
-        if await asyncio.to_thread(_can_connect, sock) is None:
+        try:
+            reachable = await asyncio.to_thread(_can_connect, sock)
+        except PermissionError:
+            # (trial EP: a traceback) the server's socket folder is its owner's alone (0700)
+            raise PermissionDeniedError(
+                f"store {directory}: this user may not reach its server (its socket {sock} is for the user that "
+                "started it: run the command as that user)"
+            ) from None
+        if reachable is None:
             # it listens and takes no connection: its queue of connections is full (out of descriptors?)
             raise Busy(_busy(directory.resolve(), sock).message) from None
         until = _stopping_until(directory.resolve())
@@ -723,6 +731,15 @@ def stop(directory: Path, grace: str) -> None:
     run_async(go)
 
 
+def _db_open(d: dict[str, Any]) -> str:
+    """The "open" cell of a database: "yes", or "no" with why (closed as unused) and its file's size."""
+    if d.get("open", True):
+        return "yes"
+    why = "unused, closed" if d.get("closed_as_unused") else "no"
+    size = d.get("bytes")
+    return why if size is None else f"{why} ({size:,} bytes)"
+
+
 @main.command()
 @click.argument("directory", type=UserPath(file_okay=False, path_type=Path, remote=True))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -768,8 +785,8 @@ def status(directory: Target, as_json: bool) -> None:
         "databases",
         ["name", "path", "open", "writes", "commits", "reads", "transactions"],
         [
-            [n, d["path"], "yes" if d.get("open", True) else f"no ({d.get('bytes', 0):,} bytes)"]
-            + [d.get(k, "") for k in ("writes", "commits", "reads", "transactions")]
+            [n, d["path"], _db_open(d)]
+            + ["" if d.get(k) is None else d[k] for k in ("writes", "commits", "reads", "transactions")]
             for n, d in dbs.items()
         ],
     )
@@ -905,7 +922,14 @@ def sql(
             finally:
                 await store.close()
         # (before the store is opened; a file the store does not open, App.db, is no database: trial DE)
-        name = check(sorted(p.stem for p in (directory / "sql").glob("*.db") if _db_name(p.stem)))
+        sql_dir = directory / "sql"
+        if sql_dir.is_dir() and not os.access(sql_dir, os.R_OK | os.X_OK):
+            # (trial EP: as another user, the listing was empty: "no database 'app' (databases: none)")
+            raise PermissionDeniedError(
+                f"store {directory}: this user may not read its databases ({sql_dir} is for the user that owns the "
+                "store: run the command as that user)"
+            )
+        name = check(sorted(p.stem for p in sql_dir.glob("*.db") if _db_name(p.stem)))
         store = await open_for_cli(directory)
         try:
             return await run(store, name)
@@ -958,6 +982,8 @@ def sql(
                     "infinity); --text sends every parameter as text"
                 )
         if write:
+            sent["served"] = store.mode == "cli"
+            sent["write"] = True
             done = await db.exec(statement, *values)
             return done.columns, [list(r) for r in done.rows], done
         try:
@@ -970,10 +996,27 @@ def sql(
             raise
         return rows.columns, [list(r) for r in rows.rows], None
 
-    columns, rows, done = run_async(go)
+    sent: dict[str, bool] = {"write": False, "served": False}
+    try:
+        columns, rows, done = run_async(go)
+    except KeyboardInterrupt:
+        # (trial EP: click said "Aborted!", and the write went on and committed)
+        if not sent["write"]:
+            why = "interrupted"
+        elif sent["served"]:
+            why = (
+                "interrupted: the write was sent, and Ctrl-C does not stop a write: it commits or fails on its own "
+                "in the server (a long one holds the writer until it ends, or Limits.statement_timeout stops it); "
+                "look with a read"
+            )
+        else:
+            why = "interrupted: the store this command opened was closed: the write committed whole or not at all"
+        sys.stderr.write(f"{why}\n")
+        sys.exit(130)
     if as_json:
+        keys = _unique(columns)
         for r in rows:
-            click.echo(to_json(dict(zip(columns, r, strict=False))))
+            click.echo(to_json(dict(zip(keys, r, strict=False))))
         if done is not None:
             click.echo(to_json({"changes": done.changes, "last_insert_rowid": done.last_insert_rowid}))
         return
@@ -981,6 +1024,21 @@ def sql(
         print_table(None, columns, rows)
     if done is not None:
         console.print(f"{done.changes} row(s) changed, last rowid {done.last_insert_rowid}")
+
+
+def _unique(columns: list[str]) -> list[str]:
+    """``columns`` as JSON keys: a name that comes again gets ``_2``, ``_3``, ... (the first free one), so that no
+    column's value is lost (trial EP: ``select a.id, b.id`` gave one ``id``, the last)."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for name in columns:
+        key, n = name, 1
+        while key in seen:
+            n += 1
+            key = f"{name}_{n}"
+        seen.add(key)
+        out.append(key)
+    return out
 
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)

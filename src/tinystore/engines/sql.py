@@ -584,7 +584,14 @@ class SqlDatabase:
         self._guards: dict[int, tuple[sqlite3.Connection, list[bool], bool]] = {}
         self._start_ended = threading.Event()  # set as start returns or raises (see join)
         self.active_tx: SqlTx | None = None
-        self.stats = {"writes": 0, "commits": 0, "reads": 0, "transactions": 0}
+        self.stats = {
+            "writes": 0,
+            "commits": 0,
+            "reads": 0,
+            "reads_moved": 0,
+            "transactions": 0,
+            "connections_recycled": 0,
+        }
         # calls taken (on the loop), and what the engine's sweep saw of them: a database no call used for
         # ``Limits.database_idle`` is closed (see SqlEngine._sweep); ``pinned``: an engine holds it (a queue's jobs)
         self.uses = 0
@@ -1147,7 +1154,7 @@ class SqlDatabase:
                 # (an interrupt while SQLite read a column past the inline length is SQLITE_INTERRUPT that says
                 # "string or blob too big": it was raised to the client, trial BQ)
                 raise self._error(exc) from None
-            self.stats["reads_moved"] = self.stats.get("reads_moved", 0) + 1
+            self.stats["reads_moved"] += 1
             return None
         except BaseException as exc:
             raise self._error(exc) from None
@@ -1304,7 +1311,7 @@ class SqlDatabase:
             conn.big = 0  # type: ignore[attr-defined]
             return conn
         conn.close()
-        self.stats["connections_recycled"] = self.stats.get("connections_recycled", 0) + 1
+        self.stats["connections_recycled"] += 1
         return fresh
 
     def _writer_main(self, conn: sqlite3.Connection) -> None:
@@ -1416,14 +1423,13 @@ class SqlDatabase:
 
     def _not_run(self, w: _Write) -> bool:
         """Whether ``w``, queued, is not to run now that the store stopped past its grace (every write once
-        :meth:`halt`, a client's once :meth:`cut_calls`): then it was answered ``ClosedError``."""
+        :meth:`halt`, a client's once :meth:`cut_calls`): then it was answered unrun: an engine's ``ClosedError``,
+        a client's ``UnavailableError`` marked ``refused``, which the SDK sends to the next server as any call the
+        stopping server had not begun (trial EP: it was ClosedError, and the application saw it)."""
         if not (self.halted or (self.cut and not w.own)):
             return False
-        self.results.put(
-            w.fut,
-            None,
-            ClosedError(f"database {self.name}: the store stopped before the statement ran (its grace ended): not run"),
-        )
+        why = f"database {self.name}: the store stopped before the statement ran (its grace ended): not run"
+        self.results.put(w.fut, None, ClosedError(why) if w.own else UnavailableError(why, refused=True))
         return True
 
     def _group_commit(
@@ -2081,6 +2087,13 @@ class SqlDatabase:
         return True
 
 
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
 SWEEP_MIN = 0.05
 SWEEP_MAX = 10.0
 """Seconds between two looks for databases no call used (a quarter of ``Limits.database_idle``, within these)."""
@@ -2252,6 +2265,7 @@ class SqlEngine:
         # databases closed because no call used them (see _sweep), until their threads ended: an open of one
         # waits for that first, so that two writers never share a file
         self._closing: dict[str, tuple[SqlDatabase, asyncio.Future[None]]] = {}
+        self._unused_closed: set[str] = set()  # the databases not open now because no call used them (status)
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._tx_ids = 0
         self.closed = False
@@ -2364,6 +2378,7 @@ class SqlEngine:
                     db.close()
                     raise ClosedError(f"database {name}: the store is stopping")
                 self.databases[name] = db
+                self._unused_closed.discard(name)
                 self._sweep_soon()
                 return db, applied
             if not migrations:
@@ -2434,6 +2449,7 @@ class SqlEngine:
     def _close_unused(self, dbs: list[SqlDatabase]) -> None:
         for db in dbs:
             del self.databases[db.name]
+            self._unused_closed.add(db.name)
             inline, db._inline = db._inline, None  # (on the loop, which alone reads with it)
             if inline is not None:
                 with contextlib.suppress(sqlite3.Error):
@@ -2515,20 +2531,25 @@ class SqlEngine:
         return db
 
     def status(self) -> dict[str, Any]:
-        """Each database of the store, by name: ``path``, ``open``; an open one's ``writes``, ``commits``,
-        ``reads``, ``transactions`` (since it was opened) and ``open_transactions``, and ``broken`` (why it takes
-        no more writes until the store restarts: a commit the file system failed) when it is; one not opened since
-        the store started (its file is there: its data is) has ``bytes``, its file's size."""
-        out: dict[str, Any] = {
-            name: {
+        """Each database of the store, by name, with the same keys whether it is open or not (trial EP): ``path``;
+        ``open``; ``closed_as_unused`` (not open now because no call used it for ``Limits.database_idle``: opened
+        again at its next call); ``bytes`` (its file's size; ``None`` when it cannot be read); ``writes``,
+        ``commits``, ``reads``, ``reads_moved`` (inline reads that ran over their budget and moved to a reader
+        thread), ``transactions``, ``connections_recycled`` (replaced after statements that grew them: counted
+        since it was last opened) and ``open_transactions``, each ``None`` when it is not open; and ``broken``: why it takes no more writes until the store restarts (a commit the file
+        system failed), else ``None``."""
+        counters = ("writes", "commits", "reads", "reads_moved", "transactions", "connections_recycled")
+        out: dict[str, Any] = {}
+        for name, db in self.databases.items():
+            out[name] = {
                 "path": str(db.path),
                 "open": True,
-                **db.stats,
-                **({"broken": db.broken} if db.broken is not None else {}),
+                "closed_as_unused": False,
+                "bytes": _size(db.path),
+                **{k: db.stats.get(k, 0) for k in counters},
                 "open_transactions": sum(1 for t in self.transactions.values() if t.db is db),
+                "broken": db.broken,
             }
-            for name, db in self.databases.items()
-        }
         try:
             files = sorted(self.directory.glob("*.db"))
         except OSError:
@@ -2536,11 +2557,18 @@ class SqlEngine:
         for path in files:
             name = path.name[: -len(".db")]
             if name not in out and NAME.fullmatch(name) is not None:
-                try:
-                    size = path.stat().st_size
-                except OSError:
+                size = _size(path)
+                if size is None:
                     continue
-                out[name] = {"path": str(path), "open": False, "bytes": size}
+                out[name] = {
+                    "path": str(path),
+                    "open": False,
+                    "closed_as_unused": name in self._unused_closed,
+                    "bytes": size,
+                    **dict.fromkeys(counters),
+                    "open_transactions": None,
+                    "broken": None,
+                }
         return out
 
     async def close(self, timeout: float = 10.0) -> None:
