@@ -2536,8 +2536,8 @@ class SqlEngine:
         again at its next call); ``bytes`` (its file's size; ``None`` when it cannot be read); ``writes``,
         ``commits``, ``reads``, ``reads_moved`` (inline reads that ran over their budget and moved to a reader
         thread), ``transactions``, ``connections_recycled`` (replaced after statements that grew them: counted
-        since it was last opened) and ``open_transactions``, each ``None`` when it is not open; and ``broken``: why it takes no more writes until the store restarts (a commit the file
-        system failed), else ``None``."""
+        since it was last opened) and ``open_transactions``, each ``None`` when it is not open; and ``broken``:
+        why it takes no more writes until the store restarts (a commit the file system failed), else ``None``."""
         counters = ("writes", "commits", "reads", "reads_moved", "transactions", "connections_recycled")
         out: dict[str, Any] = {}
         for name, db in self.databases.items():
