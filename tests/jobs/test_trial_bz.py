@@ -131,3 +131,36 @@ async def test_a_tenant_not_given_reads_back_as_none_like_user_and_type(store: t
     assert seen == [None]
     jid = await q.add(2, tenant="org-7")
     assert (await q.get(jid)).tenant == "org-7"  # type: ignore[union-attr]
+
+
+# contract: JOB-01
+@pytest.mark.parametrize("mode", ["embedded", "private", "sidecar"])
+async def test_a_queue_first_used_by_a_worker_and_a_transaction_at_once_does_not_wait_for_tx_idle(
+    tmp_path: Path, mode: str
+) -> None:
+    """CI (after trial EL's fix, which had an admin's first call of a queue wait for its jobs tables): the chat's
+    worker opened the queue as a post's transaction began; the transaction's first call of the queue shared that
+    open, which waited for tables queued behind the transaction itself, until tx_idle (the post answered 500)."""
+    async with open_store(mode, tmp_path / "s") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (x)")])
+        q = store.queue("replies", database=db)
+        ran = asyncio.Event()
+
+        async def handler(value: Any, run: tinystore.Run) -> None:
+            ran.set()
+
+        async def post(tx: tinystore.SqlTx) -> str:
+            await tx.exec("insert into t values (1)")
+            return await tx.with_(q).add({"n": 1})
+
+        worker = q.work(handler)
+        try:
+            listing = asyncio.ensure_future(q.list(limit=1))  # its call opens the queue...
+            await asyncio.sleep(0)
+            async with asyncio.timeout(4):  # (tx_idle: 5 s)
+                job_id = await db.tx(post)  # ...as this transaction begins and adds
+                await listing
+                await ran.wait()
+            assert (await q.get(job_id)) is not None
+        finally:
+            await worker.stop()

@@ -791,12 +791,15 @@ class JobsEngine:
             if then is not None and not then.done():
                 then.set_result(True)
 
-    async def load(self, name: str, wait: bool) -> None:
+    async def load(self, name: str) -> None:
         """Load queue ``name`` (already opened): in an application database, its jobs tables are made now, behind
-        any transaction that holds the writer; ``wait``: until they are made (raises why they could not be)."""
-        q = await self._queue(name)
-        if wait:
-            await q.wait_schema()
+        any transaction that holds the writer (this does not wait for them)."""
+        await self._queue(name)
+
+    def loaded_in(self, name: str, database: str) -> bool:
+        """Whether queue ``name`` is loaded, its jobs in application database ``database``."""
+        q = self.queues.get(name)
+        return q is not None and q.db.name == database
 
     async def _queue(self, name: str) -> JobQueue:
         q = self.queues.get(name)
