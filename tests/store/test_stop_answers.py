@@ -203,3 +203,29 @@ async def test_calls_queued_for_their_turn_when_the_store_goes_fail_within_the_r
     finally:
         await client.close()
         server.stop()
+
+
+# contract: STORE-05
+async def test_an_embedded_store_s_write_queued_at_the_grace_end_is_closed_not_resent(tmp_path: Path) -> None:
+    """Trial EQ: after trial EP's fix (a socket client's unrun write is answered refused, and sent to the next
+    server), an embedded store's own write got that answer too, UnavailableError ("try again later"), with no next
+    server to send it to. It is ClosedError, as docs/sql.md says of a store closed or stopping."""
+    store = await tinystore.open(tmp_path / "s", embedded=True)
+    try:
+        db = await store.database("app", migrations=[("001.sql", "create table t (k text); create table big (x);")])
+        long = asyncio.ensure_future(
+            db.exec(
+                "with recursive c(x) as (select 1 union all select x + 1 from c where x < 30000000) "
+                "insert into big select x from c"
+            )
+        )
+        await asyncio.sleep(0.3)
+        queued = asyncio.ensure_future(db.exec("insert into t (k) values ('queued')"))
+        await asyncio.sleep(0.2)
+        await store._core.stop(0.1)
+        with pytest.raises(tinystore.ClosedError, match="interrupted, and rolled back"):
+            await long
+        with pytest.raises(tinystore.ClosedError, match="the store stopped before the statement ran"):
+            await queued
+    finally:
+        await store.close()

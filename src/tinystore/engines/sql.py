@@ -278,6 +278,7 @@ class _Write:
     params: list[Any]
     fut: asyncio.Future[Done] | Later
     own: bool = False  # an engine's own statement (see own_sql): it may write the store's tables
+    resend: bool = False  # a socket client's: unrun at a stop, it is answered refused, for the SDK to send again
 
 
 @dataclass(slots=True)
@@ -1009,7 +1010,9 @@ class SqlDatabase:
 
     # -- calls from the loop ---------------------------------------------------------------------
 
-    def write(self, sql: str, params: Sequence[Any], *, own: bool = False) -> asyncio.Future[Done]:
+    def write(
+        self, sql: str, params: Sequence[Any], *, own: bool = False, resend: bool = False
+    ) -> asyncio.Future[Done]:
         """One statement that may write, committed before the future resolves (group commit). Never raises:
         a parameter SQLite cannot hold (``InvalidError``) or a closed database (``ClosedError``) is the
         future's exception, so a caller that gathered several calls' writes fails only the one. ``own``: an
@@ -1029,10 +1032,10 @@ class SqlDatabase:
         except TinystoreError as exc:
             fut.set_exception(exc)
             return fut
-        self._queue(_Write(sql, values, fut, own))
+        self._queue(_Write(sql, values, fut, own, resend))
         return fut
 
-    def write_later(self, sql: str, params: Sequence[Any]) -> Later:
+    def write_later(self, sql: str, params: Sequence[Any], resend: bool = False) -> Later:
         """:meth:`write`, its result given through a :class:`Later` rather than a future (what the server
         uses: the answer goes out from the writer's batch of results, with no future in between).
 
@@ -1045,7 +1048,7 @@ class SqlDatabase:
         elif self.broken is not None:
             later.deliver(None, self._refused())
         else:
-            self._queue(_Write(sql, self._write_params(sql, params), later))
+            self._queue(_Write(sql, self._write_params(sql, params), later, resend=resend))
         return later
 
     def _write_params(self, sql: str, params: Sequence[Any]) -> list[Any]:
@@ -1423,13 +1426,14 @@ class SqlDatabase:
 
     def _not_run(self, w: _Write) -> bool:
         """Whether ``w``, queued, is not to run now that the store stopped past its grace (every write once
-        :meth:`halt`, a client's once :meth:`cut_calls`): then it was answered unrun: an engine's ``ClosedError``,
-        a client's ``UnavailableError`` marked ``refused``, which the SDK sends to the next server as any call the
-        stopping server had not begun (trial EP: it was ClosedError, and the application saw it)."""
+        :meth:`halt`, a client's once :meth:`cut_calls`): then it was answered unrun: a socket client's
+        ``UnavailableError`` marked ``refused``, which the SDK sends to the next server as any call the stopping
+        server had not begun (trial EP: it was ClosedError, and the application saw it); an engine's, or an
+        embedded store's own (no next server: trial EQ), ``ClosedError``."""
         if not (self.halted or (self.cut and not w.own)):
             return False
         why = f"database {self.name}: the store stopped before the statement ran (its grace ended): not run"
-        self.results.put(w.fut, None, ClosedError(why) if w.own else UnavailableError(why, refused=True))
+        self.results.put(w.fut, None, UnavailableError(why, refused=True) if w.resend else ClosedError(why))
         return True
 
     def _group_commit(

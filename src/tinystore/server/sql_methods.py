@@ -78,8 +78,8 @@ def install(core: Core) -> None:
         db, _ = await engine.open(name, [])
         return db
 
-    async def exec_later(req: Exec) -> Any:
-        return await (await reopen(req.db)).write(req.sql, req.params)
+    async def exec_later(req: Exec, resend: bool) -> Any:
+        return await (await reopen(req.db)).write(req.sql, req.params, resend=resend)
 
     async def query_later(req: Query, session: Session) -> Any:
         return await (await reopen(req.db)).read(req.sql, req.params, req.mode, owner=session)
@@ -121,8 +121,8 @@ def install(core: Core) -> None:
             return exec_reserved(req)
         db = engine.databases.get(req.db)
         if db is None:
-            return exec_later(req)
-        return db.write_later(req.sql, req.params)
+            return exec_later(req, not session.local)
+        return db.write_later(req.sql, req.params, not session.local)
 
     def query(session: Session, req: Query) -> Any:
         mode = req.mode
