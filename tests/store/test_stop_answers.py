@@ -229,3 +229,27 @@ async def test_an_embedded_store_s_write_queued_at_the_grace_end_is_closed_not_r
             await queued
     finally:
         await store.close()
+
+
+# contract: STORE-06
+async def test_a_write_unrun_at_a_stop_with_no_next_server_says_it_did_not_run(tmp_path: Path) -> None:
+    """Trial EQ: a write the stopping server answered unrun, with no next server within ``reconnect_timeout``, failed
+    with the SDK's plain "could not be reached", which did not say the write had not run."""
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    client = await tinystore.open(directory, reconnect_timeout="1s")
+    try:
+        db = await client.database("app", migrations=MIGRATIONS)
+        await db.exec(FILL)
+        long = asyncio.ensure_future(db.exec(LONG_WRITE))
+        await asyncio.sleep(0.3)
+        queued = asyncio.ensure_future(db.exec("insert into t values ('queued')"))
+        await asyncio.sleep(0.2)
+        await client.stop_server("100ms")
+        with pytest.raises(tinystore.ClosedError, match="interrupted, and rolled back"):
+            await long
+        with pytest.raises(tinystore.UnavailableError, match=r"sql.exec: not run \(the server stopped before it ran"):
+            await asyncio.wait_for(queued, 30)
+    finally:
+        await client.close()
+        server.stop()

@@ -1207,12 +1207,20 @@ class RemoteTransport(Transport):
                 # the server would refuse the frame and close the connection: refuse it here, send nothing
                 raise too_large(method, request, len(body), self.max_body)
             starved = 0  # connections this process dropped, out of memory, while this call waited for its answer
+            refused = False  # a stopping server answered it unrun (then only unread sends, if any)
             while True:
                 conn = self._conn
                 if conn is None or self.closed:
                     if not self.closed:
                         self._no_tx_elsewhere(method, request, None)
-                    conn = await self._wait_up(began)
+                    try:
+                        conn = await self._wait_up(began)
+                    except UnavailableError as exc:
+                        if refused and write:  # (trial EQ: the error did not say the write had not run)
+                            raise UnavailableError(
+                                f"{method}: not run (the server stopped before it ran it), and {exc.message}"
+                            ) from None
+                        raise
                 if conn.lost or conn.goaway is not None or conn.transport is None or conn.transport.is_closing():
                     # aborted, or the server said goodbye, and not yet lost: wait for the next connection
                     # rather than write into this one (a write would be lost unsent, yet OutcomeUnknownError)
@@ -1313,6 +1321,7 @@ class RemoteTransport(Transport):
                     if not retry:
                         raise NotRunError(f"{method}: {exc}") from None
                     # it was not run: safe to send again (a write too) once the next server is reached
+                    refused = True
                     await conn.wait_gone()
                     continue
                 except asyncio.CancelledError:
