@@ -38,8 +38,10 @@ from tinystore import (
     ChannelIterator,
     Durability,
     Duration,
+    Hold,
     JobError,
     JobState,
+    StoreClock,
     TxChannel,
     TxQueue,
 )
@@ -105,6 +107,9 @@ async def main(store: tinystore.Store, db: tinystore.Database) -> None:
 
     one: int = await db.tx(save)
     print(one)
+    clock: StoreClock = store.clock  # trial EL: the types of store.clock and of a lock's hold had no public name
+    holding: Hold[tinystore.Lease | None] = store.lock("reports").try_hold("q3")
+    print(clock, holding)
     done: tinystore.Done = await db.tx(lambda tx: tx.exec("insert into t values (1)"))
     job_id: str = await db.tx(lambda tx: tx.with_(asks).add(Ask(chat_id=7)))
     print(done, job_id)
