@@ -1118,11 +1118,14 @@ class JobsEngine:
             or self._claimed_kept + len(attempts) > CLAIMED_KEPT
             or next(iter(claims.values()))[0] < now - CLAIM_KEPT_FOR
         ):
-            self._claimed_kept -= len(claims.popitem(last=False)[1][1])
+            self._drop_oldest_claim()
         claims[token] = (now, attempts)
         self._claimed_kept += len(attempts)
         if self._claims_timer is None and not self.closed:
             self._claims_timer = self.loop.call_later(CLAIM_KEPT_FOR, self._forget_claims)
+
+    def _drop_oldest_claim(self) -> None:
+        self._claimed_kept -= len(self._claims.popitem(last=False)[1][1])
 
     def _forget_claims(self) -> None:
         """Forgets the claims kept :data:`CLAIM_KEPT_FOR`, with no new claim to do it (trial EM: an idle store kept
@@ -1131,7 +1134,7 @@ class JobsEngine:
         claims = self._claims
         now = time.monotonic()
         while claims and next(iter(claims.values()))[0] <= now - CLAIM_KEPT_FOR:
-            self._claimed_kept -= len(claims.popitem(last=False)[1][1])
+            self._drop_oldest_claim()
         if claims and not self.closed:
             due = next(iter(claims.values()))[0] + CLAIM_KEPT_FOR - now
             self._claims_timer = self.loop.call_later(max(due, 0.0) + 0.001, self._forget_claims)

@@ -2339,7 +2339,6 @@ class SqlEngine:
                 closing = self._closing.get(name)
                 if closing is not None:  # closed as unused a moment ago: its threads end first
                     await asyncio.shield(closing[1])
-            if db is None:
                 if self.closed:
                     raise ClosedError(f"database {name}: the store is stopping")
                 limit = self.limits.databases
@@ -2460,11 +2459,11 @@ class SqlEngine:
                     inline.close()
             db.close()
         ended = asyncio.ensure_future(asyncio.to_thread(_join_all, dbs))
-        ended.add_done_callback(functools.partial(self._closed_unused, dbs))
+        ended.add_done_callback(functools.partial(self._closing_ended, dbs))
         for db in dbs:
             self._closing[db.name] = (db, ended)
 
-    def _closed_unused(self, dbs: list[SqlDatabase], ended: asyncio.Future[None]) -> None:
+    def _closing_ended(self, dbs: list[SqlDatabase], ended: asyncio.Future[None]) -> None:
         if not ended.cancelled() and ended.exception() is not None:
             log.error("closing unused databases failed", exc_info=ended.exception())
         for db in dbs:
@@ -2550,7 +2549,7 @@ class SqlEngine:
                 "open": True,
                 "closed_as_unused": False,
                 "bytes": _size(db.path),
-                **{k: db.stats.get(k, 0) for k in counters},
+                **{k: db.stats[k] for k in counters},
                 "open_transactions": sum(1 for t in self.transactions.values() if t.db is db),
                 "broken": db.broken,
             }
