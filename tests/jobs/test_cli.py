@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,8 @@ def test_list_show_retry_cancel(tmp_path: Path) -> None:
     assert shown["attempts"] == 1 and [e["error"] for e in shown["errors"]] == ["ConnectionError: smtp refused"]
     r = cli("jobs", str(d), "show", ids["bad"])
     assert r.exit_code == 0 and "smtp refused" in r.output and "failed attempts" in r.output
+    # a table's times say they are UTC (a server's log and the JSON are UTC too): "…:05Z", never bare
+    assert re.search(r"created_at\W+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", r.output), r.output
 
     r = cli("jobs", str(d), "retry", ids["bad"])
     assert r.exit_code == 0 and "queued again" in r.output

@@ -26,9 +26,10 @@ from . import (
 
 
 def _at(when: datetime | None) -> str:
+    """A table's time: UTC to the second, marked ``Z`` (RFC 3339's UTC mark), so that it is not read as local time."""
     if when is None:
         return ""
-    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _state(job: Any) -> str:
