@@ -141,6 +141,17 @@ async def test_status_without_a_server_says_so(tmp_path: Path) -> None:
     assert json.loads(run_cli("status", str(directory), "--json").stdout)["server_running"] is False
 
 
+async def test_status_without_a_server_lists_the_queues(tmp_path: Path) -> None:
+    # (trial EP: a served store listed its queues, the same store with no server listed none)
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True)
+    await store.queue("mail", dict).add({"to": "a"})
+    await store.close()
+    queues = json.loads(run_cli("status", str(directory), "--json").stdout)["jobs"]["queues"]
+    assert [(q["queue"], q["queued"]) for q in queues] == [("mail", 1)], queues
+    assert "mail" in run_cli("status", str(directory)).stdout
+
+
 async def test_stop_takes_a_duration_for_grace(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     server = popen_cli("serve", str(directory))

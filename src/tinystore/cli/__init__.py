@@ -753,6 +753,11 @@ def status(directory: Target, as_json: bool) -> None:
     async def go() -> dict[str, Any]:
         store = await open_for_cli(directory)
         try:
+            if store.mode == "embedded":
+                # opened here: load the queues as a server does at its start, so that they are listed (trial EP)
+                from ..client.jobs import queues
+
+                await queues(store)
             result: dict[str, Any] = await store.status()
             # no server runs: the store was opened by this command, for this command only
             result["server_running"] = store.mode != "embedded"
