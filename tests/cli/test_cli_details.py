@@ -150,6 +150,11 @@ async def test_status_without_a_server_lists_the_queues(tmp_path: Path) -> None:
     queues = json.loads(run_cli("status", str(directory), "--json").stdout)["jobs"]["queues"]
     assert [(q["queue"], q["queued"]) for q in queues] == [("mail", 1)], queues
     assert "mail" in run_cli("status", str(directory)).stdout
+    # and a store with no queue gets no jobs database from a status, nor from a list of its jobs
+    other = await _store_with(tmp_path / "other", "app")
+    assert run_cli("status", str(other), "--json").returncode == 0
+    assert run_cli("jobs", str(other), "list").returncode == 0
+    assert sorted(p.name for p in (other / "sql").iterdir()) == ["app.db"]
 
 
 async def test_stop_takes_a_duration_for_grace(tmp_path: Path) -> None:

@@ -2202,6 +2202,9 @@ class JobsEngine:
         return None
 
     async def queue_names(self) -> list[str]:
+        """The names of the queues the store knows, sorted; none (and no jobs database made) before its first."""
+        if self._jobs_db is None and not (self.sql.directory / f"{JOBS_DB}.db").exists():
+            return []  # (a status or a list must not make the jobs database: it would be a new database)
         db = await self.jobs_db()
         return [r[0] for r in (await db.read(f"select name from {QUEUES} order by name", [])).rows]
 
