@@ -53,3 +53,31 @@ def test_another_user_is_told_in_one_line_that_it_may_not_reach_the_server(comma
             server.stop()
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+@pytest.mark.parametrize("command", [["status"], ["jobs", "list"], ["sql", "select 1"], ["stop"]])
+def test_a_store_directory_this_user_may_not_enter_is_one_error_line(command: list[str]) -> None:
+    # (trial EP: a store of mode 0700, as `open` makes it, gave click's usage error and exit 2 to another user)
+    top = Path(tempfile.mkdtemp(prefix="tinystore-other-user-"))
+    try:
+        top.chmod(0o755)
+        directory = top / "store"
+        directory.mkdir(mode=0o700)
+        (directory / "LOCK").touch()
+        argv = cli_argv(command[0], str(directory), *command[1:])
+        done = subprocess.run(
+            ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+            cwd="/",
+        )
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        assert done.stderr == (
+            f"error[permission_denied] store {directory}: this user may not enter the directory (it is for the user "
+            "that owns the store: run the command as that user)\n"
+        )
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

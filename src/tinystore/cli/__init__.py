@@ -202,6 +202,15 @@ class UserPath(click.Path):
                 # (an empty argument would be the current folder: `backup DIR ""` said "inside the store")
                 fail(InvalidError(f"{param.human_readable_name if param else 'path'}: {value!r} is no path"))
             value = os.path.expanduser(value)
+            if (param is None or param.name == "directory") and os.path.isdir(value):
+                if not os.access(value, os.R_OK | os.X_OK):
+                    # (trial EP: click's usage error, exit 2, where a store of mode 0755 said this in one line)
+                    fail(
+                        PermissionDeniedError(
+                            f"store {value}: this user may not enter the directory (it is for the user that owns "
+                            "the store: run the command as that user)"
+                        )
+                    )
         return super().convert(value, param, ctx)
 
 
