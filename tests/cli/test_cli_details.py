@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -359,3 +360,31 @@ async def test_max_running_out_of_bounds_is_told_in_the_apis_terms(tmp_path: Pat
         for bad in (0, 1_000_001):
             with pytest.raises(tinystore.InvalidError, match=rf"max_running: {bad} is not between 1 and 1,000,000 \("):
                 store.queue("q", max_running=bad)
+
+
+async def test_a_large_result_shows_its_first_rows_and_says_how_many_more(tmp_path: Path) -> None:
+    # (trial EP: a table of 100,000 rows was laid out whole before anything printed: 40 s)
+    directory = await _store_with(tmp_path, "app")
+    done = run_cli(
+        "sql",
+        str(directory),
+        "--db",
+        "app",
+        "with recursive c(x) as (select 1 union all select x + 1 from c where x < 1005) select x from c",
+    )
+    assert done.returncode == 0, done.stderr
+    shown = [int(cell) for cell in re.findall(r"^│ (\d+)\s*│$", done.stdout, re.M)]
+    assert shown == list(range(1, 1001))
+    assert done.stderr == "showing the first 1,000 of 1,005 rows: --json prints them all (or add a LIMIT)\n"
+    every = run_cli("sql", str(directory), "--db", "app", "--json", "select x from (select 1 as x)")
+    assert every.stdout == '{"x": 1}\n' and every.stderr == ""
+
+
+async def test_a_cell_wider_than_the_terminal_folds_and_is_never_cut(tmp_path: Path) -> None:
+    # (trial EP: on a narrow terminal, numbers were cut to "12345…")
+    directory = await _store_with(tmp_path, "app")
+    digits = "1234567890" * 40  # wider than any terminal the command lays its table out for
+    done = run_cli("sql", str(directory), "--db", "app", "select ? as n", "--text", digits)
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout
+    assert "".join(re.findall(r"│ (\d+)\s*│", done.stdout)) == digits
