@@ -57,13 +57,16 @@ async def test_a_database_no_call_uses_is_closed_and_opened_again_at_its_next_ca
         # status tells it was closed as unused (trial EO: it read as never opened), with the keys of an open one
         # (trial EP: they changed with the state)
         closed = (await store.status())["databases"]["app"]
-        assert closed["closed_as_unused"] is True and closed["writes"] is None and closed["bytes"] > 0
+        assert closed["closed_as_unused"] is True and closed["open_transactions"] is None and closed["bytes"] > 0
+        # its counters are kept, and go on when it opens again (trial EP: they started again from 0)
+        assert closed["writes"] == 1 and closed["commits"] >= 1, closed
         # the same handle goes on: its next call opens the database again, with what was committed
         assert await db.scalar("select count(*) from t") == 1
         assert "app" in await open_now(store)
         opened = (await store.status())["databases"]["app"]
         assert opened.keys() == closed.keys() and opened["closed_as_unused"] is False and opened["reads"] >= 1
         await db.exec("insert into t values (2)")
+        assert (await store.status())["databases"]["app"]["writes"] == 2
         assert await db.scalar("select sum(x) from t") == 3
         # opening it again with its migrations applies none, and refuses a changed one as before
         again = await store.database("app", migrations=[("001.sql", "create table t (x)")])

@@ -2269,7 +2269,8 @@ class SqlEngine:
         # databases closed because no call used them (see _sweep), until their threads ended: an open of one
         # waits for that first, so that two writers never share a file
         self._closing: dict[str, tuple[SqlDatabase, asyncio.Future[None]]] = {}
-        self._unused_closed: set[str] = set()  # the databases not open now because no call used them (status)
+        # the databases not open now because no call used them, with their counters (status; carried on at reopen)
+        self._unused_closed: dict[str, dict[str, int]] = {}
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._tx_ids = 0
         self.closed = False
@@ -2358,6 +2359,7 @@ class SqlEngine:
                 path = self.directory / f"{name}.db"
                 existed = path.exists()
                 db = SqlDatabase(self, name, path)
+                db.stats.update(self._unused_closed.get(name, {}))  # (its counters go on from where they were)
                 self._starting += 1
                 self._opening_dbs.add(db)
                 start = asyncio.ensure_future(asyncio.to_thread(db.start, migrations))
@@ -2381,7 +2383,7 @@ class SqlEngine:
                     db.close()
                     raise ClosedError(f"database {name}: the store is stopping")
                 self.databases[name] = db
-                self._unused_closed.discard(name)
+                self._unused_closed.pop(name, None)
                 self._sweep_soon()
                 return db, applied
             if not migrations:
@@ -2452,7 +2454,7 @@ class SqlEngine:
     def _close_unused(self, dbs: list[SqlDatabase]) -> None:
         for db in dbs:
             del self.databases[db.name]
-            self._unused_closed.add(db.name)
+            self._unused_closed[db.name] = dict(db.stats)
             inline, db._inline = db._inline, None  # (on the loop, which alone reads with it)
             if inline is not None:
                 with contextlib.suppress(sqlite3.Error):
@@ -2538,8 +2540,9 @@ class SqlEngine:
         ``open``; ``closed_as_unused`` (not open now because no call used it for ``Limits.database_idle``: opened
         again at its next call); ``bytes`` (its file's size; ``None`` when it cannot be read); ``writes``,
         ``commits``, ``reads``, ``reads_moved`` (inline reads that ran over their budget and moved to a reader
-        thread), ``transactions``, ``connections_recycled`` (replaced after statements that grew them: counted
-        since it was last opened) and ``open_transactions``, each ``None`` when it is not open; and ``broken``:
+        thread), ``transactions``, ``connections_recycled`` (replaced after statements that grew them): counted
+        since the store started (on across a close as unused), each ``None`` when it was not open since;
+        ``open_transactions``, ``None`` when it is not open; and ``broken``:
         why it takes no more writes until the store restarts (a commit the file system failed), else ``None``."""
         counters = ("writes", "commits", "reads", "reads_moved", "transactions", "connections_recycled")
         out: dict[str, Any] = {}
@@ -2568,7 +2571,7 @@ class SqlEngine:
                     "open": False,
                     "closed_as_unused": name in self._unused_closed,
                     "bytes": size,
-                    **dict.fromkeys(counters),
+                    **{k: self._unused_closed[name][k] if name in self._unused_closed else None for k in counters},
                     "open_transactions": None,
                     "broken": None,
                 }
