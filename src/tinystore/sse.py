@@ -429,11 +429,11 @@ class EventSourceResponse(Response):
     ``closed`` is set and the producer has :data:`STOP_WITHIN` seconds to return before it is cancelled; what
     was queued and not written is dropped.
 
-    ``keepalive``: a duration (seconds, or text such as ``"15s"``) of silence before a comment line; ``retry``:
-    the browser's reconnection delay, sent first; ``headers``: extra response headers; ``status_code``: 200;
-    ``max_pending``: bytes (1 MiB). Raises ``InvalidError`` for a ``keepalive`` that is not above 0, a bad
-    ``retry``, ``headers`` that are not a mapping of str to str, or a ``max_pending`` that is not an int of 1
-    or more. A cancel of the response (an ASGI server past its graceful shutdown) also sets ``closed`` and
+    ``keepalive``: a duration (seconds, or text such as ``"15s"``) of silence before a comment line; ``retry``: the
+    browser's reconnection delay, sent after the opening ``: ok`` comment, before any event; ``headers``: extra response
+    headers; ``status_code``: 200; ``max_pending``: bytes (1 MiB). Raises ``InvalidError`` for a ``keepalive`` that is
+    not above 0, a bad ``retry``, ``headers`` that are not a mapping of str to str, or a ``max_pending`` that is not an
+    int of 1 or more. A cancel of the response (an ASGI server past its graceful shutdown) also sets ``closed`` and
     waits for the producer as above before the ``CancelledError`` goes on: no task of the stream is left.
     """
 
@@ -692,11 +692,11 @@ def sse_response(
 
         return sse_response(request, lambda send, closed: stream(chat_id, send, closed))
 
-    ``keepalive`` (a duration, 15 s): a comment line after that much silence. ``retry``: the browser's
-    reconnection delay, sent first. ``headers``: extra response headers. After the browser went away the
-    producer has :data:`STOP_WITHIN` seconds to return, then it is cancelled; an exception it raises is logged
-    and ends the stream. ``request`` is the request being answered (its headers, such as ``Last-Event-ID``,
-    are the producer's to read).
+    ``keepalive`` (a duration, 15 s): a comment line after that much silence. ``retry``: the browser's reconnection
+    delay, sent after the opening ``: ok`` comment, before any event. ``headers``: extra response headers. After the
+    browser went away the producer has :data:`STOP_WITHIN` seconds to return, then it is cancelled; an exception it
+    raises is logged and ends the stream. ``request`` is the request being answered (its headers, such as
+    ``Last-Event-ID``, are the producer's to read).
 
     Raises ``InvalidError`` for a ``request`` that is not a Starlette request or a ``producer`` that is not a
     function, a bad ``keepalive`` or ``retry``, and ``headers`` that are not a mapping of str to str.
@@ -1079,7 +1079,8 @@ def event_stream(
     function of the :class:`~tinystore.Message` (``lambda m: m.value.kind``); ``None``: ``message``.
     ``data``: a function of the message giving what to send (default ``m.value``), written as one ``data:``
     line of JSON. ``keepalive`` (a duration, 15 s): a comment line after that much silence. ``retry``: the
-    browser's reconnection delay, sent first. ``headers``: extra response headers.
+    browser's reconnection delay, sent after the opening ``: ok`` comment, before any event. ``headers``: extra
+    response headers.
 
     Each message becomes an event whose ``id`` is the message's id (``"<epoch>-<seq>"``), in publish order.
     The streams of one branch in this process share one subscription (``shared=False``: each its own); it
