@@ -59,7 +59,10 @@ async def test_a_read_too_big_for_the_clients_memory_fails_once_sent_again(tmp_p
         done = await run_client(CLIENT, directory)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "small 1" in done.stdout
-        assert "UnavailableError sql.query: the answer could not be read: this process ran out of memory" in done.stdout
+        assert (
+            "UnavailableError sql.query: database app: the answer could not be read: this process ran out of memory"
+            in done.stdout
+        )
         assert "ask for less at a time" in done.stdout
         assert "after 2" in done.stdout  # the connection goes on serving the next call
         assert "Fatal error" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -186,7 +189,7 @@ async def test_a_read_beside_one_too_big_for_memory_is_answered(tmp_path: Path) 
     try:
         done = await run_client(BESIDE, directory)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "big UnavailableError: sql.query: the answer could not be read" in done.stdout, done.stdout
+        assert "big UnavailableError: sql.query: database app: the answer could not be read" in done.stdout, done.stdout
         assert "small 2000000" in done.stdout, done.stdout
         assert "Traceback" not in done.stderr, done.stderr[-3000:]
     finally:
@@ -270,7 +273,10 @@ async def test_a_statement_in_a_transaction_whose_answer_does_not_fit_is_not_sen
         done = await run_client(IN_TX, directory)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "rows 1" in done.stdout, done.stdout
-        assert "OutcomeUnknownError sql.exec: its answer came, but this process ran out of memory" in done.stdout
+        assert (
+            "OutcomeUnknownError sql.exec: database app: transaction 1: its answer came, but this process ran out of "
+            "memory" in done.stdout
+        )
     finally:
         server.stop()
 

@@ -248,7 +248,9 @@ async def test_a_write_unrun_at_a_stop_with_no_next_server_says_it_did_not_run(t
         await client.stop_server("100ms")
         with pytest.raises(tinystore.ClosedError, match="interrupted, and rolled back"):
             await long
-        with pytest.raises(tinystore.UnavailableError, match=r"sql.exec: not run \(the server stopped before it ran"):
+        with pytest.raises(
+            tinystore.UnavailableError, match=r"sql.exec: database app: not run \(the server stopped before it ran"
+        ):
             await asyncio.wait_for(queued, 30)
     finally:
         await client.close()

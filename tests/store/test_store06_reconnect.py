@@ -87,12 +87,29 @@ async def test_a_write_cut_in_flight_is_outcome_unknown_and_never_sent_twice(rem
         cut_right_after_sending(store, "sql.exec")
         with pytest.raises(OutcomeUnknownError) as info:
             await db.exec("insert into t (a) values (?)", f"cut {i}")
-        assert "sql.exec" in info.value.message
+        # it names what it is about (trial ES: "sql.exec: the connection dropped ...", no database)
+        assert info.value.message.startswith("sql.exec: database app: the connection dropped"), info.value.message
         # the request reached the server before the cut: it commits there, once; nothing sends it again
         await wait_for_count(db, f"cut {i}", 1)
         await asyncio.sleep(0.2)
         assert await count(db, f"cut {i}") == 1
     assert await db.scalar("select count(*) from t") == 3
+
+
+# contract: STORE-06
+async def test_a_lost_answer_names_the_channel_queue_or_lock_it_is_about(remote_store: tinystore.Store) -> None:
+    # (trial ES: each OutcomeUnknownError said only its method, "channels.publish: ...", "jobs.add: ...")
+    store = remote_store
+    calls: list[tuple[str, Callable[[], Awaitable[Any]], str]] = [
+        ("channels.publish", lambda: store.channel("news").under("7").publish("x"), "channel news: branch ['7']"),
+        ("jobs.add", lambda: store.queue("mail", dict).add({"to": "a"}), "queue mail"),
+    ]
+    await store.queue("mail", dict).list(limit=1)  # (opened before the cut)
+    for method, call, about in calls:
+        cut_right_after_sending(store, method)
+        with pytest.raises(OutcomeUnknownError) as info:
+            await call()
+        assert info.value.message.startswith(f"{method}: {about}: the connection dropped"), info.value.message
 
 
 async def wait_for_count(db: Any, a: str, n: int, timeout: float = 5.0) -> None:
@@ -127,7 +144,9 @@ async def test_a_commit_cut_in_flight_is_outcome_unknown(remote_store: tinystore
         await tx.exec("insert into t (a) values ('in tx')")
 
     cut_right_after_sending(store, "sql.commit")
-    with pytest.raises(OutcomeUnknownError):
+    with pytest.raises(
+        OutcomeUnknownError, match=r"^database app: sql\.commit: transaction \d+: the connection dropped"
+    ):
         await db.tx(fn)
     # it committed or it did not, once at most; the writer is free again either way
     await asyncio.sleep(0.2)

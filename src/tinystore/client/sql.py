@@ -20,7 +20,7 @@ import msgspec.inspect
 import msgspec.structs
 
 from ..engines.sql_text import check_params
-from ..errors import ClosedError, InvalidError, LimitError, UnavailableError
+from ..errors import ClosedError, InvalidError, LimitError, TinystoreError, UnavailableError
 from ..names import a_or_an, check_name
 from ..protocol.messages import decode
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
@@ -736,6 +736,12 @@ class SqlTx(Queries):
             # rather than at tx_idle (a rollback after a commit that ran changes nothing)
             self.db.store._undo_soon("sql.rollback", TxRef(self.id))
             raise
+        except TinystoreError as exc:
+            if not exc.message.startswith("sql.commit: "):
+                raise
+            # (trial ES: the connection's own errors named the transaction, not its database; a commit's request
+            # carries only the transaction's id)
+            raise type(exc)(f"database {self.name}: {exc.message}", **exc.extra) from None
         for hook in self.on_commit:
             r = hook()
             if inspect.isawaitable(r):

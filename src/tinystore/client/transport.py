@@ -18,6 +18,7 @@ import collections
 import contextlib
 import inspect
 import itertools
+import json
 import logging
 import os
 import random
@@ -120,6 +121,34 @@ def too_large(method: str, request: Any, size: int, limit: int, subject: str = "
                 subject = f"{kind} {name}"
                 break
     return body_too_large(f"{subject}: {method}" if subject else method, size, limit)
+
+
+def _about(method: str, request: Any) -> str:
+    """``method`` and what its request is about, as an error's message begins (API.md: each message names the thing
+    it is about): ``sql.exec: database app``, ``sql.exec: database app: transaction 7``, ``channels.publish: channel
+    chat: branch ['7']``, ``jobs.report: queue mail: job 01j…``, ``locks.acquire: lock summaries: key "7"``."""
+    parts = [method]
+    for attr, kind in _SUBJECTS:
+        name = getattr(request, attr, None)
+        if isinstance(name, str) and name:
+            parts.append(f"{kind} {name}")
+            if kind == "channel":
+                branch = getattr(request, "branch", None)
+                if isinstance(branch, list) and branch:
+                    parts.append(f"branch {branch!r}")
+            elif kind == "lock":
+                key = getattr(request, "key", None)
+                if isinstance(key, str):
+                    parts.append(f"key {json.dumps(key, ensure_ascii=False)}")
+            elif kind == "queue":
+                job = getattr(request, "id", None)
+                if isinstance(job, str) and job:
+                    parts.append(f"job {job}")
+            break
+    tx = getattr(request, "tx", 0)
+    if type(tx) is int and tx:
+        parts.append(f"transaction {tx}")
+    return ": ".join(parts)
 
 
 class Transport:
@@ -1218,7 +1247,8 @@ class RemoteTransport(Transport):
                     except UnavailableError as exc:
                         if refused and write:  # (trial EQ: the error did not say the write had not run)
                             raise UnavailableError(
-                                f"{method}: not run (the server stopped before it ran it), and {exc.message}"
+                                f"{_about(method, request)}: not run (the server stopped before it ran it), and "
+                                f"{exc.message}"
                             ) from None
                         raise
                 if conn.lost or conn.goaway is not None or conn.transport is None or conn.transport.is_closing():
@@ -1257,8 +1287,8 @@ class RemoteTransport(Transport):
                         starved += 1
                         if starved >= OUT_OF_MEMORY_TRIES:
                             raise UnavailableError(
-                                f"{method}: the server is out of memory: the request could not be read, and was not "
-                                f"run ({starved} tries; try again later, or send less at once)"
+                                f"{_about(method, request)}: the server is out of memory: the request could not be "
+                                f"read, and was not run ({starved} tries; try again later, or send less at once)"
                             ) from None
                     # never read: sent again, but a transaction's call only on its own connection (trial BX)
                     self._no_tx_elsewhere(method, request, conn.goaway)
@@ -1269,18 +1299,19 @@ class RemoteTransport(Transport):
                         # (a transaction's statement too: it ran there, or failed there, and is never sent again;
                         # trial EJ: it was, and ran twice in the transaction)
                         raise OutcomeUnknownError(
-                            f"{method}: its answer came, but this process ran out of memory (MemoryError) reading "
-                            "it; the write may or may not have taken effect (it is not sent again)"
+                            f"{_about(method, request)}: its answer came, but this process ran out of memory "
+                            "(MemoryError) reading it; the write may or may not have taken effect (not sent again)"
                         ) from None
                     if not retry:
                         raise UnavailableError(
-                            f"{method}: the answer could not be read: this process ran out of memory (MemoryError) "
-                            "reading it (a transaction's read is not sent again; the transaction goes on)"
+                            f"{_about(method, request)}: the answer could not be read: this process ran out of memory "
+                            "(MemoryError) reading it (a transaction's read is not sent again; the transaction goes on)"
                         ) from None
                     if starved >= OUT_OF_MEMORY_TRIES:
                         raise UnavailableError(
-                            f"{method}: the answer could not be read: this process ran out of memory (MemoryError) "
-                            f"reading it ({starved} tries): ask for less at a time (a LIMIT, fewer or smaller columns)"
+                            f"{_about(method, request)}: the answer could not be read: this process ran out of memory "
+                            f"(MemoryError) reading it ({starved} tries): ask for less at a time (a LIMIT, fewer or "
+                            "smaller columns)"
                         ) from None
                     continue  # (a read: sent again, once)
                 except _Lost as exc:
@@ -1288,8 +1319,8 @@ class RemoteTransport(Transport):
                         starved += 1
                         if starved >= OUT_OF_MEMORY_TRIES and not write:
                             raise UnavailableError(
-                                f"{method}: the answer could not be read: {exc} ({starved} tries): ask for less at "
-                                "a time (a LIMIT, fewer or smaller columns)"
+                                f"{_about(method, request)}: the answer could not be read: {exc} ({starved} tries): "
+                                "ask for less at a time (a LIMIT, fewer or smaller columns)"
                             ) from None
                     if write and exc.in_doubt and await self._never_read(conn, stream):
                         # the server stopped, or the connection was cut, before it read this one: sent again (a
@@ -1298,28 +1329,27 @@ class RemoteTransport(Transport):
                         continue
                     if write:
                         raise OutcomeUnknownError(
-                            f"{method}: the connection dropped before the answer came ({exc}); "
+                            f"{_about(method, request)}: the connection dropped before the answer came ({exc}); "
                             "the write may or may not have taken effect"
                         ) from None
                     if not retry:
                         tx = getattr(request, "tx", 0)
                         if tx:  # (a commit is a write, above: it may have committed)
-                            db = getattr(request, "db", "")
                             # the same error as the transaction's next call raises (SqlTx._check): whether a call
                             # was under way as the connection dropped is chance (trial CZ: ClosedError here)
                             raise UnavailableError(
-                                f"{method}: {f'database {db}: ' if db else ''}transaction {tx}: the connection to "
+                                f"{_about(method, request)}: the connection to "
                                 f"the store dropped before the answer came ({exc}); the transaction was rolled back "
                                 "with it (nothing of it was committed)"
                             ) from None
                         raise ClosedError(
-                            f"{method}: the connection to the store dropped ({exc})", dropped=True
+                            f"{_about(method, request)}: the connection to the store dropped ({exc})", dropped=True
                         ) from None
                     continue
                 except _Refused as exc:
                     self._no_tx_elsewhere(method, request, f"{exc}; the store stopped")
                     if not retry:
-                        raise NotRunError(f"{method}: {exc}") from None
+                        raise NotRunError(f"{_about(method, request)}: {exc}") from None
                     # it was not run: safe to send again (a write too) once the next server is reached
                     refused = True
                     await conn.wait_gone()
@@ -1403,8 +1433,8 @@ class RemoteTransport(Transport):
         tx = getattr(request, "tx", 0)
         if tx:
             raise UnavailableError(
-                f"{method}: {why or 'the connection to the store ended'}; transaction {tx} was rolled back with it "
-                "(nothing of it was committed)"
+                f"{_about(method, request)}: {why or 'the connection to the store ended'}; the transaction was rolled "
+                "back with it (nothing of it was committed)"
             )
 
     async def _turn_or_extra(self, turns: _Turns, mark: _TxMark) -> bool:
