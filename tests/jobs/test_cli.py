@@ -158,6 +158,9 @@ def test_configure_changes_the_options_the_store_keeps(tmp_path: Path) -> None:
     assert bad.exit_code == 1 and "first delay is above the cap" in bad.output, bad.output
     missing = cli("jobs", str(d), "configure", "nope", "--attempts", "2")
     assert missing.exit_code == 1 and "queue nope does not exist" in missing.output, missing.output
+    for value in ("5s", "5x,1m"):  # (trial EP: one exited 2 with click's usage, the other 1)
+        one = cli("jobs", str(d), "configure", "mail", "--backoff", value)
+        assert one.exit_code == 1 and one.output.startswith("error[invalid] --backoff: "), one.output
     negative = cli("jobs", str(d), "configure", "mail", "--lease", "-1s")
     assert negative.exit_code == 1 and "--lease" in negative.output, negative.output
 

@@ -326,7 +326,7 @@ def register(main: click.Group) -> None:
         admin capability over TCP)."""
         from ..client.jobs import configure as configure_queue
         from ..durations import seconds
-        from ..errors import TinystoreError
+        from ..errors import InvalidError, TinystoreError
         from ..protocol.jobs import Options
 
         def ms(text: str | None, what: str) -> int | None:
@@ -337,7 +337,8 @@ def register(main: click.Group) -> None:
             if backoff is not None:
                 parts = backoff.split(",")
                 if len(parts) != 2:
-                    raise click.BadParameter("give FIRST,CAP, as in 10s,270s", param_hint="--backoff")
+                    # (one error[invalid] line, exit 1, as a delay that does not read: trial EP, it was click's usage)
+                    raise InvalidError(f"--backoff: {backoff!r}: give FIRST,CAP, as in 10s,270s")
                 first, cap = ms(parts[0].strip(), "--backoff"), ms(parts[1].strip(), "--backoff")
             options = Options(
                 attempts=attempts,
