@@ -76,16 +76,25 @@ class Clock:
 
     def advance(self, by: Duration) -> None:
         """Move a test clock forward by ``by``; timers now due fire before this returns, in the order of their
-        times (a lease that ends at 175 s ends after a wait that ends at 125 s). Raises ``InvalidError`` on a
-        real clock, and for a step past the end of year 9999 (it stays where it was)."""
+        times (a lease that ends at 175 s ends after a wait that ends at 125 s), each with the clock at its own
+        time: what a timer's callback starts runs from then (a key passed on at 3,600 s of a 7,320 s advance gets a
+        lease from 3,600 s, which ends within the advance when its ttl is an hour), so one advance does what
+        smaller ones of the same total would. Raises ``InvalidError`` on a real clock, and for a step past the end
+        of year 9999 (it stays where it was)."""
         if not self.is_test:
             raise InvalidError("clock: only a test clock (open(..., clock=datetime)) can be advanced")
         step = seconds(by, "clock advance")
-        if self.now() + step > LATEST:
+        target = self.now() + step
+        if target > LATEST:
             # past it, no time could be a datetime: every job's add failed (trial CQ)
             raise InvalidError(f"clock advance: {by!r} would take the test clock past the end of year 9999")
-        self._offset += step
-        self._fire()
+        self._fire_in_order(until=target)
+
+    def _move_to(self, when: float) -> None:
+        """Move a test clock forward to ``when`` (never back: real time may have taken it past already)."""
+        now = self.now()
+        if when > now:
+            self._offset += when - now
 
     def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
         """Call ``callback()`` in the running loop once the clock reaches ``when`` (seconds since the epoch)."""
@@ -148,12 +157,14 @@ class Clock:
         self._handle_when = when
         self._handle = loop.call_later(delay, self._on_handle)
 
-    def _fire_in_order(self) -> None:
+    def _fire_in_order(self, until: float | None = None) -> None:
         """A test clock's due timers, one at a time in the order of their times, each looked for again after every
         callback: a timer that a callback sets at a time already passed (an engine that ends what is due at one
         time, then sets its timer for the next) fires in its place, before the later ones, within ``advance``.
-        (A callback that keeps setting timers in the past stops after ``_FIRE_MAX`` of them: the rest fire at
-        the loop's next turn.)"""
+        ``until``: the time an advance moves the clock to: it moves there timer by timer, each callback run with
+        the clock at its timer's time (trial ET: at the advance's end, a lease granted by a timer of the advance
+        ran its ttl from there). (A callback that keeps setting timers in the past stops after ``_FIRE_MAX`` of
+        them: the rest fire at the loop's next turn.)"""
         heap = self._heap
         budget = _FIRE_MAX
         while heap and budget:
@@ -161,12 +172,16 @@ class Clock:
             if timer.cancelled:
                 heapq.heappop(heap)
                 continue
-            if when > self.now():
+            if when > (self.now() if until is None else until):
                 break
+            if until is not None:
+                self._move_to(when)
             heapq.heappop(heap)
             timer.cancelled = True
             budget -= 1
             timer.callback()
+        if until is not None:
+            self._move_to(until)
         self._reschedule()
 
     def _on_handle(self) -> None:
