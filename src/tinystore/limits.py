@@ -60,8 +60,9 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     #: read-only transactions open at once in the store, all databases together (each holds a thread and a
     #: connection)
     read_transactions: int = 128
-    #: databases open at once in a store (each holds a writer thread, ``readers`` reader threads, files); at the
-    #: limit, the one a call used the longest ago of those not in use is closed to open another
+    #: databases open (or being opened) at once in a store (each holds a writer thread, ``readers`` reader threads,
+    #: files); at the limit, the one a call used the longest ago of those not in use is closed to open another; when
+    #: each is in use, an open waits up to 2 s for one to be done with, then raises ``LimitError``
     databases: int = 1000
     #: a database no call used for this long (seconds), with nothing running or waiting in it and no queue's jobs,
     #: is closed (its threads end, its files close); its next call opens it again

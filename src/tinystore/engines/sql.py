@@ -2098,6 +2098,10 @@ def _size(path: Path) -> int | None:
         return None
 
 
+ROOM_WAIT = 2.0
+"""Seconds an open waits at ``Limits.databases`` for a database to be done with (closed to make room)."""
+ROOM_POLL = 0.02
+"""Seconds between its looks."""
 SWEEP_MIN = 0.05
 SWEEP_MAX = 10.0
 """Seconds between two looks for databases no call used (a quarter of ``Limits.database_idle``, within these)."""
@@ -2266,6 +2270,9 @@ class SqlEngine:
         self._opening: dict[str, asyncio.Lock] = {}
         self._starting = 0  # databases whose start runs (their files count as spoken for: see check_room)
         self._opening_dbs: set[SqlDatabase] = set()  # those databases (see close)
+        # the databases given room under Limits.databases and not in self.databases yet (their start runs, or has
+        # just ended and its opener has not taken it in yet)
+        self._admitted: set[SqlDatabase] = set()
         # databases closed because no call used them (see _sweep), until their threads ended: an open of one
         # waits for that first, so that two writers never share a file
         self._closing: dict[str, tuple[SqlDatabase, asyncio.Future[None]]] = {}
@@ -2342,16 +2349,7 @@ class SqlEngine:
                     await asyncio.shield(closing[1])
                 if self.closed:
                     raise ClosedError(f"database {name}: the store is stopping")
-                limit = self.limits.databases
-                if len(self.databases) >= limit and not self._close_one_unused():
-                    raise LimitError(
-                        f"database {name}: the store has {len(self.databases)} databases open, the most it may "
-                        f"(Limits.databases, {limit}: each holds a writer thread, {self.limits.readers} readers and "
-                        "their files), and each is in use (a call or a transaction under way, or a queue's jobs in "
-                        "it); one no call uses is closed to make room",
-                        limit=limit,
-                        wanted=len(self.databases) + 1,
-                    )
+                await self._room_for(name)
                 # (its connections: the writer, the readers, the loop's own for short reads; about 2 files each,
                 # some opened at the first read; those opening beside it count whole)
                 need = 2 * (self.limits.readers + 2) + 1
@@ -2360,6 +2358,7 @@ class SqlEngine:
                 existed = path.exists()
                 db = SqlDatabase(self, name, path)
                 db.stats.update(self._unused_closed.get(name, {}))  # (its counters go on from where they were)
+                self._admitted.add(db)  # (counted against Limits.databases until it is open or failed)
                 self._starting += 1
                 self._opening_dbs.add(db)
                 start = asyncio.ensure_future(asyncio.to_thread(db.start, migrations))
@@ -2368,17 +2367,21 @@ class SqlEngine:
                     applied = await asyncio.shield(start)
                 except asyncio.CancelledError:
                     # the thread goes on applying the migrations: the next open of this database waits for it
-                    # (else it would apply them a second time), then finds the database open
+                    # (else it would apply them a second time), then finds the database open (it stays admitted
+                    # until then: see _started_unseen)
                     held = False
                     start.add_done_callback(functools.partial(self._started_unseen, db, lock))
                     raise
-                except TinystoreError:
-                    if not existed and (db.applied_before_failure == 0 or _empty_file(path)):
-                        # made by this open, whose first migration failed (or that failed before any, a full disk):
-                        # leave no file with nothing in it
-                        for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-                            leftover.unlink(missing_ok=True)
+                except BaseException as exc:
+                    self._admitted.discard(db)
+                    if isinstance(exc, TinystoreError) and not existed:
+                        if db.applied_before_failure == 0 or _empty_file(path):
+                            # made by this open, whose first migration failed (or that failed before any, a full
+                            # disk): leave no file with nothing in it
+                            for suffix in ("", "-wal", "-shm"):
+                                path.with_name(path.name + suffix).unlink(missing_ok=True)
                     raise
+                self._admitted.discard(db)
                 if self.closed:  # the store began to stop meanwhile, and its close did not see this database
                     db.close()
                     raise ClosedError(f"database {name}: the store is stopping")
@@ -2434,6 +2437,31 @@ class SqlEngine:
         if self.databases:
             self._sweep_soon()
 
+    async def _room_for(self, name: str) -> None:
+        """Room to open database ``name`` under ``Limits.databases``, counting those whose open runs (trial EU: a
+        burst of calls on 120 databases closed as unused opened them all at once, past a limit of 20): when there
+        is none, the one a call used the longest ago of those not in use is closed; when each is in use, wait up to
+        :data:`ROOM_WAIT` seconds for one to be done with, then raise ``LimitError``."""
+        limit = self.limits.databases
+        deadline = None
+        while len(self.databases) + len(self._admitted) >= limit and not self._close_one_unused():
+            now = self.loop.time()
+            deadline = now + ROOM_WAIT if deadline is None else deadline
+            if now >= deadline or self.closed:
+                opening = f" and {len(self._admitted)} opening" if self._admitted else ""
+                raise LimitError(
+                    f"database {name}: the store has {len(self.databases)} databases open{opening}, the most it may "
+                    f"(Limits.databases, {limit}: each holds a writer thread, {self.limits.readers} readers and "
+                    "their files), and each was in use for "
+                    f"{ROOM_WAIT:g}s (a call or a transaction under way, or a queue's jobs in it); one no call uses "
+                    "is closed to make room",
+                    limit=limit,
+                    wanted=len(self.databases) + len(self._admitted) + 1,
+                )
+            await asyncio.sleep(min(ROOM_POLL, deadline - now))
+        if self.closed:
+            raise ClosedError(f"database {name}: the store is stopping")
+
     def _close_one_unused(self) -> bool:
         """At ``Limits.databases``: closes the database a call used the longest ago of those in which nothing runs
         or waits; whether there was one."""
@@ -2487,6 +2515,7 @@ class SqlEngine:
                 else:
                     self.databases[db.name] = db
         finally:
+            self._admitted.discard(db)
             lock.release()
 
     async def _migrate_open(self, db: SqlDatabase, migrations: Sequence[tuple[str, str]]) -> list[str]:
