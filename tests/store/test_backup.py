@@ -321,6 +321,8 @@ async def test_a_server_killed_during_a_backup_is_said_to_leave_dest_maybe_incom
                 "LOCK (made last); without one, remove it before trying again"
             )
             assert not (tmp_path / "copy" / "LOCK").exists()
+            # and no journal of the copy beside it (trial EU: "app.db.partial-journal" was left)
+            assert sorted(p.name for p in partial.parent.iterdir()) == ["app.db.partial"]
         finally:
             await store.close()
     finally:

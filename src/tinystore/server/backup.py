@@ -208,6 +208,9 @@ def _copy_database(source: Path, target: Path, stop_if_cancelled: Any) -> int:
             os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             dst = sqlite3.connect(partial, isolation_level=None)
             try:
+                # no rollback journal beside the copy: a copy cut short is thrown away whole, and a server killed
+                # mid-copy left "NAME.db.partial-journal" in DEST (trial EU); the copy keeps the source's WAL mode
+                dst.execute("pragma journal_mode = off")
                 src.backup(dst)  # all pages in one step: one read transaction's view of the database
             finally:
                 dst.close()
