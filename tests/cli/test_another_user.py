@@ -18,6 +18,18 @@ from .support import cli_argv
 NOBODY = 65534
 
 
+def as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
+    """``tinystore ARGS`` run as the user nobody."""
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *cli_argv(*args)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+        cwd="/",
+    )
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 @pytest.mark.parametrize("command", [["status"], ["stop"], ["sql", "--db", "app", "select 1"]])
 def test_another_user_is_told_in_one_line_that_it_may_not_reach_the_server(command: list[str]) -> None:
@@ -34,15 +46,7 @@ def test_another_user_is_told_in_one_line_that_it_may_not_reach_the_server(comma
                 timeout=30,
             )
             assert made.returncode == 0, made.stderr
-            argv = cli_argv(command[0], str(directory), *command[1:])
-            done = subprocess.run(
-                ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                stdin=subprocess.DEVNULL,
-                cwd="/",
-            )
+            done = as_nobody(command[0], str(directory), *command[1:])
             assert done.returncode == 1, (done.stdout, done.stderr)
             assert "Traceback" not in done.stderr, done.stderr
             assert done.stderr.startswith(f"error[permission_denied] store {directory}: this user may not "), (
@@ -65,15 +69,7 @@ def test_a_store_directory_this_user_may_not_enter_is_one_error_line(command: li
         directory = top / "store"
         directory.mkdir(mode=0o700)
         (directory / "LOCK").touch()
-        argv = cli_argv(command[0], str(directory), *command[1:])
-        done = subprocess.run(
-            ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            stdin=subprocess.DEVNULL,
-            cwd="/",
-        )
+        done = as_nobody(command[0], str(directory), *command[1:])
         assert done.returncode == 1, (done.stdout, done.stderr)
         assert done.stderr == (
             f"error[permission_denied] store {directory}: this user may not enter the directory (it is for the user "
