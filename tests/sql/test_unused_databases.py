@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,7 @@ async def test_at_the_database_limit_an_unused_one_makes_room_and_one_in_use_doe
 
         async def hold(tx: tinystore.SqlTx) -> None:
             async def hold_too(tx2: tinystore.SqlTx) -> None:
-                with pytest.raises(LimitError, match="each was in use for 2s") as raised:
+                with pytest.raises(LimitError, match="none was done with in the 2s this call waited") as raised:
                     await store.database("fourth")
                 assert (raised.value.limit, raised.value.wanted) == (2, 3)
 
@@ -181,3 +182,57 @@ async def test_a_database_holding_a_queue_s_jobs_stays_open(tmp_path: Path, mode
         assert "app" in await open_now(store)
         job = (await queue.list()).jobs[0]
         assert job.state == "queued"
+
+
+# contract: STORE-04
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_calls_waiting_for_room_each_wait_at_most_the_room_wait_and_a_stop_ends_them(
+    tmp_path: Path, mode: str
+) -> None:
+    # (trial EV: six calls on one closed database at the limit failed after 2, 4, ... 12 s, queued behind each
+    # other's wait; a stop during the wait raised LimitError, not ClosedError)
+    limits = tinystore.Limits(databases=1)
+    store = await tinystore.open(tmp_path / "s", limits=limits, **{mode: True})  # type: ignore[arg-type]
+    try:
+        a = await store.database("a", migrations=[("001.sql", "create table t (x)")])
+        held = asyncio.Event()
+        done = asyncio.Event()
+
+        async def hold(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t values (1)")
+            held.set()
+            await done.wait()
+
+        holder = asyncio.ensure_future(a.tx(hold))
+        await held.wait()
+
+        async def call() -> tuple[str, float]:
+            began = time.monotonic()
+            try:
+                await (await store.database("b")).scalar("select 1")
+                return "ok", time.monotonic() - began
+            except LimitError as exc:
+                assert "none was done with in the 2s this call waited" in exc.message, exc.message
+                return "LimitError", time.monotonic() - began
+
+        outcomes = await asyncio.gather(*(call() for _ in range(4)))
+        assert [o for o, _ in outcomes] == ["LimitError"] * 4
+        assert max(took for _, took in outcomes) < 3.5, outcomes
+        done.set()
+        await holder
+
+        if mode == "embedded":  # (over a socket, the client's own close answers first)
+            done.clear()
+            held.clear()
+            holder = asyncio.ensure_future(a.tx(hold))
+            await held.wait()
+            waiting = asyncio.ensure_future(store.database("b"))
+            await asyncio.sleep(0.2)
+            closing = asyncio.ensure_future(store.close())
+            with pytest.raises(tinystore.ClosedError):
+                await waiting
+            done.set()
+            await asyncio.gather(holder, return_exceptions=True)
+            await closing
+    finally:
+        await store.close()

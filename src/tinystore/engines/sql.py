@@ -2273,6 +2273,7 @@ class SqlEngine:
         # the databases given room under Limits.databases and not in self.databases yet (their start runs, or has
         # just ended and its opener has not taken it in yet)
         self._admitted: set[SqlDatabase] = set()
+        self._room_line: collections.deque[object] = collections.deque()  # opens waiting for room, in order
         # databases closed because no call used them (see _sweep), until their threads ended: an open of one
         # waits for that first, so that two writers never share a file
         self._closing: dict[str, tuple[SqlDatabase, asyncio.Future[None]]] = {}
@@ -2338,6 +2339,7 @@ class SqlEngine:
         """
         check_name("database", name)
         check_migrations(name, migrations)
+        room_by = self.loop.time() + ROOM_WAIT  # (see _room_for)
         lock = self._opening.setdefault(name, asyncio.Lock())
         await lock.acquire()
         held = True  # released when this returns, or once a start whose caller was cancelled has ended
@@ -2349,7 +2351,7 @@ class SqlEngine:
                     await asyncio.shield(closing[1])
                 if self.closed:
                     raise ClosedError(f"database {name}: the store is stopping")
-                await self._room_for(name)
+                await self._room_for(name, room_by)
                 # (its connections: the writer, the readers, the loop's own for short reads; about 2 files each,
                 # some opened at the first read; those opening beside it count whole)
                 need = 2 * (self.limits.readers + 2) + 1
@@ -2437,30 +2439,45 @@ class SqlEngine:
         if self.databases:
             self._sweep_soon()
 
-    async def _room_for(self, name: str) -> None:
+    async def _room_for(self, name: str, deadline: float) -> None:
         """Room to open database ``name`` under ``Limits.databases``, counting those whose open runs (trial EU: a
         burst of calls on 120 databases closed as unused opened them all at once, past a limit of 20): when there
-        is none, the one a call used the longest ago of those not in use is closed; when each is in use, wait up to
-        :data:`ROOM_WAIT` seconds for one to be done with, then raise ``LimitError``."""
-        limit = self.limits.databases
-        deadline = None
-        while len(self.databases) + len(self._admitted) >= limit and not self._close_one_unused():
-            now = self.loop.time()
-            deadline = now + ROOM_WAIT if deadline is None else deadline
-            if now >= deadline or self.closed:
-                opening = f" and {len(self._admitted)} opening" if self._admitted else ""
-                raise LimitError(
-                    f"database {name}: the store has {len(self.databases)} databases open{opening}, the most it may "
-                    f"(Limits.databases, {limit}: each holds a writer thread, {self.limits.readers} readers and "
-                    "their files), and each was in use for "
-                    f"{ROOM_WAIT:g}s (a call or a transaction under way, or a queue's jobs in it); one no call uses "
-                    "is closed to make room",
-                    limit=limit,
-                    wanted=len(self.databases) + len(self._admitted) + 1,
-                )
-            await asyncio.sleep(min(ROOM_POLL, deadline - now))
+        is none, the one a call used the longest ago of those not in use is closed; when each is in use, the open
+        waits in line, first come first served (trial EV: opens that came later took the room first), until
+        ``deadline`` (loop time: :data:`ROOM_WAIT` seconds after the call came, so that opens of one name queued
+        behind each other do not wait that long each), then raises ``LimitError``; ``ClosedError`` when the store
+        stops meanwhile."""
+        line = self._room_line
+        if not line and self._has_room():
+            return
+        ticket = object()
+        line.append(ticket)
+        try:
+            while not (line[0] is ticket and self._has_room()):
+                if self.closed:
+                    raise ClosedError(f"database {name}: the store is stopping")
+                now = self.loop.time()
+                if now >= deadline:
+                    limit = self.limits.databases
+                    opening = f" and {len(self._admitted)} opening" if self._admitted else ""
+                    raise LimitError(
+                        f"database {name}: the store has {len(self.databases)} databases open{opening}, the most it "
+                        f"may (Limits.databases, {limit}: each holds a writer thread, {self.limits.readers} readers "
+                        f"and their files), and none was done with in the {ROOM_WAIT:g}s this call waited (each had a "
+                        "call or a transaction under way, or a queue's jobs in it); one no call uses is closed to "
+                        "make room",
+                        limit=limit,
+                        wanted=len(self.databases) + len(self._admitted) + 1,
+                    )
+                await asyncio.sleep(min(ROOM_POLL, deadline - now))
+        finally:
+            line.remove(ticket)
         if self.closed:
             raise ClosedError(f"database {name}: the store is stopping")
+
+    def _has_room(self) -> bool:
+        """Whether one more database may open under ``Limits.databases``, once one unused is closed if need be."""
+        return len(self.databases) + len(self._admitted) < self.limits.databases or self._close_one_unused()
 
     def _close_one_unused(self) -> bool:
         """At ``Limits.databases``: closes the database a call used the longest ago of those in which nothing runs
