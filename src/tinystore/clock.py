@@ -58,9 +58,6 @@ class Clock:
         self._handle: asyncio.TimerHandle | None = None
         self._handle_when: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: advances made so far, and whether one runs its timers now (see JobsEngine._claimed)
-        self.advances = 0
-        self.stepping = False
 
     def now(self) -> float:
         """Seconds since the Unix epoch, as a float."""
@@ -83,9 +80,9 @@ class Clock:
         time: what a timer's callback does runs from then (a key passed on at 3,600 s of a 7,320 s advance gets a
         lease from 3,600 s, which ends within the advance when its ttl is an hour; a lost job's retry is due its
         backoff after its lease ended). Work a callback leaves to a task runs once the advance returns, at the
-        clock's new time (a worker's handler claimed within it starts then, and its own ``timeout`` counts from
-        then). Raises ``InvalidError`` on a real clock, and for a step past the end of year 9999 (it stays where it
-        was)."""
+        clock's new time (a job claimed within it runs from then: its lease, timeout and expected time count from
+        the advance's end). Raises ``InvalidError`` on a real clock, and for a step past the end of year 9999 (it
+        stays where it was)."""
         if not self.is_test:
             raise InvalidError("clock: only a test clock (open(..., clock=datetime)) can be advanced")
         step = seconds(by, "clock advance")
@@ -93,12 +90,7 @@ class Clock:
         if target > LATEST:
             # past it, no time could be a datetime: every job's add failed (trial CQ)
             raise InvalidError(f"clock advance: {by!r} would take the test clock past the end of year 9999")
-        self.stepping = True
-        try:
-            self._fire_in_order(until=target)
-        finally:
-            self.stepping = False
-            self.advances += 1
+        self._fire_in_order(until=target)
 
     def _move_to(self, when: float) -> None:
         """Move a test clock forward to ``when`` (never back: real time may have taken it past already)."""

@@ -1005,19 +1005,9 @@ class JobsEngine:
             [self.fence_floor, _ms(now), None if local else _ms(lease_until), *(e.id for e in picked)],
             own=True,
         )
-        # (the clock's advances once the one under way, if any, is over: see _claimed)
-        asked = (now, time.monotonic(), self.clock.advances + self.clock.stepping)
-        fut.add_done_callback(lambda f: self._claimed(q, w, picked, local, f, asked))
+        fut.add_done_callback(lambda f: self._claimed(q, w, picked, local, f))
 
-    def _claimed(
-        self,
-        q: JobQueue,
-        w: Waiter,
-        picked: list[Entry],
-        local: bool,
-        f: asyncio.Future[Any],
-        asked: tuple[float, float, int],
-    ) -> None:
+    def _claimed(self, q: JobQueue, w: Waiter, picked: list[Entry], local: bool, f: asyncio.Future[Any]) -> None:
         if f.cancelled() or f.exception() is not None:
             err = ClosedError("jobs: the claim was cancelled") if f.cancelled() else f.exception()
             for e in picked:
@@ -1040,14 +1030,11 @@ class JobsEngine:
         # The lease and the ``expected`` time count from now, when the claim took effect, not from when it was asked
         # for: a claim that waited for the writer behind a long transaction would otherwise start with its lease
         # used up, and every attempt would end "worker lost" (the row's lease_until, written with the claim, is only
-        # read by a restart, which gives a running attempt at least a whole lease anyway). But a claim made by a
-        # timer of a test clock's advance took effect at that timer's time, and what is left of that advance is not
-        # time it waited (trial EV: its lease and its expected time counted from the advance's end, and a job stuck
-        # within the advance was never reported): then now is the time it was asked for plus the real time its
-        # write took; a later advance while it waited for the writer is time it waited, as on a real clock.
+        # read by a restart, which gives a running attempt at least a whole lease anyway). A claim made by a timer of
+        # a test clock's advance counts from the advance's end too, as its worker's handler and timeout do, which
+        # start once the advance is over (trial EV: counted from the timer's time, its lease and timeout ended
+        # before the worker's own timeout, and the attempt was ended "timed out" while its handler had not run it)
         now = self.clock.now()
-        if self.clock.advances == asked[2]:
-            now = min(now, asked[0] + (time.monotonic() - asked[1]))
         # an attempt of this process's own worker has no lease, but ends at its hard deadline (see _overdue_at)
         overdue_at = _overdue_at(now, q.options)
         lease_until = overdue_at if local else now + q.options.lease
