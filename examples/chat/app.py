@@ -6,7 +6,8 @@
     POST /api/chats                       {"title": ...} → the new chat
     GET  /api/chats/{id}                  the chat, with its summary and message count
     GET  /api/chats/{id}/messages?after=N the messages after id N, oldest first (500 at most)
-    POST /api/chats/{id}/messages         {"text": ...} → the saved message (201); the reply streams
+    POST /api/chats/{id}/messages         {"text": ...} → the saved message (201); the reply streams. With an
+                                          Idempotency-Key header, a key the chat has: that message (200)
     GET  /api/chats/{id}/events           the chat's live events (server-sent events)
     GET  /healthz                         {"ok": true, "pid": ...}
 
@@ -25,6 +26,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,8 @@ MAX_STREAMS = 10_000
 MAX_BODY = 64 * 1024
 """Bytes a request's body may have; past it the request gets a 413, before the rest of the body is read."""
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_KEY = re.compile(r"[\x21-\x7e]{1,128}")
+"""An ``Idempotency-Key`` the chat takes: 1 to 128 visible ASCII characters (a UUID, as the page sends)."""
 
 
 def _is_loopback(address: str) -> bool:
@@ -260,8 +264,11 @@ def create_app(
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str):
             return _error('send {"text": "..."}', 400)
-        message = await chat_of(request).post(request.path_params["id"], text)
-        return JSONResponse(message, status_code=201)
+        key = request.headers.get("idempotency-key")
+        if key is not None and not _KEY.fullmatch(key):
+            return _error("Idempotency-Key: 1 to 128 visible ASCII characters", 400)
+        message, added = await chat_of(request).post_once(request.path_params["id"], text, key)
+        return JSONResponse(message, status_code=201 if added else 200)
 
     async def chat_events(request: Request) -> Response:
         chat = chat_of(request)

@@ -294,6 +294,14 @@ class Chat:
 
     async def post(self, chat_id: int, text: str) -> dict[str, Any]:
         """Save a user's message, tell the tabs, and add the reply job: one transaction."""
+        message, _ = await self.post_once(chat_id, text, None)
+        return message
+
+    async def post_once(self, chat_id: int, text: str, key: str | None) -> tuple[dict[str, Any], bool]:
+        """:meth:`post`, once for idempotency key ``key`` in the chat (the page's ``Idempotency-Key``, after the IETF
+        draft "The Idempotency-Key HTTP Header Field"): a message the chat already has with that key is returned as
+        it is, and nothing is added. Returns the message and whether it was added now. Raises ``BadInput`` (409)
+        for a key the chat used for another text."""
         if not isinstance(text, str) or not has_text(text):
             raise BadInput("a message needs some text")
         if len(text) > MAX_TEXT:
@@ -307,15 +315,27 @@ class Chat:
             raise NotFound(f"chat {chat_id} does not exist")
         events, replies = self.events, self.replies
 
-        async def post(tx: tinystore.SqlTx) -> dict[str, Any]:
+        async def post(tx: tinystore.SqlTx) -> tuple[dict[str, Any], bool]:
             if await tx.scalar("select id from chats where id = ?", chat_id) is None:
                 raise NotFound(f"chat {chat_id} does not exist")
+            if key is not None:
+                saved = await tx.one(
+                    "select id, chat_id, role, text, created_at, reply_to from messages"
+                    " where chat_id = ? and idempotency_key = ?",
+                    chat_id,
+                    key,
+                )
+                if saved is not None:
+                    if saved["text"] != text:
+                        raise BadInput("this Idempotency-Key was sent with another message's text", 409)
+                    return saved, False
             done = await tx.exec(
-                "insert into messages (chat_id, role, text, created_at) values (?, 'user', ?, ?)"
+                "insert into messages (chat_id, role, text, created_at, idempotency_key) values (?, 'user', ?, ?, ?)"
                 " returning id, chat_id, role, text, created_at, reply_to",
                 chat_id,
                 text,
                 time.time_ns() // 1_000_000,
+                key,
             )
             message = dict(zip(done.columns, done.rows[0], strict=True))
             await tx.with_(events).under(chat_id).publish(ChatEvent(kind="message", id=message["id"]))
@@ -323,7 +343,7 @@ class Chat:
             await tx.with_(replies).add(
                 Ask(chat_id=chat_id, message_id=message["id"]), key=f"reply/{message['id']}", tenant=f"chat-{chat_id}"
             )
-            return message
+            return message, True
 
         return await self.db.tx(post)
 

@@ -22,7 +22,7 @@ const state = {
   channel: null, // the BroadcastChannel the chat's events are relayed on
   leave: null, // gives back the Web Lock of the chat's stream (and closes it) when this tab leaves the chat
   beat: null, // the interval of a following tab's asks to the tab that keeps the stream (see BEAT)
-  unsent: null, // why the text in the box was not sent ({reason, retry}), until it is sent again or the box is cleared
+  unsent: null, // why the text in the box was not sent ({reason, retry, text, key}), until it is sent again or cleared
   drafts: new Map(), // chat id -> {text, unsent}: the box of each chat this tab left (trial ED: a failed send followed
   // the user into another chat, flag and all, and Send posted it there)
 };
@@ -469,6 +469,14 @@ async function start() {
 
 const MAX_TEXT = 4000; // characters (code points) a message may have, as the server counts them
 
+// A send's idempotency key (the Idempotency-Key header): random, so that no two sends share one by chance.
+function newKey() {
+  if (window.crypto && crypto.randomUUID) return crypto.randomUUID(); // (in a secure context: https, localhost)
+  const bytes = new Uint8Array(16);
+  crypto.getRandomValues(bytes);
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 // Whether trying the same send again may work: a failure of the network or of the server (a 5xx, a 503 while the
 // store is unreachable; a 408 or a 429 too), not a refusal of the message itself (a 4xx; trial ED).
 function mayRetry(err) {
@@ -485,25 +493,32 @@ $("composer").addEventListener("submit", async (e) => {
     showError(`A message has at most ${MAX_TEXT.toLocaleString()} characters; this one has ${length.toLocaleString()}.`);
     return; // kept in the box, to be shortened
   }
+  // the same text sent again after a send that failed goes with the same key: when that send was saved after all
+  // (its answer was lost), the server gives that message back rather than saving it twice (trial EW)
+  const failed = state.unsent;
+  const key = failed && failed.key && failed.text === text ? failed.key : newKey();
   box.value = "";
   state.unsent = null; // sent again: what failed before is no longer the news
   const chatId = state.chatId;
   try {
     const message = await api(`/api/chats/${chatId}/messages`, {
       method: "POST",
+      headers: { "idempotency-key": key },
       body: JSON.stringify({ text }),
     });
     if (chatId !== state.chatId) return; // (another chat was opened meanwhile: this one reads it when it comes back)
     render(message);
     showError("");
   } catch (err) {
-    const unsent = { reason: err.message, retry: mayRetry(err) };
+    const unsent = { reason: err.message, retry: mayRetry(err), text, key };
     if (chatId !== state.chatId) {
       // another chat was opened meanwhile: the text and its flag wait in the draft of the chat it was for (trial ED)
       state.drafts.set(chatId, { text, unsent });
       return;
     }
-    box.value = text;
+    // what was typed while it was on its way stays, after the text that was not sent (trial EW: it was replaced)
+    const typed = box.value;
+    box.value = isBlank(typed) ? text : `${text}\n${typed}`;
     state.unsent = unsent;
     showError("");
   }
@@ -518,13 +533,17 @@ $("text").addEventListener("input", () => {
 });
 
 $("text").addEventListener("keydown", (e) => {
-  if (e.key === "Enter" && !e.shiftKey) {
+  // (not the Enter that ends an input method's composition, which picks the words: trial EW)
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing && e.keyCode !== 229) {
     e.preventDefault();
     $("composer").requestSubmit();
   }
 });
 
 $("new-chat").addEventListener("click", async () => {
+  const button = $("new-chat");
+  if (button.disabled) return;
+  button.disabled = true; // one chat a click, however fast the clicks (trial EW: a double-click made two)
   try {
     const chat = await api("/api/chats", { method: "POST", body: JSON.stringify({ title: `Chat ${new Date().toLocaleString()}` }) });
     history.pushState(null, "", `/chats/${chat.id}`);
@@ -532,6 +551,8 @@ $("new-chat").addEventListener("click", async () => {
     openChat(String(chat.id)); // (which keeps the draft of the chat left, trial ED)
   } catch (err) {
     showError(err.message);
+  } finally {
+    button.disabled = false;
   }
 });
 
