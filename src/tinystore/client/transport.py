@@ -115,12 +115,18 @@ def too_large(method: str, request: Any, size: int, limit: int, subject: str = "
     naming what it is about (``database app: sql.exec: the request is ... bytes``): ``subject`` when given,
     else the database, channel, queue or lock the request names."""
     if not subject:
-        for attr, kind in _SUBJECTS:
-            name = getattr(request, attr, None)
-            if isinstance(name, str) and name:
-                subject = f"{kind} {name}"
-                break
+        named = _named(request)
+        subject = f"{named[0]} {named[1]}" if named is not None else ""
     return body_too_large(f"{subject}: {method}" if subject else method, size, limit)
+
+
+def _named(request: Any) -> tuple[str, str] | None:
+    """The kind and name of the database, channel, queue or lock ``request`` names, if any."""
+    for attr, kind in _SUBJECTS:
+        name = getattr(request, attr, None)
+        if isinstance(name, str) and name:
+            return kind, name
+    return None
 
 
 def _about(method: str, request: Any) -> str:
@@ -128,23 +134,22 @@ def _about(method: str, request: Any) -> str:
     it is about): ``sql.exec: database app``, ``sql.exec: database app: transaction 7``, ``channels.publish: channel
     chat: branch ['7']``, ``jobs.report: queue mail: job 01j…``, ``locks.acquire: lock summaries: key "7"``."""
     parts = [method]
-    for attr, kind in _SUBJECTS:
-        name = getattr(request, attr, None)
-        if isinstance(name, str) and name:
-            parts.append(f"{kind} {name}")
-            if kind == "channel":
-                branch = getattr(request, "branch", None)
-                if isinstance(branch, list) and branch:
-                    parts.append(f"branch {branch!r}")
-            elif kind == "lock":
-                key = getattr(request, "key", None)
-                if isinstance(key, str):
-                    parts.append(f"key {json.dumps(key, ensure_ascii=False)}")
-            elif kind == "queue":
-                job = getattr(request, "id", None)
-                if isinstance(job, str) and job:
-                    parts.append(f"job {job}")
-            break
+    named = _named(request)
+    if named is not None:
+        kind, name = named
+        parts.append(f"{kind} {name}")
+        if kind == "channel":
+            branch = getattr(request, "branch", None)
+            if isinstance(branch, list) and branch:
+                parts.append(f"branch {branch!r}")
+        elif kind == "lock":
+            key = getattr(request, "key", None)
+            if isinstance(key, str):
+                parts.append(f"key {json.dumps(key, ensure_ascii=False)}")
+        elif kind == "queue":
+            job = getattr(request, "id", None)
+            if isinstance(job, str) and job:
+                parts.append(f"job {job}")
     tx = getattr(request, "tx", 0)
     if type(tx) is int and tx:
         parts.append(f"transaction {tx}")
