@@ -388,3 +388,21 @@ async def test_a_cell_wider_than_the_terminal_folds_and_is_never_cut(tmp_path: P
     assert done.returncode == 0, done.stderr
     assert "…" not in done.stdout
     assert "".join(re.findall(r"│ (\d+)\s*│", done.stdout)) == digits
+
+
+async def test_a_read_run_with_write_prints_its_rows_alone(tmp_path: Path) -> None:
+    # known low: `--write --json` on a select printed {"changes": 0, "last_insert_rowid": 0} after the rows, which a
+    # script reading JSON lines took for one more row
+    directory = await _store_with(tmp_path, "app")
+    done = run_cli("sql", str(directory), "select a from t where b = 3", "--write", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [{"a": "two\nlines \x1b[2J \u202e"}]
+    done = run_cli("sql", str(directory), "select count(*) as n from t", "--write")
+    assert done.returncode == 0 and "changed" not in done.stdout, done.stdout
+    # a write still ends with what it changed, rows returned or not
+    done = run_cli("sql", str(directory), "insert into t values (4, 4) returning b", "--write", "--json")
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines == [{"b": 4}, {"changes": 1, "last_insert_rowid": 4}], lines
+    done = run_cli("sql", str(directory), "delete from t where b = 4", "--write", "--json")
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(lines) == 1 and lines[0]["changes"] == 1, lines

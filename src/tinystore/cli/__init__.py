@@ -1038,16 +1038,19 @@ def sql(
             why = "interrupted: the store this command opened was closed: the write committed whole or not at all"
         sys.stderr.write(f"{why}\n")
         sys.exit(130)
+    # a read run with --write changed nothing: its rows alone, as without --write (known low: a script reading
+    # --json lines took the last line, {"changes": 0, ...}, for one more row)
+    summary = done is not None and not (columns and done.changes == 0)
     if as_json:
         keys = _unique(columns)
         for r in rows:
             click.echo(to_json(dict(zip(keys, r, strict=False))))
-        if done is not None:
+        if summary:
             click.echo(to_json({"changes": done.changes, "last_insert_rowid": done.last_insert_rowid}))
         return
     if columns:
         print_table(None, columns, rows)
-    if done is not None:
+    if summary:
         console.print(f"{done.changes} row(s) changed, last rowid {done.last_insert_rowid}")
 
 
