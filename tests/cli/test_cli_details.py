@@ -406,3 +406,26 @@ async def test_a_read_run_with_write_prints_its_rows_alone(tmp_path: Path) -> No
     done = run_cli("sql", str(directory), "delete from t where b = 4", "--write", "--json")
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(lines) == 1 and lines[0]["changes"] == 1, lines
+
+
+async def test_more_columns_than_the_width_holds_are_shown_as_records(tmp_path: Path) -> None:
+    # known low: 30 columns in a narrow terminal came out as a table of cells folded a character a line, some blank;
+    # a table that has no room for each column shows one record after another, a line a column (psql's \x)
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        table = "create table t (" + ", ".join(f"column_{i} text" for i in range(40)) + ");"
+        db = await store.database("app", migrations=[("001.sql", table)])
+        await db.exec("insert into t values (" + ", ".join("?" * 40) + ")", *[f"value_{i}" for i in range(40)])
+        await db.exec("insert into t (column_0) values ('second')")
+    finally:
+        await store.close()
+    done = run_cli("sql", str(directory), "select * from t")  # (not a terminal: 200 columns wide)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert ["row", "1"] in lines and ["row", "2"] in lines, done.stdout
+    for i in range(40):
+        assert [f"column_{i}", f"value_{i}"] in lines, done.stdout
+    assert ["column_0", "second"] in lines and ["column_39", "NULL"] in lines
+    done = run_cli("sql", str(directory), "select column_0, column_1 from t")  # room enough: a table
+    assert "┃ column_0 ┃ column_1 ┃" in done.stdout, done.stdout

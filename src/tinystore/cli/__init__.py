@@ -283,20 +283,40 @@ def visible(text: str) -> str:
 
 #: rows a table shows at most (rich lays a table out whole: 100,000 rows took 40 s); ``--json`` prints every row
 TABLE_ROWS = 1000
+# the least room a column of a table takes (borders and padding, 3, and 4 characters of text); a table whose columns
+# cannot all have it is shown as records (:func:`print_table`)
+RECORD_COLUMN_WIDTH = 7
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
     """``rows`` as a rich table, at most :data:`TABLE_ROWS` of them (a line on stderr says how many more there are
     and that ``--json`` prints them all). A cell too wide for the terminal folds onto more lines, never cut: a
     number shown ``12345…`` would be a wrong number."""
-    table = Table(title=title, show_lines=False)
-    for c in columns:
-        table.add_column(visible(str(c)), overflow="fold")
-    for r in rows[:TABLE_ROWS]:
-        table.add_row(
-            *["NULL" if v is None else (f"x'{v.hex()}'" if isinstance(v, bytes) else visible(str(v))) for v in r]
-        )
-    console.print(table)
+    cells = [
+        ["NULL" if v is None else (f"x'{v.hex()}'" if isinstance(v, bytes) else visible(str(v))) for v in r]
+        for r in rows[:TABLE_ROWS]
+    ]
+    names = [visible(str(c)) for c in columns]
+    if len(names) * RECORD_COLUMN_WIDTH + 1 > console.width:
+        # more columns than the terminal has room for, each a few characters wide, headers and cells folded to a
+        # character a line (known low: at 30 columns in 80, cells came out blank): one record after another, a
+        # line a column, as psql's expanded display (\x) shows them
+        if title:
+            console.print(title)
+        for i, r in enumerate(cells, 1):
+            record = Table(title=f"row {i}", title_justify="left", show_header=False, show_edge=False, box=None)
+            record.add_column(style="bold", no_wrap=True, max_width=max(console.width // 3, 8), overflow="fold")
+            record.add_column(overflow="fold")
+            for name, value in zip(names, r, strict=False):
+                record.add_row(name, value)
+            console.print(record)
+    else:
+        table = Table(title=title, show_lines=False)
+        for name in names:
+            table.add_column(name, overflow="fold")
+        for r in cells:
+            table.add_row(*r)
+        console.print(table)
     if len(rows) > TABLE_ROWS:
         sys.stderr.write(
             f"showing the first {TABLE_ROWS:,} of {len(rows):,} rows: --json prints them all (or add a LIMIT)\n"
