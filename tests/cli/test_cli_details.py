@@ -158,6 +158,40 @@ async def test_status_without_a_server_lists_the_queues(tmp_path: Path) -> None:
     assert sorted(p.name for p in (other / "sql").iterdir()) == ["app.db"]
 
 
+async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(tmp_path: Path) -> None:
+    # known low: an offline status of a store whose queue's application database was moved away loaded the queue,
+    # which made an empty app.db in its place; the file could not be put back over it without losing what it took
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    db = await store.database("app", migrations=[("001.sql", "create table t (a);")])
+    job = await store.queue("mail", dict, database=db).add({"to": "a"})
+    await store.close()
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for f in (directory / "sql").glob("app.db*"):
+        f.rename(moved / f.name)
+    done = run_cli("status", str(directory))
+    assert done.returncode == 0, done.stderr
+    assert "queue mail: its jobs' database app is missing: no file" in done.stderr, done.stderr
+    done = run_cli("jobs", str(directory), "queues", "--json")
+    assert done.returncode == 0, done.stderr
+    (line,) = [json.loads(x) for x in done.stdout.splitlines()]
+    assert line["queue"] == "mail" and line["counts"] == {} and "database app is missing" in line["error"], line
+    done = run_cli("jobs", str(directory), "list")
+    assert done.returncode == 1 and "error[unavailable] queue mail: its jobs' database app is missing" in done.stderr
+    assert sorted(p.name for p in (directory / "sql").iterdir()) == ["tinystore-jobs.db"]  # nothing made
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        with pytest.raises(tinystore.UnavailableError, match="queue mail: its jobs' database app is missing"):
+            await store.queue("mail", dict).add({"to": "b"})
+    finally:
+        await store.close()
+    for f in moved.iterdir():  # put back: the job is there
+        f.rename(directory / "sql" / f.name)
+    rows = [json.loads(x) for x in run_cli("jobs", str(directory), "list", "--json").stdout.splitlines()]
+    assert [r["id"] for r in rows] == [job], rows
+
+
 async def test_stop_takes_a_duration_for_grace(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     server = popen_cli("serve", str(directory))

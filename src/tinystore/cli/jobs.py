@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -274,7 +275,8 @@ def register(main: click.Group) -> None:
         infos = run_async(go)
         if as_json:
             for i in infos:
-                click.echo(to_json({"queue": i.queue, "counts": i.counts, "options": _opts(i.options)}))
+                line = {"queue": i.queue, "counts": i.counts, "options": _opts(i.options)}
+                click.echo(to_json(line if i.error is None else line | {"error": i.error}))
             return
         states = ["queued", "running", "failed", "succeeded", "dead", "cancelled"]
         print_table(
@@ -284,7 +286,7 @@ def register(main: click.Group) -> None:
                 [
                     i.queue,
                     i.options.database,
-                    *[i.counts.get(s, 0) for s in states],
+                    *[i.counts.get(s, 0) if i.error is None else "?" for s in states],
                     i.options.attempts,
                     _took(i.options.lease_ms),
                     _took(i.options.timeout_ms),
@@ -293,6 +295,9 @@ def register(main: click.Group) -> None:
                 for i in infos
             ],
         )
+        for i in infos:
+            if i.error is not None:  # (its counts are "?": its jobs cannot be read)
+                sys.stderr.write(f"{i.error}\n")
 
     @jobs.command()
     @click.argument("queue")

@@ -825,7 +825,7 @@ class JobsEngine:
             raise InvalidError(f"queue {name} does not exist (open it with store.queue({name!r}, ...) first)")
         if opts.database == JOBS_DB:
             return opts, await self.jobs_db(), True
-        db, _ = await self.sql.open(opts.database)
+        db, _ = await self.sql.open(opts.database, create=False, why=f"queue {name}: its jobs' ")
         db.pinned = True  # the queue's jobs are there: never closed as unused (see SqlEngine._sweep)
         made = bool(
             (
@@ -2413,7 +2413,15 @@ class JobsEngine:
         """Every queue the store knows, with its options and the counts of its jobs by state (from the rows)."""
         out = []
         for name in await self.queue_names():
-            q = await self._queue(name)
+            try:
+                q = await self._queue(name)
+            except UnavailableError as exc:
+                # its database's file is missing: listed, saying so, with the others (one queue's database moved
+                # away made the listing, and an offline `tinystore status`, fail for every queue)
+                opts = await self._stored_options(name)
+                assert opts is not None  # (listed by queue_names)
+                out.append(QueueInfo(queue=name, options=opts.to_wire(), error=exc.message))
+                continue
             info = self._info(q)
             if not await self._readable(q):
                 out.append(info)  # (its table is not committed yet: no row to count)

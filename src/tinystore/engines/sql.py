@@ -2330,12 +2330,15 @@ class SqlEngine:
         self._tx_ids += 1
         return self._tx_ids
 
-    async def open(self, name: str, migrations: Sequence[tuple[str, str]] = ()) -> tuple[SqlDatabase, list[str]]:
-        """Open (creating) database ``name`` and apply new migrations; returns it and the names applied.
+    async def open(
+        self, name: str, migrations: Sequence[tuple[str, str]] = (), *, create: bool = True, why: str = ""
+    ) -> tuple[SqlDatabase, list[str]]:
+        """Open (creating, unless ``create`` is False) database ``name`` and apply new migrations; returns it and
+        the names applied.
 
         Raises ``InvalidError`` (bad name, a migration that fails), ``ConflictError`` (an applied migration
-        whose text changed), ``ClosedError`` (the engine is closing). A database already open gets only its new
-        migrations applied.
+        whose text changed), ``ClosedError`` (the engine is closing), ``UnavailableError`` (``create`` False and no
+        file: the message starts with ``why``). A database already open gets only its new migrations applied.
         """
         check_name("database", name)
         check_migrations(name, migrations)
@@ -2358,6 +2361,13 @@ class SqlEngine:
                 check_room(name, need, need * self._starting + LAZY_FILES * len(self.databases))
                 path = self.directory / f"{name}.db"
                 existed = path.exists()
+                if not existed and not create:
+                    # (known low: a queue's database moved away was made again, empty, by the queue's load: an
+                    # offline `tinystore status` left an app.db that the moved file could no longer go back over)
+                    raise UnavailableError(
+                        f"{why}database {name} is missing: no file {path} (moved or deleted? put it back, or "
+                        "restore a backup)"
+                    )
                 db = SqlDatabase(self, name, path)
                 db.stats.update(self._unused_closed.get(name, {}))  # (its counters go on from where they were)
                 self._admitted.add(db)  # (counted against Limits.databases until it is open or failed)

@@ -144,12 +144,14 @@ class OpenQueue(msgspec.Struct, kw_only=True):
 
 
 class QueueInfo(msgspec.Struct, kw_only=True):
-    """A queue as the store keeps it: its options (all set) and counts by state (those it knows)."""
+    """A queue as the store keeps it: its options (all set) and counts by state (those it knows); ``error``: why
+    its jobs cannot be read now (its database's file is missing), its counts then empty."""
 
     queue: str
     options: Options
     counts: dict[str, int] = {}
     stuck: int = 0
+    error: str | None = None
 
 
 class NewJob(msgspec.Struct, array_like=True):
