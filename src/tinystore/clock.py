@@ -81,8 +81,8 @@ class Clock:
         lease from 3,600 s, which ends within the advance when its ttl is an hour; a lost job's retry is due its
         backoff after its lease ended). Work a callback leaves to a task runs once the advance returns, at the
         clock's new time (a job claimed within it runs from then: its lease, timeout and expected time count from
-        the advance's end). Raises ``InvalidError`` on a real clock, and for a step past the end of year 9999 (it
-        stays where it was)."""
+        the advance's end, and its started_at says so). Raises ``InvalidError`` on a real clock, and for a step
+        past the end of year 9999 (it stays where it was)."""
         if not self.is_test:
             raise InvalidError("clock: only a test clock (open(..., clock=datetime)) can be advanced")
         step = seconds(by, "clock advance")

@@ -276,6 +276,11 @@ class QueueOptions:
         )
 
 
+# a claim answered this much (seconds) after it was asked for (behind a long transaction, or made by a timer of a
+# test clock's advance) writes its rows' started_at again, as the time its attempt counts from
+START_SLACK = 0.5
+
+
 def _retrieve(fut: asyncio.Future[Any]) -> None:
     """Take a finished future's outcome, so that asyncio does not log it as never retrieved."""
     if not fut.cancelled():
@@ -1005,9 +1010,11 @@ class JobsEngine:
             [self.fence_floor, _ms(now), None if local else _ms(lease_until), *(e.id for e in picked)],
             own=True,
         )
-        fut.add_done_callback(lambda f: self._claimed(q, w, picked, local, f))
+        fut.add_done_callback(lambda f: self._claimed(q, w, picked, local, f, now))
 
-    def _claimed(self, q: JobQueue, w: Waiter, picked: list[Entry], local: bool, f: asyncio.Future[Any]) -> None:
+    def _claimed(
+        self, q: JobQueue, w: Waiter, picked: list[Entry], local: bool, f: asyncio.Future[Any], asked: float
+    ) -> None:
         if f.cancelled() or f.exception() is not None:
             err = ClosedError("jobs: the claim was cancelled") if f.cancelled() else f.exception()
             for e in picked:
@@ -1035,6 +1042,16 @@ class JobsEngine:
         # start once the advance is over (trial EV: counted from the timer's time, its lease and timeout ended
         # before the worker's own timeout, and the attempt was ended "timed out" while its handler had not run it)
         now = self.clock.now()
+        if now - asked > START_SLACK and done.rows:
+            # the rows say when the attempt counts from, as its deadlines do (trial EX: a job claimed by a timer of
+            # a test clock's advance was listed stuck, by its started_at, 30 s before it was reported stuck)
+            marks = ", ".join("?" for _ in done.rows)
+            fix = q.db.write(
+                f"update {TABLE} set started_at = ? where id in ({marks}) and state = 'running' and started_at = ?",
+                [_ms(now), *(r[0] for r in done.rows), _ms(asked)],
+                own=True,
+            )
+            fix.add_done_callback(_retrieve)
         # an attempt of this process's own worker has no lease, but ends at its hard deadline (see _overdue_at)
         overdue_at = _overdue_at(now, q.options)
         lease_until = overdue_at if local else now + q.options.lease
@@ -1393,8 +1410,9 @@ class JobsEngine:
         if not fut.done():
             fut.set_result(None)
 
-    def _settle(self, q: JobQueue, e: Entry, state: str, run_at: float | None) -> None:
-        """The row of ``e`` is now ``state``: move the index with it."""
+    def _settle(self, q: JobQueue, e: Entry, state: str, run_at: float | None, ended_at: float) -> None:
+        """The row of ``e`` is now ``state`` (its ``finished_at`` ``ended_at``, when it ended): move the index with
+        it."""
         if e.counted:
             e.counted = False
             q.count(e, -1)
@@ -1402,7 +1420,9 @@ class JobsEngine:
         if state in ENDED:
             e.where = GONE
             q.drop(e)
-            self._arm_sweep(q, self.clock.now() + q.options.keep)
+            # its keep counts from its finished_at, not from when the write was answered (trial EX: a job ended by a
+            # timer of a test clock's advance was kept past keep, to the advance's end + keep)
+            self._arm_sweep(q, ended_at + q.options.keep)
         else:
             if run_at is not None:
                 e.run_at = run_at
@@ -1522,7 +1542,7 @@ class JobsEngine:
                 return
             attempts, prog = row
             e.attempts = attempts
-            self._settle(q, e, state, run_at)
+            self._settle(q, e, state, run_at, now)
             self._event(q, "state", e.id, state, _json_decode(prog) if prog else None, attempts, error)
             self._notify(q, e.id)
             if state in ("queued", "failed") and attempts >= self._attempts_now(q):
@@ -2047,10 +2067,10 @@ class JobsEngine:
             [state, now_ms, jid],
             own=True,
         )
-        return self._finish_end_waiting(q, e, state, write, busy)
+        return self._finish_end_waiting(q, e, state, write, busy, now_ms)
 
     async def _finish_end_waiting(
-        self, q: JobQueue, e: Entry, state: str, write: asyncio.Future[Done], busy: asyncio.Future[None]
+        self, q: JobQueue, e: Entry, state: str, write: asyncio.Future[Done], busy: asyncio.Future[None], now_ms: int
     ) -> bool:
         jid = e.id
         try:
@@ -2068,7 +2088,7 @@ class JobsEngine:
             return False
         attempts, prog, fence, error = done.rows[0]
         peer = e.peer
-        self._settle(q, e, state, None)
+        self._settle(q, e, state, None, now_ms / 1000)
         if peer is not None:
             peer.push(CANCEL_PUSH, CancelRun(queue=q.name, id=jid, fence=fence, reason=state))
         # (a dead job's event carries its last error, as at the end of its last attempt; trial CE)
