@@ -847,11 +847,16 @@ class Subscription(Generic[T]):
         """Give the credit of the finished messages back: with the grants of the other subscriptions of this
         loop turn, in one call (:meth:`_Hub.grant`)."""
         n = self._owed
-        sid = self._sid
+        sid = self._live_sid()
         if not n or not sid or self._stopped:
             return
         self._owed = 0
         self._hub.grant(sid, n)
+
+    def _live_sid(self) -> int:
+        """The store's id of this subscription on the connection now, or 0: an id of an earlier connection (the
+        subscription not made again yet) names nothing there, or another subscription."""
+        return self._sid if self._conn_gen == self._hub.conn_gen else 0
 
     async def _run(self, handler: Callable[[Message[T]], Any]) -> None:
         """Hand each message to ``handler``, one at a time. The hot path: the buffered messages of a delivery
@@ -983,9 +988,10 @@ class Subscription(Generic[T]):
         self._stopped = True
         hub = self._hub
         hub.live.pop(self, None)
-        sid = self._sid
+        sid = self._live_sid()
+        if self._sid and hub.subs.get(self._sid) is self:
+            del hub.subs[self._sid]
         if sid:
-            hub.subs.pop(sid, None)
             hub.grants.pop(sid, None)
         self._sid = 0
         self._buf.clear()
@@ -1034,6 +1040,7 @@ class _Hub:
         self.inflight = 0  # publish calls sent and not answered
         self.unyielded = 0  # embedded publishes since the last one that gave the loop a turn
         self.grants: dict[int, int] = {}  # credit to give back at the end of this loop turn, by the store's id
+        self.grants_gen = 0  # the connection those ids are of
         self.grant_many = True  # the server knows channels.grant_many (an older one refused it: one call each)
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -1046,6 +1053,13 @@ class _Hub:
 
     def _deliver(self, body: Delivery) -> None:
         s = self.subs.get(body.sub)
+        if s is not None and s._conn_gen != self.conn_gen:
+            # an id of the last connection, whose subscription is not made again yet: on this one the store may have
+            # given it to another (trial EZ: a restarted server's delivery for a new subscription was handled by an
+            # old one that held the same id, which then resumed after it, told Missed("reconnect", 0) of what it
+            # had lost)
+            del self.subs[body.sub]
+            s = None
         if s is not None:
             s._feed(body.items)
         elif self.subscribing:
@@ -1133,13 +1147,14 @@ class _Hub:
             return
         grants = self.grants
         if not grants:
+            self.grants_gen = self.conn_gen
             self.spawn(self._send_grants())  # its first step runs next turn: it takes what this turn added
         grants[sid] = grants.get(sid, 0) + n
 
     async def _send_grants(self) -> None:
         grants, self.grants = self.grants, {}
-        if not grants or self.closed:
-            return
+        if not grants or self.closed or self.grants_gen != self.conn_gen:
+            return  # (ids of a connection that dropped since: a subscription made again starts with fresh credit)
         items = [Grant(sid, n) for sid, n in grants.items()]
         try:
             if len(items) == 1:
