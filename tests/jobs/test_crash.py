@@ -130,6 +130,33 @@ async def test_a_frozen_worker_loses_its_job_and_its_late_completion_is_refused(
 
 
 # contract: JOB-08
+async def test_a_claim_answered_to_a_frozen_worker_past_its_lease_is_not_run(
+    served: tuple[Path, tinystore.Store],
+) -> None:
+    """Trial FA: a worker frozen (SIGSTOP) while its claim waited in the store was handed a job; the lease ran out
+    and the job ended dead (one attempt), and on SIGCONT the worker ran the handler whole, its fenced write taken
+    (no later attempt's fence was above it)."""
+    d, store = served
+    q = store.queue("paused", attempts=1, lease="1s")
+    db = await store.database("app")
+    await q.add({"sleep": 0}, delay="1h")  # (opens the queue with its options)
+    log = d.parent / "paused.log"
+    a = await WorkerProcess(d, "paused", "effect", log).start()
+    try:
+        await asyncio.sleep(0.5)  # its claim waits in the store
+        a.signal(signal.SIGSTOP)
+        jid = await q.add({"sleep": 0})  # handed to the frozen worker's claim
+        job = await wait_state(q, jid, "dead", timeout=10)
+        a.signal(signal.SIGCONT)  # it reads the claim's answer now, past the lease
+        await asyncio.sleep(1.5)
+    finally:
+        await a.stop()
+    assert starts(log) == [], log.read_text()  # the handler never ran
+    assert await db.all("select * from effects") == []
+    assert (await q.get(jid)) == job and [e.error for e in job.errors] == ["worker lost"]
+
+
+# contract: JOB-08
 async def test_a_handler_that_keeps_renewing_is_never_taken(served: tuple[Path, tinystore.Store]) -> None:
     d, store = served
     q = store.queue("long", attempts=3, lease="1s", timeout="1m")

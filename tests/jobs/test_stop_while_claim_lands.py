@@ -5,6 +5,7 @@ workers have no lease: an attempt not handed back would stay running for ever.""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +155,8 @@ async def test_an_attempt_stopped_before_its_task_first_ran_is_handed_back(
     ran: list[Any] = []
     stopped = asyncio.Event()
 
-    def start_then_stop(self: Any, claimed: Any) -> Any:
-        a = start(self, claimed)
+    def start_then_stop(self: Any, claimed: Any, sent: float | None = None) -> Any:
+        a = start(self, claimed, sent)
         a.stop("stopping")  # as a worker's stop() does when it comes in the same loop turn
         stopped.set()
         return a
@@ -195,12 +196,13 @@ async def test_a_hand_back_by_token_waits_for_the_hand_back_of_a_claim_given_up_
         else:
             raise AssertionError("the claim was never seen on its way")
         claiming.cancel()  # given up while its write is on its way: it hands back what it gets once it lands
-        for _ in range(10_000):
-            if any(e.where == RUNNING for e in index.entries.values()):
-                break  # landed: its own hand-back has begun, not ended
+        # (up to 10 s, looking at every loop turn: 10,000 turns were over before the writer's thread wrote, on a
+        # loaded machine)
+        deadline = time.monotonic() + 10
+        while not any(e.where == RUNNING for e in index.entries.values()):  # landed: its hand-back has begun
+            if time.monotonic() > deadline:
+                raise AssertionError("the claim never landed")
             await asyncio.sleep(0)
-        else:
-            raise AssertionError("the claim never landed")
         await core.call(session, "jobs.release_claim", ReleaseClaim(queue="q", token="t-1"))
         assert [e.where for e in index.entries.values() if e.where == RUNNING] == []
         states = [(await q.get(i)).state for i in ids]  # type: ignore[union-attr]

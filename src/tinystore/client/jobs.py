@@ -624,8 +624,26 @@ class _Runner:
             log.debug("queue %s: %s failed: %s", self.queue.name, method, exc)
             return None
 
-    def start(self, claimed: Claimed) -> _Attempt:
+    def start(self, claimed: Claimed, sent: float | None = None) -> _Attempt:
+        """Run ``claimed``, got by a claim sent at ``sent`` (``time.monotonic()``). Its lease counts from no later
+        than ``sent`` + the time the store held the claim (``waited_ms``): an answer read after the lease had run out
+        as this worker counts it (its process was paused, SIGSTOP, while the answer waited in its socket) is not
+        run: the store ends that attempt as lost (trial FA: its handler ran whole after the store had ended the job
+        dead, and a write guarded by its fence was taken, no later attempt's fence being above it)."""
         a = _Attempt(self, claimed)
+        transport = self.queue.store.transport
+        if sent is not None and claimed.waited_ms is not None and not transport.local:
+            a.renewed_at = min(a.renewed_at, sent + claimed.waited_ms / 1000)
+            if a.renewed_at + a.lease - _early(a.lease) < time.monotonic():
+                a.why = "lost"  # (its task returns at once, running nothing)
+                log.warning(
+                    "queue %s: job %s: attempt %d was claimed %s ago, past its lease (was this process paused?): "
+                    "not run; the store ends the attempt as lost",
+                    self.queue.name,
+                    claimed.id,
+                    claimed.attempt,
+                    f"{time.monotonic() - a.renewed_at:.1f}s",
+                )
         self.attempts[a.key] = a
         self.registry[(self.queue.name, claimed.id, claimed.fence)] = a
         self.handling += 1
@@ -1130,6 +1148,7 @@ class Worker:
         runner = self._runner
         try:
             try:
+                sent = time.monotonic()
                 got = await claim(q.store, q.name, n, CLAIM_WAIT, self.id)
                 self._failures = 0
             except ClosedError:
@@ -1171,7 +1190,7 @@ class Worker:
                         raise
                 return
             for c in got:
-                runner.start(c)
+                runner.start(c, sent)
         except Exception as exc:
             self._fault = exc
         finally:
@@ -1902,6 +1921,7 @@ class Queue(Generic[T]):
                     return ran  # the attempts that ended; those the close stopped were handed back (see at_close)
                 settled.clear()
                 try:
+                    sent = time.monotonic()
                     got = await claim(self.store, self.name, concurrency, 0.0, runner.worker, now)
                     if got and self.store._closed:
                         # claimed as the close began: not run, handed back (not counted)
@@ -1913,7 +1933,7 @@ class Queue(Generic[T]):
                 if not got:
                     return ran
                 began = True
-                attempts = [runner.start(c) for c in got]
+                attempts = [runner.start(c, sent) for c in got]
                 await asyncio.wait([a.task for a in attempts if a.task is not None])
                 # the attempts that ran to an end (a failure too); not those stopped and handed back
                 ran += sum(1 for a in attempts if not a.handed_back)

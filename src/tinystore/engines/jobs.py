@@ -1057,6 +1057,7 @@ class JobsEngine:
         lease_until = overdue_at if local else now + q.options.lease
         got: list[Claimed] = []
         by_id = {e.id: e for e in picked}
+        waited_ms = round((self.loop.time() - w.asked) * 1000) if w.asked else None
         for jid, fence, attempts, value, steps, tenant, key, type_, user, priority, progress in done.rows:
             e = by_id.pop(jid)
             e.where = RUNNING
@@ -1090,6 +1091,7 @@ class JobsEngine:
                     user=user,
                     priority=priority,
                     progress=prog,
+                    waited_ms=waited_ms,
                 )
             )
         for e in by_id.values():  # the row was not claimable after all: forget it
@@ -1190,7 +1192,9 @@ class JobsEngine:
         if not 1 <= req.n <= 1000:
             raise InvalidError(f"queue {req.queue}: claim: n = {req.n} is not between 1 and 1000")
         loop = self.loop
-        w = Waiter(peer, req.n, req.worker, req.due_before_ms / 1000, loop.create_future(), req.token)
+        w = Waiter(
+            peer, req.n, req.worker, req.due_before_ms / 1000, loop.create_future(), req.token, asked=loop.time()
+        )
         q.waiters.append(w)
         self._pump(q)
         handle: asyncio.TimerHandle | None = None

@@ -80,6 +80,7 @@ class Waiter:
     settled: asyncio.Future[None] | None = None  # made by who waits for its claim to land (its cancel, a
     # release_claim of its token): set once that claim's write has landed, and what it got is handed back when
     # the claim was given up
+    asked: float = 0.0  # the loop's time when the claim came (Claimed.waited_ms counts from it)
 
 
 class Deadlines:

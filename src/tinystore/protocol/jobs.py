@@ -208,6 +208,10 @@ class Claimed(msgspec.Struct, kw_only=True):
     user: str | None = None
     priority: int = 0
     progress: Any = None
+    # milliseconds (real time) from when the store read the claim to when it granted this attempt (its lease counts
+    # from then): the worker counts the lease from no later than its claim's sending + this, so that an answer read
+    # long after it was sent (a worker process paused, SIGSTOP) is not run past its lease; None from an older server
+    waited_ms: int | None = None
 
 
 class Unwait(msgspec.Struct, kw_only=True):
