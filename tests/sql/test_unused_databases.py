@@ -184,6 +184,22 @@ async def test_a_database_holding_a_queue_s_jobs_stays_open(tmp_path: Path, mode
         assert job.state == "queued"
 
 
+# contract: JOB-06
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_the_jobs_database_takes_none_of_the_database_limit(tmp_path: Path, mode: str) -> None:
+    # trial EX: with every queue in an application database, tinystore-jobs (never closed) took one of
+    # Limits.databases for good: at databases=2, the second application database's queue failed, LimitError
+    async with open_store(mode, tmp_path / "s", limits=tinystore.Limits(databases=2)) as store:
+        a = await store.database("a")
+        b = await store.database("b")
+        for name, db in (("qa", a), ("qb", b)):
+            queue = store.queue(name, database=db)
+            await asyncio.wait_for(queue.add({"x": 1}), 1.5)  # (a wait for room would be 2 s, then LimitError)
+        assert await open_now(store) == ["a", "b", "tinystore-jobs"]
+        with pytest.raises(LimitError, match=r"database c: the store has 2 databases open"):
+            await store.database("c")  # (both hold a queue's jobs: neither is closed for it)
+
+
 # contract: STORE-04
 @pytest.mark.parametrize("mode", ["embedded", "private"])
 async def test_calls_waiting_for_room_each_wait_at_most_the_room_wait_and_a_stop_ends_them(

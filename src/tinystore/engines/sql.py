@@ -2354,7 +2354,11 @@ class SqlEngine:
                     await asyncio.shield(closing[1])
                 if self.closed:
                     raise ClosedError(f"database {name}: the store is stopping")
-                await self._room_for(name, room_by)
+                own = name.startswith(RESERVED_DB_PREFIX)
+                if not own:
+                    # (the store's own databases, tinystore-jobs, are not counted: trial EX, with every queue in an
+                    # application database the jobs database took one of Limits.databases for good)
+                    await self._room_for(name, room_by)
                 # (its connections: the writer, the readers, the loop's own for short reads; about 2 files each,
                 # some opened at the first read; those opening beside it count whole)
                 need = 2 * (self.limits.readers + 2) + 1
@@ -2370,7 +2374,8 @@ class SqlEngine:
                     )
                 db = SqlDatabase(self, name, path)
                 db.stats.update(self._unused_closed.get(name, {}))  # (its counters go on from where they were)
-                self._admitted.add(db)  # (counted against Limits.databases until it is open or failed)
+                if not own:
+                    self._admitted.add(db)  # (counted against Limits.databases until it is open or failed)
                 self._starting += 1
                 self._opening_dbs.add(db)
                 start = asyncio.ensure_future(asyncio.to_thread(db.start, migrations))
@@ -2471,13 +2476,13 @@ class SqlEngine:
                     limit = self.limits.databases
                     opening = f" and {len(self._admitted)} opening" if self._admitted else ""
                     raise LimitError(
-                        f"database {name}: the store has {len(self.databases)} databases open{opening}, the most it "
+                        f"database {name}: the store has {self._counted()} databases open{opening}, the most it "
                         f"may (Limits.databases, {limit}: each holds a writer thread, {self.limits.readers} readers "
                         f"and their files), and none was done with in the {ROOM_WAIT:g}s this call waited (each had a "
                         "call or a transaction under way, or a queue's jobs in it); one no call uses is closed to "
                         "make room",
                         limit=limit,
-                        wanted=len(self.databases) + len(self._admitted) + 1,
+                        wanted=self._counted() + len(self._admitted) + 1,
                     )
                 await asyncio.sleep(min(ROOM_POLL, deadline - now))
         finally:
@@ -2487,7 +2492,11 @@ class SqlEngine:
 
     def _has_room(self) -> bool:
         """Whether one more database may open under ``Limits.databases``, once one unused is closed if need be."""
-        return len(self.databases) + len(self._admitted) < self.limits.databases or self._close_one_unused()
+        return self._counted() + len(self._admitted) < self.limits.databases or self._close_one_unused()
+
+    def _counted(self) -> int:
+        """The open databases ``Limits.databases`` counts: the application's (not the store's own, ``tinystore-…``)."""
+        return sum(1 for name in self.databases if not name.startswith(RESERVED_DB_PREFIX))
 
     def _close_one_unused(self) -> bool:
         """At ``Limits.databases``: closes the database a call used the longest ago of those in which nothing runs
