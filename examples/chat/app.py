@@ -264,7 +264,11 @@ def create_app(
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str):
             return _error('send {"text": "..."}', 400)
-        key = request.headers.get("idempotency-key")
+        keys = request.headers.getlist("idempotency-key")
+        if len(keys) > 1:
+            # (trial EX: the first of two was taken; two lines are one header of two keys, RFC 9110 §5.3)
+            return _error(f"Idempotency-Key: one key, not {len(keys)}", 400)
+        key = keys[0] if keys else None
         if key is not None and not _KEY.fullmatch(key):
             return _error("Idempotency-Key: 1 to 128 visible ASCII characters", 400)
         message, added = await chat_of(request).post_once(request.path_params["id"], text, key)

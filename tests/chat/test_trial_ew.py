@@ -32,9 +32,12 @@ async def test_a_message_sent_again_with_its_idempotency_key_is_saved_once(web: 
         assert again.status_code == 200 and again.json() == first.json(), again.text
         other = await http.post(url, json={"text": "something else"}, headers={"idempotency-key": "k-1"})
         assert other.status_code == 409 and "another message's text" in other.json()["error"], other.text
-        for bad in ("", "x" * 129, "sp ace"):
+        for bad in ("", "x" * 129, "sp ace", "k-1, k-2"):
             r = await http.post(url, json={"text": "hi"}, headers={"idempotency-key": bad})
             assert r.status_code == 400 and "Idempotency-Key" in r.json()["error"], (bad, r.text)
+        # two header lines are one header of two keys (RFC 9110 §5.3): refused too (trial EX: the first was taken)
+        r = await http.post(url, json={"text": "hi"}, headers=[("idempotency-key", "k-1"), ("idempotency-key", "k-2")])
+        assert r.status_code == 400 and r.json()["error"] == "Idempotency-Key: one key, not 2", r.text
         # the key is the chat's: another chat may use it; and a message without one is a new message each time
         other_chat = await new_chat(http, web)
         r = await http.post(
