@@ -5,6 +5,7 @@ every mode; nothing is published."""
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,3 +118,28 @@ async def test_calls_past_their_item_limits_are_refused_unread(tmp_path: Path) -
         with pytest.raises(InvalidError, match=r"database app: too many SQL variables \(250,001 parameters"):
             await store._call("sql.query", Query("app", "select 1", [1] * (PARAMS_MAX + 1)), Any)
         assert await db.scalar("select 1") == 1  # the connection goes on
+
+
+# contract: CHAN-07
+async def test_a_dict_key_no_json_object_has_is_refused_at_publish(store: tinystore.Store) -> None:
+    # trial EZ: {(1, 2): "t"} was published on a channel without a type; it arrived with a tuple key, and no web page
+    # could be sent it (the SSE stream told a reload instead)
+    heard: list[Any] = []
+    ch = store.channel("any")
+    sub = await ch.subscribe(lambda m: heard.append(m.value))
+    for value, key in (
+        ({(1, 2): "t"}, "(1, 2)"),
+        ({"a": [{None: 1}]}, "None"),
+        ([{"b": {True: 1}}], "True"),
+        ({"c": ({frozenset(): 1},)}, "frozenset()"),
+    ):
+        want = rf"^channel any: the value does not encode: a dict key {re.escape(key)} is not"
+        with pytest.raises(InvalidError, match=want):
+            await ch.publish(value)
+    await ch.publish({1: "number keys", "b": b"x", "c": [1, (2, {"d": 3})]})  # JSON writes these keys as text
+    for _ in range(500):
+        if heard:
+            break
+        await asyncio.sleep(0.01)
+    assert heard == [{1: "number keys", "b": b"x", "c": [1, [2, {"d": 3}]]}]
+    await sub.stop()

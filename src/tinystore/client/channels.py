@@ -166,6 +166,14 @@ class _Codec:
                 raise InvalidError(
                     f"channel {self.name}: the value is not {a_or_an(_type_name(self.type))}: {exc}"
                 ) from None
+        else:
+            bad = _non_json_key(value)
+            if bad is not None:
+                # (trial EZ: {(1, 2): "t"} was published, arrived with a tuple key, and no web page could be sent it)
+                raise InvalidError(
+                    f"channel {self.name}: the value does not encode: a dict key {bad[0]!r} is not text or a number "
+                    "(a channel without a type carries JSON values, whose object keys are text)"
+                )
         if len(data) > self.limit:
             raise LimitError(
                 f"channel {self.name}: a message of {len(data)} bytes is over the limit of {self.limit} bytes",
@@ -173,6 +181,29 @@ class _Codec:
                 wanted=len(data),
             )
         return data
+
+
+_KEY_NOT_JSON = (bool, type(None), tuple, list, frozenset, set)
+
+
+def _non_json_key(value: Any) -> tuple[Any] | None:
+    """The first dict key in ``value`` (dicts, lists and tuples looked into) that a JSON object cannot have as a
+    key (msgspec writes str, number, bytes, UUID, date and decimal keys as text; not None, a bool, or an array), as
+    a 1-tuple, or ``None`` when there is none. Looked for without recursion (a value may nest as deep as msgspec
+    encodes)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is dict:
+            for k, item in v.items():
+                if isinstance(k, _KEY_NOT_JSON):
+                    return (k,)
+                if type(item) in (dict, list, tuple):
+                    stack.append(item)
+        elif t is list or t is tuple:
+            stack.extend(item for item in v if type(item) in (dict, list, tuple))
+    return None
 
 
 def _type_name(t: Any) -> str:
