@@ -17,7 +17,7 @@ import pytest
 
 import tinystore
 
-from ..helpers import ServerProcess
+from ..helpers import ServerProcess, open_store
 from .procs import WorkerProcess, starts
 from .util import wait_state, wait_until
 
@@ -154,6 +154,56 @@ async def test_a_claim_answered_to_a_frozen_worker_past_its_lease_is_not_run(
     assert starts(log) == [], log.read_text()  # the handler never ran
     assert await db.all("select * from effects") == []
     assert (await q.get(jid)) == job and [e.error for e in job.errors] == ["worker lost"]
+
+
+# contract: JOB-01
+async def test_claims_that_waited_their_turn_in_the_client_all_run(tmp_path: Path) -> None:
+    """Trial FB: the check above counted a claim's lease from before the call, not from its writing: a connection
+    parks at most 160 claims in the store, the rest wait in the client for a turn, and those were dropped as past
+    their lease (their jobs dead, worker lost) though the store had just granted them."""
+    async with open_store("private", tmp_path / "store") as store:
+        ran: list[Any] = []
+
+        async def handler(value: Any, run: tinystore.Run) -> None:
+            ran.append(value)
+
+        queues = [store.queue(f"q{i}", lease="1s", attempts=1) for i in range(165)]
+        workers = [q.work(handler) for q in queues]
+        try:
+            await asyncio.sleep(1.5)  # (the claims past 160 wait in the client longer than a lease)
+            await asyncio.gather(*(q.add(i) for i, q in enumerate(queues)))
+            await wait_until(lambda: len(ran) == 165, timeout=15, what="every job ran")
+        finally:
+            await asyncio.gather(*(w.stop() for w in workers))
+        states = [j.state for q in queues for j in (await q.list()).jobs]
+        assert states == ["succeeded"] * 165
+
+
+# contract: JOB-08
+async def test_an_attempt_whose_handler_could_not_start_within_its_lease_is_not_run(tmp_path: Path) -> None:
+    """Trial FB: the check was made as the claim came, not as the handler starts: a loop blocked (or a process
+    paused) in between let a handler begin after the store had ended its attempt."""
+    import time
+
+    async with open_store("private", tmp_path / "store") as store:
+        q = store.queue("blocked", lease="1s", attempts=1)
+        first, second = await q.add(1), await q.add(2)
+        started: list[int] = []
+
+        async def handler(value: int, run: tinystore.Run) -> None:
+            started.append(value)
+            if value == 1:
+                time.sleep(2)  # noqa: ASYNC251 (blocks the loop: the other attempt waits past its lease to start)
+
+        worker = q.work(handler, concurrency=2)
+        try:
+            await wait_state(q, second, "dead", timeout=10)
+            await asyncio.sleep(0.5)
+        finally:
+            await worker.stop()
+        assert started == [1], started
+        assert [e.error for e in (await q.get(second)).errors] == ["worker lost"]  # type: ignore[union-attr]
+        assert (await q.get(first)).state == "dead"  # type: ignore[union-attr]  (its lease ran out as it blocked)
 
 
 # contract: JOB-08

@@ -631,19 +631,9 @@ class _Runner:
         run: the store ends that attempt as lost (trial FA: its handler ran whole after the store had ended the job
         dead, and a write guarded by its fence was taken, no later attempt's fence being above it)."""
         a = _Attempt(self, claimed)
-        transport = self.queue.store.transport
-        if sent is not None and claimed.waited_ms is not None and not transport.local:
+        if sent is not None and claimed.waited_ms is not None and not self.queue.store.transport.local:
             a.renewed_at = min(a.renewed_at, sent + claimed.waited_ms / 1000)
-            if a.renewed_at + a.lease - _early(a.lease) < time.monotonic():
-                a.why = "lost"  # (its task returns at once, running nothing)
-                log.warning(
-                    "queue %s: job %s: attempt %d was claimed %s ago, past its lease (was this process paused?): "
-                    "not run; the store ends the attempt as lost",
-                    self.queue.name,
-                    claimed.id,
-                    claimed.attempt,
-                    f"{time.monotonic() - a.renewed_at:.1f}s",
-                )
+            self._past_lease(a)
         self.attempts[a.key] = a
         self.registry[(self.queue.name, claimed.id, claimed.fence)] = a
         self.handling += 1
@@ -655,6 +645,25 @@ class _Runner:
         elif a.renewed_at + a.lease / 3 < self.renew_at:
             self.renew_due.set()  # (due before the loop wakes: a shorter lease; not for each job of a busy queue)
         return a
+
+    def _past_lease(self, a: _Attempt) -> bool:
+        """Whether attempt ``a``, not begun, is past its lease as this worker counts it (its process was paused, or
+        its loop blocked, since the claim): then it is marked lost, never to run (the store ends it as lost)."""
+        transport = self.queue.store.transport
+        if transport.local or a.why is not None:
+            return a.why is not None
+        if time.monotonic() < _lease_end(a, getattr(transport, "server_stopped_at", None)):
+            return False
+        a.why = "lost"  # (its task returns at once, running nothing)
+        log.warning(
+            "queue %s: job %s: attempt %d was claimed %s ago, past its lease (was this process paused, or its event "
+            "loop blocked?): not run; the store ends the attempt as lost",
+            self.queue.name,
+            a.claimed.id,
+            a.claimed.attempt,
+            f"{time.monotonic() - a.renewed_at:.1f}s",
+        )
+        return True
 
     def free(self, a: _Attempt) -> None:
         """The handler of ``a`` ended: its slot goes back to the worker, which may claim again while the report is
@@ -791,7 +800,7 @@ class _Runner:
         """Run attempt ``a`` and report its end, whatever way the handler ends: no attempt is left unreported,
         and nothing is left for "Task exception was never retrieved"."""
         a.began = True
-        if a.why is not None:
+        if a.why is not None or self._past_lease(a):
             # stopped before its task first ran (in the loop turn it was made: trial BU): its handler never runs;
             # handed back uncounted, unless the store already ended the attempt (lost, cancelled)
             if a.why not in ("lost", "cancelled"):
@@ -1148,8 +1157,8 @@ class Worker:
         runner = self._runner
         try:
             try:
-                sent = time.monotonic()
-                got = await claim(q.store, q.name, n, CLAIM_WAIT, self.id)
+                written: list[float] = []  # when the claim was written to the connection (it may wait its turn)
+                got = await claim(q.store, q.name, n, CLAIM_WAIT, self.id, sent=written.append)
                 self._failures = 0
             except ClosedError:
                 if q.store._closed or q.store.transport.closed:
@@ -1189,6 +1198,7 @@ class Worker:
                         await asyncio.wait([back], timeout=10)
                         raise
                 return
+            sent = written[-1] if written else None
             for c in got:
                 runner.start(c, sent)
         except Exception as exc:
@@ -1280,9 +1290,16 @@ os.register_at_fork(after_in_child=_new_token_prefix)
 
 
 async def claim(
-    store: Store, queue: str, n: int, wait: float, worker: str = "", due_before: float = 0.0
+    store: Store,
+    queue: str,
+    n: int,
+    wait: float,
+    worker: str = "",
+    due_before: float = 0.0,
+    sent: Callable[[float], None] | None = None,
 ) -> builtins.list[Claimed]:
-    """Claim up to ``n`` due attempts of ``queue``, waiting up to ``wait`` seconds in the store for one.
+    """Claim up to ``n`` due attempts of ``queue``, waiting up to ``wait`` seconds in the store for one. ``sent``:
+    called with ``time.monotonic()`` as the claim is written to the connection (never in this process).
 
     Cancel-safe: when this call is cancelled, or its answer is lost with the connection, what the store had
     claimed for it is handed back (queued again, the attempt not counted) by a short call made after it; a
@@ -1301,7 +1318,12 @@ async def claim(
     )
     try:
         got: builtins.list[Claimed] = await store._call(
-            "jobs.claim", req, builtins.list[Claimed], write=True, retry=False
+            "jobs.claim",
+            req,
+            builtins.list[Claimed],
+            write=True,
+            retry=False,
+            sent=None if sent is None else lambda _: sent(time.monotonic()),
         )
         return got
     except asyncio.CancelledError:
@@ -1921,8 +1943,8 @@ class Queue(Generic[T]):
                     return ran  # the attempts that ended; those the close stopped were handed back (see at_close)
                 settled.clear()
                 try:
-                    sent = time.monotonic()
-                    got = await claim(self.store, self.name, concurrency, 0.0, runner.worker, now)
+                    written: list[float] = []
+                    got = await claim(self.store, self.name, concurrency, 0.0, runner.worker, now, written.append)
                     if got and self.store._closed:
                         # claimed as the close began: not run, handed back (not counted)
                         await runner.hand_back(got, ANSWER_WAIT)
@@ -1933,6 +1955,7 @@ class Queue(Generic[T]):
                 if not got:
                     return ran
                 began = True
+                sent = written[-1] if written else None
                 attempts = [runner.start(c, sent) for c in got]
                 await asyncio.wait([a.task for a in attempts if a.task is not None])
                 # the attempts that ran to an end (a failure too); not those stopped and handed back

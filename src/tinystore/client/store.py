@@ -189,10 +189,11 @@ class Store:
         write: bool = False,
         retry: bool = True,
         undo: Callable[[bytes], None] | None = None,
+        sent: Callable[[float], None] | None = None,
     ) -> Any:
         if self._dead is not None:
             raise self._dead
-        return await self.transport.call(method, request, response_type, write=write, retry=retry, undo=undo)
+        return await self.transport.call(method, request, response_type, write=write, retry=retry, undo=undo, sent=sent)
 
     def _gone_for_good(self) -> TinystoreError | None:
         """What every call raises now that the store will not be reached again (its private server stopped, its
