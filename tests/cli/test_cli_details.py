@@ -440,6 +440,10 @@ async def test_a_read_run_with_write_prints_its_rows_alone(tmp_path: Path) -> No
     done = run_cli("sql", str(directory), "delete from t where b = 4", "--write", "--json")
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(lines) == 1 and lines[0]["changes"] == 1, lines
+    # a write that returned no row says it changed none (trial FB: it printed nothing at all)
+    done = run_cli("sql", str(directory), "delete from t where b = 99 returning *", "--write", "--json")
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(lines) == 1 and lines[0]["changes"] == 0, lines
 
 
 async def test_more_columns_than_the_width_holds_are_shown_as_records(tmp_path: Path) -> None:
@@ -461,5 +465,12 @@ async def test_more_columns_than_the_width_holds_are_shown_as_records(tmp_path: 
     for i in range(40):
         assert [f"column_{i}", f"value_{i}"] in lines, done.stdout
     assert ["column_0", "second"] in lines and ["column_39", "NULL"] in lines
+    # a name wider than its column folds, never cut (trial FB: two long names cut alike read as one)
+    long = ", ".join(f"{i} as customer_billing_address_line_{i}_of_the_account_holder_{'x' * 40}" for i in range(40))
+    done = run_cli("sql", str(directory), f"select {long}")
+    assert done.returncode == 0, done.stderr
+    for i in range(40):
+        assert f"customer_billing_address_line_{i}_of_the_account_holder_" in done.stdout, done.stdout
+    assert done.stdout.count("x") == 40 * 40, done.stdout  # every name whole, its end on the lines below
     done = run_cli("sql", str(directory), "select column_0, column_1 from t")  # room enough: a table
     assert "┃ column_0 ┃ column_1 ┃" in done.stdout, done.stdout

@@ -305,7 +305,8 @@ def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) ->
             console.print(title)
         for i, r in enumerate(cells, 1):
             record = Table(title=f"row {i}", title_justify="left", show_header=False, show_edge=False, box=None)
-            record.add_column(style="bold", no_wrap=True, max_width=max(console.width // 3, 8), overflow="fold")
+            # (names fold too, never cut: trial FB saw two long names cut to one)
+            record.add_column(style="bold", max_width=max(console.width // 3, 8), overflow="fold")
             record.add_column(overflow="fold")
             for name, value in zip(names, r, strict=False):
                 record.add_row(name, value)
@@ -1060,7 +1061,8 @@ def sql(
         sys.exit(130)
     # a read run with --write changed nothing: its rows alone, as without --write (known low: a script reading
     # --json lines took the last line, {"changes": 0, ...}, for one more row)
-    summary = done is not None and not (columns and done.changes == 0)
+    # (a write that returned no row, `delete ... returning *` matching none, says it changed none: trial FB)
+    summary = done is not None and not (rows and done.changes == 0)
     if as_json:
         keys = _unique(columns)
         for r in rows:
