@@ -158,7 +158,9 @@ async def test_status_without_a_server_lists_the_queues(tmp_path: Path) -> None:
     assert sorted(p.name for p in (other / "sql").iterdir()) == ["app.db"]
 
 
-async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(tmp_path: Path) -> None:
+async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # known low: an offline status of a store whose queue's application database was moved away loaded the queue,
     # which made an empty app.db in its place; the file could not be put back over it without losing what it took
     directory = tmp_path / "store"
@@ -190,6 +192,23 @@ async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(tmp
         f.rename(directory / "sql" / f.name)
     rows = [json.loads(x) for x in run_cli("jobs", str(directory), "list", "--json").stdout.splitlines()]
     assert [r["id"] for r in rows] == [job], rows
+    # the application's own database() makes it anew, as any database that does not exist, saying loudly that a
+    # queue's jobs were in a file of that name (trial FB: the queue went on in the new file without a word)
+    for f in (directory / "sql").glob("app.db*"):
+        f.rename(moved / f.name)
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        with caplog.at_level("WARNING", logger="tinystore"):
+            await store.database("app")
+        assert "database app was made anew, empty, but queue(s) mail kept their jobs in a database of that" in (
+            caplog.text
+        )
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="tinystore"):
+            await store.database("other")  # (no queue's: nothing said)
+        assert "made anew" not in caplog.text
+    finally:
+        await store.close()
 
 
 async def test_stop_takes_a_duration_for_grace(tmp_path: Path) -> None:

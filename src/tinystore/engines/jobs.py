@@ -2242,6 +2242,15 @@ class JobsEngine:
         db = await self.jobs_db()
         return [r[0] for r in (await db.read(f"select name from {QUEUES} order by name", [])).rows]
 
+    async def queues_in(self, database: str) -> list[str]:
+        """The queues whose jobs are kept in application database ``database``, sorted."""
+        out = []
+        for name in await self.queue_names():
+            opts = await self._stored_options(name)
+            if opts is not None and opts.database == database:
+                out.append(name)
+        return out
+
     async def list_jobs(self, req: ListRequest) -> Page:
         """Jobs newest first (by id), ``req.limit`` (1..1000) at most, after cursor ``req.after``; ``state``
         ``"stuck"`` lists running jobs past their expected time. Raises ``InvalidError`` for a bad filter."""

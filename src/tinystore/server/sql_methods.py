@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..engines.sql import SqlDatabase, SqlTx
 from ..engines.sql_guard import WRITER_ONLY
 from ..engines.sql_text import changes_schema, check_params, same_migration
-from ..errors import ClosedError, InvalidError, PermissionDeniedError
+from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError
 from ..names import RESERVED_DB_PREFIX, check_db_writable, reserved_db_error
 from ..protocol.sql import Begin, Done, Exec, OpenDb, Opened, Query, TxRef
 
@@ -67,8 +67,35 @@ def install(core: Core) -> None:
             if any(name not in known or not same_migration(known[name], text) for name, text in migrations):
                 raise PermissionDeniedError(f"database {req.db}: running migrations needs the admin capability")
             return Opened(db=req.db, applied=[], path=str(db.path))
+        new = not engine.exists(req.db)
         db, applied = await engine.open(req.db, migrations)
+        if new:
+            await warn_of_queues(req.db)
         return Opened(db=req.db, applied=applied, path=str(db.path))
+
+    async def warn_of_queues(name: str) -> None:
+        """Database ``name`` was made now: say so loudly when a queue kept its jobs in a file of that name (trial FB:
+        its file moved away, the application's `store.database(name)` made it anew, empty, and the queue went on
+        in it without a word, its jobs out of sight)."""
+        jobs = core.engines.get("jobs")
+        if jobs is None:
+            return
+        try:
+            queues = await jobs.queues_in(name)
+        except TinystoreError:
+            return
+        if queues:
+            log.warning(
+                "database %s was made anew, empty, but queue(s) %s kept their jobs in a database of that name: its "
+                "file %s was missing (moved or deleted?), and those jobs are not in the new one. To have them back, "
+                "stop the store and put the file back (over the new one), or restore a backup",
+                name,
+                ", ".join(queues),
+                db_path(name),
+            )
+
+    def db_path(name: str) -> str:
+        return str(engine.directory / f"{name}.db")
 
     async def reopen(name: str) -> SqlDatabase:
         # a database that exists on disk but was not opened since this server started (a client that
