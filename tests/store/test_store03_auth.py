@@ -189,6 +189,20 @@ async def test_data_token_reads_and_writes_but_cannot_stop_or_migrate(
         for ddl in ("analyze", "vacuum", "reindex t"):
             with pytest.raises(PermissionDeniedError, match="need the admin capability"):
                 await db.exec(ddl)
+        # nor by a PRAGMA that does the same (trial FC: optimize ran ANALYZE, sqlite_stat1 made for a data token)
+        for pragma in (
+            "pragma optimize=0x10002",
+            "pragma optimize(-1)",
+            'pragma /* x */ main."optimize"',
+            "pragma incremental_vacuum(100)",
+            "pragma auto_vacuum=2",
+            "pragma page_size = 8192",
+            "pragma user_version=77",
+        ):
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await db.exec(pragma)
+        assert await db.scalar("pragma user_version") == 0  # reading them is fine
+        assert await db.scalar("select count(*) from sqlite_master where name like 'sqlite_stat%'") == 0
         # still connected and working after the refusals
         assert await db.scalar("select count(*) from t") == 3
     finally:

@@ -303,6 +303,26 @@ def changes_schema(sql: str) -> bool:
     return _SCHEMA_WORD.match(_skip_comments(sql)) is not None
 
 
+_GAP = r"(?:\s|--[^\n]*+\n?|/\*(?:[^*]|\*(?!/))*+(?:\*/)?)*+"
+_IDENT = r'(?:"(?:[^"]|"")*+"|\[[^\]]*+\]|`[^`]*+`|\w++)'
+_PRAGMA = re.compile(rf"pragma{_GAP}(?:{_IDENT}{_GAP}\.{_GAP})?({_IDENT}){_GAP}([=(]?)", re.IGNORECASE)
+_PRAGMAS_ALWAYS = frozenset({"optimize", "incremental_vacuum"})
+_PRAGMAS_WHEN_SET = frozenset({"auto_vacuum", "page_size", "user_version", "application_id"})
+
+
+@_cached_for_short_texts(256)
+def rebuilds_by_pragma(sql: str) -> bool:
+    """Whether ``sql`` is a PRAGMA that rebuilds or reshapes the database's file as ``ANALYZE`` and ``VACUUM`` do
+    (``optimize``, which runs ANALYZE; ``incremental_vacuum``), or sets what migrations own (``auto_vacuum``,
+    ``page_size``, ``user_version``, ``application_id``: reading them is fine). Its name may be quoted, put after a
+    schema, or have comments around it."""
+    m = _PRAGMA.match(_skip_comments(sql))
+    if m is None:
+        return False
+    name = m.group(1).strip('"[]`').lower()
+    return name in _PRAGMAS_ALWAYS or (name in _PRAGMAS_WHEN_SET and m.group(2) != "")
+
+
 def holds_no_statement(sql: str) -> bool:
     """Whether ``sql`` holds no statement: only blanks, comments and semicolons (SQLite runs nothing, and says
     nothing). Asked only of a statement that gave no columns and changed nothing."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engines.sql import SqlDatabase, SqlTx
 from ..engines.sql_guard import WRITER_ONLY
-from ..engines.sql_text import changes_schema, check_params, same_migration
+from ..engines.sql_text import changes_schema, check_params, rebuilds_by_pragma, same_migration
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError
 from ..names import RESERVED_DB_PREFIX, check_db_writable, reserved_db_error
 from ..protocol.sql import Begin, Done, Exec, OpenDb, Opened, Query, TxRef
@@ -126,10 +126,12 @@ def install(core: Core) -> None:
     def schema_guard(session: Session, db: str, sql: str) -> None:
         """Refuse a statement that changes the schema to a session without the admin capability, however it
         comes (an exec, or a query in a transaction, which runs on the writer)."""
-        if session.capability != "admin" and changes_schema(sql):
+        if session.capability != "admin" and (changes_schema(sql) or rebuilds_by_pragma(sql)):
+            # (trial FC: PRAGMA optimize ran ANALYZE for a data token, and incremental_vacuum a part of a VACUUM)
             raise PermissionDeniedError(
-                f"database {db}: CREATE, DROP and ALTER (and ANALYZE, REINDEX, VACUUM) need the admin capability "
-                f"(change the schema with a migration); this token has {session.capability!r}"
+                f"database {db}: CREATE, DROP and ALTER (and ANALYZE, REINDEX, VACUUM, and the PRAGMAs optimize, "
+                "incremental_vacuum, and auto_vacuum, page_size, user_version or application_id set) need the admin "
+                f"capability (change the schema with a migration); this token has {session.capability!r}"
             )
 
     def tx_of(session: Session, tx_id: int, db: str) -> SqlTx:
