@@ -209,3 +209,28 @@ async def test_a_hand_back_by_token_waits_for_the_hand_back_of_a_claim_given_up_
         assert states == ["queued"] * 3
         with pytest.raises(asyncio.CancelledError):
             await claiming
+
+
+# contract: JOB-08
+async def test_a_claim_that_waited_for_its_queue_s_load_says_so_in_waited_ms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial FD: after a start, a claim waits for its queue's jobs to load; waited_ms counted from after the load,
+    and a healthy worker (which counts its lease from its claim's writing + waited_ms) dropped the claim's attempts
+    as past their lease: with attempts=1, dead, worker lost."""
+    from tinystore.engines.jobs import JobsEngine
+    from tinystore.protocol.jobs import Claim
+
+    async with open_store("embedded", tmp_path / "store") as store:
+        q = store.queue("q", lease="1s")
+        await q.add(1)
+        engine = store._core.engines["jobs"]
+        load = JobsEngine._queue
+
+        async def slow_load(self: Any, name: str) -> Any:
+            await asyncio.sleep(1.0)  # (as a queue of some 300,000 jobs loads at a start)
+            return await load(self, name)
+
+        monkeypatch.setattr(JobsEngine, "_queue", slow_load)
+        got = await engine.claim(store.transport.session, Claim(queue="q", n=1, wait_ms=0, worker="w", token="t"))  # type: ignore[attr-defined]
+        assert len(got) == 1 and got[0].waited_ms is not None and got[0].waited_ms >= 1000, got

@@ -198,6 +198,12 @@ async def test_data_token_reads_and_writes_but_cannot_stop_or_migrate(
             "pragma auto_vacuum=2",
             "pragma page_size = 8192",
             "pragma user_version=77",
+            # (trial FD: a name in single quotes, which SQLite takes too, passed the check)
+            "pragma 'user_version' = 6",
+            "pragma 'user_version'(8)",
+            "pragma main.'optimize'",
+            "pragma 'incremental_vacuum'",
+            "pragma 'main'.'application_id' = 9",
         ):
             with pytest.raises(PermissionDeniedError, match="need the admin capability"):
                 await db.exec(pragma)

@@ -1186,15 +1186,15 @@ class JobsEngine:
         Raises ``InvalidError`` (bad queue or n), ``UnavailableError`` (the store is
         stopping: waiting claims end with it at once), ``ClosedError`` (stopped).
         """
+        loop = self.loop
+        asked = loop.time()  # (before the queue's load, which a claim after a start waits for: trial FD, the load's
+        # time was left out of waited_ms, and a healthy worker dropped the claim's attempts as past their lease)
         q = await self._queue(req.queue)
         if self.stopping:
             raise UnavailableError("jobs: the store is stopping; claim again once it is back")
         if not 1 <= req.n <= 1000:
             raise InvalidError(f"queue {req.queue}: claim: n = {req.n} is not between 1 and 1000")
-        loop = self.loop
-        w = Waiter(
-            peer, req.n, req.worker, req.due_before_ms / 1000, loop.create_future(), req.token, asked=loop.time()
-        )
+        w = Waiter(peer, req.n, req.worker, req.due_before_ms / 1000, loop.create_future(), req.token, asked=asked)
         q.waiters.append(w)
         self._pump(q)
         handle: asyncio.TimerHandle | None = None

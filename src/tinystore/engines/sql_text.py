@@ -304,7 +304,7 @@ def changes_schema(sql: str) -> bool:
 
 
 _GAP = r"(?:\s|--[^\n]*+\n?|/\*(?:[^*]|\*(?!/))*+(?:\*/)?)*+"
-_IDENT = r'(?:"(?:[^"]|"")*+"|\[[^\]]*+\]|`[^`]*+`|\w++)'
+_IDENT = r"""(?:"(?:[^"]|"")*+"|'(?:[^']|'')*+'|\[[^\]]*+\]|`[^`]*+`|\w++)"""
 _PRAGMA = re.compile(rf"pragma{_GAP}(?:{_IDENT}{_GAP}\.{_GAP})?({_IDENT}){_GAP}([=(]?)", re.IGNORECASE)
 _PRAGMAS_ALWAYS = frozenset({"optimize", "incremental_vacuum"})
 _PRAGMAS_WHEN_SET = frozenset({"auto_vacuum", "page_size", "user_version", "application_id"})
@@ -319,7 +319,7 @@ def rebuilds_by_pragma(sql: str) -> bool:
     m = _PRAGMA.match(_skip_comments(sql))
     if m is None:
         return False
-    name = m.group(1).strip('"[]`').lower()
+    name = m.group(1).strip("\"'[]`").lower()
     return name in _PRAGMAS_ALWAYS or (name in _PRAGMAS_WHEN_SET and m.group(2) != "")
 
 
