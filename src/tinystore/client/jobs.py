@@ -632,8 +632,7 @@ class _Runner:
         dead, and a write guarded by its fence was taken, no later attempt's fence being above it)."""
         a = _Attempt(self, claimed)
         if sent is not None and claimed.waited_ms is not None and not self.queue.store.transport.local:
-            a.renewed_at = min(a.renewed_at, sent + claimed.waited_ms / 1000)
-            self._past_lease(a)
+            a.renewed_at = min(a.renewed_at, sent + claimed.waited_ms / 1000)  # (looked at as its task first runs)
         self.attempts[a.key] = a
         self.registry[(self.queue.name, claimed.id, claimed.fence)] = a
         self.handling += 1
