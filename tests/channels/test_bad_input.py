@@ -5,7 +5,10 @@ every mode; nothing is published."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import enum
 import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +123,20 @@ async def test_calls_past_their_item_limits_are_refused_unread(tmp_path: Path) -
         assert await db.scalar("select 1") == 1  # the connection goes on
 
 
+@dataclass
+class _Box:
+    inner: dict[Any, Any]
+
+
+class _Holder(msgspec.Struct):
+    inner: dict[Any, Any]
+
+
+class _Key(enum.Enum):
+    NONE = None
+    TEXT = "t"
+
+
 # contract: CHAN-07
 async def test_a_dict_key_no_json_object_has_is_refused_at_publish(store: tinystore.Store) -> None:
     # trial EZ: {(1, 2): "t"} was published on a channel without a type; it arrived with a tuple key, and no web page
@@ -132,14 +149,25 @@ async def test_a_dict_key_no_json_object_has_is_refused_at_publish(store: tinyst
         ({"a": [{None: 1}]}, "None"),
         ([{"b": {True: 1}}], "True"),
         ({"c": ({frozenset(): 1},)}, "frozenset()"),
+        # (trial FF: a dict's subclass, a dataclass's or a Struct's field, an Enum key whose value is None)
+        (collections.OrderedDict({None: 1}), "None"),
+        ({"a": collections.defaultdict(int, {(1, 2): 3})}, "(1, 2)"),
+        (collections.Counter({True: 2}), "True"),
+        (_Box({None: 1}), "None"),
+        ([_Holder({(1,): 2})], "(1,)"),
+        ({_Key.NONE: 1}, "None"),
     ):
         want = rf"^channel any: the value does not encode: a dict key {re.escape(key)} is not"
         with pytest.raises(InvalidError, match=want):
             await ch.publish(value)
     await ch.publish({1: "number keys", "b": b"x", "c": [1, (2, {"d": 3})]})  # JSON writes these keys as text
+    await ch.publish(_Box(collections.OrderedDict({_Key.TEXT: 1, uuid.UUID(int=1): _Holder({"x": 2})})))
     for _ in range(500):
-        if heard:
+        if len(heard) == 2:
             break
         await asyncio.sleep(0.01)
-    assert heard == [{1: "number keys", "b": b"x", "c": [1, [2, {"d": 3}]]}]
+    assert heard == [
+        {1: "number keys", "b": b"x", "c": [1, [2, {"d": 3}]]},
+        {"inner": {"t": 1, "00000000-0000-0000-0000-000000000001": {"inner": {"x": 2}}}},
+    ]
     await sub.stop()

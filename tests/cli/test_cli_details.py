@@ -167,6 +167,7 @@ async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(
     store = await tinystore.open(directory, embedded=True, serve=False)
     db = await store.database("app", migrations=[("001.sql", "create table t (a);")])
     job = await store.queue("mail", dict, database=db).add({"to": "a"})
+    kept = await store.queue("other", dict).add({"to": "b"})  # (in the store's own jobs database)
     await store.close()
     moved = tmp_path / "moved"
     moved.mkdir()
@@ -177,10 +178,19 @@ async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(
     assert "queue mail: its jobs' database app is missing: no file" in done.stderr, done.stderr
     done = run_cli("jobs", str(directory), "queues", "--json")
     assert done.returncode == 0, done.stderr
-    (line,) = [json.loads(x) for x in done.stdout.splitlines()]
+    line, _ = [json.loads(x) for x in done.stdout.splitlines()]
     assert line["queue"] == "mail" and line["counts"] == {} and "database app is missing" in line["error"], line
-    done = run_cli("jobs", str(directory), "list")
+    # a list of every queue's jobs lists the others', saying which queue it could not read (trial FF: it failed whole)
+    done = run_cli("jobs", str(directory), "list", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(x)["id"] for x in done.stdout.splitlines()] == [kept], done.stdout
+    assert "queue mail: its jobs' database app is missing" in done.stderr, done.stderr
+    done = run_cli("jobs", str(directory), "list", "--queue", "mail")
     assert done.returncode == 1 and "error[unavailable] queue mail: its jobs' database app is missing" in done.stderr
+    done = run_cli("jobs", str(directory), "show", kept)
+    assert done.returncode == 0 and kept in done.stdout, done.stderr
+    done = run_cli("jobs", str(directory), "show", job)  # (it may be in mail's: not "no such job")
+    assert done.returncode == 1 and "in no queue that can be read; queue mail: its jobs' database app" in done.stderr
     assert sorted(p.name for p in (directory / "sql").iterdir()) == ["tinystore-jobs.db"]  # nothing made
     store = await tinystore.open(directory, embedded=True, serve=False)
     try:
@@ -191,7 +201,7 @@ async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(
     for f in moved.iterdir():  # put back: the job is there
         f.rename(directory / "sql" / f.name)
     rows = [json.loads(x) for x in run_cli("jobs", str(directory), "list", "--json").stdout.splitlines()]
-    assert [r["id"] for r in rows] == [job], rows
+    assert [r["id"] for r in rows] == [kept, job], rows
     # the application's own database() makes it anew, as any database that does not exist, saying loudly that a
     # queue's jobs were in a file of that name (trial FB: the queue went on in the new file without a word)
     for f in (directory / "sql").glob("app.db*"):
@@ -452,6 +462,19 @@ async def test_a_read_run_with_write_prints_its_rows_alone(tmp_path: Path) -> No
     assert [json.loads(line) for line in done.stdout.splitlines()] == [{"a": "two\nlines \x1b[2J \u202e"}]
     done = run_cli("sql", str(directory), "select count(*) as n from t", "--write")
     assert done.returncode == 0 and "changed" not in done.stdout, done.stdout
+    # nor when it matched no row (trial FF: it printed {"changes": 0, ...}, one line a script took for a row)
+    done = run_cli("sql", str(directory), "select a from t where b = 99", "--write", "--json")
+    assert done.returncode == 0 and done.stdout == "", done.stdout
+    done = run_cli("sql", str(directory), "with x(n) as (select 1) select n from x where n > 1", "--write")
+    assert done.returncode == 0 and "changed" not in done.stdout, done.stdout
+    # a PRAGMA that sets goes to the writer, and a write that starts with WITH is a write
+    done = run_cli("sql", str(directory), "pragma user_version = 7", "--write", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["changes"] == 0, done.stdout + done.stderr
+    assert run_cli("sql", str(directory), "pragma user_version", "--json").stdout == '{"user_version": 7}\n'
+    done = run_cli("sql", str(directory), "with x(n) as (select 5) insert into t select n, n from x", "--write")
+    assert done.returncode == 0 and "1 row(s) changed" in done.stdout, done.stdout
+    done = run_cli("sql", str(directory), "delete from t where b = 5", "--write", "--json")
+    assert json.loads(done.stdout)["changes"] == 1, done.stdout
     # a write still ends with what it changed, rows returned or not
     done = run_cli("sql", str(directory), "insert into t values (4, 4) returning b", "--write", "--json")
     lines = [json.loads(line) for line in done.stdout.splitlines()]

@@ -205,3 +205,34 @@ def test_the_groups_json_before_the_command_and_durations_written_one_way(tmp_pa
     assert r.exit_code == 0 and "30s" in r.output and "1h" in r.output and "3600s" not in r.output, r.output
     r = cli("jobs", str(d), "--json")
     assert r.exit_code == 2 and "Missing command" in r.output
+
+
+def test_show_names_the_error_of_a_job_that_succeeded_after_failing(tmp_path: Path) -> None:
+    # trial FG: a job that succeeded on its second attempt showed "error │ RuntimeError: ..." and read as failed
+    d = tmp_path / "store"
+
+    async def go() -> str:
+        store = await tinystore.open(d, embedded=True, clock=datetime(2030, 1, 1, tzinfo=UTC))
+        try:
+            q = store.queue("mail", attempts=2, backoff=("1s", "1s"))
+            job = await q.add({"to": "a@x"})
+
+            async def handler(value: Any, run: tinystore.Run) -> str:
+                if run.attempt == 1:
+                    raise RuntimeError("SMTP 421 try later")
+                return "sent"
+
+            await q.run_due(handler)
+            await store.clock.advance("2s")
+            await q.run_due(handler)
+            assert (await q.get(job)).state == "succeeded"  # type: ignore[union-attr]
+            return job
+        finally:
+            await store.close()
+
+    job = asyncio.run(go())
+    r = cli("jobs", str(d), "show", job)
+    assert r.exit_code == 0, r.output
+    assert not re.search(r"^│ error\b", r.output, re.M), r.output
+    assert re.search(r"last failed attempt's\s.*SMTP 421", r.output, re.S), r.output
+    assert "failed attempts" in r.output

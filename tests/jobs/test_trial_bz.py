@@ -114,6 +114,9 @@ async def test_a_failed_attempt_is_logged_with_its_traceback(
     failed = [r for r in caplog.records if "attempt 1 failed" in r.getMessage()]
     assert failed and failed[0].exc_info is not None
     assert "in resize" in caplog.text  # where it was raised
+    # from the handler's frame on, as the job keeps it (trial FG: the log began with a frame of the SDK)
+    logged = caplog.text[caplog.text.index("Traceback") :]
+    assert "tinystore/client/jobs.py" not in logged and "in handler" in logged, logged
 
 
 # contract: JOB-02

@@ -207,6 +207,10 @@ async def test_data_token_reads_and_writes_but_cannot_stop_or_migrate(
         ):
             with pytest.raises(PermissionDeniedError, match="need the admin capability"):
                 await db.exec(pragma)
+            # a read refuses them alike (trial FF: a reader's connection answered page_size and optimize with no
+            # row and no word, where exec and tx refused)
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await db.all(pragma)
         assert await db.scalar("pragma user_version") == 0  # reading them is fine
         assert await db.scalar("select count(*) from sqlite_master where name like 'sqlite_stat%'") == 0
         # still connected and working after the refusals

@@ -1011,6 +1011,7 @@ def sql(
         return name
 
     async def run(store: Any, name: str) -> tuple[list[str], list[list[Any]], Any]:
+        from ..engines.sql_guard import WRITER_ONLY
         from ..errors import InvalidError
         from ..names import RESERVED_DB_PREFIX, reserved_db_error
 
@@ -1027,14 +1028,25 @@ def sql(
                     f"parameter {i}: {params[i - 1]} is past what a float holds (it would be stored as an "
                     "infinity); --text sends every parameter as text"
                 )
-        if write:
+        if write and _PRAGMA_HEAD.match(statement) is not None:
+            # (a PRAGMA that sets something must reach the writer: a reader's connection takes some and
+            # answers nothing, page_size for one)
             sent["served"] = store.mode == "cli"
             sent["write"] = True
             done = await db.exec(statement, *values)
             return done.columns, [list(r) for r in done.rows], done
         try:
+            # a statement that only reads runs as a read, --write given or not: its rows alone, and no "changed"
+            # line that a script reading --json lines takes for one more row (trial FF: with --write, a select that
+            # matched no row printed {"changes": 0, ...}); one that writes fails on the reader before it changes
+            # anything (SQLite checks when its program starts), and with --write goes to the writer
             rows = await db._query(statement, values, "all")
         except InvalidError as exc:
+            if write and ("readonly" in exc.message or "read-only" in exc.message or WRITER_ONLY in exc.message):
+                sent["served"] = store.mode == "cli"
+                sent["write"] = True
+                done = await db.exec(statement, *values)
+                return done.columns, [list(r) for r in done.rows], done
             if "readonly" in exc.message or "read-only" in exc.message:
                 if name.startswith(RESERVED_DB_PREFIX):
                     raise reserved_db_error(name, "this statement writes") from None
@@ -1059,9 +1071,8 @@ def sql(
             why = "interrupted: the store this command opened was closed: the write committed whole or not at all"
         sys.stderr.write(f"{why}\n")
         sys.exit(130)
-    # a read run with --write changed nothing: its rows alone, as without --write (known low: a script reading
-    # --json lines took the last line, {"changes": 0, ...}, for one more row)
-    # (a write that returned no row, `delete ... returning *` matching none, says it changed none: trial FB)
+    # a write ends with what it changed, rows returned or not (trial FB: `delete ... returning *` matching none printed
+    # nothing at all); a PRAGMA that answered rows and changed nothing is a read
     summary = done is not None and not (rows and done.changes == 0)
     if as_json:
         keys = _unique(columns)
@@ -1074,6 +1085,10 @@ def sql(
         print_table(None, columns, rows)
     if summary:
         console.print(f"{done.changes} row(s) changed, last rowid {done.last_insert_rowid}")
+
+
+_PRAGMA_HEAD = re.compile(r"(?:\s|;|--[^\n]*(?:\n|\Z)|/\*(?:[^*]|\*(?!/))*(?:\*/|\Z))*pragma\b", re.IGNORECASE)
+"""A statement that is a PRAGMA (blanks, comments and semicolons before it)."""
 
 
 def _unique(columns: list[str]) -> list[str]:

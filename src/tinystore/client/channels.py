@@ -167,7 +167,7 @@ class _Codec:
                     f"channel {self.name}: the value is not {a_or_an(_type_name(self.type))}: {exc}"
                 ) from None
         else:
-            bad = _non_json_key(value)
+            bad = _non_json_key(value, data)
             if bad is not None:
                 # (trial EZ: {(1, 2): "t"} was published, arrived with a tuple key, and no web page could be sent it)
                 raise InvalidError(
@@ -184,26 +184,57 @@ class _Codec:
 
 
 _KEY_NOT_JSON = (bool, type(None), tuple, list, frozenset, set)
+_KEY_JSON = (str, int, float)  # (exactly these types: a subclass, an Enum of them, is looked at once encoded)
+_PLAIN = frozenset({str, int, float, bool, type(None), bytes, bytearray})
+_decode_any = msgspec.msgpack.Decoder().decode
 
 
-def _non_json_key(value: Any) -> tuple[Any] | None:
-    """The first dict key in ``value`` (dicts, lists and tuples looked into) that a JSON object cannot have as a
-    key (msgspec writes str, number, bytes, UUID, date and decimal keys as text; not None, a bool, or an array), as
-    a 1-tuple, or ``None`` when there is none. Looked for without recursion (a value may nest as deep as msgspec
-    encodes)."""
+def _non_json_key(value: Any, data: bytes) -> tuple[Any] | None:
+    """The first dict key in ``value`` that a JSON object cannot have as a key (msgspec writes str, number, bytes,
+    UUID, date and decimal keys as text; not None, a bool, or an array), as a 1-tuple, or ``None`` when there is
+    none. ``data``: ``value`` encoded (MessagePack). Plain dicts, lists and tuples are looked into as they are,
+    without recursion (a value may nest as deep as msgspec encodes); anything else (a dict's subclass, a
+    dataclass, a Struct, an Enum key: trial FF found each let a None or tuple key through) makes it look at what
+    ``data`` decodes to, which is plain."""
+    found, unsure = _plain_non_json_key(value)
+    if found is not None or not unsure:
+        return found
+    try:
+        decoded = _decode_any(data)
+    except (msgspec.DecodeError, RecursionError):
+        return ("that encodes as a map",)  # (a key that cannot even be read back)
+    return _plain_non_json_key(decoded)[0]
+
+
+def _plain_non_json_key(value: Any) -> tuple[tuple[Any] | None, bool]:
+    """As :func:`_non_json_key` for a value of plain types, and whether ``value`` holds another type (then a key of
+    that type, or within it, was not looked at)."""
     stack = [value]
+    unsure = False
     while stack:
         v = stack.pop()
         t = type(v)
         if t is dict:
             for k, item in v.items():
                 if isinstance(k, _KEY_NOT_JSON):
-                    return (k,)
-                if type(item) in (dict, list, tuple):
+                    return (k,), unsure
+                if type(k) not in _KEY_JSON:
+                    unsure = True
+                ti = type(item)
+                if ti is dict or ti is list or ti is tuple:
                     stack.append(item)
+                elif ti not in _PLAIN:
+                    unsure = True
         elif t is list or t is tuple:
-            stack.extend(item for item in v if type(item) in (dict, list, tuple))
-    return None
+            for item in v:
+                ti = type(item)
+                if ti is dict or ti is list or ti is tuple:
+                    stack.append(item)
+                elif ti not in _PLAIN:
+                    unsure = True
+        elif t not in _PLAIN:
+            unsure = True
+    return None, unsure
 
 
 def _type_name(t: Any) -> str:

@@ -30,6 +30,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, cast, overload
 
 import msgspec
@@ -177,16 +178,27 @@ TRACEBACK_HEAD = 1000
 """A traceback cut to ``TRACEBACK_MAX`` keeps this many characters of its start (the rest from its end)."""
 
 
+def _handler_tb(exc: BaseException) -> TracebackType | None:
+    """The traceback of ``exc`` from the handler's frame on: the worker's own frames above it left out."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
+
+
+def _exc_info(exc: BaseException) -> tuple[type[BaseException], BaseException, TracebackType | None]:
+    """``exc`` as a log record's ``exc_info``, its traceback from the handler's frame on, as the job keeps it (trial
+    FG: the worker's log began with a frame of the SDK)."""
+    return type(exc), exc, _handler_tb(exc)
+
+
 def _traceback_of(exc: BaseException) -> str | None:
     """Where ``exc`` was raised from, as Python prints it, from the handler's frame on (the worker's own frames
     above it left out); text that can be sent and stored. A longer one than ``TRACEBACK_MAX`` characters is cut in
     its middle: its start (where the handler called) and its end (the innermost frames and the error) are kept, so
     that a huge message does not push every frame out (trial CB). ``None`` when it cannot be formatted."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
     try:
-        text = "".join(_traceback.format_exception(type(exc), exc, tb))
+        text = "".join(_traceback.format_exception(type(exc), exc, _handler_tb(exc)))
     except Exception:  # (an exception whose str() or frames fail to format)
         return None
     if len(text) > TRACEBACK_MAX:
@@ -910,7 +922,9 @@ class _Runner:
                 await self._report(a, "fail", error="; ".join(reasons))
                 return
             text = _describe(group)
-            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=group)
+            log.info(
+                "queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=_exc_info(group)
+            )
             await self._report(a, "error", error=text, traceback=_traceback_of(group))
             return
         except LostError as exc:
@@ -920,13 +934,13 @@ class _Runner:
             # cancels it, where it went unreported: trial CT): a failed attempt like any other raise, with its
             # traceback and its log line (trial CQ: neither was kept)
             text = _describe(exc)
-            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=exc)
+            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=_exc_info(exc))
             await self._report(a, "error", error=text, traceback=_traceback_of(exc))
             return
         except Exception as exc:
             text = _describe(exc)
             # with its traceback (trial BZ: the job's error names the exception, not where it was raised)
-            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=exc)
+            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=_exc_info(exc))
             await self._report(a, "error", error=text, traceback=_traceback_of(exc))
             return
         except BaseException as exc:
@@ -934,7 +948,9 @@ class _Runner:
             # same (an embedded store has no lease to notice it otherwise). KeyboardInterrupt and SystemExit then
             # go on: they are meant to end the program.
             text = _describe(exc)
-            log.warning("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=exc)
+            log.warning(
+                "queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, text, exc_info=_exc_info(exc)
+            )
             await self._report(a, "error", error=text, traceback=_traceback_of(exc))
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
@@ -2154,14 +2170,15 @@ async def list_jobs(
     limit: int = 50,
     after: str | None = None,
     user: str | None = None,
-) -> JobPage[Any]:
-    """Jobs of ``queue`` (every queue when empty), newest first, values as plain JSON."""
+) -> tuple[JobPage[Any], list[str]]:
+    """Jobs of ``queue`` (every queue when empty), newest first, values as plain JSON; and, for every queue, the
+    errors of the queues whose jobs could not be read (their database's file missing), each naming its queue."""
     page: Page = await store._call(
         "jobs.list",
         ListRequest(queue=queue, state=state, tenant=tenant, type=type, limit=limit, after=after, user=user),
         Page,
     )
-    return JobPage([_job_of(r, msgspec.json.decode(r.value)) for r in page.jobs], page.next)
+    return JobPage([_job_of(r, msgspec.json.decode(r.value)) for r in page.jobs], page.next), page.unreadable
 
 
 async def cancel_job(store: Store, queue: str, job_id: str) -> bool:

@@ -2229,10 +2229,18 @@ class JobsEngine:
     async def find(self, jid: str) -> JobRow | None:
         """Job ``jid`` in whichever queue holds it, or ``None``."""
         check_job_id("(any)", "find", jid)
+        unreadable: UnavailableError | None = None
         for name in await self.queue_names():
-            row = await self.get(name, jid)
+            try:
+                row = await self.get(name, jid)
+            except UnavailableError as exc:
+                # (trial FF: a queue whose database is missing hid the jobs of every other queue)
+                unreadable = unreadable or exc
+                continue
             if row is not None:
                 return row
+        if unreadable is not None:  # (the job may be in the queue that cannot be read: not "no such job")
+            raise UnavailableError(f"job {jid} is in no queue that can be read; {unreadable.message}")
         return None
 
     async def queue_names(self) -> list[str]:
@@ -2259,8 +2267,17 @@ class JobsEngine:
         found: list[tuple[str, int, str]] = []  # (id, bytes of its row, its queue)
         filters: dict[str, tuple[str, list[Any]]] = {}  # each queue's filter, but its cursor: (sql, params)
         sources: dict[str, tuple[SqlDatabase, JobQueue | None]] = {}
+        unreadable: list[str] = []
         for name in names:
-            source = await self._for_reads(name)
+            try:
+                source = await self._for_reads(name)
+            except UnavailableError as exc:
+                if req.queue:
+                    raise
+                # (trial FF: one queue whose database file was missing failed the list of every queue; the rest of
+                # the store goes on, as docs/jobs.md says)
+                unreadable.append(exc.message)
+                continue
             if source is None:
                 continue
             sources[name] = source
@@ -2324,7 +2341,7 @@ class JobsEngine:
                 out.extend(self._row(q, r) for r in rows)
         out.sort(key=lambda j: j.id, reverse=True)
         more = len(found) > len(take)
-        return Page(jobs=out, next=take[-1][0] if more and take else None)
+        return Page(jobs=out, next=take[-1][0] if more and take else None, unreadable=unreadable)
 
     async def wait(self, queue: str, jid: str, seen: str, wait_ms: int) -> JobRow | None:
         """Job ``jid`` once it differs from snapshot ``seen`` (see :func:`~tinystore.protocol.jobs.snapshot`),

@@ -347,8 +347,13 @@ class JobRow(msgspec.Struct, kw_only=True):
 
 
 class Page(msgspec.Struct, kw_only=True):
+    """Reply of ``jobs.list``: a page of jobs; ``next``, the cursor of the next page (``None``: no more);
+    ``unreadable``, for a list of every queue, the errors of the queues whose jobs could not be read (their
+    database missing), each naming its queue: the page holds the other queues' jobs."""
+
     jobs: list[JobRow]
     next: str | None = None
+    unreadable: list[str] = []
 
 
 class Wait(msgspec.Struct, kw_only=True):

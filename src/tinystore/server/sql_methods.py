@@ -160,6 +160,9 @@ def install(core: Core) -> None:
         if req.tx:
             schema_guard(session, req.db, req.sql)  # a transaction's reads run on the writer
             return tx_of(session, req.tx, req.db).query(req.sql, req.params, mode)
+        if session.capability != "admin":
+            # (a reader refuses what writes, but takes some of these PRAGMAs and answers nothing: trial FF)
+            schema_guard(session, req.db, req.sql)
         db = engine.databases.get(req.db)
         if db is None:
             return query_later(req, session)
