@@ -93,6 +93,11 @@ STALL = 60.0
 client that never reads) before the stream ends; the browser, if it comes back, reconnects and resumes. Without
 it such a stream held its events (up to half of ``max_pending``) for as long as its connection stayed open."""
 
+END_GRACE = 0.5
+"""Seconds a write to a browser may still wait once the server stops (:func:`end_streams`): a browser that takes
+nothing then is not waited for (trial FI: such a stream held a Ctrl-C of the demo until uvicorn cancelled it, with
+an ERROR and its traceback); one that reads gets what is queued."""
+
 FIRST_CHUNK = b": ok\n\n"
 """Written right after the headers, so that the browser's ``EventSource`` opens at once."""
 
@@ -242,6 +247,7 @@ class _Outbox:
         "overflowed",
         "parts",
         "size",
+        "writing",
     )
 
     def __init__(self, limit: int) -> None:
@@ -257,11 +263,15 @@ class _Outbox:
         self.on_drained: Callable[[], None] | None = None
         self.limit = limit
         self.loop = asyncio.get_running_loop()
+        self.writing: asyncio.Timeout | None = None  # the deadline of the write under way
 
     def end(self) -> None:
-        """Finish the response once what is queued is written (the server is shutting down)."""
+        """Finish the response once what is queued is written (the server is shutting down); a write that waits
+        for the browser gives up :data:`END_GRACE` seconds from now at the latest."""
         self.ending = True
         self.event.set()
+        if self.writing is not None:
+            self.writing.reschedule(_sooner(self.writing.when(), self.loop.time() + END_GRACE))
 
     def push(self, chunk: bytes) -> bool:
         """Queue ``chunk``; True when the browser is behind (over :data:`BACKLOG` bytes wait)."""
@@ -303,6 +313,10 @@ class _Outbox:
         futures, self.futures = self.futures, []
         _resolve(futures)
         self.event.set()
+
+
+def _sooner(when: float | None, other: float) -> float:
+    return other if when is None else min(when, other)
 
 
 _open: weakref.WeakSet[_Outbox] = weakref.WeakSet()
@@ -499,16 +513,21 @@ class EventSourceResponse(Response):
                 return
             await _plain(send, status, f"event stream unavailable: {exc.message}\n")
             return
+        unfinished = False
         try:
-            await self._stream(producer, outbox, receive, send)
+            unfinished = await self._stream(producer, outbox, receive, send)
         finally:
             try:
                 async with asyncio.timeout(STOP_WITHIN):
                     await self._close()
             except TimeoutError:
                 log.warning("sse: the stream's subscription did not stop within %gs", STOP_WITHIN)
+        if unfinished:
+            _left_unfinished()
 
-    async def _stream(self, producer: Producer | None, outbox: _Outbox, receive: Receive, send: Send) -> None:
+    async def _stream(self, producer: Producer | None, outbox: _Outbox, receive: Receive, send: Send) -> bool:
+        """Serve the stream until it ends; True when it ends with its response unfinished (a write to a browser
+        that took nothing gave up)."""
         closed = asyncio.Event()
         wake = outbox.event
 
@@ -525,6 +544,7 @@ class EventSourceResponse(Response):
         _end_streams_at_shutdown()
         task: asyncio.Task[None] | None = None
         ended_by_us = False
+        abandoned = False  # a write to the browser gave up: the response is left unfinished
         loop = outbox.loop
         keepalive = self.keepalive
         last_write = loop.time()
@@ -562,7 +582,8 @@ class EventSourceResponse(Response):
                     chunk, futures = outbox.take()
                     wake.clear()
                     outbox.keepalive_due = False
-                    if not await _write(send, chunk):
+                    if not await _write(send, chunk, outbox):
+                        abandoned = True
                         break
                     last_write = loop.time()
                     if futures:
@@ -575,14 +596,15 @@ class EventSourceResponse(Response):
                     break
                 if outbox.keepalive_due:
                     outbox.keepalive_due = False
-                    if not await _write(send, KEEPALIVE_COMMENT):
+                    if not await _write(send, KEEPALIVE_COMMENT, outbox):
+                        abandoned = True
                         break
                     last_write = loop.time()
                     continue
                 wake.clear()
                 await wake.wait()
-            if ended_by_us and not closed.is_set():
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if ended_by_us and not closed.is_set() and not await _write(send, b"", outbox, more_body=False):
+                abandoned = True
         except OSError:  # the server could not write: the client is gone
             pass
         finally:
@@ -595,18 +617,60 @@ class EventSourceResponse(Response):
                 await _finish(task)
             with contextlib.suppress(BaseException):
                 await listener
+        return abandoned
 
 
-async def _write(send: Send, body: bytes) -> bool:
-    """Hand ``body`` to the server as more of the response; False (logged) when that waited :data:`STALL` seconds:
-    the browser takes nothing (the write is cancelled, and the stream is to end)."""
+async def _write(send: Send, body: bytes, outbox: _Outbox, more_body: bool = True) -> bool:
+    """Hand ``body`` to the server as more of the response (the last of it, when not ``more_body``); False
+    (logged) when that waited :data:`STALL` seconds, or :data:`END_GRACE` once the server stops: the browser takes
+    nothing (the write is cancelled, and the stream is to end, unfinished)."""
     try:
-        async with asyncio.timeout(STALL):
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+        async with asyncio.timeout(STALL) as deadline:
+            outbox.writing = deadline
+            if outbox.ending:
+                deadline.reschedule(_sooner(deadline.when(), outbox.loop.time() + END_GRACE))
+            await send({"type": "http.response.body", "body": body, "more_body": more_body})
     except TimeoutError:
-        log.warning("sse: the browser took nothing for %gs; ending the stream", STALL)
+        if outbox.ending:
+            log.info("sse: the server stops and the browser takes nothing; ending the stream without waiting")
+        else:
+            log.warning("sse: the browser took nothing for %gs; ending the stream", STALL)
         return False
+    finally:
+        outbox.writing = None
     return True
+
+
+_UNFINISHED = "ASGI callable returned without completing response."
+"""What uvicorn logs, at ERROR, for a response its application returned from before finishing it."""
+
+
+class _UnfinishedFilter(logging.Filter):
+    """Drops uvicorn's ERROR for a stream this module left unfinished on purpose (its browser took nothing: its
+    own WARNING says so), one for each such stream, since an ASGI application cannot finish a response whose
+    connection takes nothing, nor close that connection (trial FI: each looked like a bug of the application)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.pending and record.msg == _UNFINISHED:
+            self.pending -= 1
+            return False
+        return True
+
+
+_unfinished: _UnfinishedFilter | None = None
+
+
+def _left_unfinished() -> None:
+    """Note that a stream returns now with its response unfinished, on purpose (uvicorn logs it right away)."""
+    global _unfinished
+    if _unfinished is None:
+        _unfinished = _UnfinishedFilter()
+        logging.getLogger("uvicorn.error").addFilter(_unfinished)
+    _unfinished.pending = min(_unfinished.pending + 1, 64)  # (an ASGI server that is not uvicorn logs none)
 
 
 async def _produce(producer: Producer, send: SendEvent, closed: asyncio.Event) -> None:

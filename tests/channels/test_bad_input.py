@@ -160,6 +160,17 @@ async def test_a_dict_key_no_json_object_has_is_refused_at_publish(store: tinyst
         want = rf"^channel any: the value does not encode: a dict key {re.escape(key)} is not"
         with pytest.raises(InvalidError, match=want):
             await ch.publish(value)
+    # so does a channel whose type may hold such a key (trial FH: dict, Any, a Struct's dict field took {None: 1})
+    for typed, value in (
+        (dict, {None: 1}),
+        (Any, {"a": {(1, 2): "t"}}),
+        (dict[Any, int], {True: 1}),
+        (_Holder, _Holder({None: 2})),
+        (list[_Box], [_Box({"ok": 1}), _Box({(1,): 2})]),
+    ):
+        with pytest.raises(InvalidError, match=r"^channel any: the value does not encode: a dict key"):
+            await store.channel("any", typed).publish(value)
+    await store.channel("keyed", dict[int, str]).publish({1: "a"})  # (a type with text or number keys only)
     await ch.publish({1: "number keys", "b": b"x", "c": [1, (2, {"d": 3})]})  # JSON writes these keys as text
     await ch.publish(_Box(collections.OrderedDict({_Key.TEXT: 1, uuid.UUID(int=1): _Holder({"x": 2})})))
     for _ in range(500):

@@ -144,6 +144,9 @@ def test_cli_json_is_valid_with_nan_and_infinities() -> None:
     line = to_json({"value": {"a": [1.5, NAN, INF, -INF]}, "branch": ["7"]})
     assert strict_json(line) == {"value": {"a": [1.5, None, None, None]}, "branch": ["7"]}
     assert strict_json(to_json({"id": "1-1", "value": 2.5})) == {"id": "1-1", "value": 2.5}
+    # a key JSON has no text for (from a client that did not check) is printed as its JSON text, not skipped (trial FH)
+    line = to_json({"value": {(1, 2): "t", "n": NAN}, "branch": []})
+    assert strict_json(line) == {"value": {"[1, 2]": "t", "n": None}, "branch": []}
 
 
 async def test_cli_subscribe_prints_valid_json_and_publish_refuses_nan(tmp_path: Path) -> None:

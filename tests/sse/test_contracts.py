@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -451,7 +452,7 @@ async def test_a_dropped_store_connection_loses_no_event_of_an_open_stream(tmp_p
 
 # contract: SSE-04
 async def test_a_stream_whose_browser_takes_nothing_ends(
-    store: tinystore.Store, web: str, monkeypatch: pytest.MonkeyPatch
+    store: tinystore.Store, web: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A client that keeps its connection open and never reads: once a write waits STALL seconds, the stream ends
     and what it held goes (trial AA: such streams stayed for good, some 0.5 MiB each)."""
@@ -478,10 +479,62 @@ async def test_a_stream_whose_browser_takes_nothing_ends(
             if i % 200 == 0 and await subscriptions(store) == 0:
                 break
         await wait_subscriptions(store, 0, within=10.0)  # the stream ended, and its subscription with it
+        # said once, as a WARNING of ours; not also as an ERROR of uvicorn's (trial FI: "ASGI callable returned
+        # without completing response", for an end this module chose)
+        await asyncio.sleep(0.1)
+        assert "the browser took nothing for 0.5s" in caplog.text
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
         # another tab of the branch is served as before
         async with client() as http, open_sse(http, f"{web}/events/9") as tab:
             await wait_subscriptions(store, 1)
             mid = await events.publish(ChatEvent("message", 1))
             assert (await tab.next()).last_event_id == mid
+    finally:
+        sock.close()
+
+
+# contract: SSE-03
+async def test_a_stop_does_not_wait_for_a_browser_that_takes_nothing(
+    store: tinystore.Store, web: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """end_streams() (a Ctrl-C, a deploy) while a stream's write waits for a browser that reads nothing: the stream
+    ends within END_GRACE, not at STALL (trial FI: the demo's Ctrl-C waited for uvicorn to cancel it, and logged an
+    ERROR with a traceback), and another tab that reads gets its end as before."""
+    import socket
+    from urllib.parse import urlsplit
+
+    import tinystore.sse as sse_module
+
+    parts = urlsplit(web)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (parts.hostname, parts.port))
+    request = f"GET /events/9 HTTP/1.1\r\nHost: {parts.hostname}\r\nAccept: text/event-stream\r\n\r\n"
+    await loop.sock_sendall(sock, request.encode())
+    try:
+        await wait_subscriptions(store, 1)
+        events = events_of(store).under(9)
+        text = "x" * 4000
+        for i in range(3000):  # some 12 MB: past what the sockets' buffers hold, so a write waits
+            await events.publish(ChatEvent("token", i, text))
+        await asyncio.sleep(0.5)
+        async with client() as http, open_sse(http, f"{web}/events/9") as tab:
+            mid = await events.publish(ChatEvent("message", 1))  # (one subscription serves a branch's streams)
+            while (await tab.next()).last_event_id != mid:
+                pass
+            caplog.set_level(logging.INFO, logger="tinystore.sse")
+            assert sse_module.end_streams() >= 2
+            assert await tab.ended(timeout=2.0)  # (the tab that reads got its end, its events first)
+            for _ in range(300):  # the stream that waits for the other: given up within END_GRACE (0.5 s)
+                if "the server stops and the browser takes nothing" in caplog.text:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError(f"the stalled stream did not end within 3 s: {caplog.text}")
+            await wait_subscriptions(store, 0, within=5.0)
+        await asyncio.sleep(0.1)
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     finally:
         sock.close()

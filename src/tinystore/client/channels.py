@@ -124,7 +124,7 @@ def _check_recursive(channel: str, call: str, recursive: object) -> None:
 class _Codec:
     """Encodes and checks values of one channel's type; decodes its payloads."""
 
-    __slots__ = ("check", "decode", "encoder", "limit", "name", "type")
+    __slots__ = ("check", "decode", "encoder", "keys", "limit", "name", "type")
 
     def __init__(self, name: str, type_: Any, limit: int) -> None:
         self.name = name
@@ -143,6 +143,8 @@ class _Codec:
             )
         self.decode = decoder.decode
         self.check = type_ is not None
+        # (trial FH: a channel of type dict, Any, or a Struct with a dict field took {None: 1} as an untyped one did)
+        self.keys = type_ is None or _may_hold_non_json_key(msgspec.inspect.type_info(type_))
 
     def encode(self, value: Any, branch: tuple[str, ...] = ()) -> bytes:
         """``value`` as the payload of a message on ``branch``. Raises ``InvalidError`` (it does not encode as
@@ -166,7 +168,7 @@ class _Codec:
                 raise InvalidError(
                     f"channel {self.name}: the value is not {a_or_an(_type_name(self.type))}: {exc}"
                 ) from None
-        else:
+        if self.keys:
             bad = _non_json_key(value, data)
             if bad is not None:
                 # (trial EZ: {(1, 2): "t"} was published, arrived with a tuple key, and no web page could be sent it)
@@ -181,6 +183,64 @@ class _Codec:
                 wanted=len(data),
             )
         return data
+
+
+_MI = msgspec.inspect
+_JSON_KEY_TYPES = (
+    _MI.StrType,
+    _MI.IntType,
+    _MI.FloatType,
+    _MI.DecimalType,
+    _MI.UUIDType,
+    _MI.DateType,
+    _MI.DateTimeType,
+    _MI.TimeType,
+    _MI.TimeDeltaType,
+    _MI.BytesType,
+    _MI.ByteArrayType,
+    _MI.EnumType,
+)
+
+
+def _json_key_type(t: msgspec.inspect.Type) -> bool:
+    """Whether every key of type ``t`` is one JSON writes as an object's key (text, or a number or date as text)."""
+    if isinstance(t, _MI.Metadata):
+        return _json_key_type(t.type)
+    if isinstance(t, _MI.UnionType):
+        return all(_json_key_type(u) for u in t.types)
+    if isinstance(t, _MI.LiteralType):
+        return all(type(v) is str or type(v) is int for v in t.values)
+    return isinstance(t, _JSON_KEY_TYPES)
+
+
+def _may_hold_non_json_key(root: msgspec.inspect.Type) -> bool:
+    """Whether a value of the type ``root`` describes may hold a dict key that JSON cannot have (None, a bool, an
+    array): a ``dict`` or ``Any`` anywhere in it, or a dict whose key type is not text, a number or a date. A type
+    that cannot is not looked at again at each publish."""
+    stack = [root]
+    seen: set[int] = set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if isinstance(t, _MI.AnyType | _MI.RawType | _MI.CustomType):
+            return True
+        if isinstance(t, _MI.DictType):
+            if not _json_key_type(t.key_type):
+                return True
+            stack.append(t.value_type)
+        elif isinstance(t, _MI.Metadata):
+            stack.append(t.type)
+        elif isinstance(t, _MI.UnionType):
+            stack.extend(t.types)
+        elif isinstance(t, _MI.TupleType):
+            stack.extend(t.item_types)
+        elif isinstance(t, _MI.ListType | _MI.SetType | _MI.FrozenSetType | _MI.VarTupleType):
+            stack.append(t.item_type)
+        elif isinstance(t, _MI.StructType | _MI.DataclassType | _MI.TypedDictType | _MI.NamedTupleType):
+            stack.extend(f.type for f in t.fields)
+    return False
 
 
 _KEY_NOT_JSON = (bool, type(None), tuple, list, frozenset, set)
