@@ -40,6 +40,7 @@ import os
 import re
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -648,19 +649,27 @@ _UNFINISHED = "ASGI callable returned without completing response."
 class _UnfinishedFilter(logging.Filter):
     """Drops uvicorn's ERROR for a stream this module left unfinished on purpose (its browser took nothing: its
     own WARNING says so), one for each such stream, since an ASGI application cannot finish a response whose
-    connection takes nothing, nor close that connection (trial FI: each looked like a bug of the application)."""
+    connection takes nothing, nor close that connection (trial FI: each looked like a bug of the application).
+    uvicorn logs it as the application returns; one not logged then (the browser went away meanwhile) is not
+    waited for past :data:`UNFINISHED_WITHIN` seconds, so that it cannot hide another route's."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.pending = 0
+        self.expected: collections.deque[float] = collections.deque(maxlen=64)  # until when each is expected
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.pending and record.msg == _UNFINISHED:
-            self.pending -= 1
+        if not self.expected or record.msg != _UNFINISHED:
+            return True
+        now = time.monotonic()
+        while self.expected and self.expected[0] < now:
+            self.expected.popleft()
+        if self.expected:
+            self.expected.popleft()
             return False
         return True
 
 
+UNFINISHED_WITHIN = 1.0
 _unfinished: _UnfinishedFilter | None = None
 
 
@@ -670,7 +679,7 @@ def _left_unfinished() -> None:
     if _unfinished is None:
         _unfinished = _UnfinishedFilter()
         logging.getLogger("uvicorn.error").addFilter(_unfinished)
-    _unfinished.pending = min(_unfinished.pending + 1, 64)  # (an ASGI server that is not uvicorn logs none)
+    _unfinished.expected.append(time.monotonic() + UNFINISHED_WITHIN)
 
 
 async def _produce(producer: Producer, send: SendEvent, closed: asyncio.Event) -> None:

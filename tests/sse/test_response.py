@@ -192,3 +192,26 @@ async def test_arguments_given_the_other_way_round_are_refused_at_the_call(tmp_p
         with pytest.raises(tinystore.InvalidError, match=swapped):
             event_stream(request, events.under(1))  # type: ignore[arg-type]
     sse_response(request, producer)  # the right way round: a response
+
+
+def test_uvicorns_error_for_a_stream_given_up_is_left_out_once_and_briefly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The filter of uvicorn's "returned without completing response" drops one such line for each stream this
+    module gave up, logged as it returns; never one of another route later (trial FI)."""
+    import logging
+    import time
+
+    import tinystore.sse as sse_module
+
+    monkeypatch.setattr(sse_module, "UNFINISHED_WITHIN", 0.05)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    caplog.set_level(logging.ERROR, logger="uvicorn.error")
+    sse_module._left_unfinished()
+    uvicorn_log.error(sse_module._UNFINISHED)  # the stream's own: left out
+    uvicorn_log.error(sse_module._UNFINISHED)  # another's, at once after: kept
+    sse_module._left_unfinished()  # one whose line never came (its browser went away meanwhile) ...
+    time.sleep(0.1)
+    uvicorn_log.error(sse_module._UNFINISHED)  # ... hides no later one
+    uvicorn_log.error("Exception in ASGI application")
+    assert [r.getMessage() for r in caplog.records] == [sse_module._UNFINISHED] * 2 + ["Exception in ASGI application"]
