@@ -175,3 +175,42 @@ async def test_a_tx_cancelled_while_it_commits_keeps_its_jobs_and_messages(tmp_p
         finally:
             await worker.stop()
             await sub.stop()
+
+
+# contract: SQL-01
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+async def test_a_tx_whose_fn_catches_its_cancel_and_returns_is_rolled_back(tmp_path: Path, mode: str) -> None:
+    # known low: fn caught the CancelledError and returned, and the transaction committed what it wrote before the
+    # cancel, though db.tx says a cancelled transaction is rolled back
+    async with open_store(mode, tmp_path / "s") as store:
+        db = await store.database("app", migrations=MIGRATIONS)
+        wrote = asyncio.Event()
+
+        async def fn(tx: tinystore.SqlTx) -> str:
+            await tx.exec("insert into t (v) values ('cancelled')")
+            wrote.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                return "caught"  # (a handler that swallows the cancel)
+            return "never"
+
+        task = asyncio.ensure_future(db.tx(fn))
+        await asyncio.wait_for(wrote.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await db.scalar("select count(*) from t") == 0
+
+        # a timeout inside fn that fn handles (asyncio.timeout uncancels its own cancel) is no cancel of the tx
+        async def with_timeout(tx: tinystore.SqlTx) -> str:
+            await tx.exec("insert into t (v) values ('kept')")
+            try:
+                async with asyncio.timeout(0.05):
+                    await asyncio.Event().wait()
+            except TimeoutError:
+                pass
+            return "done"
+
+        assert await db.tx(with_timeout) == "done"
+        assert await db.scalar("select v from t") == "kept"
