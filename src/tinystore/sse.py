@@ -528,7 +528,7 @@ class EventSourceResponse(Response):
 
     async def _stream(self, producer: Producer | None, outbox: _Outbox, receive: Receive, send: Send) -> bool:
         """Serve the stream until it ends; True when it ends with its response unfinished (a write to a browser
-        that took nothing gave up)."""
+        that took nothing gave up) and its connection could not be closed at once (the server logs it then)."""
         closed = asyncio.Event()
         wake = outbox.event
 
@@ -546,6 +546,7 @@ class EventSourceResponse(Response):
         task: asyncio.Task[None] | None = None
         ended_by_us = False
         abandoned = False  # a write to the browser gave up: the response is left unfinished
+        aborted = False  # ... and its connection closed at once
         loop = outbox.loop
         keepalive = self.keepalive
         last_write = loop.time()
@@ -584,6 +585,7 @@ class EventSourceResponse(Response):
                     wake.clear()
                     outbox.keepalive_due = False
                     if not await _write(send, chunk, outbox):
+                        _resolve(futures)  # (the senders that await it go on: trial FJ, they waited to be cancelled)
                         abandoned = True
                         break
                     last_write = loop.time()
@@ -609,6 +611,8 @@ class EventSourceResponse(Response):
         except OSError:  # the server could not write: the client is gone
             pass
         finally:
+            if abandoned:
+                aborted = _abort(send)  # (before the awaits below, which let the server see the connection lost)
             if timer is not None:
                 timer.cancel()
             closed.set()
@@ -618,7 +622,45 @@ class EventSourceResponse(Response):
                 await _finish(task)
             with contextlib.suppress(BaseException):
                 await listener
-        return abandoned
+        return abandoned and not aborted
+
+
+def _transport_of(send: Any) -> Any:
+    """The transport of the connection under an ASGI server's ``send``, or ``None`` when it cannot be found:
+    uvicorn's ``send`` is a method of its request's cycle, which holds the transport, and middleware wraps it in
+    functions whose closures hold the ``send`` they wrap (only looked at, never called)."""
+    todo = [send]
+    seen: set[int] = set()
+    while todo and len(seen) < 32:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        transport = getattr(getattr(f, "__self__", None), "transport", None)
+        if callable(getattr(transport, "abort", None)) and callable(getattr(transport, "is_closing", None)):
+            return transport
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # (an empty cell)
+                continue
+            if callable(value):
+                todo.append(value)
+    return None
+
+
+def _abort(send: Any) -> bool:
+    """Close the connection under ``send`` at once, dropping what its buffers hold for a browser that takes
+    nothing: a transport's ``close()`` (what the server does once the application returns) waits for those
+    buffers to drain, and the server waits for its connections to close before it stops (trial FJ: a plain
+    ``uvicorn app:app`` never stopped at a Ctrl-C). True when it was closed so."""
+    transport = _transport_of(send)
+    if transport is None:
+        return False
+    with contextlib.suppress(Exception):
+        transport.abort()
+        return True
+    return False
 
 
 async def _write(send: Send, body: bytes, outbox: _Outbox, more_body: bool = True) -> bool:

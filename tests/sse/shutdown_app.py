@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import tinystore
-from tinystore.sse import event_stream
+from tinystore.sse import SendEvent, event_stream, sse_response
 
 stores: dict[str, tinystore.Store] = {}
 
@@ -32,4 +32,15 @@ async def events(request: Request) -> Response:
     return event_stream(stores["s"].channel("c").under(request.path_params["id"]), request)
 
 
-app = Starlette(routes=[Route("/events/{id}", events)], lifespan=lifespan)
+async def flood(request: Request) -> Response:
+    """Events of 60 KB, each awaited: a browser that reads nothing soon holds the stream's write."""
+
+    async def produce(send: SendEvent, closed: Any) -> None:
+        for i in range(200):
+            await send({"i": i, "pad": "p" * 60_000})
+        await closed.wait()
+
+    return sse_response(request, produce)
+
+
+app = Starlette(routes=[Route("/events/{id}", events), Route("/flood", flood)], lifespan=lifespan)

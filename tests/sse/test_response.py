@@ -215,3 +215,41 @@ def test_uvicorns_error_for_a_stream_given_up_is_left_out_once_and_briefly(
     uvicorn_log.error(sse_module._UNFINISHED)  # ... hides no later one
     uvicorn_log.error("Exception in ASGI application")
     assert [r.getMessage() for r in caplog.records] == [sse_module._UNFINISHED] * 2 + ["Exception in ASGI application"]
+
+
+async def test_a_producer_awaiting_a_write_given_up_goes_on_and_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From trial FJ: a write given up (a browser that took nothing for STALL) left the producer that awaited it
+    waiting, until it was cancelled STOP_WITHIN later, with a WARNING; it is let go, sees ``closed``, returns."""
+    import socket
+    from urllib.parse import urlsplit
+
+    monkeypatch.setattr(tinystore.sse, "STALL", 0.5)
+    ended: list[str] = []
+
+    async def producer(send: Any, closed: asyncio.Event) -> None:
+        try:
+            for i in range(400):
+                await send({"i": i, "pad": "p" * 60_000})
+                if closed.is_set():
+                    break
+            ended.append("returned")
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    async with serve(app_of(producer)) as url:
+        parts = urlsplit(url)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_connect(sock, (parts.hostname, parts.port))
+            await loop.sock_sendall(sock, f"GET /s HTTP/1.1\r\nHost: {parts.hostname}\r\n\r\n".encode())
+            for _ in range(400):
+                if ended:
+                    break
+                await asyncio.sleep(0.01)
+            assert ended == ["returned"]
+        finally:
+            sock.close()

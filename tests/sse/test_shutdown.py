@@ -81,3 +81,51 @@ def test_an_ignored_signal_stays_ignored() -> None:
     )
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=30)
     assert done.stdout.split() == ["True", "True"], (done.stdout, done.stderr)
+
+
+# contract: SSE-04
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_uvicorn_stops_while_a_browser_takes_nothing(tmp_path: Path, sig: signal.Signals) -> None:
+    """From trial FJ: a plain `uvicorn app:app` (no --timeout-graceful-shutdown) did not stop at a Ctrl-C while a
+    client that reads nothing held a stream: the stream gave up its write, but the connection's close waited for
+    its buffers to drain, and uvicorn for the connection. Nor is anything logged at ERROR."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = dict(os.environ, SHUTDOWN_APP_DIR=str(tmp_path / "store"))
+    argv = [sys.executable, "-m", "uvicorn", "tests.sse.shutdown_app:app", "--port", str(port)]
+    server = subprocess.Popen(
+        argv, env=env, cwd=Path(__file__).parents[2], start_new_session=True, stderr=subprocess.PIPE, text=True
+    )
+    stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        for _ in range(200):
+            try:
+                stalled.connect(("127.0.0.1", port))
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("uvicorn did not come up")
+        stalled.sendall(b"GET /flood HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
+        time.sleep(1.5)  # (its events fill the buffers: the stream's write waits)
+        server.send_signal(sig)
+        started = time.monotonic()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("uvicorn did not stop within 15 s of the signal") from None
+        assert time.monotonic() - started < 10
+        _, err = server.communicate(timeout=10)
+        assert "ERROR" not in err, err
+    finally:
+        stalled.close()
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
+        subprocess.run(
+            [sys.executable, "-m", "tinystore", "stop", str(tmp_path / "store")], capture_output=True, timeout=30
+        )

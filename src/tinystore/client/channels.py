@@ -174,7 +174,7 @@ class _Codec:
                 # (trial EZ: {(1, 2): "t"} was published, arrived with a tuple key, and no web page could be sent it)
                 raise InvalidError(
                     f"channel {self.name}: the value does not encode: a dict key {bad[0]!r} is not text or a number "
-                    "(a channel without a type carries JSON values, whose object keys are text)"
+                    "(a channel carries JSON values, whose object keys are text)"
                 )
         if len(data) > self.limit:
             raise LimitError(
