@@ -87,6 +87,7 @@ def write_tokens(directory: Path) -> tuple[Path, str, str]:
     admin, data = secrets.token_hex(16), secrets.token_hex(16)
     path = directory / "tokens"
     path.write_text(f"admin {admin}\ndata {data}\n")
+    path.chmod(0o600)  # (as docs/serving.md asks: a file others may read is warned of)
     return path, admin, data
 
 

@@ -83,6 +83,24 @@ async def test_tcp_refuses_no_token_and_a_wrong_token(tcp_server: tuple[ServerPr
             assert (await store.status())["pid"] == server.proc.pid  # type: ignore[union-attr]
         finally:
             await store.close()
+    # the server's log says so, once a minute at most, naming the client's address, never the token (trial FK: it
+    # said nothing)
+    text = (server.directory / "serve.log").read_text()
+    assert "refused a client from ('127.0.0.1', " in text and "it gave no token" in text, text
+    assert "(and 3 more times" not in text and "x" * 32 not in text and admin.upper() not in text
+    # a tokens file others may read, and plain text on an address other machines reach, are warned of
+    server.stop()
+    assert "tokens file" not in text and "plain text on an address" not in text  # (0600, 127.0.0.1)
+    tokens = server.directory.parent / "tokens"
+    tokens.chmod(0o644)
+    wide = ServerProcess(server.directory.parent / "wide", "--listen", "tcp://0.0.0.0:0", "--tokens", str(tokens))
+    wide.start()
+    try:
+        text = (wide.directory / "serve.log").read_text()
+        assert "may be read by other users of this machine (its mode is 0o644): chmod 600 it" in text, text
+        assert "listen address tcp://0.0.0.0:0 is plain text on an address other machines may reach" in text, text
+    finally:
+        wide.stop()
 
 
 # contract: STORE-03

@@ -171,3 +171,18 @@ async def test_a_burst_of_tls_clients_past_the_cap_gets_in_and_breaks_no_accept(
         for store in stores:
             await store.close()
         await core.stop(1.0)
+
+
+async def test_a_burst_of_one_kind_is_counted_at_the_end_of_its_minute(caplog: pytest.LogCaptureFixture) -> None:
+    """Trial FK: four silent connections within a minute logged one line, and the count of the other three only if
+    one more came after the minute; a burst then quiet is told once its minute ends."""
+    limited = RateLimitedLog(every=0.2)
+    caplog.set_level(logging.WARNING, logger="tinystore.server")
+    for n in range(4):
+        limited.warning("closed connection %d", n)
+    assert [r.getMessage() for r in caplog.records] == ["closed connection 0"]
+    await asyncio.sleep(0.4)
+    assert [r.getMessage() for r in caplog.records] == [
+        "closed connection 0",
+        "closed connection 3 (and 2 more times in the last 0s)",
+    ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import errno
 import hmac
 import logging
@@ -164,16 +165,38 @@ class RateLimitedLog:
         self.every = every
         self.last = -float("inf")
         self.skipped = 0
+        self.latest: tuple[str, tuple[Any, ...]] | None = None  # the last one not logged
+        self.timer: asyncio.TimerHandle | None = None
 
     def warning(self, message: str, *args: Any) -> None:
         now = time.monotonic()
         if now - self.last < self.every:
             self.skipped += 1
+            self.latest = (message, args)
+            if self.timer is None:
+                # a burst, then quiet: its count is told at the end of the minute all the same (trial FK: it was
+                # told only if one more came after the minute)
+                with contextlib.suppress(RuntimeError):  # (no running loop: told with the next one)
+                    self.timer = asyncio.get_running_loop().call_later(self.last + self.every - now, self.flush)
             return
+        self.log(message, args, now)
+
+    def log(self, message: str, args: tuple[Any, ...], now: float) -> None:
         if self.skipped:
             message += f" (and {self.skipped} more times in the last {now - self.last:.0f}s)"
-        self.last, self.skipped = now, 0
+        self.last, self.skipped, self.latest = now, 0, None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         log.warning(message, *args)
+
+    def flush(self) -> None:
+        """At the end of a minute with events not logged: the last of them, with their count."""
+        self.timer = None
+        if self.latest is not None and self.skipped:
+            message, args = self.latest
+            self.skipped -= 1  # (the one logged now is not one "more")
+            self.log(message, args, time.monotonic())
 
 
 #: the shortest token a tokens file may hold
@@ -382,11 +405,10 @@ class ServerConnection(asyncio.Protocol):
             self.deadline = self.loop.call_later(0.5, self.handshake_expired)
             return
         timeout = self.listener.handshake_timeout
-        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
         self.listener.silent_log("expired").warning(
             "%s: closed a connection%s that did not finish its handshake within %gs",
             self.listener.description,
-            f" from {peer}" if peer else "",
+            self.peer_text(),
             timeout,
         )
         self.refuse(UnavailableError.code, f"no handshake within {timeout:g}s: the connection is closed")
@@ -588,6 +610,14 @@ class ServerConnection(asyncio.Protocol):
                 if hmac.compare_digest(token.encode(), hello.token.encode()):
                     capability = cap
             if not capability:
+                # logged (trial FK: an operator saw nothing of a client left with a revoked token, nor of guesses),
+                # once a minute at most, with how often in between; never the token itself
+                self.listener.silent_log("token").warning(
+                    "%s: refused a client%s: %s",
+                    self.listener.description,
+                    self.peer_text(),
+                    "its token is none of the --tokens file's" if hello.token else "it gave no token",
+                )
                 # (trial DH: "missing or wrong" left a client that gave none to guess which)
                 self.refuse(
                     UnauthenticatedError.code,
@@ -628,6 +658,11 @@ class ServerConnection(asyncio.Protocol):
             )
         )
         self.write(self.conn.send_welcome(body))
+
+    def peer_text(self) -> str:
+        """`` from <address>`` of the peer (TCP, TLS), or ``""`` (a Unix socket's peer has no address)."""
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f" from {peer}" if peer else ""
 
     def refuse(self, code: str, message: str, **extra: Any) -> None:
         """Refuse the handshake: an ``ERROR`` of ``code`` (with ``message`` and ``extra``), then close."""
@@ -1164,7 +1199,7 @@ class ServerConnection(asyncio.Protocol):
             self.write(self.conn.send_goaway(encode_escaping(goaway)))
         self.closing = True
         if code == "protocol":
-            log.warning("closing a connection: %s", reason)
+            log.warning("closing a connection%s: %s", self.peer_text(), reason)  # (whose: trial FK)
         transport = self.transport
         if transport is not None:
             self.flush()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import faulthandler
+import ipaddress
 import logging
 import os
 import resource
@@ -98,11 +99,33 @@ def check_listen(opts: ServeOptions) -> ListenPlan:
         if scheme == "tls" and ctx is None:
             ctx = tls_context(addr, opts.tls_cert, opts.tls_key)
         try:
-            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except (socket.gaierror, UnicodeError) as exc:
             raise InvalidError(f"listen address {addr}: the host {host!r} does not resolve ({exc})") from None
+        if scheme == "tcp" and not all(_loopback(str(info[4][0])) for info in found):
+            # (trial FK: tcp://0.0.0.0 said nothing, while every token, an admin's too, and every row crossed the
+            # network in clear text)
+            log.warning(
+                "listen address %s is plain text on an address other machines may reach: tokens and data cross the "
+                "network unencrypted; listen on tls://HOST:PORT (with --tls-cert and --tls-key) or on 127.0.0.1",
+                addr,
+            )
         addresses.append((scheme, host, port, ctx if scheme == "tls" else None))
+    with contextlib.suppress(OSError):
+        if os.stat(opts.tokens).st_mode & 0o077:
+            log.warning(
+                "tokens file %s may be read by other users of this machine (its mode is %s): chmod 600 it",
+                opts.tokens,
+                oct(os.stat(opts.tokens).st_mode & 0o777),
+            )
     return ListenPlan(addresses, tokens)
+
+
+def _loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def tls_context(addr: str, cert: str | None, key: str | None) -> ssl.SSLContext:
