@@ -34,6 +34,9 @@ def test_the_command_line_reaches_a_server_by_its_address(tmp_path: Path) -> Non
         assert done.returncode == 0, done.stderr
         done = run_cli("sql", at, "select x from t", "--json", env=as_data)
         assert done.returncode == 0 and done.stdout == '{"x": 7}\n', done.stderr
+        # a blank around the token (a line end the shell kept) is not part of it (trial FK: "the token is wrong")
+        done = run_cli("sql", at, "select x from t", "--json", env={"TINYSTORE_TOKEN": f" {data}\n"})
+        assert done.returncode == 0 and done.stdout == '{"x": 7}\n', done.stderr
         done = run_cli("sql", at, "select 1", "--db", "nope", env=as_data)
         assert done.returncode == 1 and "no database 'nope' (databases: main;" in done.stderr, done.stderr
 

@@ -612,7 +612,9 @@ async def connect_address(address: Address, reconnect_timeout: float = 2.0) -> A
     variable is not set, and what :func:`tinystore.connect` raises."""
     import tinystore
 
-    token = os.environ.get(TOKEN_ENV, "")
+    # (a token holds no blank: one around it is the shell's, `$'...\n'` or a file read with its line end; trial FK:
+    # it was "the token is wrong")
+    token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
         raise InvalidError(
             f"{address}: set ${TOKEN_ENV} to one of the server's tokens (its `tinystore serve --tokens` file; a data "
