@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import contextlib
 import inspect
 import itertools
@@ -176,6 +177,22 @@ TRACEBACK_MAX = 4000
 
 TRACEBACK_HEAD = 1000
 """A traceback cut to ``TRACEBACK_MAX`` keeps this many characters of its start (the rest from its end)."""
+
+
+def _lost_of(current: Sequence[_Attempt], lost: Sequence[str]) -> list[_Attempt]:
+    """The attempts of ``current`` that a renewal's answer ``lost`` (an id for each attempt of the request that is
+    no longer current) names. Two attempts of one job may be renewed together (one cancelled whose handler still
+    cleans up, and its job's next, after a ``retry``): an id named once is the lower fence's, as a higher fence
+    supersedes it (trial FM: both were stopped, and the retried job ended "worker lost", dead with attempts=1)."""
+    told = collections.Counter(lost)
+    out: list[_Attempt] = []
+    for a in current:
+        if told[a.claimed.id] == 0:
+            continue
+        same = sorted((b for b in current if b.claimed.id == a.claimed.id), key=lambda b: b.claimed.fence)
+        if a in same[: told[a.claimed.id]]:
+            out.append(a)
+    return out
 
 
 def _handler_tb(exc: BaseException) -> TracebackType | None:
@@ -738,10 +755,10 @@ class _Runner:
                 # then again (the attempts' renewals stay due), and no later than the first lease's end
                 await asyncio.sleep(max(min(lease / 6, 2.0, self._lease_left(current, transport)), 0.0))
                 continue
-            gone = set(lost)
             for a in current:
                 a.renewed_at = sent  # (one the store says is lost too: told now, not renewed again until it ends)
-                if a.claimed.id in gone:
+            for a in _lost_of(current, lost):
+                if a.why is None:  # (one told already, cancelled, cleans up: not cancelled again, trial FM)
                     a.stop("lost")
 
     @staticmethod
