@@ -460,11 +460,9 @@ class Database(Queries):
         The transaction takes the writer at its start (``BEGIN IMMEDIATE``), so read-then-write never fails
         with "database is locked"; with ``read_only=True`` it runs on a reader's snapshot instead. It commits
         when ``fn`` returns and rolls back when ``fn`` raises or is cancelled (the error or the cancel goes
-        on; also when ``fn`` catches the cancel and returns: ``CancelledError`` is raised then, as the task's
-        cancel count, ``Task.cancelling()``, shows it was cancelled and not uncancelled), when it stays idle
-        past ``tx_idle`` or runs past ``tx_max`` (``TimeoutError_``), or when the connection drops or the server
-        stops under it (``UnavailableError``, from the call under way or the next; ``ClosedError`` for a
-        statement a stopping server interrupted). A commit whose answer was lost raises
+        on), when it stays idle past ``tx_idle`` or runs past ``tx_max`` (``TimeoutError_``), or when the
+        connection drops or the server stops under it (``UnavailableError``, from the call under way or the next;
+        ``ClosedError`` for a statement a stopping server interrupted). A commit whose answer was lost raises
         ``OutcomeUnknownError``.
         A cancel that comes while the commit is under way (``fn`` has returned) leaves the transaction committed
         whole or not at all, and the caller cannot tell which from the ``CancelledError``; the commit may land
@@ -494,8 +492,6 @@ class Database(Queries):
         mark = _TxMark()
         active = _active.get()
         token = _active.set(active if read_only else {**active, self._key: mark})
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0
         try:
             try:
                 result: Any = fn(tx)
@@ -544,10 +540,6 @@ class Database(Queries):
                     "that raised leaves the others running: gather(..., return_exceptions=True) or a TaskGroup "
                     "waits for all)"
                 )
-            if task is not None and task.cancelling() > cancels:
-                # fn was cancelled and returned all the same (it caught the CancelledError): a cancelled transaction
-                # is rolled back, and the cancel goes on (known low: it committed)
-                raise asyncio.CancelledError(f"database {self.name}: tx: cancelled while fn ran: rolled back")
         except BaseException:
             mark.open = False
             _active.reset(token)
