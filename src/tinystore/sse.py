@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
 import inspect
 import json
 import logging
@@ -39,6 +40,8 @@ import math
 import os
 import re
 import signal
+import struct
+import termios
 import threading
 import time
 import weakref
@@ -611,8 +614,10 @@ class EventSourceResponse(Response):
         except OSError:  # the server could not write: the client is gone
             pass
         finally:
-            if abandoned:
-                aborted = _abort(send)  # (before the awaits below, which let the server see the connection lost)
+            transport = _transport_of(send) if abandoned else None
+            if transport is not None:
+                # (before the awaits below, which let the server see the connection lost)
+                aborted = _close_stuck(transport, loop, at_once=not outbox.ending)
             if timer is not None:
                 timer.cancel()
             closed.set()
@@ -636,9 +641,12 @@ def _transport_of(send: Any) -> Any:
         if id(f) in seen:
             continue
         seen.add(id(f))
-        transport = getattr(getattr(f, "__self__", None), "transport", None)
-        if callable(getattr(transport, "abort", None)) and callable(getattr(transport, "is_closing", None)):
+        owner = getattr(f, "__self__", None)
+        transport = getattr(owner, "transport", None)
+        if callable(getattr(transport, "abort", None)) and callable(getattr(transport, "get_write_buffer_size", None)):
             return transport
+        with contextlib.suppress(TypeError):  # (a method of a wrapper that holds the send it wraps: GZipMiddleware's)
+            todo.extend(v for v in vars(owner).values() if callable(v))
         for cell in getattr(f, "__closure__", None) or ():
             try:
                 value = cell.cell_contents
@@ -649,17 +657,51 @@ def _transport_of(send: Any) -> Any:
     return None
 
 
-def _abort(send: Any) -> bool:
-    """Close the connection under ``send`` at once, dropping what its buffers hold for a browser that takes
-    nothing: a transport's ``close()`` (what the server does once the application returns) waits for those
-    buffers to drain, and the server waits for its connections to close before it stops (trial FJ: a plain
-    ``uvicorn app:app`` never stopped at a Ctrl-C). True when it was closed so."""
-    transport = _transport_of(send)
-    if transport is None:
+ABORT_CHECK = 0.5
+"""Seconds between the looks at a connection whose stream was given up at a stop: one whose browser took none of
+what waits for it since the last look is closed at once; one that takes it, slowly, is left to the server's close,
+which writes it all first (trial FL: closed at once, a slow browser that read lost what was handed over)."""
+ABORT_WITHIN = 10.0
+"""Seconds after a stop's give-up by which such a connection is closed, taken or not."""
+
+
+def _close_stuck(transport: Any, loop: asyncio.AbstractEventLoop, at_once: bool) -> bool:
+    """Close ``transport`` (of a stream given up) at once, dropping what its buffers hold for a browser that takes
+    nothing: its ``close()``, which the server calls once the application returns, waits for those buffers to
+    drain, and the server for its connections to close before it stops (trial FJ: a plain ``uvicorn app:app``
+    never stopped at a Ctrl-C). ``at_once``: now (the browser took nothing for :data:`STALL`); else as soon as a
+    look finds it took nothing since the last (see :data:`ABORT_CHECK`). True when it was closed now."""
+    if at_once:
+        with contextlib.suppress(Exception):
+            transport.abort()
+            return True
         return False
+    deadline = loop.time() + ABORT_WITHIN
+    sock = transport.get_extra_info("socket")
+
+    def waiting() -> int:
+        """Bytes not yet sent: the transport's buffer, and the socket's (the kernel takes more only once a third of
+        its buffer is free, so the transport's alone may not move for a second while the browser reads)."""
+        size: int = transport.get_write_buffer_size()
+        if sock is not None:
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        return size
+
+    def look(before: int) -> None:
+        try:
+            if transport.is_closing() and transport.get_write_buffer_size() == 0:
+                return  # (closed, all handed to the kernel: the browser reads the rest as it may)
+            size = waiting()
+            if size and (size >= before or loop.time() >= deadline):
+                transport.abort()
+            elif size:
+                loop.call_later(ABORT_CHECK, look, size)
+        except Exception:  # (closed meanwhile)
+            return
+
     with contextlib.suppress(Exception):
-        transport.abort()
-        return True
+        loop.call_later(ABORT_CHECK, look, waiting())
     return False
 
 

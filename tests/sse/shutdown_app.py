@@ -35,9 +35,16 @@ async def events(request: Request) -> Response:
 async def flood(request: Request) -> Response:
     """Events of 60 KB, each awaited: a browser that reads nothing soon holds the stream's write."""
 
+    sent_log = os.environ.get("FLOOD_SENT")  # (where the last event handed to the server is noted, when set)
+
     async def produce(send: SendEvent, closed: Any) -> None:
         for i in range(200):
             await send({"i": i, "pad": "p" * 60_000})
+            if closed.is_set():
+                break  # (handed to nobody: the stream ended)
+            if sent_log:
+                with open(sent_log, "w") as f:
+                    f.write(str(i))
         await closed.wait()
 
     return sse_response(request, produce)

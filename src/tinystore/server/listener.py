@@ -660,8 +660,12 @@ class ServerConnection(asyncio.Protocol):
         self.write(self.conn.send_welcome(body))
 
     def peer_text(self) -> str:
-        """`` from <address>`` of the peer (TCP, TLS), or ``""`` (a Unix socket's peer has no address)."""
+        """`` from HOST:PORT`` of the peer (``[::1]:PORT`` for IPv6; TCP, TLS), or ``""`` (a Unix socket's peer has
+        no address)."""
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            host = str(peer[0])
+            return f" from [{host}]:{peer[1]}" if ":" in host else f" from {host}:{peer[1]}"
         return f" from {peer}" if peer else ""
 
     def refuse(self, code: str, message: str, **extra: Any) -> None:
@@ -1199,7 +1203,14 @@ class ServerConnection(asyncio.Protocol):
             self.write(self.conn.send_goaway(encode_escaping(goaway)))
         self.closing = True
         if code == "protocol":
-            log.warning("closing a connection%s: %s", self.peer_text(), reason)  # (whose: trial FK)
+            if self.session is None:
+                # before its handshake: anyone may send garbage, as often as they like: once a minute, counted
+                # (trial FL: a hundred connections, a hundred lines)
+                self.listener.silent_log("unhandshaken").warning(
+                    "%s: closing a connection%s: %s", self.listener.description, self.peer_text(), reason
+                )
+            else:
+                log.warning("closing a connection%s: %s", self.peer_text(), reason)  # (whose: trial FK)
         transport = self.transport
         if transport is not None:
             self.flush()
