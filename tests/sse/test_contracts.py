@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -47,6 +49,19 @@ async def wait_subscriptions(store: tinystore.Store, n: int, within: float = 5.0
             raise AssertionError(f"the store holds {got} subscriptions, not {n}, after {within}s")
         await asyncio.sleep(0.02)
     return time.monotonic() - start
+
+
+async def stalled_reader(web: str, path: str) -> socket.socket:
+    """A client of ``web`` that asks for the event stream at ``path`` and never reads (a 4 KiB receive buffer)."""
+    parts = urlsplit(web)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (parts.hostname, parts.port))
+    request = f"GET {path} HTTP/1.1\r\nHost: {parts.hostname}\r\nAccept: text/event-stream\r\n\r\n"
+    await loop.sock_sendall(sock, request.encode())
+    return sock
 
 
 def events_of(store: tinystore.Store) -> tinystore.Channel[ChatEvent]:
@@ -456,20 +471,10 @@ async def test_a_stream_whose_browser_takes_nothing_ends(
 ) -> None:
     """A client that keeps its connection open and never reads: once a write waits STALL seconds, the stream ends
     and what it held goes (trial AA: such streams stayed for good, some 0.5 MiB each)."""
-    import socket
-    from urllib.parse import urlsplit
-
     import tinystore.sse as sse_module
 
     monkeypatch.setattr(sse_module, "STALL", 0.5, raising=False)
-    parts = urlsplit(web)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (parts.hostname, parts.port))
-    request = f"GET /events/9 HTTP/1.1\r\nHost: {parts.hostname}\r\nAccept: text/event-stream\r\n\r\n"
-    await loop.sock_sendall(sock, request.encode())
+    sock = await stalled_reader(web, "/events/9")
     try:
         await wait_subscriptions(store, 1)
         events = events_of(store).under(9)
@@ -500,19 +505,9 @@ async def test_a_stop_does_not_wait_for_a_browser_that_takes_nothing(
     """end_streams() (a Ctrl-C, a deploy) while a stream's write waits for a browser that reads nothing: the stream
     ends within END_GRACE, not at STALL (trial FI: the demo's Ctrl-C waited for uvicorn to cancel it, and logged an
     ERROR with a traceback), and another tab that reads gets its end as before."""
-    import socket
-    from urllib.parse import urlsplit
-
     import tinystore.sse as sse_module
 
-    parts = urlsplit(web)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (parts.hostname, parts.port))
-    request = f"GET /events/9 HTTP/1.1\r\nHost: {parts.hostname}\r\nAccept: text/event-stream\r\n\r\n"
-    await loop.sock_sendall(sock, request.encode())
+    sock = await stalled_reader(web, "/events/9")
     try:
         await wait_subscriptions(store, 1)
         events = events_of(store).under(9)
