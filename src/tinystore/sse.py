@@ -658,19 +658,22 @@ def _transport_of(send: Any) -> Any:
 
 
 ABORT_CHECK = 0.5
-"""Seconds between the looks at a connection whose stream was given up at a stop: one whose browser took none of
-what waits for it since the last look is closed at once; one that takes it, slowly, is left to the server's close,
-which writes it all first (trial FL: closed at once, a slow browser that read lost what was handed over)."""
-ABORT_WITHIN = 10.0
-"""Seconds after a stop's give-up by which such a connection is closed, taken or not."""
+"""Seconds between the looks at a connection whose stream was given up at a stop (see :data:`STUCK_FOR`)."""
+STUCK_FOR = 2.0
+"""Seconds without a byte of such a connection sent (its transport's and its socket's unsent bytes no lower than
+at a look before) after which it is closed at once; one whose browser takes what waits, slowly, is left to the
+server's close, which writes it all first (trial FL: closed at once, a slow browser that read lost events handed
+over; trial FN: at 100 KB/s, the socket's queue did not move for half a second at a time)."""
+ABORT_WITHIN = 30.0
+"""Seconds after a stop's give-up by which such a connection is closed, however slowly it is read."""
 
 
 def _close_stuck(transport: Any, loop: asyncio.AbstractEventLoop, at_once: bool) -> bool:
     """Close ``transport`` (of a stream given up) at once, dropping what its buffers hold for a browser that takes
     nothing: its ``close()``, which the server calls once the application returns, waits for those buffers to
     drain, and the server for its connections to close before it stops (trial FJ: a plain ``uvicorn app:app``
-    never stopped at a Ctrl-C). ``at_once``: now (the browser took nothing for :data:`STALL`); else as soon as a
-    look finds it took nothing since the last (see :data:`ABORT_CHECK`). True when it was closed now."""
+    never stopped at a Ctrl-C). ``at_once``: now (the browser took nothing for :data:`STALL`); else once it sent
+    nothing for :data:`STUCK_FOR` seconds (or :data:`ABORT_WITHIN` passed). True when it was closed now."""
     if at_once:
         with contextlib.suppress(Exception):
             transport.abort()
@@ -688,20 +691,24 @@ def _close_stuck(transport: Any, loop: asyncio.AbstractEventLoop, at_once: bool)
                 size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
         return size
 
-    def look(before: int) -> None:
+    def look(least: int, since: float) -> None:
         try:
             if transport.is_closing() and transport.get_write_buffer_size() == 0:
                 return  # (closed, all handed to the kernel: the browser reads the rest as it may)
-            size = waiting()
-            if size and (size >= before or loop.time() >= deadline):
+            size, now = waiting(), loop.time()
+            if not size:
+                return
+            if size < least:
+                least, since = size, now
+            if now - since >= STUCK_FOR or now >= deadline:
                 transport.abort()
-            elif size:
-                loop.call_later(ABORT_CHECK, look, size)
+            else:
+                loop.call_later(ABORT_CHECK, look, least, since)
         except Exception:  # (closed meanwhile)
             return
 
     with contextlib.suppress(Exception):
-        loop.call_later(ABORT_CHECK, look, waiting())
+        loop.call_later(ABORT_CHECK, look, waiting(), loop.time())
     return False
 
 
