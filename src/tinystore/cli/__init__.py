@@ -1043,13 +1043,17 @@ def sql(
                     f"parameter {i}: {params[i - 1]} is past what a float holds (it would be stored as an "
                     "infinity); --text sends every parameter as text"
                 )
-        if write and _PRAGMA_HEAD.match(statement) is not None:
-            # (a PRAGMA that sets something must reach the writer: a reader's connection takes some and
-            # answers nothing, page_size for one)
+
+        async def on_the_writer() -> tuple[list[str], list[list[Any]], Any]:
             sent["served"] = store.mode == "cli"
             sent["write"] = True
             done = await db.exec(statement, *values)
             return done.columns, [list(r) for r in done.rows], done
+
+        if write and _PRAGMA_HEAD.match(statement) is not None:
+            # (a PRAGMA that sets something must reach the writer: a reader's connection takes some and
+            # answers nothing, page_size for one)
+            return await on_the_writer()
         try:
             # a statement that only reads runs as a read, --write given or not: its rows alone, and no "changed"
             # line that a script reading --json lines takes for one more row (trial FF: with --write, a select that
@@ -1057,12 +1061,10 @@ def sql(
             # anything (SQLite checks when its program starts), and with --write goes to the writer
             rows = await db._query(statement, values, "all")
         except InvalidError as exc:
-            if write and ("readonly" in exc.message or "read-only" in exc.message or WRITER_ONLY in exc.message):
-                sent["served"] = store.mode == "cli"
-                sent["write"] = True
-                done = await db.exec(statement, *values)
-                return done.columns, [list(r) for r in done.rows], done
-            if "readonly" in exc.message or "read-only" in exc.message:
+            writes = "readonly" in exc.message or "read-only" in exc.message
+            if write and (writes or WRITER_ONLY in exc.message):
+                return await on_the_writer()
+            if writes:
                 if name.startswith(RESERVED_DB_PREFIX):
                     raise reserved_db_error(name, "this statement writes") from None
                 raise InvalidError(f"database {name}: this statement writes: add --write to run it") from None

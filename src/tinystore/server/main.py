@@ -112,11 +112,12 @@ def check_listen(opts: ServeOptions) -> ListenPlan:
             )
         addresses.append((scheme, host, port, ctx if scheme == "tls" else None))
     with contextlib.suppress(OSError):
-        if os.stat(opts.tokens).st_mode & 0o077:
+        mode = os.stat(opts.tokens).st_mode & 0o777
+        if mode & 0o077:
             log.warning(
                 "tokens file %s may be read by other users of this machine (its mode is %s): chmod 600 it",
                 opts.tokens,
-                oct(os.stat(opts.tokens).st_mode & 0o777),
+                oct(mode),
             )
     return ListenPlan(addresses, tokens)
 
