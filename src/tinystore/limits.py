@@ -20,8 +20,8 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     Pass ``tinystore.Limits(channel_log=100)`` to ``open(..., limits=...)`` to change some; the rest keep
     their defaults. Every value is checked when a ``Limits`` is made (or read from JSON): counts and sizes are
     ints of 1 or more (``frame_body_bytes`` at most what a frame can carry, ``readers`` at most 1024,
-    ``job_attempts`` at most 1000, ``sql_memory_bytes`` at least 1 MiB), durations (seconds, a ``timedelta`` or
-    text such as ``"30s"``, kept as seconds) finite, above 0 and at most ten years
+    ``job_attempts`` at most 1000, ``sql_memory_bytes`` and ``client_output_bytes`` at least 1 MiB), durations
+    (seconds, a ``timedelta`` or text such as ``"30s"``, kept as seconds) finite, above 0 and at most ten years
     (``inline_read`` and ``job_keep`` may be 0), ``lock_ttl_min`` is at most ``lock_ttl_max``, ``lock_ttl``
     (the ttl of a lock made without one) lies within ``lock_ttl_min`` .. ``lock_ttl_max``, and
     ``job_backoff_first`` is at most ``job_backoff_cap``; else ``InvalidError`` naming the field, the value and
@@ -73,6 +73,10 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     #: a read first runs on the event loop for at most this long (seconds); past it SQLite interrupts it and it
     #: runs again on a reader thread. 0 sends every read to a reader thread.
     inline_read: float = 0.0005
+    #: bytes the server holds written for its clients and not yet taken by them (answers, channel messages), all
+    #: connections together: past it, the connection holding the most is closed at once, what it held dropped
+    #: (as Redis's ``maxmemory-clients``); its SDK connects again and sends its reads again
+    client_output_bytes: int = 1024 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:
@@ -141,7 +145,8 @@ FRAME_BODY_MAX = (1 << 32) - 8
 
 _INTS = frozenset(f.name for f in msgspec.structs.fields(Limits) if f.type is int)
 _INT_MAX: dict[str, int] = {"frame_body_bytes": FRAME_BODY_MAX, "readers": 1024, "job_attempts": 1000}
-_INT_MIN: dict[str, int] = {"sql_memory_bytes": 1 << 20}  # (less, opening a database failed: trial CR)
+# (sql_memory_bytes: less, opening a database failed: trial CR)
+_INT_MIN: dict[str, int] = {"sql_memory_bytes": 1 << 20, "client_output_bytes": 1 << 20}
 _ZERO_OK = frozenset({"inline_read", "job_keep"})
 _FIELDS = frozenset(Limits.__struct_fields__)
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in msgspec.structs.fields(Limits)}

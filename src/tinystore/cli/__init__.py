@@ -469,7 +469,13 @@ def main() -> None:
 @click.option("--private", is_flag=True, hidden=True)
 @click.option("--parent-pid", type=int, default=None, hidden=True)
 @click.option("--clock", default=None, hidden=True, help="Start a test clock at this ISO datetime.")
-@click.option("--limits", default=None, hidden=True, help="Limits as JSON.")
+@click.option(
+    "--limits",
+    default=None,
+    metavar="JSON",
+    help='Limits other than the defaults, as JSON: \'{"tx_idle": 2, "client_output_bytes": 268435456}\' (the fields '
+    "of tinystore.Limits; seconds and bytes).",
+)
 @click.option("--handshake-timeout", type=float, default=None, hidden=True, help="Seconds to finish a handshake.")
 def serve(
     directory: Path,
@@ -841,6 +847,13 @@ def status(directory: Target, as_json: bool) -> None:
         ["id", "name", "local", "capability", "calls"],
         [[c["id"], c["name"], c["local"], c["capability"], c["calls"]] for c in conns],
     )
+    unsent = st.get("unsent") or {}
+    if unsent.get("bytes") or unsent.get("evicted"):
+        console.print(
+            f"unsent to clients: {unsent.get('bytes', 0):,} bytes (Limits.client_output_bytes "
+            f"{unsent.get('limit', 0):,}); connections closed past it: {unsent.get('evicted', 0)}",
+            highlight=False,
+        )
     dbs = st.get("databases", {})
     print_table(
         "databases",

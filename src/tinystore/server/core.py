@@ -28,6 +28,7 @@ from ..errors import ClosedError, InvalidError, PermissionDeniedError, Tinystore
 from ..limits import Limits
 from . import paths
 from .dirlock import DirLock, next_epoch
+from .output_budget import OutputBudget
 
 log = logging.getLogger("tinystore.server")
 
@@ -120,6 +121,10 @@ class Core:
         self.clock = clock or Clock()
         self.limits = limits or Limits()
         self.limits_json = self.limits.to_json()  # told to each client in its Welcome
+        # (all listeners' connections; made here, in the loop that runs them)
+        self.output_budget = OutputBudget(
+            self.limits.client_output_bytes, later=lambda delay, fn: asyncio.get_running_loop().call_later(delay, fn)
+        )
         self.durability = durability
         self.methods: dict[str, Method] = {}
         self.sessions: dict[int, Session] = {}
@@ -289,6 +294,13 @@ class Core:
                 for s in self.sessions.values()
             ],
             "databases": self.sql.status(),
+            # bytes written for clients and not yet taken by them, all connections together (noted at each
+            # write; see output_budget), the bound, and the connections closed for it
+            "unsent": {
+                "bytes": self.output_budget.total,
+                "limit": self.output_budget.limit,
+                "evicted": self.output_budget.evicted,
+            },
         }
         for key, hook in self.status_hooks.items():
             try:

@@ -263,6 +263,10 @@ def load_tokens(path: str | os.PathLike[str]) -> dict[str, str]:
     return tokens
 
 
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
 class _Line:
     """A line of calls whose answers may be large (see :data:`BOUNDED_READS`): at most ``most`` ``running``, the
     rest ``waiting`` as ``(stream, name, request, size, rows)``."""
@@ -302,6 +306,7 @@ class ServerConnection(asyncio.Protocol):
         self.linger: asyncio.TimerHandle | None = None  # the end of its lingering close (see LINGER)
         self.alive: asyncio.TimerHandle | None = None  # the next store.alive while it is not read (ALIVE_EVERY)
         self.paused = False  # the client does not read what we write
+        self.budget = self.core.output_budget  # what all connections hold unsent (see output_budget)
         self.held = False  # too many cancelled writes of this connection still run
         self.big: dict[int, int] = {}  # stream → size, of the big requests read and not yet answered
         self.big_bytes = 0
@@ -523,6 +528,7 @@ class ServerConnection(asyncio.Protocol):
             self.deadline = None
         self.listener.handshaking.pop(self, None)
         self.listener.connections.discard(self)
+        self.budget.forget(self)
         self.listener.touch()
         tasks, self.tasks = self.tasks, {}
         futures, self.futures = self.futures, {}
@@ -563,6 +569,8 @@ class ServerConnection(asyncio.Protocol):
         self.alive = self.loop.call_later(ALIVE_EVERY, self.say_alive)
 
     def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.budget.note(self, self.transport.get_write_buffer_size())
         if self.transport is not None and not self.paused:
             self.paused = True
             self.steer_reading()
@@ -572,6 +580,8 @@ class ServerConnection(asyncio.Protocol):
                 self.sync_held(tx_id)
 
     def resume_writing(self) -> None:
+        if self.transport is not None:
+            self.budget.note(self, self.transport.get_write_buffer_size())
         if self.transport is not None and self.paused:
             self.paused = False
             self.steer_reading()
@@ -1168,6 +1178,33 @@ class ServerConnection(asyncio.Protocol):
                 transport.write(out[0] if len(out) == 1 else _join(out))
             except MemoryError:
                 self.write_apart(transport, out)
+            # what the client has not taken yet counts against the server's budget (see output_budget); almost
+            # always nothing: the socket took it all
+            self.budget.note(self, transport.get_write_buffer_size())
+
+    def unsent_now(self) -> int:
+        """Bytes the transport holds unsent (see output_budget)."""
+        transport = self.transport
+        return 0 if transport is None else transport.get_write_buffer_size()
+
+    def evict(self, held: int, total: int, limit: int) -> None:
+        """The server holds more unsent bytes than ``Limits.client_output_bytes`` for its clients, and this
+        connection the most: it is closed at once, what it holds dropped (its client's reads are sent again on its
+        next connection; its writes under way are ``OutcomeUnknownError``, as at any drop)."""
+        self.listener.silent_log("evicted").warning(
+            "%s: closed a connection%s holding %s its client had not read: the server held %s unread for all its "
+            "clients, past Limits.client_output_bytes (%s)",
+            self.listener.description,
+            self.peer_text(),
+            _mib(held),
+            _mib(total),
+            _mib(limit),
+        )
+        transport = self.transport
+        self.close("it held more answers unread than the server may hold for it", "evicted", notify=False)
+        if transport is not None:
+            transport.abort()
+        self.budget.forget(self)
 
     def write_apart(self, transport: asyncio.Transport, out: list[bytes]) -> None:
         """Out of memory joining ``out`` (a few answers of tens of MB): each frame written alone. Should one fail

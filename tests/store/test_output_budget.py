@@ -1,0 +1,190 @@
+"""What the server holds written for its clients and not yet taken is bounded for all connections together
+(``Limits.client_output_bytes``): past it the connection holding the most is closed, what it held dropped, and the
+other clients go on (STORE-04). From trial FK: one connection's share was bounded, not their sum, so a client with
+many connections that read none of their big answers grew the server's memory with their number."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tinystore
+from tinystore.errors import InvalidError
+from tinystore.protocol import frames
+from tinystore.protocol.frames import Frame, Kind
+from tinystore.protocol.messages import decode, encode
+from tinystore.protocol.sql import OpenDb, Query
+from tinystore.server import paths
+from tinystore.server.output_budget import STALLED, OutputBudget
+
+from ..helpers import open_store
+from .raw import RawClient
+
+ANSWER = 1_000_000
+LIMIT = 40 << 20  # (a connection that reads nothing holds some 16 to 24 MiB)
+
+
+async def answer(raw: RawClient, stream: int) -> Any:
+    while True:
+        f = await raw.frame(timeout=20)
+        assert isinstance(f, Frame) and f.kind is not Kind.GOAWAY, f
+        if f.stream == stream:
+            assert f.kind is Kind.RESPONSE, f
+            return decode(f.body)
+
+
+async def stalled(where: tuple[str, Any]) -> RawClient:
+    """A connection that asks for 64 answers of 1 MB and reads none of them."""
+    raw = await RawClient.open(where)
+    assert (await raw.hello()).kind is Kind.WELCOME
+    raw.send(frames.request_frame(1, "sql.open", encode(OpenDb(db="x"))))
+    await answer(raw, 1)
+    raw.send(
+        b"".join(
+            frames.request_frame(10 + i, "sql.query", encode(Query("x", f"select zeroblob({ANSWER})", [], "all", 0)))
+            for i in range(64)
+        )
+    )
+    return raw
+
+
+def unsent(store: tinystore.Store) -> int:
+    """What the server's transports hold unsent now, read from each of them."""
+    core: Any = store._core
+    return sum(c.unsent_now() for lst in core.listeners for c in lst.connections)
+
+
+# contract: STORE-04
+async def test_connections_that_read_nothing_hold_no_more_than_the_servers_bound_together(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tinystore.server")
+    limits = tinystore.Limits(client_output_bytes=LIMIT)
+    async with open_store("embedded", tmp_path / "s", limits=limits) as store:
+        db = await store.database("x")
+        where = ("unix", paths.socket_path(tmp_path / "s"))
+        raws = [await stalled(where) for _ in range(6)]  # each alone may hold 8 MiB and its 8 reads' answers
+        try:
+            most = 0
+            began = time.monotonic()
+            while time.monotonic() - began < 20:
+                await asyncio.sleep(0.02)
+                most = max(most, unsent(store))
+                # another client is served meanwhile, its big answers read
+                assert len(await db.one("select zeroblob(?) as b", ANSWER) or {}) == 1
+                if time.monotonic() - began > 2 and unsent(store) <= LIMIT:
+                    break
+            st = await store.status()
+            evicted = st["unsent"]["evicted"]
+            assert evicted >= 2, st["unsent"]
+            # (past the bound, a connection that took nothing for a second is closed as the next write is handed
+            # over; past twice the bound, at once: what is seen between two samples is at most that and the
+            # answers of one loop turn)
+            assert most <= 2 * LIMIT + 16 * ANSWER, f"{most / 2**20:.1f} MiB held for clients"
+            assert unsent(store) <= LIMIT
+            assert st["unsent"]["bytes"] <= LIMIT
+            closed = 0
+            for raw in raws:
+                try:
+                    frames_seen = await raw.frames_until_closed(timeout=0.5)
+                except (AssertionError, TimeoutError):
+                    continue  # still open: it read nothing and was not the largest
+                closed += 1
+                assert len(frames_seen) < 64
+            assert closed == evicted
+            assert any("past Limits.client_output_bytes" in r.getMessage() for r in caplog.records), [
+                r.getMessage() for r in caplog.records
+            ]
+        finally:
+            for raw in raws:
+                await raw.close()
+        assert await db.scalar("select 1") == 1
+
+
+# contract: STORE-04
+@pytest.mark.parametrize("mode", ["private"])
+async def test_a_client_that_reads_its_big_answers_is_not_closed_while_others_stall(tmp_path: Path, mode: str) -> None:
+    limits = tinystore.Limits(client_output_bytes=LIMIT)
+    async with open_store(mode, tmp_path / "s", limits=limits) as store:
+        db = await store.database("x")
+        where = ("unix", paths.socket_path(tmp_path / "s"))
+        raws = [await stalled(where) for _ in range(3)]
+        try:
+            calls = 0
+            for _ in range(100):
+                rows = await asyncio.gather(*(db.one("select zeroblob(?) as b", ANSWER) for _ in range(16)))
+                assert all(r is not None and len(r["b"]) == ANSWER for r in rows)
+                calls += 16
+                st = await store.status()
+                calls += 1
+                if st["unsent"]["evicted"] and st["unsent"]["bytes"] <= LIMIT:
+                    break
+            assert st["unsent"]["evicted"], st["unsent"]
+            assert st["unsent"]["bytes"] <= LIMIT
+            conns = [c for c in st["connections"] if c["calls"] >= calls]
+            assert len(conns) == 1, "the client that read its answers was closed and connected again"
+        finally:
+            for raw in raws:
+                await raw.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Holder:
+    def __init__(self, name: str, now: int, log: list[str]) -> None:
+        self.name, self.now, self.log = name, now, log
+
+    def unsent_now(self) -> int:
+        return self.now
+
+    def evict(self, held: int, total: int, limit: int) -> None:
+        self.log.append(f"{self.name} {held} {total} {limit}")
+
+
+def test_the_largest_stalled_holder_goes_first_and_stale_sizes_are_read_again() -> None:
+    log: list[str] = []
+    clock = _Clock()
+    budget = OutputBudget(100, clock)
+    a, b, c, d = (_Holder(n, s, log) for n, s in (("a", 60), ("b", 0), ("c", 50), ("d", 20)))
+    budget.note(a, 60)
+    budget.note(b, 30)  # then its client reads it all (b.now is 0): it says nothing
+    assert not log and budget.total == 90
+    clock.now = STALLED
+    budget.note(c, 50)  # 140 noted, 110 in truth: the largest of those that took nothing for a second (a) goes
+    assert log == ["a 60 110 100"]
+    assert budget.total == 50 and budget.held == {c: 50}
+    budget.note(d, 20)
+    budget.note(a, 45)  # (a holder closed is not noted again by its own last write: see ServerConnection.evict)
+    budget.forget(a)
+    # past the bound, and each of them took bytes within a second: none is closed ...
+    c.now, d.now = 50, 60
+    budget.note(d, 60)
+    assert budget.total == 110 and log == ["a 60 110 100"]
+    # ... until one took nothing for a second
+    clock.now += STALLED
+    d.now = 55
+    budget.note(d, 55)  # (d took 5 bytes)
+    assert log == ["a 60 110 100", "c 50 105 100"]
+    # past twice the bound, the largest goes, reading or not
+    d.now = 201
+    budget.note(d, 201)
+    assert log[-1] == "d 201 201 100" and budget.total == 0 and budget.evicted == 3
+    budget.note(b, 0)  # (a holder with nothing is not kept)
+    assert budget.held == {} and budget.took_at == {}
+
+
+def test_the_bound_is_checked() -> None:
+    with pytest.raises(InvalidError, match="client_output_bytes"):
+        tinystore.Limits(client_output_bytes=1000)
+    assert tinystore.Limits().client_output_bytes == 1 << 30
