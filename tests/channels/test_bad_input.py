@@ -11,13 +11,14 @@ import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 import pytest
 
 import tinystore
-from tinystore import InvalidError
+from tinystore import InvalidError, LimitError
+from tinystore.client import channels as client_channels
 from tinystore.protocol.channels import non_finite
 
 from ..helpers import open_store
@@ -132,6 +133,24 @@ class _Holder(msgspec.Struct):
     inner: dict[Any, Any]
 
 
+@dataclass
+class _Plain:
+    kind: str
+
+
+@dataclass
+class _Wider(_Plain):
+    extra: dict[Any, Any]
+
+
+class _PlainStruct(msgspec.Struct):
+    kind: str
+
+
+class _PlainDict(TypedDict):
+    kind: str
+
+
 class _Key(enum.Enum):
     NONE = None
     TEXT = "t"
@@ -170,6 +189,16 @@ async def test_a_dict_key_no_json_object_has_is_refused_at_publish(store: tinyst
     ):
         with pytest.raises(InvalidError, match=r"^channel any: the value does not encode: a dict key"):
             await store.channel("any", typed).publish(value)
+    # and a typed channel whose type holds no dict: its decode passes over fields it does not name, which untyped
+    # listeners, the CLI and browsers get (trial FQ)
+    for typed, value in (
+        (_Plain, {"kind": "k", "extra": {None: 1, (1, 2): 2}}),
+        (_PlainStruct, {"kind": "k", "x": [{True: 1}]}),
+        (_Plain, _Wider("k", {(1, 2): 3})),
+        (_PlainDict, {"kind": "x", "e": {None: 1}}),
+    ):
+        with pytest.raises(InvalidError, match=r"^channel any: the value does not encode: a dict key"):
+            await store.channel("any", typed).publish(value)
     await store.channel("keyed", dict[int, str]).publish({1: "a"})  # (a type with text or number keys only)
     await ch.publish({1: "number keys", "b": b"x", "c": [1, (2, {"d": 3})]})  # JSON writes these keys as text
     await ch.publish(_Box(collections.OrderedDict({_Key.TEXT: 1, uuid.UUID(int=1): _Holder({"x": 2})})))
@@ -182,3 +211,39 @@ async def test_a_dict_key_no_json_object_has_is_refused_at_publish(store: tinyst
         {"inner": {"t": 1, "00000000-0000-0000-0000-000000000001": {"inner": {"x": 2}}}},
     ]
     await sub.stop()
+
+
+# contract: CHAN-07
+async def test_keys_that_are_one_once_written_as_text_bytes_keys_and_extensions_are_refused(
+    store: tinystore.Store,
+) -> None:
+    # trial FQ: {1: "a", "1": "b"} reached a browser as {"1":"a","1":"b"}, whose JSON.parse kept "b" alone; a bytes key
+    # was hex in the CLI and base64 in an SSE stream; a msgspec.msgpack.Ext was published, and no browser could get it
+    ch = store.channel("any")
+    for value, want in (
+        ({1: "a", "1": "b"}, "the dict keys 1 and '1' are the same once written as JSON text ('1')"),
+        ({"x": [{"1.5": 3, 1.5: 2}]}, "the dict keys '1.5' and 1.5 are the same"),
+        (_Box({2: "a", "2": "b"}), "the dict keys 2 and '2' are the same"),
+        ({b"ab": 1}, "a dict key b'ab' is not text or a number"),
+        (msgspec.msgpack.Ext(5, b"abc"), "a msgspec.msgpack.Ext is not a JSON value"),
+        ({"k": [msgspec.msgpack.Ext(1, b"")]}, "a msgspec.msgpack.Ext is not a JSON value"),
+        (msgspec.Raw(b"\xc1"), "it does not read back"),
+    ):
+        with pytest.raises(InvalidError, match=rf"^channel any: the value does not encode: {re.escape(want)}"):
+            await ch.publish(value)
+    await ch.publish({1: "a", "2": "b", 3.5: "c"})  # (keys of numbers and text that differ as text)
+
+
+# contract: CHAN-07
+async def test_a_value_over_the_message_limit_is_refused_before_it_is_looked_through(
+    store: tinystore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # trial FQ: a value of a million small dicts took seconds of key and NaN checks (pure Python, on the loop)
+    # before its size refused it
+    def looked(*args: Any) -> None:
+        raise AssertionError("looked through")
+
+    monkeypatch.setattr(client_channels, "_not_json", looked)
+    monkeypatch.setattr(client_channels, "non_finite", looked)
+    with pytest.raises(LimitError, match="over the limit of 65536 bytes"):
+        await store.channel("any").publish([{"a": i, "b": 1.5} for i in range(30_000)])

@@ -124,7 +124,7 @@ def _check_recursive(channel: str, call: str, recursive: object) -> None:
 class _Codec:
     """Encodes and checks values of one channel's type; decodes its payloads."""
 
-    __slots__ = ("check", "decode", "encoder", "keys", "limit", "name", "type")
+    __slots__ = ("check", "decode", "encoder", "limit", "name", "type")
 
     def __init__(self, name: str, type_: Any, limit: int) -> None:
         self.name = name
@@ -143,12 +143,12 @@ class _Codec:
             )
         self.decode = decoder.decode
         self.check = type_ is not None
-        # (trial FH: a channel of type dict, Any, or a Struct with a dict field took {None: 1} as an untyped one did)
-        self.keys = type_ is None or _may_hold_non_json_key(msgspec.inspect.type_info(type_))
 
     def encode(self, value: Any, branch: tuple[str, ...] = ()) -> bytes:
         """``value`` as the payload of a message on ``branch``. Raises ``InvalidError`` (it does not encode as
-        the channel's type; it holds a NaN or an infinity) and ``LimitError`` (over ``channel_message_bytes``)."""
+        the channel's type; it holds a NaN or an infinity, a dict key JSON cannot have, keys that are the same once
+        written as JSON text, or a MessagePack extension) and ``LimitError`` (over ``channel_message_bytes``; told
+        before the rest is looked at)."""
         try:
             data = self.encoder.encode(value)
         except RecursionError:
@@ -157,6 +157,13 @@ class _Codec:
             ) from None
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidError(f"channel {self.name}: the value does not encode: {exc}") from None
+        if len(data) > self.limit:
+            # (first: trial FQ, the checks below took seconds over a value of megabytes refused here anyway)
+            raise LimitError(
+                f"channel {self.name}: a message of {len(data)} bytes is over the limit of {self.limit} bytes",
+                limit=self.limit,
+                wanted=len(data),
+            )
         if FLOAT64 in data:  # a float may be there (msgspec writes every float as a float64): look closer
             problem = non_finite(data)
             if problem is not None:
@@ -168,133 +175,107 @@ class _Codec:
                 raise InvalidError(
                     f"channel {self.name}: the value is not {a_or_an(_type_name(self.type))}: {exc}"
                 ) from None
-        if self.keys:
-            bad = _non_json_key(value, data)
-            if bad is not None:
-                # (trial EZ: {(1, 2): "t"} was published, arrived with a tuple key, and no web page could be sent it)
-                raise InvalidError(
-                    f"channel {self.name}: the value does not encode: a dict key {bad[0]!r} is not text or a number "
-                    "(a channel carries JSON values, whose object keys are text)"
-                )
-        if len(data) > self.limit:
-            raise LimitError(
-                f"channel {self.name}: a message of {len(data)} bytes is over the limit of {self.limit} bytes",
-                limit=self.limit,
-                wanted=len(data),
+        # every channel, typed too: a typed channel's decode above passes over fields its type does not name (a
+        # dict's extra keys, a subclass's fields), which untyped listeners, the CLI and browsers get (trial FQ)
+        problem = _not_json(value, data)
+        if problem is not None:
+            # (trial EZ: {(1, 2): "t"} was published, arrived with a tuple key, and no web page could be sent it)
+            raise InvalidError(
+                f"channel {self.name}: the value does not encode: {problem} (a channel carries JSON values, whose "
+                "object keys are text, and bytes)"
             )
         return data
 
 
-_MI = msgspec.inspect
-_JSON_KEY_TYPES = (
-    _MI.StrType,
-    _MI.IntType,
-    _MI.FloatType,
-    _MI.DecimalType,
-    _MI.UUIDType,
-    _MI.DateType,
-    _MI.DateTimeType,
-    _MI.TimeType,
-    _MI.TimeDeltaType,
-    _MI.BytesType,
-    _MI.ByteArrayType,
-    _MI.EnumType,
-)
-
-
-def _json_key_type(t: msgspec.inspect.Type) -> bool:
-    """Whether every key of type ``t`` is one JSON writes as an object's key (text, or a number or date as text)."""
-    if isinstance(t, _MI.Metadata):
-        return _json_key_type(t.type)
-    if isinstance(t, _MI.UnionType):
-        return all(_json_key_type(u) for u in t.types)
-    if isinstance(t, _MI.LiteralType):
-        return all(type(v) is str or type(v) is int for v in t.values)
-    return isinstance(t, _JSON_KEY_TYPES)
-
-
-def _may_hold_non_json_key(root: msgspec.inspect.Type) -> bool:
-    """Whether a value of the type ``root`` describes may hold a dict key that JSON cannot have (None, a bool, an
-    array): a ``dict`` or ``Any`` anywhere in it, or a dict whose key type is not text, a number or a date. A type
-    that cannot is not looked at again at each publish."""
-    stack = [root]
-    seen: set[int] = set()
-    while stack:
-        t = stack.pop()
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        if isinstance(t, _MI.AnyType | _MI.RawType | _MI.CustomType):
-            return True
-        if isinstance(t, _MI.DictType):
-            if not _json_key_type(t.key_type):
-                return True
-            stack.append(t.value_type)
-        elif isinstance(t, _MI.Metadata):
-            stack.append(t.type)
-        elif isinstance(t, _MI.UnionType):
-            stack.extend(t.types)
-        elif isinstance(t, _MI.TupleType):
-            stack.extend(t.item_types)
-        elif isinstance(t, _MI.ListType | _MI.SetType | _MI.FrozenSetType | _MI.VarTupleType):
-            stack.append(t.item_type)
-        elif isinstance(t, _MI.StructType | _MI.DataclassType | _MI.TypedDictType | _MI.NamedTupleType):
-            stack.extend(f.type for f in t.fields)
-    return False
-
-
-_KEY_NOT_JSON = (bool, type(None), tuple, list, frozenset, set)
+_KEY_NOT_JSON = (bool, type(None), tuple, list, frozenset, set, bytes, bytearray)
 _KEY_JSON = (str, int, float)  # (exactly these types: a subclass, an Enum of them, is looked at once encoded)
 _PLAIN = frozenset({str, int, float, bool, type(None), bytes, bytearray})
 _decode_any = msgspec.msgpack.Decoder().decode
+_Ext = msgspec.msgpack.Ext
+_json_text = msgspec.json.encode
 
 
-def _non_json_key(value: Any, data: bytes) -> tuple[Any] | None:
-    """The first dict key in ``value`` that a JSON object cannot have as a key (msgspec writes str, number, bytes,
-    UUID, date and decimal keys as text; not None, a bool, or an array), as a 1-tuple, or ``None`` when there is
-    none. ``data``: ``value`` encoded (MessagePack). Plain dicts, lists and tuples are looked into as they are,
+def _not_json(value: Any, data: bytes) -> str | None:
+    """What in ``value`` JSON cannot carry as it is, or ``None``: a dict key JSON cannot have (msgspec writes str,
+    number, UUID, date and decimal keys as text; not None, a bool, bytes or an array), two keys of one dict that are
+    the same once written as text (``1`` and ``"1"``: a browser's ``JSON.parse`` keeps the last), or a MessagePack
+    extension. ``data``: ``value`` encoded (MessagePack). Plain dicts, lists and tuples are looked into as they are,
     without recursion (a value may nest as deep as msgspec encodes); anything else (a dict's subclass, a
     dataclass, a Struct, an Enum key: trial FF found each let a None or tuple key through) makes it look at what
     ``data`` decodes to, which is plain."""
-    found, unsure = _plain_non_json_key(value)
+    found, unsure = _plain_not_json(value)
     if found is not None or not unsure:
         return found
     try:
         decoded = _decode_any(data)
-    except (msgspec.DecodeError, RecursionError):
-        return ("that encodes as a map",)  # (a key that cannot even be read back)
-    return _plain_non_json_key(decoded)[0]
+    except (msgspec.DecodeError, RecursionError, TypeError):
+        # (a key that is a map or an array once encoded, such as a frozen dataclass, cannot be read back as one;
+        # nor can a msgspec.Raw that is not MessagePack)
+        return "it does not read back (a dict key that is not text or a number, or a msgspec.Raw that is not valid)"
+    return _plain_not_json(decoded)[0]
 
 
-def _plain_non_json_key(value: Any) -> tuple[tuple[Any] | None, bool]:
-    """As :func:`_non_json_key` for a value of plain types, and whether ``value`` holds another type (then a key of
-    that type, or within it, was not looked at)."""
+def _plain_not_json(value: Any) -> tuple[str | None, bool]:
+    """As :func:`_not_json` for a value of plain types, and whether ``value`` holds another type (then a key of
+    that type, or what is within it, was not looked at)."""
     stack = [value]
     unsure = False
     while stack:
         v = stack.pop()
         t = type(v)
         if t is dict:
+            texts = False  # a key that is not str: the keys' texts may collide
             for k, item in v.items():
-                if isinstance(k, _KEY_NOT_JSON):
-                    return (k,), unsure
-                if type(k) not in _KEY_JSON:
-                    unsure = True
+                tk = type(k)
+                if tk is not str:
+                    if isinstance(k, _KEY_NOT_JSON):
+                        return f"a dict key {k!r} is not text or a number", unsure
+                    if tk not in _KEY_JSON:
+                        unsure = True
+                    texts = True
                 ti = type(item)
                 if ti is dict or ti is list or ti is tuple:
                     stack.append(item)
+                elif ti is _Ext:
+                    return "a msgspec.msgpack.Ext is not a JSON value", unsure
                 elif ti not in _PLAIN:
                     unsure = True
+            if texts:
+                clash = _same_text(v)
+                if clash is not None:
+                    return clash, unsure
         elif t is list or t is tuple:
             for item in v:
                 ti = type(item)
                 if ti is dict or ti is list or ti is tuple:
                     stack.append(item)
+                elif ti is _Ext:
+                    return "a msgspec.msgpack.Ext is not a JSON value", unsure
                 elif ti not in _PLAIN:
                     unsure = True
+        elif t is _Ext:
+            return "a msgspec.msgpack.Ext is not a JSON value", unsure
         elif t not in _PLAIN:
             unsure = True
     return None, unsure
+
+
+def _same_text(d: dict[Any, Any]) -> str | None:
+    """Two keys of ``d`` (str, int or float; others are looked at once encoded) that JSON writes as the same text,
+    named, or ``None``."""
+    seen: dict[str, Any] = {}
+    for k in d:
+        tk = type(k)
+        if tk is str:
+            text = k
+        elif tk is int or tk is float:
+            text = _json_text(k).decode()
+        else:
+            continue
+        if text in seen:
+            return f"the dict keys {seen[text]!r} and {k!r} are the same once written as JSON text ({text!r})"
+        seen[text] = k
+    return None
 
 
 def _type_name(t: Any) -> str:
