@@ -158,6 +158,32 @@ async def test_status_without_a_server_lists_the_queues(tmp_path: Path) -> None:
     assert sorted(p.name for p in (other / "sql").iterdir()) == ["app.db"]
 
 
+async def test_a_queue_whose_database_is_not_a_database_does_not_hide_the_others(tmp_path: Path) -> None:
+    # trial FQ: a missing file was passed over (FF), but one that is not a database failed the list, the queues, and
+    # show or cancel of a job of another queue
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    db = await store.database("app")
+    await store.queue("mail", dict, database=db).add({"to": "a"})
+    kept = await store.queue("other", dict).add({"to": "b"})  # (in the store's own jobs database)
+    await store.close()
+    for f in (directory / "sql").glob("app.db-*"):
+        f.unlink()
+    (directory / "sql" / "app.db").write_bytes(b"not a database" * 300)
+    done = run_cli("jobs", str(directory), "list", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(x)["id"] for x in done.stdout.splitlines()] == [kept], done.stdout
+    assert "database app: file is not a database" in done.stderr, done.stderr
+    done = run_cli("jobs", str(directory), "queues", "--json")
+    assert done.returncode == 0, done.stderr
+    lines = {q["queue"]: q for q in map(json.loads, done.stdout.splitlines())}
+    assert "not a database" in lines["mail"]["error"] and lines["other"]["counts"]["queued"] == 1, lines
+    done = run_cli("jobs", str(directory), "show", kept)
+    assert done.returncode == 0 and kept in done.stdout, done.stderr
+    done = run_cli("jobs", str(directory), "cancel", kept)
+    assert done.returncode == 0 and "cancelled" in done.stdout, done.stderr
+
+
 async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

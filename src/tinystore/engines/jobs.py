@@ -60,7 +60,15 @@ import msgspec
 
 from ..clock import Clock
 from ..durations import format_seconds
-from ..errors import ClosedError, InvalidError, LimitError, PermissionDeniedError, TinystoreError, UnavailableError
+from ..errors import (
+    ClosedError,
+    CorruptError,
+    InvalidError,
+    LimitError,
+    PermissionDeniedError,
+    TinystoreError,
+    UnavailableError,
+)
 from ..limits import Limits
 from ..names import RESERVED_DB_PREFIX, check_name
 from ..protocol.jobs import (
@@ -2229,12 +2237,13 @@ class JobsEngine:
     async def find(self, jid: str) -> JobRow | None:
         """Job ``jid`` in whichever queue holds it, or ``None``."""
         check_job_id("(any)", "find", jid)
-        unreadable: UnavailableError | None = None
+        unreadable: UnavailableError | CorruptError | None = None
         for name in await self.queue_names():
             try:
                 row = await self.get(name, jid)
-            except UnavailableError as exc:
-                # (trial FF: a queue whose database is missing hid the jobs of every other queue)
+            except (UnavailableError, CorruptError) as exc:
+                # (trial FF: a queue whose database is missing hid the jobs of every other queue; FQ: one whose
+                # file is not a database)
                 unreadable = unreadable or exc
                 continue
             if row is not None:
@@ -2271,7 +2280,7 @@ class JobsEngine:
         for name in names:
             try:
                 source = await self._for_reads(name)
-            except UnavailableError as exc:
+            except (UnavailableError, CorruptError) as exc:
                 if req.queue:
                     raise
                 # (trial FF: one queue whose database file was missing failed the list of every queue; the rest of
@@ -2465,9 +2474,10 @@ class JobsEngine:
         for name in await self.queue_names():
             try:
                 q = await self._queue(name)
-            except UnavailableError as exc:
-                # its database's file is missing: listed, saying so, with the others (one queue's database moved
-                # away made the listing, and an offline `tinystore status`, fail for every queue)
+            except (UnavailableError, CorruptError) as exc:
+                # its database's file is missing, or not a database: listed, saying so, with the others (one
+                # queue's database moved away made the listing, and an offline `tinystore status`, fail for every
+                # queue; trial FQ: one whose file was not a database)
                 opts = await self._stored_options(name)
                 assert opts is not None  # (listed by queue_names)
                 out.append(QueueInfo(queue=name, options=opts.to_wire(), error=exc.message))
