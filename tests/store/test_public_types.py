@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Coroutine
 from typing import Any
 
 import msgspec
@@ -107,6 +108,12 @@ async def main(store: tinystore.Store, db: tinystore.Database) -> None:
 
     one: int = await db.tx(save)
     print(one)
+
+    async def insert(tx: tinystore.SqlTx) -> Coroutine[Any, Any, tinystore.Done]:
+        return tx.exec("insert into t values (1)")  # (not awaited: db.tx awaits it; trial FR)
+
+    inserted: tinystore.Done = await db.tx(insert)
+    print(inserted.changes)
     clock: StoreClock = store.clock  # trial EL: the types of store.clock and of a lock's hold had no public name
     holding: Hold[tinystore.Lease | None] = store.lock("reports").try_hold("q3")
     print(clock, holding)
@@ -159,6 +166,14 @@ async def in_tx(store: tinystore.Store, db: tinystore.Database, request: Any) ->
     event_stream(events.under(7), request, event=lambda m: m.value.knid)  # E
     event_stream(events, request, data=lambda m: m.value.kind + 1)  # E
     await db.tx(lambda tx: 3)  # E
+
+
+async def misused(store: tinystore.Store) -> None:
+    # trial FR: both passed mypy and pyright, and raised TypeError
+    lease = await store.lock("l").hold(1)  # E
+    with store.lock("l").hold(1):  # E
+        pass
+    print(lease)
 """
 
 

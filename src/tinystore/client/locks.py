@@ -606,25 +606,28 @@ class Hold(Generic[R]):
         self._wait = wait
         self._lease: Lease | None = None
 
-    def __await__(self) -> Any:
-        # the call as it was made (trial BU: `await lock.hold(1)` was shown `lock.hold('1')`, and a semaphore's
-        # try_hold as a lock's hold): an int key as an int (7 and "7" are one key)
-        kind, key = self._lock._kind, self._key
-        method = "try_hold" if self._wait is None else "hold"
-        shown = key if re.fullmatch(r"0|-?[1-9][0-9]*", key) else repr(key)
-        raise TypeError(
-            f"{kind} {self._lock.name}: {method}() is used with `async with`, not awaited: "
-            f"`async with {kind}.{method}({shown}) as {'lease' if kind == 'lock' else 'permit'}:`"
-        )
+    if not TYPE_CHECKING:
+        # (hidden from type checkers, so that `await lock.hold(k)` and `with lock.hold(k)` are errors there too;
+        # trial FR: both passed mypy and pyright, then raised)
+        def __await__(self) -> Any:
+            # the call as it was made (trial BU: `await lock.hold(1)` was shown `lock.hold('1')`, and a semaphore's
+            # try_hold as a lock's hold): an int key as an int (7 and "7" are one key)
+            kind, key = self._lock._kind, self._key
+            method = "try_hold" if self._wait is None else "hold"
+            shown = key if re.fullmatch(r"0|-?[1-9][0-9]*", key) else repr(key)
+            raise TypeError(
+                f"{kind} {self._lock.name}: {method}() is used with `async with`, not awaited: "
+                f"`async with {kind}.{method}({shown}) as {'lease' if kind == 'lock' else 'permit'}:`"
+            )
 
-    def __enter__(self) -> None:
-        raise TypeError(
-            f"{self._lock._kind} {self._lock.name}: hold() and try_hold() are async context managers: use "
-            "`async with`, not `with`"
-        )
+        def __enter__(self) -> None:
+            raise TypeError(
+                f"{self._lock._kind} {self._lock.name}: hold() and try_hold() are async context managers: use "
+                "`async with`, not `with`"
+            )
 
-    def __exit__(self, *exc: object) -> None:  # (never reached: __enter__ raises)
-        return None
+        def __exit__(self, *exc: object) -> None:  # (never reached: __enter__ raises)
+            return None
 
     async def __aenter__(self) -> R:
         lock = self._lock
