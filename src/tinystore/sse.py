@@ -724,7 +724,12 @@ async def _write(send: Send, body: bytes, outbox: _Outbox, more_body: bool = Tru
             await send({"type": "http.response.body", "body": body, "more_body": more_body})
     except TimeoutError:
         if outbox.ending:
-            log.info("sse: the server stops and the browser takes nothing; ending the stream without waiting")
+            # (a browser that reads slowly too: trial FQ, a steady reader was said to take nothing)
+            log.info(
+                "sse: the server stops and the browser did not take the next event within %gs; ending the stream "
+                "(what was handed over still goes out while it reads)",
+                END_GRACE,
+            )
         else:
             log.warning("sse: the browser took nothing for %gs; ending the stream", STALL)
         return False

@@ -350,8 +350,10 @@ class ServerConnection(asyncio.Protocol):
         """More connections wait for their handshake than the listener allows: this one waited longest."""
         self.listener.handshaking.pop(self, None)
         self.listener.silent_log("crowded").warning(
-            "%s: closed a connection that had not finished its handshake: over %d connections were waiting for theirs",
+            "%s: closed a connection%s that had not finished its handshake: over %d connections were waiting for "
+            "theirs",
             self.listener.description,
+            self.peer_text(),  # (trial FQ: the other lines about a peer name it)
             self.listener.max_handshaking,
         )
         # (crowded: the SDK tries again, with backoff, within its reconnect_timeout)
