@@ -174,6 +174,13 @@ async def misused(store: tinystore.Store) -> None:
     with store.lock("l").hold(1):  # E
         pass
     print(lease)
+
+
+async def events_of(store: tinystore.Store) -> None:
+    # trial FR: a job event's kind and state were plain str
+    async for m in store.channel("tinystore-jobs", tinystore.JobEvent).each():
+        if m.value.kind == "done" or m.value.state == "completed":  # E
+            pass
 """
 
 

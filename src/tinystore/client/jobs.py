@@ -92,6 +92,7 @@ from ..protocol.jobs import (
     shown,
     snapshot,
 )
+from ..protocol.jobs import JobState as JobState  # (public: tinystore.JobState)
 from ..protocol.jobs import List as ListRequest
 from ..protocol.store import Empty
 from ..protocol.values import json_problem, valid_text
@@ -290,11 +291,6 @@ class JobError:
     error: str
     at: datetime
     traceback: str | None = None
-
-
-JobState = Literal["queued", "running", "succeeded", "failed", "dead", "cancelled"]
-"""The states of a job (JOB-02): ``failed`` means a retry is due; ``succeeded``, ``dead`` and ``cancelled`` are
-ended."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2402,7 +2402,14 @@ class JobsEngine:
             return
         try:
             payload = _msgpack.encode(
-                JobEvent(kind=kind, job_id=jid, state=state, progress=progress, attempts=attempts, error=error)
+                JobEvent(
+                    kind=kind,  # type: ignore[arg-type]  # (this module's own words: see JobEvent)
+                    job_id=jid,
+                    state=state,  # type: ignore[arg-type]
+                    progress=progress,
+                    attempts=attempts,
+                    error=error,
+                )
             )
             self.publish(EVENTS_CHANNEL, (q.name, jid), payload)
         except Exception as exc:  # an event that cannot go out never harms the job

@@ -29,7 +29,7 @@ Methods (request body → reply body):
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -376,6 +376,11 @@ class CancelRun(msgspec.Struct, kw_only=True):
     reason: str
 
 
+JobState = Literal["queued", "running", "succeeded", "failed", "dead", "cancelled"]
+"""The states of a job (JOB-02): ``failed`` means a retry is due; ``succeeded``, ``dead`` and ``cancelled`` are
+ended."""
+
+
 class JobEvent(msgspec.Struct):
     """A job event, published on the channel ``tinystore-jobs`` under ``(queue, job_id)``.
 
@@ -384,9 +389,9 @@ class JobEvent(msgspec.Struct):
     the job's at that moment.
     """
 
-    kind: str
+    kind: Literal["state", "progress", "stuck"]
     job_id: str
-    state: str
+    state: JobState
     progress: Any = None
     attempts: int = 0
     error: str | None = None
