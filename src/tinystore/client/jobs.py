@@ -1557,7 +1557,10 @@ class Queue(Generic[T]):
     async def options(self) -> dict[str, Any]:
         """The options the store keeps for this queue, asked of the store now (``tinystore jobs DIR configure`` may
         have changed them since this process opened the queue): durations in seconds, ``max_running*`` ``None``
-        for none. Raises ``InvalidError`` when this queue's options differ from them."""
+        for none. Raises ``InvalidError`` when this queue's options differ from them, ``UnavailableError`` when the
+        store cannot be reached within ``reconnect_timeout`` (or the queue's database is missing), ``ClosedError``
+        once the store is closed. A cancel leaves nothing behind (the queue may have been opened in the store).
+        """
         try:
             info: QueueInfo = await self.store._call(
                 "jobs.open", OpenQueue(queue=self.name, options=self._given), QueueInfo, write=False
@@ -1757,7 +1760,10 @@ class Queue(Generic[T]):
     ) -> builtins.list[str]:
         """Add many jobs in one write, all or none; returns their ids in order (``keys``: one per value, or
         ``None``; 100,000 jobs at most, and 16 MiB encoded: ``frame_body_bytes``). Otherwise as :meth:`add`: a
-        value that fails names its place (``add_many: values[2]``), and nothing is added then."""
+        value that fails names its place (``add_many: values[2]``), and nothing is added then. Raises as
+        :meth:`add` does (``InvalidError``, ``LimitError``, ``OutcomeUnknownError``,
+        ``UnavailableError``, ``ClosedError``); a cancel of this call after it was sent leaves all of the jobs added
+        or none."""
         jobs = self._many(values, keys, tenant, user, type, priority, delay, at)
         await self._ensure()
         self._not_in_own_tx("add_many")
@@ -1820,7 +1826,9 @@ class Queue(Generic[T]):
 
     async def get(self, job_id: str) -> Job[T] | None:
         """The job ``job_id`` as the store keeps it, or ``None`` (unknown, or deleted after ``keep``). Raises
-        ``InvalidError`` for an id that is not a str."""
+        ``InvalidError`` for an id that is not a str, ``UnavailableError`` when the store cannot be reached within
+        ``reconnect_timeout`` (the read is sent again across reconnects until then), ``ClosedError`` once the store
+        is closed. A read: a cancel leaves nothing behind."""
         check_job_id(self.name, "get", job_id)
         await self._ensure()
         row: JobRow | None = await self.store._call("jobs.get", Get(queue=self.name, id=job_id), JobRow | None)
@@ -1840,7 +1848,8 @@ class Queue(Generic[T]):
         The list comes from the rows, so a page that is reopened finds every job. Raises ``InvalidError`` for a
         bad argument, before anything is sent: a state that is not one of those, a ``limit`` that is not an int
         from 1 to 1000, a ``tenant``, ``type`` or ``user`` that is not a str (or ``None``) of at most 256
-        characters, a cursor that is not a page's ``next`` (a job id)."""
+        characters, a cursor that is not a page's ``next`` (a job id); ``UnavailableError`` and ``ClosedError`` as
+        :meth:`get`. A read: a cancel leaves nothing behind."""
         req = ListRequest(queue=self.name, state=state, tenant=tenant, type=type, limit=limit, after=after, user=user)
         check_list(self.name, req)
         await self._ensure()

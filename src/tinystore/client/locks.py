@@ -630,6 +630,8 @@ class Hold(Generic[R]):
             return None
 
     async def __aenter__(self) -> R:
+        """The lease (or permit) once given, or ``None`` for a ``try_hold`` that found the key taken; raises as
+        :meth:`Lock.hold` and :meth:`Lock.try_hold` say."""
         lock = self._lock
         key = self._key
         hub = lock._hub or lock._get_hub()

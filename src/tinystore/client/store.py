@@ -444,6 +444,8 @@ class Store:
             await asyncio.to_thread(_reap, self._child, 10.0)
 
     async def __aenter__(self) -> Store:
+        """``async with await tinystore.open(dir) as store:``: the store itself (already open); the block's end
+        closes it (:meth:`close`), whether the block returns or raises. Raises nothing."""
         return self
 
     async def __aexit__(
