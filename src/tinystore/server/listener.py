@@ -572,7 +572,7 @@ class ServerConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self.transport is not None:
-            self.budget.note(self, self.transport.get_write_buffer_size())
+            self.budget.note(self, self.transport.get_write_buffer_size(), shed=False)  # (see note)
         if self.transport is not None and not self.paused:
             self.paused = True
             self.steer_reading()
@@ -583,7 +583,7 @@ class ServerConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         if self.transport is not None:
-            self.budget.note(self, self.transport.get_write_buffer_size())
+            self.budget.note(self, self.transport.get_write_buffer_size(), shed=False)  # (see note)
         if self.transport is not None and self.paused:
             self.paused = False
             self.steer_reading()

@@ -60,9 +60,10 @@ class OutputBudget:
         self.evicting = False
         self.evicted = 0  # connections closed for the budget since the server began (told by status)
 
-    def note(self, holder: Holder, size: int) -> None:
+    def note(self, holder: Holder, size: int, shed: bool = True) -> None:
         """``holder`` holds ``size`` bytes unsent now; past the limit, holders are closed (see the module) until
-        the sum is within it again, or none may be."""
+        the sum is within it again, or none may be (not when ``shed`` is false: from inside a transport's own
+        call, such as ``pause_writing``; the write that made it call looks again)."""
         old = self.held.get(holder, 0)
         if size == old:
             return
@@ -74,7 +75,7 @@ class OutputBudget:
             del self.held[holder]
             del self.took_at[holder]
         self.total += size - old
-        if self.total > self.limit and not self.evicting:
+        if shed and self.total > self.limit and not self.evicting:
             self.shed()
 
     def forget(self, holder: Holder) -> None:
