@@ -143,6 +143,10 @@ TEN_YEARS = 10 * 365 * 86400.0
 FRAME_BODY_MAX = (1 << 32) - 8
 """The largest frame body the wire can carry (a frame's length is a u32 that counts 7 header bytes too)."""
 
+INT_MAX = (1 << 63) - 1
+"""The largest count or size a limit may be (trial FS: one past 64 bits was taken, and the store's status, which
+tells it, could not be encoded)."""
+
 _INTS = frozenset(f.name for f in msgspec.structs.fields(Limits) if f.type is int)
 _INT_MAX: dict[str, int] = {"frame_body_bytes": FRAME_BODY_MAX, "readers": 1024, "job_attempts": 1000}
 # (sql_memory_bytes: less, opening a database failed: trial CR)
@@ -160,10 +164,15 @@ _WITHIN: tuple[tuple[str, str | None, str], ...] = (
 def _check(name: str, value: Any) -> None:
     """Raise ``InvalidError`` naming ``name``, ``value`` and the allowed range when ``value`` is out of it."""
     if name in _INTS:
-        high = _INT_MAX.get(name)
+        high = _INT_MAX.get(name, INT_MAX)
         least = _INT_MIN.get(name, 1)
-        if type(value) is not int or value < least or (high is not None and value > high):
-            allowed = f"an int from {least:,} to {high}" if high is not None else f"an int, {least:,} or more"
+        if type(value) is not int or value < least or value > high:
+            if high != INT_MAX:
+                allowed = f"an int from {least:,} to {high}"
+            elif type(value) is int and value > high:
+                allowed = f"an int, at most {high:,}"
+            else:
+                allowed = f"an int, {least:,} or more"
             raise InvalidError(f"Limits: {name} = {value!r}: it must be {allowed}")
         return
     zero_ok = name in _ZERO_OK

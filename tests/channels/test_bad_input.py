@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime
 import enum
 import re
 import uuid
@@ -228,10 +229,20 @@ async def test_keys_that_are_one_once_written_as_text_bytes_keys_and_extensions_
         (msgspec.msgpack.Ext(5, b"abc"), "a msgspec.msgpack.Ext is not a JSON value"),
         ({"k": [msgspec.msgpack.Ext(1, b"")]}, "a msgspec.msgpack.Ext is not a JSON value"),
         (msgspec.Raw(b"\xc1"), "it does not read back"),
+        # (trial FS: keys of other types are text once written too)
+        ({uuid.UUID(int=1): "a", "00000000-0000-0000-0000-000000000001": "b"}, "two keys of a dict are the same"),
+        ({_Key.TEXT: 1, "t": 2}, "two keys of a dict are the same once written as JSON text ('t')"),
+        ([{datetime.date(2020, 1, 1): 1, "2020-01-01": 2}], "two keys of a dict are the same"),
+        ({datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC): 1, "2020-01-01T00:00:00Z": 2}, "two keys of a dict"),
+        (_Box({datetime.time(1, 2): 1, "01:02:00": 2}), "two keys of a dict are the same"),
     ):
         with pytest.raises(InvalidError, match=rf"^channel any: the value does not encode: {re.escape(want)}"):
             await ch.publish(value)
     await ch.publish({1: "a", "2": "b", 3.5: "c"})  # (keys of numbers and text that differ as text)
+    await ch.publish({uuid.UUID(int=1): "a", "b": _Box({_Key.TEXT: 1, "u": 2})})
+    # a typed channel's fields its type does not name are looked at too
+    with pytest.raises(InvalidError, match="two keys of a dict are the same"):
+        await store.channel("any", _Plain).publish(_Wider("k", {_Key.TEXT: 1, "t": 2}))
 
 
 # contract: CHAN-07

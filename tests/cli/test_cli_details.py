@@ -4,12 +4,14 @@ for --grace, values that look like rich markup, the database --db defaults to, a
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -542,3 +544,16 @@ async def test_more_columns_than_the_width_holds_are_shown_as_records(tmp_path: 
     assert done.stdout.count("x") == 40 * 40, done.stdout  # every name whole, its end on the lines below
     done = run_cli("sql", str(directory), "select column_0, column_1 from t")  # room enough: a table
     assert "┃ column_0 ┃ column_1 ┃" in done.stdout, done.stdout
+
+
+def test_a_key_json_writes_as_text_is_printed_as_that_text() -> None:
+    # trial FS: a datetime key (from a client that did not check) was printed with its quotes inside the key
+    from tinystore.cli import to_json
+
+    printed = to_json({dt.datetime(2020, 1, 1, tzinfo=dt.UTC): 1, (1, 2): 3, uuid.UUID(int=1): 2, b"ab": 4})
+    assert json.loads(printed) == {
+        "2020-01-01T00:00:00+00:00": 1,
+        "[1, 2]": 3,
+        "00000000-0000-0000-0000-000000000001": 2,
+        "6162": 4,
+    }

@@ -187,4 +187,29 @@ def test_the_largest_stalled_holder_goes_first_and_stale_sizes_are_read_again() 
 def test_the_bound_is_checked() -> None:
     with pytest.raises(InvalidError, match="client_output_bytes"):
         tinystore.Limits(client_output_bytes=1000)
+    # (trial FS: one past 64 bits was taken, and the status that tells it could not be encoded)
+    with pytest.raises(InvalidError, match="client_output_bytes = 18446744073709551616: it must be an int, at most"):
+        tinystore.Limits(client_output_bytes=2**64)
+
+
+def test_a_status_reads_the_sizes_again() -> None:
+    # trial FS: a client that had read its answers was still shown holding them, as long as it sent nothing
+    log: list[str] = []
+    budget = OutputBudget(100, _Clock())
+    a = _Holder("a", 0, log)
+    budget.note(a, 70)
+    budget.refresh()
+    assert budget.total == 0 and budget.held == {} and not log
     assert tinystore.Limits().client_output_bytes == 1 << 30
+
+
+# contract: STORE-06
+async def test_a_read_whose_own_answer_is_over_the_bound_fails_rather_than_loop(tmp_path: Path) -> None:
+    # trial FS: closed each time it was sent again, the read was sent again for ever (608 closes in 30 s)
+    limits = tinystore.Limits(client_output_bytes=1 << 20)
+    async with open_store("private", tmp_path / "s", limits=limits) as store:
+        db = await store.database("x")
+        with pytest.raises(tinystore.UnavailableError, match=r"dropped 4 times .* Limits\.client_output_bytes"):
+            await asyncio.wait_for(db.one("select zeroblob(?) as b", 3_000_000), 30)
+        assert (await store.status())["unsent"]["evicted"] >= 1
+        assert await db.scalar("select 1") == 1  # a small read is served

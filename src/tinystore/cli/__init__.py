@@ -349,12 +349,21 @@ def to_json(value: Any) -> str:
 
 
 def _text_keys(value: Any) -> Any:
-    """``value`` with every dict key that is not a str, int, float, bool or None written as its JSON text."""
+    """``value`` with every dict key that is not a str, int, float, bool or None written as its JSON text (a key
+    that is text there, a date's, as that text: trial FS, it kept its quotes)."""
     if isinstance(value, dict):
-        return {k if isinstance(k, str | int | float | None) else to_json(k): _text_keys(v) for k, v in value.items()}
+        return {k if isinstance(k, str | int | float | None) else _key_text(k): _text_keys(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_text_keys(v) for v in value]
     return value
+
+
+def _key_text(key: Any) -> str:
+    text = to_json(key)
+    if text.startswith('"'):
+        unquoted: str = json.loads(text)
+        return unquoted
+    return text
 
 
 def _utf8_output() -> bool:

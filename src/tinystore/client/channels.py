@@ -21,6 +21,7 @@ import collections
 import contextlib
 import functools
 import inspect
+import json
 import logging
 import time
 import weakref
@@ -193,6 +194,7 @@ _PLAIN = frozenset({str, int, float, bool, type(None), bytes, bytearray})
 _decode_any = msgspec.msgpack.Decoder().decode
 _Ext = msgspec.msgpack.Ext
 _json_text = msgspec.json.encode
+_json_pairs = json.loads
 
 
 def _not_json(value: Any, data: bytes) -> str | None:
@@ -212,7 +214,35 @@ def _not_json(value: Any, data: bytes) -> str | None:
         # (a key that is a map or an array once encoded, such as a frozen dataclass, cannot be read back as one;
         # nor can a msgspec.Raw that is not MessagePack)
         return "it does not read back (a dict key that is not text or a number, or a msgspec.Raw that is not valid)"
-    return _plain_not_json(decoded)[0]
+    found = _plain_not_json(decoded)[0]
+    if found is not None:
+        return found
+    # keys of other types (a UUID, an Enum, a date, a Decimal) are text once written: two may be one there (trial
+    # FS: {E.A: 1, "x": 2} reached a browser as {"x":1,"x":2}); what a browser would read is looked at
+    try:
+        _json_pairs(_json_text(value), object_pairs_hook=_one_each)
+    except _SameKey as exc:
+        return (
+            f"two keys of a dict are the same once written as JSON text ({exc.args[0]!r}): a browser's JSON.parse "
+            "would keep the last"
+        )
+    except (TypeError, ValueError, RecursionError):
+        pass  # (not JSON as it is: what it is, the checks above said; a msgspec.Raw holds MessagePack)
+    return None
+
+
+class _SameKey(Exception):
+    pass
+
+
+def _one_each(pairs: list[tuple[str, Any]]) -> None:
+    """``object_pairs_hook`` of ``json.loads``: raises :class:`_SameKey` naming a key that comes twice."""
+    if len(pairs) > 1:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _SameKey(key)
+            seen.add(key)
 
 
 def _plain_not_json(value: Any) -> tuple[str | None, bool]:

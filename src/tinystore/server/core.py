@@ -271,6 +271,7 @@ class Core:
         return task
 
     def status(self) -> dict[str, Any]:
+        self.output_budget.refresh()
         out: dict[str, Any] = {
             "version": __version__,
             "directory": str(self.directory),

@@ -89,8 +89,7 @@ class OutputBudget:
         self.evicting = True
         try:
             now = self.clock()
-            for holder in list(self.held):
-                self.note(holder, holder.unsent_now())
+            self.refresh()
             while self.total > self.limit and self.held:
                 stalled = [h for h in self.held if now - self.took_at[h] >= STALLED]
                 if stalled:
@@ -112,6 +111,16 @@ class OutputBudget:
                 holder.evict(held, total, self.limit)
         finally:
             self.evicting = False
+
+    def refresh(self) -> None:
+        """Read every holder's size again (a client that read what it held said nothing: trial FS, a status showed
+        it still held); closes nothing."""
+        evicting, self.evicting = self.evicting, True
+        try:
+            for holder in list(self.held):
+                self.note(holder, holder.unsent_now())
+        finally:
+            self.evicting = evicting
 
     def _look(self) -> None:
         self.looking = False
