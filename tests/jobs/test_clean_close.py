@@ -6,8 +6,11 @@ import asyncio
 import gc
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import tinystore
 
@@ -66,3 +69,60 @@ async def test_a_quick_cli_call_prints_nothing_on_stderr(tmp_path: Path) -> None
         assert done.returncode == 0, done.stderr
         assert done.stdout == '{"x": 1}\n'
         assert done.stderr == ""
+
+
+# contract: JOB-05
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+@pytest.mark.parametrize("how", ["worker", "run_due"])
+async def test_close_with_a_grace_cancels_running_handlers_within_it(tmp_path: Path, mode: str, how: str) -> None:
+    # trial FT: a test's teardown waited 10 s for a handler still running (its timeout fired there, and the next
+    # test found the directory held); close(grace=0) cancels them at once, their jobs handed back
+    store = await tinystore.open(tmp_path / "s", embedded=mode == "embedded", private=mode == "private")
+    queue = store.queue("q", dict)
+    started = asyncio.Event()
+
+    async def handler(value: dict[str, Any], run: tinystore.Run) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    job = await queue.add({"a": 1})
+    runs = None
+    if how == "worker":
+        queue.work(handler)
+    else:
+        runs = asyncio.ensure_future(queue.run_due(handler))
+    await asyncio.wait_for(started.wait(), 10)
+    began = time.monotonic()
+    await store.close(grace=0)
+    assert time.monotonic() - began < 5
+    if runs is not None:
+        await runs
+    with pytest.raises(tinystore.InvalidError, match="grace"):
+        await store.close(grace="soon")
+    store = await tinystore.open(tmp_path / "s", embedded=mode == "embedded", private=mode == "private")
+    try:
+        got = await store.queue("q", dict).get(job)
+        assert got is not None and got.state == "queued" and got.attempts == 0, got  # handed back, not counted
+    finally:
+        await store.close()
+
+
+# contract: JOB-05
+async def test_a_later_close_with_a_shorter_grace_cuts_the_first_short(tmp_path: Path) -> None:
+    store = await tinystore.open(tmp_path / "s", embedded=True)
+    queue = store.queue("q", dict)
+    started = asyncio.Event()
+
+    async def handler(value: dict[str, Any], run: tinystore.Run) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    await queue.add({"a": 1})
+    queue.work(handler)
+    await asyncio.wait_for(started.wait(), 10)
+    began = time.monotonic()
+    first = asyncio.ensure_future(store.close())  # (10 s of grace)
+    await asyncio.sleep(0.2)
+    await store.close(grace="0s")
+    await first
+    assert time.monotonic() - began < 5

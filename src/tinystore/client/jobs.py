@@ -108,7 +108,12 @@ log = logging.getLogger("tinystore.jobs")
 CANCEL_WAIT = 10.0
 """Seconds a stopping worker waits for its cancelled handlers to end."""
 CLOSE_GRACE = 10.0
-"""Seconds the handlers running get to end when the store closes (a worker's, and run_due's), before their cancel."""
+"""Seconds the handlers running get to end when the store closes (a worker's, and run_due's), before their cancel,
+unless ``store.close(grace=...)`` says."""
+
+
+def _close_grace(store: Store) -> float:
+    return CLOSE_GRACE if store._close_grace is None else store._close_grace
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -1018,6 +1023,15 @@ class _Runner:
         closer = self.queue.store._closer
         return self.handling - sum(1 for a in self.attempts.values() if a.task is not None and a.task is closer)
 
+    def shorten(self, grace: float) -> None:
+        """A stop under way lets running attempts finish for no more than ``grace`` seconds from now."""
+        timeout = self.grace
+        if timeout is not None:
+            end = asyncio.get_running_loop().time() + grace
+            when = timeout.when()
+            if when is None or end < when:
+                timeout.reschedule(end)
+
     async def stop(self, grace: float) -> None:
         """Let running attempts finish for ``grace`` seconds, then cancel them (their jobs are handed back).
         While it waits, ``self.grace`` is its timeout: a later :meth:`Worker.stop` may move it sooner.
@@ -1107,6 +1121,7 @@ class Worker:
         self._task = asyncio.ensure_future(self._loop())
         self._runner.owner = self._task
         queue.store._stop_hooks.append(self._stop_at_close)
+        queue.store._close_shorteners.append(self._runner.shorten)
 
     @property
     def ran(self) -> int:
@@ -1255,25 +1270,22 @@ class Worker:
             self._runner.slot.set()
             task = self._stop_task = asyncio.ensure_future(self._stop(grace_s))
         else:
-            timeout = self._runner.grace
-            if timeout is not None:
-                end = asyncio.get_running_loop().time() + grace_s
-                when = timeout.when()
-                if when is None or end < when:
-                    timeout.reschedule(end)
+            self._runner.shorten(grace_s)
         await asyncio.shield(task)
 
     async def _stop_at_close(self) -> None:
-        """The store closes: :meth:`stop` with its 10 s of grace, saying so when handlers run (trial BU: a program
-        stopped by Ctrl-C sat silent for 10 s)."""
-        if self._stop_task is None and self._runner.waited_at_close():
+        """The store closes: :meth:`stop` with the close's grace (10 s unless given), saying so when handlers run
+        (trial BU: a program stopped by Ctrl-C sat silent for 10 s)."""
+        grace = _close_grace(self.queue.store)
+        if self._stop_task is None and self._runner.waited_at_close() and grace > 0:
             log.warning(
-                "queue %s: the store is closing: its worker lets %d running handler(s) finish for up to 10s, then "
-                "cancels them (their jobs go back to the queue); call worker.stop(grace) before closing to choose",
+                "queue %s: the store is closing: its worker lets %d running handler(s) finish for up to %gs, then "
+                "cancels them (their jobs go back to the queue); store.close(grace=...) or worker.stop(grace) chooses",
                 self.queue.name,
                 self._runner.waited_at_close(),
+                grace,
             )
-        await self.stop()
+        await self.stop(grace)
 
     async def _stop(self, grace: float) -> None:
         q = self.queue
@@ -1295,6 +1307,8 @@ class Worker:
         await self._runner.stop(grace)
         with contextlib.suppress(ValueError):
             q.store._stop_hooks.remove(self._stop_at_close)
+        with contextlib.suppress(ValueError):
+            q.store._close_shorteners.remove(self._runner.shorten)
 
     def __repr__(self) -> str:
         error = self.error
@@ -1959,17 +1973,20 @@ class Queue(Generic[T]):
             # lost"). A claim under way ends first: what it took is handed back (trial DB: a run_due begun just
             # before the close ran its handler after it, the result lost)
             await settled.wait()
-            if runner.waited_at_close():
+            grace = _close_grace(self.store)
+            if runner.waited_at_close() and grace > 0:
                 log.warning(
-                    "queue %s: the store is closing: run_due lets %d running handler(s) finish for up to 10s, then "
+                    "queue %s: the store is closing: run_due lets %d running handler(s) finish for up to %gs, then "
                     "cancels them (their jobs go back to the queue)",
                     self.name,
                     runner.waited_at_close(),
+                    grace,
                 )
-            await runner.stop(CLOSE_GRACE)
+            await runner.stop(grace)
 
         # (at once, before the first wait: a close that begins meanwhile must wait for this run_due too)
         self.store._stop_hooks.append(at_close)
+        self.store._close_shorteners.append(runner.shorten)
         try:
             await self._ensure()
             now = await self.store.clock.now()
@@ -2004,6 +2021,8 @@ class Queue(Generic[T]):
         finally:
             with contextlib.suppress(ValueError):
                 self.store._stop_hooks.remove(at_close)
+            with contextlib.suppress(ValueError):
+                self.store._close_shorteners.remove(runner.shorten)
             await runner.stop(0)
 
     def _bind_tx(self, tx: SqlTx) -> TxQueue[T]:

@@ -155,6 +155,9 @@ class Store:
         # the workers' and run_due's stops, run at once before the other hooks: each lets its handlers run out a
         # grace (10 s), and one after another they took 10 s each (trial DB)
         self._stop_hooks: list[Any] = []
+        # seconds the job handlers still running get at close (see close; None: jobs.CLOSE_GRACE, 10 s)
+        self._close_grace: float | None = None
+        self._close_shorteners: list[Callable[[float], None]] = []  # what a later close(grace=...) cuts short
         self._closer: asyncio.Task[Any] | None = None  # the task that called close() first
         self._undoing: set[asyncio.Task[Any]] = set()  # calls that give back what a cancelled call was handed
         self._close_task: asyncio.Task[None] | None = None
@@ -404,12 +407,23 @@ class Store:
             ) from None
         return result
 
-    async def close(self) -> None:
+    async def close(self, grace: Duration | None = None) -> None:
         """Close the store: stop what this SDK runs (subscriptions, leases, workers), then the connection.
         A private server stops; an embedded store stops its engines and lets the directory go. Idempotent.
+        ``grace``: how long the job handlers still running (workers', ``run_due``'s) may take to finish before they
+        are cancelled, their jobs handed back (a duration; 10 s unless given; ``0``: cancelled at once, as a test's
+        teardown wants); a later call's shorter grace cuts a close's under way short. Raises ``InvalidError`` for
+        a ``grace`` that is no duration, before anything stops.
         A cancel of ``close``, once it has begun, leaves the close going on; a later call waits for it to end (a
         task of ``close()`` cancelled before it first ran ran none of it, as any coroutine). Raises ``InvalidError``
         from another event loop than the one the store was opened on, as every call does."""
+        if grace is not None:
+            grace_s = seconds(grace, "store.close: grace")
+            if self._close_grace is None or grace_s < self._close_grace:
+                self._close_grace = grace_s
+                if self._close_task is not None:
+                    for shorten in list(self._close_shorteners):
+                        shorten(grace_s)
         task = self._close_task
         if (task is None or not task.done()) and asyncio.get_running_loop() is not self.transport.loop:
             # trial BU: a bare RuntimeError ("Event loop is closed") from a later asyncio.run()

@@ -1,0 +1,41 @@
+"""A directory this process owns already: the second open says what to do, even when the first store's event loop
+has ended without closing it (trial FT: a test that forgot to close its store, its asyncio.run over)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys, tinystore
+
+    kept = {}
+
+    async def forget() -> None:
+        kept["store"] = await tinystore.open(sys.argv[1], embedded=True)
+
+    async def again() -> None:
+        try:
+            await tinystore.open(sys.argv[1], embedded=True)
+        except tinystore.InUseError as exc:
+            print(exc.message)
+
+    asyncio.run(forget())
+    asyncio.run(again())
+    """
+)
+
+
+# contract: STORE-01
+def test_a_store_left_open_by_an_ended_loop_is_named_so(tmp_path: Path) -> None:
+    script = tmp_path / "forget.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "s")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "in an event loop that has ended without closing it" in done.stdout, (done.stdout, done.stderr)
+    assert "async with await tinystore.open(...)" in done.stdout
