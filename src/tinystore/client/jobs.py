@@ -115,6 +115,7 @@ unless ``store.close(grace=...)`` says."""
 def _close_grace(store: Store) -> float:
     return CLOSE_GRACE if store._close_grace is None else store._close_grace
 
+
 T = TypeVar("T")
 R = TypeVar("R")
 
