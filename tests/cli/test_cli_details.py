@@ -184,6 +184,11 @@ async def test_a_queue_whose_database_is_not_a_database_does_not_hide_the_others
     assert done.returncode == 0 and kept in done.stdout, done.stderr
     done = run_cli("jobs", str(directory), "cancel", kept)
     assert done.returncode == 0 and "cancelled" in done.stdout, done.stderr
+    # and a status lists the queue, saying why it could not be loaded (trial FS: left out)
+    done = run_cli("status", str(directory), "--json")
+    assert done.returncode == 0, done.stderr
+    listed = {q["queue"]: q for q in json.loads(done.stdout)["jobs"]["queues"]}
+    assert "not a database" in (listed["mail"]["error"] or "") and listed["other"]["error"] is None, listed
 
 
 async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(

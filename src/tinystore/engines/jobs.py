@@ -486,6 +486,7 @@ class JobsEngine:
         self._spawn = spawn or asyncio.ensure_future
         self.queues: dict[str, JobQueue] = {}
         self._loading: dict[str, asyncio.Future[JobQueue]] = {}
+        self._load_errors: dict[str, str] = {}  # queue → why its load at the start failed (shown by status)
         self._options: dict[str, QueueOptions] = {}
         # the options this engine wrote last for each queue (configure): what the store keeps, whatever a read of
         # the options under way meanwhile gives
@@ -670,6 +671,7 @@ class JobsEngine:
             pass
         except TinystoreError as exc:
             log.error("jobs: queue %s could not be loaded: %s", name, exc.message)
+            self._load_errors[name] = exc.message
 
     def _configure_hint(self, name: str, given: Options, kept: Options) -> str:
         """How a deploy changes the options the store keeps to those ``given``: the command line's ``tinystore
@@ -866,6 +868,7 @@ class JobsEngine:
         # a configure during the load at a store's start was stored, answered with the old options, and the queue
         # ran with them until the next start)
         q.options = self._configured.get(name, q.options)
+        self._load_errors.pop(name, None)
         if q.spent_at_load:
             await self._end_loaded_spent(q)  # (before the queue is used: its callers see them dead)
         self.queues[name] = q
@@ -2520,6 +2523,7 @@ class JobsEngine:
                     "index": len(q.entries),
                     "deadlines": len(q.delayed) + len(q.leases) + len(q.stuck_at),
                     "loading": False,
+                    "error": None,
                 }
             )
         for name in self._loading:
@@ -2536,6 +2540,24 @@ class JobsEngine:
                         "stuck_reports": 0,
                         **dict.fromkeys(("index", "deadlines")),
                         "loading": True,
+                        "error": None,
+                    }
+                )
+        for name, error in self._load_errors.items():
+            if name not in self.queues and name not in self._loading:
+                # its load failed (its database missing, or not a database): listed, saying why (trial FS: it was
+                # left out of the status of a running server)
+                opts = self._options.get(name)
+                queues.append(
+                    {
+                        "queue": name,
+                        "database": None if opts is None else opts.database,
+                        **dict.fromkeys(("queued", "delayed", "running", "stuck")),
+                        "waiting_claims": 0,
+                        "stuck_reports": 0,
+                        **dict.fromkeys(("index", "deadlines")),
+                        "loading": False,
+                        "error": error,
                     }
                 )
         return {
