@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -189,6 +190,44 @@ async def test_a_queue_whose_database_is_not_a_database_does_not_hide_the_others
     assert done.returncode == 0, done.stderr
     listed = {q["queue"]: q for q in json.loads(done.stdout)["jobs"]["queues"]}
     assert "not a database" in (listed["mail"]["error"] or "") and listed["other"]["error"] is None, listed
+
+
+async def test_a_queue_whose_tables_went_with_its_emptied_file_is_not_made_anew(tmp_path: Path) -> None:
+    # trial FS: an application database emptied (or replaced) under a queue was given the queue's tables anew by a
+    # look (tinystore jobs queues), its jobs gone without a word
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    db = await store.database("app")
+    job = await store.queue("mail", dict, database=db).add({"to": "a"})
+    await store.close()
+    for f in (directory / "sql").glob("app.db-*"):
+        f.unlink()
+    (directory / "sql" / "app.db").write_bytes(b"")
+    done = run_cli("jobs", str(directory), "queues", "--json")
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stdout.splitlines()[0])
+    assert "its jobs' tables are missing from database app" in (line.get("error") or ""), line
+    with sqlite3.connect(directory / "sql" / "app.db") as conn:  # the queue's tables not made there
+        assert not conn.execute("select name from sqlite_master where name like '_tinystore_job%'").fetchall()
+    done = run_cli("jobs", str(directory), "show", job)
+    assert done.returncode == 1 and "tables are missing" in done.stderr, done.stderr
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        with pytest.raises(tinystore.UnavailableError, match=r"was its file \(app\.db\) replaced or emptied"):
+            await store.queue("mail", dict, database=await store.database("app")).add({"to": "b"})
+    finally:
+        await store.close()
+    # the way out it names: the file deleted, the application's database() makes it anew, and the queue's tables
+    # with it (trial FB: said loudly)
+    for f in (directory / "sql").glob("app.db*"):
+        f.unlink()
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        queue = store.queue("mail", dict, database=await store.database("app"))
+        again = await queue.add({"to": "c"})
+        assert [j.id for j in (await queue.list()).jobs] == [again]
+    finally:
+        await store.close()
 
 
 async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(

@@ -16,26 +16,18 @@ import pytest
 import tinystore
 from tinystore.errors import InvalidError
 from tinystore.protocol import frames
-from tinystore.protocol.frames import Frame, Kind
-from tinystore.protocol.messages import decode, encode
+from tinystore.protocol.frames import Kind
+from tinystore.protocol.messages import encode
 from tinystore.protocol.sql import OpenDb, Query
 from tinystore.server import paths
 from tinystore.server.output_budget import STALLED, OutputBudget
 
 from ..helpers import open_store
 from .raw import RawClient
+from .test_noread_answers import answer
 
 ANSWER = 1_000_000
 LIMIT = 40 << 20  # (a connection that reads nothing holds some 16 to 24 MiB)
-
-
-async def answer(raw: RawClient, stream: int) -> Any:
-    while True:
-        f = await raw.frame(timeout=20)
-        assert isinstance(f, Frame) and f.kind is not Kind.GOAWAY, f
-        if f.stream == stream:
-            assert f.kind is Kind.RESPONSE, f
-            return decode(f.body)
 
 
 async def stalled(where: tuple[str, Any]) -> RawClient:

@@ -222,8 +222,12 @@ SCHEMA = (
     f"create index if not exists {TABLE}_ended on {TABLE} (queue, finished_at) "
     "where state in ('succeeded', 'dead', 'cancelled')",
 )
+QUEUE_TABLES = "_tinystore_queue_tables"
+"""In the store's jobs database: the queues whose tables the store made in their application database, so that a
+file replaced or emptied since is told as such, not made anew without a word (trial FS)."""
 QUEUES_SCHEMA = (
     f"create table if not exists {QUEUES} (name text primary key, options text not null, created_at integer not null)",
+    f"create table if not exists {QUEUE_TABLES} (name text primary key)",
 )
 ROW_BYTES = (
     "length(cast(value as blob)) + coalesce(length(cast(result as blob)), 0) + "
@@ -831,15 +835,16 @@ class JobsEngine:
             if fut.done() and self._loading.get(name) is fut:
                 del self._loading[name]
 
-    async def _where(self, name: str) -> tuple[QueueOptions, SqlDatabase, bool]:
-        """Queue ``name``'s options, its database, and whether its tables are made there. Raises ``InvalidError``
-        for a queue the store does not know."""
+    async def _where(self, name: str) -> tuple[QueueOptions, SqlDatabase, bool, bool]:
+        """Queue ``name``'s options, its database, whether its tables are made there, and whether the store noted
+        that it made them (:data:`QUEUE_TABLES`). Raises ``InvalidError`` for a queue the store does not know, and
+        ``UnavailableError`` for tables the store made that are gone (the file replaced or emptied)."""
         opts = await self._stored_options(name)
         if opts is None:
             check_name("queue", name)
             raise InvalidError(f"queue {name} does not exist (open it with store.queue({name!r}, ...) first)")
         if opts.database == JOBS_DB:
-            return opts, await self.jobs_db(), True
+            return opts, await self.jobs_db(), True, True
         db, _ = await self.sql.open(opts.database, create=False, why=f"queue {name}: its jobs' ")
         db.pinned = True  # the queue's jobs are there: never closed as unused (see SqlEngine._sweep)
         made = bool(
@@ -849,18 +854,49 @@ class JobsEngine:
                 )
             ).rows[0][0]
         )
-        return opts, db, made
+        jobs = await self.jobs_db()
+        marked = bool(
+            (await jobs.read(f"select count(*) from {QUEUE_TABLES} where name = ?", [name], "scalar")).rows[0][0]
+        )
+        if marked and not made:
+            raise UnavailableError(
+                f"queue {name}: its jobs' tables are missing from database {opts.database}, where the store made them: "
+                f"was its file ({opts.database}.db) replaced or emptied? Its jobs are not made anew without a word: "
+                "put the file back (a copy of `tinystore backup`, say), or, to begin the queue anew, stop the store, "
+                f"delete the file, and let store.database({opts.database!r}) make it anew"
+            )
+        return opts, db, made, marked
+
+    async def forget_tables(self, names: list[str]) -> None:
+        """Queues ``names``' database was made anew (its file was missing) by the application's own open: their
+        tables are made there anew too (trial FB), not told missing."""
+        jobs = await self.jobs_db()
+        for name in names:
+            await jobs.write(f"delete from {QUEUE_TABLES} where name = ?", [name], own=True)
+
+    async def _mark_made(self, name: str) -> None:
+        """Note that queue ``name``'s tables are made in its application database (see :data:`QUEUE_TABLES`)."""
+        jobs = await self.jobs_db()
+        mark = f"insert into {QUEUE_TABLES} (name) values (?) on conflict (name) do nothing"
+        await jobs.write(mark, [name], own=True)
 
     async def _load(self, name: str) -> JobQueue:
         # In an application database, the tables are made without waiting for the writer: an application
         # transaction may hold it, and may be the very one adding this queue's first job (it then makes them
         # itself, see add()). Every later write of the engine queues behind these on the writer.
-        opts, db, made = await self._where(name)
+        opts, db, made, marked = await self._where(name)
         q = JobQueue(self, name, opts, db)
         if not made:
             q.schema = asyncio.gather(*(db.write(stmt, [], own=True) for stmt in SCHEMA))
-            q.schema.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+            def schema_done(f: asyncio.Future[Any]) -> None:
+                if not f.cancelled() and f.exception() is None and not self.closed:
+                    self._track(self._mark_made(name))
+
+            q.schema.add_done_callback(schema_done)
         else:
+            if not marked:  # (made by a version before the note, or by an application's transaction: noted now)
+                self._track(self._mark_made(name))
             await self._load_jobs(q, db)
         if self.closed:
             raise ClosedError("jobs: the store is stopping")
@@ -2214,7 +2250,7 @@ class JobsEngine:
         q = self.queues.get(name)
         if q is None:
             self._check_open()
-            _, db, made = await self._where(name)
+            _, db, made, _ = await self._where(name)
             q = self.queues.get(name)  # (loaded meanwhile)
             if q is None:
                 return (db, None) if made else None

@@ -9,6 +9,7 @@ and write them through the SQL engine itself, not through these methods.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -93,6 +94,8 @@ def install(core: Core) -> None:
                 ", ".join(queues),
                 db_path(name),
             )
+            with contextlib.suppress(TinystoreError):
+                await jobs.forget_tables(queues)  # (made anew in the new file at their next use, as it says)
 
     def db_path(name: str) -> str:
         return str(engine.directory / f"{name}.db")
