@@ -74,8 +74,9 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     #: runs again on a reader thread. 0 sends every read to a reader thread.
     inline_read: float = 0.0005
     #: bytes the server holds written for its clients and not yet taken by them (answers, channel messages), all
-    #: connections together: past it, the connection holding the most is closed at once, what it held dropped
-    #: (as Redis's ``maxmemory-clients``); its SDK connects again and sends its reads again
+    #: connections together: past it, the connection holding the most of those whose client took nothing for a
+    #: second is closed at once, what it held dropped (as Redis's ``maxmemory-clients``); its SDK connects again
+    #: and sends its reads again. A client that reads is not closed for it
     client_output_bytes: int = 1024 * 1024 * 1024
 
     def __post_init__(self) -> None:

@@ -393,11 +393,6 @@ class _Lost(Exception):
 OUT_OF_MEMORY_TRIES = 2
 """A read whose connection this process dropped for want of memory is sent again once; then it fails."""
 
-DROPS_MAX = 4
-"""A read whose answer was lost with its connection this many times fails (``UnavailableError``) rather than be sent
-again: a server closes a connection that holds more answers unread than ``Limits.client_output_bytes`` allows, and
-a read whose answers alone are over it would be closed each time it is sent (trial FS: for ever)."""
-
 
 class _Starved(Exception):
     """The answer came, but this process had no memory to hold it (the connection goes on)."""
@@ -1246,7 +1241,6 @@ class RemoteTransport(Transport):
                 # the server would refuse the frame and close the connection: refuse it here, send nothing
                 raise too_large(method, request, len(body), self.max_body)
             starved = 0  # connections this process dropped, out of memory, while this call waited for its answer
-            dropped = 0  # connections that dropped while this read, sent, waited for its answer
             refused = False  # a stopping server answered it unrun (then only unread sends, if any)
             while True:
                 conn = self._conn
@@ -1355,14 +1349,6 @@ class RemoteTransport(Transport):
                             ) from None
                         raise ClosedError(
                             f"{_about(method, request)}: the connection to the store dropped ({exc})", dropped=True
-                        ) from None
-                    dropped += 1
-                    if dropped >= DROPS_MAX:
-                        raise UnavailableError(
-                            f"{_about(method, request)}: the connection to the store dropped {dropped} times while "
-                            f"this read waited for its answer (the last: {exc}); not sent again. A server closes a "
-                            "connection holding more answers unread than its Limits.client_output_bytes allows (its "
-                            "log says so): ask for less at a time"
                         ) from None
                     continue
                 except _Refused as exc:

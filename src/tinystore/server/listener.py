@@ -1176,13 +1176,16 @@ class ServerConnection(asyncio.Protocol):
         out, self.out = self.out, []
         transport = self.transport
         if out and transport is not None and not transport.is_closing():
+            data = out[0] if len(out) == 1 else None
             try:
-                transport.write(out[0] if len(out) == 1 else _join(out))
+                if data is None:
+                    data = _join(out)
+                transport.write(data)
             except MemoryError:
                 self.write_apart(transport, out)
             # what the client has not taken yet counts against the server's budget (see output_budget); almost
             # always nothing: the socket took it all
-            self.budget.note(self, transport.get_write_buffer_size())
+            self.budget.note(self, transport.get_write_buffer_size(), len(data) if data is not None else 0)
 
     def unsent_now(self) -> int:
         """Bytes the transport holds unsent (see output_budget)."""
