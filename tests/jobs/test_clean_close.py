@@ -126,3 +126,34 @@ async def test_a_later_close_with_a_shorter_grace_cuts_the_first_short(tmp_path:
     await store.close(grace="0s")
     await first
     assert time.monotonic() - began < 5
+
+
+# contract: JOB-05
+async def test_a_shorter_grace_asked_before_the_first_closes_grace_began_is_heard(tmp_path: Path) -> None:
+    # trial FU: asked a few loop turns after close(grace=30), before the worker's stop had begun its grace,
+    # close(grace=0) was not heard: the close took the 30 s
+    for turns in range(8):
+        store = await tinystore.open(tmp_path / f"s{turns}", embedded=True)
+        queue = store.queue("q", dict)
+        started = asyncio.Event()
+
+        async def handler(value: dict[str, Any], run: tinystore.Run, started: asyncio.Event = started) -> None:
+            started.set()
+            await asyncio.sleep(3600)
+
+        job = await queue.add({"a": 1})
+        queue.work(handler)
+        await asyncio.wait_for(started.wait(), 10)
+        began = time.monotonic()
+        first = asyncio.ensure_future(store.close(grace=30))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await store.close(grace=0)
+        await first
+        assert time.monotonic() - began < 5, f"{turns} turns between the two closes"
+        store = await tinystore.open(tmp_path / f"s{turns}", embedded=True)
+        try:
+            got = await store.queue("q", dict).get(job)
+            assert got is not None and got.state == "queued" and got.attempts == 0, got
+        finally:
+            await store.close()

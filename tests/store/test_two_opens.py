@@ -22,6 +22,10 @@ SCRIPT = textwrap.dedent(
             await tinystore.open(sys.argv[1], embedded=True)
         except tinystore.InUseError as exc:
             print(exc.message)
+        try:  # (trial FU: through the socket, it waited 15 s, then said the server was suspended)
+            await asyncio.wait_for(tinystore.open(sys.argv[1]), 5)
+        except tinystore.InUseError as exc:
+            print("sidecar:", exc.message)
 
     asyncio.run(forget())
     asyncio.run(again())
@@ -39,3 +43,4 @@ def test_a_store_left_open_by_an_ended_loop_is_named_so(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "in an event loop that has ended without closing it" in done.stdout, (done.stdout, done.stderr)
     assert "async with await tinystore.open(...)" in done.stdout
+    assert "sidecar: " in done.stdout and done.stdout.count("in an event loop that has ended") == 2, done.stdout

@@ -638,6 +638,7 @@ class _Runner:
         # cancelled too is the program ending (asyncio.run cancels every task), else the handler's own doing
         self.owner: asyncio.Task[Any] | None = None
         self.grace: asyncio.Timeout | None = None  # the grace of a stop under way
+        self.grace_end: float | None = None  # (loop time) no stop's grace lasts past it (see shorten)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = self.loop.create_task(coro)
@@ -1025,10 +1026,13 @@ class _Runner:
         return self.handling - sum(1 for a in self.attempts.values() if a.task is not None and a.task is closer)
 
     def shorten(self, grace: float) -> None:
-        """A stop under way lets running attempts finish for no more than ``grace`` seconds from now."""
+        """A stop, under way or still to begin its grace, lets running attempts finish for no more than ``grace``
+        seconds from now (trial FU: asked before the stop's grace had begun, it was not heard)."""
+        end = asyncio.get_running_loop().time() + grace
+        if self.grace_end is None or end < self.grace_end:
+            self.grace_end = end
         timeout = self.grace
         if timeout is not None:
-            end = asyncio.get_running_loop().time() + grace
             when = timeout.when()
             if when is None or end < when:
                 timeout.reschedule(end)
@@ -1046,9 +1050,12 @@ class _Runner:
         def others() -> list[_Attempt]:
             return [a for a in self.attempts.values() if a.task is None or a.task is not closer]
 
-        if others() and grace > 0:
+        end = asyncio.get_running_loop().time() + grace
+        if self.grace_end is not None:
+            end = min(end, self.grace_end)
+        if others() and end > asyncio.get_running_loop().time():
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace) as self.grace:
+                async with asyncio.timeout_at(end) as self.grace:
                     if len(others()) == len(self.attempts):
                         await self.idle.wait()
                     else:

@@ -255,7 +255,14 @@ def unserved_here(directory: Path) -> InUseError | None:
     serve it."""
     from . import paths
 
-    if DirLock(directory).path not in _HELD or (paths.read_address(directory) or {}).get("pid") == os.getpid():
+    lock = DirLock(directory)
+    if lock.path in _HELD:
+        loop = _LOOPS.get(lock.path)
+        if loop is not None and loop.is_closed():
+            # (its socket is served by a loop that has ended: trial FU, a connection waited 15 s, then the server
+            # was said to be suspended)
+            return lock._in_use(str(os.getpid()))
+    if lock.path not in _HELD or (paths.read_address(directory) or {}).get("pid") == os.getpid():
         return None
     return InUseError(
         f"store {directory}: this process (pid {os.getpid()}) already owns the directory without serving its "
