@@ -256,3 +256,31 @@ async def test_a_new_migration_that_sorts_before_an_applied_one_is_refused(
         assert [r["n"] for r in await db.all("select n from log order by rowid")] == ["003"]
         await store.database("app", migrations=m + late[1:])
         assert [r["n"] for r in await db.all("select n from log order by rowid")] == ["003", "004"]
+
+
+# contract: SQL-05
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+@pytest.mark.parametrize("open_first", [False, True])
+async def test_an_applied_migration_renamed_is_refused_not_run_again(
+    tmp_path: Path, mode: str, open_first: bool
+) -> None:
+    # trial FV: 002_seed.sql renamed 003_seed_tags.sql ran again under its new name, its row twice
+    m = [
+        ("001_init.sql", "create table tags (name text);\n"),
+        ("002_seed.sql", "insert into tags values ('seeded');\n"),
+    ]
+    async with open_store(mode, tmp_path / "s") as store:
+        await store.database("app", migrations=m)
+    renamed = [m[0], ("003_seed_tags.sql", "insert into tags values ('seeded');\r\n")]
+    async with open_store(mode, tmp_path / "s") as store:
+        if open_first:
+            await store.database("app", migrations=m)
+        with pytest.raises(
+            ConflictError, match=r"003_seed_tags\.sql is new but has the text of 002_seed\.sql.*renamed"
+        ):
+            await store.database("app", migrations=renamed)
+        db = await store.database("app", migrations=m)
+        assert await db.scalar("select count(*) from tags") == 1
+        # the same text given twice on purpose, both files there, runs twice (a fix run again)
+        await store.database("app", migrations=[*m, ("003_again.sql", m[1][1])])
+        assert await db.scalar("select count(*) from tags") == 2

@@ -698,7 +698,11 @@ class JobsEngine:
             if want is not None and want != getattr(kept, fname):
                 flags.append(f"--{fname.replace('_', '-')} {want}")  # 0: no limit, as the command line writes it
         directory = shlex.quote(str(self.sql.directory.parent))
-        return f"; to change what the store keeps: tinystore jobs {directory} configure {name} {' '.join(flags)}"
+        # (trial FV: to an old process of a deploy that changed them, that alone said to undo the deploy)
+        return (
+            f"; to change what the store keeps: tinystore jobs {directory} configure {name} {' '.join(flags)}; or, "
+            "if the store's are the ones now meant (changed by a deploy), give this process those options"
+        )
 
     async def configure(self, name: str, given: Options) -> QueueInfo:
         """Change the options the store keeps for queue ``name`` (``None`` fields: kept as they are): what a

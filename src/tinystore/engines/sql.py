@@ -61,6 +61,7 @@ from .read_queue import FairReads
 from .sql_errors import (
     autoincrement_spent,
     check_migration_order,
+    check_migration_renames,
     migration_error,
     rolled_back_by,
     sql_error,
@@ -964,6 +965,7 @@ class SqlDatabase:
         )
         known = {r[0]: r[1] for r in conn.execute(f"select name, text from {MIGRATIONS_TABLE}")}
         check_migration_order(self.name, known, migrations)
+        check_migration_renames(self.name, known, migrations)
         applied: list[str] = []
         for name, text in sorted(migrations, key=lambda m: m[0]):
             if name in known:
@@ -2559,6 +2561,7 @@ class SqlEngine:
         open. A migration that fails leaves nothing of itself; those before it stay applied."""
         known = {r[0]: r[1] for r in (await db.read(f"select name, text from {MIGRATIONS_TABLE}", [])).rows}
         check_migration_order(db.name, known, migrations)
+        check_migration_renames(db.name, known, migrations)
         applied: list[str] = []
         for name, text in sorted(migrations, key=lambda m: m[0]):
             if name in known:  # applied: checked without taking the writer

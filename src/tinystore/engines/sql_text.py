@@ -284,10 +284,10 @@ def same_migration(applied: str, given: str) -> bool:
     this version, which reads their bytes as they are; a store upgraded with a folder of ``\r\n`` (trial CT) or
     ``\r`` (trial CV) files must still open. (So a change of line endings alone, in a string literal too, is no
     change.)"""
-    return applied == given or _lf(applied) == _lf(given)
+    return applied == given or line_ends_as_lf(applied) == line_ends_as_lf(given)
 
 
-def _lf(text: str) -> str:
+def line_ends_as_lf(text: str) -> str:
     """``text`` with its line endings made ``\n``, as Python's universal newlines read them (``\r\n``, ``\r``)."""
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
