@@ -307,6 +307,7 @@ class ServerConnection(asyncio.Protocol):
         self.alive: asyncio.TimerHandle | None = None  # the next store.alive while it is not read (ALIVE_EVERY)
         self.paused = False  # the client does not read what we write
         self.budget = self.core.output_budget  # what all connections hold unsent (see output_budget)
+        self.unsent = 0  # what was last noted there for this connection (0: nothing)
         self.held = False  # too many cancelled writes of this connection still run
         self.big: dict[int, int] = {}  # stream → size, of the big requests read and not yet answered
         self.big_bytes = 0
@@ -572,7 +573,8 @@ class ServerConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self.transport is not None:
-            self.budget.note(self, self.transport.get_write_buffer_size(), shed=False)  # (see note)
+            self.unsent = self.transport.get_write_buffer_size()
+            self.budget.note(self, self.unsent, shed=False)  # (see note)
         if self.transport is not None and not self.paused:
             self.paused = True
             self.steer_reading()
@@ -583,7 +585,8 @@ class ServerConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         if self.transport is not None:
-            self.budget.note(self, self.transport.get_write_buffer_size(), shed=False)  # (see note)
+            self.unsent = self.transport.get_write_buffer_size()
+            self.budget.note(self, self.unsent, shed=False)  # (see note)
         if self.transport is not None and self.paused:
             self.paused = False
             self.steer_reading()
@@ -1184,8 +1187,11 @@ class ServerConnection(asyncio.Protocol):
             except MemoryError:
                 self.write_apart(transport, out)
             # what the client has not taken yet counts against the server's budget (see output_budget); almost
-            # always nothing: the socket took it all
-            self.budget.note(self, transport.get_write_buffer_size(), len(data) if data is not None else 0)
+            # always nothing, the socket took it all: then nothing more is done
+            size = transport.get_write_buffer_size()
+            if size or self.unsent:
+                self.unsent = size
+                self.budget.note(self, size, len(data) if data is not None else 0)
 
     def unsent_now(self) -> int:
         """Bytes the transport holds unsent (see output_budget)."""
