@@ -664,6 +664,7 @@ async def open_for_cli(directory: Target) -> Any:
             if not directory.exists():
                 raise
         try:
+            _quiet_queue_loads()
             return await tinystore.open(directory, embedded=True, serve=False)
         except InUseError:
             # another command that opened the store itself (it lets go when it ends), or a server still starting
@@ -671,6 +672,20 @@ async def open_for_cli(directory: Target) -> Any:
             if time.monotonic() >= deadline or (owned_by_command(directory) is None and not changing_hands(directory)):
                 raise
         await asyncio.sleep(0.1)
+
+
+def _quiet_queue_loads() -> None:
+    """Drop the embedded store's "queue ... could not be loaded" log: the commands tell a queue's error themselves
+    (``jobs list``, ``jobs queues``, ``status``; trials FQ, FS: printed twice)."""
+    import logging
+
+    jobs_log = logging.getLogger("tinystore.jobs")
+    if not any(getattr(f, "__name__", "") == "_queue_load" for f in jobs_log.filters):
+
+        def _queue_load(record: logging.LogRecord) -> bool:
+            return not str(record.msg).startswith("jobs: queue %s could not be loaded")
+
+        jobs_log.addFilter(_queue_load)
 
 
 def _runs(pid: int) -> bool:
