@@ -245,9 +245,11 @@ async def test_a_queue_whose_database_is_missing_is_not_made_again_by_a_look(
     moved.mkdir()
     for f in (directory / "sql").glob("app.db*"):
         f.rename(moved / f.name)
-    done = run_cli("status", str(directory))
+    done = run_cli("status", str(directory), "--json")
     assert done.returncode == 0, done.stderr
-    assert "queue mail: its jobs' database app is missing: no file" in done.stderr, done.stderr
+    listed = {q["queue"]: q for q in json.loads(done.stdout)["jobs"]["queues"]}
+    assert "queue mail: its jobs' database app is missing: no file" in (listed["mail"]["error"] or ""), listed
+    assert "database app is missing" not in done.stderr  # (told in the status, once)
     done = run_cli("jobs", str(directory), "queues", "--json")
     assert done.returncode == 0, done.stderr
     line, _ = [json.loads(x) for x in done.stdout.splitlines()]
