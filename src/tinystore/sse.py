@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import fcntl
 import inspect
 import json
 import logging
@@ -40,8 +39,6 @@ import math
 import os
 import re
 import signal
-import struct
-import termios
 import threading
 import time
 import weakref
@@ -56,6 +53,7 @@ from starlette.types import Receive, Scope, Send
 from .durations import Duration, seconds
 from .errors import InvalidError, LimitError, TinystoreError
 from .protocol.values import at_path
+from .socket_queue import unsent_in_socket
 
 if TYPE_CHECKING:
     from .client.channels import Channel, Message, Missed, Subscription
@@ -686,10 +684,7 @@ def _close_stuck(transport: Any, loop: asyncio.AbstractEventLoop, at_once: bool)
         """Bytes not yet sent: the transport's buffer, and the socket's (the kernel takes more only once a third of
         its buffer is free, so the transport's alone may not move for a second while the browser reads)."""
         size: int = transport.get_write_buffer_size()
-        if sock is not None:
-            with contextlib.suppress(OSError, ValueError, TypeError):
-                size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-        return size
+        return size + unsent_in_socket(sock)
 
     def look(least: int, since: float) -> None:
         try:

@@ -279,6 +279,9 @@ async def test_an_applied_migration_renamed_is_refused_not_run_again(
             ConflictError, match=r"003_seed_tags\.sql is new but has the text of 002_seed\.sql.*renamed"
         ):
             await store.database("app", migrations=renamed)
+        # renamed with its blanks changed too (trial FW: a newline added, it ran again)
+        with pytest.raises(ConflictError, match=r"has the text of 002_seed\.sql"):
+            await store.database("app", migrations=[m[0], ("004_seed.sql", "  insert into tags\tvalues ('seeded');")])
         db = await store.database("app", migrations=m)
         assert await db.scalar("select count(*) from tags") == 1
         # the same text given twice on purpose, both files there, runs twice (a fix run again)

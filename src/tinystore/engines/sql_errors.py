@@ -17,7 +17,7 @@ from ..errors import (
 )
 from .descriptors import open_files_limit
 from .sql_guard import DENIED_MESSAGES, TX_WHY, denial
-from .sql_text import INT_MAX, line_ends_as_lf
+from .sql_text import INT_MAX
 
 
 def rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False, which: str = "") -> TinystoreError:
@@ -78,20 +78,26 @@ def check_migration_order(db: str, known: Iterable[str], migrations: Sequence[tu
 def check_migration_renames(db: str, known: dict[str, str], migrations: Sequence[tuple[str, str]]) -> None:
     """Raise ``ConflictError`` when a migration of ``migrations`` not in ``known`` (name → text applied) has the text
     of an applied one that is not among ``migrations``: the applied one renamed (trial FV: it ran again under its
-    new name, its rows twice). Refused before anything applies. Two files of one text both given (a fix run twice on
-    purpose) are not refused."""
+    new name, its rows twice). Texts are compared but for their blanks (trial FW: renamed with a newline added, it ran
+    again). Refused before anything applies. Two files of one text both given (a fix run twice on purpose) are not
+    refused."""
     given = {name for name, _ in migrations}
-    gone = {line_ends_as_lf(text): name for name, text in known.items() if name not in given}
+    gone = {_words(text): name for name, text in known.items() if name not in given}
     if not gone:
         return
     for name, text in sorted(migrations):
-        old = gone.get(line_ends_as_lf(text)) if name not in known else None
+        old = gone.get(_words(text)) if name not in known else None
         if old is not None:
             raise ConflictError(
                 f"database {db}: migration {name} is new but has the text of {old}, which is applied and not among "
                 f"the migrations given: was {old} renamed? An applied migration keeps its name (name it back to "
                 f"{old}); a new one must differ from it"
             )
+
+
+def _words(text: str) -> str:
+    """``text`` with each run of blanks (spaces, tabs, line ends) made one space, and none at its ends."""
+    return " ".join(text.split())
 
 
 def sql_error(db: str, exc: BaseException, statement_timeout: float | None = None) -> TinystoreError:

@@ -64,6 +64,7 @@ from ..protocol.messages import (
 )
 from ..protocol.sql import too_many_params
 from ..protocol.store import Empty
+from ..socket_queue import unsent_in_socket
 from .core import Core, Method, Session, error_of
 from .dirlock import close_in_child, keep_in_child
 
@@ -308,6 +309,8 @@ class ServerConnection(asyncio.Protocol):
         self.paused = False  # the client does not read what we write
         self.budget = self.core.output_budget  # what all connections hold unsent (see output_budget)
         self.unsent = 0  # what was last noted there for this connection (0: nothing)
+        self.written = 0  # bytes handed to the transport in all (see taken)
+        self.sock: socket.socket | None = None  # (see taken)
         self.held = False  # too many cancelled writes of this connection still run
         self.big: dict[int, int] = {}  # stream → size, of the big requests read and not yet answered
         self.big_bytes = 0
@@ -338,6 +341,7 @@ class ServerConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)  # type: ignore[attr-defined]
+        self.sock = transport.get_extra_info("socket")
         self.listener.connections.add(self)
         self.listener.touch()
         if self.task is not None:
@@ -1184,19 +1188,29 @@ class ServerConnection(asyncio.Protocol):
                 if data is None:
                     data = _join(out)
                 transport.write(data)
+                self.written += len(data)
             except MemoryError:
                 self.write_apart(transport, out)
+                self.written += sum(len(part) for part in out)
             # what the client has not taken yet counts against the server's budget (see output_budget); almost
             # always nothing, the socket took it all: then nothing more is done
             size = transport.get_write_buffer_size()
             if size or self.unsent:
                 self.unsent = size
-                self.budget.note(self, size, len(data) if data is not None else 0)
+                self.budget.note(self, size)
 
     def unsent_now(self) -> int:
         """Bytes the transport holds unsent (see output_budget)."""
         transport = self.transport
         return 0 if transport is None else transport.get_write_buffer_size()
+
+    def taken(self) -> int:
+        """Bytes the client has taken in all, near enough: all it was written, less what the transport and the
+        socket's kernel buffer still hold (see output_budget)."""
+        transport = self.transport
+        if transport is None:
+            return self.written
+        return self.written - transport.get_write_buffer_size() - unsent_in_socket(self.sock)
 
     def evict(self, held: int, total: int, limit: int) -> None:
         """The server holds more unsent bytes than ``Limits.client_output_bytes`` for its clients, and this

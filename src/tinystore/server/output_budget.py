@@ -3,17 +3,18 @@
 One connection's share is bounded by the listener (answers begin only while its client reads them, a few at a
 time; see ``listener.BOUNDED_READS``), but not the sum: a client with many connections, each holding the answers of
 its few big reads unread, could make the server hold their number times as much, up to the descriptor limit (trial
-FK). Past ``Limits.client_output_bytes``, the connection holding the most of those whose client took nothing of it
-for :data:`STALLED` seconds is closed at once, its unsent bytes dropped, as Redis closes its clients past
+FK). Past ``Limits.client_output_bytes``, the connection holding the most of those whose client took nothing for
+:data:`STALLED` seconds is closed at once, its unsent bytes dropped, as Redis closes its clients past
 ``maxmemory-clients`` (largest first) or past a ``client-output-buffer-limit`` held for some seconds. A client that
 reads is never closed for it, however much it asked for (trial FU: one reading 12 answers of 8 MB at once was
-closed again and again past a hard bound; each time its reads were sent again, and it never got them): what a
-client that reads holds is bounded by its connection's own share.
+closed again and again past a hard bound); what a client that reads holds is bounded by its connection's share.
 
-The sizes are what each connection's transport says it holds unsent, noted as each write is handed to it (with
-how much was written, so that a client that takes less than is written is still seen taking); a client that reads
-its answers tells the server nothing, so the sizes noted may be too large: they are read again from every transport
-before any connection is closed. No I/O here: a holder reads its own transport.
+The sum is of what each connection's transport holds unsent, noted as each write is handed to it and read again
+from every transport before any connection is closed (a client that reads tells the server nothing). Whether a
+client took anything is seen from its progress, not from the transport alone: what it has been written in all
+less what it still has to take, its socket's kernel buffer included (trial FW: the transport hands the kernel more
+only once a share of a buffer of several MB is free, so a client reading steadily showed no progress for over a
+second, and was closed). No I/O here: a holder reads its own transport and socket.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class Holder(Protocol):
         """Bytes its transport holds unsent now (0 once it is closed)."""
         ...
 
+    def taken(self) -> int:
+        """Bytes its client has taken in all, or near enough to see it grow: all it was written, less what its
+        transport and its socket still hold."""
+        ...
+
     def evict(self, held: int, total: int, limit: int) -> None:
         """Close the connection at once, dropping what it holds unsent (``held`` bytes of ``total``, past
         ``limit``)."""
@@ -48,7 +54,7 @@ class OutputBudget:
     ever compared (``time.monotonic``); ``later``: how to look again once a holder past the bound may have
     stalled, when no write comes meanwhile (None: only at the next write)."""
 
-    __slots__ = ("clock", "evicted", "evicting", "held", "later", "limit", "looking", "took_at", "total")
+    __slots__ = ("clock", "evicted", "evicting", "held", "later", "limit", "looking", "seen", "total")
 
     def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic, later: Later | None = None) -> None:
         self.limit = limit
@@ -57,25 +63,23 @@ class OutputBudget:
         self.looking = False  # a look is due (see later)
         self.total = 0
         self.held: dict[Holder, int] = {}  # only holders with bytes unsent
-        self.took_at: dict[Holder, float] = {}  # when each was last seen taking bytes (or began to hold some)
+        # holder → (when, what it had taken then): since when it has taken nothing, as last looked at
+        self.seen: dict[Holder, tuple[float, int]] = {}
         self.evicting = False
         self.evicted = 0  # connections closed for the budget since the server began (told by status)
 
-    def note(self, holder: Holder, size: int, written: int = 0, shed: bool = True) -> None:
-        """``holder`` holds ``size`` bytes unsent now, ``written`` bytes having been handed to it since it was last
-        noted; past the limit, stalled holders are closed (see the module) until the sum is within it again, or
-        none may be (not when ``shed`` is false: from inside a transport's own call, such as ``pause_writing``;
-        the write that made it call looks again)."""
+    def note(self, holder: Holder, size: int, shed: bool = True) -> None:
+        """``holder`` holds ``size`` bytes unsent now; past the limit, stalled holders are closed (see the module)
+        until the sum is within it again, or none may be (not when ``shed`` is false: from inside a transport's own
+        call, such as ``pause_writing``; the write that made it call looks again)."""
         old = self.held.get(holder, 0)
-        if size == old and (not written or not size):
+        if size == old:
             return
         if size:
             self.held[holder] = size
-            if size < old + written or not old:  # it took some (or it begins to hold)
-                self.took_at[holder] = self.clock()
-        elif old:
+        else:
             del self.held[holder]
-            del self.took_at[holder]
+            self.seen.pop(holder, None)
         self.total += size - old
         if shed and self.total > self.limit and not self.evicting and not self.looking:
             self.shed()  # (while a look is due, nobody had stalled: not looked at again at each write)
@@ -83,7 +87,7 @@ class OutputBudget:
     def forget(self, holder: Holder) -> None:
         """``holder`` is closed: it holds nothing any more."""
         self.total -= self.held.pop(holder, 0)
-        self.took_at.pop(holder, None)
+        self.seen.pop(holder, None)
 
     def refresh(self) -> None:
         """Read every holder's size again (a client that read what it held said nothing: trial FS, a status showed
@@ -96,28 +100,37 @@ class OutputBudget:
             self.evicting = evicting
 
     def shed(self) -> None:
-        """Read every holder's size again; while the sum is still past the limit, close the holder the module
-        says, or look again once one may have stalled."""
+        """Read every holder's size again; while the sum is still past the limit, close the largest holder that
+        took nothing for :data:`STALLED` seconds, or look again once one may have."""
         self.evicting = True
         try:
             self.refresh()
+            if self.total <= self.limit:
+                return
             now = self.clock()
-            while self.total > self.limit and self.held:
-                stalled = [h for h in self.held if now - self.took_at[h] >= STALLED]
-                if not stalled:
-                    # each of them took bytes within STALLED: looked at again at the next write, or once the
-                    # first of them may have stalled
-                    if self.later is not None and not self.looking:
-                        self.looking = True
-                        first = min(self.took_at.values())
-                        self.later(max(first + STALLED - now, 0.01), self._look)
+            stalled: list[Holder] = []
+            for holder in self.held:
+                taken = holder.taken()
+                was = self.seen.get(holder)
+                if was is None or taken > was[1]:
+                    self.seen[holder] = (now, taken)  # (first looked at, or it took some since)
+                elif now - was[0] >= STALLED:
+                    stalled.append(holder)
+            stalled.sort(key=self.held.__getitem__, reverse=True)
+            for holder in stalled:
+                if self.total <= self.limit:
                     return
-                holder = max(stalled, key=self.held.__getitem__)
                 held = self.held[holder]
                 total = self.total
                 self.forget(holder)
                 self.evicted += 1
                 holder.evict(held, total, self.limit)
+            if self.total > self.limit and self.held and self.later is not None and not self.looking:
+                # each of the others took bytes within STALLED (or was first looked at now): looked at again once
+                # the first of them may have stalled (writes meanwhile do not look: see note)
+                self.looking = True
+                first = min(when for when, _ in self.seen.values())
+                self.later(max(first + STALLED - now, 0.05), self._look)
         finally:
             self.evicting = False
 
