@@ -1214,8 +1214,9 @@ class ServerConnection(asyncio.Protocol):
 
     def evict(self, held: int, total: int, limit: int) -> None:
         """The server holds more unsent bytes than ``Limits.client_output_bytes`` for its clients, and this
-        connection the most: it is closed at once, what it holds dropped (its client's reads are sent again on its
-        next connection; its writes under way are ``OutcomeUnknownError``, as at any drop)."""
+        connection the most of those whose client took nothing for a second: it is closed at once, what it holds
+        dropped (its client's reads are sent again on its next connection; its writes under way are
+        ``OutcomeUnknownError``, as at any drop)."""
         self.listener.silent_log("evicted").warning(
             "%s: closed a connection%s holding %s its client had not read: the server held %s unread for all its "
             "clients, past Limits.client_output_bytes (%s)",
