@@ -83,7 +83,8 @@ async def test_connections_that_read_nothing_hold_no_more_than_the_servers_bound
                     continue  # still open: it read nothing and was not the largest
                 closed += 1
                 assert len(frames_seen) < 64
-            assert closed == evicted
+            # (those not read yet, or read and left, may stall past a second more meanwhile: closed then)
+            assert evicted <= closed <= (await store.status())["unsent"]["evicted"]
             assert any("past Limits.client_output_bytes" in r.getMessage() for r in caplog.records), [
                 r.getMessage() for r in caplog.records
             ]
