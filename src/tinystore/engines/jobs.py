@@ -222,6 +222,8 @@ SCHEMA = (
     f"create index if not exists {TABLE}_ended on {TABLE} (queue, finished_at) "
     "where state in ('succeeded', 'dead', 'cancelled')",
 )
+_UNREADABLE = (UnavailableError, CorruptError)
+"""What a queue whose database is missing or not a database raises: listed with its error, the others read."""
 QUEUE_TABLES = "_tinystore_queue_tables"
 """In the store's jobs database: the queues whose tables the store made in their application database, so that a
 file replaced or emptied since is told as such, not made anew without a word (trial FS)."""
@@ -2280,11 +2282,11 @@ class JobsEngine:
     async def find(self, jid: str) -> JobRow | None:
         """Job ``jid`` in whichever queue holds it, or ``None``."""
         check_job_id("(any)", "find", jid)
-        unreadable: UnavailableError | CorruptError | None = None
+        unreadable: TinystoreError | None = None
         for name in await self.queue_names():
             try:
                 row = await self.get(name, jid)
-            except (UnavailableError, CorruptError) as exc:
+            except _UNREADABLE as exc:
                 # (trial FF: a queue whose database is missing hid the jobs of every other queue; FQ: one whose
                 # file is not a database)
                 unreadable = unreadable or exc
@@ -2323,7 +2325,7 @@ class JobsEngine:
         for name in names:
             try:
                 source = await self._for_reads(name)
-            except (UnavailableError, CorruptError) as exc:
+            except _UNREADABLE as exc:
                 if req.queue:
                     raise
                 # (trial FF: one queue whose database file was missing failed the list of every queue; the rest of
@@ -2524,7 +2526,7 @@ class JobsEngine:
         for name in await self.queue_names():
             try:
                 q = await self._queue(name)
-            except (UnavailableError, CorruptError) as exc:
+            except _UNREADABLE as exc:
                 # its database's file is missing, or not a database: listed, saying so, with the others (one
                 # queue's database moved away made the listing, and an offline `tinystore status`, fail for every
                 # queue; trial FQ: one whose file was not a database)
@@ -2570,41 +2572,31 @@ class JobsEngine:
             if name not in self.queues:
                 # its jobs are being read into the index (after a start): listed all the same, its counts not known
                 # yet (trial CB: a queue of 200,000 jobs went missing from status for seconds)
-                opts = self._options.get(name)
-                queues.append(
-                    {
-                        "queue": name,
-                        "database": None if opts is None else opts.database,
-                        **dict.fromkeys(("queued", "delayed", "running", "stuck")),
-                        "waiting_claims": 0,  # (a claim waits for the load before it waits in the queue)
-                        "stuck_reports": 0,
-                        **dict.fromkeys(("index", "deadlines")),
-                        "loading": True,
-                        "error": None,
-                    }
-                )
+                queues.append(self._unloaded_row(name, loading=True, error=None))
         for name, error in self._load_errors.items():
             if name not in self.queues and name not in self._loading:
                 # its load failed (its database missing, or not a database): listed, saying why (trial FS: it was
                 # left out of the status of a running server)
-                opts = self._options.get(name)
-                queues.append(
-                    {
-                        "queue": name,
-                        "database": None if opts is None else opts.database,
-                        **dict.fromkeys(("queued", "delayed", "running", "stuck")),
-                        "waiting_claims": 0,
-                        "stuck_reports": 0,
-                        **dict.fromkeys(("index", "deadlines")),
-                        "loading": False,
-                        "error": error,
-                    }
-                )
+                queues.append(self._unloaded_row(name, loading=False, error=error))
         return {
             "stuck_reports": self.stuck_reports,
             "claims_kept": len(self._claims),
             "claimed_attempts_kept": self._claimed_kept,
             "queues": queues,
+        }
+
+    def _unloaded_row(self, name: str, loading: bool, error: str | None) -> dict[str, Any]:
+        """The status row of a queue not in the index (loading, or its load failed): its counts not known."""
+        opts = self._options.get(name)
+        return {
+            "queue": name,
+            "database": None if opts is None else opts.database,
+            **dict.fromkeys(("queued", "delayed", "running", "stuck")),
+            "waiting_claims": 0,  # (a claim waits for the load before it waits in the queue)
+            "stuck_reports": 0,
+            **dict.fromkeys(("index", "deadlines")),
+            "loading": loading,
+            "error": error,
         }
 
     def begin_stop(self) -> None:
