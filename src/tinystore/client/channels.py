@@ -193,6 +193,7 @@ _KEY_JSON = (str, int, float)  # (exactly these types: a subclass, an Enum of th
 _PLAIN = frozenset({str, int, float, bool, type(None), bytes, bytearray})
 _decode_any = msgspec.msgpack.Decoder().decode
 _Ext = msgspec.msgpack.Ext
+_EXT_NOT_JSON = "a msgspec.msgpack.Ext is not a JSON value"
 _json_text = msgspec.json.encode
 _json_pairs = json.loads
 
@@ -267,7 +268,7 @@ def _plain_not_json(value: Any) -> tuple[str | None, bool]:
                 if ti is dict or ti is list or ti is tuple:
                     stack.append(item)
                 elif ti is _Ext:
-                    return "a msgspec.msgpack.Ext is not a JSON value", unsure
+                    return _EXT_NOT_JSON, unsure
                 elif ti not in _PLAIN:
                     unsure = True
             if texts:
@@ -280,11 +281,11 @@ def _plain_not_json(value: Any) -> tuple[str | None, bool]:
                 if ti is dict or ti is list or ti is tuple:
                     stack.append(item)
                 elif ti is _Ext:
-                    return "a msgspec.msgpack.Ext is not a JSON value", unsure
+                    return _EXT_NOT_JSON, unsure
                 elif ti not in _PLAIN:
                     unsure = True
         elif t is _Ext:
-            return "a msgspec.msgpack.Ext is not a JSON value", unsure
+            return _EXT_NOT_JSON, unsure
         elif t not in _PLAIN:
             unsure = True
     return None, unsure
