@@ -44,3 +44,41 @@ def test_a_store_left_open_by_an_ended_loop_is_named_so(tmp_path: Path) -> None:
     assert "in an event loop that has ended without closing it" in done.stdout, (done.stdout, done.stderr)
     assert "async with await tinystore.open(...)" in done.stdout
     assert "sidecar: " in done.stdout and done.stdout.count("in an event loop that has ended") == 2, done.stdout
+
+
+PRIVATE = textwrap.dedent(
+    """
+    import asyncio, sys, tinystore
+
+    kept = {}
+
+    async def forget() -> None:
+        kept["store"] = await tinystore.open(sys.argv[1], private=True)
+
+    async def again() -> None:
+        for how in ({"private": True}, {"embedded": True}):
+            try:
+                await tinystore.open(sys.argv[1], **how)
+            except tinystore.InUseError as exc:
+                print(exc.message)
+
+    asyncio.run(forget())
+    asyncio.run(again())
+    """
+)
+
+
+# contract: STORE-01
+def test_a_private_server_left_open_is_named_as_this_programs(tmp_path: Path) -> None:
+    """It was called "another process" (the second private server, this program's child too, failed on the lock)."""
+    script = tmp_path / "forget.py"
+    script.write_text(PRIVATE)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "s")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout
+    for line in lines:
+        assert "owned by a private server (pid" in line and "that this program (pid" in line, line
+        assert "another process" not in line, line

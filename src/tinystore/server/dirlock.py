@@ -85,6 +85,16 @@ STARTING = 10.0
 starting (opening its engines), not to have been opened with ``serve=False``."""
 
 
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (Linux's /proc), or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _command_of(pid: int) -> str | None:
     """The ``tinystore`` command process ``pid`` runs (``"serve"``, ``"sql"``, ``"jobs"``…), as far as ``/proc``
     tells; ``None`` for another program (an application's embedded store)."""
@@ -394,6 +404,17 @@ class DirLock:
                 f"{where}: the directory is owned by another process (pid {owner}) whose socket {sock} is gone "
                 f"(removed while it ran): nothing can connect to it here; stop it (tinystore stop {self.path.parent}, "
                 "or SIGTERM: both graceful) and open the store again"
+            )
+        parent = _parent_of(int(owner)) if info.get("mode") == "private" else None
+        if parent is not None and parent in (os.getpid(), os.getppid()):
+            # (a private server of this program, its store not closed: it was called "another process". The check
+            # runs in the program, or in the private server it starts next, which fails on the lock)
+            return InUseError(
+                f"{where}: the directory is owned by a private server (pid {owner}) that this program (pid {parent}) "
+                "started with open(..., private=True), whose store is still open, or was left unclosed by an event "
+                "loop that has ended: the server stays until that program exits. Close each store before its loop ends "
+                "(await store.close(), or async with await tinystore.open(...)); or connect to it with "
+                "tinystore.open() instead of owning it"
             )
         if info.get("mode") == "sidecar":
             # (trial BL: after `tinystore lock DIR …`, whose sidecar stays a while, an embedded open said only this)
