@@ -74,10 +74,14 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     #: runs again on a reader thread. 0 sends every read to a reader thread.
     inline_read: float = 0.0005
     #: bytes the server holds written for its clients and not yet taken by them (answers, channel messages), all
-    #: connections together: past it, the connection holding the most of those whose client took nothing for a
-    #: second is closed at once, what it held dropped (as Redis's ``maxmemory-clients``); its SDK connects again
-    #: and sends its reads again. A client that reads is not closed for it
+    #: connections together: past it, the connection holding the most of those whose client took nothing for
+    #: ``client_output_stall`` is closed at once, what it held dropped (as Redis's ``maxmemory-clients``); its SDK
+    #: connects again and sends its reads again. A client that reads is not closed for it
     client_output_bytes: int = 1024 * 1024 * 1024
+    #: seconds a client must have taken nothing of what the server holds for it before its connection may be closed
+    #: for ``client_output_bytes`` (its progress is seen in steps of a TCP window's opening, up to some 64 KiB
+    #: through a proxy on the server's machine: a shorter stall closes clients that read slowly)
+    client_output_stall: float = 30.0
 
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:

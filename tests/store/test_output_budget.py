@@ -6,6 +6,7 @@ many connections that read none of their big answers grew the server's memory wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -56,7 +57,7 @@ async def test_connections_that_read_nothing_hold_no_more_than_the_servers_bound
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="tinystore.server")
-    limits = tinystore.Limits(client_output_bytes=LIMIT)
+    limits = tinystore.Limits(client_output_bytes=LIMIT, client_output_stall=1)
     async with open_store("embedded", tmp_path / "s", limits=limits) as store:
         db = await store.database("x")
         where = ("unix", paths.socket_path(tmp_path / "s"))
@@ -72,7 +73,7 @@ async def test_connections_that_read_nothing_hold_no_more_than_the_servers_bound
             st = await store.status()
             evicted = st["unsent"]["evicted"]
             assert evicted >= 2, st["unsent"]
-            # (past the bound, a connection that took nothing for a second is closed, the largest first)
+            # (past the bound, a connection that took nothing for client_output_stall is closed, the largest first)
             assert unsent(store) <= LIMIT
             assert st["unsent"]["bytes"] <= LIMIT
             closed = 0
@@ -97,7 +98,7 @@ async def test_connections_that_read_nothing_hold_no_more_than_the_servers_bound
 # contract: STORE-04
 @pytest.mark.parametrize("mode", ["private"])
 async def test_a_client_that_reads_its_big_answers_is_not_closed_while_others_stall(tmp_path: Path, mode: str) -> None:
-    limits = tinystore.Limits(client_output_bytes=LIMIT)
+    limits = tinystore.Limits(client_output_bytes=LIMIT, client_output_stall=1)
     async with open_store(mode, tmp_path / "s", limits=limits) as store:
         db = await store.database("x")
         where = ("unix", paths.socket_path(tmp_path / "s"))
@@ -268,6 +269,68 @@ async def test_a_client_reading_steadily_through_a_slow_link_is_not_closed(tmp_p
             assert (await store.status())["unsent"]["evicted"] == 0
         finally:
             await store.close()
+    finally:
+        proxy.close()
+        server.stop()
+
+
+# contract: STORE-04
+async def test_a_client_reading_slowly_through_a_proxy_on_the_servers_machine_is_not_closed(tmp_path: Path) -> None:
+    # trial FX: a client taking 80 KB/s through a proxy on the server's machine (8 KB every 100 ms), 8 answers of
+    # 3 MB asked at once, was closed after 3 s, and again each time its SDK sent its reads again: over loopback its
+    # progress shows in steps of a TCP window's opening (some 64 KiB), more than a second apart at that rate
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(
+        tmp_path / "s",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--tokens",
+        str(tokens),
+        "--limits",
+        '{"client_output_bytes": 1048576}',
+    ).start()
+    host, port = server.tcp.removeprefix("tcp://").rsplit(":", 1)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: bool) -> None:
+        try:
+            while data := await reader.read(8192 if slow else 65536):
+                writer.write(data)
+                await writer.drain()
+                if slow:
+                    await asyncio.sleep(0.1)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pipe(client_r, server_w, False), pipe(server_r, client_w, True))
+
+    proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
+    proxy_port = proxy.sockets[0].getsockname()[1]
+    try:
+        direct = await tinystore.connect(server.tcp, token=admin)
+        slow = await tinystore.connect(f"tcp://127.0.0.1:{proxy_port}", token=admin)
+        try:
+            db = await slow.database("app")
+            reads = asyncio.gather(*(db.one("select randomblob(3000000) as b") for _ in range(8)))
+            try:
+                began = time.monotonic()
+                held = 0
+                while time.monotonic() - began < 7:
+                    await asyncio.sleep(0.5)
+                    st = (await direct.status())["unsent"]
+                    assert st["evicted"] == 0, st
+                    held = max(held, st["bytes"])
+                assert held > 1 << 20, "the server held no more than its bound for the slow client"
+            finally:
+                reads.cancel()
+                with contextlib.suppress(asyncio.CancelledError, tinystore.TinystoreError):
+                    await reads
+        finally:
+            await slow.close()
+            await direct.close()
     finally:
         proxy.close()
         server.stop()

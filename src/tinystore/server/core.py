@@ -123,7 +123,9 @@ class Core:
         self.limits_json = self.limits.to_json()  # told to each client in its Welcome
         # (all listeners' connections; made here, in the loop that runs them)
         self.output_budget = OutputBudget(
-            self.limits.client_output_bytes, later=lambda delay, fn: asyncio.get_running_loop().call_later(delay, fn)
+            self.limits.client_output_bytes,
+            later=lambda delay, fn: asyncio.get_running_loop().call_later(delay, fn),
+            stall=self.limits.client_output_stall,
         )
         self.durability = durability
         self.methods: dict[str, Method] = {}
@@ -300,6 +302,7 @@ class Core:
             "unsent": {
                 "bytes": self.output_budget.total,
                 "limit": self.output_budget.limit,
+                "stall": self.output_budget.stall,
                 "evicted": self.output_budget.evicted,
             },
         }

@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from .. import __version__
+from ..durations import format_seconds
 from ..engines.descriptors import open_files_limit
 from ..engines.sql import Later, SqlTx
 from ..engines.sql_text import may_return_rows
@@ -1214,15 +1215,17 @@ class ServerConnection(asyncio.Protocol):
 
     def evict(self, held: int, total: int, limit: int) -> None:
         """The server holds more unsent bytes than ``Limits.client_output_bytes`` for its clients, and this
-        connection the most of those whose client took nothing for a second: it is closed at once, what it holds
-        dropped (its client's reads are sent again on its next connection; its writes under way are
-        ``OutcomeUnknownError``, as at any drop)."""
+        connection the most of those whose client took nothing for ``Limits.client_output_stall``: it is closed at
+        once, what it holds dropped (its client's reads are sent again on its next connection; its writes under way
+        are ``OutcomeUnknownError``, as at any drop)."""
         self.listener.silent_log("evicted").warning(
-            "%s: closed a connection%s holding %s its client had not read: the server held %s unread for all its "
-            "clients, past Limits.client_output_bytes (%s)",
+            "%s: closed a connection%s holding %s its client had not read (it took nothing for %s, "
+            "Limits.client_output_stall): the server held %s unread for all its clients, past "
+            "Limits.client_output_bytes (%s)",
             self.listener.description,
             self.peer_text(),
             _mib(held),
+            format_seconds(self.budget.stall),
             _mib(total),
             _mib(limit),
         )

@@ -4,10 +4,11 @@ One connection's share is bounded by the listener (answers begin only while its 
 time; see ``listener.BOUNDED_READS``), but not the sum: a client with many connections, each holding the answers of
 its few big reads unread, could make the server hold their number times as much, up to the descriptor limit (trial
 FK). Past ``Limits.client_output_bytes``, the connection holding the most of those whose client took nothing for
-:data:`STALLED` seconds is closed at once, its unsent bytes dropped, as Redis closes its clients past
-``maxmemory-clients`` (largest first) or past a ``client-output-buffer-limit`` held for some seconds. A client that
-reads is never closed for it, however much it asked for (trial FU: one reading 12 answers of 8 MB at once was
-closed again and again past a hard bound); what a client that reads holds is bounded by its connection's share.
+``Limits.client_output_stall`` seconds (:data:`STALLED` by default) is closed at once, its unsent bytes dropped,
+as Redis closes its clients past ``maxmemory-clients`` (largest first) or past a ``client-output-buffer-limit``
+held for some seconds. A client that reads is never closed for it, however much it asked for (trial FU: one reading
+12 answers of 8 MB at once was closed again and again past a hard bound); what a client that reads holds is bounded
+by its connection's share.
 
 The sum is of what each connection's transport holds unsent, noted as each write is handed to it and read again
 from every transport before any connection is closed (a client that reads tells the server nothing). Whether a
@@ -23,8 +24,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-STALLED = 1.0
-"""Seconds a client must have taken nothing of what it holds before it may be closed for the bound."""
+STALLED = 30.0
+"""Seconds a client must have taken nothing of what it holds before it may be closed for the bound, by default
+(``Limits.client_output_stall``). A client's progress is seen only in steps of what its TCP peer lets the server
+send at once (its receive window opens again a segment at a time: some 64 KiB over loopback, where a proxy on the
+server's machine reads): at 1 s, trial FX's client reading 80 KB/s through such a proxy showed no progress for over a
+second, and was closed again and again. 30 s lets a client taking a few KB a second keep its connection, and is half
+of the 60 s Redis gives a ``client-output-buffer-limit``'s soft limit by default."""
 
 
 class Holder(Protocol):
@@ -52,12 +58,20 @@ Later = Callable[[float, Callable[[], None]], Any]
 class OutputBudget:
     """The bytes noted for each holder, their sum, and the bound (``limit``, bytes). ``clock``: seconds, only
     ever compared (``time.monotonic``); ``later``: how to look again once a holder past the bound may have
-    stalled, when no write comes meanwhile (None: only at the next write)."""
+    stalled, when no write comes meanwhile (None: only at the next write); ``stall``: the seconds a holder must have
+    taken nothing before it may be closed."""
 
-    __slots__ = ("clock", "evicted", "evicting", "held", "later", "limit", "looking", "seen", "total")
+    __slots__ = ("clock", "evicted", "evicting", "held", "later", "limit", "looking", "seen", "stall", "total")
 
-    def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic, later: Later | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        clock: Callable[[], float] = time.monotonic,
+        later: Later | None = None,
+        stall: float = STALLED,
+    ) -> None:
         self.limit = limit
+        self.stall = stall
         self.clock = clock
         self.later = later
         self.looking = False  # a look is due (see later)
@@ -101,7 +115,7 @@ class OutputBudget:
 
     def shed(self) -> None:
         """Read every holder's size again; while the sum is still past the limit, close the largest holder that
-        took nothing for :data:`STALLED` seconds, or look again once one may have."""
+        took nothing for ``stall`` seconds, or look again once one may have."""
         self.evicting = True
         try:
             self.refresh()
@@ -114,7 +128,7 @@ class OutputBudget:
                 was = self.seen.get(holder)
                 if was is None or taken > was[1]:
                     self.seen[holder] = (now, taken)  # (first looked at, or it took some since)
-                elif now - was[0] >= STALLED:
+                elif now - was[0] >= self.stall:
                     stalled.append(holder)
             stalled.sort(key=self.held.__getitem__, reverse=True)
             for holder in stalled:
@@ -126,11 +140,11 @@ class OutputBudget:
                 self.evicted += 1
                 holder.evict(held, total, self.limit)
             if self.total > self.limit and self.held and self.later is not None and not self.looking:
-                # each of the others took bytes within STALLED (or was first looked at now): looked at again once
+                # each of the others took bytes within stall (or was first looked at now): looked at again once
                 # the first of them may have stalled (writes meanwhile do not look: see note)
                 self.looking = True
                 first = min(when for when, _ in self.seen.values())
-                self.later(max(first + STALLED - now, 0.05), self._look)
+                self.later(max(first + self.stall - now, 0.05), self._look)
         finally:
             self.evicting = False
 
