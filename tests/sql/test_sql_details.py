@@ -282,8 +282,25 @@ async def test_an_applied_migration_renamed_is_refused_not_run_again(
         # renamed with its blanks changed too (trial FW: a newline added, it ran again)
         with pytest.raises(ConflictError, match=r"has the text of 002_seed\.sql"):
             await store.database("app", migrations=[m[0], ("004_seed.sql", "  insert into tags\tvalues ('seeded');")])
+        # renamed with its header comment edited, its case or its last ';' changed, or a byte order mark added
+        # (trial FX: each ran again)
+        for text in (
+            "-- 005_seed.sql\ninsert into tags values ('seeded');",
+            "INSERT INTO tags VALUES ('seeded') /* seed */",
+            "\ufeffinsert into tags values('seeded');;",
+        ):
+            with pytest.raises(ConflictError, match=r"has the text of 002_seed\.sql"):
+                await store.database("app", migrations=[m[0], ("005_seed.sql", text)])
         db = await store.database("app", migrations=m)
         assert await db.scalar("select count(*) from tags") == 1
+        # what is quoted is kept as it is: other data is a new migration (trial FX: 'a  b' was taken for 'a b')
+        others = [
+            ("005_other.sql", "insert into tags values ('seeded ');"),
+            ("006_other.sql", "insert into tags values ('Seeded');"),
+        ]
+        await store.database("app", migrations=[m[0], *others])
+        assert sorted(r["name"] for r in await db.all("select name from tags")) == ["Seeded", "seeded", "seeded "]
+        await db.exec("delete from tags where name <> 'seeded'")
         # the same text given twice on purpose, both files there, runs twice (a fix run again)
-        await store.database("app", migrations=[*m, ("003_again.sql", m[1][1])])
+        await store.database("app", migrations=[*m, *others, ("007_again.sql", m[1][1])])
         assert await db.scalar("select count(*) from tags") == 2

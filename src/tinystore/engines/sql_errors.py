@@ -78,9 +78,9 @@ def check_migration_order(db: str, known: Iterable[str], migrations: Sequence[tu
 def check_migration_renames(db: str, known: dict[str, str], migrations: Sequence[tuple[str, str]]) -> None:
     """Raise ``ConflictError`` when a migration of ``migrations`` not in ``known`` (name → text applied) has the text
     of an applied one that is not among ``migrations``: the applied one renamed (trial FV: it ran again under its
-    new name, its rows twice). Texts are compared but for their blanks (trial FW: renamed with a newline added, it ran
-    again). Refused before anything applies. Two files of one text both given (a fix run twice on purpose) are not
-    refused."""
+    new name, its rows twice). Texts are compared as SQLite reads them (see :func:`_words`: trial FW, renamed with a
+    newline added, it ran again; trial FX, with its header comment edited). Refused before anything applies. Two
+    files of one text both given (a fix run twice on purpose) are not refused."""
     given = {name for name, _ in migrations}
     gone = {_words(text): name for name, text in known.items() if name not in given}
     if not gone:
@@ -96,8 +96,61 @@ def check_migration_renames(db: str, known: dict[str, str], migrations: Sequence
 
 
 def _words(text: str) -> str:
-    """``text`` with each run of blanks (spaces, tabs, line ends) made one space, and none at its ends."""
-    return " ".join(text.split())
+    """``text`` as SQLite reads it, for comparing migrations: its tokens one space apart, with comments, blanks, a
+    byte order mark and trailing ``;`` left out and ASCII letters outside quotes made lower case (SQLite's keywords
+    and identifiers are not case-sensitive); what is quoted (``'...'``, ``"..."``, `````...`````, ``[...]``) kept as it
+    is (trial FX: a rename with its header comment edited ran again; ``'a  b'`` and ``'a b'``, different data, were
+    taken for one text)."""
+    tokens: list[str] = []
+    i, n = 0, len(text)
+    word: list[str] = []
+
+    def end_word() -> None:
+        if word:
+            tokens.append("".join(word).translate(_ASCII_LOWER))
+            word.clear()
+
+    while i < n:
+        ch = text[i]
+        if ch in _QUOTES:
+            end_word()
+            close = _QUOTES[ch]
+            j = i + 1
+            while j < n:
+                if text[j] == close:
+                    if close != "]" and j + 1 < n and text[j + 1] == close:
+                        j += 2  # (a doubled quote stands for itself)
+                        continue
+                    break
+                j += 1
+            tokens.append(text[i : j + 1])
+            i = j + 1
+        elif text.startswith("--", i):
+            end_word()
+            j = text.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif text.startswith("/*", i):
+            end_word()
+            j = text.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+        elif ch.isspace() or ch == "\ufeff":
+            end_word()
+            i += 1
+        elif ch.isalnum() or ch in "_$" or ord(ch) > 127:
+            word.append(ch)
+            i += 1
+        else:
+            end_word()
+            tokens.append(ch)
+            i += 1
+    end_word()
+    while tokens and tokens[-1] == ";":
+        tokens.pop()
+    return " ".join(tokens)
+
+
+_QUOTES = {"'": "'", '"': '"', "`": "`", "[": "]"}
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # (SQLite folds ASCII only)
 
 
 def sql_error(db: str, exc: BaseException, statement_timeout: float | None = None) -> TinystoreError:
