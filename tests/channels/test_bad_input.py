@@ -235,10 +235,20 @@ async def test_keys_that_are_one_once_written_as_text_bytes_keys_and_extensions_
         ([{datetime.date(2020, 1, 1): 1, "2020-01-01": 2}], "two keys of a dict are the same"),
         ({datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC): 1, "2020-01-01T00:00:00Z": 2}, "two keys of a dict"),
         (_Box({datetime.time(1, 2): 1, "01:02:00": 2}), "two keys of a dict are the same"),
+        # (trial FX: at +01:00 as the publisher wrote it, UTC as listeners read it)
+        (
+            {
+                datetime.datetime(2020, 1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=1))): 1,
+                "2020-01-01T00:00:00Z": 2,
+            },
+            "two keys of a dict are the same once written as JSON text ('2020-01-01T00:00:00Z')",
+        ),
     ):
         with pytest.raises(InvalidError, match=rf"^channel any: the value does not encode: {re.escape(want)}"):
             await ch.publish(value)
     await ch.publish({1: "a", "2": "b", 3.5: "c"})  # (keys of numbers and text that differ as text)
+    at = datetime.datetime(2020, 1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=1)))
+    await ch.publish({at: 1, "2020-01-01T01:00:00Z": 2})
     await ch.publish({uuid.UUID(int=1): "a", "b": _Box({_Key.TEXT: 1, "u": 2})})
     # a typed channel's fields its type does not name are looked at too
     with pytest.raises(InvalidError, match="two keys of a dict are the same"):
