@@ -273,6 +273,27 @@ async def test_an_error_of_the_block_wins_over_a_loss_and_carries_a_note(tmp_pat
         assert any("the lease was lost" in note for note in err.value.__notes__)
 
 
+async def test_an_error_the_block_raises_as_the_loss_cancels_it_is_kept_with_a_note(tmp_path: Path) -> None:
+    # trial FY: a block's finally that raised as the loss cancelled the block gave LostError, the block's own error
+    # only its cause (docs/locks.md: a block that raised its own error keeps it; the loss is added as a note)
+    async with open_store("private", tmp_path / "store", clock=START) as store:
+        lock = store.lock("summaries", ttl="10s")
+
+        async def holder() -> None:
+            async with lock.hold("k"):
+                try:
+                    await asyncio.sleep(30)
+                finally:
+                    raise ValueError("own error")
+
+        task = fresh(holder())
+        await asyncio.sleep(0.1)
+        await store.clock.advance("1m")
+        with pytest.raises(ValueError, match="own error") as err:
+            await task
+        assert any(note.startswith("and the lease was lost: lock summaries") for note in err.value.__notes__)
+
+
 async def test_lost_error_when_the_release_finds_the_lease_gone(any_mode: tinystore.Store) -> None:
     """The block ended before it heard of the loss: the release finds the lease gone."""
     async with other_client(any_mode) as other:

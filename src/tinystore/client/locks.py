@@ -520,7 +520,10 @@ class Lease:
                     return  # a cancel from elsewhere came too: it stays a cancel
                 raise asyncio.CancelledError
             if exc is not None and not cancelled:
-                raise self._error() from exc
+                # the block, cancelled for the loss, raised its own error (a finally's): it keeps it, as a block of
+                # asyncio.timeout does (trial FY: LostError came out, the block's error only its cause)
+                exc.add_note(f"and the lease was lost: {self._error().message}")
+                return
             raise self._error() from None
         if self._state == _LOST or not released:
             err = self._error()
