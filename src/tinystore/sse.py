@@ -332,7 +332,7 @@ def end_streams() -> int:
     It runs by itself at SIGTERM and SIGINT: the first stream of a process served from its main thread puts it
     before the handlers the process has then (uvicorn's, in each of its worker processes), since an ASGI server
     waits for open responses to finish before it stops (uvicorn for ``timeout_graceful_shutdown``, then it
-    cancels them; without it, until the browsers go away: trial AU's deploy waited for a tab). Call it yourself
+    cancels them; without it, until the browsers go away: a deploy would wait for a tab). Call it yourself
     when the server stops by other means, or when the handlers are installed after the first stream. With
     uvicorn run from your code::
 
@@ -1080,8 +1080,8 @@ class _ChannelStream(EventSourceResponse):
 
     def missed_upstream(self, reason: str, count: int | None, position: str | None) -> None:
         """The shared subscription missed ``count`` messages (``None``: not known), up to ``position``: a
-        ``reload`` now, or, for a stream behind, counted in the one it gets once it caught up (trial AV: that
-        reload forgot the stream's own drops, and the browser was told of fewer than it missed)."""
+        ``reload`` now, or, for a stream behind, counted in the one it gets once it caught up (else that
+        reload would forget the stream's own drops, and the browser be told of fewer than it missed)."""
         assert self.outbox is not None
         if not self.outbox.behind:
             self.reload(reason, count, position)

@@ -706,9 +706,9 @@ class Subscription(Generic[T]):
         (called from inside the handler, the handler finishes and nothing follows). Idempotent; never raises
         for a connection that is gone (the store ends the subscription with the connection anyway). A cancel
         of ``stop`` itself, once it has begun, leaves the subscription ended on this side, and the store told all
-        the same, without waiting (trial DC: it stayed in the store until the connection closed, counted against
+        the same, without waiting (before, it stayed in the store until the connection closed, counted against
         the limit, its branch kept). A task of ``stop()`` cancelled before it first ran ran none of it, as any
-        coroutine (trial EN): the subscription goes on; call ``stop`` again."""
+        coroutine: the subscription goes on; call ``stop`` again."""
         if self._stopped:
             return
         sid = self._stop_local()

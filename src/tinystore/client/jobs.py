@@ -392,7 +392,7 @@ class Run:
         """Keep ``progress`` (any JSON value, such as ``{"done": 120, "total": 300}``, at most 4 KiB) on the job
         and publish it (JOB-10). Sent at most 10 times a second: a newer value replaces one not yet sent; the
         last one goes with the attempt's end. May be called from another thread, such as the blocking work the
-        handler gives to ``asyncio.to_thread`` (trial DA: it raised "no running event loop"). Raises
+        handler gives to ``asyncio.to_thread`` (otherwise it would raise "no running event loop"). Raises
         ``InvalidError`` (not JSON), ``LimitError`` (too big)."""
         text = _json(progress, f"queue {self.queue}: job {self.job_id}: the progress")
         limit = self._a.runner.queue.store.limits.job_progress_bytes
@@ -437,7 +437,7 @@ class Run:
         nothing.
 
         A name is one step: a second call of a name this attempt has already had returned raises ``InvalidError``
-        (trial BZ: ``for url in urls: await run.step("fetch", ...)`` got the first URL's result for every URL);
+        (else ``for url in urls: await run.step("fetch", ...)`` would get the first URL's result for every URL);
         give each its own, ``f"fetch:{url}"``. So does a call of a name whose step runs now (steps run at once by
         ``asyncio.gather``). A step whose ``fn`` raised may be called again.
         """
@@ -660,8 +660,8 @@ class _Runner:
         """Run ``claimed``, got by a claim sent at ``sent`` (``time.monotonic()``). Its lease counts from no later
         than ``sent`` + the time the store held the claim (``waited_ms``): an answer read after the lease had run out
         as this worker counts it (its process was paused, SIGSTOP, while the answer waited in its socket) is not
-        run: the store ends that attempt as lost (trial FA: its handler ran whole after the store had ended the job
-        dead, and a write guarded by its fence was taken, no later attempt's fence being above it)."""
+        run: the store ends that attempt as lost (else its handler would run whole after the store had ended the job
+        dead, and a write guarded by its fence be taken, no later attempt's fence being above it)."""
         a = _Attempt(self, claimed)
         if sent is not None and claimed.waited_ms is not None and not self.queue.store.transport.local:
             a.renewed_at = min(a.renewed_at, sent + claimed.waited_ms / 1000)  # (looked at as its task first runs)
@@ -1027,7 +1027,7 @@ class _Runner:
 
     def shorten(self, grace: float) -> None:
         """A stop, under way or still to begin its grace, lets running attempts finish for no more than ``grace``
-        seconds from now (trial FU: asked before the stop's grace had begun, it was not heard)."""
+        seconds from now (also when asked before the stop's grace has begun)."""
         end = asyncio.get_running_loop().time() + grace
         if self.grace_end is None or end < self.grace_end:
             self.grace_end = end
@@ -1042,7 +1042,7 @@ class _Runner:
         While it waits, ``self.grace`` is its timeout: a later :meth:`Worker.stop` may move it sooner.
 
         The attempt whose handler closes the store (it awaits the very close that stops this) is neither waited
-        for nor stopped: it could not end first (trial DD: the close waited 10 s for it, then handed its job back
+        for nor stopped: it could not end first (else the close would wait 10 s for it, then hand its job back
         uncounted, to run again at every start). It ends after the close, unreported: its lease (or, embedded, the
         next start) ends it, counted."""
         closer = self.queue.store._closer

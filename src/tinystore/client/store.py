@@ -283,17 +283,20 @@ class Store:
         self, name: str, migrations: str | os.PathLike[str] | Sequence[tuple[str, str]] | None = None
     ) -> Database:
         """Open (creating) the SQL database ``name`` (``DIR/sql/<name>.db``) and apply ``migrations``: a
-        folder whose ``*.sql`` files apply in name order, once, each in its own transaction (SQL-05).
+        folder (a path, str or ``os.PathLike``) whose ``*.sql`` files apply in name order, or a sequence of
+        ``(name, text)`` pairs applied in their names' order; each applies once, in its own transaction (SQL-05).
+        ``None``: no migrations (those applied before stay). See docs/sql.md, "Opening a database and migrations".
 
         Names starting with ``tinystore-`` are the store's own databases (``tinystore-jobs``): they open for
         reading only (their ``exec`` of a statement that writes and their ``tx`` that is not ``read_only`` raise
         ``PermissionDeniedError``).
 
-        Raises ``InvalidError`` (a bad name, a migration that fails), ``ConflictError`` (an applied migration
-        whose text changed), ``PermissionDeniedError`` (a ``data`` token that would run migrations; migrations
-        for one of the store's own databases, or one of those the store has not made), ``LimitError`` (more
-        databases than ``Limits.databases``). A cancel leaves the opening, and its migrations, going on in the
-        server: a later call finds them applied.
+        Raises ``InvalidError`` (a bad name, a folder that cannot be read, a migration that fails),
+        ``ConflictError`` (an applied migration whose text changed, a new one that sorts before one applied, or one
+        with the text of an applied one no longer given: renamed), ``PermissionDeniedError`` (a ``data`` token
+        that would run migrations; migrations for one of the store's own databases, or one of those the store has
+        not made), ``LimitError`` (more databases than ``Limits.databases``). A cancel leaves the opening, and its
+        migrations, going on in the server: a later call finds them applied.
         """
         check_name("database", name)
         pairs = read_migrations(migrations, name)

@@ -519,7 +519,7 @@ class _ClientConn(asyncio.Protocol):
         """The connection failed on a write (the server had closed it: EPIPE, a reset) before what the server sent
         last was read: its answers and its GOAWAY, which says the last request it read, may still wait in the
         socket. Read them now, so that the calls it answered are answered and the ones it never read are sent
-        again to the next server, writes too (trial BS: a client whose loop was busy through a stop took each
+        again to the next server, writes too (else a client whose loop was busy through a stop would take each
         pending write for one that may have committed). Done where the event loop's transport keeps its socket
         open until ``connection_lost`` returns (asyncio's own); elsewhere (uvloop), nothing is read."""
         sock = getattr(self.transport, "_sock", None)
