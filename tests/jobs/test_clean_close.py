@@ -157,3 +157,27 @@ async def test_a_shorter_grace_asked_before_the_first_closes_grace_began_is_hear
             assert got is not None and got.state == "queued" and got.attempts == 0, got
         finally:
             await store.close()
+
+
+# contract: JOB-05
+async def test_a_close_refused_on_another_loop_keeps_no_grace(tmp_path: Path) -> None:
+    # trial FX: close(grace=0) from another event loop raised InvalidError, but its grace was kept, and the real
+    # close later cancelled the handlers at once
+    store = await tinystore.open(tmp_path / "s", embedded=True)
+    try:
+
+        def elsewhere() -> str:
+            async def close() -> None:
+                await store.close(grace=0)
+
+            try:
+                asyncio.run(close())
+            except tinystore.InvalidError as exc:
+                return exc.message
+            return "closed"
+
+        said = await asyncio.to_thread(elsewhere)
+        assert "event loop" in said, said
+        assert store._close_grace is None
+    finally:
+        await store.close()

@@ -420,17 +420,17 @@ class Store:
         A cancel of ``close``, once it has begun, leaves the close going on; a later call waits for it to end (a
         task of ``close()`` cancelled before it first ran ran none of it, as any coroutine). Raises ``InvalidError``
         from another event loop than the one the store was opened on, as every call does."""
-        if grace is not None:
-            grace_s = seconds(grace, "store.close: grace")
-            if self._close_grace is None or grace_s < self._close_grace:
-                self._close_grace = grace_s
-                if self._close_task is not None:
-                    for shorten in list(self._close_shorteners):
-                        shorten(grace_s)
+        grace_s = None if grace is None else seconds(grace, "store.close: grace")
         task = self._close_task
         if (task is None or not task.done()) and asyncio.get_running_loop() is not self.transport.loop:
-            # trial BU: a bare RuntimeError ("Event loop is closed") from a later asyncio.run()
+            # trial BU: a bare RuntimeError ("Event loop is closed") from a later asyncio.run(); its grace is not
+            # kept (trial FX: a refused call's grace cut the real close's short)
             raise self.transport.other_loop()
+        if grace_s is not None and (self._close_grace is None or grace_s < self._close_grace):
+            self._close_grace = grace_s
+            if task is not None:
+                for shorten in list(self._close_shorteners):
+                    shorten(grace_s)
         if task is None:
             self._closed = True
             self._closer = asyncio.current_task()  # (a job's handler, perhaps: see the jobs runner's stop)
