@@ -2142,6 +2142,9 @@ RECYCLE_BYTES = 8 << 20
 """Characters of long statements a connection may have run before it is replaced (see ``SqlDatabase._recycle``)."""
 INLINE_VALUE_BYTES = 16 << 10
 """The largest value (string, blob, row) a read on the event loop may make; a larger one moves to a reader."""
+BIG_MIGRATIONS = 256 << 10
+"""Characters of migrations (given and applied) past which a database already open looks for a renamed one on a
+thread, not on the event loop (some 0.1 s a MB)."""
 INLINE_SQL_BYTES = 4 << 10
 """The longest statement a read on the event loop may run; a longer one goes to a reader. SQLite looks at its
 progress handler only where a statement jumps: a statement of many function calls in a row (a long select list)
@@ -2561,7 +2564,11 @@ class SqlEngine:
         open. A migration that fails leaves nothing of itself; those before it stay applied."""
         known = {r[0]: r[1] for r in (await db.read(f"select name, text from {MIGRATIONS_TABLE}", [])).rows}
         check_migration_order(db.name, known, migrations)
-        check_migration_renames(db.name, known, migrations)
+        if sum(map(len, known.values())) + sum(len(text) for _, text in migrations) > BIG_MIGRATIONS:
+            # (their texts are read as SQLite reads them: a second for some MB, not on the loop; trial GA)
+            await asyncio.to_thread(check_migration_renames, db.name, known, migrations)
+        else:
+            check_migration_renames(db.name, known, migrations)
         applied: list[str] = []
         for name, text in sorted(migrations, key=lambda m: m[0]):
             if name in known:  # applied: checked without taking the writer
