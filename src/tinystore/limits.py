@@ -75,8 +75,9 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     inline_read: float = 0.0005
     #: bytes the server holds written for its clients and not yet taken by them (answers, channel messages), all
     #: connections together: past it, the connection holding the most of those whose client took nothing for
-    #: ``client_output_stall`` is closed at once, what it held dropped (as Redis's ``maxmemory-clients``); its SDK
-    #: connects again and sends its reads again. A client that reads is not closed for it
+    #: ``client_output_stall`` is closed at once, what it held dropped (as Redis's ``maxmemory-clients``), and past
+    #: twice it, of those whose client took nothing for a second; its SDK connects again and sends its reads again.
+    #: A client that reads is not closed for it
     client_output_bytes: int = 1024 * 1024 * 1024
     #: seconds a client must have taken nothing of what the server holds for it before its connection may be closed
     #: for ``client_output_bytes`` (its progress is seen in steps of a TCP window's opening, up to some 64 KiB

@@ -21,7 +21,7 @@ from tinystore.protocol.frames import Kind
 from tinystore.protocol.messages import encode
 from tinystore.protocol.sql import OpenDb, Query
 from tinystore.server import paths
-from tinystore.server.output_budget import STALLED, OutputBudget
+from tinystore.server.output_budget import HARD_STALL, STALLED, OutputBudget
 
 from ..helpers import ServerProcess, open_store, write_tokens
 from .raw import RawClient
@@ -141,7 +141,7 @@ class _Holder:
     def taken(self) -> int:
         return self.took
 
-    def evict(self, held: int, total: int, limit: int) -> None:
+    def evict(self, held: int, total: int, limit: int, idle: float) -> None:
         self.log.append(f"{self.name} {held} {total} {limit}")
 
 
@@ -180,6 +180,34 @@ def test_the_largest_stalled_holder_goes_first_and_stale_sizes_are_read_again() 
     assert log == ["a 60 112 100", "d 300 352 100"] and budget.total == 52 and budget.evicted == 2
     budget.note(c, 0)  # (a holder with nothing is not kept)
     assert budget.held == {} and budget.seen == {}
+
+
+def test_past_twice_the_bound_a_second_without_progress_is_enough() -> None:
+    # trial GA: 40 connections that read nothing held 817 MiB against a bound of 1 MiB for the whole stall
+    log: list[str] = []
+    clock = _Clock()
+    looks: list[float] = []
+    budget = OutputBudget(100, clock, later=lambda delay, fn: looks.append(delay))
+    a, b, c = (_Holder(n, s, log) for n, s in (("a", 90), ("b", 60), ("c", 70)))
+    budget.note(a, 90)
+    budget.note(b, 60)  # 150: past the bound, not twice: a look in STALLED
+    assert looks == [STALLED] and not log
+    budget.note(c, 70)  # 220: past twice the bound, a look in HARD_STALL though one is due already
+    assert looks == [STALLED, HARD_STALL] and not log
+    clock.now = HARD_STALL
+    c.took = 5  # (c reads, slowly)
+    budget.looking = False
+    budget.shed()  # a, the largest that took nothing for HARD_STALL, goes; 130 is within twice the bound
+    assert log == ["a 90 220 100"]
+    clock.now = 2 * HARD_STALL
+    budget.looking = False
+    budget.shed()  # b took nothing for 2 s, but the sum is within twice the bound: it waits for the stall
+    assert log == ["a 90 220 100"]
+    clock.now = STALLED
+    c.took = 10
+    budget.looking = False
+    budget.shed()
+    assert log == ["a 90 220 100", "b 60 130 100"] and budget.total == 70
 
 
 def test_the_bound_is_checked() -> None:
@@ -278,7 +306,9 @@ async def test_a_client_reading_steadily_through_a_slow_link_is_not_closed(tmp_p
 async def test_a_client_reading_slowly_through_a_proxy_on_the_servers_machine_is_not_closed(tmp_path: Path) -> None:
     # trial FX: a client taking 80 KB/s through a proxy on the server's machine (8 KB every 100 ms), 8 answers of
     # 3 MB asked at once, was closed after 3 s, and again each time its SDK sent its reads again: over loopback its
-    # progress shows in steps of a TCP window's opening (some 64 KiB), more than a second apart at that rate
+    # progress shows in steps of a TCP window's opening (some 64 KiB), more than a second apart at that rate. (The
+    # bound is under what the client holds, some 20 MiB, and over half of it: past twice the bound, a second
+    # without progress is enough)
     tokens, admin, _ = write_tokens(tmp_path)
     server = ServerProcess(
         tmp_path / "s",
@@ -287,7 +317,7 @@ async def test_a_client_reading_slowly_through_a_proxy_on_the_servers_machine_is
         "--tokens",
         str(tokens),
         "--limits",
-        '{"client_output_bytes": 1048576}',
+        '{"client_output_bytes": 12582912}',
     ).start()
     host, port = server.tcp.removeprefix("tcp://").rsplit(":", 1)
 
@@ -323,7 +353,7 @@ async def test_a_client_reading_slowly_through_a_proxy_on_the_servers_machine_is
                     st = (await direct.status())["unsent"]
                     assert st["evicted"] == 0, st
                     held = max(held, st["bytes"])
-                assert held > 1 << 20, "the server held no more than its bound for the slow client"
+                assert held > 12 << 20, "the server held no more than its bound for the slow client"
             finally:
                 reads.cancel()
                 with contextlib.suppress(asyncio.CancelledError, tinystore.TinystoreError):

@@ -1213,18 +1213,20 @@ class ServerConnection(asyncio.Protocol):
             return self.written
         return self.written - transport.get_write_buffer_size() - unsent_in_socket(self.sock)
 
-    def evict(self, held: int, total: int, limit: int) -> None:
+    def evict(self, held: int, total: int, limit: int, idle: float) -> None:
         """The server holds more unsent bytes than ``Limits.client_output_bytes`` for its clients, and this
-        connection the most of those whose client took nothing for ``Limits.client_output_stall``: it is closed at
-        once, what it holds dropped (its client's reads are sent again on its next connection; its writes under way
-        are ``OutcomeUnknownError``, as at any drop)."""
+        connection the most of those whose client took nothing for ``Limits.client_output_stall`` (past twice the
+        limit, for a second; ``idle``: seconds it took nothing): it is closed at once, what it holds dropped (its
+        client's reads are sent again on its next connection; its writes under way are ``OutcomeUnknownError``, as
+        at any drop)."""
         self.listener.silent_log("evicted").warning(
-            "%s: closed a connection%s holding %s its client had not read (it took nothing for %s, "
-            "Limits.client_output_stall): the server held %s unread for all its clients, past "
-            "Limits.client_output_bytes (%s)",
+            "%s: closed a connection%s holding %s its client had not read (it took nothing for %s; "
+            "Limits.client_output_stall %s, a second past twice the bound): the server held %s unread for all its "
+            "clients, past Limits.client_output_bytes (%s)",
             self.listener.description,
             self.peer_text(),
             _mib(held),
+            format_seconds(round(idle, 1)),
             format_seconds(self.budget.stall),
             _mib(total),
             _mib(limit),

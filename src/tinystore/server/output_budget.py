@@ -5,10 +5,11 @@ time; see ``listener.BOUNDED_READS``), but not the sum: a client with many conne
 its few big reads unread, could make the server hold their number times as much, up to the descriptor limit (trial
 FK). Past ``Limits.client_output_bytes``, the connection holding the most of those whose client took nothing for
 ``Limits.client_output_stall`` seconds (:data:`STALLED` by default) is closed at once, its unsent bytes dropped,
-as Redis closes its clients past ``maxmemory-clients`` (largest first) or past a ``client-output-buffer-limit``
-held for some seconds. A client that reads is never closed for it, however much it asked for (trial FU: one reading
-12 answers of 8 MB at once was closed again and again past a hard bound); what a client that reads holds is bounded
-by its connection's share.
+and past :data:`HARD_FACTOR` times the limit, of those that took nothing for :data:`HARD_STALL`, as Redis closes
+its clients past ``maxmemory-clients`` (largest first) or past a ``client-output-buffer-limit`` (its hard limit at
+once, its soft one held for some seconds). A client whose progress shows within each second is never closed for
+it, however much it asked for (trial FU: one reading 12 answers of 8 MB at once was closed again and again past a
+hard bound on bytes alone); what a client that reads holds is bounded by its connection's share.
 
 The sum is of what each connection's transport holds unsent, noted as each write is handed to it and read again
 from every transport before any connection is closed (a client that reads tells the server nothing). Whether a
@@ -32,6 +33,14 @@ server's machine reads): at 1 s, trial FX's client reading 80 KB/s through such 
 second, and was closed again and again. 30 s lets a client taking a few KB a second keep its connection, and is half
 of the 60 s Redis gives a ``client-output-buffer-limit``'s soft limit by default."""
 
+HARD_FACTOR = 2
+"""Past this many times the limit, a client that took nothing for :data:`HARD_STALL` may be closed, however long
+the stall (trial GA: 40 connections that read nothing held 817 MiB against a bound of 1 MiB for the whole stall). As
+Redis's hard ``client-output-buffer-limit`` beside its soft one: a client reading slowly enough that its progress
+shows less often than that is closed only when the server holds this much."""
+HARD_STALL = 1.0
+"""Seconds a client must have taken nothing to be closed past :data:`HARD_FACTOR` times the limit."""
+
 
 class Holder(Protocol):
     """A connection whose unsent bytes count against the budget."""
@@ -45,9 +54,9 @@ class Holder(Protocol):
         transport and its socket still hold."""
         ...
 
-    def evict(self, held: int, total: int, limit: int) -> None:
+    def evict(self, held: int, total: int, limit: int, idle: float) -> None:
         """Close the connection at once, dropping what it holds unsent (``held`` bytes of ``total``, past
-        ``limit``)."""
+        ``limit``; its client took nothing for ``idle`` seconds)."""
         ...
 
 
@@ -61,7 +70,19 @@ class OutputBudget:
     stalled, when no write comes meanwhile (None: only at the next write); ``stall``: the seconds a holder must have
     taken nothing before it may be closed."""
 
-    __slots__ = ("clock", "evicted", "evicting", "held", "later", "limit", "looking", "seen", "stall", "total")
+    __slots__ = (
+        "clock",
+        "evicted",
+        "evicting",
+        "held",
+        "later",
+        "limit",
+        "looking",
+        "looking_hard",
+        "seen",
+        "stall",
+        "total",
+    )
 
     def __init__(
         self,
@@ -75,6 +96,7 @@ class OutputBudget:
         self.clock = clock
         self.later = later
         self.looking = False  # a look is due (see later)
+        self.looking_hard = False  # ... at HARD_STALL, the sum being past HARD_FACTOR times the limit
         self.total = 0
         self.held: dict[Holder, int] = {}  # only holders with bytes unsent
         # holder → (when, what it had taken then): since when it has taken nothing, as last looked at
@@ -95,7 +117,12 @@ class OutputBudget:
             del self.held[holder]
             self.seen.pop(holder, None)
         self.total += size - old
-        if shed and self.total > self.limit and not self.evicting and not self.looking:
+        if (
+            shed
+            and self.total > self.limit
+            and not self.evicting
+            and (not self.looking or (not self.looking_hard and self.total > self.limit * HARD_FACTOR))
+        ):
             self.shed()  # (while a look is due, nobody had stalled: not looked at again at each write)
 
     def forget(self, holder: Holder) -> None:
@@ -115,40 +142,53 @@ class OutputBudget:
 
     def shed(self) -> None:
         """Read every holder's size again; while the sum is still past the limit, close the largest holder that
-        took nothing for ``stall`` seconds, or look again once one may have."""
+        took nothing for ``stall`` seconds (for :data:`HARD_STALL` while the sum is past :data:`HARD_FACTOR` times
+        the limit), or look again once one may have."""
         self.evicting = True
         try:
             self.refresh()
             if self.total <= self.limit:
                 return
             now = self.clock()
-            stalled: list[Holder] = []
+            idle: dict[Holder, float] = {}  # holder → seconds it has taken nothing, as looked at
             for holder in self.held:
                 taken = holder.taken()
                 was = self.seen.get(holder)
                 if was is None or taken > was[1]:
                     self.seen[holder] = (now, taken)  # (first looked at, or it took some since)
-                elif now - was[0] >= self.stall:
-                    stalled.append(holder)
-            stalled.sort(key=self.held.__getitem__, reverse=True)
-            for holder in stalled:
+                    idle[holder] = 0.0
+                else:
+                    idle[holder] = now - was[0]
+            hard = self.limit * HARD_FACTOR
+            short = min(HARD_STALL, self.stall)
+            # the largest first; one skipped stays skipped as the sum falls (the stall asked of it only grows)
+            for holder in sorted(idle, key=self.held.__getitem__, reverse=True):
                 if self.total <= self.limit:
                     return
+                if idle[holder] < (short if self.total > hard else self.stall):
+                    continue
                 held = self.held[holder]
                 total = self.total
                 self.forget(holder)
                 self.evicted += 1
-                holder.evict(held, total, self.limit)
-            if self.total > self.limit and self.held and self.later is not None and not self.looking:
-                # each of the others took bytes within stall (or was first looked at now): looked at again once
+                holder.evict(held, total, self.limit, idle[holder])
+            over_hard = self.total > hard
+            if (
+                self.total > self.limit
+                and self.held
+                and self.later is not None
+                and (not self.looking or (over_hard and not self.looking_hard))
+            ):
+                # each of the others took bytes within the stall (or was first looked at now): looked at again once
                 # the first of them may have stalled (writes meanwhile do not look: see note)
                 self.looking = True
+                self.looking_hard = over_hard
                 first = min(when for when, _ in self.seen.values())
-                self.later(max(first + self.stall - now, 0.05), self._look)
+                self.later(max(first + (short if over_hard else self.stall) - now, 0.05), self._look)
         finally:
             self.evicting = False
 
     def _look(self) -> None:
-        self.looking = False
+        self.looking = self.looking_hard = False
         if self.total > self.limit and not self.evicting:
             self.shed()
