@@ -7,6 +7,8 @@ client may read them but not write to them (:func:`check_db_writable`).
 from __future__ import annotations
 
 import re
+import typing
+from typing import Any
 
 from .errors import InvalidError, PermissionDeniedError
 
@@ -55,6 +57,14 @@ def a_or_an(word: str) -> str:
     if low.startswith(("uu", "uni", "use", "usu", "uti", "eu", "one")):
         return f"a {word}"
     return f"{'an' if low[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} {word}"
+
+
+def type_name(t: Any) -> str:
+    """How messages name the type ``t``: its name (``Ingest``, ``int``), or what it is written as when it has
+    arguments (``dict[int, str]``, ``list[Ingest]``, ``int | None``: not "dict", whose values would fit it)."""
+    if typing.get_origin(t) is not None or not hasattr(t, "__name__"):
+        return repr(t).replace("typing.", "")
+    return str(t.__name__)
 
 
 def key_text(kind: str, name: str, key: object, word: str = "key") -> str:

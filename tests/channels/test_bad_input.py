@@ -68,6 +68,14 @@ async def test_a_value_that_holds_itself_or_nests_too_deeply_is_invalid_naming_t
     assert heard == ["after"]
 
 
+async def test_a_value_not_of_a_type_with_arguments_names_the_type_whole(store: tinystore.Store) -> None:
+    # (it was "the value is not a dict", of a dict whose keys were not ints)
+    with pytest.raises(InvalidError, match=r"^channel c: the value is not a dict\[int, str\]: Expected `int`"):
+        await store.channel("c", dict[int, str]).publish({"a": "x"})  # type: ignore[dict-item]
+    with pytest.raises(InvalidError, match=r"^channel c: the value is not a list\[int\]: "):
+        await store.channel("c", list[int]).publish(["a"])  # type: ignore[list-item]
+
+
 async def test_each_refuses_an_on_missed_that_is_not_callable_at_once(store: tinystore.Store) -> None:
     ch = store.channel("c").under(1)
     for bad in (7, "x"):

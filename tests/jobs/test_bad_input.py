@@ -36,6 +36,10 @@ async def test_values_that_do_not_encode_or_are_too_big(store: tinystore.Store) 
         await q.add({"chat_id": "seven"})  # type: ignore[arg-type]
     with pytest.raises(InvalidError, match="queue asks"):
         await q.add(object())  # type: ignore[arg-type]
+    # a type with arguments is named whole (it was "dict", which the value was)
+    counts = store.queue("counts", dict[int, str])
+    with pytest.raises(InvalidError, match=r"^queue counts: add: the value does not encode as dict\[int, str\]: "):
+        await counts.add({"a": "x"})  # type: ignore[dict-item]
     plain = store.queue("plain")
     with pytest.raises(LimitError, match="queue plain") as info:
         await plain.add({"blob": "x" * (1024 * 1024)})

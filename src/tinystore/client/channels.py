@@ -33,7 +33,7 @@ import msgspec
 import msgspec.inspect
 
 from ..errors import ClosedError, InvalidError, LimitError, TinystoreError
-from ..names import a_or_an, check_name, key_text
+from ..names import a_or_an, check_name, key_text, type_name
 from ..protocol.channels import (
     DELIVER,
     FLOAT64,
@@ -313,7 +313,7 @@ def _same_text(d: dict[Any, Any]) -> str | None:
 
 
 def _type_name(t: Any) -> str:
-    return getattr(t, "__name__", None) or repr(t)
+    return type_name(t)
 
 
 def _branch_parts(name: str, owners: Sequence[object]) -> tuple[str, ...]:

@@ -49,7 +49,7 @@ from ..errors import (
     TinystoreError,
     UnavailableError,
 )
-from ..names import check_name
+from ..names import check_name, type_name
 from ..protocol.jobs import (
     ADD_MAX,
     CANCEL_PUSH,
@@ -356,7 +356,7 @@ def _as_step_type(value: Any, type: Any, what: str) -> Any:
         return msgspec.convert(value, type, strict=False)
     except msgspec.ValidationError as exc:
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        raise InvalidError(f"{what} {shown} does not fit {getattr(type, '__name__', type)}: {exc}") from None
+        raise InvalidError(f"{what} {shown} does not fit {type_name(type)}: {exc}") from None
 
 
 class Run:
@@ -1632,7 +1632,7 @@ class Queue(Generic[T]):
             try:
                 self._decoder.decode(text)
             except Exception as exc:  # a ValidationError, or what the type's own __post_init__ raised
-                kind = getattr(self.type, "__name__", self.type)
+                kind = type_name(self.type)
                 raise InvalidError(
                     f"queue {self.name}: {what}: the value does not encode as {kind}: {_decode_error(exc)}"
                 ) from None
@@ -1652,7 +1652,7 @@ class Queue(Generic[T]):
         except Exception as exc:  # a DecodeError, or what the type's own __post_init__ raised
             raise InvalidError(
                 f"queue {self.name}: the job's value does not decode as "
-                f"{getattr(self.type, '__name__', self.type)}: {_decode_error(exc)}"
+                f"{type_name(self.type)}: {_decode_error(exc)}"
             ) from None
 
     def _new(
