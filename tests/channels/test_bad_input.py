@@ -276,3 +276,37 @@ async def test_a_value_over_the_message_limit_is_refused_before_it_is_looked_thr
     monkeypatch.setattr(client_channels, "non_finite", looked)
     with pytest.raises(LimitError, match="over the limit of 65536 bytes"):
         await store.channel("any").publish([{"a": i, "b": 1.5} for i in range(30_000)])
+
+
+@dataclass
+class _Marks:
+    marks: dict[datetime.datetime, int]
+
+
+class _Tagged(msgspec.Struct):
+    by_id: dict[uuid.UUID, str] | None = None
+
+
+# contract: CHAN-07
+async def test_keys_that_a_channels_type_reads_as_one_are_refused(store: tinystore.Store) -> None:
+    # trial GA: a listener of dict[datetime, int] got one entry of {datetime(2024, 1, 1, tzinfo=UTC): 1,
+    # "2024-01-01T01:00:00+01:00": 2}, the other lost without a word
+    utc = datetime.UTC
+    one = datetime.datetime(2024, 1, 1, tzinfo=utc)
+    for type_, value, where in (
+        (dict[datetime.datetime, int], {one: 1, "2024-01-01T01:00:00+01:00": 2}, "$"),
+        (dict[datetime.datetime, int], {"2024-01-01T00:00:00Z": 1, "2024-01-01T00:00:00+00:00": 2}, "$"),
+        (list[_Marks], [_Marks({one: 1, "2024-01-01T01:00:00+01:00": 2})], "$[0].marks"),  # type: ignore[dict-item]
+        (_Tagged, _Tagged({uuid.UUID(int=1): "a", "00000000000000000000000000000001": "b"}), "$.by_id"),  # type: ignore[dict-item]
+    ):
+        with pytest.raises(InvalidError, match=rf"two keys of the dict at {re.escape(where)} are one as .* reads them"):
+            await store.channel("typed", type_).publish(value)
+    heard: list[Any] = []
+    sub = await store.channel("typed", dict[datetime.datetime, int]).subscribe(lambda m: heard.append(m.value))
+    await store.channel("typed", dict[datetime.datetime, int]).publish({one: 1, "2024-01-01T01:00:00Z": 2})  # type: ignore[dict-item]
+    for _ in range(500):
+        if heard:
+            break
+        await asyncio.sleep(0.01)
+    assert heard == [{one: 1, one + datetime.timedelta(hours=1): 2}]
+    await sub.stop()

@@ -63,6 +63,7 @@ from ..protocol.channels import (
     non_finite_error,
     parse_id,
 )
+from .merged_keys import merged_key, merging_type
 
 if TYPE_CHECKING:
     from .sql import SqlTx
@@ -125,7 +126,7 @@ def _check_recursive(channel: str, call: str, recursive: object) -> None:
 class _Codec:
     """Encodes and checks values of one channel's type; decodes its payloads."""
 
-    __slots__ = ("check", "decode", "encoder", "limit", "name", "type")
+    __slots__ = ("check", "decode", "encoder", "limit", "merging", "name", "type")
 
     def __init__(self, name: str, type_: Any, limit: int) -> None:
         self.name = name
@@ -144,6 +145,8 @@ class _Codec:
             )
         self.decode = decoder.decode
         self.check = type_ is not None
+        # (a type that reads some dict's keys as other than text may make two of them one: see merged_keys)
+        self.merging = None if type_ is None else merging_type(type_)
 
     def encode(self, value: Any, branch: tuple[str, ...] = ()) -> bytes:
         """``value`` as the payload of a message on ``branch``. Raises ``InvalidError`` (it does not encode as
@@ -171,11 +174,20 @@ class _Codec:
                 raise InvalidError(non_finite_error(self.name, branch, problem))
         if self.check:
             try:
-                self.decode(data)
+                typed = self.decode(data)
             except (msgspec.ValidationError, RecursionError) as exc:
                 raise InvalidError(
                     f"channel {self.name}: the value is not {a_or_an(_type_name(self.type))}: {exc}"
                 ) from None
+            if self.merging is not None:
+                where = merged_key(self.merging, typed, _decode_any(data))
+                if where is not None:
+                    # (trial GA: {datetime(2024, 1, 1, tzinfo=UTC): 1, "2024-01-01T01:00:00+01:00": 2} reached a
+                    # listener of dict[datetime, int] as one entry)
+                    raise InvalidError(
+                        f"channel {self.name}: the value does not encode: two keys of the dict at {where} are one "
+                        f"as {_type_name(self.type)} reads them: its listeners would get one entry of the two"
+                    )
         # every channel, typed too: a typed channel's decode above passes over fields its type does not name (a
         # dict's extra keys, a subclass's fields), which untyped listeners, the CLI and browsers get (trial FQ)
         problem = _not_json(value, data)
