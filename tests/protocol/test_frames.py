@@ -254,6 +254,17 @@ def test_length_shorter_than_the_header_is_refused() -> None:
     server.receive_data(struct.pack(">IBBIB", HEADER_SIZE - 4 + 2, Kind.REQUEST, 0, 1, 200) + b"ab")
     with pytest.raises(ProtocolError, match="shorter than its header"):
         server.next_event()
+    # told as soon as the length is in, not once a whole header came (a zero-length frame before the handshake
+    # waited for the handshake's timeout)
+    for receive in ("next_event", "next_frames"):
+        _, server = handshake()
+        server.receive_data(b"\x00\x00\x00\x00")
+        with pytest.raises(ProtocolError, match="frame length 0 is shorter than its header"):
+            getattr(server, receive)()
+    server = Connection("server", max_body=1000)
+    server.receive_data(b"\x00\x00\x00\x06")
+    with pytest.raises(ProtocolError, match="frame length 6 is shorter than its header"):
+        server.next_event()
 
 
 @pytest.mark.parametrize("kind", [0, 9, 200, 255])

@@ -3,6 +3,7 @@ keeps serving everyone else and loses nothing committed."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -98,6 +99,10 @@ async def test_garbage_bytes(served: Served) -> None:
         raw.send(garbage)
         await closed_with_reason(raw)
         await served.check_good()
+    # a zero-length frame first: told at once (it waited for the handshake's 10 s)
+    raw = await served.raw()
+    raw.send(b"\x00\x00\x00\x00")
+    await asyncio.wait_for(closed_with_reason(raw, "frame length 0 is shorter than its header"), 5)
     # garbage after a good handshake
     raw = await served.handshaken()
     raw.send(b"\x00\x00\x00\x03abcdefgh")

@@ -252,6 +252,7 @@ class Connection:
             if self._eof and end > pos:
                 self.closed_reason = f"connection closed in the middle of a frame ({end - pos} bytes left over)"
                 raise ProtocolError(self.closed_reason)
+            _check_short(buf, pos, end - pos)
             return []
         out: list[tuple[Kind, int, int, str, bytes]] = []
         unpack = HEADER.unpack_from
@@ -346,6 +347,7 @@ class Connection:
                 if avail:
                     raise ProtocolError(f"connection closed in the middle of a frame ({avail} bytes left over)")
                 return CLOSED
+            _check_short(buf, pos, avail)
             return NEED_DATA
         length, kind, flags, stream, mlen = HEADER.unpack_from(buf, pos)
         body_len = length - (HEADER_SIZE - 4) - mlen
@@ -456,3 +458,12 @@ class Connection:
     def finished(self, stream: int) -> None:
         """Forget a stream that ended without a frame of ours (a cancelled request)."""
         self.inflight.discard(stream)
+
+
+def _check_short(buf: bytes | bytearray | memoryview, pos: int, avail: int) -> None:
+    """Raise ``ProtocolError`` when the frame begun at ``pos`` says its length is shorter than its header, as soon
+    as its length is there (a zero-length frame before the handshake waited for the handshake's timeout)."""
+    if avail >= 4:
+        length = int.from_bytes(buf[pos : pos + 4], "big")
+        if length < HEADER_SIZE - 4:
+            raise ProtocolError(f"frame length {length} is shorter than its header")
