@@ -47,7 +47,7 @@ async def test_the_command_runs_holding_the_key_with_its_fence_and_its_exit_stat
     # while it runs, the key is held: the status lists it, and a second run that will not wait fails
     status = await sidecar.status()
     rows = [r for r in status["locks"]["keys"] if r["lock"] == "cron"]
-    assert rows and rows[0]["key"] == "nightly" and rows[0]["held"] == 1 and rows[0]["fences"] == str(fence)
+    assert rows and rows[0]["key"] == "nightly" and rows[0]["held"] == 1 and rows[0]["fences"] == [str(fence)]
     second = await cli("lock", directory, "hold", "cron", "nightly", "--wait", "0", "--", "echo", "twice")
     out, err = await asyncio.wait_for(second.communicate(), 20)
     assert second.returncode == 1 and out == b""

@@ -943,10 +943,15 @@ def _print_engine(key: str, value: Any) -> None:
                 cols = list(v[0].keys())
                 total = value.get(f"{k}_total", len(v))
                 shown = v[:STATUS_ROWS]
-                print_table(f"{key}: {k}", cols, [[row.get(c) for c in cols] for row in shown])
+                print_table(f"{key}: {k}", cols, [[_cell(row.get(c)) for c in cols] for row in shown])
                 if total > len(shown):
                     more = total - len(shown)
                     console.print(f"  ... {more:,} more {k} of {key} (--json lists more)", highlight=False)
+
+
+def _cell(value: Any) -> Any:
+    """A status value as a table shows it: a list's items comma-separated (a key's fences, its holders)."""
+    return ", ".join(map(str, value)) if isinstance(value, list) else value
 
 
 def _db_name(stem: str) -> bool:

@@ -278,9 +278,9 @@ def lock_status(engine: LocksEngine, to_datetime: Any) -> dict[str, Any]:
     (the first 1,000 keys of ``keys_total``; and, from
     the status hook, ``ended_kept``, ``granted_kept``, ``orphans_kept``: capped memory kept beyond leases) with one
     row per key held or waited for: ``lock``, ``key``, ``limit``, ``held`` (live leases), ``waiters``,
-    ``fences`` (decimal, comma-separated, oldest first), ``expires`` (the earliest deadline as ISO text, or
-    ``"never"``: a lease of the embedded process, or one ending past year 9999), ``sessions`` (the holders'
-    session ids, comma-separated).
+    ``fences`` (a list of decimal texts, oldest first), ``expires`` (the earliest deadline as ISO text, or
+    ``"never"``: a lease of the embedded process, or one ending past year 9999), ``sessions`` (a list of the
+    holders' session ids, as ``fences``).
     """
     raw = engine.status()
     keys: list[dict[str, Any]] = []
@@ -301,9 +301,9 @@ def lock_status(engine: LocksEngine, to_datetime: Any) -> dict[str, Any]:
                 "limit": entry["limit"],
                 "held": len(leases),
                 "waiters": entry["waiters"],
-                "fences": ",".join(x["fence"] for x in leases),
+                "fences": [x["fence"] for x in leases],
                 "expires": expires,
-                "sessions": ",".join(str(x["peer"]) for x in leases),
+                "sessions": [x["peer"] for x in leases],
             }
         )
     return {
