@@ -338,3 +338,14 @@ async def test_an_applied_migration_renamed_is_refused_not_run_again(
         # the same text given twice on purpose, both files there, runs twice (a fix run again)
         await store.database("app", migrations=[*m, *others, ("007_again.sql", m[1][1])])
         assert await db.scalar("select count(*) from tags") == 2
+
+
+def test_migration_texts_as_sqlite_reads_them() -> None:
+    from tinystore.engines.sql_errors import WORDS_MAX, _words
+
+    assert _words(";;\nSELECT  1 ;;") == _words("select 1") == "select 1"
+    assert _words("select 'A  b'") != _words("select 'a b'")
+    # a text of MBs is compared but for its blanks (trial GC: read as SQLite does, it held the event loop seconds)
+    big = "insert into t values (1);\n" * (WORDS_MAX // 20)
+    assert _words(big) == _words(big.replace("\n", "\r\n  "))
+    assert _words(big) != _words(big.upper())

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,8 @@ import pytest
 import tinystore
 from tinystore.errors import InvalidError
 from tinystore.protocol import frames
-from tinystore.protocol.frames import Kind
-from tinystore.protocol.messages import encode
+from tinystore.protocol.frames import Frame, Kind
+from tinystore.protocol.messages import Hello, encode
 from tinystore.protocol.sql import OpenDb, Query
 from tinystore.server import paths
 from tinystore.server.output_budget import HARD_STALL, STALLED, OutputBudget
@@ -26,6 +28,7 @@ from tinystore.server.output_budget import HARD_STALL, STALLED, OutputBudget
 from ..helpers import ServerProcess, open_store, write_tokens
 from .raw import RawClient
 from .test_noread_answers import answer
+from .test_store03_auth import make_cert
 
 ANSWER = 1_000_000
 LIMIT = 40 << 20  # (a connection that reads nothing holds some 16 to 24 MiB)
@@ -364,3 +367,97 @@ async def test_a_client_reading_slowly_through_a_proxy_on_the_servers_machine_is
     finally:
         proxy.close()
         server.stop()
+
+
+def test_a_size_noted_without_shedding_is_shed_at_the_next_note() -> None:
+    # trial GC: a TLS transport's pause_writing noted each size (shed false), and the write that made it pause found
+    # the size noted already and looked no further: past ten times the bound, nothing was ever closed
+    log: list[str] = []
+    clock = _Clock()
+    budget = OutputBudget(100, clock, later=lambda delay, fn: None)
+    a = _Holder("a", 300, log)
+    budget.note(a, 300, shed=False)
+    assert budget.seen == {}
+    budget.note(a, 300)  # (the write's own note: the same size)
+    assert a in budget.seen
+    clock.now = HARD_STALL
+    budget.looking = budget.looking_hard = False
+    budget.note(a, 300)
+    assert log == ["a 300 300 100"]
+
+
+# contract: STORE-04
+async def test_connections_over_tls_that_read_nothing_are_counted_and_closed(tmp_path: Path) -> None:
+    # trial GC: over TLS, an answer went whole into the transport under the TLS one, unseen (unsent told as 0), and
+    # the sizes the TLS transport told as it paused were never looked at: ten that read nothing held 42 MB against
+    # a bound of 4 MiB, and none was closed
+    cert, key = make_cert(tmp_path)
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(
+        tmp_path / "s",
+        "--listen",
+        "tls://127.0.0.1:0",
+        "--tokens",
+        str(tokens),
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+        "--limits",
+        '{"client_output_bytes": 1048576}',
+    ).start()
+    host, port = server.tcp.removeprefix("tls://").rsplit(":", 1)
+    trusting = ssl.create_default_context(cafile=str(cert))
+
+    def stalled_over_tls() -> ssl.SSLSocket:
+        """A connection that asks for 2 answers of 4 MB and reads none of them (its process's loop blocked)."""
+        sock = trusting.wrap_socket(socket.create_connection((host, int(port))), server_hostname=host)
+        conn = frames.Connection("client")
+
+        def one_frame() -> None:
+            while not isinstance(conn.next_event(), Frame):
+                conn.receive_data(sock.recv(65536))
+
+        sock.sendall(conn.send_hello(encode(Hello(version=frames.PROTOCOL_VERSION, token=admin, client="raw"))))
+        one_frame()
+        sock.sendall(frames.request_frame(1, "sql.open", encode(OpenDb(db="x"))))
+        one_frame()
+        query = encode(Query("x", "select zeroblob(4000000)", [], "all", 0))
+        sock.sendall(b"".join(frames.request_frame(10 + i, "sql.query", query) for i in range(2)))
+        return sock
+
+    socks = [await asyncio.to_thread(stalled_over_tls) for _ in range(4)]
+    try:
+        store = await tinystore.connect(server.tcp, token=admin, ssl_context=trusting)
+        try:
+            began = time.monotonic()
+            seen = 0
+            while time.monotonic() - began < 20:
+                await asyncio.sleep(0.25)
+                st = (await store.status())["unsent"]
+                seen = max(seen, st["bytes"])
+                if st["evicted"] >= 1:
+                    break
+            assert seen > 1 << 20, "what the connections held over TLS was not counted"
+            assert st["evicted"] >= 1, st
+        finally:
+            await store.close()
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()
+
+
+def test_a_tls_connection_hands_its_transport_a_piece_at_a_time() -> None:
+    # trial GC: an answer handed to a TLS transport whole went whole into the transport under it, unseen by the
+    # budget; in pieces, the first fills that transport, which pauses the TLS one, and the rest is counted
+    from tinystore.server.listener import TLS_PIECE, ServerConnection
+
+    sizes: list[int] = []
+
+    class Transport:
+        def write(self, data: memoryview) -> None:
+            sizes.append(len(data))
+
+    ServerConnection.write_tls(None, Transport(), b"x" * (3 * TLS_PIECE + 5))  # type: ignore[arg-type]
+    assert sizes == [TLS_PIECE, TLS_PIECE, TLS_PIECE, 5]

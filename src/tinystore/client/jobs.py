@@ -1651,8 +1651,7 @@ class Queue(Generic[T]):
             return self._decoder.decode(text)
         except Exception as exc:  # a DecodeError, or what the type's own __post_init__ raised
             raise InvalidError(
-                f"queue {self.name}: the job's value does not decode as "
-                f"{type_name(self.type)}: {_decode_error(exc)}"
+                f"queue {self.name}: the job's value does not decode as {type_name(self.type)}: {_decode_error(exc)}"
             ) from None
 
     def _new(

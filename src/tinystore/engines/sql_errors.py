@@ -107,6 +107,10 @@ def _words(text: str) -> str:
     were taken for one text). Regular expressions do the scanning, a Python step for each quoted part or comment
     alone (trial GA: a loop over the characters took 2 s over a migration of 6 MB, on the server's event loop)."""
     text = line_ends_as_lf(text).removeprefix("\ufeff")
+    if len(text) > WORDS_MAX:
+        # (a text of MBs: its blanks alone set aside, in two calls of some 0.1 s at most; trial GC: the scanning
+        # took 0.3 s a MB, holding the interpreter's lock, so a thread of its own did not spare the event loop)
+        return " ".join(text.split())
     pieces = _QUOTED_OR_COMMENT.split(text)  # unquoted text, then a quoted part (None: a comment), and so on
     out: list[str] = []
     for i, piece in enumerate(pieces):
@@ -116,9 +120,14 @@ def _words(text: str) -> str:
             out.append(piece)
     while out and out[-1] == ";":
         out.pop()
-    return " ".join(out)
+    first = 0
+    while first < len(out) and out[first] == ";":
+        first += 1
+    return " ".join(out[first:])
 
 
+WORDS_MAX = 256 << 10
+"""The longest text (characters) :func:`_words` reads as SQLite does; a longer one is compared but for its blanks."""
 _QUOTED_OR_COMMENT = re.compile(
     r"""('[^']*+(?:''[^']*+)*+'?|"[^"]*+(?:""[^"]*+)*+"?|`[^`]*+(?:``[^`]*+)*+`?|\[[^\]]*+\]?)"""
     r"|--[^\n]*+|/\*.*?(?:\*/|\Z)",

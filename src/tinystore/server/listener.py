@@ -73,6 +73,8 @@ log = logging.getLogger("tinystore.server")
 
 HIGH_WATER = 8 * 1024 * 1024
 LOW_WATER = 1024 * 1024
+TLS_PIECE = 64 * 1024
+"""The most a TLS connection's write hands its transport at once (see ``ServerConnection.write_tls``)."""
 # a connection's cancelled writes that still run (a write cannot be taken back, and its request credit is back at
 # the cancel): at this many bytes of their requests, the connection's next requests are not read until they are
 # down to ORPHANS_LOW (each counts its body and ORPHAN_COST more)
@@ -312,6 +314,7 @@ class ServerConnection(asyncio.Protocol):
         self.unsent = 0  # what was last noted there for this connection (0: nothing)
         self.written = 0  # bytes handed to the transport in all (see taken)
         self.sock: socket.socket | None = None  # (see taken)
+        self.tls = False  # (see write_tls)
         self.held = False  # too many cancelled writes of this connection still run
         self.big: dict[int, int] = {}  # stream → size, of the big requests read and not yet answered
         self.big_bytes = 0
@@ -343,6 +346,7 @@ class ServerConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)  # type: ignore[attr-defined]
         self.sock = transport.get_extra_info("socket")
+        self.tls = transport.get_extra_info("sslcontext") is not None or self.listener.ssl_context is not None
         self.listener.connections.add(self)
         self.listener.touch()
         if self.task is not None:
@@ -1188,7 +1192,10 @@ class ServerConnection(asyncio.Protocol):
             try:
                 if data is None:
                     data = _join(out)
-                transport.write(data)
+                if self.tls and len(data) > TLS_PIECE:
+                    self.write_tls(transport, data)
+                else:
+                    transport.write(data)
                 self.written += len(data)
             except MemoryError:
                 self.write_apart(transport, out)
@@ -1236,6 +1243,16 @@ class ServerConnection(asyncio.Protocol):
         if transport is not None:
             transport.abort()
         self.budget.forget(self)
+
+    def write_tls(self, transport: asyncio.Transport, data: bytes) -> None:
+        """``data`` handed to a TLS transport in pieces of :data:`TLS_PIECE`: what the transport encrypts while the
+        socket's transport under it takes more goes there whole, where neither its size nor the budget sees it
+        (trial GC: an answer of 8 MiB went under, and three connections that read nothing held 160 MiB, their
+        unsent bytes told as 0); given in pieces, the first fills that transport, which pauses the TLS one, and the
+        rest waits in the TLS transport, counted."""
+        view = memoryview(data)
+        for start in range(0, len(data), TLS_PIECE):
+            transport.write(view[start : start + TLS_PIECE])
 
     def write_apart(self, transport: asyncio.Transport, out: list[bytes]) -> None:
         """Out of memory joining ``out`` (a few answers of tens of MB): each frame written alone. Should one fail

@@ -109,14 +109,15 @@ class OutputBudget:
         until the sum is within it again, or none may be (not when ``shed`` is false: from inside a transport's own
         call, such as ``pause_writing``; the write that made it call looks again)."""
         old = self.held.get(holder, 0)
-        if size == old:
-            return
-        if size:
-            self.held[holder] = size
-        else:
-            del self.held[holder]
-            self.seen.pop(holder, None)
-        self.total += size - old
+        if size != old:
+            if size:
+                self.held[holder] = size
+            else:
+                del self.held[holder]
+                self.seen.pop(holder, None)
+            self.total += size - old
+        # (looked at even when the size was noted already: a TLS transport notes it as it pauses, with shed false,
+        # and the write that made it pause finds it noted; trial GC: past ten times the bound, nothing was closed)
         if (
             shed
             and self.total > self.limit
