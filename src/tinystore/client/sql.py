@@ -467,10 +467,9 @@ class Database(Queries):
         The transaction takes the writer at its start (``BEGIN IMMEDIATE``), so read-then-write never fails
         with "database is locked"; with ``read_only=True`` it runs on a reader's snapshot instead. It commits
         when ``fn`` returns and rolls back when ``fn`` raises or is cancelled (the error or the cancel goes
-        on; also when ``fn`` catches the cancel and returns: the cancel still stands), when it stays idle past
-        ``tx_idle`` or runs past ``tx_max`` (``TimeoutError_``), or when the connection drops or the server stops
-        under it (``UnavailableError``, from the call under way or the next; ``ClosedError`` for a statement a
-        stopping server interrupted). A commit whose answer was lost raises
+        on), when it stays idle past ``tx_idle`` or runs past ``tx_max`` (``TimeoutError_``), or when the
+        connection drops or the server stops under it (``UnavailableError``, from the call under way or the next;
+        ``ClosedError`` for a statement a stopping server interrupted). A commit whose answer was lost raises
         ``OutcomeUnknownError``.
         A cancel that comes while the commit is under way (``fn`` has returned) leaves the transaction committed
         whole or not at all, and the caller cannot tell which from the ``CancelledError``; the commit may land
@@ -498,8 +497,6 @@ class Database(Queries):
         tx_id: int = await self.store._call("sql.begin", Begin(self.name, read_only), int, undo=self._unwanted_tx)
         tx = SqlTx(self, tx_id, read_only)
         mark = _TxMark()
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0  # (asked before: not this transaction's)
         active = _active.get()
         token = _active.set(active if read_only else {**active, self._key: mark})
         try:
@@ -550,11 +547,6 @@ class Database(Queries):
                     "that raised leaves the others running: gather(..., return_exceptions=True) or a TaskGroup "
                     "waits for all)"
                 )
-            if task is not None and task.cancelling() > cancels:
-                # fn was cancelled and went on (it caught the CancelledError and returned): the cancel still
-                # stands, and a cancelled fn's transaction rolls back (as a lock's block that swallows its cancel
-                # still gets LostError)
-                raise asyncio.CancelledError
         except BaseException:
             mark.open = False
             _active.reset(token)
