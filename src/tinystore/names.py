@@ -63,8 +63,12 @@ def type_name(t: Any) -> str:
     """How messages name the type ``t``: its name (``Ingest``, ``int``), or what it is written as when it has
     arguments (``dict[int, str]``, ``list[Ingest]``, ``int | None``: not "dict", whose values would fit it)."""
     if typing.get_origin(t) is not None or not hasattr(t, "__name__"):
-        return repr(t).replace("typing.", "")
+        return _QUALIFIER.sub("", repr(t))  # (dict[Mark, int], not dict[__main__.Mark, int]; trial GE)
     return str(t.__name__)
+
+
+_QUALIFIER = re.compile(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])")
+"""The modules a name is written with (``typing.``, ``__main__.``, ``datetime.``)."""
 
 
 def key_text(kind: str, name: str, key: object, word: str = "key") -> str:

@@ -64,6 +64,16 @@ PRIVATE = textwrap.dedent(
 
     asyncio.run(forget())
     asyncio.run(again())
+    # a process this program starts is told of another process (trial GE: it was told "this program")
+    child = "import asyncio, sys, tinystore\\n"
+    child += "async def go():\\n"
+    child += "    try:\\n"
+    child += "        await tinystore.open(sys.argv[1], embedded=True)\\n"
+    child += "    except tinystore.InUseError as exc:\\n"
+    child += "        print('child:', exc.message)\\n"
+    child += "asyncio.run(go())\\n"
+    import subprocess
+    print(subprocess.run([sys.executable, "-c", child, sys.argv[1]], capture_output=True, text=True).stdout.strip())
     """
 )
 
@@ -78,7 +88,8 @@ def test_a_private_server_left_open_is_named_as_this_programs(tmp_path: Path) ->
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 2, done.stdout
-    for line in lines:
+    assert len(lines) == 3, done.stdout
+    for line in lines[:2]:
         assert "owned by a private server (pid" in line and "that this program (pid" in line, line
         assert "another process" not in line, line
+    assert lines[2].startswith("child: ") and "owned by another process" in lines[2], lines[2]

@@ -406,7 +406,7 @@ class DirLock:
                 "or SIGTERM: both graceful) and open the store again"
             )
         parent = _parent_of(int(owner)) if info.get("mode") == "private" else None
-        if parent is not None and parent in (os.getpid(), os.getppid()):
+        if parent is not None and parent in (os.getpid(), private_for):
             # (a private server of this program, its store not closed: it was called "another process". The check
             # runs in the program, or in the private server it starts next, which fails on the lock)
             return InUseError(
@@ -447,6 +447,9 @@ class DirLock:
                 os.close(self.fd)
                 self.fd = None
 
+
+private_for: int | None = None
+"""The pid of the program this process is the private server of, if it is one (set as it starts)."""
 
 _HELD: set[Path] = set()
 """The LOCK files this process holds."""

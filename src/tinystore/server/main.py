@@ -26,7 +26,7 @@ from ..engines import gc_hold
 from ..errors import InvalidError, PermissionDeniedError
 from ..limits import Limits
 from ..protocol.frames import PROTOCOL_VERSION
-from . import paths
+from . import dirlock, paths
 from .core import Core
 from .dirlock import LOCK, storage_error
 from .listener import HANDSHAKE_TIMEOUT, Listener, bind_tcp, load_tokens, tcp_address
@@ -293,6 +293,8 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
     plan = check_listen(opts)  # bad input is refused before the directory is owned
     bound = await bind_listen(plan)  # and a port in use too
     raise_open_files_limit()
+    if opts.mode == "private":
+        dirlock.private_for = os.getppid()  # (its program: an owner that program started is named so)
     core = Core(
         opts.directory,
         clock=opts.clock,
