@@ -63,10 +63,13 @@ def type_name(t: Any) -> str:
     """How messages name the type ``t``: its name (``Ingest``, ``int``), or what it is written as when it has
     arguments (``dict[int, str]``, ``list[Ingest]``, ``int | None``: not "dict", whose values would fit it)."""
     if typing.get_origin(t) is not None or not hasattr(t, "__name__"):
-        return _QUALIFIER.sub("", repr(t))  # (dict[Mark, int], not dict[__main__.Mark, int]; trial GE)
+        # (dict[Mark, int], not dict[__main__.Mark, int]: trial GE; what is quoted, a Literal's text, kept: trial GF)
+        parts = _QUOTED.split(repr(t))
+        return "".join(p if i % 2 else _QUALIFIER.sub("", p) for i, p in enumerate(parts))
     return str(t.__name__)
 
 
+_QUOTED = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
 _QUALIFIER = re.compile(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])")
 """The modules a name is written with (``typing.``, ``__main__.``, ``datetime.``)."""
 

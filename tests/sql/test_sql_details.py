@@ -345,7 +345,23 @@ def test_migration_texts_as_sqlite_reads_them() -> None:
 
     assert _words(";;\nSELECT  1 ;;") == _words("select 1") == "select 1"
     assert _words("select 'A  b'") != _words("select 'a b'")
-    # a text of MBs is compared but for its blanks (trial GC: read as SQLite does, it held the event loop seconds)
+    # a text of MBs is compared with its blanks taken out (trial GC: read as SQLite does, it held the event loop
+    # seconds), also against a short one: renamed across WORDS_MAX, blanks added, it was not found (trial GF)
+    from tinystore.engines.sql_errors import check_migration_renames
+
+    def renamed(old: str, new: str) -> bool:
+        try:
+            check_migration_renames("app", {"001": old}, [("002", new)])
+        except ConflictError:
+            return True
+        return False
+
     big = "insert into t values (1);\n" * (WORDS_MAX // 20)
-    assert _words(big) == _words(big.replace("\n", "\r\n  "))
-    assert _words(big) != _words(big.upper())
+    assert len(big) > WORDS_MAX
+    assert renamed(big, big.replace("\n", "\r\n  ")) and renamed(big, big.replace(",", ", "))
+    assert not renamed(big, big.upper())
+    under = "insert into t values " + ",".join(f"({i})" for i in range(33_000)) + ";"
+    under += " " * (WORDS_MAX - 10 - len(under))
+    assert len(under) <= WORDS_MAX < len(under + "\n" * 20)
+    assert renamed(under, under + "\n" * 20) and renamed(under + "\n" * 20, under)
+    assert not renamed("insert into t values ('a  b')", "insert into t values ('a b')")

@@ -189,8 +189,8 @@ class _Codec:
                     # (trial GA: {datetime(2024, 1, 1, tzinfo=UTC): 1, "2024-01-01T01:00:00+01:00": 2} reached a
                     # listener of dict[datetime, int] as one entry)
                     raise InvalidError(
-                        f"channel {self.name}: the value does not encode: two keys of the dict at {where} are one "
-                        f"as {_type_name(self.type)} reads them: its listeners would get one entry of the two"
+                        f"channel {self.name}: the value does not encode: two keys (or set items) at {where} are one "
+                        f"as {_type_name(self.type)} reads them: its listeners would get one of the two"
                     )
         # every channel, typed too: a typed channel's decode above passes over fields its type does not name (a
         # dict's extra keys, a subclass's fields), which untyped listeners, the CLI and browsers get (trial FQ)

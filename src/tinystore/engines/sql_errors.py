@@ -86,10 +86,21 @@ def check_migration_renames(db: str, known: dict[str, str], migrations: Sequence
     new = sorted((name, text) for name, text in migrations if name not in known)
     if not new or given.issuperset(known):
         return  # (the texts are read only when one may be a rename: trial GA, at each open they took seconds)
-    gone = {_words(text): name for name, text in known.items() if name not in given}
+    gone_texts = [(name, text) for name, text in known.items() if name not in given]
+    # two texts are read as SQLite reads them when both are short; when one is over WORDS_MAX, with their blanks
+    # taken out (so a text renamed across WORDS_MAX, blanks added, is still found: trial GF)
+    gone = {_words(text): name for name, text in gone_texts if len(text) <= WORDS_MAX}
+    gone_big = {_unblanked(text): name for name, text in gone_texts if len(text) > WORDS_MAX}
+    gone_all: dict[str, str] | None = None
     gone.pop("", None)  # (nothing to run twice)
     for name, text in new:
-        old = gone.get(_words(text))
+        if len(text) <= WORDS_MAX:
+            old = gone.get(_words(text)) or (gone_big.get(_unblanked(text)) if gone_big else None)
+        else:
+            if gone_all is None:
+                gone_all = {_unblanked(text): name for name, text in gone_texts}
+                gone_all.pop("", None)
+            old = gone_all.get(_unblanked(text))
         if old is not None:
             raise ConflictError(
                 f"database {db}: migration {name} is new but has the text of {old}, which is applied and not among "
@@ -107,10 +118,6 @@ def _words(text: str) -> str:
     were taken for one text). Regular expressions do the scanning, a Python step for each quoted part or comment
     alone (trial GA: a loop over the characters took 2 s over a migration of 6 MB, on the server's event loop)."""
     text = line_ends_as_lf(text).removeprefix("\ufeff")
-    if len(text) > WORDS_MAX:
-        # (a text of MBs: its blanks alone set aside, in two calls of some 0.1 s at most; trial GC: the scanning
-        # took 0.3 s a MB, holding the interpreter's lock, so a thread of its own did not spare the event loop)
-        return " ".join(text.split())
     pieces = _QUOTED_OR_COMMENT.split(text)  # unquoted text, then a quoted part (None: a comment), and so on
     out: list[str] = []
     for i, piece in enumerate(pieces):
@@ -127,7 +134,16 @@ def _words(text: str) -> str:
 
 
 WORDS_MAX = 256 << 10
-"""The longest text (characters) :func:`_words` reads as SQLite does; a longer one is compared but for its blanks."""
+"""The longest text (characters) read as SQLite does (:func:`_words`); a longer one is compared with its blanks taken
+out (:func:`_unblanked`; trial GC: the scanning took 0.3 s a MB holding the interpreter's lock, so a thread of its own
+did not spare the event loop)."""
+
+
+def _unblanked(text: str) -> str:
+    """``text`` without a leading byte order mark and without any blank (two C calls: some 0.1 s for 16 MB)."""
+    return "".join(text.removeprefix("\ufeff").split())
+
+
 _QUOTED_OR_COMMENT = re.compile(
     r"""('[^']*+(?:''[^']*+)*+'?|"[^"]*+(?:""[^"]*+)*+"?|`[^`]*+(?:``[^`]*+)*+`?|\[[^\]]*+\]?)"""
     r"|--[^\n]*+|/\*.*?(?:\*/|\Z)",
