@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 import ssl
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -253,11 +255,12 @@ async def test_a_client_that_reads_is_not_closed_however_much_it_asks_for(
         assert (await store.status())["unsent"]["evicted"] == 0
 
 
-# contract: STORE-04
-async def test_a_client_reading_steadily_through_a_slow_link_is_not_closed(tmp_path: Path) -> None:
-    # trial FW: a client taking 1 MB/s through a proxy, 8 answers of 4 MB asked at once, was closed 3 times past a
-    # 1 MiB bound: its transport's buffer stood still for over a second while the socket's kernel buffer (several
-    # MB) drained; progress is now seen through both
+@contextlib.asynccontextmanager
+async def slow_proxy(
+    tmp_path: Path, bound: int, chunk: int, pause: float
+) -> AsyncIterator[tuple[ServerProcess, str, int]]:
+    """A server on TCP with ``client_output_bytes`` of ``bound``, and a proxy on this machine to it that hands its
+    client ``chunk`` bytes every ``pause`` seconds: the server, the admin token, the proxy's port."""
     tokens, admin, _ = write_tokens(tmp_path)
     server = ServerProcess(
         tmp_path / "s",
@@ -266,18 +269,17 @@ async def test_a_client_reading_steadily_through_a_slow_link_is_not_closed(tmp_p
         "--tokens",
         str(tokens),
         "--limits",
-        '{"client_output_bytes": 1048576}',
+        json.dumps({"client_output_bytes": bound}),
     ).start()
     host, port = server.tcp.removeprefix("tcp://").rsplit(":", 1)
-    rate = 1_500_000  # bytes a second, server to client
 
     async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: bool) -> None:
         try:
-            while data := await reader.read(16384 if slow else 65536):
+            while data := await reader.read(chunk if slow else 65536):
                 writer.write(data)
                 await writer.drain()
                 if slow:
-                    await asyncio.sleep(len(data) / rate)
+                    await asyncio.sleep(pause)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -288,8 +290,19 @@ async def test_a_client_reading_steadily_through_a_slow_link_is_not_closed(tmp_p
         await asyncio.gather(pipe(client_r, server_w, False), pipe(server_r, client_w, True))
 
     proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
-    proxy_port = proxy.sockets[0].getsockname()[1]
     try:
+        yield server, admin, proxy.sockets[0].getsockname()[1]
+    finally:
+        proxy.close()
+        server.stop()
+
+
+# contract: STORE-04
+async def test_a_client_reading_steadily_through_a_slow_link_is_not_closed(tmp_path: Path) -> None:
+    # trial FW: a client taking 1 MB/s through a proxy, 8 answers of 4 MB asked at once, was closed 3 times past a
+    # 1 MiB bound: its transport's buffer stood still for over a second while the socket's kernel buffer (several
+    # MB) drained; progress is now seen through both
+    async with slow_proxy(tmp_path, 1 << 20, 16384, 16384 / 1_500_000) as (_, admin, proxy_port):
         store = await tinystore.connect(f"tcp://127.0.0.1:{proxy_port}", token=admin)
         try:
             db = await store.database("app")
@@ -300,9 +313,6 @@ async def test_a_client_reading_steadily_through_a_slow_link_is_not_closed(tmp_p
             assert (await store.status())["unsent"]["evicted"] == 0
         finally:
             await store.close()
-    finally:
-        proxy.close()
-        server.stop()
 
 
 # contract: STORE-04
@@ -312,37 +322,7 @@ async def test_a_client_reading_slowly_through_a_proxy_on_the_servers_machine_is
     # progress shows in steps of a TCP window's opening (some 64 KiB), more than a second apart at that rate. (The
     # bound is under what the client holds, some 20 MiB, and over half of it: past twice the bound, a second
     # without progress is enough)
-    tokens, admin, _ = write_tokens(tmp_path)
-    server = ServerProcess(
-        tmp_path / "s",
-        "--listen",
-        "tcp://127.0.0.1:0",
-        "--tokens",
-        str(tokens),
-        "--limits",
-        '{"client_output_bytes": 12582912}',
-    ).start()
-    host, port = server.tcp.removeprefix("tcp://").rsplit(":", 1)
-
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: bool) -> None:
-        try:
-            while data := await reader.read(8192 if slow else 65536):
-                writer.write(data)
-                await writer.drain()
-                if slow:
-                    await asyncio.sleep(0.1)
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.close()
-
-    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection(host, int(port))
-        await asyncio.gather(pipe(client_r, server_w, False), pipe(server_r, client_w, True))
-
-    proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
-    proxy_port = proxy.sockets[0].getsockname()[1]
-    try:
+    async with slow_proxy(tmp_path, 12 << 20, 8192, 0.1) as (server, admin, proxy_port):
         direct = await tinystore.connect(server.tcp, token=admin)
         slow = await tinystore.connect(f"tcp://127.0.0.1:{proxy_port}", token=admin)
         try:
@@ -364,9 +344,6 @@ async def test_a_client_reading_slowly_through_a_proxy_on_the_servers_machine_is
         finally:
             await slow.close()
             await direct.close()
-    finally:
-        proxy.close()
-        server.stop()
 
 
 def test_a_size_noted_without_shedding_is_shed_at_the_next_note() -> None:
