@@ -516,7 +516,7 @@ async def test_a_lease_survives_a_dropped_connection_and_is_renewed(remote_store
         assert not lease.lost.is_set()
         status = await store.status()
         assert holders(status, "summaries", "k") == (1, 0)
-        assert status["locks"]["keys"][0]["fences"] == str(lease.fence)
+        assert status["locks"]["keys"][0]["fences"] == [str(lease.fence)]
     assert holders(await store.status(), "summaries", "k") == (0, 0)
 
 
