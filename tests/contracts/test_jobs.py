@@ -63,7 +63,15 @@ async def test_a_job_whose_worker_dies_is_run_by_another(clocked: tinystore.Stor
         seen.append((doc.doc_id, run.attempt))
         return {"pages": doc.pages}
 
-    assert await q.run_due(handler) == 1
+    # (its failure is read as written, a moment before the store's index of due jobs has it: a run_due in that
+    # moment finds nothing due yet; seen once in CI under load)
+    ran = 0
+    for _ in range(100):
+        ran = await q.run_due(handler)
+        if ran:
+            break
+        await asyncio.sleep(0.02)
+    assert ran == 1
     job = await q.get(jid)
     assert job is not None
     assert (job.state, job.attempts, job.result, seen) == ("succeeded", 2, {"pages": 1}, [("d1", 2)])
