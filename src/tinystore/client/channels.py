@@ -140,7 +140,7 @@ class _Codec:
             raise InvalidError(f"channel {name}: type {type_!r} cannot be carried: {exc}") from None
         if custom:
             raise InvalidError(
-                f"channel {name}: type {_type_name(type_)} cannot be carried: use a dataclass, a msgspec Struct, "
+                f"channel {name}: type {type_name(type_)} cannot be carried: use a dataclass, a msgspec Struct, "
                 "a TypedDict or a JSON type"
             )
         self.decode = decoder.decode
@@ -172,29 +172,27 @@ class _Codec:
             problem = non_finite(data)
             if problem is not None:
                 raise InvalidError(non_finite_error(self.name, branch, problem))
+        plain: Any = None  # (data read back as plain MessagePack, once: see merged_keys and _not_json)
         if self.check:
             try:
                 typed = self.decode(data)
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
                 raise InvalidError(
-                    f"channel {self.name}: the value is not {a_or_an(_type_name(self.type))}: {exc}"
+                    f"channel {self.name}: the value is not {a_or_an(type_name(self.type))}: {exc}"
                 ) from None
             if self.merging is not None:
-                try:
-                    plain = _decode_any(data)
-                except (msgspec.DecodeError, RecursionError, TypeError):
-                    plain = None  # (a key that does not read back: _not_json says so below; trial GE)
+                plain = _read_back(data)  # (None: a key that does not read back; _not_json says so below; trial GE)
                 where = None if plain is None else merged_key(self.merging, typed, plain)
                 if where is not None:
                     # (trial GA: {datetime(2024, 1, 1, tzinfo=UTC): 1, "2024-01-01T01:00:00+01:00": 2} reached a
                     # listener of dict[datetime, int] as one entry)
                     raise InvalidError(
                         f"channel {self.name}: the value does not encode: two keys (or set items) at {where} are one "
-                        f"as {_type_name(self.type)} reads them: its listeners would get one of the two"
+                        f"as {type_name(self.type)} reads them: its listeners would get one of the two"
                     )
         # every channel, typed too: a typed channel's decode above passes over fields its type does not name (a
         # dict's extra keys, a subclass's fields), which untyped listeners, the CLI and browsers get (trial FQ)
-        problem = _not_json(value, data)
+        problem = _not_json(value, data, plain)
         if problem is not None:
             # (trial EZ: {(1, 2): "t"} was published, arrived with a tuple key, and no web page could be sent it)
             raise InvalidError(
@@ -214,7 +212,15 @@ _json_text = msgspec.json.encode
 _json_pairs = json.loads
 
 
-def _not_json(value: Any, data: bytes) -> str | None:
+def _read_back(data: bytes) -> Any:
+    """``data`` decoded as plain MessagePack, or None when it does not read back."""
+    try:
+        return _decode_any(data)
+    except (msgspec.DecodeError, RecursionError, TypeError):
+        return None
+
+
+def _not_json(value: Any, data: bytes, decoded: Any = None) -> str | None:
     """What in ``value`` JSON cannot carry as it is, or ``None``: a dict key JSON cannot have (msgspec writes str,
     number, UUID, date and decimal keys as text; not None, a bool, bytes or an array), two keys of one dict that are
     the same once written as text (``1`` and ``"1"``: a browser's ``JSON.parse`` keeps the last), or a MessagePack
@@ -225,11 +231,11 @@ def _not_json(value: Any, data: bytes) -> str | None:
     found, unsure = _plain_not_json(value)
     if found is not None or not unsure:
         return found
-    try:
-        decoded = _decode_any(data)
-    except (msgspec.DecodeError, RecursionError, TypeError):
+    if decoded is None:  # (not read back already, for a typed channel's merged keys)
+        decoded = _read_back(data)
+    if decoded is None:
         # (a key that is a map or an array once encoded, such as a frozen dataclass, cannot be read back as one;
-        # nor can a msgspec.Raw that is not MessagePack)
+        # nor can a msgspec.Raw that is not MessagePack; None itself is plain, told above)
         return "it does not read back (a dict key that is not text or a number, or a msgspec.Raw that is not valid)"
     found = _plain_not_json(decoded)[0]
     if found is not None:
@@ -326,10 +332,6 @@ def _same_text(d: dict[Any, Any]) -> str | None:
             return f"the dict keys {seen[text]!r} and {k!r} are the same once written as JSON text ({text!r})"
         seen[text] = k
     return None
-
-
-def _type_name(t: Any) -> str:
-    return type_name(t)
 
 
 def _branch_parts(name: str, owners: Sequence[object]) -> tuple[str, ...]:
@@ -480,7 +482,7 @@ class Channel(Generic[T]):
 
     def __repr__(self) -> str:
         where = "/".join((self.name, *self.branch))
-        return f"<tinystore.Channel {where} {_type_name(self.type) if self.type is not None else 'JSON'}>"
+        return f"<tinystore.Channel {where} {type_name(self.type) if self.type is not None else 'JSON'}>"
 
 
 class TxChannel(Generic[T]):

@@ -346,7 +346,7 @@ class ServerConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)  # type: ignore[attr-defined]
         self.sock = transport.get_extra_info("socket")
-        self.tls = transport.get_extra_info("sslcontext") is not None or self.listener.ssl_context is not None
+        self.tls = self.listener.ssl_context is not None
         self.listener.connections.add(self)
         self.listener.touch()
         if self.task is not None:
