@@ -4,6 +4,7 @@ not SQL text."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,29 @@ async def test_a_lone_surrogate_is_refused_naming_the_text(any_store: tinystore.
         await db.exec("insert into t values (?)", "a\ud800b")
     assert "database app" in info.value.message and "'a\\ud800b'" in info.value.message
     assert "surrogate" in info.value.message
+    assert await db.scalar("select count(*) from t") == 0
+
+
+# contract: SQL-04
+async def test_a_lone_surrogate_is_refused_naming_its_parameter_in_every_mode(any_store: tinystore.Store) -> None:
+    # from trial GH: embedded, SQLite's binding refused the text without saying which parameter held it
+    db = await any_store.database("app", migrations=[("001.sql", "create table t (a, b);")])
+
+    async def in_tx(tx: tinystore.SqlTx) -> None:
+        await tx.exec("insert into t values (?, ?)", 1, "x\ud800")
+
+    calls: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+        ("parameter 2", lambda: db.exec("insert into t values (?, ?)", "ok", "x\ud800")),
+        ("parameter 2", lambda: db.one("select ?, ?", 1, "x\udc00")),
+        ("parameter 1", lambda: db.all("select ?", "x\udc00")),
+        ("parameter 1", lambda: db.scalar("select ?", "x\udc00")),
+        ("parameter 2", lambda: db.tx(in_tx)),
+    ]
+    for where, call in calls:
+        with pytest.raises(InvalidError) as info:
+            await call()
+        assert info.value.message.startswith(f"database app: {where}: the text "), info.value.message
+        assert "surrogate" in info.value.message
     assert await db.scalar("select count(*) from t") == 0
 
 

@@ -24,6 +24,7 @@ from ..errors import ClosedError, InvalidError, LimitError, TinystoreError, Unav
 from ..names import a_or_an, check_name
 from ..protocol.messages import decode
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
+from .unsendable import surrogate_named
 from .wake import wake_first
 
 if TYPE_CHECKING:
@@ -330,18 +331,25 @@ class Queries:
                 # in this process: straight to the engine; a read that fits the inline budget is answered at
                 # once, with nothing to await
                 engine_db = None if self._tx else transport.sql_database(self.name)
-                if engine_db is not None:
-                    values = check_params(self.name, args[0], args[1:])
-                    # what a socket would carry (a Query is encoded as this array): past the frame limit,
-                    # the same LimitError as over a socket
-                    transport.check_size("sql.query", (self.name, args[0], values, "one", 0), self.name)
-                    rows = engine_db.read_now(args[0], values, "one")
-                    if rows is None:
-                        rows = await engine_db.read_later(args[0], values, "one")
-                else:
-                    rows = transport.call_now("sql.query", Query(self.name, args[0], list(args[1:]), "one", self._tx))
-                    if type(rows) is not Rows:
-                        rows = await rows
+                try:
+                    if engine_db is not None:
+                        values = check_params(self.name, args[0], args[1:])
+                        # what a socket would carry (a Query is encoded as this array): past the frame limit,
+                        # the same LimitError as over a socket
+                        transport.check_size("sql.query", (self.name, args[0], values, "one", 0), self.name)
+                        rows = engine_db.read_now(args[0], values, "one")
+                        if rows is None:
+                            rows = await engine_db.read_later(args[0], values, "one")
+                    else:
+                        request = Query(self.name, args[0], list(args[1:]), "one", self._tx)
+                        rows = transport.call_now("sql.query", request)
+                        if type(rows) is not Rows:
+                            rows = await rows
+                except InvalidError as exc:
+                    named = surrogate_named(exc, "sql.query", Query(self.name, args[0], list(args[1:]), "one"))
+                    if named is None:
+                        raise
+                    raise named from None
             else:
                 if self._store._dead is not None:
                     raise self._store._dead
@@ -443,7 +451,14 @@ class Database(Queries):
             self._no_tx("exec")
         transport = self._transport
         if transport.local:
-            done: Done = await transport.call_now("sql.exec", Exec(self.name, sql, list(params)))
+            request = Exec(self.name, sql, list(params))
+            try:
+                done: Done = await transport.call_now("sql.exec", request)
+            except InvalidError as exc:
+                named = surrogate_named(exc, "sql.exec", request)
+                if named is None:
+                    raise
+                raise named from None
             if done.rows:  # the engine's rows are tuples: lists, as a socket gives them (only with returning)
                 done.rows = [[*r] for r in done.rows]
             return done

@@ -50,9 +50,9 @@ from ..protocol.frames import Kind, body_too_large, request_frame
 from ..protocol.locks import ACQUIRE, RELEASE, RENEW
 from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode, encode_answer
 from ..protocol.store import Empty
-from ..protocol.values import valid_text
 from ..server.paths import check_socket_dir
 from .sql import _TxMark, open_tx_mark
+from .unsendable import surrogate_named, unsendable
 from .wake import wake_first
 
 _RESPONSE = Kind.RESPONSE
@@ -313,12 +313,18 @@ class LocalTransport(Transport):
             raise self.other_loop()
         if method not in self._small:
             self.check_size(method, request)
-        result = self.core.invoke(self.session, method, request)
-        if isinstance(result, _Future) or type(result) is CoroutineType:
+        try:
+            result = self.core.invoke(self.session, method, request)
+            if isinstance(result, _Future) or type(result) is CoroutineType:
+                return await result
+            if isinstance(result, msgspec.Struct) or not inspect.isawaitable(result):
+                return result
             return await result
-        if isinstance(result, msgspec.Struct) or not inspect.isawaitable(result):
-            return result
-        return await result
+        except InvalidError as exc:
+            named = surrogate_named(exc, method, request)
+            if named is None:
+                raise
+            raise named from None
 
     def call_now(self, method: str, request: Any) -> Any:
         if self.closed:
@@ -1236,7 +1242,7 @@ class RemoteTransport(Transport):
             try:
                 body = encode_answer(request)  # (not encode: see encode_answer)
             except (TypeError, ValueError, OverflowError) as exc:  # ValueError: text that is not valid Unicode
-                raise _unsendable(method, request, exc) from None
+                raise unsendable(method, request, exc) from None
             if len(body) > self.max_body:
                 # the server would refuse the frame and close the connection: refuse it here, send nothing
                 raise too_large(method, request, len(body), self.max_body)
@@ -1511,29 +1517,3 @@ class RemoteTransport(Transport):
             conn.keepalive.cancel()
             with contextlib.suppress(BaseException):
                 await conn.keepalive
-
-
-def _unsendable(method: str, request: Any, exc: BaseException) -> InvalidError:
-    """The error for a request that does not encode: naming the database and the parameter, or the statement,
-    when it is a SQL statement's (a str with a lone surrogate is not UTF-8, so no client can send it)."""
-    params = getattr(request, "params", None)
-    db = getattr(request, "db", None)
-    if isinstance(params, list) and db:
-        for i, v in enumerate(params):
-            try:
-                encode(v)
-            except (TypeError, ValueError, OverflowError) as bad:
-                return InvalidError(f"database {db}: parameter {i + 1}: {_why_unsendable(v, bad)}")
-    sql = getattr(request, "sql", None)
-    if isinstance(sql, str) and db and not valid_text(sql):
-        return InvalidError(
-            f"database {db}: the statement {sql[:60]!r} is not valid Unicode (a lone surrogate): it cannot be sent "
-            "as UTF-8"
-        )
-    return InvalidError(f"{method}: a value cannot be sent: {exc}")
-
-
-def _why_unsendable(value: Any, exc: BaseException) -> str:
-    if isinstance(value, str) and not valid_text(value):
-        return f"the text {value[:40]!r} is not valid Unicode (a lone surrogate): it cannot be stored as UTF-8"
-    return f"{type(value).__name__} cannot be sent: {exc}"
