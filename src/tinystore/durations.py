@@ -39,7 +39,14 @@ def seconds(value: Duration, what: str = "duration") -> float:
     if isinstance(value, timedelta):
         out = value.total_seconds()
     elif isinstance(value, int | float):
-        out = float(value)
+        try:
+            out = float(value)
+        except OverflowError:  # an int past a float's range (trial GI: it went out as Python's OverflowError)
+            if value < 0:
+                raise InvalidError(f"{what}: a duration must be finite and not negative, got a negative int") from None
+            raise InvalidError(
+                f"{what}: a duration is at most 100 years (36500d), got an int of {value.bit_length()} bits"
+            ) from None
     elif isinstance(value, str):
         out = _text_seconds(value, what)
     else:

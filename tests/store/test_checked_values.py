@@ -116,6 +116,28 @@ def test_durations_that_do_not_read_still_say_so() -> None:
     assert seconds("-0s") == 0 and seconds("1m30s") == 90
 
 
+def test_an_int_past_a_floats_range_is_an_invalid_error_naming_what() -> None:
+    # from trial GI: 10**400 as a ttl went out as Python's OverflowError ("int too large to convert to float")
+    with pytest.raises(tinystore.InvalidError, match=r"^ttl: a duration is at most 100 years \(36500d\), got an int"):
+        seconds(10**400, "ttl")
+    with pytest.raises(tinystore.InvalidError, match=r"^ttl: a duration must be finite and not negative"):
+        seconds(-(10**400), "ttl")
+    with pytest.raises(tinystore.InvalidError, match="at most 100 years"):
+        seconds(10**100_000, "ttl")  # (past the digits an int may be shown with)
+
+
+async def test_locks_and_connect_refuse_an_int_past_a_floats_range(tmp_path: Path) -> None:
+    async with await tinystore.open(tmp_path / "s", embedded=True) as store:
+        for make in (lambda: store.lock("a", ttl=10**400), lambda: store.lock("a", max_hold=10**400)):
+            with pytest.raises(tinystore.InvalidError, match="at most 100 years"):
+                make()
+        with pytest.raises(tinystore.InvalidError, match="wait: a duration is at most 100 years"):
+            async with store.lock("a").hold("k", wait=10**400):
+                pass
+    with pytest.raises(tinystore.InvalidError, match="at most 100 years"):
+        await tinystore.connect("tcp://127.0.0.1:1", token="x" * 16, reconnect_timeout=10**400)
+
+
 async def test_a_negative_ttl_in_text_reads_as_negative(tmp_path: Path) -> None:
     async with open_store("embedded", tmp_path / "s") as store:
         with pytest.raises(tinystore.InvalidError, match="not negative, got '-1s'"):
