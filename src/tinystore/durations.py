@@ -45,7 +45,7 @@ def seconds(value: Duration, what: str = "duration") -> float:
             if value < 0:
                 raise InvalidError(f"{what}: a duration must be finite and not negative, got a negative int") from None
             raise InvalidError(
-                f"{what}: a duration is at most 100 years (36500d), got an int of {value.bit_length()} bits"
+                f"{what}: a duration is at most 100 years (36500d), got an int of {int(value).bit_length()} bits"
             ) from None
     elif isinstance(value, str):
         out = _text_seconds(value, what)
