@@ -389,3 +389,7 @@ def test_migration_texts_as_sqlite_reads_them() -> None:
     assert len(under) <= WORDS_MAX < len(under + "\n" * 20)
     assert renamed(under, under + "\n" * 20) and renamed(under + "\n" * 20, under)
     assert not renamed("insert into t values ('a  b')", "insert into t values ('a b')")
+    # a number is one token: 1.e5 is 100000.0, and 1. e5 is 1.0 named e5 (trial GG)
+    assert not renamed("insert into t select 1.e5", "insert into t select 1. e5")
+    assert not renamed("insert into t select .5e1", "insert into t select . 5e1")
+    assert renamed("insert into t select 1.E5, t1.e5 from t1", "INSERT INTO t SELECT 1.e5 , t1 . e5 FROM t1")

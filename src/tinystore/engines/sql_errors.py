@@ -149,9 +149,12 @@ _QUOTED_OR_COMMENT = re.compile(
     r"|--[^\n]*+|/\*.*?(?:\*/|\Z)",
     re.DOTALL,
 )
-_TOKEN = re.compile(r"[A-Za-z0-9_$\x80-\U0010ffff]++|[^ \t\n\f\r]")
-"""A name, a keyword or a number (SQLite: any character past ASCII may be in a name; a no-break space too), or
-one other character; SQLite's blanks part them."""
+_TOKEN = re.compile(
+    r"(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?|[A-Za-z0-9_$\x80-\U0010ffff]++|[^ \t\n\f\r]"
+)
+"""A number (``1.e5`` one token: trial GG, ``1. e5``, 1.0 named e5, was taken for it), a name or a keyword (SQLite:
+any character past ASCII may be in a name; a no-break space too), or one other character; SQLite's blanks part
+them."""
 _FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # (SQLite folds ASCII alone)
 
 
