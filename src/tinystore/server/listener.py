@@ -74,6 +74,9 @@ log = logging.getLogger("tinystore.server")
 HIGH_WATER = 8 * 1024 * 1024
 LOW_WATER = 1024 * 1024
 TLS_PIECE = 64 * 1024
+TLS_HIGH_WATER = 1024 * 1024
+"""A TLS connection's high-water mark (HIGH_WATER's, for TLS): past it, what it is sent waits in ``out`` (see
+``ServerConnection.write_tls``)."""
 """The most a TLS connection's write hands its transport at once (see ``ServerConnection.write_tls``)."""
 # a connection's cancelled writes that still run (a write cannot be taken back, and its request credit is back at
 # the cancel): at this many bytes of their requests, the connection's next requests are not read until they are
@@ -333,7 +336,7 @@ class ServerConnection(asyncio.Protocol):
         self.bypass = _Line(READS_MAX)
         self.bypass_held: set[int] = set()  # execs past the line that wait for a transaction (see may_bypass)
         self.bypass_to: SqlTx | None = None  # the transaction the exec let past now waits for, if any
-        self.out: list[bytes] = []
+        self.out: list[bytes | memoryview] = []  # (memoryview: the rest of an answer a TLS pause cut, see write_tls)
         self.pushed = 0  # bytes of pushes in out
         self.flush_scheduled = False
         self.receiving = False  # inside data_received: what is written goes out once it returns
@@ -344,9 +347,12 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)  # type: ignore[attr-defined]
-        self.sock = transport.get_extra_info("socket")
         self.tls = self.listener.ssl_context is not None
+        if self.tls:
+            transport.set_write_buffer_limits(TLS_HIGH_WATER, TLS_HIGH_WATER // 4)  # type: ignore[attr-defined]
+        else:
+            transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)  # type: ignore[attr-defined]
+        self.sock = transport.get_extra_info("socket")
         self.listener.connections.add(self)
         self.listener.touch()
         if self.task is not None:
@@ -598,6 +604,8 @@ class ServerConnection(asyncio.Protocol):
             self.budget.note(self, self.unsent, shed=False)  # (see note)
         if self.transport is not None and self.paused:
             self.paused = False
+            if self.tls and self.out:
+                self.flush()
             self.steer_reading()
             if self.session is not None and not self.closing:
                 self.session.full(False)
@@ -1185,6 +1193,13 @@ class ServerConnection(asyncio.Protocol):
         """Write what is queued, in one system call."""
         self.flush_scheduled = False
         self.pushed = 0
+        if self.paused and self.tls and not self.closing:
+            # TLS, paused: what is queued waits here, counted, until resume_writing (see write_tls)
+            transport = self.transport
+            if transport is not None and self.out:
+                self.unsent = transport.get_write_buffer_size() + sum(len(part) for part in self.out)
+                self.budget.note(self, self.unsent)
+            return
         out, self.out = self.out, []
         transport = self.transport
         if out and transport is not None and not transport.is_closing():
@@ -1193,24 +1208,31 @@ class ServerConnection(asyncio.Protocol):
                 if data is None:
                     data = _join(out)
                 if self.tls and len(data) > TLS_PIECE:
-                    self.write_tls(transport, data)
+                    self.written += self.write_tls(transport, data)
                 else:
                     transport.write(data)
-                self.written += len(data)
+                    self.written += len(data)
             except MemoryError:
                 self.write_apart(transport, out)
                 self.written += sum(len(part) for part in out)
             # what the client has not taken yet counts against the server's budget (see output_budget); almost
             # always nothing, the socket took it all: then nothing more is done
             size = transport.get_write_buffer_size()
+            if self.tls and self.out:  # (the rest of an answer a pause cut: see write_tls)
+                size += sum(len(part) for part in self.out)
             if size or self.unsent:
                 self.unsent = size
                 self.budget.note(self, size)
 
     def unsent_now(self) -> int:
-        """Bytes the transport holds unsent (see output_budget)."""
+        """Bytes the transport holds unsent, and over TLS, what waits for it in ``out`` (see output_budget)."""
         transport = self.transport
-        return 0 if transport is None else transport.get_write_buffer_size()
+        if transport is None:
+            return 0
+        size = transport.get_write_buffer_size()
+        if self.tls and self.out:
+            size += sum(len(part) for part in self.out)
+        return size
 
     def taken(self) -> int:
         """Bytes the client has taken in all, near enough: all it was written, less what the transport and the
@@ -1239,22 +1261,30 @@ class ServerConnection(asyncio.Protocol):
             _mib(limit),
         )
         transport = self.transport
+        self.out = []  # dropped, not handed to the transport first (over TLS, OpenSSL's memory: see write_tls)
         self.close("it held more answers unread than the server may hold for it", "evicted", notify=False)
         if transport is not None:
             transport.abort()
         self.budget.forget(self)
 
-    def write_tls(self, transport: asyncio.Transport, data: bytes) -> None:
+    def write_tls(self, transport: asyncio.Transport, data: bytes | memoryview) -> int:
         """``data`` handed to a TLS transport in pieces of :data:`TLS_PIECE`: what the transport encrypts while the
         socket's transport under it takes more goes there whole, where neither its size nor the budget sees it
         (trial GC: an answer of 8 MiB went under, and three connections that read nothing held 160 MiB, their
         unsent bytes told as 0); given in pieces, the first fills that transport, which pauses the TLS one, and the
-        rest waits in the TLS transport, counted."""
+        rest waits in the TLS transport, counted. Once the TLS transport pauses us (past :data:`TLS_HIGH_WATER`), the
+        rest waits in ``out`` instead, where Python frees it (trial GG: what waits in the TLS transport is OpenSSL's,
+        encrypted, and the memory of a connection closed with much of it there was not all given back). Returns the
+        bytes handed to the transport."""
         view = memoryview(data)
         for start in range(0, len(data), TLS_PIECE):
+            if start and self.paused and not self.closing:
+                self.out.insert(0, view[start:])
+                return start
             transport.write(view[start : start + TLS_PIECE])
+        return len(data)
 
-    def write_apart(self, transport: asyncio.Transport, out: list[bytes]) -> None:
+    def write_apart(self, transport: asyncio.Transport, out: list[bytes | memoryview]) -> None:
         """Out of memory joining ``out`` (a few answers of tens of MB): each frame written alone. Should one fail
         too, what of it went out is not known: the connection is dropped (the SDK sends its reads again, and says
         of its writes that they may have taken effect), rather than leave its calls waiting for ever (trial CN:
