@@ -365,12 +365,13 @@ async def test_an_applied_migration_renamed_is_refused_not_run_again(
 
 
 def test_migration_texts_as_sqlite_reads_them() -> None:
-    from tinystore.engines.sql_errors import WORDS_MAX, _words
+    from tinystore.engines.sql_errors import _words
 
     assert _words(";;\nSELECT  1 ;;") == _words("select 1") == "select 1"
     assert _words("select 'A  b'") != _words("select 'a b'")
-    # a text of MBs is compared with its blanks taken out (trial GC: read as SQLite does, it held the event loop
-    # seconds), also against a short one: renamed across WORDS_MAX, blanks added, it was not found (trial GF)
+    # a text of MBs is read a window at a time (trial GC: read in one call, it held the event loop seconds), and
+    # read as a short one is (trial GG: over 256 KiB, only blanks were taken out, and a rename with a comment
+    # added, its keywords in capitals or a ";" added ran again)
     from tinystore.engines.sql_errors import check_migration_renames
 
     def renamed(old: str, new: str) -> bool:
@@ -380,16 +381,31 @@ def test_migration_texts_as_sqlite_reads_them() -> None:
             return True
         return False
 
-    big = "insert into t values (1);\n" * (WORDS_MAX // 20)
-    assert len(big) > WORDS_MAX
+    big = "insert into t values (1);\n" * 20_000
     assert renamed(big, big.replace("\n", "\r\n  ")) and renamed(big, big.replace(",", ", "))
-    assert not renamed(big, big.upper())
-    under = "insert into t values " + ",".join(f"({i})" for i in range(33_000)) + ";"
-    under += " " * (WORDS_MAX - 10 - len(under))
-    assert len(under) <= WORDS_MAX < len(under + "\n" * 20)
-    assert renamed(under, under + "\n" * 20) and renamed(under + "\n" * 20, under)
+    assert renamed(big, big.upper()) and renamed(big, "-- renamed\n" + big) and renamed(big, big + ";")
+    assert not renamed(big, big.replace("(1)", "(2)", 1))
+    lit = "insert into t values ('" + "a  b " * 100_000 + "');"  # one literal over many windows
+    assert renamed(lit, "/* moved */\n" + lit) and not renamed(lit, lit.replace("a  b", "a b", 1))
     assert not renamed("insert into t values ('a  b')", "insert into t values ('a b')")
     # a number is one token: 1.e5 is 100000.0, and 1. e5 is 1.0 named e5 (trial GG)
     assert not renamed("insert into t select 1.e5", "insert into t select 1. e5")
     assert not renamed("insert into t select .5e1", "insert into t select . 5e1")
     assert renamed("insert into t select 1.E5, t1.e5 from t1", "INSERT INTO t SELECT 1.e5 , t1 . e5 FROM t1")
+
+
+def test_a_migration_read_a_window_at_a_time_reads_as_in_one_go() -> None:
+    import random
+
+    from tinystore.engines import sql_errors
+
+    def whole(text: str) -> str:  # the reading of the whole text in one call of each expression
+        return sql_errors._words(text, window=len(text) + 1)
+
+    pieces = ["a", "B", "1", ".", "e", "5", " ", "\n", "\r\n", "\t", "'", "''", '"', "`", "[", "]", "--", "/*", "*/"]
+    pieces += [";", "-", "/", "*", "é", "\f"]
+    rng = random.Random(7)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 60)))
+        for window in (1, 2, 3, 8):
+            assert sql_errors._words(text, window) == whole(text), (text, window)

@@ -87,20 +87,10 @@ def check_migration_renames(db: str, known: dict[str, str], migrations: Sequence
     if not new or given.issuperset(known):
         return  # (the texts are read only when one may be a rename: trial GA, at each open they took seconds)
     gone_texts = [(name, text) for name, text in known.items() if name not in given]
-    # two texts are read as SQLite reads them when both are short; when one is over WORDS_MAX, with their blanks
-    # taken out (so a text renamed across WORDS_MAX, blanks added, is still found: trial GF)
-    gone = {_words(text): name for name, text in gone_texts if len(text) <= WORDS_MAX}
-    gone_big = {_unblanked(text): name for name, text in gone_texts if len(text) > WORDS_MAX}
-    gone_all: dict[str, str] | None = None
+    gone = {_words(text): name for name, text in gone_texts}
     gone.pop("", None)  # (nothing to run twice)
     for name, text in new:
-        if len(text) <= WORDS_MAX:
-            old = gone.get(_words(text)) or (gone_big.get(_unblanked(text)) if gone_big else None)
-        else:
-            if gone_all is None:
-                gone_all = {_unblanked(text): name for name, text in gone_texts}
-                gone_all.pop("", None)
-            old = gone_all.get(_unblanked(text))
+        old = gone.get(_words(text))
         if old is not None:
             raise ConflictError(
                 f"database {db}: migration {name} is new but has the text of {old}, which is applied and not among "
@@ -109,22 +99,42 @@ def check_migration_renames(db: str, known: dict[str, str], migrations: Sequence
             )
 
 
-def _words(text: str) -> str:
+WINDOW = 64 << 10
+"""The characters of a migration's text :func:`_words` scans at a time (some 20 ms of the interpreter's lock)."""
+
+
+def _words(text: str, window: int = WINDOW) -> str:
     """``text`` as SQLite reads it, for comparing migrations: its tokens one space apart, with comments, blanks
     (SQLite's: space, tab, line ends, form feed), a leading byte order mark and trailing ``;`` left out, line ends
     made ``\n`` (as :func:`same_migration` does) and ASCII letters outside quotes made lower case (SQLite's keywords
     and identifiers are not case-sensitive); what is quoted (``'...'``, ``"..."``, `````...`````, ``[...]``) kept as
     it is (trial FX: a rename with its header comment edited ran again; ``'a  b'`` and ``'a b'``, different data,
-    were taken for one text). Regular expressions do the scanning, a Python step for each quoted part or comment
-    alone (trial GA: a loop over the characters took 2 s over a migration of 6 MB, on the server's event loop)."""
+    were taken for one text).
+
+    Regular expressions do the scanning, over ``window`` characters at a time, cut at a blank (trial GA: a loop over
+    the characters took 2 s over a migration of 6 MB; trial GC: one call over all of it held the interpreter's lock,
+    and so the event loop, 0.3 s a MB; trial GG: a text over 256 KiB was then compared with its blanks alone taken
+    out, and one renamed with a comment added ran again)."""
     text = line_ends_as_lf(text).removeprefix("\ufeff")
-    pieces = _QUOTED_OR_COMMENT.split(text)  # unquoted text, then a quoted part (None: a comment), and so on
     out: list[str] = []
-    for i, piece in enumerate(pieces):
-        if not i % 2:
-            out += _TOKEN.findall(piece.translate(_FOLD))
-        elif piece is not None:
-            out.append(piece)
+    tokens, search = _TOKEN.findall, _QUOTED_OR_COMMENT.search
+    pos, end = 0, len(text)
+    while pos < end:
+        stop = _window_end(text, pos, window)
+        found = search(text, pos, stop)
+        while found is not None and found.end() == stop < end:
+            # a quoted part or a comment that may go on past the window: in a wider one
+            stop = _window_end(text, pos, 2 * (stop - pos), stop)
+            found = search(text, pos, stop)
+        if found is None:
+            out += tokens(text[pos:stop].translate(_FOLD))
+            pos = stop
+            continue
+        out += tokens(text[pos : found.start()].translate(_FOLD))
+        quoted = found.group(1)
+        if quoted is not None:  # (None: a comment)
+            out.append(quoted)
+        pos = found.end()
     while out and out[-1] == ";":
         out.pop()
     first = 0
@@ -133,15 +143,19 @@ def _words(text: str) -> str:
     return " ".join(out[first:])
 
 
-WORDS_MAX = 256 << 10
-"""The longest text (characters) read as SQLite does (:func:`_words`); a longer one is compared with its blanks taken
-out (:func:`_unblanked`; trial GC: the scanning took 0.3 s a MB holding the interpreter's lock, so a thread of its own
-did not spare the event loop)."""
-
-
-def _unblanked(text: str) -> str:
-    """``text`` without a leading byte order mark and without any blank (two C calls: some 0.1 s for 16 MB)."""
-    return "".join(text.removeprefix("\ufeff").split())
+def _window_end(text: str, pos: int, size: int, beyond: int = -1) -> int:
+    """Where a window of ``text`` from ``pos`` ends, past ``beyond`` (and ``pos``): at the end of the text, else at
+    its last blank within ``size`` characters (no token, ``--`` or ``/*`` runs across a blank), else a wider
+    window's."""
+    end = len(text)
+    low = max(pos, beyond) + 1
+    while pos + size < end:
+        stop = pos + size
+        cut = max(text.rfind(" ", low, stop), text.rfind("\n", low, stop), text.rfind("\t", low, stop))
+        if cut >= low:
+            return cut
+        size *= 2
+    return end
 
 
 _QUOTED_OR_COMMENT = re.compile(
