@@ -74,7 +74,7 @@ log = logging.getLogger("tinystore.server")
 HIGH_WATER = 8 * 1024 * 1024
 LOW_WATER = 1024 * 1024
 TLS_PIECE = 64 * 1024
-TLS_HIGH_WATER = 1024 * 1024
+TLS_HIGH_WATER = 256 * 1024
 """A TLS connection's high-water mark (HIGH_WATER's, for TLS): past it, what it is sent waits in ``out`` (see
 ``ServerConnection.write_tls``)."""
 """The most a TLS connection's write hands its transport at once (see ``ServerConnection.write_tls``)."""
