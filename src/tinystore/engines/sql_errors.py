@@ -118,9 +118,10 @@ def _words(text: str, window: int = WINDOW) -> str:
     text = line_ends_as_lf(text).removeprefix("\ufeff")
     out: list[str] = []
     tokens, search = _TOKEN.findall, _QUOTED_OR_COMMENT.search
-    pos, end = 0, len(text)
+    pos, end, stop = 0, len(text), 0
     while pos < end:
-        stop = _window_end(text, pos, window)
+        if pos >= stop:  # (a window serves every quoted part and comment in it: trial GK, one for each was quadratic)
+            stop = _window_end(text, pos, window)
         found = search(text, pos, stop)
         while found is not None and found.end() == stop < end:
             # a quoted part or a comment that may go on past the window: in a wider one
@@ -151,7 +152,12 @@ def _window_end(text: str, pos: int, size: int, beyond: int = -1) -> int:
     low = max(pos, beyond) + 1
     while pos + size < end:
         stop = pos + size
-        cut = max(text.rfind(" ", low, stop), text.rfind("\n", low, stop), text.rfind("\t", low, stop))
+        cut = max(
+            text.rfind(" ", low, stop),
+            text.rfind("\n", low, stop),
+            text.rfind("\t", low, stop),
+            text.rfind("\f", low, stop),
+        )
         if cut >= low:
             return cut
         size *= 2
