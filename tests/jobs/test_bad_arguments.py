@@ -245,3 +245,17 @@ async def test_a_workers_stop_names_the_queue_of_a_bad_grace(store: tinystore.St
     with pytest.raises(InvalidError, match="queue gq: worker stop: grace: cannot read '10x'"):
         await worker.stop(grace="10x")
     await worker.stop()
+
+
+async def test_an_int_past_a_floats_range_as_at_or_delay_is_invalid_shown_by_its_size(store: tinystore.Store) -> None:
+    # trial GK: at=10**400 raised Python's OverflowError (math.isfinite), and delay=-10**400 was shown in 401 digits
+    q = store.queue("bq")
+    for kwargs, words in (
+        ({"at": 10**400}, "at an int of 1329 bits (epoch seconds) is not between 1970 and the end of 9999"),
+        ({"at": -(10**400)}, "at a negative int of 1329 bits (epoch seconds) is not between"),
+        ({"delay": -(10**400)}, "delay a negative int of 1329 bits is negative"),
+        ({"delay": 10**400}, "delay: a duration is at most 100 years"),
+    ):
+        with pytest.raises(InvalidError, match=re.escape(f"queue bq: add: {words}")):
+            await q.add({}, **kwargs)
+    assert await q.add({}, at=5) is not None

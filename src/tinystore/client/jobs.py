@@ -264,6 +264,13 @@ def _when(ms: int | None) -> datetime | None:
         return datetime.max.replace(tzinfo=UTC) if ms > 0 else datetime.min.replace(tzinfo=UTC)
 
 
+def _number_shown(value: float) -> str:
+    """``value`` as an error shows it: an int past 30 digits as its size (trial GK: 10**400, all 401 digits)."""
+    if type(value) is int and abs(value) >= 10**30:
+        return f"{'a negative' if value < 0 else 'an'} int of {value.bit_length()} bits"
+    return repr(value)
+
+
 def _epoch_ms(at: datetime) -> int:
     """``at`` (a naive datetime is read as UTC) in whole ms since the Unix epoch, rounded down, computed from the
     datetime's integer parts: exact up to the end of 9999, where a float timestamp rounds up past it."""
@@ -1689,7 +1696,7 @@ class Queue(Generic[T]):
         delay_ms = at_ms = None
         if delay is not None:
             if isinstance(delay, int | float) and not isinstance(delay, bool) and delay < 0:
-                raise InvalidError(f"queue {self.name}: {what}: delay {delay!r} is negative")
+                raise InvalidError(f"queue {self.name}: {what}: delay {_number_shown(delay)} is negative")
             if isinstance(delay, timedelta) and delay.total_seconds() < 0:
                 raise InvalidError(f"queue {self.name}: {what}: delay {delay} is negative")
             delay_ms = round(seconds(delay, f"queue {self.name}: {what}: delay") * 1000)
@@ -1698,12 +1705,14 @@ class Queue(Generic[T]):
                 raise InvalidError(f"queue {self.name}: {what}: give delay or at, not both")
             if isinstance(at, datetime):
                 at_ms = _epoch_ms(at)
-            elif isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at):
-                at_ms = math.floor(at * 1000)
+            elif (
+                isinstance(at, int | float) and not isinstance(at, bool) and (isinstance(at, int) or math.isfinite(at))
+            ):
+                at_ms = math.floor(at * 1000)  # (an int of any size: math.isfinite(10**400) raises, trial GK)
             else:
                 raise InvalidError(f"queue {self.name}: {what}: at {at!r} is not a datetime or epoch seconds")
             if not 0 <= at_ms <= RUN_AT_MAX_MS:
-                told = at.isoformat() if isinstance(at, datetime) else f"{at!r} (epoch seconds)"
+                told = at.isoformat() if isinstance(at, datetime) else f"{_number_shown(at)} (epoch seconds)"
                 raise InvalidError(f"queue {self.name}: {what}: at {told} is not between 1970 and the end of 9999")
         return NewJob(
             value=self._encode(value, where_value),
