@@ -74,10 +74,10 @@ log = logging.getLogger("tinystore.server")
 HIGH_WATER = 8 * 1024 * 1024
 LOW_WATER = 1024 * 1024
 TLS_PIECE = 64 * 1024
+"""The most a TLS connection's write hands its transport at once (see ``ServerConnection.write_tls``)."""
 TLS_HIGH_WATER = 256 * 1024
 """A TLS connection's high-water mark (HIGH_WATER's, for TLS): past it, what it is sent waits in ``out`` (see
 ``ServerConnection.write_tls``)."""
-"""The most a TLS connection's write hands its transport at once (see ``ServerConnection.write_tls``)."""
 # a connection's cancelled writes that still run (a write cannot be taken back, and its request credit is back at
 # the cancel): at this many bytes of their requests, the connection's next requests are not read until they are
 # down to ORPHANS_LOW (each counts its body and ORPHAN_COST more)
