@@ -1195,9 +1195,8 @@ class ServerConnection(asyncio.Protocol):
         self.pushed = 0
         if self.paused and self.tls and not self.closing:
             # TLS, paused: what is queued waits here, counted, until resume_writing (see write_tls)
-            transport = self.transport
-            if transport is not None and self.out:
-                self.unsent = transport.get_write_buffer_size() + sum(len(part) for part in self.out)
+            if self.transport is not None and self.out:
+                self.unsent = self.unsent_now()
                 self.budget.note(self, self.unsent)
             return
         out, self.out = self.out, []
@@ -1219,7 +1218,7 @@ class ServerConnection(asyncio.Protocol):
             # always nothing, the socket took it all: then nothing more is done
             size = transport.get_write_buffer_size()
             if self.tls and self.out:  # (the rest of an answer a pause cut: see write_tls)
-                size += sum(len(part) for part in self.out)
+                size = self.unsent_now()
             if size or self.unsent:
                 self.unsent = size
                 self.budget.note(self, size)
