@@ -11,6 +11,7 @@ import typing
 from typing import Any
 
 from .errors import InvalidError, PermissionDeniedError
+from .protocol.values import shown
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
@@ -79,6 +80,8 @@ def key_text(kind: str, name: str, key: object, word: str = "key") -> str:
     one key. Raises ``InvalidError`` for other types and for one empty or over 256 characters."""
     if isinstance(key, bool) or not isinstance(key, str | int):
         raise InvalidError(f"{kind} {name}: {word} {key!r}: a {word} is a str or an int, not {type(key).__name__}")
+    if isinstance(key, int) and not -(10**256) < key < 10**256:  # (past 4,300 digits Python refuses to write it)
+        raise InvalidError(f"{kind} {name}: {word} {shown(key)}: a {word} is 1 to 256 characters")
     text = str(key)
     if not text or len(text) > 256:
         got = f" (this one has {len(text)})" if text else ""

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -193,3 +195,33 @@ async def test_open_reads_a_leading_tilde_as_the_home_folder(tmp_path: Path, mon
     finally:
         await store.close()
     assert (home / "data" / "LOCK").is_file() and list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize("big", [10**400, -(10**400), 10**5000, -(10**5000)], ids=["e400", "-e400", "e5000", "-e5000"])
+async def test_a_huge_int_anywhere_is_an_invalid_error_that_shows_its_size(store: tinystore.Store, big: int) -> None:
+    # trial GL: past 4,300 digits Python refuses to write an int, and these raised its ValueError (a caller that
+    # catches TinystoreError missed them); below that, the messages held all of its digits
+    db = await store.database("app", migrations=[("001.sql", "create table t (a)")])
+    size = f"{'a negative' if big < 0 else 'an'} int of {big.bit_length()} bits"
+
+    async def hold(lock: tinystore.Lock | tinystore.Semaphore, key: object) -> None:
+        async with lock.hold(key, wait="1s"):  # type: ignore[arg-type]
+            pass
+
+    cases: list[tuple[Callable[[], Awaitable[object]], str]] = [
+        (lambda: db.all("select ?", big), f"database app: parameter 1: {size} does not fit in 64 bits"),
+        (lambda: db.exec("insert into t values (?)", big), f"parameter 1: {size} does not fit in 64 bits"),
+        (lambda: hold(store.semaphore("s", limit=big), "k"), f"semaphore s: limit {size} must be an int from 1"),
+        (lambda: hold(store.lock("l"), big), f"lock l: key {size}: a key is 1 to 256 characters"),
+        (lambda: store.channel("c").under(big).publish(1), f"channel c: branch part {size}: a branch part is 1"),
+        (lambda: store.queue("q1", database=db, attempts=big).add({}), f"option attempts: {size} is not between"),
+        (lambda: store.queue("q2", database=db, max_running=big).add({}), f"option max_running: {size} is not"),
+        (lambda: store.queue("q3").add({"n": big}), f"the value does not encode as JSON: {size} does not fit"),
+        (lambda: store.queue("q4").add({}, priority=big), f"priority {size} does not fit in 64 bits"),
+    ]
+    for call, message in cases:
+        with pytest.raises(tinystore.InvalidError, match=re.escape(message)) as caught:
+            await call()
+        assert len(str(caught.value)) < 200
+    assert await db.scalar("select count(*) from t") == 0
+    assert await db.scalar("select 1") == 1  # (the connection stays)

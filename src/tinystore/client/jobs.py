@@ -89,13 +89,12 @@ from ..protocol.jobs import (
     check_step_name,
     check_text,
     is_int,
-    shown,
     snapshot,
 )
 from ..protocol.jobs import JobState as JobState  # (public: tinystore.JobState)
 from ..protocol.jobs import List as ListRequest
 from ..protocol.store import Empty
-from ..protocol.values import json_problem, valid_text
+from ..protocol.values import json_problem, shown, valid_text
 from .sql import in_open_tx
 
 if TYPE_CHECKING:
@@ -133,8 +132,8 @@ def _json(value: Any, what: str, keys: bool = True) -> str:
     not encode, and, when ``keys``, a dict key that is not a str (see :func:`~tinystore.protocol.jobs.json_problem`).
     ``keys=False`` where a declared type reads the keys back (a queue's own type)."""
     try:
-        text = _encoder.encode(value).decode()
         problem = json_problem(msgspec.to_builtins(value), keys)
+        text = "" if problem is not None else _encoder.encode(value).decode()
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
         raise InvalidError(f"{what} does not encode as JSON: {_text_of(exc)}") from None
     if problem is not None:
@@ -262,13 +261,6 @@ def _when(ms: int | None) -> datetime | None:
         return _EPOCH + timedelta(milliseconds=ms)
     except OverflowError:  # a time no datetime holds (kept by an older version)
         return datetime.max.replace(tzinfo=UTC) if ms > 0 else datetime.min.replace(tzinfo=UTC)
-
-
-def _number_shown(value: float) -> str:
-    """``value`` as an error shows it: an int past 30 digits as its size (trial GK: 10**400, all 401 digits)."""
-    if type(value) is int and abs(value) >= 10**30:
-        return f"{'a negative' if value < 0 else 'an'} int of {value.bit_length()} bits"
-    return repr(value)
 
 
 def _epoch_ms(at: datetime) -> int:
@@ -1530,11 +1522,13 @@ class Queue(Generic[T]):
             ("max_running_per_tenant", max_running_per_tenant),
         ):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                raise InvalidError(f"queue {name}: option {label}: {v!r} is not an int")
+                raise InvalidError(f"queue {name}: option {label}: {shown(v)} is not an int")
         for label, v in (("max_running", max_running), ("max_running_per_tenant", max_running_per_tenant)):
             if v is not None and not 1 <= v <= 1_000_000:
                 # (the wire's own bound says "0 (no limit)", the command line's way: not this API's, trial DE)
-                raise InvalidError(f"queue {name}: option {label}: {v} is not between 1 and 1,000,000 (None: no limit)")
+                raise InvalidError(
+                    f"queue {name}: option {label}: {shown(v)} is not between 1 and 1,000,000 (None: no limit)"
+                )
         self._given = Options(
             database=db_name,
             attempts=attempts,
@@ -1696,7 +1690,7 @@ class Queue(Generic[T]):
         delay_ms = at_ms = None
         if delay is not None:
             if isinstance(delay, int | float) and not isinstance(delay, bool) and delay < 0:
-                raise InvalidError(f"queue {self.name}: {what}: delay {_number_shown(delay)} is negative")
+                raise InvalidError(f"queue {self.name}: {what}: delay {shown(delay)} is negative")
             if isinstance(delay, timedelta) and delay.total_seconds() < 0:
                 raise InvalidError(f"queue {self.name}: {what}: delay {delay} is negative")
             delay_ms = round(seconds(delay, f"queue {self.name}: {what}: delay") * 1000)
@@ -1712,7 +1706,7 @@ class Queue(Generic[T]):
             else:
                 raise InvalidError(f"queue {self.name}: {what}: at {at!r} is not a datetime or epoch seconds")
             if not 0 <= at_ms <= RUN_AT_MAX_MS:
-                told = at.isoformat() if isinstance(at, datetime) else f"{_number_shown(at)} (epoch seconds)"
+                told = at.isoformat() if isinstance(at, datetime) else f"{shown(at)} (epoch seconds)"
                 raise InvalidError(f"queue {self.name}: {what}: at {told} is not between 1970 and the end of 9999")
         return NewJob(
             value=self._encode(value, where_value),

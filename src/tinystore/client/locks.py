@@ -82,6 +82,7 @@ from ..protocol.locks import (
     Renew,
     Renewed,
 )
+from ..protocol.values import shown
 from .transport import NotRunError
 
 if TYPE_CHECKING:
@@ -157,6 +158,9 @@ def _where(kind: str, name: str, key: str) -> str:
 
 def _key_text(kind: str, name: str, key: object) -> str:
     """``key`` as the store's text: ``7`` and ``"7"`` are one key. Raises ``InvalidError`` naming lock and key."""
+    if isinstance(key, int) and not isinstance(key, bool) and not -(10**KEY_MAX) < key < 10**KEY_MAX:
+        # (refused before it is written as text: past 4,300 digits Python refuses to, trial GL)
+        raise InvalidError(f"{kind} {name}: key {shown(key)}: a key is 1 to {KEY_MAX} characters as text")
     if type(key) is str:
         text = key
     elif type(key) is int:
@@ -787,7 +791,7 @@ class Semaphore(Lock):
         max_hold: Duration | None = None,
     ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIMIT_MAX:
-            raise InvalidError(f"semaphore {name}: limit {limit!r} must be an int from 1 to {LIMIT_MAX}")
+            raise InvalidError(f"semaphore {name}: limit {shown(limit)} must be an int from 1 to {LIMIT_MAX}")
         self._init(store, name, limit, ttl, max_hold)
 
     def __repr__(self) -> str:

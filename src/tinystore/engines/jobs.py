@@ -104,7 +104,7 @@ from ..protocol.jobs import (
     List as ListRequest,
 )
 from ..protocol.sql import Done, Rows
-from ..protocol.values import json_problem, valid_text
+from ..protocol.values import json_problem, shown, valid_text
 from . import gc_hold
 from .base import Peer
 from .jobs_index import (
@@ -1849,7 +1849,7 @@ class JobsEngine:
                 if v is not None and len(v) > TEXT_MAX:
                     raise InvalidError(f"{what}: {label} {v[:40]!r}…: at most {TEXT_MAX} characters")
             if not -INT_MAX <= j.priority <= INT_MAX:
-                raise InvalidError(f"{what}: priority {j.priority} does not fit in 64 bits")
+                raise InvalidError(f"{what}: priority {shown(j.priority)} does not fit in 64 bits")
             if j.delay_ms is not None and j.at_ms is not None:
                 raise InvalidError(f"{what}: give delay or at, not both")
             if j.delay_ms is not None and j.delay_ms < 0:

@@ -17,6 +17,7 @@ from ..errors import (
 )
 from ..names import a_or_an
 from ..protocol.sql import PARAMS_MAX
+from ..protocol.values import shown
 
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 63) - 1
@@ -154,7 +155,7 @@ def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
                 )
         if type(v) is int:
             if not INT_MIN <= v <= INT_MAX:
-                raise InvalidError(f"database {db}: parameter {i + 1}: {v} does not fit in 64 bits")
+                raise InvalidError(f"database {db}: parameter {i + 1}: {shown(v)} does not fit in 64 bits")
         elif math.isnan(v):
             raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
     return out

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from ..errors import InvalidError, PermissionDeniedError
-from .values import valid_text
+from .values import shown, valid_text
 
 CANCEL_PUSH = "jobs.cancel"
 EVENTS_CHANNEL = "tinystore-jobs"
@@ -118,9 +118,9 @@ def check_options(queue: str, o: Options) -> None:
     for name in Options.__struct_fields__:
         v = getattr(o, name)
         if name != "database" and v is not None and not is_int(v):
-            raise bad(OPTION_NAMES[name], f"{v!r} is not an int")
+            raise bad(OPTION_NAMES[name], f"{shown(v)} is not an int")
     if o.attempts is not None and not 1 <= o.attempts <= 1000:
-        raise bad("attempts", f"{o.attempts} is not between 1 and 1000")
+        raise bad("attempts", f"{shown(o.attempts)} is not between 1 and 1000")
     for name in ("backoff_first_ms", "backoff_cap_ms", "timeout_ms", "expected_ms"):
         v = getattr(o, name)
         if v is not None and not 0 < v <= DURATION_MAX_MS:
@@ -135,7 +135,7 @@ def check_options(queue: str, o: Options) -> None:
     for name in ("max_running", "max_running_per_tenant"):
         v = getattr(o, name)
         if v is not None and not 0 <= v <= 1_000_000:
-            raise bad(name, f"{v} is not between 0 (no limit) and 1,000,000")
+            raise bad(name, f"{shown(v)} is not between 0 (no limit) and 1,000,000")
 
 
 class OpenQueue(msgspec.Struct, kw_only=True):
@@ -418,18 +418,6 @@ JOB_ID = re.compile(r"[0-9a-hjkmnp-tv-z]{26}")
 def is_job_id(value: object) -> bool:
     """``True`` for text shaped like a job id (whether or not such a job exists)."""
     return isinstance(value, str) and JOB_ID.fullmatch(value) is not None
-
-
-def shown(value: object) -> str:
-    """``value`` as an error message shows it: its ``repr``, a str cut to 40 characters (``…`` after it), any
-    other value's ``repr`` cut to 60."""
-    if isinstance(value, str):
-        return repr(value[:40]) + ("…" if len(value) > 40 else "")
-    try:
-        text = repr(value)
-    except Exception:  # a broken __repr__ must not hide the error it is part of
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def check_text(where: str, label: str, value: object, limit: int = TEXT_MAX) -> None:

@@ -7,13 +7,33 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["INT_MAX", "INT_MIN", "json_problem", "valid_text"]
+__all__ = ["INT_MAX", "INT_MIN", "json_problem", "shown", "valid_text"]
 
 
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 64) - 1
 """The integers a job's JSON may hold: what 64 bits carry (MessagePack's int64 and uint64), so a value, result,
 progress or step result comes back as it went in, over every way of reaching the store."""
+
+
+BIG = 10**60
+"""Ints from this size on (in absolute value) are shown by their size in error messages (see :func:`shown`)."""
+
+
+def shown(value: object) -> str:
+    """``value`` as an error message shows it: a str's ``repr`` cut to 40 characters (``…`` after it); an int of
+    61 digits or more as its size, ``an int of 1329 bits`` (trial GK: 10**400 filled a message with its 401
+    digits; trial GL: past 4,300 digits Python refuses to write an int, and a ``ValueError`` came out instead of
+    the error it was part of); any other value's ``repr`` cut to 60."""
+    if isinstance(value, str):
+        return repr(value[:40]) + ("…" if len(value) > 40 else "")
+    if isinstance(value, int) and not isinstance(value, bool) and not -BIG < value < BIG:
+        return f"{'a negative' if value < 0 else 'an'} int of {int(value).bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:  # a broken __repr__ must not hide the error it is part of
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def valid_text(text: str) -> bool:
@@ -43,7 +63,7 @@ def json_problem(value: Any, keys: bool = True) -> str | None:
                 return f"{v!r} is not a JSON number{at_path(where)}"
         elif t is int:
             if not INT_MIN <= v <= INT_MAX:
-                return f"the integer {v} does not fit in 64 bits{at_path(where)}"
+                return f"{_integer(v)} does not fit in 64 bits{at_path(where)}"
         elif t is dict:
             for k, item in v.items():
                 if type(k) is not str:
@@ -57,8 +77,12 @@ def json_problem(value: Any, keys: bool = True) -> str | None:
         elif isinstance(v, float) and not math.isfinite(v):
             return f"{v!r} is not a JSON number{at_path(where)}"
         elif isinstance(v, int) and not isinstance(v, bool) and not INT_MIN <= v <= INT_MAX:
-            return f"the integer {v} does not fit in 64 bits{at_path(where)}"
+            return f"{_integer(v)} does not fit in 64 bits{at_path(where)}"
     return None
+
+
+def _integer(v: int) -> str:
+    return f"the integer {v}" if -BIG < v < BIG else shown(v)
 
 
 def at_path(where: Any) -> str:
