@@ -33,9 +33,7 @@ async def test_the_docs_fenced_upsert_keeps_a_newer_job_and_refuses_a_late_attem
     sql = snippet_sql()
     db = await any_store.database(
         "app",
-        migrations=[
-            ("001.sql", "create table summaries (doc_id text primary key, version int, fence int, text text)")
-        ],
+        migrations=[("001.sql", "create table summaries (doc_id text primary key, version int, fence int, text text)")],
     )
     ingest = any_store.queue("ingest", Ingest, database=db)
     fences: dict[int, int] = {}

@@ -18,7 +18,7 @@ from ..errors import (
 )
 from .descriptors import open_files_limit
 from .sql_guard import DENIED_MESSAGES, TX_WHY, denial
-from .sql_text import INT_MAX, line_ends_as_lf
+from .sql_text import INT_MAX
 
 
 def rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False, which: str = "") -> TinystoreError:
@@ -105,17 +105,20 @@ WINDOW = 64 << 10
 
 def _words(text: str, window: int = WINDOW) -> str:
     """``text`` as SQLite reads it, for comparing migrations: its tokens one space apart, with comments, blanks
-    (SQLite's: space, tab, line ends, form feed), a leading byte order mark and trailing ``;`` left out, line ends
-    made ``\n`` (as :func:`same_migration` does) and ASCII letters outside quotes made lower case (SQLite's keywords
-    and identifiers are not case-sensitive); what is quoted (``'...'``, ``"..."``, `````...`````, ``[...]``) kept as
-    it is (trial FX: a rename with its header comment edited ran again; ``'a  b'`` and ``'a b'``, different data,
-    were taken for one text).
+    (SQLite's: space, tab, line ends, form feed), a leading byte order mark and trailing ``;`` left out, ``\r\n``
+    made ``\n`` and ASCII letters outside quotes made lower case (SQLite's keywords and identifiers are not
+    case-sensitive); what is quoted (``'...'``, ``"..."``, `````...`````, ``[...]``) kept as it is but for its line
+    ends, made ``\n`` (as :func:`same_migration` does) (trial FX: a rename with its header comment edited ran again;
+    ``'a  b'`` and ``'a b'``, different data, were taken for one text). A lone ``\r`` outside quotes is a blank and
+    does not end a ``--`` comment, as SQLite reads it (trial GL: taken for a line end, a renamed migration with
+    ``-- note\rmore`` added ran again). A blob ``x'41'`` and a number ``0x10`` or ``1_000`` are one token each
+    (trial GL: ``x '41'``, a name and a text, and ``0 x10``, 0 named x10, were taken for them).
 
     Regular expressions do the scanning, over ``window`` characters at a time, cut at a blank (trial GA: a loop over
     the characters took 2 s over a migration of 6 MB; trial GC: one call over all of it held the interpreter's lock,
     and so the event loop, 0.3 s a MB; trial GG: a text over 256 KiB was then compared with its blanks alone taken
     out, and one renamed with a comment added ran again)."""
-    text = line_ends_as_lf(text).removeprefix("\ufeff")
+    text = text.replace("\r\n", "\n").removeprefix("\ufeff")
     out: list[str] = []
     tokens, search = _TOKEN.findall, _QUOTED_OR_COMMENT.search
     pos, end, stop = 0, len(text), 0
@@ -131,10 +134,15 @@ def _words(text: str, window: int = WINDOW) -> str:
             out += tokens(text[pos:stop].translate(_FOLD))
             pos = stop
             continue
-        out += tokens(text[pos : found.start()].translate(_FOLD))
+        start = found.start()
+        out += tokens(text[pos:start].translate(_FOLD))
         quoted = found.group(1)
         if quoted is not None:  # (None: a comment)
-            out.append(quoted)
+            quoted = quoted.replace("\r", "\n")
+            if quoted[0] == "'" and out and out[-1] == "x" and text[start - 1] in "xX":
+                out[-1] += quoted.translate(_FOLD)  # a blob: x'41' (its hex digits in either case)
+            else:
+                out.append(quoted)
         pos = found.end()
     while out and out[-1] == ";":
         out.pop()
@@ -157,6 +165,7 @@ def _window_end(text: str, pos: int, size: int, beyond: int = -1) -> int:
             text.rfind("\n", low, stop),
             text.rfind("\t", low, stop),
             text.rfind("\f", low, stop),
+            text.rfind("\r", low, stop),
         )
         if cut >= low:
             return cut
@@ -170,11 +179,12 @@ _QUOTED_OR_COMMENT = re.compile(
     re.DOTALL,
 )
 _TOKEN = re.compile(
-    r"(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?|[A-Za-z0-9_$\x80-\U0010ffff]++|[^ \t\n\f\r]"
+    r"(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?[A-Za-z0-9_$\x80-\U0010ffff]*+"
+    r"|[A-Za-z0-9_$\x80-\U0010ffff]++|[^ \t\n\f\r]"
 )
-"""A number (``1.e5`` one token: trial GG, ``1. e5``, 1.0 named e5, was taken for it), a name or a keyword (SQLite:
-any character past ASCII may be in a name; a no-break space too), or one other character; SQLite's blanks part
-them."""
+"""A number with what a name may hold glued to it (``1.e5`` one token: trial GG, ``1. e5``, 1.0 named e5, was taken
+for it; ``0x10``, ``1_000``: trial GL), a name or a keyword (SQLite: any character past ASCII may be in a name; a
+no-break space too), or one other character; SQLite's blanks part them."""
 _FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # (SQLite folds ASCII alone)
 
 
