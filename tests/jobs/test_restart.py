@@ -178,3 +178,43 @@ async def test_a_queue_of_many_jobs_loads_whole_after_a_restart(tmp_path: Path) 
         status = (await store.status())["jobs"]["queues"]
         (later,) = [s for s in status if s["queue"] == "later"]
         assert later["queued"] + later.get("delayed", 0) == 25_000, later
+
+
+# contract: JOB-02
+# contract: LOCK-07
+async def test_an_attempt_whose_lock_ends_with_a_graceful_stop_is_not_counted(tmp_path: Path) -> None:
+    # trial GN: a graceful stop ends every lease of a lock (LOCK-07), so a handler holding one raised LostError and
+    # its attempt counted as failed: a few restarts during one job made it dead
+    d = tmp_path / "store"
+    server = ServerProcess(d).start()
+    store = await tinystore.open(d)
+    attempts: list[int] = []
+    lost: list[str] = []
+
+    async def handler(value: Any, run: tinystore.Run) -> int:
+        attempts.append(run.attempt)
+        if len(attempts) == 1:
+            try:
+                async with store.semaphore("cpu", limit=2).hold("acme"):
+                    await asyncio.sleep(30)  # the stop ends the lease: LostError
+            except tinystore.LostError as exc:
+                lost.append(exc.message)
+                raise
+        return run.attempt
+
+    try:
+        q = store.queue("held", attempts=1)  # (one failed attempt would make it dead)
+        jid = await q.add({})
+        worker = q.work(handler)
+        while not attempts:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # (the semaphore held)
+        assert server.stop() == 0
+        server = ServerProcess(d).start()
+        job = await wait_state(q, jid, "succeeded", timeout=15)
+        assert lost and "the store is stopping" in lost[0]
+        assert attempts == [1, 1] and (job.attempts, job.result, job.errors) == (1, 1, [])
+        await worker.stop()
+    finally:
+        await store.close()
+        server.stop()

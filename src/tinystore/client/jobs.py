@@ -537,6 +537,8 @@ class _Attempt:
         self.began = False  # its task ran (a task cancelled before its first step runs none of its code)
         self.freed = False  # its worker slot was given back (the handler ended; its report may be under way)
         self.renewed_at = time.monotonic()
+        # the stops of the store seen when it began (a lock its handler holds ends with a graceful stop: LOCK-07)
+        self.stops_seen: int = getattr(runner.queue.store.transport, "stops_seen", 0)
         self.lease = claimed.lease_ms / 1000
         self.pending_progress: str | None = None
         self.last_progress: str | None = None  # the last value set, sent or not: it goes with the attempt's end
@@ -949,6 +951,19 @@ class _Runner:
         except LostError as exc:
             if a.why in ("lost", "cancelled"):
                 return  # this attempt itself was lost (its lease, or the job cancelled): the store decided its end
+            if getattr(q.store.transport, "stops_seen", 0) != a.stops_seen:
+                # the store stopped (gracefully) while it ran, and a lock or semaphore the handler held ended with
+                # it (LOCK-07): the store's doing, not the job's. Not counted, as a snooze; due again at once
+                # (trial GN: every stop cost each job that held a lock an attempt, and enough of them made it dead)
+                log.info(
+                    "queue %s: job %s: attempt %d ended as the store stopped (%s): not counted, it runs again",
+                    q.name,
+                    c.id,
+                    c.attempt,
+                    _describe(exc),
+                )
+                await self._report(a, "snooze", after_ms=0)
+                return
             # the handler's own (a lock's lease it held ran out, or raised by its code; also as a worker's stop
             # cancels it, where it went unreported: trial CT): a failed attempt like any other raise, with its
             # traceback and its log line (trial CQ: neither was kept)
