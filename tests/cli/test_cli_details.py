@@ -142,7 +142,10 @@ async def test_status_without_a_server_says_so(tmp_path: Path) -> None:
     directory = await _store_with(tmp_path, "app")
     done = run_cli("status", str(directory))
     assert done.returncode == 0 and "no server runs: this command opened the store itself" in done.stdout
-    assert json.loads(run_cli("status", str(directory), "--json").stdout)["server_running"] is False
+    st = json.loads(run_cli("status", str(directory), "--json").stdout)
+    assert st["server_running"] is False
+    # the SQLite its SQL is (trial GN: a migration's default of a later SQLite's was NULL here)
+    assert st["sqlite_version"] == sqlite3.sqlite_version and sqlite3.sqlite_version in done.stdout  # (rich may wrap)
 
 
 async def test_status_without_a_server_lists_the_queues(tmp_path: Path) -> None:

@@ -859,7 +859,7 @@ def status(directory: Target, as_json: bool) -> None:
         Text.assemble(
             (f"tinystore {st['version']}", "bold"),
             f"  {st['directory']}  pid {st['pid']}  mode {st['mode']}  up {st['uptime']:.1f}s  "
-            f"durability {st['durability']}",
+            f"durability {st['durability']}  SQLite {st.get('sqlite_version', '?')}",
         ),
         highlight=False,
     )

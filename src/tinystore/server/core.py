@@ -13,6 +13,7 @@ import inspect
 import itertools
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -276,6 +277,7 @@ class Core:
         self.output_budget.refresh()
         out: dict[str, Any] = {
             "version": __version__,
+            "sqlite_version": sqlite3.sqlite_version,  # (what the SQL of its databases is)
             "directory": str(self.directory),
             "pid": os.getpid(),
             "epoch": self.epoch,
