@@ -113,3 +113,32 @@ async def test_a_reconnected_clients_connection_before_ends_with_its_place_in_li
             os.close(kept)
         await client.close()
         await owner.close()
+
+
+# contract: LOCK-03
+async def test_a_server_that_did_not_run_does_not_count_that_time_as_its_peers_silence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # trial GO: a server frozen (SIGSTOP) for 75 s dropped its connections as it woke, "sent nothing for 75s": the
+    # time it did not run was counted as its clients' silence, what they sent meanwhile unread
+    import time
+
+    monkeypatch.setattr(listener, "PEER_SILENCE", 1.0, raising=False)
+    d = tmp_path / "s"
+    owner = await tinystore.open(d, embedded=True)
+    raw = await RawClient.open(("unix", paths.socket_path(d)))
+    try:
+
+        async def remote() -> int:
+            return len([c for c in (await owner.status())["connections"] if not c["local"]])
+
+        assert (await raw.hello()).kind is Kind.WELCOME
+        assert await remote() == 1
+        time.sleep(2.0)  # noqa: ASYNC251 (this process, the server, does not run: past PEER_SILENCE)
+        await asyncio.sleep(0.05)
+        assert await remote() == 1  # not dropped as it woke
+        await asyncio.sleep(2.0)  # silent for PEER_SILENCE while the server ran: dropped
+        assert await remote() == 0
+    finally:
+        await raw.close()
+        await owner.close()

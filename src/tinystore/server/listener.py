@@ -397,11 +397,15 @@ class ServerConnection(asyncio.Protocol):
     def check_silence(self) -> None:
         """Drop the connection when the client sent nothing for :data:`PEER_SILENCE` seconds while it was read:
         a live client sends a ping sooner. Closed by an abort: a peer that is gone takes no unsent bytes, and a
-        close would wait for them."""
-        self.deadline = None
+        close would wait for them. The time this check came late by is not the client's silence: this server did
+        not run then (stopped with SIGSTOP, its loop blocked), and what the client sent meanwhile may wait unread
+        (trial GO: a server frozen 75 s dropped its clients as it woke, blaming them)."""
+        deadline, self.deadline = self.deadline, None
         if self.closing or self.transport is None:
             return
         now = self.loop.time()
+        if deadline is not None and now > deadline.when():
+            self.last_rx = min(now, self.last_rx + (now - deadline.when()))
         if self.not_reading:
             self.last_rx = now  # (not read: its silence is not its own)
         silent = now - self.last_rx
