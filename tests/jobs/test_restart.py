@@ -182,24 +182,35 @@ async def test_a_queue_of_many_jobs_loads_whole_after_a_restart(tmp_path: Path) 
 
 # contract: JOB-02
 # contract: LOCK-07
-async def test_an_attempt_whose_lock_ends_with_a_graceful_stop_is_not_counted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["block", "task_group", "own"])
+async def test_an_attempt_whose_lock_ends_with_a_graceful_stop_is_not_counted(tmp_path: Path, how: str) -> None:
     # trial GN: a graceful stop ends every lease of a lock (LOCK-07), so a handler holding one raised LostError and
-    # its attempt counted as failed: a few restarts during one job made it dead
+    # its attempt counted as failed: a few restarts during one job made it dead. Trial GP: so too in a TaskGroup's
+    # task; and a LostError of the handler's own, raised as the store stops, is counted as any raise
     d = tmp_path / "store"
     server = ServerProcess(d).start()
     store = await tinystore.open(d)
     attempts: list[int] = []
     lost: list[str] = []
 
+    async def hold() -> None:
+        try:
+            async with store.semaphore("cpu", limit=2).hold("acme"):
+                await asyncio.sleep(30)  # the stop ends the lease: LostError
+        except tinystore.LostError as exc:
+            lost.append(exc.message)
+            if how == "own":
+                raise tinystore.LostError("the handler's own") from None
+            raise
+
     async def handler(value: Any, run: tinystore.Run) -> int:
         attempts.append(run.attempt)
         if len(attempts) == 1:
-            try:
-                async with store.semaphore("cpu", limit=2).hold("acme"):
-                    await asyncio.sleep(30)  # the stop ends the lease: LostError
-            except tinystore.LostError as exc:
-                lost.append(exc.message)
-                raise
+            if how == "task_group":
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(hold())
+            else:
+                await hold()
         return run.attempt
 
     try:
@@ -211,9 +222,13 @@ async def test_an_attempt_whose_lock_ends_with_a_graceful_stop_is_not_counted(tm
         await asyncio.sleep(0.2)  # (the semaphore held)
         assert server.stop() == 0
         server = ServerProcess(d).start()
-        job = await wait_state(q, jid, "succeeded", timeout=15)
+        if how == "own":
+            job = await wait_state(q, jid, "dead", timeout=15)
+            assert attempts == [1] and "the handler's own" in job.errors[-1].error
+        else:
+            job = await wait_state(q, jid, "succeeded", timeout=15)
+            assert attempts == [1, 1] and (job.attempts, job.result, job.errors) == (1, 1, [])
         assert lost and "the store is stopping" in lost[0]
-        assert attempts == [1, 1] and (job.attempts, job.result, job.errors) == (1, 1, [])
         await worker.stop()
     finally:
         await store.close()

@@ -141,6 +141,11 @@ def _json(value: Any, what: str, keys: bool = True) -> str:
     return text
 
 
+def _lost_to_a_stop(exc: BaseException) -> bool:
+    """Whether ``exc`` is the ``LostError`` of a lease that ended with its store's graceful stop (LOCK-07)."""
+    return isinstance(exc, LostError) and exc.extra.get("store_stopping") is True
+
+
 def _text_of(value: object) -> str:
     """``str(value)``, or ``""`` when that raises."""
     try:
@@ -537,8 +542,6 @@ class _Attempt:
         self.began = False  # its task ran (a task cancelled before its first step runs none of its code)
         self.freed = False  # its worker slot was given back (the handler ended; its report may be under way)
         self.renewed_at = time.monotonic()
-        # the stops of the store seen when it began (a lock its handler holds ends with a graceful stop: LOCK-07)
-        self.stops_seen: int = getattr(runner.queue.store.transport, "stops_seen", 0)
         self.lease = claimed.lease_ms / 1000
         self.pending_progress: str | None = None
         self.last_progress: str | None = None  # the last value set, sent or not: it goes with the attempt's end
@@ -856,6 +859,19 @@ class _Runner:
             if not a.reporting:
                 await self._report(a, "error", error=f"the worker failed: {text}")
 
+    async def _stopped(self, a: _Attempt, exc: BaseException) -> None:
+        """The handler raised the ``LostError`` of a lock or semaphore it held that ended with the store's graceful
+        stop (LOCK-07; alone, or all of a TaskGroup's errors): the store's doing, not the job's. Not counted, as a
+        snooze, due again at once (trial GN: each stop cost such a job an attempt; enough of them made it dead)."""
+        log.info(
+            "queue %s: job %s: attempt %d ended as the store stopped (%s): not counted, it runs again",
+            self.queue.name,
+            a.claimed.id,
+            a.claimed.attempt,
+            _describe(exc),
+        )
+        await self._report(a, "snooze", after_ms=0)
+
     async def _run_attempt(self, a: _Attempt) -> None:
         q = self.queue
         c = a.claimed
@@ -934,6 +950,9 @@ class _Runner:
         except ExceptionGroup as group:
             # raised by a TaskGroup (or asyncio.gather's callers that group): made only of PermanentErrors, it is
             # the handler's PermanentError all the same (JOB-04; trial DA: it was retried, its error the group's)
+            if all(_lost_to_a_stop(e) for e in _leaves(group)):
+                await self._stopped(a, group)  # (a lock held in a TaskGroup's task: trial GP)
+                return
             permanent, others = group.split(PermanentError)
             if permanent is not None and others is None:
                 reasons = dict.fromkeys(
@@ -951,18 +970,8 @@ class _Runner:
         except LostError as exc:
             if a.why in ("lost", "cancelled"):
                 return  # this attempt itself was lost (its lease, or the job cancelled): the store decided its end
-            if getattr(q.store.transport, "stops_seen", 0) != a.stops_seen:
-                # the store stopped (gracefully) while it ran, and a lock or semaphore the handler held ended with
-                # it (LOCK-07): the store's doing, not the job's. Not counted, as a snooze; due again at once
-                # (trial GN: every stop cost each job that held a lock an attempt, and enough of them made it dead)
-                log.info(
-                    "queue %s: job %s: attempt %d ended as the store stopped (%s): not counted, it runs again",
-                    q.name,
-                    c.id,
-                    c.attempt,
-                    _describe(exc),
-                )
-                await self._report(a, "snooze", after_ms=0)
+            if _lost_to_a_stop(exc):
+                await self._stopped(a, exc)
                 return
             # the handler's own (a lock's lease it held ran out, or raised by its code; also as a worker's stop
             # cancels it, where it went unreported: trial CT): a failed attempt like any other raise, with its

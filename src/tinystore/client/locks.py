@@ -467,6 +467,8 @@ class Lease:
 
     def _error(self) -> LostError:
         if self._message:
+            if self._server_gone:  # (a job's attempt that ends with it is not counted: see client/jobs.py)
+                return LostError(self._message, store_stopping=True)
             return LostError(self._message)
         early = self._hub.early_lost.pop(self.id, None)
         if early:

@@ -178,7 +178,6 @@ class Transport:
         # when (time.monotonic()) the server last said it was stopping (a graceful stop: a call refused, or its
         # GOAWAY), None once another has been reached since
         self.server_stopped_at: float | None = None
-        self.stops_seen = 0  # how many times a server said it was stopping (its GOAWAY), never reset
         self.closed = False
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -1074,7 +1073,6 @@ class RemoteTransport(Transport):
             return
         reason = conn.goaway or "the store is stopping"
         self.server_stopped_at = time.monotonic()
-        self.stops_seen += 1
         for hook in list(self.stopping_hooks):
             try:
                 hook(reason)
