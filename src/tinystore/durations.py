@@ -13,6 +13,7 @@ import re
 from datetime import timedelta
 
 from .errors import InvalidError
+from .protocol.values import shown
 
 Duration = timedelta | int | float | str
 
@@ -43,17 +44,15 @@ def seconds(value: Duration, what: str = "duration") -> float:
             out = float(value)
         except OverflowError:  # an int past a float's range (trial GI: it went out as Python's OverflowError)
             if value < 0:
-                raise InvalidError(f"{what}: a duration must be finite and not negative, got a negative int") from None
-            raise InvalidError(
-                f"{what}: a duration is at most 100 years (36500d), got an int of {int(value).bit_length()} bits"
-            ) from None
+                raise InvalidError(f"{what}: a duration must be finite and not negative, got {shown(value)}") from None
+            raise InvalidError(f"{what}: a duration is at most 100 years (36500d), got {shown(value)}") from None
     elif isinstance(value, str):
         out = _text_seconds(value, what)
     else:
         raise InvalidError(f"{what}: expected a duration (timedelta, seconds, or text), got {type(value).__name__}")
     out += 0.0  # (-0.0 is 0: never shown as "-0s")
     if not math.isfinite(out) or out < 0:
-        raise InvalidError(f"{what}: a duration must be finite and not negative, got {value!r}")
+        raise InvalidError(f"{what}: a duration must be finite and not negative, got {shown(value)}")
     if out > MAX_SECONDS:
         # (36500d1s: not "36500d", trial CK.) Past 1e12 s, the value as given (a timedelta in whole days): no
         # exponent of the store's making, which would not read back as a duration (trial DB)
@@ -62,7 +61,7 @@ def seconds(value: Duration, what: str = "duration") -> float:
         elif isinstance(value, timedelta):
             got = f"about {round(out / 86400)}d"
         else:
-            got = repr(value)
+            got = shown(value)  # (an int of 61 digits and more by its size)
         raise InvalidError(f"{what}: a duration is at most 100 years (36500d), got {got}")
     return out
 

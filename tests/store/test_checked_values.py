@@ -3,6 +3,7 @@ directory; and messages read right ("an int")."""
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import re
@@ -225,3 +226,42 @@ async def test_a_huge_int_anywhere_is_an_invalid_error_that_shows_its_size(store
         assert len(str(caught.value)) < 200
     assert await db.scalar("select count(*) from t") == 0
     assert await db.scalar("select 1") == 1  # (the connection stays)
+
+
+async def test_int_subclasses_are_taken_as_plain_ints_in_every_mode(store: tinystore.Store) -> None:
+    # trial GP: an IntEnum semaphore limit was refused embedded ("limit <Level.SEVEN: 7> must be an int from 1"),
+    # an int subclass as attempts or max_running raised TypeError embedded, as priority or list limit failed over a
+    # sidecar
+    class Sub(int):
+        def __repr__(self) -> str:
+            return "R" * 100_000  # (never shown whole)
+
+    class Level(enum.IntEnum):
+        SEVEN = 7
+
+    for v in (Sub(7), Level.SEVEN):
+        name = type(v).__name__.lower()
+        async with store.semaphore(f"s-{name}", limit=v).try_hold("k") as permit:
+            assert permit is not None
+        q = store.queue(f"q-{name}", attempts=v, max_running=v, max_running_per_tenant=v)
+        jid = await q.add({}, priority=v)
+        assert [j.id for j in (await q.list(limit=v)).jobs] == [jid]
+        job = await q.get(jid)
+        assert job is not None and job.priority == 7 and type(job.priority) is int
+
+
+def test_a_duration_shows_a_huge_int_by_its_size() -> None:
+    # trial GP: 10**300 as a ttl was shown with its 301 digits; an int subclass's own repr, whole
+    class Loud(int):
+        def __repr__(self) -> str:
+            return "R" * 100_000
+
+    for value, told in [
+        (10**300, "got an int of 997 bits"),
+        (-(10**300), "got a negative int of 997 bits"),
+        (Loud(10**20), "got RRRR"),  # (its repr, cut)
+        (Loud(-1), "got RRRR"),
+    ]:
+        with pytest.raises(tinystore.InvalidError, match=told) as caught:
+            seconds(value, "ttl")
+        assert len(str(caught.value)) < 120

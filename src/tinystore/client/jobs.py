@@ -94,7 +94,7 @@ from ..protocol.jobs import (
 from ..protocol.jobs import JobState as JobState  # (public: tinystore.JobState)
 from ..protocol.jobs import List as ListRequest
 from ..protocol.store import Empty
-from ..protocol.values import json_problem, shown, valid_text
+from ..protocol.values import json_problem, plain_int, shown, valid_text
 from .sql import in_open_tx
 
 if TYPE_CHECKING:
@@ -1555,14 +1555,14 @@ class Queue(Generic[T]):
                 )
         self._given = Options(
             database=db_name,
-            attempts=attempts,
+            attempts=plain_int(attempts),
             backoff_first_ms=first,
             backoff_cap_ms=cap,
             lease_ms=ms("lease", lease),
             timeout_ms=ms("timeout", timeout),
             expected_ms=ms("expected", expected),
-            max_running=max_running,
-            max_running_per_tenant=max_running_per_tenant,
+            max_running=plain_int(max_running),
+            max_running_per_tenant=plain_int(max_running_per_tenant),
             keep_ms=ms("keep", keep),
         )
         check_options(name, self._given)
@@ -1738,7 +1738,7 @@ class Queue(Generic[T]):
             tenant=tenant or "",
             user=user,
             type=type,
-            priority=priority,
+            priority=int(priority),
             delay_ms=delay_ms,
             at_ms=at_ms,
         )
@@ -1898,7 +1898,9 @@ class Queue(Generic[T]):
         from 1 to 1000, a ``tenant``, ``type`` or ``user`` that is not a str (or ``None``) of at most 256
         characters, a cursor that is not a page's ``next`` (a job id); ``UnavailableError`` and ``ClosedError`` as
         :meth:`get`. A read: a cancel leaves nothing behind."""
-        req = ListRequest(queue=self.name, state=state, tenant=tenant, type=type, limit=limit, after=after, user=user)
+        req = ListRequest(
+            queue=self.name, state=state, tenant=tenant, type=type, limit=plain_int(limit), after=after, user=user
+        )
         check_list(self.name, req)
         await self._ensure()
         page: Page = await self.store._call("jobs.list", req, Page)
@@ -2250,7 +2252,7 @@ async def list_jobs(
     errors of the queues whose jobs could not be read (their database's file missing), each naming its queue."""
     page: Page = await store._call(
         "jobs.list",
-        ListRequest(queue=queue, state=state, tenant=tenant, type=type, limit=limit, after=after, user=user),
+        ListRequest(queue=queue, state=state, tenant=tenant, type=type, limit=plain_int(limit), after=after, user=user),
         Page,
     )
     return JobPage([_job_of(r, msgspec.json.decode(r.value)) for r in page.jobs], page.next), page.unreadable

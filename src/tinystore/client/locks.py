@@ -794,7 +794,7 @@ class Semaphore(Lock):
     ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIMIT_MAX:
             raise InvalidError(f"semaphore {name}: limit {shown(limit)} must be an int from 1 to {LIMIT_MAX}")
-        self._init(store, name, limit, ttl, max_hold)
+        self._init(store, name, int(limit), ttl, max_hold)  # (an IntEnum as a plain int: trial GP)
 
     def __repr__(self) -> str:
         return f"<tinystore.Semaphore {self.name} limit {self.limit} ttl {format_seconds(self.ttl)}>"

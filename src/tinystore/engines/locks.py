@@ -35,6 +35,7 @@ from ..errors import ClosedError, InUseError, InvalidError, LostError
 from ..limits import Limits
 from ..names import check_name
 from ..protocol.locks import EXPIRED, LOST, MAX_HOLD, Grant, Lost, to_ms
+from ..protocol.values import shown
 from .base import Peer
 
 __all__ = ["LocksEngine"]
@@ -381,7 +382,7 @@ class LocksEngine:
         if not key or len(key) > KEY_MAX:
             raise InvalidError(f"{_where(str(lock), key[:40])}: a key is 1 to {KEY_MAX} characters")
         if type(limit) is not int or not 1 <= limit <= LIMIT_MAX:
-            raise InvalidError(f"{where}: limit {limit!r} must be an int from 1 to {LIMIT_MAX}")
+            raise InvalidError(f"{where}: limit {shown(limit)} must be an int from 1 to {LIMIT_MAX}")
         lo, hi = fmt_seconds(self._ttl_min), fmt_seconds(self._ttl_max)
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or math.isnan(ttl):
             raise InvalidError(f"{where}: ttl {ttl!r} must be a number of seconds in {lo} .. {hi}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["INT_MAX", "INT_MIN", "json_problem", "shown", "valid_text"]
+__all__ = ["INT_MAX", "INT_MIN", "json_problem", "plain_int", "shown", "valid_text"]
 
 
 INT_MIN = -(1 << 63)
@@ -34,6 +34,15 @@ def shown(value: object) -> str:
     except Exception:  # a broken __repr__ must not hide the error it is part of
         text = f"<{type(value).__name__}>"
     return text if len(text) <= 60 else text[:59] + "…"
+
+
+def plain_int(value: Any) -> Any:
+    """``value`` as a plain ``int`` when it is of a subclass of int (an ``IntEnum``, say; not a bool), else as it
+    is (for the checks to name): what goes on the wire and to the engines is a plain int in every mode (trial GP:
+    an ``IntEnum`` limit was refused embedded, an int subclass did not encode, raising ``TypeError``)."""
+    if isinstance(value, int) and type(value) is not int and not isinstance(value, bool):
+        return int(value)
+    return value
 
 
 def valid_text(text: str) -> bool:
