@@ -54,7 +54,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -125,6 +125,8 @@ from .sql import Later, SqlDatabase, SqlEngine, SqlTx, row_cost
 __all__ = ["JOBS_DB", "JobsEngine", "QueueOptions", "backoff_delay"]
 
 log = logging.getLogger("tinystore.jobs")
+
+R = TypeVar("R")
 
 #: seconds after a failed deletion of the jobs ended more than ``keep`` ago before it is tried again
 SWEEP_RETRY = 60.0
@@ -567,6 +569,21 @@ class JobsEngine:
         task.add_done_callback(self._tracked_done)
         return task
 
+    async def _to_its_end(self, coro: Coroutine[Any, Any, R]) -> R:
+        """Await ``coro`` run in a task the engine owns: a cancel of the caller leaves it going on to its end (a
+        write, and what must follow its commit: the index, the job's event, a running handler told), and what it
+        raises then is logged (trial GQ: a retry cancelled after its commit left a job queued that no worker could
+        see, nor cancel or retry; a cancel cancelled so never told the running handler)."""
+        task = self._spawn(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                task.add_done_callback(self._tracked_done)
+            raise
+
     def _tracked_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if task.cancelled():
@@ -717,6 +734,9 @@ class JobsEngine:
         self._check_open()
         check_name("queue", name)
         check_options(name, given)
+        return await self._to_its_end(self._configure(name, given))
+
+    async def _configure(self, name: str, given: Options) -> QueueInfo:
         # one configure at a time: each reads the kept options, changes the given ones and writes them all, so two
         # at once would each undo the other's change (trial AB)
         async with self._configure_lock:
@@ -2081,6 +2101,9 @@ class JobsEngine:
         that is not a str."""
         q = await self._queue(queue)
         check_job_id(queue, "cancel", jid)
+        return await self._to_its_end(self._cancel(q, queue, jid))
+
+    async def _cancel(self, q: JobQueue, queue: str, jid: str) -> bool:
         while True:
             e = q.entries.get(jid)
             if e is None:
@@ -2160,6 +2183,9 @@ class JobsEngine:
         error history stay). Returns ``False`` for a job in another state or an unknown id."""
         q = await self._queue(queue)
         check_job_id(queue, "retry", jid)
+        return await self._to_its_end(self._retry(q, queue, jid))
+
+    async def _retry(self, q: JobQueue, queue: str, jid: str) -> bool:
         if jid in q.entries:
             return False
         now_ms = _now_ms(self.clock)

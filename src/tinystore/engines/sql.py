@@ -2275,6 +2275,8 @@ class SqlEngine:
         self._opening: dict[str, asyncio.Lock] = {}
         self._starting = 0  # databases whose start runs (their files count as spoken for: see check_room)
         self._opening_dbs: set[SqlDatabase] = set()  # those databases (see close)
+        # new migrations of open databases being applied, in tasks of their own (see open): ended at close
+        self._migrating: set[asyncio.Future[list[str]]] = set()
         # the databases given room under Limits.databases and not in self.databases yet (their start runs, or has
         # just ended and its opener has not taken it in yet)
         self._admitted: set[SqlDatabase] = set()
@@ -2413,7 +2415,19 @@ class SqlEngine:
                 return db, applied
             if not migrations:
                 return db, []
-            return db, await self._migrate_open(db, migrations)
+            # in a task of its own: a cancel of the caller leaves the migrations going on, each to its commit or
+            # rollback (trial GQ: cancelled as it took the writer, a migration's transaction, given a year of
+            # tx_idle, was left open and held every write of the database for good); the next open waits for them
+            migrating = asyncio.ensure_future(self._migrate_open(db, migrations))
+            self._migrating.add(migrating)
+            migrating.add_done_callback(self._migrating.discard)
+            try:
+                return db, await asyncio.shield(migrating)
+            except asyncio.CancelledError:
+                if not migrating.done():
+                    held = False
+                    migrating.add_done_callback(functools.partial(self._migrated_unseen, db.name, lock))
+                raise
         finally:
             if held:
                 lock.release()
@@ -2559,6 +2573,16 @@ class SqlEngine:
             self._admitted.discard(db)
             lock.release()
 
+    def _migrated_unseen(self, name: str, lock: asyncio.Lock, migrating: asyncio.Future[list[str]]) -> None:
+        """The new migrations of open database ``name`` whose caller was cancelled have ended: what failed is
+        logged (nobody waits for it now), and the next open of the name may go on."""
+        try:
+            exc = None if migrating.cancelled() else migrating.exception()
+            if exc is not None and not isinstance(exc, ClosedError):
+                log.warning("database %s: migrations whose caller was cancelled failed: %s", name, exc)
+        finally:
+            lock.release()
+
     async def _migrate_open(self, db: SqlDatabase, migrations: Sequence[tuple[str, str]]) -> list[str]:
         """New migrations for a database already open: in name order, each in its own transaction (SQL-05), as at
         open. A migration that fails leaves nothing of itself; those before it stay applied."""
@@ -2662,6 +2686,9 @@ class SqlEngine:
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None
+        for migrating in list(self._migrating):  # (each rolls its transaction back)
+            migrating.cancel()
+        await asyncio.gather(*self._migrating, return_exceptions=True)
         closing = [ended for _, ended in self._closing.values()]
         # (and those whose start still runs, their migrations at open: told to stop once started, if they start)
         dbs = self.every_database()
