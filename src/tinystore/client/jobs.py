@@ -1911,7 +1911,8 @@ class Queue(Generic[T]):
         ``run.cancelled`` set) and the job ends ``cancelled``, not retried. Returns ``True`` when it changed the
         job to ``cancelled``; ``False`` when it had already ended or the id is unknown (nothing changes).
         Raises ``OutcomeUnknownError`` when the answer was lost (cancelling again is safe); a cancel of this call
-        after it was sent may leave the job cancelled. ``InvalidError`` for an id that is not a str."""
+        after it was sent may leave the job cancelled, and then wholly: its running handler is told all the same.
+        ``InvalidError`` for an id that is not a str."""
         check_job_id(self.name, "cancel", job_id)
         await self._ensure()
         self._not_in_own_tx("cancel")
@@ -1921,8 +1922,8 @@ class Queue(Generic[T]):
     async def retry(self, job_id: str) -> bool:
         """Put a ``dead`` or ``cancelled`` job back to ``queued``, due now, attempts from 0 (its finished steps
         stay). Returns ``False`` for a job in another state or an unknown id. Raises ``OutcomeUnknownError`` when
-        the answer was lost; a cancel of this call after it was sent may leave the job queued again.
-        ``InvalidError`` for an id that is not a str."""
+        the answer was lost; a cancel of this call after it was sent may leave the job queued again, and then
+        wholly: it runs as any job added. ``InvalidError`` for an id that is not a str."""
         check_job_id(self.name, "retry", job_id)
         await self._ensure()
         self._not_in_own_tx("retry")
