@@ -407,6 +407,10 @@ def test_migration_texts_as_sqlite_reads_them() -> None:
     assert not renamed("insert into t select 1_000", "insert into t select 1 _000")
     assert renamed("insert into t select X'4a', 0X10", "INSERT INTO t SELECT x'4A' , 0x10")
     assert not renamed("insert into t select max'a'", "insert into t select ma x'a'")
+    # a plain name quoted is the name (trial GP: a rename with its names quoted, as a formatter does, ran again)
+    assert renamed('insert into "Tags" ([name]) values (1)', "insert into tags (`NAME`) values (1)")
+    assert not renamed('insert into t values ("a b")', "insert into t values (a b)")
+    assert not renamed("insert into t values ('a')", "insert into t values (a)")
 
 
 def test_a_migration_without_blanks_is_read_in_few_windows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -436,7 +440,7 @@ def test_a_migration_read_a_window_at_a_time_reads_as_in_one_go() -> None:
         return sql_errors._words(text, window=len(text) + 1)
 
     pieces = ["a", "B", "1", ".", "e", "5", " ", "\n", "\r\n", "\t", "'", "''", '"', "`", "[", "]", "--", "/*", "*/"]
-    pieces += [";", "-", "/", "*", "é", "\f", "\r", "x", "X", "0x", "_"]
+    pieces += [";", "-", "/", "*", "é", "\f", "\r", "x", "X", "0x", "_", '"a"', "[b]", "`c`"]
     rng = random.Random(7)
     for _ in range(3000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 60)))

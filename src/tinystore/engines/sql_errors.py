@@ -112,7 +112,8 @@ def _words(text: str, window: int = WINDOW) -> str:
     ``'a  b'`` and ``'a b'``, different data, were taken for one text). A lone ``\r`` outside quotes is a blank and
     does not end a ``--`` comment, as SQLite reads it (trial GL: taken for a line end, a renamed migration with
     ``-- note\rmore`` added ran again). A blob ``x'41'`` and a number ``0x10`` or ``1_000`` are one token each
-    (trial GL: ``x '41'``, a name and a text, and ``0 x10``, 0 named x10, were taken for them).
+    (trial GL: ``x '41'``, a name and a text, and ``0 x10``, 0 named x10, were taken for them). A plain name quoted
+    (``"Tags"``, ``[tags]``, ```tags```) is the name (trial GP: a rename with its names quoted ran again).
 
     Regular expressions do the scanning, over ``window`` characters at a time, cut at a blank (trial GA: a loop over
     the characters took 2 s over a migration of 6 MB; trial GC: one call over all of it held the interpreter's lock,
@@ -141,6 +142,8 @@ def _words(text: str, window: int = WINDOW) -> str:
             quoted = quoted.replace("\r", "\n")
             if quoted[0] == "'" and out and out[-1] == "x" and text[start - 1] in "xX":
                 out[-1] += quoted.translate(_FOLD)  # a blob: x'41' (its hex digits in either case)
+            elif quoted[-1] == _CLOSE.get(quoted[0]) and _PLAIN_NAME.fullmatch(quoted, 1, len(quoted) - 1):
+                out.append(quoted[1:-1].translate(_FOLD))  # "Tags", [tags], `tags`: the name tags (trial GP)
             else:
                 out.append(quoted)
         pos = found.end()
@@ -185,6 +188,9 @@ _TOKEN = re.compile(
 """A number with what a name may hold glued to it (``1.e5`` one token: trial GG, ``1. e5``, 1.0 named e5, was taken
 for it; ``0x10``, ``1_000``: trial GL), a name or a keyword (SQLite: any character past ASCII may be in a name; a
 no-break space too), or one other character; SQLite's blanks part them."""
+_CLOSE = {'"': '"', "[": "]", "`": "`"}  # (a name's quotes, and what ends each)
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*+")
+"""A name that reads the same quoted or not (a keyword quoted does not: unquoted, a text of it fails to run)."""
 _FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # (SQLite folds ASCII alone)
 
 
