@@ -12,6 +12,7 @@ import msgspec.structs
 
 from .durations import seconds
 from .errors import InvalidError
+from .protocol.values import shown
 
 
 class Limits(msgspec.Struct, kw_only=True, frozen=True):
@@ -179,12 +180,13 @@ def _check(name: str, value: Any) -> None:
                 allowed = f"an int, at most {high:,}"
             else:
                 allowed = f"an int, {least:,} or more"
-            raise InvalidError(f"Limits: {name} = {value!r}: it must be {allowed}")
+            raise InvalidError(f"Limits: {name} = {shown(value)}: it must be {allowed}")
         return
     zero_ok = name in _ZERO_OK
     if (
         not isinstance(value, int | float)
         or isinstance(value, bool)
+        or (isinstance(value, int) and not -TEN_YEARS <= value <= TEN_YEARS)  # (past a float's range: OverflowError)
         or not math.isfinite(value)
         or value < 0
         or (value == 0 and not zero_ok)
@@ -192,5 +194,6 @@ def _check(name: str, value: Any) -> None:
     ):
         low = "0 or more" if zero_ok else "above 0"
         raise InvalidError(
-            f"Limits: {name} = {value!r}: it must be a number of seconds, {low} and at most {TEN_YEARS:.0f} (ten years)"
+            f"Limits: {name} = {shown(value)}: it must be a number of seconds, {low} and at most {TEN_YEARS:.0f} "
+            "(ten years)"
         )

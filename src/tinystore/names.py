@@ -23,7 +23,8 @@ def check_name(kind: str, name: object) -> str:
     """Return ``name`` when it matches the pattern; raise ``InvalidError`` naming ``kind`` otherwise."""
     if not isinstance(name, str) or NAME.fullmatch(name) is None:
         raise InvalidError(
-            f"{kind} name {name!r}: names are 1 to 64 characters of a-z, 0-9, '_' and '-', "
+            f"{kind} name {shown(name) if not isinstance(name, str) else repr(name)}: names are 1 to 64 characters "
+            "of a-z, 0-9, '_' and '-', "
             "starting with a letter or digit"
         )
     return name

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
+
+import pytest
 
 import tinystore
 
@@ -37,3 +40,20 @@ async def test_a_cancelled_migration_of_an_open_database_never_holds_its_writer(
             break
         await asyncio.sleep(0.01)
     assert n == 0
+
+
+# contract: SQL-05
+async def test_migrations_ended_by_the_stores_close_raise_closed_error_not_a_cancel(tmp_path: Path) -> None:
+    # trial GR: the close cancelled the task the migrations ran in, and their caller, never cancelled, got a bare
+    # CancelledError, which a TaskGroup took for its own and swallowed
+    store = await tinystore.open(tmp_path / "s", embedded=True)
+    await store.database("app", migrations=[BASE])
+    slow = (  # (some seconds of writes)
+        "with recursive n(i) as (select 1 union all select i + 1 from n where i < 3000000) "
+        "insert into t select i from n"
+    )
+    call = asyncio.ensure_future(store.database("app", migrations=[BASE, ("002_slow.sql", slow)]))
+    await asyncio.sleep(0.3)
+    await store.close()
+    with pytest.raises(tinystore.ClosedError):
+        await call

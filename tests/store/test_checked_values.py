@@ -265,3 +265,34 @@ def test_a_duration_shows_a_huge_int_by_its_size() -> None:
         with pytest.raises(tinystore.InvalidError, match=told) as caught:
             seconds(value, "ttl")
         assert len(str(caught.value)) < 120
+
+
+async def test_a_huge_int_where_a_name_limit_or_pair_goes_is_an_invalid_error(tmp_path: Path) -> None:
+    # trial GR: Python's ValueError (an int past 4,300 digits written as text) or OverflowError came out instead
+    big = -(10**5000)
+    for make in (lambda: tinystore.Limits(readers=big), lambda: tinystore.Limits(lock_ttl=big)):
+        with pytest.raises(tinystore.InvalidError, match="a negative int of 16610 bits"):
+            make()
+    async with open_store("embedded", tmp_path / "s") as store:
+        with pytest.raises(tinystore.InvalidError, match="database name a negative int of 16610 bits"):
+            await store.database(big)  # type: ignore[arg-type]
+        with pytest.raises(tinystore.InvalidError, match=r"is not a \(name, SQL text\) pair"):
+            await store.database("app", migrations=[(big, "x")])  # type: ignore[list-item]
+    with pytest.raises(tinystore.InvalidError, match="reconnect_timeout a negative int of 16610 bits"):
+        await tinystore.connect("tcp://127.0.0.1:1", token="x" * 16, reconnect_timeout=big)
+
+
+async def test_an_int_subclass_as_concurrency_is_a_plain_int(store: tinystore.Store) -> None:
+    # trial GR: run_due(concurrency=Sub(2)) did not encode over a connection
+    class Sub(int):
+        pass
+
+    q = store.queue("subbed")
+    await q.add({})
+
+    async def noop(value: Any, run: tinystore.Run) -> None:
+        pass
+
+    assert await q.run_due(noop, concurrency=Sub(2)) == 1
+    worker = q.work(noop, concurrency=Sub(2))
+    await worker.stop()

@@ -1139,7 +1139,7 @@ class Worker:
     def __init__(self, queue: Queue[Any], handler: Handler[Any], concurrency: int) -> None:
         check_concurrency(queue.name, "work", concurrency)
         self.queue = queue
-        self.concurrency = concurrency
+        self.concurrency = int(concurrency)  # (an int subclass as a plain int: trial GR)
         self.id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._runner = _Runner(queue, handler, self.id)
         self._stopping = False
@@ -1993,6 +1993,7 @@ class Queue(Generic[T]):
         here, once the attempts running with it have ended. Raises ``InvalidError`` (a ``concurrency`` that is not an
         int of 1 to 1000, a ``handler`` that is not callable), ``ClosedError``, ``UnavailableError``."""
         check_concurrency(self.name, "run_due", concurrency)
+        concurrency = int(concurrency)  # (an int subclass as a plain int: trial GR)
         _check_handler(self.name, "run_due", handler)
         if self.store._closed:
             raise ClosedError(f"queue {self.name}: run_due: the store is closed")
@@ -2227,6 +2228,9 @@ async def configure(store: Store, queue: str, options: Options) -> QueueInfo:
     """Change the options the store keeps for ``queue`` (see the CLI's ``tinystore jobs DIR configure``);
     ``None`` fields stay as they are. Needs the admin capability. Raises ``InvalidError`` (no such queue, an
     option out of bounds, a change of database), ``PermissionDeniedError``."""
+    options = msgspec.structs.replace(
+        options, **{f: plain_int(getattr(options, f)) for f in Options.__struct_fields__ if f != "database"}
+    )  # (an int subclass as a plain int: trial GR)
     info: QueueInfo = await store._call(
         "jobs.configure", OpenQueue(queue=queue, options=options), QueueInfo, write=True, retry=False
     )

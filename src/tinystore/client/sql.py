@@ -24,6 +24,7 @@ from ..errors import ClosedError, InvalidError, LimitError, TinystoreError, Unav
 from ..names import a_or_an, check_name
 from ..protocol.messages import decode
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
+from ..protocol.values import shown
 from .unsendable import surrogate_named
 from .wake import wake_first
 
@@ -95,7 +96,7 @@ def read_migrations(
         pairs = []
         for m in migrations:
             if not isinstance(m, list | tuple) or len(m) != 2 or not all(isinstance(x, str) for x in m):
-                raise InvalidError(f"{where}: {m!r} is not a (name, SQL text) pair of strings")
+                raise InvalidError(f"{where}: {shown(m)} is not a (name, SQL text) pair of strings")
             pairs.append(Migration(m[0], m[1]))
         return pairs
     if not isinstance(migrations, str | os.PathLike):

@@ -37,6 +37,7 @@ from ..names import a_or_an, check_name
 from ..protocol.frames import TOKEN_MAX
 from ..protocol.messages import Welcome
 from ..protocol.store import Advance, Backup, Empty, Stop
+from ..protocol.values import shown
 from ..server import paths
 from ..server.dirlock import (
     LOCK,
@@ -626,7 +627,7 @@ def _checked_reconnect_timeout(who: str, value: Any) -> float:
         checked = 0.0
     if not checked > 0:
         raise InvalidError(
-            f"{who}: reconnect_timeout {value!r}: expected a duration above 0 (seconds, a timedelta, or text such "
+            f"{who}: reconnect_timeout {shown(value)}: expected a duration above 0 (seconds, a timedelta, or text such "
             'as "30s")'
         )
     return checked

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import logging
 import math
 import random
@@ -252,6 +253,17 @@ _OUTCOMES = frozenset({"succeeded", "error", "fail", "snooze"})
 _json_encode = msgspec.json.encode
 _json_decode = msgspec.json.decode
 _msgpack = msgspec.msgpack.Encoder()
+
+
+def _note_written(
+    chunk: list[list[Any]], written: list[list[Any]], found: dict[str, str], insert: asyncio.Future[Done]
+) -> None:
+    """An insert of ``chunk`` in a transaction was answered: note its rows and the ids it returned (see
+    :meth:`JobsEngine.add`); a failed one wrote nothing (its error is its caller's)."""
+    if insert.cancelled() or insert.exception() is not None:
+        return
+    written.extend(chunk)
+    found.update(JobsEngine._returned(insert.result().rows))
 
 
 def backoff_delay(attempt: int, first: float, cap: float, rand: Callable[[], float] = random.random) -> float:
@@ -580,9 +592,27 @@ class JobsEngine:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if task.cancelled() and (caller is None or not caller.cancelling()):
+                # ended by the engine's close, not by a cancel of the caller (trial GR: the caller got a bare
+                # CancelledError, which a TaskGroup took for its own and swallowed)
+                raise ClosedError("jobs: the store is stopping") from None
             if not task.done():
-                task.add_done_callback(self._tracked_done)
+                task.add_done_callback(self._orphan_done)
             raise
+
+    def _orphan_done(self, task: asyncio.Task[Any]) -> None:
+        """A task of :meth:`_to_its_end` whose caller was cancelled has ended: what it raised is logged, an error
+        of the call itself (a bad option, say) quietly, as nobody waits for it now."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            return
+        if isinstance(exc, TinystoreError) or self.closed:
+            log.debug("jobs: a call whose caller was cancelled ended with: %s", exc)
+        else:
+            log.error("jobs: a call whose caller was cancelled failed: %s", exc, exc_info=exc)
 
     def _tracked_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -1795,6 +1825,9 @@ class JobsEngine:
         e = q.entries.get(jid)
         if e is None or e.where != RUNNING or e.fence != fence:
             return False
+        return await self._to_its_end(self._progress(q, jid, fence, progress))
+
+    async def _progress(self, q: JobQueue, jid: str, fence: int, progress: str) -> bool:
         done = await q.db.write(
             f"update {TABLE} set progress = ? where id = ? and fence = ? and state = 'running' returning attempts",
             [progress, jid, fence],
@@ -1802,6 +1835,7 @@ class JobsEngine:
         )
         if not done.rows:
             return False
+        # (its watchers woken and its event published even when the caller is gone: trial GS)
         self._event(q, "progress", jid, "running", _json_decode(progress), done.rows[0][0], None)
         self._notify(q, jid)
         return True
@@ -1919,18 +1953,29 @@ class JobsEngine:
             if not q.schema_ready():
                 for stmt in SCHEMA:
                     await tx.exec(stmt, [], own=True)
+            # what each chunk's insert wrote is noted as the writer answers it, whatever becomes of this call, and
+            # the jobs it wrote are indexed at the commit (trial GS: an add cancelled after its insert, in a
+            # transaction that then committed, left jobs queued that no worker saw)
+            written: list[list[Any]] = []
             found: dict[str, str] = {}
+            tx.after_commit.append(lambda: self._added(q, self._ids_of(written, found)[1]))
             for i in range(0, len(rows), CHUNK):
-                done = await tx.exec(*self._insert(rows[i : i + CHUNK]), own=True)
-                found.update(self._returned(done.rows))
-            ids, new = self._ids_of(rows, found)
-            tx.after_commit.append(lambda: self._added(q, new))
-            return ids
+                chunk = rows[i : i + CHUNK]
+                insert = asyncio.ensure_future(tx.exec(*self._insert(chunk), own=True))
+                insert.add_done_callback(functools.partial(_note_written, chunk, written, found))
+                await asyncio.shield(insert)
+            return self._ids_of(rows, found)[0]
         if len(rows) <= CHUNK:
             added: list[str] = await self._insert_soon(q, rows)
             return added
+        # in a task of its own: a cancel of the caller leaves the transaction to its commit or rollback, and the
+        # jobs committed indexed (trial GS: cancelled at its commit, 401 jobs were queued that no worker saw;
+        # cancelled as it began, its transaction held the database's writer until tx_idle)
+        return await self._to_its_end(self._add_in_own_tx(q, rows))
+
+    async def _add_in_own_tx(self, q: JobQueue, rows: list[list[Any]]) -> list[str]:
         own = await q.db.begin(owner=None)
-        found = {}
+        found: dict[str, str] = {}
         try:
             for i in range(0, len(rows), CHUNK):
                 done = await own.exec(*self._insert(rows[i : i + CHUNK]), own=True)

@@ -2424,6 +2424,10 @@ class SqlEngine:
             try:
                 return db, await asyncio.shield(migrating)
             except asyncio.CancelledError:
+                caller = asyncio.current_task()
+                if migrating.cancelled() and (caller is None or not caller.cancelling()):
+                    # ended by the store's close, not by a cancel of the caller (trial GR)
+                    raise ClosedError(f"database {name}: the store is stopping") from None
                 if not migrating.done():
                     held = False
                     migrating.add_done_callback(functools.partial(self._migrated_unseen, db.name, lock))
@@ -2686,10 +2690,10 @@ class SqlEngine:
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None
-        for migrating in list(self._migrating):  # (each rolls its transaction back)
-            migrating.cancel()
-        await asyncio.gather(*self._migrating, return_exceptions=True)
-        closing = [ended for _, ended in self._closing.values()]
+        closing: list[asyncio.Future[Any]] = [ended for _, ended in self._closing.values()]
+        # (new migrations of open databases under way end as their database closes, each with its own error: "the
+        # store stopped while the statement ran", not a cancel)
+        closing += list(self._migrating)
         # (and those whose start still runs, their migrations at open: told to stop once started, if they start)
         dbs = self.every_database()
         for db in dbs:

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 _MODES = frozenset({"all", "one", "scalar"})
 
 
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Take the outcome of ``task``, which its caller may no longer wait for (what it raised was its caller's)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _after_commit(tx: SqlTx, fut: asyncio.Future[None]) -> None:
     if fut.cancelled() or fut.exception() is not None:
         return
@@ -68,11 +74,21 @@ def install(core: Core) -> None:
             if any(name not in known or not same_migration(known[name], text) for name, text in migrations):
                 raise PermissionDeniedError(f"database {req.db}: running migrations needs the admin capability")
             return Opened(db=req.db, applied=[], path=str(db.path))
-        new = not engine.exists(req.db)
-        db, applied = await engine.open(req.db, migrations)
-        if new:
+        if engine.exists(req.db):
+            db, applied = await engine.open(req.db, migrations)
+            return Opened(db=req.db, applied=applied, path=str(db.path))
+
+        async def make() -> Opened:
+            db, applied = await engine.open(req.db, migrations)
             await warn_of_queues(req.db)
-        return Opened(db=req.db, applied=applied, path=str(db.path))
+            return Opened(db=req.db, applied=applied, path=str(db.path))
+
+        # made now: the warning about queues that kept their jobs in a file of that name, and their tables
+        # forgotten, follow whatever becomes of this call (trial GS: cancelled, the queue found its tables missing
+        # for good, and nothing was said)
+        making = asyncio.ensure_future(make())  # (it ends as the engine closes, with its own error)
+        making.add_done_callback(_retrieved)
+        return await asyncio.shield(making)
 
     async def warn_of_queues(name: str) -> None:
         """Database ``name`` was made now: say so loudly when a queue kept its jobs in a file of that name (trial FB:
