@@ -49,6 +49,8 @@ def install(core: Core) -> None:
     from .core import Method
 
     engine = core.sql
+    # databases being made anew by an open, with what follows (see open_db): a later open of one waits for it
+    making: dict[str, asyncio.Future[Opened]] = {}
 
     def own_tx(session: Session, tx_id: int) -> SqlTx:
         tx = engine.transactions.get(tx_id)
@@ -74,6 +76,10 @@ def install(core: Core) -> None:
             if any(name not in known or not same_migration(known[name], text) for name, text in migrations):
                 raise PermissionDeniedError(f"database {req.db}: running migrations needs the admin capability")
             return Opened(db=req.db, applied=[], path=str(db.path))
+        pending = making.get(req.db)
+        if pending is not None and engine.exists(req.db):
+            # made, and what follows under way (the queues there told to begin anew): not opened before it is done
+            await asyncio.wait([pending])  # (its outcome was its own caller's)
         if engine.exists(req.db):
             db, applied = await engine.open(req.db, migrations)
             return Opened(db=req.db, applied=applied, path=str(db.path))
@@ -86,9 +92,10 @@ def install(core: Core) -> None:
         # made now: the warning about queues that kept their jobs in a file of that name, and their tables
         # forgotten, follow whatever becomes of this call (trial GS: cancelled, the queue found its tables missing
         # for good, and nothing was said)
-        making = asyncio.ensure_future(make())  # (it ends as the engine closes, with its own error)
-        making.add_done_callback(_retrieved)
-        return await asyncio.shield(making)
+        made = making[req.db] = asyncio.ensure_future(make())  # (it ends as the engine closes, with its own error)
+        made.add_done_callback(_retrieved)
+        made.add_done_callback(lambda f: making.pop(req.db) if making.get(req.db) is f else None)
+        return await asyncio.shield(made)
 
     async def warn_of_queues(name: str) -> None:
         """Database ``name`` was made now: say so loudly when a queue kept its jobs in a file of that name (trial FB:
