@@ -325,6 +325,8 @@ class LocalTransport(Transport):
             if named is None:
                 raise
             raise named from None
+        except UnavailableError as exc:
+            raise self._closing(exc) from None
 
     def call_now(self, method: str, request: Any) -> Any:
         if self.closed:
@@ -333,7 +335,19 @@ class LocalTransport(Transport):
             raise self.other_loop()
         if method not in self._small:
             self.check_size(method, request)
-        return self.core.invoke(self.session, method, request)
+        try:
+            return self.core.invoke(self.session, method, request)
+        except UnavailableError as exc:
+            raise self._closing(exc) from None
+
+    def _closing(self, exc: UnavailableError) -> TinystoreError:
+        """What a call the engines refused as they stop raises here: the engines stop only with this program's
+        ``store.close()`` (``tinystore stop`` refuses an embedded store), which has no next server to try, so
+        ``ClosedError`` (trial GT: a transaction waiting for the writer raised "try again later"). Any other
+        ``UnavailableError`` (a disk full, a file gone) stays as it is."""
+        if exc.extra.get("refused"):
+            return ClosedError(f"store {self.core.directory} is closed: {exc.message}")
+        return exc
 
     def check_size(self, method: str, request: Any, db: str = "") -> None:
         scratch = self._scratch
