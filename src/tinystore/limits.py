@@ -12,7 +12,7 @@ import msgspec.structs
 
 from .durations import seconds
 from .errors import InvalidError
-from .protocol.values import shown
+from .protocol.values import plain_int, shown
 
 
 class Limits(msgspec.Struct, kw_only=True, frozen=True):
@@ -88,6 +88,9 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:
             value = getattr(self, name)
+            if plain_int(value) is not value:  # an int subclass (an IntEnum): a plain int, as everywhere else
+                value = plain_int(value)
+                msgspec.structs.force_setattr(self, name, value)
             if name not in _INTS and isinstance(value, str | timedelta):
                 # a duration as text or a timedelta, as everywhere else (API.md; trial CR: "5s" was refused)
                 value = seconds(value, f"Limits: {name}")

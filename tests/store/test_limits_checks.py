@@ -158,3 +158,17 @@ async def test_a_lock_ttl_in_another_script_is_refused_by_the_lock(tmp_path: Pat
             store.lock("l", ttl="٣s")
         with pytest.raises(tinystore.InvalidError, match="lock l: ttl: cannot read '1e3' as a duration"):
             store.lock("l", ttl="1e3")
+
+
+def test_an_int_subclass_as_a_limit_is_a_plain_int() -> None:
+    # an IntEnum count was refused ("readers = <N.A: 8>: it must be an int from 1 to 1024"), and a duration kept
+    # the enum's type
+    import enum
+
+    class N(enum.IntEnum):
+        EIGHT = 8
+
+    limits = tinystore.Limits(readers=N.EIGHT, lock_ttl=N.EIGHT)
+    assert limits.readers == 8 and type(limits.readers) is int
+    assert limits.lock_ttl == 8 and type(limits.lock_ttl) is int
+    assert tinystore.Limits.from_json(limits.to_json()) == limits
