@@ -2248,6 +2248,14 @@ def _check_size(db: str, rows: list[Any], limit: int) -> None:
         )
 
 
+class _NameLock(asyncio.Lock):
+    """The lock the opens of one database name take turns by; ``users``: the opens that hold it or wait for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.users = 0
+
+
 class SqlEngine:
     """The SQL databases of one store directory (``DIR/sql/<name>.db``)."""
 
@@ -2272,7 +2280,7 @@ class SqlEngine:
         # why recent transactions ended other than by their own commit or rollback (a timeout, the store
         # stopping), so that a late call learns why rather than only that the transaction is gone
         self._ended: collections.OrderedDict[int, TinystoreError] = collections.OrderedDict()
-        self._opening: dict[str, asyncio.Lock] = {}
+        self._opening: dict[str, _NameLock] = {}  # name → the lock its opens take turns by, while one holds or waits
         self._starting = 0  # databases whose start runs (their files count as spoken for: see check_room)
         self._opening_dbs: set[SqlDatabase] = set()  # those databases (see close)
         # new migrations of open databases being applied, in tasks of their own (see open): ended at close
@@ -2350,8 +2358,15 @@ class SqlEngine:
         check_name("database", name)
         check_migrations(name, migrations)
         room_by = self.loop.time() + ROOM_WAIT  # (see _room_for)
-        lock = self._opening.setdefault(name, asyncio.Lock())
-        await lock.acquire()
+        lock = self._opening.get(name)
+        if lock is None:
+            lock = self._opening[name] = _NameLock()
+        lock.users += 1
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._let_go(name, lock, held=False)
+            raise
         held = True  # released when this returns, or once a start whose caller was cancelled has ended
         try:
             db = self.databases.get(name)
@@ -2434,7 +2449,16 @@ class SqlEngine:
                 raise
         finally:
             if held:
-                lock.release()
+                self._let_go(name, lock)
+
+    def _let_go(self, name: str, lock: _NameLock, held: bool = True) -> None:
+        """An open of ``name`` is over: ``lock`` is released (when ``held``), and forgotten once no open holds it
+        or waits for it (trial GU: each name whose open failed kept its lock for the server's life)."""
+        if held:
+            lock.release()
+        lock.users -= 1
+        if lock.users == 0 and self._opening.get(name) is lock:
+            del self._opening[name]
 
     # -- closing the databases no call uses (trial EM: each kept its threads and files for the server's life, and
     # Limits.databases counted every database opened since the start)
@@ -2563,7 +2587,7 @@ class SqlEngine:
         self._starting -= 1
         self._opening_dbs.discard(db)
 
-    def _started_unseen(self, db: SqlDatabase, lock: asyncio.Lock, start: asyncio.Future[Any]) -> None:
+    def _started_unseen(self, db: SqlDatabase, lock: _NameLock, start: asyncio.Future[Any]) -> None:
         """The start of ``db`` whose opener was cancelled has ended: a started database is kept open (its
         migrations are applied; the next open finds it), or closed when the store is stopping; then the next open
         of the name may go on."""
@@ -2575,9 +2599,9 @@ class SqlEngine:
                     self.databases[db.name] = db
         finally:
             self._admitted.discard(db)
-            lock.release()
+            self._let_go(db.name, lock)
 
-    def _migrated_unseen(self, name: str, lock: asyncio.Lock, migrating: asyncio.Future[list[str]]) -> None:
+    def _migrated_unseen(self, name: str, lock: _NameLock, migrating: asyncio.Future[list[str]]) -> None:
         """The new migrations of open database ``name`` whose caller was cancelled have ended: what failed is
         logged (nobody waits for it now), and the next open of the name may go on."""
         try:
@@ -2585,7 +2609,7 @@ class SqlEngine:
             if exc is not None and not isinstance(exc, ClosedError):
                 log.warning("database %s: migrations whose caller was cancelled failed: %s", name, exc)
         finally:
-            lock.release()
+            self._let_go(name, lock)
 
     async def _migrate_open(self, db: SqlDatabase, migrations: Sequence[tuple[str, str]]) -> list[str]:
         """New migrations for a database already open: in name order, each in its own transaction (SQL-05), as at
