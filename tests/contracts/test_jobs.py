@@ -243,16 +243,23 @@ class Pages:
 
 
 # contract: JOB-01
-async def test_a_value_whose_type_refuses_it_ends_dead_instead_of_staying_running(clocked: tinystore.Store) -> None:
-    typed = clocked.queue("pages", Pages)
+async def test_a_value_whose_type_refuses_it_fails_its_attempts_instead_of_staying_running(
+    clocked: tinystore.Store,
+) -> None:
+    # a failed attempt like a raise, retried (trial GV: it ended dead at once, before a worker of another type of a
+    # deploy could take it), then dead after its attempts
+    typed = clocked.queue("pages", Pages, attempts=3)
     with pytest.raises(InvalidError, match=r"queue pages: add: the value does not encode as Pages: RuntimeError: 500"):
         await typed.add({"n": 500})  # type: ignore[arg-type]
-    jid = await clocked.queue("pages").add({"n": 500})  # an untyped producer gets it in
+    jid = await clocked.queue("pages", attempts=3).add({"n": 500})  # an untyped producer gets it in
     ran: list[int] = []
-    assert await asyncio.wait_for(typed.run_due(lambda p, run: ran.append(p.n)), 10) == 1
-    job = await typed.get(jid)  # shown as plain JSON: it is not a Pages
-    assert job is not None and (job.state, job.attempts, job.value, ran) == ("dead", 1, {"n": 500}, [])
-    assert job.error == ("queue pages: the job's value does not decode as Pages: RuntimeError: 500 pages is too many")
+    error = "queue pages: the job's value does not decode as Pages: RuntimeError: 500 pages is too many"
+    for attempt, state in ((1, "failed"), (2, "failed"), (3, "dead")):
+        assert await asyncio.wait_for(typed.run_due(lambda p, run: ran.append(p.n)), 10) == 1
+        job = await typed.get(jid)  # shown as plain JSON: it is not a Pages
+        assert job is not None and (job.state, job.attempts, job.value, ran) == (state, attempt, {"n": 500}, [])
+        assert job.error == error
+        await clocked.clock.advance("1h")
 
 
 # contract: JOB-01

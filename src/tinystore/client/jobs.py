@@ -241,6 +241,12 @@ def _check_handler(queue: str, what: str, handler: Any) -> None:
     """Refuse a handler that cannot be called as ``handler(value, run)``: every job would fail with it."""
     if not callable(handler):
         raise InvalidError(f"queue {queue}: {what}: the handler {handler!r} is not callable")
+    if inspect.isasyncgenfunction(handler):
+        # (its call gives an async generator, which no job can end with: every attempt failed, "does not encode")
+        raise InvalidError(
+            f"queue {queue}: {what}: the handler {handler!r} is an async generator function: a handler is a coroutine "
+            "function (or a plain one) that returns the job's result"
+        )
     try:
         signature = inspect.signature(handler)
     except (TypeError, ValueError):  # a builtin or a C callable without a signature: it is tried as it is
@@ -554,14 +560,16 @@ class _Attempt:
         """The handler ran past its timeout: cancel it (``_run_attempt`` tells this cancel from others)."""
         if self.task is not None and not self.task.done() and not self.reporting:
             self.expired = True
+            self.run.cancelled.set()
             self.task.cancel()
 
     def stop(self, why: str) -> None:
         """Cancel the handler (unless it is already reporting its end)."""
         if self.why is None:
             self.why = why
-        if why in ("lost", "cancelled"):
-            self.run.cancelled.set()
+        # every reason (lost, cancelled, the worker stopping): the handler must stop, and a part of it the
+        # task's cancel does not reach (a thread) learns it here (trial GV: not at a stop, nor at a timeout)
+        self.run.cancelled.set()
         if self.task is not None and not self.task.done() and not self.reporting and self.began:
             self.task.cancel()  # (not yet begun, it sees ``why`` as it begins: see _Runner._execute)
 
@@ -879,8 +887,10 @@ class _Runner:
         try:
             value = q._decode(c.value)
         except Exception as exc:
+            # a failed attempt, retried after the backoff (trial GV: it ended dead at once): after a deploy that
+            # changed the type, a worker of the old type may still take it, or a `retry` once the code is mended
             why = exc.message if isinstance(exc, TinystoreError) else _describe(exc)
-            await self._report(a, "fail", error=why)
+            await self._report(a, "error", error=why)
             return
         timeout = c.timeout_ms / 1000
         timed_out = False
@@ -1973,8 +1983,10 @@ class Queue(Generic[T]):
         What the handler returns ends the attempt: a value (JSON, at most 1 MiB; ``None`` is fine) → ``succeeded``
         with it as the result; ``run.retry(after)`` or a raise or a timeout → a failed attempt, retried with
         backoff until ``attempts``, then ``dead``; ``run.fail(reason)`` or ``PermanentError`` → ``dead`` at once;
-        ``run.snooze(after)`` → again after ``after``, not counted. Raises ``InvalidError`` for a bad concurrency
-        and for a handler that cannot be called as ``handler(value, run)`` (rather than failing every job).
+        ``run.snooze(after)`` → again after ``after``, not counted. A value that does not decode as the queue's type
+        is a failed attempt too (the handler is not called). Raises ``InvalidError`` for a bad concurrency and for a
+        handler that cannot be called as ``handler(value, run)`` or is an async generator function (rather than
+        failing every job).
         The worker opens the queue in the background: options that differ from the store's are logged as an
         error and end the worker (``await queue.options()`` first to have that ``InvalidError`` raised here).
         """

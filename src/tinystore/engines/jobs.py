@@ -684,6 +684,13 @@ class JobsEngine:
         stored = await self._stored_options(name)
         if stored is None:
             merged = self._merged(name, given)
+            if merged.database != JOBS_DB and not self.sql.exists(merged.database):
+                # kept with the queue for good (its jobs will live there): a slip, "ap" for "app", left the queue
+                # bound to a database that never was, every later open refused (trial GV)
+                raise InvalidError(
+                    f"queue {name}: option database: there is no database {merged.database} in this store (make it "
+                    f"first: store.database({merged.database!r}); a queue's database is kept with it and never changes)"
+                )
             db = await self.jobs_db()
             await db.write(
                 f"insert into {QUEUES} (name, options, created_at) values (?, ?, ?) on conflict (name) do nothing",
