@@ -1,9 +1,10 @@
-"""Trial GU: what the server keeps for a database name is let go once nothing opens it: each name whose open
+"""Trials GU and GW: what the server keeps for a database name is let go once nothing opens it: each name whose open
 failed (a first migration that does not run, its file removed) kept a lock in the engine for the server's life."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -40,5 +41,37 @@ async def test_names_whose_open_failed_leave_nothing_behind(tmp_path: Path) -> N
                 break
             await asyncio.sleep(0.01)
         assert len(engine._opening) == 0
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("placeholder", [":a", "?"])
+async def test_a_migration_with_a_placeholder_says_so(tmp_path: Path, placeholder: str) -> None:
+    # trial GW: SQLite's "Incorrect number of bindings supplied..." where db.exec names the placeholder
+    store = await tinystore.open(tmp_path / "s", embedded=True, serve=False)
+    try:
+        migrations = [("1.sql", f"create table x (v);\ninsert into x values ({placeholder})")]
+        with pytest.raises(
+            tinystore.InvalidError,
+            match=rf"^database np: migration 1.sql: the statement has the placeholder {re.escape(placeholder)}: a "
+            "migration takes no parameters",
+        ):
+            await store.database("np", migrations=migrations)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("placeholder", [":a", "?"])
+async def test_a_new_migration_of_an_open_database_with_a_placeholder_says_so(tmp_path: Path, placeholder: str) -> None:
+    store = await tinystore.open(tmp_path / "s", embedded=True, serve=False)
+    try:
+        await store.database("np", migrations=[("1.sql", "create table x (v)")])
+        migrations = [("1.sql", "create table x (v)"), ("2.sql", f"insert into x values ({placeholder})")]
+        with pytest.raises(
+            tinystore.InvalidError,
+            match=rf"^database np: migration 2.sql: the statement has the placeholder {re.escape(placeholder)}: a "
+            "migration takes no parameters",
+        ):
+            await store.database("np", migrations=migrations)
     finally:
         await store.close()

@@ -512,7 +512,10 @@ def serve(
     from ..limits import Limits
     from ..server.main import ServeOptions, announce_ready, run
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # a private server writes on its program's standard error: its warnings only, as an embedded store's reach it
+    # (trial GW: each unused database closed was a line there)
+    level = logging.WARNING if private else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         opts = ServeOptions(
             directory=directory.resolve(),

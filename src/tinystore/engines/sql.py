@@ -98,6 +98,7 @@ from .sql_text import (
     is_insert,
     is_vacuum,
     is_vacuum_itself,
+    named_placeholder,
     names_last_rowid,
     no_statement,
     same_migration,
@@ -987,6 +988,7 @@ class SqlDatabase:
                 ctl(conn, "pragma foreign_keys = off")
                 ctl(conn, "begin immediate")
                 before = _run_fk_sync(conn, _fk_state())
+                stmt = ""
                 for stmt in statements:
                     schema = own_objects(conn) if names_own(stmt) and changes_schema(stmt) else None
                     conn.execute(stmt)
@@ -1004,7 +1006,7 @@ class SqlDatabase:
                     ctl(conn, "rollback")
                 self.applied_before_failure = len(applied)
                 why = exc if isinstance(exc, InvalidError) else self._error(exc)
-                raise migration_error(self.name, name, why) from None
+                raise migration_error(self.name, name, _placeholder_named(why, stmt)) from None
             finally:
                 ctl(conn, "pragma foreign_keys = on")
             applied.append(name)
@@ -2248,6 +2250,18 @@ def _check_size(db: str, rows: list[Any], limit: int) -> None:
         )
 
 
+def _placeholder_named(exc: TinystoreError, stmt: str) -> TinystoreError:
+    """``exc`` of a migration's statement ``stmt``, or, when it is SQLite's "Incorrect number of bindings supplied"
+    or the refusal of a named placeholder meant for ``db.exec``, an ``InvalidError`` that says what is wrong: a
+    migration's statements take no parameters (trial GW)."""
+    if "number of bindings" in exc.message or "named placeholder" in exc.message:
+        return InvalidError(
+            f"the statement has the placeholder {named_placeholder(stmt) or '?'}: a migration takes no parameters "
+            "(write the values in its text)"
+        )
+    return exc
+
+
 class _NameLock(asyncio.Lock):
     """The lock the opens of one database name take turns by; ``users``: the opens that hold it or wait for it."""
 
@@ -2634,11 +2648,12 @@ class SqlEngine:
             try:
                 try:
                     before = await _run_fk_in(tx, _fk_state())
+                    stmt = ""
                     for stmt in _migration_statements(text):  # (as at open: see SqlDatabase._migrate)
                         await tx.exec(stmt, [])
                     await _run_fk_in(tx, _orphans_check(before, await _run_fk_in(tx, _fk_state(with_rows=False))))
                 except TinystoreError as exc:
-                    raise migration_error(db.name, name, exc) from None
+                    raise migration_error(db.name, name, _placeholder_named(exc, stmt)) from None
                 await tx.exec(
                     f"insert into {MIGRATIONS_TABLE} (name, text, applied_at) values (?, ?, ?)",
                     [name, text, int(time.time() * 1000)],
