@@ -105,3 +105,42 @@ async def test_an_async_generator_function_is_refused_as_a_handler(tmp_path: Pat
             await q.run_due(handler)
     finally:
         await store.close()
+
+
+async def test_a_queue_opened_while_its_database_is_made_and_fails_is_refused(tmp_path: Path) -> None:
+    # trial GX: the file was there while a failing first open ran, so the queue was kept, bound to a database the
+    # failed open then removed
+    slow_failing = (
+        "001.sql",
+        "create table big (v); insert into big with recursive c(x) as (select 1 union all select x + 1 from c "
+        "where x < 300000) select x from c; insert into nosuch values (1)",
+    )
+    store = await tinystore.open(tmp_path / "s", embedded=True, serve=False)
+    try:
+        opening = asyncio.ensure_future(store.database("app", migrations=[slow_failing]))
+        path = tmp_path / "s" / "sql" / "app.db"
+        for _ in range(2000):
+            if path.exists():
+                break
+            await asyncio.sleep(0.001)
+        with pytest.raises(tinystore.InvalidError, match="queue mail: option database: there is no database app"):
+            await store.queue("mail", dict, database="app").options()
+        with pytest.raises(tinystore.InvalidError, match="no such table: nosuch"):
+            await opening
+        app = await store.database("app")
+        assert await store.queue("mail", dict, database=app).add({}) is not None
+    finally:
+        await store.close()
+
+
+async def test_a_callable_object_whose_call_is_an_async_generator_is_refused(tmp_path: Path) -> None:
+    class Handler:
+        async def __call__(self, value: dict[str, str], run: tinystore.Run):  # type: ignore[no-untyped-def]
+            yield 1
+
+    store = await tinystore.open(tmp_path / "s", embedded=True)
+    try:
+        with pytest.raises(tinystore.InvalidError, match="async generator"):
+            store.queue("q", dict).work(Handler())
+    finally:
+        await store.close()

@@ -241,7 +241,8 @@ def _check_handler(queue: str, what: str, handler: Any) -> None:
     """Refuse a handler that cannot be called as ``handler(value, run)``: every job would fail with it."""
     if not callable(handler):
         raise InvalidError(f"queue {queue}: {what}: the handler {handler!r} is not callable")
-    if inspect.isasyncgenfunction(handler):
+    call = inspect.getattr_static(type(handler), "__call__", None) if not inspect.isroutine(handler) else None
+    if inspect.isasyncgenfunction(handler) or (call is not None and inspect.isasyncgenfunction(call)):
         # (its call gives an async generator, which no job can end with: every attempt failed, "does not encode")
         raise InvalidError(
             f"queue {queue}: {what}: the handler {handler!r} is an async generator function: a handler is a coroutine "

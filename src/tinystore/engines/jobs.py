@@ -684,13 +684,21 @@ class JobsEngine:
         stored = await self._stored_options(name)
         if stored is None:
             merged = self._merged(name, given)
-            if merged.database != JOBS_DB and not self.sql.exists(merged.database):
+            if merged.database != JOBS_DB:
                 # kept with the queue for good (its jobs will live there): a slip, "ap" for "app", left the queue
-                # bound to a database that never was, every later open refused (trial GV)
-                raise InvalidError(
-                    f"queue {name}: option database: there is no database {merged.database} in this store (make it "
-                    f"first: store.database({merged.database!r}); a queue's database is kept with it and never changes)"
-                )
+                # bound to a database that never was, every later open refused (trial GV). Opened, not looked for:
+                # an open of it under way is waited for (trial GX: a first open that failed removed the file the
+                # queue had seen)
+                try:
+                    await self.sql.open(merged.database, create=False)
+                except UnavailableError:
+                    if self.sql.exists(merged.database):
+                        raise
+                    raise InvalidError(
+                        f"queue {name}: option database: there is no database {merged.database} in this store (make "
+                        f"it first: store.database({merged.database!r}); a queue's database is kept with it and never "
+                        "changes)"
+                    ) from None
             db = await self.jobs_db()
             await db.write(
                 f"insert into {QUEUES} (name, options, created_at) values (?, ?, ?) on conflict (name) do nothing",
@@ -1426,7 +1434,9 @@ class JobsEngine:
             log.warning("queue %s: job %s: attempt %d: %s", q.name, e.id, e.attempts, why)
         else:
             why = "worker lost"
-            log.info("queue %s: job %s: attempt %d: the lease ran out (worker lost)", q.name, e.id, e.attempts)
+            # a warning, as serving.md lists it (trial GX: a private server, which writes only its warnings, said
+            # nothing of it)
+            log.warning("queue %s: job %s: attempt %d: the lease ran out (worker lost)", q.name, e.id, e.attempts)
         peer = e.peer
         if peer is not None:
             peer.push(CANCEL_PUSH, CancelRun(queue=q.name, id=e.id, fence=fence, reason="lost"))

@@ -30,6 +30,7 @@ import math
 import operator
 import os
 import queue
+import re
 import sqlite3
 import stat
 import threading
@@ -2254,12 +2255,22 @@ def _placeholder_named(exc: TinystoreError, stmt: str) -> TinystoreError:
     """``exc`` of a migration's statement ``stmt``, or, when it is SQLite's "Incorrect number of bindings supplied"
     or the refusal of a named placeholder meant for ``db.exec``, an ``InvalidError`` that says what is wrong: a
     migration's statements take no parameters (trial GW)."""
-    if "number of bindings" in exc.message or "named placeholder" in exc.message:
-        return InvalidError(
-            f"the statement has the placeholder {named_placeholder(stmt) or '?'}: a migration takes no parameters "
-            "(write the values in its text)"
-        )
-    return exc
+    if not isinstance(exc, InvalidError) or not _PLACEHOLDER_REFUSED.search(exc.message):
+        return exc
+    named = named_placeholder(stmt)
+    return InvalidError(
+        f"the statement has {f'the placeholder {named}' if named else 'a ? placeholder'}: a migration takes no "
+        "parameters (write the values in its text)"
+    )
+
+
+_PLACEHOLDER_REFUSED = re.compile(
+    r"^database [^:]+: (Incorrect number of bindings supplied\. The current statement uses \d+, and there are 0 "
+    r"supplied\.|the statement has the named placeholder \S+: parameters are \? placeholders, passed in order after "
+    r"the SQL)$"
+)
+"""SQLite's refusal of a statement with a placeholder run without parameters, or :func:`check_params`'s of a named
+one: as a migration's statement's error, what :func:`_placeholder_named` words anew."""
 
 
 class _NameLock(asyncio.Lock):
