@@ -53,7 +53,6 @@ from ..protocol.store import Empty
 from ..server.paths import check_socket_dir
 from .sql import _TxMark, open_tx_mark
 from .unsendable import surrogate_named, unsendable
-from .wake import wake_first
 
 _RESPONSE = Kind.RESPONSE
 _Future = asyncio.Future
@@ -98,7 +97,11 @@ def parking_cap(max_inflight: int) -> int:
 
 
 class _Turns:
-    """The calls of one parking method: how many are in flight, and those waiting for their turn."""
+    """The calls of one parking method: how many are in flight (those handed a turn included), and those waiting for
+    their turn, which they get first come, first served: a turn freed is handed to the first waiting (counted as it
+    is handed), so a call that comes later cannot take it first (trial GY: each call that ended was followed at once
+    by its caller's next, which took the freed turn; the caller woken for it found none and went to the back of the
+    line, and some callers waited as long as the flood lasted)."""
 
     __slots__ = ("count", "waiters")
 
@@ -106,8 +109,25 @@ class _Turns:
         self.count = 0
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    def wake(self) -> None:
-        wake_first(self.waiters, None)
+    def take(self, cap: int) -> bool:
+        """A turn now (counted), when fewer than ``cap`` are in flight and no call waits for one."""
+        waiters = self.waiters
+        while waiters and waiters[0].done():  # (given up, or woken another way)
+            waiters.popleft()
+        if self.count < cap and not waiters:
+            self.count += 1
+            return True
+        return False
+
+    def release(self, cap: int) -> None:
+        """A call's turn is over: handed on to those waiting, in their order, as far as ``cap`` allows."""
+        self.count -= 1
+        waiters = self.waiters
+        while self.count < cap and waiters:
+            w = waiters.popleft()
+            if not w.done():
+                self.count += 1
+                w.set_result(None)
 
 
 def too_large(method: str, request: Any, size: int, limit: int, subject: str = "") -> LimitError:
@@ -1243,15 +1263,13 @@ class RemoteTransport(Transport):
             # the credit its own statements need (trial BI); with one bound for all, other transactions' fns took
             # it (trial BJ)
             turns = self._turns[method]
-            if turns.count >= self._park_cap or turns.waiters:
+            if not turns.take(self._park_cap):
                 mark = open_tx_mark() if method in _IN_TX else None
                 if mark is None:
                     await self._turn(turns)
                 elif await self._turn_or_extra(turns, mark):
                     extra = mark
                     turns = None
-            if turns is not None:
-                turns.count += 1
         try:
             try:
                 body = encode_answer(request)  # (not encode: see encode_answer)
@@ -1400,9 +1418,7 @@ class RemoteTransport(Transport):
                 return dec(raw)
         finally:
             if turns is not None:
-                turns.count -= 1
-                if turns.waiters:
-                    turns.wake()
+                turns.release(self._park_cap)
             elif extra is not None:
                 extra.given_back()
 
@@ -1475,6 +1491,7 @@ class RemoteTransport(Transport):
                 await self._turn(turns)
                 return False
             if turns.count < self._park_cap:
+                turns.count += 1
                 return False  # (ahead of the writes that wait for a turn: it is a transaction's own)
             w: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
             turns.waiters.append(w)  # type: ignore[arg-type]
@@ -1484,24 +1501,25 @@ class RemoteTransport(Transport):
             except asyncio.CancelledError:
                 if w.done() and not w.cancelled():  # what it was given goes to the next
                     if w.result() is None:
-                        turns.wake()
+                        turns.release(self._park_cap)
                     else:
                         mark.wake_next()
                 raise
-            if got is None and turns.count < self._park_cap:
-                return False  # a general turn
+            if got is None:
+                return False  # a general turn, handed to it (counted)
 
     async def _turn(self, turns: _Turns) -> None:
-        """Wait until fewer than the cap of ``turns``' calls are in flight."""
-        while turns.count >= self._park_cap:
-            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            turns.waiters.append(turn)
-            try:
-                await turn
-            except asyncio.CancelledError:
-                if turn.done() and not turn.cancelled():
-                    turns.wake()  # the turn it was given goes to the next
-                raise
+        """Wait for a turn of ``turns`` (counted once it is had), after the calls that wait already."""
+        if turns.take(self._park_cap):
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        turns.waiters.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                turns.release(self._park_cap)  # the turn it was handed goes to the next
+            raise
 
     def abort(self) -> None:
         """Drop the connection now, as a network fault would (tests of reconnects use this)."""

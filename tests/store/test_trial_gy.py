@@ -1,0 +1,35 @@
+"""Trial GY (overload): the calls of one connection past its method's share in flight take their turns first come,
+first served: a call that came later took the turn handed to one waiting, which went to the back of the line, so
+some callers waited as long as the flood lasted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from tests.helpers import open_store
+
+
+async def test_a_call_waiting_for_its_turn_is_not_overtaken_by_later_ones(tmp_path: Path) -> None:
+    async with open_store("sidecar", tmp_path / "s") as store:
+        db = await store.database("app")
+        await db.exec("create table t (n integer)")
+        end = time.monotonic() + 4.0
+        done = [0] * 200
+
+        async def flood(i: int) -> None:
+            while time.monotonic() < end:
+                await db.exec("insert into t (n) values (?)", i)
+                done[i] += 1
+
+        async def victim() -> float:
+            await asyncio.sleep(0.5)
+            began = time.monotonic()
+            await db.exec("insert into t (n) values (-1)")
+            return time.monotonic() - began
+
+        waited, *_ = await asyncio.gather(victim(), *(flood(i) for i in range(200)))
+        # (before: the victim waited until the flood ended, 3.5 s, and 40 of the 200 did one call or none)
+        assert waited < 2.0, f"the victim's insert waited {waited:.2f}s"
+        assert min(done) >= 2, f"callers that got one turn or none: {sum(d <= 1 for d in done)}"
