@@ -33,3 +33,26 @@ async def test_a_call_waiting_for_its_turn_is_not_overtaken_by_later_ones(tmp_pa
         # (before: the victim waited until the flood ended, 3.5 s, and 40 of the 200 did one call or none)
         assert waited < 2.0, f"the victim's insert waited {waited:.2f}s"
         assert min(done) >= 2, f"callers that got one turn or none: {sum(d <= 1 for d in done)}"
+
+
+async def test_opens_crowded_out_of_the_handshake_for_a_while_get_in(tmp_path: Path) -> None:
+    # trial GY: of 3,000 opens at once over the directory's socket, up to 2,838 failed at once ("too many connections
+    # are waiting for their handshake", or ENOTCONN as the socket's backlog was full) instead of trying again
+    import tinystore
+
+    owner = await tinystore.open(tmp_path / "s", embedded=True)
+    opened: list[tinystore.Store] = []
+    try:
+        listener = owner._core.listeners[0]  # type: ignore[attr-defined]
+        listener.max_handshaking = 0  # every connection crowded out, as in a burst
+        opens = [asyncio.ensure_future(tinystore.open(tmp_path / "s")) for _ in range(8)]
+        await asyncio.sleep(3.0)
+        listener.max_handshaking = 256
+        got = await asyncio.gather(*opens, return_exceptions=True)
+        opened = [s for s in got if isinstance(s, tinystore.Store)]
+        assert [repr(e) for e in got if not isinstance(e, tinystore.Store)] == []
+        assert (await opened[0].status())["version"]
+    finally:
+        for store in opened:
+            await store.close()
+        await owner.close()

@@ -583,7 +583,9 @@ async def _connect_dir(directory: Path) -> Any:
     transport = RemoteTransport(endpoint, description=str(directory), reconnect_timeout=2.0)
     try:
         async with asyncio.timeout(ANSWER_TIMEOUT):
-            await transport.connect()
+            # a burst of clients connecting at once is waited out, most of the wait (trial GY: it said the server's
+            # queue of connections was full, out of descriptors or stuck, 1 s into a burst)
+            await transport.connect(crowd_wait=ANSWER_TIMEOUT - 1.0)
     except TimeoutError:
         # a server holds the socket (the connection was taken) but does not answer: suspended (SIGSTOP), stuck,
         # or out of descriptors. Saying that no server runs, or that another process owns the directory, misleads.
@@ -592,9 +594,14 @@ async def _connect_dir(directory: Path) -> Any:
             f"store {directory}: the server of {directory}{f' (pid {pid})' if pid else ''} does not answer "
             f"(no handshake within {ANSWER_TIMEOUT:g}s): is it suspended or stuck?"
         ) from None
-    except UnavailableError:
+    except UnavailableError as exc:
         from ..client.store import _busy, _can_connect, _stopping_until
 
+        if exc.extra.get("crowded"):
+            raise Busy(
+                f"store {directory}: its server is crowded by clients connecting at once (for "
+                f"{ANSWER_TIMEOUT - 1.0:g}s now: {exc.message}); try again in a moment"
+            ) from None
         try:
             reachable = await asyncio.to_thread(_can_connect, sock)
         except PermissionError:

@@ -825,7 +825,8 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
         served.found = False
         began = loop.time()
         try:
-            await transport.connect()
+            # a server crowded by a burst of clients connecting at once is waited out (trial GY)
+            await transport.connect(crowd_wait=transport.reconnect_timeout)
             break
         except UnavailableError:
             # a server was found but the connection failed (it was exiting, idle or killed, as we came): the

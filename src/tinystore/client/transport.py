@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import inspect
 import itertools
 import json
@@ -467,9 +468,10 @@ class _HandshakeClosed(Exception):
     connections waiting for their handshake, whose refusal the reset overtook) or that died, not one that refused
     it."""
 
-    def __init__(self, message: str, reset: bool = False) -> None:
+    def __init__(self, message: str, reset: bool = False, crowded: bool = False) -> None:
         super().__init__(message)
         self.reset = reset
+        self.crowded = crowded
 
 
 # how a connection the server closed in its handshake without a word ends: reset, or broken under the HELLO's write
@@ -490,6 +492,12 @@ CROWDED = "too many connections are waiting for their handshake"
 # reset or an abort (a server crowded with connections in their TLS handshake closes the oldest), a name the
 # resolver could not look up for now
 _PASSING = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError, ssl.SSLEOFError)
+
+
+def _full_backlog(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says a Unix socket's listen backlog was full: Linux answers the connect with ``EAGAIN`` and
+    does not go on with it in the background, so the connection asyncio took as made then fails ``ENOTCONN``."""
+    return isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ENOTCONN)
 
 
 def _passes(exc: BaseException) -> bool:
@@ -797,7 +805,11 @@ class _ClientConn(asyncio.Protocol):
             if self.goaway:
                 self.welcome.set_exception(UnavailableError(self.goaway))
             else:
-                self.welcome.set_exception(_HandshakeClosed(f": {exc}" if exc else "", reset=isinstance(exc, _BROKEN)))
+                self.welcome.set_exception(
+                    _HandshakeClosed(
+                        f": {exc}" if exc else "", reset=isinstance(exc, _BROKEN), crowded=_full_backlog(exc)
+                    )
+                )
         if self.keepalive is not None:
             self.keepalive.cancel()
         pending, self.pending = self.pending, {}
@@ -896,9 +908,14 @@ class RemoteTransport(Transport):
         self._first: asyncio.Task[Any] | None = None  # a call every later one waits behind (see call_first)
         self._firsts: set[asyncio.Task[Any]] = set()  # call_first calls under way (each waits for the one before)
 
-    async def connect(self, *, wait: bool = False) -> None:
+    async def connect(self, *, wait: bool = False, crowd_wait: float = 0.0) -> None:
         """Make the first connection. Raises ``UnavailableError`` / ``UnauthenticatedError`` (and what
         ``endpoint`` raises).
+
+        ``crowd_wait`` (seconds; without ``wait``): a server that is there but crowded (it refused the connection
+        because too many connections wait for their handshake, or its socket's queue of connections was full) is
+        tried again, with the backoff of reconnects, for this long (trial GY: 3,000 opens at once, most failed
+        at once); every other failure is raised at once.
 
         ``wait``: a failure that passes (nothing listens yet: ``ECONNREFUSED``; the server reset the connection,
         or refused it because too many connections wait for their handshake) is tried again, with the backoff of
@@ -908,14 +925,22 @@ class RemoteTransport(Transport):
         :data:`HANDSHAKE_WAIT` fail at once. Without ``wait``, every failure is raised at once.
 
         Cancelled, it leaves no connection open (one in its handshake is closed)."""
+        loop = asyncio.get_running_loop()
         if not wait:
-            try:
-                self._conn = await self._connect_once()
-            except _Transient as exc:
-                raise UnavailableError(exc.message, **exc.extra) from None
+            crowd_until = loop.time() + crowd_wait
+            tries = 0
+            while True:
+                try:
+                    self._conn = await self._connect_once()
+                    break
+                except _Transient as exc:
+                    left = crowd_until - loop.time()
+                    if not exc.extra.get("crowded") or left <= 0:
+                        raise UnavailableError(exc.message, **exc.extra) from None
+                    tries += 1
+                    await asyncio.sleep(min(backoff(tries - 1), left))
             self._up.set()
             return
-        loop = asyncio.get_running_loop()
         began = loop.time()
         deadline = began + self.reconnect_timeout
         attempt = 0
@@ -964,6 +989,12 @@ class RemoteTransport(Transport):
                 hint = " (if the server listens without TLS, use tcp:// in place of tls://)"
             error = _Transient if _passes(exc) else UnavailableError
             detail = str(exc)
+            if _full_backlog(exc):
+                raise _Transient(
+                    f"cannot reach the store at {self.description or where}: {detail} (its socket's queue of "
+                    "connections is full: a burst of clients connecting at once)",
+                    crowded=True,
+                ) from None
             if isinstance(exc, ConnectionRefusedError):  # (asyncio's text: "Connect call failed ('::1', 7600, 0, 0)")
                 detail = f"connection refused ({exc}): nothing listens there"
             raise error(f"cannot reach the store at {self.description or where}: {detail}{hint}") from None
@@ -1001,6 +1032,12 @@ class RemoteTransport(Transport):
                 if plain_tcp and not exc.reset
                 else ""
             )
+            if exc.crowded:
+                raise _Transient(
+                    f"the store at {self.description or where} took no connection: its socket's queue of connections "
+                    f"was full{exc} (a burst of clients connecting at once)",
+                    crowded=True,
+                ) from None
             raise (_Transient if exc.reset else UnavailableError)(
                 f"the store at {self.description or where} closed the connection during the handshake, before it "
                 f"answered{exc}{hint}"
@@ -1014,7 +1051,7 @@ class RemoteTransport(Transport):
                     f"{message} (the server closes the connection that waited longest for its handshake while more "
                     "than it allows wait: a burst of clients connecting at once, or peers that connect and say "
                     "nothing)",
-                    **exc.extra,
+                    **{**exc.extra, "crowded": True},
                 ) from None
             raise type(exc)(message, **exc.extra) from None
         except asyncio.CancelledError:
