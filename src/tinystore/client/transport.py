@@ -494,6 +494,11 @@ CROWDED = "too many connections are waiting for their handshake"
 _PASSING = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError, ssl.SSLEOFError)
 
 
+def _answered(fut: asyncio.Future[Any]) -> bool:
+    """Whether ``fut`` is done with a result (neither cancelled nor failed)."""
+    return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
 def _full_backlog(exc: BaseException | None) -> bool:
     """Whether ``exc`` says a Unix socket's listen backlog was full: Linux answers the connect with ``EAGAIN`` and
     does not go on with it in the background, so the connection asyncio took as made then fails ``ENOTCONN``."""
@@ -756,6 +761,15 @@ class _ClientConn(asyncio.Protocol):
         elif kind is Kind.ERROR:
             err = decode(body, ErrorBody)
             exc: BaseException = error_from(err.code, err.message, err.extra)
+            if err.code == InvalidError.code and err.message.startswith("unknown method ") and _answered(self.welcome):
+                # a client newer than the server it reached (one left running across an upgrade: trial GZ)
+                welcome = self.welcome.result()
+                exc = InvalidError(
+                    f"{err.message}: the server (pid {welcome.pid}, tinystore {welcome.server_version}) does not know "
+                    "it: it runs an older version of TinyStore than this client's; stop it (`tinystore stop DIR`) "
+                    "and open the store again to run this one",
+                    **err.extra,
+                )
             if stream != 0 and err.code == UnavailableError.code and err.extra.get("refused"):
                 exc = _Refused(err.message)
                 if self.owner._conn is self:
