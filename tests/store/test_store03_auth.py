@@ -229,6 +229,28 @@ async def test_data_token_reads_and_writes_but_cannot_stop_or_migrate(
             # row and no word, where exec and tx refused)
             with pytest.raises(PermissionDeniedError, match="need the admin capability"):
                 await db.all(pragma)
+        # trial HB: a byte order mark, which SQLite reads as a blank, before or inside the words hid them
+        for ddl in ("\ufeffdrop table t", "\ufeff create index i on t (a)", "drop\ufefftable t", "\ufeffanalyze"):
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await db.exec(ddl)
+        with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+            await db.exec("\ufeffpragma user_version = 42")
+        # trial HB: PRAGMA optimize as its table function ran ANALYZE from a SELECT, in a transaction or not
+        for sql in ("select * from pragma_optimize", "select * from main.PRAGMA_OPTIMIZE(0x10002)"):
+
+            async def optimize(tx: tinystore.SqlTx, sql: str = sql) -> None:
+                await tx.all("select count(*) from t")
+                await tx.all(sql)
+
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await db.tx(optimize)
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await db.all(sql)
+        # trial HB: the planner's statistics, which ANALYZE writes, written by hand
+        for sql in ("delete from sqlite_stat1", "insert into main.sqlite_stat1 values ('t', null, '9 9')"):
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await db.exec(sql)
+        assert await db.scalar("select 'pragma_optimize, sqlite_stat1'") == "pragma_optimize, sqlite_stat1"
         assert await db.scalar("pragma user_version") == 0  # reading them is fine
         assert await db.scalar("select count(*) from sqlite_master where name like 'sqlite_stat%'") == 0
         # still connected and working after the refusals
