@@ -75,3 +75,39 @@ async def test_a_method_an_older_server_does_not_know_says_so(tmp_path: Path) ->
             await client.close()
     finally:
         await owner.close()
+
+
+async def test_a_transaction_begun_inside_a_writing_ones_fn_gets_a_place_past_the_share(tmp_path: Path) -> None:
+    # trial HA: 300 tasks' begins, waiting at the server for the writer the outer transaction holds, took every place
+    # of the connection's share: a read-only transaction begun in the outer one's fn waited for one until tx_idle
+    # rolled the outer one back
+    import tinystore
+
+    async with open_store("sidecar", tmp_path / "s") as store:
+        a = await store.database("a")
+        await a.exec("create table t (n integer)")
+        stop = False
+
+        async def insert(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t values (1)")
+
+        async def flood() -> None:
+            while not stop:
+                await a.tx(insert)
+
+        floods = [asyncio.ensure_future(flood()) for _ in range(300)]
+        try:
+            await asyncio.sleep(0.5)
+
+            async def outer(tx: tinystore.SqlTx) -> int:
+                await tx.exec("insert into t values (2)")
+                began = time.monotonic()
+                n: int = await a.tx(lambda rtx: rtx.scalar("select count(*) from t"), read_only=True)
+                assert time.monotonic() - began < 3.0
+                await tx.exec("insert into t values (3)")
+                return n
+
+            assert await a.tx(outer) > 0
+        finally:
+            stop = True
+            await asyncio.gather(*floods)

@@ -597,7 +597,8 @@ async def _connect_dir(directory: Path) -> Any:
     except UnavailableError as exc:
         from ..client.store import _busy, _can_connect, _stopping_until
 
-        if exc.extra.get("crowded"):
+        if exc.extra.get("crowded") and not exc.extra.get("backlog"):
+            # (told so by the server, which runs; a full listen queue may be a server stopped or stuck too: below)
             raise Busy(
                 f"store {directory}: its server is crowded by clients connecting at once (for "
                 f"{ANSWER_TIMEOUT - 1.0:g}s now: {exc.message}); try again in a moment"

@@ -921,7 +921,8 @@ def _busy(directory: Path, sock: Path) -> UnavailableError:
     who = f"its server (pid {pid})" if pid else "its server"
     return UnavailableError(
         f"store {directory}: {who} listens on {sock} but takes no connection: its queue of connections is full "
-        "(it may be out of file descriptors: see its ulimit -n; or it is stuck)"
+        "(a burst of clients connecting at once; or it is stopped, stuck, or out of file descriptors: see its "
+        "ulimit -n)"
     )
 
 

@@ -766,8 +766,8 @@ class _ClientConn(asyncio.Protocol):
                 welcome = self.welcome.result()
                 exc = InvalidError(
                     f"{err.message}: the server (pid {welcome.pid}, tinystore {welcome.server_version}) does not know "
-                    "it: it runs an older version of TinyStore than this client's; stop it (`tinystore stop DIR`) "
-                    "and open the store again to run this one",
+                    "it: if it runs an older TinyStore than this client's (left running across an upgrade), restart "
+                    "it with this one (a sidecar: `tinystore stop DIR`, and the next open starts this version)",
                     **err.extra,
                 )
             if stream != 0 and err.code == UnavailableError.code and err.extra.get("refused"):
@@ -1006,8 +1006,9 @@ class RemoteTransport(Transport):
             if _full_backlog(exc):
                 raise _Transient(
                     f"cannot reach the store at {self.description or where}: {detail} (its socket's queue of "
-                    "connections is full: a burst of clients connecting at once)",
+                    "connections is full: a burst of clients connecting at once, or a server stopped or stuck)",
                     crowded=True,
+                    backlog=True,
                 ) from None
             if isinstance(exc, ConnectionRefusedError):  # (asyncio's text: "Connect call failed ('::1', 7600, 0, 0)")
                 detail = f"connection refused ({exc}): nothing listens there"
@@ -1049,8 +1050,9 @@ class RemoteTransport(Transport):
             if exc.crowded:
                 raise _Transient(
                     f"the store at {self.description or where} took no connection: its socket's queue of connections "
-                    f"was full{exc} (a burst of clients connecting at once)",
+                    f"was full{exc} (a burst of clients connecting at once, or a server stopped or stuck)",
                     crowded=True,
+                    backlog=True,
                 ) from None
             raise (_Transient if exc.reset else UnavailableError)(
                 f"the store at {self.description or where} closed the connection during the handshake, before it "
@@ -1315,7 +1317,9 @@ class RemoteTransport(Transport):
             # it (trial BJ)
             turns = self._turns[method]
             if not turns.take(self._park_cap):
-                mark = open_tx_mark() if method in _IN_TX else None
+                # (a transaction begun inside one's fn too: behind the begins that wait for the writer the fn's own
+                # transaction holds, it waited for a turn until that one's tx_idle: trial HA)
+                mark = open_tx_mark() if method in _IN_TX or method == "sql.begin" else None
                 if mark is None:
                     await self._turn(turns)
                 elif await self._turn_or_extra(turns, mark):
