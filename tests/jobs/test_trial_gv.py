@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,11 @@ class IngestV2:
     version: int
 
 
-async def test_a_value_that_no_longer_decodes_is_a_failed_attempt_retried(tmp_path: Path) -> None:
+async def test_a_value_that_no_longer_decodes_is_a_failed_attempt_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # a deploy's new type: the old jobs ended dead at once, before any old worker could run them
+    caplog.set_level(logging.INFO, "tinystore.jobs")
     store = await tinystore.open(tmp_path / "s", embedded=True, clock=START)
     try:
         old = store.queue("ingest", IngestV1, attempts=3)
@@ -51,6 +55,7 @@ async def test_a_value_that_no_longer_decodes_is_a_failed_attempt_retried(tmp_pa
         got = await new.get(job)
         assert got is not None and (got.state, got.attempts) == ("failed", 1)
         assert got.error is not None and "does not decode as IngestV2" in got.error
+        assert "attempt 1 failed: queue ingest: the job's value does not decode as IngestV2" in caplog.text  # (HD)
         store.clock.advance("1h")
         assert await old.run_due(lambda v, run: v.doc_id) == 1  # an old worker takes it
         got = await old.get(job)

@@ -247,10 +247,35 @@ async def test_data_token_reads_and_writes_but_cannot_stop_or_migrate(
             with pytest.raises(PermissionDeniedError, match="need the admin capability"):
                 await db.all(sql)
         # trial HB: the planner's statistics, which ANALYZE writes, written by hand
-        for sql in ("delete from sqlite_stat1", "insert into main.sqlite_stat1 values ('t', null, '9 9')"):
+        for sql in (
+            "delete from sqlite_stat1",
+            "insert into main.sqlite_stat1 values ('t', null, '9 9')",
+            # trial HC: a name as a string literal (SQLite takes one where a name goes), and a quoted name holding
+            # -- or ' that hid the rest of the text as a comment or a string
+            "update 'sqlite_stat1' set stat = '1 1'",
+            "insert into main.'SQLITE_STAT1' values ('t', null, '5')",
+            "with \"--\" as (select 1) update sqlite_stat1 set stat = '1 1'",
+            "with `'` as (select 1) delete from sqlite_stat1",
+            "with [/*] as (select 1) delete from sqlite_stat1",
+        ):
             with pytest.raises(PermissionDeniedError, match="need the admin capability"):
                 await db.exec(sql)
+        for sql in (
+            "select * from 'pragma_optimize'",
+            'select 1 as "--" from pragma_optimize',
+            "select 1 as `'`, * from pragma_optimize as `'`",
+            "select 1 as [/*] from pragma_optimize(65538)",
+        ):
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await db.all(sql)
+        # trial HC: EXPLAIN of a PRAGMA that sets what migrations own sets it as it is prepared
+        for sql in ("explain pragma auto_vacuum = full", "EXPLAIN QUERY PLAN pragma user_version = 3"):
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await db.exec(sql)
+        # (and what only reads, or holds the words in its strings or quoted names, is fine)
         assert await db.scalar("select 'pragma_optimize, sqlite_stat1'") == "pragma_optimize, sqlite_stat1"
+        assert await db.scalar("select \"a's\" from (select 1 as \"a's\") where 'see sqlite_stat1' != ''") == 1
+        assert await db.scalar("select count(*) from t where a like '%pragma_optimize%' or \"a\" = 'it''s'") == 0
         assert await db.scalar("pragma user_version") == 0  # reading them is fine
         assert await db.scalar("select count(*) from sqlite_master where name like 'sqlite_stat%'") == 0
         # still connected and working after the refusals

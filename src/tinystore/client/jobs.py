@@ -891,6 +891,7 @@ class _Runner:
             # a failed attempt, retried after the backoff (trial GV: it ended dead at once): after a deploy that
             # changed the type, a worker of the old type may still take it, or a `retry` once the code is mended
             why = exc.message if isinstance(exc, TinystoreError) else _describe(exc)
+            log.info("queue %s: job %s: attempt %d failed: %s", q.name, c.id, c.attempt, why)  # (as every other: HD)
             await self._report(a, "error", error=why)
             return
         timeout = c.timeout_ms / 1000

@@ -305,20 +305,43 @@ def changes_schema(sql: str) -> bool:
     return _SCHEMA_WORD.match(_skip_comments(sql)) is not None or _names_statistics(sql)
 
 
-_STATISTICS = re.compile(r"(?<![\w$])[\"\[`]?sqlite_stat[0-9](?![\w$])", re.IGNORECASE)
-_PRAGMA_FUNCTION = re.compile(r"(?<![\w$])[\"\[`]?pragma_(?:optimize|incremental_vacuum)(?![\w$])", re.IGNORECASE)
-_STRINGS_AND_COMMENTS = re.compile(r"'(?:[^']|'')*+'|--[^\n]*+|/\*.*?(?:\*/|\Z)", re.S)
+_SENSITIVE = re.compile(r"(?<![\w$])(?:sqlite_stat[0-9]|pragma_optimize|pragma_incremental_vacuum)(?![\w$])", re.I)
+_STATISTICS_NAMES = frozenset(f"sqlite_stat{n}" for n in range(10))
+_PRAGMA_FUNCTIONS = frozenset({"pragma_optimize", "pragma_incremental_vacuum"})
+# one token at a time, as SQLite's tokenizer takes them: a string, a quoted name in each of its three quotings, a
+# comment (a "--" or "/*" inside quotes is no comment, a quote inside a comment or another quoting no quote: trial
+# HC, a name "--" hid the rest of the text)
+_QUOTED_OR_COMMENT = re.compile(
+    r"'((?:[^']|'')*+)'?|\"((?:[^\"]|\"\")*+)\"?|\[([^\]]*+)\]?|`((?:[^`]|``)*+)`?|--[^\n]*+|/\*.*?(?:\*/|\Z)", re.S
+)
+
+
+def _names_any(sql: str, names: frozenset[str]) -> bool:
+    """Whether ``sql`` names one of ``names`` (lower case) outside its comments: bare, or quoted in any of SQLite's
+    quotings, a string literal's too (SQLite takes one where a name goes: trial HC, ``update 'sqlite_stat1'``)."""
+    found = False
+
+    def token(m: re.Match[str]) -> str:
+        nonlocal found
+        quoted = next((g for g in m.groups() if g is not None), None)
+        if quoted is not None and quoted.lower() in names:
+            found = True
+        return " "
+
+    bare = _QUOTED_OR_COMMENT.sub(token, sql)
+    return found or any(m.group().lower() in names for m in _SENSITIVE.finditer(bare))
 
 
 def _names_statistics(sql: str) -> bool:
     """Whether ``sql`` names a table of the planner's statistics outside its strings and comments, as a statement
     that writes it must (a read of it: one word more to the check, refused alike; an admin's matter)."""
-    return "stat" in sql.lower() and _STATISTICS.search(_STRINGS_AND_COMMENTS.sub(" ", sql)) is not None
+    return "sqlite_stat" in sql.lower() and _names_any(sql, _STATISTICS_NAMES)
 
 
 _GAP = r"(?:[\s\ufeff]|--[^\n]*+\n?|/\*(?:[^*]|\*(?!/))*+(?:\*/)?)*+"
 _IDENT = r"""(?:"(?:[^"]|"")*+"|'(?:[^']|'')*+'|\[[^\]]*+\]|`[^`]*+`|\w++)"""
 _PRAGMA = re.compile(rf"pragma{_GAP}(?:{_IDENT}{_GAP}\.{_GAP})?({_IDENT}){_GAP}([=(]?)", re.IGNORECASE)
+_EXPLAIN = re.compile(rf"explain(?![\w$]){_GAP}(?:query{_GAP}plan(?![\w$]){_GAP})?", re.IGNORECASE)
 _PRAGMAS_ALWAYS = frozenset({"optimize", "incremental_vacuum"})
 _PRAGMAS_WHEN_SET = frozenset({"auto_vacuum", "page_size", "user_version", "application_id"})
 
@@ -329,11 +352,17 @@ def rebuilds_by_pragma(sql: str) -> bool:
     (``optimize``, which runs ANALYZE; ``incremental_vacuum``), or sets what migrations own (``auto_vacuum``,
     ``page_size``, ``user_version``, ``application_id``: reading them is fine). Its name may be quoted, put after a
     schema, or have comments around it."""
-    m = _PRAGMA.match(_skip_comments(sql))
+    head = _skip_comments(sql)
+    explained = _EXPLAIN.match(head)
+    if explained is not None:
+        # (SQLite sets some as it prepares the PRAGMA, explained or not: trial HC, `explain pragma auto_vacuum = full`
+        # took effect at the next VACUUM)
+        head = head[explained.end() :]
+    m = _PRAGMA.match(head)
     if m is None:
         # optimize and incremental_vacuum as table functions, anywhere in a statement (trial HB: `select * from
         # pragma_optimize` ran ANALYZE for a data token)
-        return "pragma_" in sql.lower() and _PRAGMA_FUNCTION.search(_STRINGS_AND_COMMENTS.sub(" ", sql)) is not None
+        return "pragma_" in sql.lower() and _names_any(sql, _PRAGMA_FUNCTIONS)
     name = m.group(1).strip("\"'[]`").lower()
     return name in _PRAGMAS_ALWAYS or (name in _PRAGMAS_WHEN_SET and m.group(2) != "")
 

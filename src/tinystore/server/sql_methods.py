@@ -155,9 +155,10 @@ def install(core: Core) -> None:
         if session.capability != "admin" and (changes_schema(sql) or rebuilds_by_pragma(sql)):
             # (trial FC: PRAGMA optimize ran ANALYZE for a data token, and incremental_vacuum a part of a VACUUM)
             raise PermissionDeniedError(
-                f"database {db}: CREATE, DROP and ALTER (and ANALYZE, REINDEX, VACUUM, and the PRAGMAs optimize, "
-                "incremental_vacuum, and auto_vacuum, page_size, user_version or application_id set) need the admin "
-                f"capability (change the schema with a migration); this token has {session.capability!r}"
+                f"database {db}: CREATE, DROP and ALTER (and ANALYZE, REINDEX, VACUUM, the planner's statistics "
+                "sqlite_stat1 and sqlite_stat4, and the PRAGMAs optimize and incremental_vacuum, their table functions "
+                "too, and auto_vacuum, page_size, user_version or application_id set) need the admin capability "
+                f"(change the schema with a migration); this token has {session.capability!r}"
             )
 
     def tx_of(session: Session, tx_id: int, db: str) -> SqlTx:
