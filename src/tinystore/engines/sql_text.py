@@ -333,8 +333,8 @@ def _names_any(sql: str, names: frozenset[str]) -> bool:
 
 
 def _names_statistics(sql: str) -> bool:
-    """Whether ``sql`` names a table of the planner's statistics outside its strings and comments, as a statement
-    that writes it must (a read of it: one word more to the check, refused alike; an admin's matter)."""
+    """Whether ``sql`` names a table of the planner's statistics (see :func:`_names_any`), as a statement that
+    writes it must (a read of it is refused alike: an admin's matter)."""
     return "sqlite_stat" in sql.lower() and _names_any(sql, _STATISTICS_NAMES)
 
 
