@@ -156,9 +156,11 @@ def install(core: Core) -> None:
             # (trial FC: PRAGMA optimize ran ANALYZE for a data token, and incremental_vacuum a part of a VACUUM)
             raise PermissionDeniedError(
                 f"database {db}: CREATE, DROP and ALTER (and ANALYZE, REINDEX, VACUUM, the planner's statistics "
-                "sqlite_stat1 and sqlite_stat4, and the PRAGMAs optimize and incremental_vacuum, their table functions "
+                "sqlite_stat1 .. sqlite_stat9, and the PRAGMAs optimize and incremental_vacuum, their table functions "
                 "too, and auto_vacuum, page_size, user_version or application_id set) need the admin capability "
-                f"(change the schema with a migration); this token has {session.capability!r}"
+                "(change the schema with a migration; a string or a quoted name that is exactly one of these names "
+                "counts, as SQLite may take it for the table: pass such a value as a parameter); this token has "
+                f"{session.capability!r}"
             )
 
     def tx_of(session: Session, tx_id: int, db: str) -> SqlTx:
