@@ -83,6 +83,7 @@ from .sql_guard import (
     own_sql,
     rollback_quietly,
     rowid_tables,
+    run_client,
     set_rowid,
     statement_authorizer,
 )
@@ -1123,7 +1124,7 @@ class SqlDatabase:
         self._inline_deadline = time.monotonic() + self.inline_budget
         try:
             # what _query does, inline (the hot path of a point read)
-            cur = conn.execute(sql, values)
+            cur = run_client(conn, sql, values)
             desc = cur.description
             if desc is None and holds_no_statement(sql):
                 raise no_statement(self.name, sql)
@@ -1629,7 +1630,7 @@ class SqlDatabase:
                 # at most, then it answers what it did (its "busy" column 1), rather than stall the writes for as
                 # long as a read-only transaction stays open (trial CE: 12 s)
                 conn.execute(f"pragma busy_timeout = {CHECKPOINT_WAIT_MS}")
-            cur = conn.execute(w.sql, w.params)
+            cur = run_client(conn, w.sql, w.params)
             desc = cur.description
             rows = [list(r) for r in cur.fetchall()] if desc else []
         except BaseException as exc:
@@ -1666,7 +1667,7 @@ class SqlDatabase:
         before = conn.total_changes
         schema = None if own or not names_own(sql) or not changes_schema(sql) else own_objects(conn)
         # an engine's own statement (own_sql) may write the store's tables
-        cur = as_engine(conn, sql, params) if own else conn.execute(sql, params)
+        cur = as_engine(conn, sql, params) if own else run_client(conn, sql, params)
         if schema is not None:
             check_own_objects(self.name, schema, conn)
         desc = cur.description
@@ -1724,7 +1725,7 @@ class SqlDatabase:
     def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str, unlimited: bool = False) -> Rows:
         if len(sql) > CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
-        cur = conn.execute(sql, params)
+        cur = run_client(conn, sql, params)
         desc = cur.description
         if desc is None and holds_no_statement(sql):
             raise no_statement(self.name, sql)

@@ -12,6 +12,7 @@ from ..errors import (
     ConflictError,
     CorruptError,
     InvalidError,
+    PermissionDeniedError,
     TimeoutError_,
     TinystoreError,
     UnavailableError,
@@ -213,6 +214,9 @@ def sql_error(db: str, exc: BaseException, statement_timeout: float | None = Non
     ):
         why = getattr(denial, "why", None)
         denial.why = None
+        if getattr(denial, "permission", False):
+            denial.permission = False
+            return PermissionDeniedError(f"database {db}: {why}")
         if why is None:
             why = (
                 f"{TX_WHY}; ATTACH, DETACH, VACUUM INTO and load_extension are refused, and so is setting "

@@ -32,6 +32,7 @@ class GuardedConnection(sqlite3.Connection):
     writer = False  # a reader's statements write nothing (query_only): the store's own tables need no guard there
     resets_rowid = False  # a writer's: see _ROWID_RESET
     control = False  # one of the engine's own transaction statements runs (never stopped by the progress handler)
+    restricted = False  # a statement of a client without the admin capability runs (see RESTRICTED_MARK)
 
 
 _TX_ACTIONS = frozenset({sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT})
@@ -43,8 +44,9 @@ TX_WHY = (
 )
 
 
-def _deny(why: str) -> int:
+def _deny(why: str, permission: bool = False) -> int:
     denial.why = why
+    denial.permission = permission  # (the client's capability, not the statement, is what is wrong)
     return sqlite3.SQLITE_DENY
 
 
@@ -66,6 +68,91 @@ MOVE_OFF_LOOP = "(run it on a reader thread)"
 """The ``why`` of a refusal on the inline connection: :meth:`SqlDatabase.read_now` moves the read, silently."""
 
 
+RESTRICTED_WHY = (
+    "CREATE, DROP and ALTER (and ANALYZE, REINDEX, VACUUM, writes to the planner's statistics sqlite_stat1 .. "
+    "sqlite_stat9, the PRAGMAs optimize and incremental_vacuum, their table functions too, and auto_vacuum, page_size, "
+    "user_version or application_id set) need the admin capability (change the schema with a migration); this "
+    "connection's token is not an admin token"
+)
+"""What the refusal of a schema change to a client without the admin capability says (see :func:`restricted_sql`)."""
+_SCHEMA_ACTIONS = frozenset(
+    {
+        sqlite3.SQLITE_CREATE_INDEX,
+        sqlite3.SQLITE_CREATE_TABLE,
+        sqlite3.SQLITE_CREATE_TRIGGER,
+        sqlite3.SQLITE_CREATE_VIEW,
+        sqlite3.SQLITE_CREATE_VTABLE,
+        sqlite3.SQLITE_DROP_INDEX,
+        sqlite3.SQLITE_DROP_TABLE,
+        sqlite3.SQLITE_DROP_TRIGGER,
+        sqlite3.SQLITE_DROP_VIEW,
+        sqlite3.SQLITE_DROP_VTABLE,
+        sqlite3.SQLITE_ALTER_TABLE,
+        sqlite3.SQLITE_REINDEX,
+        sqlite3.SQLITE_ANALYZE,
+    }
+)
+_STATISTICS = re.compile(r"sqlite_stat[0-9]\Z", re.IGNORECASE)
+_PRAGMAS_ALWAYS = frozenset({"optimize", "incremental_vacuum"})  # (ANALYZE, a part of a VACUUM)
+_PRAGMAS_WHEN_SET = frozenset({"auto_vacuum", "page_size", "user_version", "application_id"})  # (migrations' own)
+
+
+def _restricted_denies(action: int, arg1: str | None, arg2: str | None) -> bool:
+    """Whether a client without the admin capability may not have ``action`` (SQLite's authorizer codes) in its
+    statement: what changes the schema or the file's shape, whatever the words that asked for it (a table function
+    ``pragma_optimize`` asks for PRAGMA optimize; ``EXPLAIN`` of a PRAGMA asks as the PRAGMA does)."""
+    if action in _SCHEMA_ACTIONS:
+        return True
+    if action == sqlite3.SQLITE_ATTACH:
+        return True  # (VACUUM, whose scratch database has no name; any other ATTACH is refused to all)
+    if action == sqlite3.SQLITE_PRAGMA and arg1 is not None:
+        name = arg1.lower()
+        return name in _PRAGMAS_ALWAYS or (name in _PRAGMAS_WHEN_SET and arg2 is not None)
+    if action in _WRITES and arg1 is not None:
+        return _STATISTICS.match(arg1) is not None
+    return False
+
+
+RESTRICTED_MARK = f"/* ts data {secrets.token_hex(8)} */ "
+"""Starts the texts of the statements of a client without the admin capability (:func:`restricted_sql`)."""
+
+
+def restricted_sql(sql: str) -> str:
+    """``sql`` as the statement of a client without the admin capability: SQLite's authorizer refuses it every
+    schema change (:data:`RESTRICTED_WHY`) when it is prepared, as :func:`run_client` runs it. The mark (random in
+    each process, a comment that leads, so that no error or column name shows it) keeps it apart in sqlite3's
+    statement cache, which is keyed by the text: the same words that an admin's client had prepared, allowed, are
+    never found there for it."""
+    return RESTRICTED_MARK + sql
+
+
+def is_restricted(sql: str) -> bool:
+    """Whether ``sql`` is a restricted client's (:func:`restricted_sql`), :data:`DEFERRING_TAG` before it or not."""
+    return sql.startswith(RESTRICTED_MARK) or (
+        sql.startswith(DEFERRING_TAG) and sql.startswith(RESTRICTED_MARK, len(DEFERRING_TAG))
+    )
+
+
+def client_text(sql: str) -> str:
+    """``sql`` as its client sent it (without the store's marks), for a message."""
+    if sql.startswith(DEFERRING_TAG):
+        sql = sql[len(DEFERRING_TAG) :]
+    return sql[len(RESTRICTED_MARK) :] if sql.startswith(RESTRICTED_MARK) else sql
+
+
+def run_client(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    """Run a client's statement on ``conn``: with the restricted rights when its text says so
+    (:func:`restricted_sql`). Every client statement of every connection runs through here."""
+    if sql.startswith(RESTRICTED_MARK) or (sql.startswith(DEFERRING_TAG) and is_restricted(sql)):
+        c: Any = conn
+        c.restricted = True
+        try:
+            return conn.execute(sql, params)
+        finally:
+            c.restricted = False
+    return conn.execute(sql, params)
+
+
 def statement_authorizer(
     conn: GuardedConnection, inline: bool = False
 ) -> Callable[[int, str | None, str | None, str | None, str | None], int]:
@@ -75,11 +162,18 @@ def statement_authorizer(
         c = ref()
         return c is not None and c.internal
 
+    def restricted() -> bool:
+        c = ref()
+        return c is not None and c.restricted
+
     def writer() -> bool:
         c = ref()
         return c is not None and c.writer
 
     def authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
+        if restricted() and _restricted_denies(action, arg1, arg2):
+            # (before the engine's rights: a restricted client's VACUUM runs with them, for its scratch database)
+            return _deny(RESTRICTED_WHY, permission=True)
         if action == sqlite3.SQLITE_READ and arg1 is not None and arg1.lower() in _HIDDEN_TABLES and not internal():
             return _deny(
                 f"{arg1.lower()} is refused (it shows the statements the store has prepared, other clients' "

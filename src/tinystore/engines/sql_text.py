@@ -18,6 +18,7 @@ from ..errors import (
 from ..names import a_or_an
 from ..protocol.sql import PARAMS_MAX
 from ..protocol.values import shown
+from .sql_guard import client_text
 
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 63) - 1
@@ -296,75 +297,13 @@ def line_ends_as_lf(text: str) -> str:
 _SCHEMA_WORD = re.compile(r"(?:create|drop|alter|analyze|reindex|vacuum)\b", re.IGNORECASE)
 
 
-@_cached_for_short_texts(256)
 @_cached_for_short_texts(512)
 def changes_schema(sql: str) -> bool:
     """Whether ``sql`` is a ``CREATE``, ``DROP`` or ``ALTER`` statement (what a migration is for), or an
-    ``ANALYZE``, ``REINDEX`` or ``VACUUM`` (which make or rebuild the database's own tables and indexes), or writes
-    the statistics ANALYZE keeps (``sqlite_stat1``, ``sqlite_stat4``: trial HB, a data token rewrote them)."""
-    return _SCHEMA_WORD.match(_skip_comments(sql)) is not None or _names_statistics(sql)
-
-
-_SENSITIVE = re.compile(r"(?<![\w$])(?:sqlite_stat[0-9]|pragma_optimize|pragma_incremental_vacuum)(?![\w$])", re.I)
-_STATISTICS_NAMES = frozenset(f"sqlite_stat{n}" for n in range(10))
-_PRAGMA_FUNCTIONS = frozenset({"pragma_optimize", "pragma_incremental_vacuum"})
-# one token at a time, as SQLite's tokenizer takes them: a string, a quoted name in each of its three quotings, a
-# comment (a "--" or "/*" inside quotes is no comment, a quote inside a comment or another quoting no quote: trial
-# HC, a name "--" hid the rest of the text)
-_QUOTED_OR_COMMENT = re.compile(
-    r"'((?:[^']|'')*+)'?|\"((?:[^\"]|\"\")*+)\"?|\[([^\]]*+)\]?|`((?:[^`]|``)*+)`?|--[^\n]*+|/\*.*?(?:\*/|\Z)", re.S
-)
-
-
-def _names_any(sql: str, names: frozenset[str]) -> bool:
-    """Whether ``sql`` names one of ``names`` (lower case) outside its comments: bare, or quoted in any of SQLite's
-    quotings, a string literal's too (SQLite takes one where a name goes: trial HC, ``update 'sqlite_stat1'``)."""
-    found = False
-
-    def token(m: re.Match[str]) -> str:
-        nonlocal found
-        quoted = next((g for g in m.groups() if g is not None), None)
-        if quoted is not None and quoted.lower() in names:
-            found = True
-        return " "
-
-    bare = _QUOTED_OR_COMMENT.sub(token, sql)
-    return found or any(m.group().lower() in names for m in _SENSITIVE.finditer(bare))
-
-
-def _names_statistics(sql: str) -> bool:
-    """Whether ``sql`` names a table of the planner's statistics (see :func:`_names_any`), as a statement that
-    writes it must (a read of it is refused alike: an admin's matter)."""
-    return "sqlite_stat" in sql.lower() and _names_any(sql, _STATISTICS_NAMES)
-
-
-_GAP = r"(?:[\s\ufeff]|--[^\n]*+\n?|/\*(?:[^*]|\*(?!/))*+(?:\*/)?)*+"
-_IDENT = r"""(?:"(?:[^"]|"")*+"|'(?:[^']|'')*+'|\[[^\]]*+\]|`[^`]*+`|\w++)"""
-_PRAGMA = re.compile(rf"pragma{_GAP}(?:{_IDENT}{_GAP}\.{_GAP})?({_IDENT}){_GAP}([=(]?)", re.IGNORECASE)
-_EXPLAIN = re.compile(rf"explain(?![\w$]){_GAP}(?:query{_GAP}plan(?![\w$]){_GAP})?", re.IGNORECASE)
-_PRAGMAS_ALWAYS = frozenset({"optimize", "incremental_vacuum"})
-_PRAGMAS_WHEN_SET = frozenset({"auto_vacuum", "page_size", "user_version", "application_id"})
-
-
-@_cached_for_short_texts(256)
-def rebuilds_by_pragma(sql: str) -> bool:
-    """Whether ``sql`` is a PRAGMA that rebuilds or reshapes the database's file as ``ANALYZE`` and ``VACUUM`` do
-    (``optimize``, which runs ANALYZE; ``incremental_vacuum``), or sets what migrations own (``auto_vacuum``,
-    ``page_size``, ``user_version``, ``application_id``: reading them is fine). Its name may be quoted, put after a
-    schema, or have comments around it."""
-    head = _skip_comments(sql)
-    explained = _EXPLAIN.match(head)
-    if explained is not None:
-        # (SQLite sets some as it prepares the PRAGMA, explained or not: trial HC, `explain pragma auto_vacuum = full`
-        # took effect at the next VACUUM)
-        head = head[explained.end() :]
-    m = _PRAGMA.match(head)
-    if m is None:
-        # optimize and incremental_vacuum as table functions, anywhere in a statement (trial HB: `select * from
-        # pragma_optimize` ran ANALYZE for a data token)
-        return "pragma_" in sql.lower() and _names_any(sql, _PRAGMA_FUNCTIONS)
-    name = m.group(1).strip("\"'[]`").lower()
-    return name in _PRAGMAS_ALWAYS or (name in _PRAGMAS_WHEN_SET and m.group(2) != "")
+    ``ANALYZE``, ``REINDEX`` or ``VACUUM`` (which make or rebuild the database's own tables and indexes). (Whether a
+    client may run one is SQLite's authorizer's to judge as it prepares the statement: see
+    ``sql_guard.restricted_sql``.)"""
+    return _SCHEMA_WORD.match(_skip_comments(sql)) is not None
 
 
 def holds_no_statement(sql: str) -> bool:
@@ -374,6 +313,7 @@ def holds_no_statement(sql: str) -> bool:
 
 
 def no_statement(db: str, sql: str) -> InvalidError:
+    sql = client_text(sql)
     shown = repr(sql) if len(sql) <= 40 else repr(sql[:37]) + "..."
     return InvalidError(f"database {db}: no statement: the SQL text {shown} holds only blanks, comments or semicolons")
 

@@ -15,8 +15,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..engines.sql import SqlDatabase, SqlTx
-from ..engines.sql_guard import WRITER_ONLY
-from ..engines.sql_text import changes_schema, check_params, rebuilds_by_pragma, same_migration
+from ..engines.sql_guard import WRITER_ONLY, restricted_sql
+from ..engines.sql_text import check_params, same_migration
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError
 from ..names import RESERVED_DB_PREFIX, check_db_writable, reserved_db_error
 from ..protocol.sql import Begin, Done, Exec, OpenDb, Opened, Query, TxRef
@@ -149,19 +149,12 @@ def install(core: Core) -> None:
             raise
         return Done(0, 0, rows.columns, list(map(list, rows.rows)))
 
-    def schema_guard(session: Session, db: str, sql: str) -> None:
-        """Refuse a statement that changes the schema to a session without the admin capability, however it
-        comes (an exec, or a query in a transaction, which runs on the writer)."""
-        if session.capability != "admin" and (changes_schema(sql) or rebuilds_by_pragma(sql)):
-            # (trial FC: PRAGMA optimize ran ANALYZE for a data token, and incremental_vacuum a part of a VACUUM)
-            raise PermissionDeniedError(
-                f"database {db}: CREATE, DROP and ALTER (and ANALYZE, REINDEX, VACUUM, the planner's statistics "
-                "sqlite_stat1 .. sqlite_stat9, and the PRAGMAs optimize and incremental_vacuum, their table functions "
-                "too, and auto_vacuum, page_size, user_version or application_id set) need the admin capability "
-                "(change the schema with a migration; a string or a quoted name that is exactly one of these names "
-                "counts, as SQLite may take it for the table: pass such a value as a parameter); this token has "
-                f"{session.capability!r}"
-            )
+    def restrict(session: Session, req: Exec | Query) -> None:
+        """Mark the statement of a session without the admin capability (``restricted_sql``): SQLite's authorizer
+        then refuses it every schema change as it is prepared, however it is spelled and wherever it runs (an exec,
+        a read, a transaction's call), with ``PermissionDeniedError``."""
+        if session.capability != "admin":
+            req.sql = restricted_sql(req.sql)
 
     def tx_of(session: Session, tx_id: int, db: str) -> SqlTx:
         """This session's open transaction ``tx_id``, which must be of database ``db``."""
@@ -172,7 +165,7 @@ def install(core: Core) -> None:
 
     def exec_(session: Session, req: Exec) -> Any:
         if req.tx or not req.db.startswith(RESERVED_DB_PREFIX):  # (the store's own: a reader refuses any write)
-            schema_guard(session, req.db, req.sql)
+            restrict(session, req)
         if req.tx:
             return tx_of(session, req.tx, req.db).exec(req.sql, req.params)
         if req.db.startswith(RESERVED_DB_PREFIX):
@@ -186,12 +179,9 @@ def install(core: Core) -> None:
         mode = req.mode
         if mode not in _MODES:
             raise InvalidError(f"sql.query: mode {mode!r} is not all, one or scalar")
+        restrict(session, req)  # (a transaction's reads run on the writer; a reader took some PRAGMAs: trial FF)
         if req.tx:
-            schema_guard(session, req.db, req.sql)  # a transaction's reads run on the writer
             return tx_of(session, req.tx, req.db).query(req.sql, req.params, mode)
-        if session.capability != "admin":
-            # (a reader refuses what writes, but takes some of these PRAGMAs and answers nothing: trial FF)
-            schema_guard(session, req.db, req.sql)
         db = engine.databases.get(req.db)
         if db is None:
             return query_later(req, session)
