@@ -97,6 +97,14 @@ async def test_a_data_token_cannot_write_the_jobs_database(tmp_path: Path) -> No
         try:
             await store.queue("mail").add({"to": "a@x"})
             await check_read_only(store, admin=False)
+            # trial HF: a data token's PRAGMAs that rebuild or set what migrations own ran here (on a reader, to no
+            # effect) where the same words through db.all were refused: refused alike, as writes
+            jobs = await store.database("tinystore-jobs")
+            kept = await jobs.scalar("select count(*) from _tinystore_jobs")
+            for sql in ("pragma optimize", "pragma page_size = 1024", "pragma auto_vacuum = 2", "analyze"):
+                with pytest.raises(tinystore.PermissionDeniedError, match=f"database tinystore-jobs {OWN}"):
+                    await jobs.exec(sql)
+            assert await jobs.scalar("select count(*) from _tinystore_jobs") == kept
         finally:
             await store.close()
     finally:

@@ -308,6 +308,20 @@ async def test_data_token_reads_and_writes_but_cannot_stop_or_migrate(
                 await db.exec(sql)
             with pytest.raises(PermissionDeniedError, match="need the admin capability"):
                 await db.tx(lambda tx, sql=sql: tx.exec(sql))
+        # trial HF: SQLite prepares statements while one runs too: pragma_optimize's PRAGMA, and the ANALYZE it runs,
+        # at the second row of a statement (on the writer, after a read that used the index t_a); refused alike
+        await admin_db.exec("delete from sqlite_stat1")
+        await admin_db.exec(
+            "insert into t (a) with recursive c(n) as (select 1 union all select n + 1 from c where n < 2000) "
+            "select n % 10 from c"
+        )
+        await db.exec("select count(*) from t where a = '6'")
+        late = "select 1 union all select (select count(*) from pragma_optimize(2))"
+        for run in (lambda: db.exec(late), lambda: db.tx(lambda tx: tx.exec(late)), lambda: db.all(late)):
+            with pytest.raises(PermissionDeniedError, match="need the admin capability"):
+                await run()
+        assert await admin_db.all("select * from sqlite_stat1") == []
+        await admin_db.exec("delete from t where id > 3")
         # still connected and working after the refusals
         assert await db.scalar("select count(*) from t") == 3
     finally:

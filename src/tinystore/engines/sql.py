@@ -81,11 +81,12 @@ from .sql_guard import (
     own_execute,
     own_objects,
     own_sql,
+    restrict,
     rollback_quietly,
     rowid_tables,
-    run_client,
     set_rowid,
     statement_authorizer,
+    unrestrict,
 )
 from .sql_text import (
     CACHED_SQL,
@@ -1122,9 +1123,10 @@ class SqlDatabase:
         elif n == 1:
             self._begin_snapshot(conn)
         self._inline_deadline = time.monotonic() + self.inline_budget
+        restricted = restrict(conn, sql)
         try:
             # what _query does, inline (the hot path of a point read)
-            cur = run_client(conn, sql, values)
+            cur = conn.execute(sql, values)
             desc = cur.description
             if desc is None and holds_no_statement(sql):
                 raise no_statement(self.name, sql)
@@ -1167,6 +1169,9 @@ class SqlDatabase:
             return None
         except BaseException as exc:
             raise self._error(exc) from None
+        finally:
+            if restricted:
+                unrestrict(conn)
         self.stats["reads"] += 1
         return Rows(columns, found)
 
@@ -1630,13 +1635,15 @@ class SqlDatabase:
                 # at most, then it answers what it did (its "busy" column 1), rather than stall the writes for as
                 # long as a read-only transaction stays open (trial CE: 12 s)
                 conn.execute(f"pragma busy_timeout = {CHECKPOINT_WAIT_MS}")
-            cur = run_client(conn, w.sql, w.params)
+            restrict(conn, w.sql)  # (before the engine's rights: see statement_authorizer)
+            cur = conn.execute(w.sql, w.params)
             desc = cur.description
             rows = [list(r) for r in cur.fetchall()] if desc else []
         except BaseException as exc:
             self.results.put(w.fut, None, self._error(exc))
             return
         finally:
+            unrestrict(conn)
             if checkpoint:
                 conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
             c.internal = False
@@ -1667,11 +1674,16 @@ class SqlDatabase:
         before = conn.total_changes
         schema = None if own or not names_own(sql) or not changes_schema(sql) else own_objects(conn)
         # an engine's own statement (own_sql) may write the store's tables
-        cur = as_engine(conn, sql, params) if own else run_client(conn, sql, params)
+        restricted = not own and restrict(conn, sql)
+        try:
+            cur = as_engine(conn, sql, params) if own else conn.execute(sql, params)
+            desc = cur.description
+            rows = [] if desc is None else _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
+        finally:
+            if restricted:
+                unrestrict(conn)
         if schema is not None:
             check_own_objects(self.name, schema, conn)
-        desc = cur.description
-        rows = [] if desc is None else _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
         changes = cur.rowcount
         if changes < 0:
             # sqlite3 counts rows only for statements that begin with INSERT, UPDATE, DELETE or REPLACE; for one
@@ -1725,27 +1737,32 @@ class SqlDatabase:
     def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str, unlimited: bool = False) -> Rows:
         if len(sql) > CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
-        cur = run_client(conn, sql, params)
-        desc = cur.description
-        if desc is None and holds_no_statement(sql):
-            raise no_statement(self.name, sql)
-        columns = list(map(_first, desc)) if desc else []
-        if unlimited:
-            try:
-                rows = cur.fetchall()
-            finally:
-                cur.close()
-            if mode != "all":
-                rows = rows[:1]
-        elif mode == "all":
-            rows = _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
-        else:
-            try:
-                one = cur.fetchone()
-            finally:
-                cur.close()
-            rows = [one] if one is not None else []
-            _check_size(self.name, rows, self.limits.sql_result_bytes)
+        restricted = restrict(conn, sql)
+        try:
+            cur = conn.execute(sql, params)
+            desc = cur.description
+            if desc is None and holds_no_statement(sql):
+                raise no_statement(self.name, sql)
+            columns = list(map(_first, desc)) if desc else []
+            if unlimited:
+                try:
+                    rows = cur.fetchall()
+                finally:
+                    cur.close()
+                if mode != "all":
+                    rows = rows[:1]
+            elif mode == "all":
+                rows = _fetch_checked(cur, self.name, self.limits.sql_result_bytes)
+            else:
+                try:
+                    one = cur.fetchone()
+                finally:
+                    cur.close()
+                rows = [one] if one is not None else []
+                _check_size(self.name, rows, self.limits.sql_result_bytes)
+        finally:
+            if restricted:
+                unrestrict(conn)
         return Rows(columns, rows)
 
     def _reader_main(self, conn: sqlite3.Connection) -> None:

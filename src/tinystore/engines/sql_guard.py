@@ -119,7 +119,7 @@ RESTRICTED_MARK = f"/* ts data {secrets.token_hex(8)} */ "
 
 def restricted_sql(sql: str) -> str:
     """``sql`` as the statement of a client without the admin capability: SQLite's authorizer refuses it every
-    schema change (:data:`RESTRICTED_WHY`) when it is prepared, as :func:`run_client` runs it. The mark (random in
+    schema change (:data:`RESTRICTED_WHY`) as it is prepared and runs (see :func:`restrict`). The mark (random in
     each process, a comment that leads, so that no error or column name shows it) keeps it apart in sqlite3's
     statement cache, which is keyed by the text: the same words that an admin's client had prepared, allowed, are
     never found there for it."""
@@ -140,17 +140,22 @@ def client_text(sql: str) -> str:
     return sql[len(RESTRICTED_MARK) :] if sql.startswith(RESTRICTED_MARK) else sql
 
 
-def run_client(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-    """Run a client's statement on ``conn``: with the restricted rights when its text says so
-    (:func:`restricted_sql`). Every client statement of every connection runs through here."""
+def restrict(conn: sqlite3.Connection, sql: str) -> bool:
+    """Give ``conn`` the restricted rights when ``sql`` is a restricted client's (:func:`restricted_sql`); returns
+    whether it did, and then the caller must :func:`unrestrict` once the statement is over: not when it was
+    prepared, but after its last row was read, as SQLite prepares and authorizes statements while one runs too (a
+    table function ``pragma_optimize`` prepares its PRAGMA and then an ANALYZE as it makes its row: trial HF, at
+    the second row of a statement, after the flag was off). Every client statement of every connection runs so."""
     if sql.startswith(RESTRICTED_MARK) or (sql.startswith(DEFERRING_TAG) and is_restricted(sql)):
         c: Any = conn
         c.restricted = True
-        try:
-            return conn.execute(sql, params)
-        finally:
-            c.restricted = False
-    return conn.execute(sql, params)
+        return True
+    return False
+
+
+def unrestrict(conn: sqlite3.Connection) -> None:
+    c: Any = conn
+    c.restricted = False
 
 
 def statement_authorizer(
