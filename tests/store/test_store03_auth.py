@@ -322,6 +322,10 @@ async def test_data_token_reads_and_writes_but_cannot_stop_or_migrate(
                 await run()
         assert await admin_db.all("select * from sqlite_stat1") == []
         await admin_db.exec("delete from t where id > 3")
+        # what no client may do says so, not that it needs the admin capability (trial HH)
+        for sql in ("attach 'x.db' as y", "vacuum into 'copy.db'"):
+            with pytest.raises(InvalidError, match="ATTACH, DETACH and VACUUM INTO are refused"):
+                await db.exec(sql)
         # still connected and working after the refusals
         assert await db.scalar("select count(*) from t") == 3
     finally:
