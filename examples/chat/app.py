@@ -356,6 +356,8 @@ async def _json(request: Request) -> Any:
         return json.loads(raw or b"{}")
     except ValueError:
         raise BadInput("the request body is not JSON") from None
+    except RecursionError:  # (trial HI: a 500 and a traceback in the log for each, from 60 KB of [[[...]]])
+        raise BadInput("the request body's JSON is nested too deeply") from None
 
 
 def _error(message: str, status: int) -> Response:

@@ -56,6 +56,28 @@ def has_text(text: str) -> bool:
     return not all(map(_blank, text))
 
 
+_CONTROLS = frozenset(chr(c) for c in (*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F))
+"""The control characters a text may not hold (tab, line feed and carriage return it may)."""
+
+
+def check_text(text: str, what: str) -> None:
+    """Raise ``BadInput`` (400) when ``text`` (``what``: "a message's text", "a chat's title") holds a lone
+    surrogate, which no database keeps as UTF-8, or a control character other than a tab or a line break (trial HI:
+    a NUL was kept and shown; a title's surrogate was refused with the database's words)."""
+    if text.isascii():
+        if text.isprintable() or not _CONTROLS.intersection(text):
+            return
+    else:
+        try:
+            text.encode()
+        except UnicodeEncodeError:  # a lone surrogate ("\ud83d" in the JSON)
+            raise BadInput(f"{what} must be valid Unicode (it has a lone surrogate)") from None
+        if not _CONTROLS.intersection(text):
+            return
+    bad = next(c for c in text if c in _CONTROLS)
+    raise BadInput(f"{what} may not hold the control character U+{ord(bad):04X} (tabs and line breaks it may)")
+
+
 @dataclasses.dataclass
 class ChatEvent:
     """What the chat's channel carries, one branch per chat (``events.under(chat_id)``).
@@ -281,6 +303,7 @@ class Chat:
         """Make a chat; a title that shows nothing (see :func:`has_text`) gets the default one, as an empty one
         always did (trial ED: a title "\u200b" made an invisible link in the sidebar)."""
         title = title.strip()
+        check_text(title, "a chat's title")
         if len(title) > MAX_TITLE:
             raise BadInput(f"a chat's title has at most {MAX_TITLE} characters, this one has {len(title)}", 413)
         title = title if has_text(title) else "New chat"
@@ -306,11 +329,7 @@ class Chat:
             raise BadInput("a message needs some text")
         if len(text) > MAX_TEXT:
             raise BadInput(f"a message has at most {MAX_TEXT} characters, this one has {len(text)}", 413)
-        if not text.isascii():
-            try:
-                text.encode()
-            except UnicodeEncodeError:  # a lone surrogate ("\ud83d" in the JSON): no text a database can keep
-                raise BadInput("a message's text must be valid Unicode (it has a lone surrogate)") from None
+        check_text(text, "a message's text")
         if not 0 < chat_id < 2**63:
             raise NotFound(f"chat {chat_id} does not exist")
         events, replies = self.events, self.replies

@@ -276,20 +276,28 @@ class _Outbox:
             self.writing.reschedule(_sooner(self.writing.when(), self.loop.time() + END_GRACE))
 
     def push(self, chunk: bytes) -> bool:
-        """Queue ``chunk``; True when the browser is behind (over :data:`BACKLOG` bytes wait)."""
-        if self.closed:
-            return False
+        """Queue ``chunk``; True when the browser is behind (over :data:`BACKLOG` bytes wait).
+
+        Past ``limit`` bytes waiting, the stream is to end: what waits is dropped, and so is every later chunk,
+        and a write under way (that waits for a browser that takes nothing) is given up now, not at its
+        :data:`STALL` (trial HI: a producer that did not await its sends queued 1.7 GB in 20 s)."""
+        if self.closed or self.overflowed:
+            return not self.closed
         self.parts.append(chunk)
         self.size += len(chunk)
         if self.size > self.limit:
             self.overflowed = True
+            self.parts = []
+            self.size = 0
+            if self.writing is not None:
+                self.writing.reschedule(self.loop.time())
         self.event.set()
-        return self.size > BACKLOG
+        return self.size > BACKLOG or self.overflowed
 
     def written(self) -> asyncio.Future[None]:
         """A future that completes once what is queued now was handed to the server (or the stream ended)."""
         fut: asyncio.Future[None] = self.loop.create_future()
-        if self.closed or not self.parts:
+        if self.closed or (not self.parts and not self.overflowed):
             fut.set_result(None)
         else:
             self.futures.append(fut)
@@ -574,14 +582,13 @@ class EventSourceResponse(Response):
                 task = asyncio.ensure_future(_produce(producer, _sender(outbox), closed))
                 task.add_done_callback(lambda _: wake.set())
             while not closed.is_set():
+                if outbox.overflowed:
+                    log.warning(
+                        "sse: over %d bytes of events the browser did not take; ending the stream", self.max_pending
+                    )
+                    ended_by_us = True
+                    break
                 if outbox.parts:
-                    if outbox.overflowed:
-                        log.warning(
-                            "sse: over %d bytes of events the browser did not take; ending the stream",
-                            self.max_pending,
-                        )
-                        ended_by_us = True
-                        break
                     chunk, futures = outbox.take()
                     wake.clear()
                     outbox.keepalive_due = False
@@ -718,7 +725,11 @@ async def _write(send: Send, body: bytes, outbox: _Outbox, more_body: bool = Tru
                 deadline.reschedule(_sooner(deadline.when(), outbox.loop.time() + END_GRACE))
             await send({"type": "http.response.body", "body": body, "more_body": more_body})
     except TimeoutError:
-        if outbox.ending:
+        if outbox.overflowed:
+            log.warning(
+                "sse: over %d bytes of events waited for a browser that took nothing; ending the stream", outbox.limit
+            )
+        elif outbox.ending:
             # (a browser that reads slowly too: trial FQ, a steady reader was said to take nothing)
             log.info(
                 "sse: the server stops and the browser did not take the next event within %gs; ending the stream "

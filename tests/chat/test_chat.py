@@ -108,7 +108,16 @@ async def test_bad_input_gets_clear_http_errors(store: tinystore.Store, web: str
         r = await http.post(url, content=b'{"text": "\\ud83d"}', headers={"content-type": "application/json"})
         assert r.status_code == 400 and "Unicode" in r.json()["error"], r.text
         r = await http.post(f"{web}/api/chats", content=b'{"title": "\\ud83d"}', headers=as_json)
-        assert r.status_code == 400, r.text
+        # (trial HI: said with the database's words, "database chat: parameter 1: ...")
+        assert r.status_code == 400 and r.json()["error"].startswith("a chat's title must be valid Unicode"), r.text
+        # trial HI: a control character was kept; JSON nested past Python's recursion limit was a 500 and a traceback
+        r = await http.post(url, json={"text": "a\x00b"})
+        assert r.status_code == 400 and "control character U+0000" in r.json()["error"], r.text
+        r = await http.post(f"{web}/api/chats", json={"title": "a\x1bb"})
+        assert r.status_code == 400 and "control character U+001B" in r.json()["error"], r.text
+        for target in (url, f"{web}/api/chats"):
+            r = await http.post(target, content=b"[" * 30_000 + b"]" * 30_000, headers=as_json)
+            assert r.status_code == 400 and "nested too deeply" in r.json()["error"], r.text
         # nothing of the refused posts was saved, and the chat still works
         assert (await http.get(url)).json() == []
         assert (await http.post(url, json={"text": "ünïcödé \r\n data: x\n: y"})).status_code == 201

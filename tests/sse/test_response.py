@@ -120,6 +120,49 @@ async def test_a_producer_far_ahead_of_its_browser_has_its_stream_ended() -> Non
         assert got < 50_000_000
 
 
+async def test_a_producer_that_does_not_await_ends_at_its_limit_while_a_write_waits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Trial HI: a producer that never awaits its sends, to a browser that takes nothing: while the stream's write
+    waited (up to STALL, 60 s) for that browser, the events queued behind it without bound (1.7 GB in 20 s). Past
+    max_pending the stream ends now, and what waits goes."""
+    import socket
+    from urllib.parse import urlsplit
+
+    big = "x" * 10_000
+    ended = asyncio.Event()
+    queued = 0
+
+    async def flood(send: Any, closed: asyncio.Event) -> None:
+        nonlocal queued
+        try:
+            while not closed.is_set():
+                send(big)
+                queued += 1
+                await asyncio.sleep(0)
+        finally:
+            ended.set()
+
+    async def endpoint(request: Request) -> Response:
+        return EventSourceResponse(flood, max_pending=200_000)
+
+    app = Starlette(routes=[Route("/s", endpoint)])
+    async with serve(app) as url:
+        parts = urlsplit(url)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_connect(sock, (parts.hostname, parts.port))
+            await loop.sock_sendall(sock, f"GET /s HTTP/1.1\r\nHost: {parts.hostname}\r\n\r\n".encode())
+            async with asyncio.timeout(10):  # (not STALL's 60 s)
+                await ended.wait()
+        finally:
+            sock.close()
+    assert "bytes of events waited for a browser that took nothing" in caplog.text
+
+
 async def test_end_streams_finishes_every_open_stream(tmp_path: Path) -> None:
     async with open_store("embedded", tmp_path / "s") as store:
         events = store.channel("e")
