@@ -323,10 +323,30 @@ async def test_a_server_killed_during_a_backup_is_said_to_leave_dest_maybe_incom
             assert not (tmp_path / "copy" / "LOCK").exists()
             # and no journal of the copy beside it (trial EU: "app.db.partial-journal" was left)
             assert sorted(p.name for p in partial.parent.iterdir()) == ["app.db.partial"]
+            assert (tmp_path / "copy" / "BACKUP-UNFINISHED").exists()
         finally:
             await store.close()
     finally:
         server.stop()
+    # trial HJ: `tinystore serve` on the copy made a new, empty store there (a new epoch, the partial file unused)
+    copy = tmp_path / "copy"
+    for mode in ("embedded", "private", "sidecar"):
+        with pytest.raises(tinystore.CorruptError, match=r"is a backup that did not finish.*Remove it and back up"):
+            async with open_store(mode, copy):
+                pass
+    serve = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "tinystore", "serve", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert serve.returncode != 0 and "is a backup that did not finish" in serve.stderr, serve
+    assert not (copy / "LOCK").exists() and not (copy / "EPOCH").exists()
+    # (a copy by an earlier version had no mark: its partial file and no LOCK tell the same)
+    (copy / "BACKUP-UNFINISHED").unlink()
+    with pytest.raises(tinystore.CorruptError, match=r"sql/app.db.partial is there and no LOCK"):
+        await tinystore.open(copy, embedded=True)
 
 
 def test_a_copy_that_fails_leaves_neither_it_nor_its_journal(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ database as one read transaction saw it, while the store's writer goes on (WAL).
 ``NAME.db.partial``, synced, then renamed; the store's ``EPOCH`` is copied too (with its ``STARTED``), so a
 store started on the copy gives fences and message ids above every one the original gave before the copy
 (LOCK-02). The copy's ``LOCK``
-file, the mark of a store directory, is written last: a backup that did not end holds none.
+file, the mark of a store directory, is written last, and its ``BACKUP-UNFINISHED`` mark, written first, then goes:
+a backup that did not end holds that mark and no ``LOCK``, and no store is started on it.
 
 Databases are copied one after another: each is consistent in itself (a queue kept in an application database
 with ``database=`` is in the same file as its rows), not at one instant with the others.
@@ -30,7 +31,7 @@ from ..engines.descriptors import open_files_limit
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, UnavailableError
 from ..names import NAME
 from .dirlock import LOCK, write_private
-from .paths import STARTED, STORE_ID
+from .paths import BACKUP_UNFINISHED, STARTED, STORE_ID
 
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -101,6 +102,9 @@ def backup(directory: Path, dest: Path, cancelled: threading.Event | None = None
     try:
         dest.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(dest, 0o700)
+        # (first: a store is never started on a copy cut short; see paths.unfinished_backup)
+        write_private(dest / BACKUP_UNFINISHED, "a backup is under way, or did not finish\n", sync=True)
+        _fsync(dest)
         (dest / "sql").mkdir(mode=0o700, exist_ok=True)
     except OSError as exc:
         if isinstance(exc, PermissionError) or exc.errno in _DENIED:
@@ -156,6 +160,8 @@ def backup(directory: Path, dest: Path, cancelled: threading.Event | None = None
         _fsync(dest / "sql")
         # last: the mark of a store directory (the file a server locks), so the copy opens as a store only whole
         os.close(os.open(dest / LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        _fsync(dest)
+        os.unlink(dest / BACKUP_UNFINISHED)
         _fsync(dest)
     except OSError as exc:
         raise UnavailableError(f"{what}: {_os_why(exc)}; {incomplete}") from None

@@ -94,6 +94,34 @@ def check_store_dir(directory: Path, what: str) -> None:
             os.chmod(sql, 0o700)  # (a store made before its folders were 0700)
     except OSError:
         pass
+    unfinished = unfinished_backup(directory)
+    if unfinished is not None:
+        from ..errors import CorruptError
+
+        raise CorruptError(
+            f"{what}: {directory} is a backup that did not finish ({unfinished}): some of its databases may be "
+            "missing or cut short, so it is not opened as a store (a new, empty one would have been made there). "
+            "Remove it and back up again"
+        )
+
+
+BACKUP_UNFINISHED = "BACKUP-UNFINISHED"
+"""``DEST/BACKUP-UNFINISHED``: made first by a backup into ``DEST``, removed last, once the copy is whole."""
+
+
+def unfinished_backup(directory: Path) -> str | None:
+    """What shows that ``directory`` is a backup that did not finish, or ``None``: its :data:`BACKUP_UNFINISHED`
+    mark, or (a backup of an earlier version, which made none) a ``sql/NAME.db.partial`` with no ``LOCK`` (trial HJ:
+    `tinystore serve` on one made a new, empty store there, with a new epoch, without a word)."""
+    if os.path.lexists(directory / BACKUP_UNFINISHED):
+        return f"its {BACKUP_UNFINISHED} mark is there"
+    if os.path.lexists(directory / "LOCK"):
+        return None
+    try:
+        partial = next((e.name for e in os.scandir(directory / "sql") if e.name.endswith(".db.partial")), None)
+    except OSError:
+        return None
+    return None if partial is None else f"sql/{partial} is there and no LOCK"
 
 
 def server_dir(directory: Path, make_store: bool = True) -> Path:
