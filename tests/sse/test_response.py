@@ -160,7 +160,81 @@ async def test_a_producer_that_does_not_await_ends_at_its_limit_while_a_write_wa
                 await ended.wait()
         finally:
             sock.close()
-    assert "bytes of events waited for a browser that took nothing" in caplog.text
+    assert "bytes of events waited for a browser that did not take them" in caplog.text
+
+
+async def test_the_end_after_an_overflow_waits_end_grace_not_stall() -> None:
+    """Trial HK: an overflow while no write was under way, the connection's buffers full: the stream's last write
+    (its end) waited STALL (60 s), the producer not told."""
+    outbox = tinystore.sse._Outbox(100)
+    outbox.push(b"x" * 80)
+    assert not outbox.overflowed  # (one event alone, however big, goes)
+    outbox.push(b"y" * 80)
+    assert outbox.overflowed and outbox.size == 0 and outbox.parts == []
+    never = asyncio.Event()
+
+    async def send(message: Any) -> None:
+        await never.wait()  # a browser that takes nothing
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert not await tinystore.sse._write(send, b"", outbox, more_body=False)
+    assert loop.time() - start < 5 * tinystore.sse.END_GRACE
+
+
+async def test_one_event_bigger_than_max_pending_goes_to_a_browser_that_reads() -> None:
+    """Trial HK: an event over max_pending ended the stream of a browser that read at once (and again at each of
+    its reconnects), its producer's awaited send resolved as if it went."""
+    big = "x" * 150_000
+
+    async def producer(send: Any, closed: asyncio.Event) -> None:
+        for i in range(3):
+            await send(big, id=str(i))
+
+    async def endpoint(request: Request) -> Response:
+        return sse_response(request, producer, max_pending=100_000)
+
+    app = Starlette(routes=[Route("/s", endpoint)])
+    async with serve(app) as url, client() as http, open_sse(http, f"{url}/s") as sse:
+        got = [(await sse.next()).last_event_id for _ in range(3)]
+        assert got == ["0", "1", "2"]
+        assert await sse.ended()
+
+
+async def test_a_producer_that_sends_on_after_its_stream_ended_lets_the_loop_run() -> None:
+    """Trial HK: after the stream ended, an awaited send was a future already done, which never lets the loop run:
+    a producer that sent on, never looking at ``closed``, held the process at 100 % CPU (its cancel at STOP_WITHIN,
+    every other request, a SIGTERM: none ran)."""
+    ticks = 0
+    during: int | None = None
+    done = asyncio.Event()
+
+    async def producer(send: Any, closed: asyncio.Event) -> None:
+        nonlocal during
+        await send("first")
+        await closed.wait()
+        before = ticks
+        for i in range(1000):
+            await send(i)  # never looks at closed
+        during = ticks - before
+        done.set()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    beat = asyncio.ensure_future(ticker())
+    try:
+        async with serve(app_of(producer)) as url:
+            async with client() as http, open_sse(http, f"{url}/s") as sse:
+                await sse.next()
+            async with asyncio.timeout(10):
+                await done.wait()
+    finally:
+        beat.cancel()
+    assert during is not None and during >= 500
 
 
 async def test_end_streams_finishes_every_open_stream(tmp_path: Path) -> None:
