@@ -199,6 +199,9 @@ class JobQueue:
         self.ends: list[tuple[list[Any], asyncio.Future[tuple[Any, ...] | None]]] = []
         # adds asked for in this loop turn, written together at its end: (rows, future of the ids)
         self.adds: list[tuple[list[list[Any]], Later]] = []
+        # one for each big add whose committed jobs are indexed over several loop turns, set once they all are
+        # (see JobsEngine._added_in_turns): a cancel of a job not indexed yet waits for them
+        self.placing: set[asyncio.Event] = set()
         self.schema: asyncio.Future[Any] | None = None  # the tables being made in an application database
 
     def _delayed(self, e: Entry) -> bool:
