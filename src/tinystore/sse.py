@@ -250,6 +250,7 @@ class _Outbox:
         "overflowed",
         "parts",
         "size",
+        "transport",
         "writing",
     )
 
@@ -267,33 +268,34 @@ class _Outbox:
         self.limit = limit
         self.loop = asyncio.get_running_loop()
         self.writing: asyncio.Timeout | None = None  # the deadline of the write under way
+        self.transport: Any = None  # the connection's (see _watch_progress): None unknown yet, False none found
 
     def end(self) -> None:
         """Finish the response once what is queued is written (the server is shutting down); a write that waits
         for the browser gives up :data:`END_GRACE` seconds from now at the latest."""
         self.ending = True
         self.event.set()
-        if self.writing is not None:
-            self.writing.reschedule(_sooner(self.writing.when(), self.loop.time() + END_GRACE))
+        _reschedule(self.writing, self.loop.time() + END_GRACE)
 
     def push(self, chunk: bytes) -> bool:
         """Queue ``chunk``; True when the browser is behind (over :data:`BACKLOG` bytes wait).
 
-        Past ``limit`` bytes waiting in more than one event, the stream is to end: what waits is dropped, and so is
+        An event that comes when more than ``limit`` bytes wait ends the stream: what waits is dropped, and so is
         every later chunk, and a write under way (that waits for a browser that takes nothing) is given up now, not
         at its :data:`STALL` (trial HI: a producer that did not await its sends queued 1.7 GB in 20 s)."""
         if self.closed or self.overflowed:
             return not self.closed
+        waited = self.size
         self.parts.append(chunk)
         self.size += len(chunk)
-        if self.size > self.limit and len(self.parts) > 1:
-            # (one event alone, however big, goes: trial HK, one over the limit ended the stream of a browser that
-            # read at once, and again at each reconnect)
+        if waited > self.limit:
+            # (what waited before this event is what tells a browser behind: one event, however big, goes after
+            # small ones not taken yet in this loop turn: trial HK, one over the limit ended the stream of a browser
+            # that read at once, and again at each reconnect; trial HM, so did one after a small one not awaited)
             self.overflowed = True
             self.parts = []
             self.size = 0
-            if self.writing is not None:
-                self.writing.reschedule(self.loop.time())
+            _reschedule(self.writing, self.loop.time())
         self.event.set()
         return self.size > BACKLOG or self.overflowed
 
@@ -333,6 +335,15 @@ class _Outbox:
 
 def _sooner(when: float | None, other: float) -> float:
     return other if when is None else min(when, other)
+
+
+def _reschedule(deadline: asyncio.Timeout | None, when: float, later: bool = False) -> None:
+    """Move the deadline of a write under way to ``when``, if sooner (or, ``later``, to ``when`` whatever it was);
+    nothing when no write is under way, or its deadline already fired (its cancel on its way: trial HM, a send then
+    raised RuntimeError "Cannot change state of expiring Timeout")."""
+    if deadline is None or deadline.expired():
+        return
+    deadline.reschedule(when if later else _sooner(deadline.when(), when))
 
 
 _open: weakref.WeakSet[_Outbox] = weakref.WeakSet()
@@ -732,6 +743,7 @@ async def _write(send: Send, body: bytes, outbox: _Outbox, more_body: bool = Tru
     """Hand ``body`` to the server as more of the response (the last of it, when not ``more_body``); False
     (logged) when that waited :data:`STALL` seconds, or :data:`END_GRACE` once the server stops: the browser takes
     nothing (the write is cancelled, and the stream is to end, unfinished)."""
+    stop_watching: Callable[[], None] | None = None
     try:
         async with asyncio.timeout(STALL) as deadline:
             outbox.writing = deadline
@@ -739,6 +751,8 @@ async def _write(send: Send, body: bytes, outbox: _Outbox, more_body: bool = Tru
                 # (the stream's end after an overflow: the browser is 1 MiB behind, and it is not waited for STALL:
                 # trial HK, such a stream stayed 60 s, its producer not told)
                 deadline.reschedule(_sooner(deadline.when(), outbox.loop.time() + END_GRACE))
+            else:
+                stop_watching = _watch_progress(send, outbox, deadline)
             await send({"type": "http.response.body", "body": body, "more_body": more_body})
     except TimeoutError:
         if outbox.overflowed:
@@ -755,7 +769,52 @@ async def _write(send: Send, body: bytes, outbox: _Outbox, more_body: bool = Tru
         return False
     finally:
         outbox.writing = None
+        if stop_watching is not None:
+            stop_watching()
     return True
+
+
+PROGRESS_EVERY = 5.0
+"""Seconds between two looks at whether a write that waits makes progress (see :func:`_watch_progress`)."""
+
+
+def _watch_progress(send: Send, outbox: _Outbox, deadline: asyncio.Timeout) -> Callable[[], None] | None:
+    """While a write waits, look every :data:`PROGRESS_EVERY` seconds at what the connection holds unsent: when it
+    went down, the browser reads, slowly, and the write's :data:`STALL` starts again (trial HM: a steady reader of
+    30 KB/s was cut "took nothing for 60s" from an 8 MB event, the same at each reconnect). Without the
+    connection's transport to look at (an ASGI server other than uvicorn), STALL is one write's time. Returns what
+    stops the looking (once the write is over), or ``None``."""
+    loop = outbox.loop
+    transport = outbox.transport
+    if transport is None:
+        transport = outbox.transport = _transport_of(send) or False
+    if transport is False:
+        return None
+    size = getattr(transport, "get_write_buffer_size", None)
+    if size is None:
+        return None
+    handle: asyncio.TimerHandle | None = None
+    last = -1
+
+    def look() -> None:
+        nonlocal handle, last
+        if outbox.writing is not deadline or deadline.expired():
+            return
+        with contextlib.suppress(Exception):
+            now = int(size())
+            if 0 <= now < last and not (outbox.ending or outbox.overflowed):
+                _reschedule(deadline, loop.time() + STALL, later=True)
+            last = now
+        handle = loop.call_later(PROGRESS_EVERY, look)
+
+    def stop() -> None:
+        if handle is not None:
+            handle.cancel()
+
+    with contextlib.suppress(Exception):
+        last = int(size())
+    handle = loop.call_later(PROGRESS_EVERY, look)
+    return stop
 
 
 _UNFINISHED = "ASGI callable returned without completing response."

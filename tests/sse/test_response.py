@@ -168,8 +168,9 @@ async def test_the_end_after_an_overflow_waits_end_grace_not_stall() -> None:
     (its end) waited STALL (60 s), the producer not told."""
     outbox = tinystore.sse._Outbox(100)
     outbox.push(b"x" * 80)
-    assert not outbox.overflowed  # (one event alone, however big, goes)
     outbox.push(b"y" * 80)
+    assert not outbox.overflowed  # (an event that comes when no more than the limit waits goes, however big)
+    outbox.push(b"z" * 10)
     assert outbox.overflowed and outbox.size == 0 and outbox.parts == []
     never = asyncio.Event()
 
@@ -199,6 +200,94 @@ async def test_one_event_bigger_than_max_pending_goes_to_a_browser_that_reads() 
         got = [(await sse.next()).last_event_id for _ in range(3)]
         assert got == ["0", "1", "2"]
         assert await sse.ended()
+
+
+async def test_a_big_event_after_a_small_one_not_awaited_goes_to_a_browser_that_reads() -> None:
+    """Trial HM: a small event not awaited (still waiting in the loop turn), then one over max_pending: the stream
+    ended, the browser got neither, and again at each of its reconnects."""
+
+    async def producer(send: Any, closed: asyncio.Event) -> None:
+        send({"status": "start"}, event="status")
+        await send("z" * 150_000, event="data", id="1")
+        await send({"done": True}, event="done", id="2")
+
+    async def endpoint(request: Request) -> Response:
+        return sse_response(request, producer, max_pending=100_000)
+
+    app = Starlette(routes=[Route("/s", endpoint)])
+    async with serve(app) as url, client() as http, open_sse(http, f"{url}/s") as sse:
+        assert [(await sse.next()).type for _ in range(3)] == ["status", "data", "done"]
+        assert await sse.ended()
+
+
+async def test_a_browser_that_reads_slowly_is_not_cut_while_a_write_waits(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Trial HM: STALL was one write's time, not time without progress: a browser reading 30 KB/s was cut "took
+    nothing for 60s" from an 8 MB event, and again at each reconnect."""
+    import socket
+    from urllib.parse import urlsplit
+
+    monkeypatch.setattr(tinystore.sse, "STALL", 1.0)
+    monkeypatch.setattr(tinystore.sse, "PROGRESS_EVERY", 0.2)
+    big = "y" * 1_500_000
+
+    async def producer(send: Any, closed: asyncio.Event) -> None:
+        await send(big, id="1")
+        await send("end", id="2")
+
+    async def endpoint(request: Request) -> Response:
+        return sse_response(request, producer, max_pending=100_000)
+
+    app = Starlette(routes=[Route("/s", endpoint)])
+    got = bytearray()
+    async with serve(app) as url:
+        parts = urlsplit(url)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_connect(sock, (parts.hostname, parts.port))
+            await loop.sock_sendall(sock, f"GET /s HTTP/1.1\r\nHost: {parts.hostname}\r\n\r\n".encode())
+            async with asyncio.timeout(30):
+                while b"id: 2" not in got[-200:]:  # some 600 KB/s: the event takes some 2.5 s, past STALL
+                    chunk = await loop.sock_recv(sock, 16384)
+                    if not chunk:
+                        break
+                    got += chunk
+                    await asyncio.sleep(0.025)
+        finally:
+            sock.close()
+    assert b"id: 2" in got and got.count(b"y") >= 1_500_000
+    assert "took nothing" not in caplog.text
+
+
+async def test_an_overflow_as_a_writes_deadline_fires_is_no_error_of_send() -> None:
+    """Trial HM: an overflow (or end()) in the loop turn where a write's deadline had fired but its cancel had not
+    landed: send raised RuntimeError "Cannot change state of expiring Timeout"."""
+    outbox = tinystore.sse._Outbox(10)
+    raised: list[BaseException] = []
+
+    async def write() -> None:
+        async with asyncio.timeout(0.05) as deadline:
+            outbox.writing = deadline
+            loop.call_at(deadline.when() or 0.0, overflow)  # (after the deadline's own callback, in its turn)
+            await asyncio.sleep(5)
+
+    def overflow() -> None:
+        try:
+            assert outbox.writing is not None and outbox.writing.expired()
+            outbox.push(b"x" * 20)
+            outbox.push(b"y" * 20)
+            outbox.end()
+        except BaseException as exc:
+            raised.append(exc)
+
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError):
+        await write()
+    assert raised == [] and outbox.overflowed
 
 
 async def test_a_producer_that_sends_on_after_its_stream_ended_lets_the_loop_run() -> None:
