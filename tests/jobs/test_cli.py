@@ -121,6 +121,17 @@ def test_an_unknown_job(tmp_path: Path) -> None:
     make_store(d)
     r = CliRunner().invoke(main, ["jobs", str(d), "show", "nope"])
     assert r.exit_code == 1
+    # trial HL: with --json, retry and cancel print their line for an id no queue has too (a script read nothing)
+    for action in ("retry", "cancel"):
+        r = CliRunner().invoke(main, ["jobs", str(d), action, "nope", "--json"])
+        assert r.exit_code == 1
+        line = json.loads(r.stdout)
+        assert line["error"] and {k: v for k, v in line.items() if k != "error"} == {
+            "id": "nope",
+            "action": action,
+            "changed": False,
+            "state_before": None,
+        }
 
 
 def test_configure_changes_the_options_the_store_keeps(tmp_path: Path) -> None:

@@ -101,7 +101,7 @@ async def test_a_data_token_cannot_write_the_jobs_database(tmp_path: Path) -> No
             # effect) where the same words through db.all were refused: refused alike, as writes
             jobs = await store.database("tinystore-jobs")
             kept = await jobs.scalar("select count(*) from _tinystore_jobs")
-            for sql in ("pragma optimize", "pragma page_size = 1024", "pragma auto_vacuum = 2", "analyze"):
+            for sql in ("pragma optimize", "pragma page_size = 1024", "pragma auto_vacuum = 2", "analyze", "vacuum"):
                 with pytest.raises(tinystore.PermissionDeniedError, match=f"database tinystore-jobs {OWN}"):
                     await jobs.exec(sql)
             assert await jobs.scalar("select count(*) from _tinystore_jobs") == kept
@@ -135,6 +135,17 @@ async def test_the_cli_reads_the_jobs_database_and_cannot_write_it(tmp_path: Pat
         )
         assert wrote.returncode == 1
         assert wrote.stderr.startswith(f"error[permission_denied] database tinystore-jobs {OWN}"), wrote.stderr
+    # trial HL: VACUUM changes no row, and nothing else could give back the file's free pages after a spike of jobs
+    vacuumed = await asyncio.to_thread(run_cli, "sql", str(directory), "--db", "tinystore-jobs", "--write", "vacuum")
+    assert vacuumed.returncode == 0, vacuumed.stderr
+    store = await tinystore.open(directory, embedded=True, serve=False)
+    try:
+        jobs = await store.database("tinystore-jobs")
+        await jobs.exec("vacuum")
+        await jobs.exec("pragma wal_checkpoint(truncate)")
+        assert await jobs.scalar("select count(*) from _tinystore_jobs") == 1
+    finally:
+        await store.close()
     listed = await asyncio.to_thread(run_cli, "jobs", str(directory), "list", "--queue", "mail", "--json")
     assert listed.returncode == 0, listed.stderr
     assert '"a@x"' in listed.stdout or "a@x" in listed.stdout

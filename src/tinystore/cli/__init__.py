@@ -1080,6 +1080,7 @@ def sql(
 
     async def run(store: Any, name: str) -> tuple[list[str], list[list[Any]], Any]:
         from ..engines.sql_guard import WRITER_ONLY
+        from ..engines.sql_text import is_vacuum
         from ..errors import InvalidError
         from ..names import RESERVED_DB_PREFIX, reserved_db_error
 
@@ -1103,9 +1104,10 @@ def sql(
             done = await db.exec(statement, *values)
             return done.columns, [list(r) for r in done.rows], done
 
-        if write and _PRAGMA_HEAD.match(statement) is not None:
+        if write and (_PRAGMA_HEAD.match(statement) is not None or is_vacuum(statement)):
             # (a PRAGMA that sets something must reach the writer: a reader's connection takes some and
-            # answers nothing, page_size for one)
+            # answers nothing, page_size for one; VACUUM and a checkpoint run there only, of the store's own
+            # databases too, which refuse a reader's write as the store's own: trial HL)
             return await on_the_writer()
         try:
             # a statement that only reads runs as a read, --write given or not: its rows alone, and no "changed"

@@ -225,11 +225,13 @@ def register(main: click.Group) -> None:
         from ..client.jobs import cancel_job, find, retry_job
         from ..errors import InvalidError
 
-        async def go() -> tuple[bool, str]:
+        async def go() -> tuple[bool, str | None]:
             store = await open_for_cli(directory)
             try:
                 job = await find(store, job_id)
                 if job is None:
+                    if as_json:
+                        return False, None
                     raise InvalidError(_not_found(job_id, directory))
                 fn = cancel_job if what == "cancel" else retry_job
                 return await fn(store, job.queue, job_id), job.state
@@ -237,6 +239,11 @@ def register(main: click.Group) -> None:
                 await store.close()
 
         ok, state = run_async(go)
+        if as_json and state is None:
+            # (trial HL: a script reading stdout got nothing; the same line, with why)
+            line = {"id": job_id, "action": what, "changed": False, "state_before": None}
+            click.echo(to_json({**line, "error": _not_found(job_id, directory)}))
+            raise SystemExit(1)
         if as_json:
             click.echo(to_json({"id": job_id, "action": what, "changed": ok, "state_before": state}))
             if not ok:
