@@ -145,9 +145,9 @@ ERRORS_KEPT = 50
 ERRORS_TRIM_BYTES = 64 * 1024
 """A history longer than this (its JSON) is trimmed to :data:`ERRORS_KEPT` after the attempt that made it so."""
 CHUNK = 400
+"""Jobs per INSERT statement (13 parameters each stays far below SQLite's bound)."""
 TURN_JOBS = 2000
 """The jobs of a big add checked, or indexed once committed, in one turn of the event loop (some 5 ms)."""
-"""Jobs per INSERT statement (13 parameters each stays far below SQLite's bound)."""
 INT_MAX = PRIORITY_MAX
 STEPS_VALUES = 8
 """A job's steps together hold at most this many times ``Limits.job_value_bytes`` (8 MiB by default)."""
@@ -2010,35 +2010,38 @@ class JobsEngine:
     async def _add_in_own_tx(self, q: JobQueue, rows: list[list[Any]]) -> list[str]:
         own = await q.db.begin(owner=None)
         found: dict[str, str] = {}
+        # before the commit, from which its rows can be read: a cancel of one of them waits for its index (trial
+        # HN: one found by SQL between the commit and the index was answered "no such job", and then ran)
+        placing = asyncio.Event()
         try:
             for i in range(0, len(rows), CHUNK):
                 done = await own.exec(*self._insert(rows[i : i + CHUNK]), own=True)
                 found.update(self._returned(done.rows))
+            q.placing.add(placing)
             await own.commit()
+            ids, new = self._ids_of(rows, found)
+            await self._added_in_turns(q, new)
         except BaseException:
             await asyncio.shield(own.rollback())
             raise
-        ids, new = self._ids_of(rows, found)
-        await self._added_in_turns(q, new)
+        finally:
+            q.placing.discard(placing)
+            placing.set()
         return ids
 
     async def _added_in_turns(self, q: JobQueue, rows: list[list[Any]]) -> None:
         """:meth:`_added` of a big add's committed jobs, :data:`TURN_JOBS` a loop turn (see
-        :meth:`_new_rows_in_turns`); a cancel of one not indexed yet waits for it (``q.placing``). It runs in the
-        add's own task (see :meth:`_to_its_end`): a cancel of the caller does not stop it."""
-        if len(rows) <= TURN_JOBS:
-            self._added(q, rows)
-            return
-        placing = asyncio.Event()
-        q.placing.add(placing)
-        try:
-            for start in range(0, len(rows), TURN_JOBS):
-                if start:
-                    await asyncio.sleep(0)
-                self._added(q, rows[start : start + TURN_JOBS])
-        finally:
-            q.placing.discard(placing)
-            placing.set()
+        :meth:`_new_rows_in_turns`); a cancel of one not indexed yet waits for it (``q.placing``, held by the
+        caller from before the commit). It runs in the add's own task (see :meth:`_to_its_end`): a cancel of the
+        caller does not stop it."""
+        for start in range(0, len(rows), TURN_JOBS):
+            if start:
+                await asyncio.sleep(0)
+            self._added(q, rows[start : start + TURN_JOBS])
+
+    def running_in(self, database: str) -> int:
+        """The attempts running now of the queues whose jobs live in ``database``."""
+        return sum(q.running_total for q in self.queues.values() if q.db.name == database)
 
     def add_now(self, queue: str, jobs: Sequence[NewJob]) -> Later | None:
         """:meth:`add` without a coroutine, for its common case: a queue this engine has loaded, no transaction,

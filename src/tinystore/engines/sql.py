@@ -1117,6 +1117,10 @@ class SqlDatabase:
         if conn is None or len(sql) > INLINE_SQL_BYTES or sql in self._off_loop:
             return None
         n = self._turn_reads
+        if n >= INLINE_TURN_READS:
+            # (a reader thread's, then: its caller's await lets the loop turn. An embedded caller that read in a loop
+            # with no other await was answered inline for ever, and a big add of jobs never went on: trial HN)
+            return None
         self._turn_reads = n + 1
         if n == 0:
             self.loop.call_soon(self._end_turn)
@@ -2171,6 +2175,8 @@ INLINE_SQL_BYTES = 4 << 10
 progress handler only where a statement jumps: a statement of many function calls in a row (a long select list)
 runs whole. With these two bounds, such a run on the loop costs a few ms at most (a few hundred calls over values
 of 16 KiB), where 64 KiB and 1 MiB let one read hold every client for 17 s (trial W)."""
+INLINE_TURN_READS = 512
+"""Reads answered inline in one turn of the event loop; the next ones of the turn go to a reader thread."""
 
 
 def _bound_heap(limit: int) -> None:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..engines.sql import SqlDatabase, SqlTx
 from ..engines.sql_guard import WRITER_ONLY, restricted_sql
-from ..engines.sql_text import check_params, is_vacuum, same_migration
-from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError
+from ..engines.sql_text import check_params, is_vacuum, is_vacuum_itself, same_migration
+from ..errors import ClosedError, InUseError, InvalidError, PermissionDeniedError, TinystoreError
 from ..names import RESERVED_DB_PREFIX, check_db_writable, reserved_db_error
 from ..protocol.sql import Begin, Done, Exec, OpenDb, Opened, Query, TxRef
 
@@ -166,6 +166,19 @@ def install(core: Core) -> None:
             raise InvalidError(f"database {db}: transaction {tx_id} is a transaction of database {tx.db.name}")
         return tx
 
+    def check_no_attempt_runs(req: Exec) -> None:
+        """Refuse a VACUUM of the store's own database while attempts of its queues run: it holds the writer for as
+        long as it takes, and their lease renewals wait behind it (trial HN: attempts were lost, and counted)."""
+        jobs = core.engines.get("jobs")
+        if jobs is None or not is_vacuum_itself(req.sql):
+            return
+        running = jobs.running_in(req.db)
+        if running:
+            raise InUseError(
+                f"database {req.db}: VACUUM holds its writer while it runs, and the {running} attempt(s) running now "
+                "would lose their leases waiting behind it: run it with no worker running (stop them, or wait)"
+            )
+
     def exec_(session: Session, req: Exec) -> Any:
         restrict(session, req)
         if req.tx:
@@ -174,6 +187,7 @@ def install(core: Core) -> None:
             if session.capability == "admin" and is_vacuum(req.sql) and engine.exists(req.db):
                 # VACUUM (or a WAL checkpoint) of the store's own database changes no row: an admin's runs on its
                 # writer (trial HL: the jobs database, 60 MB after a spike of jobs that ended, could never shrink)
+                check_no_attempt_runs(req)
                 return exec_later(req, not session.local)
             return exec_reserved(req)
         db = engine.databases.get(req.db)
