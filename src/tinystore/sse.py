@@ -39,6 +39,8 @@ import math
 import os
 import re
 import signal
+import socket
+import struct
 import threading
 import time
 import weakref
@@ -698,6 +700,17 @@ ABORT_WITHIN = 30.0
 """Seconds after a stop's give-up by which such a connection is closed, however slowly it is read."""
 
 
+def _abort(transport: Any) -> None:
+    """Close ``transport`` now, and its socket with a reset (``SO_LINGER`` 0): what the kernel holds for a browser
+    that takes nothing goes too (trial HO: a plain close kept the connection in FIN-WAIT-1, its 2.7 MB queue and its
+    window probes, for as long as the frozen tab answered them)."""
+    with contextlib.suppress(Exception):
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 def _close_stuck(transport: Any, loop: asyncio.AbstractEventLoop, at_once: bool) -> bool:
     """Close ``transport`` (of a stream given up) at once, dropping what its buffers hold for a browser that takes
     nothing: its ``close()``, which the server calls once the application returns, waits for those buffers to
@@ -706,7 +719,7 @@ def _close_stuck(transport: Any, loop: asyncio.AbstractEventLoop, at_once: bool)
     nothing for :data:`STUCK_FOR` seconds (or :data:`ABORT_WITHIN` passed). True when it was closed now."""
     if at_once:
         with contextlib.suppress(Exception):
-            transport.abort()
+            _abort(transport)
             return True
         return False
     deadline = loop.time() + ABORT_WITHIN
@@ -728,7 +741,7 @@ def _close_stuck(transport: Any, loop: asyncio.AbstractEventLoop, at_once: bool)
             if size < least:
                 least, since = size, now
             if now - since >= STUCK_FOR or now >= deadline:
-                transport.abort()
+                _abort(transport)
             else:
                 loop.call_later(ABORT_CHECK, look, least, since)
         except Exception:  # (closed meanwhile)
@@ -790,9 +803,19 @@ def _watch_progress(send: Send, outbox: _Outbox, deadline: asyncio.Timeout) -> C
         transport = outbox.transport = _transport_of(send) or False
     if transport is False:
         return None
-    size = getattr(transport, "get_write_buffer_size", None)
-    if size is None:
+    buffered = getattr(transport, "get_write_buffer_size", None)
+    if buffered is None:
         return None
+    sock = None
+    with contextlib.suppress(Exception):
+        sock = transport.get_extra_info("socket")
+
+    def size() -> int:
+        # the transport's buffer and the socket's: the kernel takes more only once a third of its buffer is free,
+        # so the transport's alone stays still for as long as a slow browser reads a megabyte (trial HO: steady
+        # readers of 10 to 20 KB/s were still cut, "took nothing for 60s")
+        return int(buffered()) + unsent_in_socket(sock)
+
     handle: asyncio.TimerHandle | None = None
     last = -1
 
@@ -801,7 +824,7 @@ def _watch_progress(send: Send, outbox: _Outbox, deadline: asyncio.Timeout) -> C
         if outbox.writing is not deadline or deadline.expired():
             return
         with contextlib.suppress(Exception):
-            now = int(size())
+            now = size()
             if 0 <= now < last and not (outbox.ending or outbox.overflowed):
                 _reschedule(deadline, loop.time() + STALL, later=True)
             last = now
@@ -812,7 +835,7 @@ def _watch_progress(send: Send, outbox: _Outbox, deadline: asyncio.Timeout) -> C
             handle.cancel()
 
     with contextlib.suppress(Exception):
-        last = int(size())
+        last = size()
     handle = loop.call_later(PROGRESS_EVERY, look)
     return stop
 

@@ -263,6 +263,46 @@ async def test_a_browser_that_reads_slowly_is_not_cut_while_a_write_waits(
     assert "took nothing" not in caplog.text
 
 
+async def test_a_steady_slow_reader_behind_a_full_socket_is_not_cut(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Trial HO: the progress looked at was the transport's buffer alone, which stays still while the kernel's
+    (megabytes, on loopback) drains to a slow reader: steady readers of 10 to 20 KB/s were cut all the same."""
+    import socket
+    from urllib.parse import urlsplit
+
+    monkeypatch.setattr(tinystore.sse, "STALL", 1.0)
+    monkeypatch.setattr(tinystore.sse, "PROGRESS_EVERY", 0.2)
+    chunk = "x" * 100_000
+
+    async def producer(send: Any, closed: asyncio.Event) -> None:
+        while not closed.is_set():
+            await send(chunk)  # at the browser's pace
+
+    app = Starlette(routes=[Route("/s", lambda request: sse_response(request, producer))])
+    got = 0
+    async with serve(app) as url:
+        parts = urlsplit(url)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_connect(sock, (parts.hostname, parts.port))
+            await loop.sock_sendall(sock, f"GET /s HTTP/1.1\r\nHost: {parts.hostname}\r\n\r\n".encode())
+            await asyncio.sleep(0.3)  # (the server's buffers fill, within STALL)
+            ends = loop.time() + 4.0  # four STALLs of steady reading, some 100 KB/s
+            while loop.time() < ends:
+                data = await asyncio.wait_for(loop.sock_recv(sock, 4096), 5)
+                assert data, "the stream was ended"
+                got += len(data)
+                await asyncio.sleep(0.04)
+        finally:
+            sock.close()
+    assert got > 100_000
+    assert "took nothing" not in caplog.text
+
+
 async def test_an_overflow_as_a_writes_deadline_fires_is_no_error_of_send() -> None:
     """Trial HM: an overflow (or end()) in the loop turn where a write's deadline had fired but its cancel had not
     landed: send raised RuntimeError "Cannot change state of expiring Timeout"."""
