@@ -8,6 +8,7 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import uvicorn
@@ -108,3 +109,21 @@ async def open_sse(client: httpx.AsyncClient, url: str, headers: dict[str, str] 
 def client() -> httpx.AsyncClient:
     """An httpx client with no pool reuse surprises: each stream its own connection, no timeout on reads."""
     return httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None), limits=httpx.Limits(max_connections=2000))
+
+
+async def stalled_reader(web: str, path: str) -> socket.socket:
+    """A client of ``web`` that asks for the event stream at ``path`` over a raw socket (a 4 KiB receive buffer,
+    non-blocking), reading nothing unless the test does (``loop.sock_recv``); the test closes it."""
+    parts = urlsplit(web)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, (parts.hostname, parts.port))
+        request = f"GET {path} HTTP/1.1\r\nHost: {parts.hostname}\r\nAccept: text/event-stream\r\n\r\n"
+        await loop.sock_sendall(sock, request.encode())
+    except BaseException:
+        sock.close()
+        raise
+    return sock

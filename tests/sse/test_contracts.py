@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -18,7 +16,7 @@ import tinystore
 
 from ..helpers import open_store
 from .app import ChatEvent, make_app
-from .harness import client, open_sse, serve
+from .harness import client, open_sse, serve, stalled_reader
 from .parser import EventStreamParser
 
 MODES = ["embedded", "sidecar"]
@@ -49,19 +47,6 @@ async def wait_subscriptions(store: tinystore.Store, n: int, within: float = 5.0
             raise AssertionError(f"the store holds {got} subscriptions, not {n}, after {within}s")
         await asyncio.sleep(0.02)
     return time.monotonic() - start
-
-
-async def stalled_reader(web: str, path: str) -> socket.socket:
-    """A client of ``web`` that asks for the event stream at ``path`` and never reads (a 4 KiB receive buffer)."""
-    parts = urlsplit(web)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (parts.hostname, parts.port))
-    request = f"GET {path} HTTP/1.1\r\nHost: {parts.hostname}\r\nAccept: text/event-stream\r\n\r\n"
-    await loop.sock_sendall(sock, request.encode())
-    return sock
 
 
 def events_of(store: tinystore.Store) -> tinystore.Channel[ChatEvent]:

@@ -20,7 +20,7 @@ import tinystore.sse
 from tinystore.sse import EventSourceResponse, end_streams, event_stream, sse_response
 
 from ..helpers import open_store
-from .harness import client, open_sse, serve
+from .harness import client, open_sse, serve, stalled_reader
 from .parser import EventStreamParser
 
 
@@ -126,9 +126,6 @@ async def test_a_producer_that_does_not_await_ends_at_its_limit_while_a_write_wa
     """Trial HI: a producer that never awaits its sends, to a browser that takes nothing: while the stream's write
     waited (up to STALL, 60 s) for that browser, the events queued behind it without bound (1.7 GB in 20 s). Past
     max_pending the stream ends now, and what waits goes."""
-    import socket
-    from urllib.parse import urlsplit
-
     big = "x" * 10_000
     ended = asyncio.Event()
     queued = 0
@@ -148,14 +145,8 @@ async def test_a_producer_that_does_not_await_ends_at_its_limit_while_a_write_wa
 
     app = Starlette(routes=[Route("/s", endpoint)])
     async with serve(app) as url:
-        parts = urlsplit(url)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
+        sock = await stalled_reader(url, "/s")
         try:
-            await loop.sock_connect(sock, (parts.hostname, parts.port))
-            await loop.sock_sendall(sock, f"GET /s HTTP/1.1\r\nHost: {parts.hostname}\r\n\r\n".encode())
             async with asyncio.timeout(10):  # (not STALL's 60 s)
                 await ended.wait()
         finally:
@@ -225,9 +216,6 @@ async def test_a_browser_that_reads_slowly_is_not_cut_while_a_write_waits(
 ) -> None:
     """Trial HM: STALL was one write's time, not time without progress: a browser reading 30 KB/s was cut "took
     nothing for 60s" from an 8 MB event, and again at each reconnect."""
-    import socket
-    from urllib.parse import urlsplit
-
     monkeypatch.setattr(tinystore.sse, "STALL", 1.0)
     monkeypatch.setattr(tinystore.sse, "PROGRESS_EVERY", 0.2)
     big = "y" * 1_500_000
@@ -242,14 +230,9 @@ async def test_a_browser_that_reads_slowly_is_not_cut_while_a_write_waits(
     app = Starlette(routes=[Route("/s", endpoint)])
     got = bytearray()
     async with serve(app) as url:
-        parts = urlsplit(url)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
+        sock = await stalled_reader(url, "/s")
         loop = asyncio.get_running_loop()
         try:
-            await loop.sock_connect(sock, (parts.hostname, parts.port))
-            await loop.sock_sendall(sock, f"GET /s HTTP/1.1\r\nHost: {parts.hostname}\r\n\r\n".encode())
             async with asyncio.timeout(30):
                 while b"id: 2" not in got[-200:]:  # some 600 KB/s: the event takes some 2.5 s, past STALL
                     chunk = await loop.sock_recv(sock, 16384)
@@ -268,9 +251,6 @@ async def test_a_steady_slow_reader_behind_a_full_socket_is_not_cut(
 ) -> None:
     """Trial HO: the progress looked at was the transport's buffer alone, which stays still while the kernel's
     (megabytes, on loopback) drains to a slow reader: steady readers of 10 to 20 KB/s were cut all the same."""
-    import socket
-    from urllib.parse import urlsplit
-
     monkeypatch.setattr(tinystore.sse, "STALL", 1.0)
     monkeypatch.setattr(tinystore.sse, "PROGRESS_EVERY", 0.2)
     chunk = "x" * 100_000
@@ -282,14 +262,9 @@ async def test_a_steady_slow_reader_behind_a_full_socket_is_not_cut(
     app = Starlette(routes=[Route("/s", lambda request: sse_response(request, producer))])
     got = 0
     async with serve(app) as url:
-        parts = urlsplit(url)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
+        sock = await stalled_reader(url, "/s")
         loop = asyncio.get_running_loop()
         try:
-            await loop.sock_connect(sock, (parts.hostname, parts.port))
-            await loop.sock_sendall(sock, f"GET /s HTTP/1.1\r\nHost: {parts.hostname}\r\n\r\n".encode())
             await asyncio.sleep(0.3)  # (the server's buffers fill, within STALL)
             ends = loop.time() + 4.0  # four STALLs of steady reading, some 100 KB/s
             while loop.time() < ends:
@@ -466,9 +441,6 @@ def test_uvicorns_error_for_a_stream_given_up_is_left_out_once_and_briefly(
 async def test_a_producer_awaiting_a_write_given_up_goes_on_and_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     """From trial FJ: a write given up (a browser that took nothing for STALL) left the producer that awaited it
     waiting, until it was cancelled STOP_WITHIN later, with a WARNING; it is let go, sees ``closed``, returns."""
-    import socket
-    from urllib.parse import urlsplit
-
     monkeypatch.setattr(tinystore.sse, "STALL", 0.5)
     ended: list[str] = []
 
@@ -484,14 +456,8 @@ async def test_a_producer_awaiting_a_write_given_up_goes_on_and_returns(monkeypa
             raise
 
     async with serve(app_of(producer)) as url:
-        parts = urlsplit(url)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
+        sock = await stalled_reader(url, "/s")
         try:
-            await loop.sock_connect(sock, (parts.hostname, parts.port))
-            await loop.sock_sendall(sock, f"GET /s HTTP/1.1\r\nHost: {parts.hostname}\r\n\r\n".encode())
             for _ in range(400):
                 if ended:
                     break
