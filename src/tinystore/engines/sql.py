@@ -1104,6 +1104,13 @@ class SqlDatabase:
             self._reads.put(_Read(sql, values, mode, fut), owner)
         return fut
 
+    def turn_full(self) -> bool:
+        """Whether more than :data:`INLINE_TURN_READS` reads were answered inline in this turn of the loop: then the
+        caller hands the next ones over in the loop's next turn, so that its await lets the loop turn (an embedded
+        caller that read in a loop with no other await was answered inline for ever, and a big add of jobs never
+        went on: trial HN)."""
+        return self._turn_reads > INLINE_TURN_READS
+
     def read_now(self, sql: str, values: list[Any], mode: str = "all") -> Rows | None:
         """A read run here, on the loop, under the inline budget: its rows, or ``None`` when it did not fit
         the budget (or reads never run inline): then :meth:`read_later` runs it on a reader thread.
@@ -1117,10 +1124,6 @@ class SqlDatabase:
         if conn is None or len(sql) > INLINE_SQL_BYTES or sql in self._off_loop:
             return None
         n = self._turn_reads
-        if n >= INLINE_TURN_READS:
-            # (a reader thread's, then: its caller's await lets the loop turn. An embedded caller that read in a loop
-            # with no other await was answered inline for ever, and a big add of jobs never went on: trial HN)
-            return None
         self._turn_reads = n + 1
         if n == 0:
             self.loop.call_soon(self._end_turn)
@@ -2176,7 +2179,8 @@ progress handler only where a statement jumps: a statement of many function call
 runs whole. With these two bounds, such a run on the loop costs a few ms at most (a few hundred calls over values
 of 16 KiB), where 64 KiB and 1 MiB let one read hold every client for 17 s (trial W)."""
 INLINE_TURN_READS = 512
-"""Reads answered inline in one turn of the event loop; the next ones of the turn go to a reader thread."""
+"""Reads answered inline in one turn of the event loop, past which they are handed over in the next turn (see
+:meth:`SqlDatabase.turn_full`)."""
 
 
 def _bound_heap(limit: int) -> None:
