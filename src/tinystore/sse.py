@@ -83,9 +83,9 @@ STOP_WITHIN = 5.0
 cancelled."""
 
 MAX_PENDING = 1024 * 1024
-"""Bytes of events a stream holds for a browser that does not read them; past it (in more than one event: one
-alone, however big, goes) the stream ends at once, what waits dropped (the browser reconnects). Only a producer
-that does not await ``send`` can get that far ahead."""
+"""Bytes of events a stream holds for a browser that does not read them: an event that comes when more wait ends the
+stream at once, what waits dropped (the browser reconnects); one event, however big, goes when less waits. Only a
+producer that does not await ``send`` can get that far ahead."""
 
 BACKLOG = 64 * 1024
 """Bytes of events waiting for a browser past which a channel stream stops taking messages from its
@@ -252,6 +252,7 @@ class _Outbox:
         "overflowed",
         "parts",
         "size",
+        "sock",
         "transport",
         "writing",
     )
@@ -271,6 +272,7 @@ class _Outbox:
         self.loop = asyncio.get_running_loop()
         self.writing: asyncio.Timeout | None = None  # the deadline of the write under way
         self.transport: Any = None  # the connection's (see _watch_progress): None unknown yet, False none found
+        self.sock: Any = None  # its socket, or None
 
     def end(self) -> None:
         """Finish the response once what is queued is written (the server is shutting down); a write that waits
@@ -800,15 +802,17 @@ def _watch_progress(send: Send, outbox: _Outbox, deadline: asyncio.Timeout) -> C
     loop = outbox.loop
     transport = outbox.transport
     if transport is None:
-        transport = outbox.transport = _transport_of(send) or False
+        found: Any = _transport_of(send)
+        transport = outbox.transport = found if found is not None else False
+        if found is not None:
+            with contextlib.suppress(Exception):
+                outbox.sock = found.get_extra_info("socket")
     if transport is False:
         return None
     buffered = getattr(transport, "get_write_buffer_size", None)
     if buffered is None:
         return None
-    sock = None
-    with contextlib.suppress(Exception):
-        sock = transport.get_extra_info("socket")
+    sock = outbox.sock
 
     def size() -> int:
         # the transport's buffer and the socket's: the kernel takes more only once a third of its buffer is free,
@@ -834,8 +838,7 @@ def _watch_progress(send: Send, outbox: _Outbox, deadline: asyncio.Timeout) -> C
         if handle is not None:
             handle.cancel()
 
-    with contextlib.suppress(Exception):
-        last = size()
+    # (the first look only notes the size: most writes are over long before it, and none pays for a look)
     handle = loop.call_later(PROGRESS_EVERY, look)
     return stop
 
