@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import tinystore
 from tinystore.engines import jobs as jobs_engine
 
 from ..helpers import open_store
@@ -81,7 +82,6 @@ async def test_an_embedded_read_loop_with_no_other_await_lets_a_big_add_go_on(tm
 async def test_a_vacuum_of_the_jobs_database_waits_for_no_attempt_to_run(tmp_path: Path) -> None:
     """Trial HN: a VACUUM of tinystore-jobs holds its writer for as long as it takes, and the lease renewals of the
     attempts running then waited behind it: attempts were lost, and counted. Refused while any runs."""
-    import tinystore
 
     async with open_store("embedded", tmp_path / "s") as store:
         q = store.queue("q", dict)
@@ -107,3 +107,71 @@ async def test_a_vacuum_of_the_jobs_database_waits_for_no_attempt_to_run(tmp_pat
             await jobs_db.exec("vacuum")
         finally:
             await worker.stop()
+
+
+# contract: JOB-06
+async def test_a_big_add_in_a_transaction_is_indexed_in_turns_after_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction that added 100,000 jobs held the loop (every other client) for a second at its commit, its jobs
+    all indexed there. The first few thousand are indexed at the commit, the rest a few thousand a turn; a cancel
+    of one not indexed yet waits for it."""
+    monkeypatch.setattr(jobs_engine, "TURN_JOBS", 100)
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app")
+        q = store.queue("q", dict, database=db)
+        await q.add({"n": -1})
+        index = await store._core.engines["jobs"]._queue("q")  # read only: to see the index under way
+        ids = await db.tx(lambda tx: tx.with_(q).add_many([{"n": i} for i in range(3_000)]))
+        assert index.placing and len(index.entries) < 3_001  # (the rest: in turns, after the commit)
+        assert await q.cancel(ids[-1])  # (waits for its index)
+        for _ in range(1000):
+            if not index.placing:
+                break
+            await asyncio.sleep(0)
+        assert not index.placing and all(i in index.entries for i in ids[:-1])
+        job = await q.get(ids[-1])
+        assert job is not None and job.state == "cancelled"
+        assert (await q.get(ids[0])).state == "queued"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("in_tx", [False, True], ids=["add_many", "tx_add_many"])
+# contract: JOB-06
+async def test_a_big_add_many_encodes_its_values_a_few_thousand_a_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_tx: bool
+) -> None:
+    """100,000 values were encoded by the SDK in one turn (1 to 2 s with the loop held: an embedded store's other
+    clients too). A few thousand a turn now; a bad value past the first turn's still names its place, and nothing
+    is added."""
+    from tinystore.client import jobs as client_jobs
+
+    monkeypatch.setattr(client_jobs, "ENCODE_TURN", 100)
+    turns = 0
+    seen: list[int] = []
+    real = client_jobs.Queue._many_slice
+
+    def noted(self: Any, *args: Any) -> Any:
+        seen.append(turns)
+        return real(self, *args)
+
+    monkeypatch.setattr(client_jobs.Queue, "_many_slice", noted)
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app")
+        q = store.queue("q", dict, database=db)
+
+        async def add(values: list[Any]) -> list[str]:
+            if in_tx:
+                return await db.tx(lambda tx: tx.with_(q).add_many(values))
+            return await q.add_many(values)
+
+        add_task = asyncio.ensure_future(add([{"n": i} for i in range(1_000)]))
+        while not add_task.done():
+            turns += 1
+            await asyncio.sleep(0)
+        assert len(add_task.result()) == 1_000
+        assert len(seen) == 10 and len(set(seen)) == 10  # (each slice in a turn of its own)
+        bad: list[Any] = [{"n": i} for i in range(1_000)]
+        bad[777] = {"n": float("nan")}
+        with pytest.raises(tinystore.InvalidError, match=r"values\[777\]"):
+            await add(bad)
+        assert len((await q.list(limit=1000)).jobs) == 1_000

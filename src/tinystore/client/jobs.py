@@ -17,6 +17,7 @@ import asyncio
 import builtins
 import collections
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
@@ -120,6 +121,8 @@ R = TypeVar("R")
 
 PROGRESS_INTERVAL = 0.1
 """Seconds between two progress sends of one attempt (at most 10 a second)."""
+ENCODE_TURN = 2000
+"""The values of an add_many encoded in one loop turn (see ``Queue._many_in_turns``)."""
 CLAIM_WAIT = 30.0
 """Seconds a worker's claim waits in the store for a job before it asks again."""
 
@@ -1824,7 +1827,7 @@ class Queue(Generic[T]):
         :meth:`add` does (``InvalidError``, ``LimitError``, ``OutcomeUnknownError``,
         ``UnavailableError``, ``ClosedError``); a cancel of this call after it was sent leaves all of the jobs added
         or none."""
-        jobs = self._many(values, keys, tenant, user, type, priority, delay, at)
+        jobs = await self._many_in_turns(values, keys, tenant, user, type, priority, delay, at)
         await self._ensure()
         self._not_in_own_tx("add_many")
         try:
@@ -1846,30 +1849,79 @@ class Queue(Generic[T]):
         delay: Duration | None,
         at: datetime | float | None,
     ) -> builtins.list[NewJob]:
+        """The jobs of an add_many of at most :data:`ENCODE_TURN` values, made now (see :meth:`_many_in_turns`)."""
+        listed, keyed = self._many_args(values, keys)
+        return self._many_slice(listed, keyed, 0, len(listed), tenant, user, type, priority, delay, at)
+
+    async def _many_in_turns(
+        self,
+        values: Sequence[Any],
+        keys: Iterable[str | None] | None,
+        tenant: str | None,
+        user: str | None,
+        type: str | None,
+        priority: int,
+        delay: Duration | None,
+        at: datetime | float | None,
+        *,
+        checked: tuple[builtins.list[Any], builtins.list[str | None] | None] | None = None,
+    ) -> builtins.list[NewJob]:
+        """The jobs of an add_many, :data:`ENCODE_TURN` values encoded in each loop turn: 100,000 values took the
+        loop for a second or two, every other task of the process waiting (an embedded store's clients too).
+        ``checked``: what :meth:`_many_args` gave already."""
+        listed, keyed = checked if checked is not None else self._many_args(values, keys)
+        jobs: builtins.list[NewJob] = []
+        for start in range(0, len(listed), ENCODE_TURN):
+            if start:
+                await asyncio.sleep(0)
+            stop = min(start + ENCODE_TURN, len(listed))
+            jobs.extend(self._many_slice(listed, keyed, start, stop, tenant, user, type, priority, delay, at))
+        return jobs
+
+    def _many_args(
+        self, values: Sequence[Any], keys: Iterable[str | None] | None
+    ) -> tuple[builtins.list[Any], builtins.list[str | None] | None]:
+        """``values`` and ``keys`` as lists, checked (their kinds, how many): ``InvalidError``, ``LimitError``."""
         if isinstance(values, str | bytes | bytearray | Mapping) or not isinstance(values, Iterable):
             raise InvalidError(
                 f"queue {self.name}: add_many takes a list of values, not {builtins.type(values).__name__} "
                 "(for one value, use add)"
             )
-        values = builtins.list(values)
-        if len(values) > ADD_MAX:  # (as the store refuses them, before each is encoded and sent: trial DK)
+        listed = builtins.list(values)
+        if len(listed) > ADD_MAX:  # (as the store refuses them, before each is encoded and sent: trial DK)
             raise LimitError(
-                f"queue {self.name}: {len(values):,} jobs in one add; at most {ADD_MAX:,}",
+                f"queue {self.name}: {len(listed):,} jobs in one add; at most {ADD_MAX:,}",
                 limit=ADD_MAX,
-                wanted=len(values),
+                wanted=len(listed),
             )
-        if keys is not None:
-            if isinstance(keys, str | bytes | bytearray | Mapping) or not isinstance(keys, Iterable):
-                raise InvalidError(
-                    f"queue {self.name}: add_many: keys takes a list of keys (str or None), one per value, not "
-                    f"{builtins.type(keys).__name__}"
-                )
-            keys = builtins.list(keys)
-            if len(keys) != len(values):
-                raise InvalidError(f"queue {self.name}: add_many: {len(keys)} keys for {len(values)} values")
+        if keys is None:
+            return listed, None
+        if isinstance(keys, str | bytes | bytearray | Mapping) or not isinstance(keys, Iterable):
+            raise InvalidError(
+                f"queue {self.name}: add_many: keys takes a list of keys (str or None), one per value, not "
+                f"{builtins.type(keys).__name__}"
+            )
+        keyed = builtins.list(keys)
+        if len(keyed) != len(listed):
+            raise InvalidError(f"queue {self.name}: add_many: {len(keyed)} keys for {len(listed)} values")
+        return listed, keyed
+
+    def _many_slice(
+        self,
+        values: builtins.list[Any],
+        keys: builtins.list[str | None] | None,
+        start: int,
+        stop: int,
+        tenant: str | None,
+        user: str | None,
+        type: str | None,
+        priority: int,
+        delay: Duration | None,
+        at: datetime | float | None,
+    ) -> builtins.list[NewJob]:
         return [
             self._new(
-                v,
+                values[i],
                 f"add_many: values[{i}]",
                 keys[i] if keys is not None else None,
                 tenant,
@@ -1881,7 +1933,7 @@ class Queue(Generic[T]):
                 shared="add_many",
                 key_what=f"add_many: keys[{i}]",
             )
-            for i, v in enumerate(values)
+            for i in range(start, stop)
         ]
 
     async def get(self, job_id: str) -> Job[T] | None:
@@ -2164,8 +2216,18 @@ class TxQueue(Generic[T]):
         at: datetime | float | None = None,
     ) -> Coroutine[Any, Any, builtins.list[str]]:
         """As :meth:`Queue.add_many`, inside the transaction (a coroutine: await it, as :meth:`add`)."""
-        jobs = self.queue._many(values, keys, tenant, user, type, priority, delay, at)
-        return self.tx._watch(self._add(jobs, many=True), f"tx.with_(queue {self.queue.name}).add_many")
+        checked = self.queue._many_args(values, keys)
+        if len(checked[0]) <= ENCODE_TURN:
+            jobs = self.queue._many(checked[0], checked[1], tenant, user, type, priority, delay, at)
+            return self.tx._watch(self._add(jobs, many=True), f"tx.with_(queue {self.queue.name}).add_many")
+        # (past ENCODE_TURN values, encoded in turns as the coroutine runs: a value that fails raises at the await)
+        made = functools.partial(
+            self.queue._many_in_turns, values, keys, tenant, user, type, priority, delay, at, checked=checked
+        )
+        return self.tx._watch(self._add_made(made), f"tx.with_(queue {self.queue.name}).add_many")
+
+    async def _add_made(self, made: Callable[[], Coroutine[Any, Any, builtins.list[NewJob]]]) -> builtins.list[str]:
+        return await self._add(await made(), many=True)
 
     async def _add_one(self, job: NewJob) -> str:
         return (await self._add([job]))[0]

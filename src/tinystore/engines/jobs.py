@@ -1992,7 +1992,7 @@ class JobsEngine:
             # transaction that then committed, left jobs queued that no worker saw)
             written: list[list[Any]] = []
             found: dict[str, str] = {}
-            tx.after_commit.append(lambda: self._added(q, self._ids_of(written, found)[1]))
+            tx.after_commit.append(lambda: self._added_at_commit(q, self._ids_of(written, found)[1]))
             for i in range(0, len(rows), CHUNK):
                 chunk = rows[i : i + CHUNK]
                 insert = asyncio.ensure_future(tx.exec(*self._insert(chunk), own=True))
@@ -2038,6 +2038,27 @@ class JobsEngine:
             if start:
                 await asyncio.sleep(0)
             self._added(q, rows[start : start + TURN_JOBS])
+
+    def _added_at_commit(self, q: JobQueue, rows: list[list[Any]]) -> None:
+        """:meth:`_added` of the jobs a transaction added, at its commit: the first :data:`TURN_JOBS` now, the rest
+        in a task of the engine's, a loop turn for each :data:`TURN_JOBS` (a transaction that added 100,000 jobs
+        held the loop, and every other client, for a second at its commit); a cancel of one not indexed yet waits
+        for it (``q.placing``, set from now on)."""
+        self._added(q, rows[:TURN_JOBS])
+        if len(rows) <= TURN_JOBS:
+            return
+        placing = asyncio.Event()
+        q.placing.add(placing)
+
+        async def rest() -> None:
+            try:
+                await asyncio.sleep(0)
+                await self._added_in_turns(q, rows[TURN_JOBS:])
+            finally:
+                q.placing.discard(placing)
+                placing.set()
+
+        self._track(rest())
 
     def running_in(self, database: str) -> int:
         """The attempts running now of the queues whose jobs live in ``database``."""
