@@ -66,6 +66,17 @@ async def test_a_client_cannot_drop_or_write_the_writers_temp_table(store: tinys
     assert done.changes == 1 and done.last_insert_rowid == 1
 
 
+# contract: STORE-04
+async def test_a_client_cannot_set_a_pragma_of_the_shared_connections_temp_schema(store: tinystore.Store) -> None:
+    """Trial HQ: `pragma temp.user_version = 3` was taken on the writer's connection, which every client shares."""
+    db = await store.database("app", migrations=T)
+    for text in ("pragma temp.user_version = 3", "pragma temp.page_size = 8192", "PRAGMA TEMP.application_id=7"):
+        with pytest.raises(InvalidError, match="TEMP schema") as info:
+            await db.exec(text)
+        assert "temp." in info.value.message, text
+    assert await db.scalar("pragma temp.user_version") == 0  # (reading it is fine)
+
+
 # contract: SQL-06
 async def test_defer_foreign_keys_in_exec_is_refused_and_defers_no_other_write(store: tinystore.Store) -> None:
     """An exec is a transaction of its own, committed with others' writes: `PRAGMA defer_foreign_keys = on` sent

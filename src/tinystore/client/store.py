@@ -412,7 +412,9 @@ class Store:
         return result
 
     async def close(self, grace: Duration | None = None) -> None:
-        """Close the store: stop what this SDK runs (subscriptions, leases, workers), then the connection.
+        """Close the store: stop what this SDK runs (subscriptions, leases, workers), then the connection: the
+        writes sent and not yet answered are waited for (10 s at most; one still unanswered then raises
+        ``OutcomeUnknownError``), the other calls under way raise ``ClosedError``.
         A private server stops; an embedded store stops its engines and lets the directory go. Idempotent.
         ``grace``: how long the job handlers still running (workers', ``run_due``'s) may take to finish before they
         are cancelled, their jobs handed back (a duration; 10 s unless given; ``0``: cancelled at once, as a test's

@@ -214,6 +214,12 @@ def statement_authorizer(
                 return _deny(TX_WHY)
         elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 is not None and not internal():
             name = arg1.lower()
+            if db == "temp":
+                # (trial HQ: `pragma temp.user_version = 3` was taken, on the writer's connection)
+                return _deny(
+                    f"setting PRAGMA temp.{name} is refused (the TEMP schema is the connection's, which every "
+                    "client of the store shares)"
+                )
             if name == "schema_version":
                 return _deny(
                     "setting PRAGMA schema_version is refused (SQLite's own count of schema changes: a wrong value "

@@ -1,0 +1,56 @@
+"""From trial HQ: in an embedded store, a loop of plain ``await db.one("select …")`` with no other await never let
+the event loop turn (the SDK's in-process shortcut read the engine straight, and only the server's way checked
+the inline budget of a turn): other tasks, the store's own socket (the CLI: "does not answer") and timers waited
+for as long as the loop read. Past the budget of one turn, every way of reading lets the loop turn."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..helpers import open_store
+
+
+@dataclass
+class Row:
+    id: int
+
+
+READS: dict[str, Any] = {
+    "one": lambda db: db.one("select id from t where id = ?", 1),
+    "one_typed": lambda db: db.one(Row, "select id from t where id = ?", 1),
+    "all": lambda db: db.all("select id from t where id = ?", 1),
+    "scalar": lambda db: db.scalar("select id from t where id = ?", 1),
+}
+
+
+@pytest.mark.parametrize("how", sorted(READS))
+# contract: STORE-04
+async def test_a_read_loop_with_no_other_await_lets_the_loop_turn(tmp_path: Path, how: str) -> None:
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app")
+        await db.exec("create table t (id integer primary key)")
+        await db.exec("insert into t (id) values (1)")
+        turns = 0
+        running = True
+
+        async def other() -> None:
+            nonlocal turns
+            while running:
+                turns += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.ensure_future(other())
+        await asyncio.sleep(0)
+        read = READS[how]
+        try:
+            for _ in range(5_000):  # (ten times the inline budget of a turn)
+                await read(db)
+            assert turns >= 5  # (the other task ran, each time a turn's budget was spent)
+        finally:
+            running = False
+            await task
