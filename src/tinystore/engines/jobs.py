@@ -740,7 +740,10 @@ class JobsEngine:
         except ClosedError:
             pass
         except TinystoreError as exc:
-            log.error("jobs: queue %s could not be loaded: %s", name, exc.message)
+            # once for each new reason (trial HP: a queue whose database file was gone logged this at every call of
+            # a client that polled it); the calls themselves raise it each time
+            if self._load_errors.get(name) != exc.message:
+                log.error("jobs: queue %s could not be loaded: %s", name, exc.message)
             self._load_errors[name] = exc.message
 
     def _configure_hint(self, name: str, given: Options, kept: Options) -> str:
