@@ -280,3 +280,31 @@ async def test_another_clients_try_as_an_embedded_store_closes_is_answered_by_th
         await other.close()
         await embedded.close()
         await stop_sidecar(directory)
+
+
+# contract: LOCK-01
+@pytest.mark.parametrize("mode", ["sidecar", "tcp"])
+@pytest.mark.parametrize("wait", ["60s", None])
+async def test_a_close_ends_a_wait_in_line_behind_another_client(tmp_path: Path, mode: str, wait: str | None) -> None:
+    """Trial HR: a `hold(key, wait=...)` in line behind another client's lease asked again when its store closed,
+    and waited out its whole wait (10 s without one), then raised UnavailableError ("could not be reached")."""
+    async with open_store(mode, tmp_path / "s") as holder_store:
+        if mode == "tcp":
+            admin = (tmp_path / "tokens").read_text().split()[1]
+            waiter_store = await tinystore.connect(holder_store.transport.where, token=admin)
+        else:
+            waiter_store = await tinystore.open(tmp_path / "s")
+        async with holder_store.lock("cl", ttl="30s").hold("k"):
+            waiter_lock = waiter_store.lock("cl", ttl="30s")
+
+            async def waiter() -> None:
+                async with waiter_lock.hold("k", wait=wait):
+                    raise AssertionError("ran its block while another client held the key")
+
+            task = asyncio.ensure_future(waiter())
+            await asyncio.sleep(0.3)  # (in line at the store)
+            await waiter_store.close()
+            done, _ = await asyncio.wait([task], timeout=3)
+            assert done, "the waiter still waited after its store was closed"
+            got = task.exception()
+            assert isinstance(got, ClosedError) and "closed while waiting in line" in got.message, got

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+import tinystore
+
 from ..helpers import open_store
 
 
@@ -26,9 +28,17 @@ READS: dict[str, Any] = {
     "all": lambda db: db.all("select id from t where id = ?", 1),
     "scalar": lambda db: db.scalar("select id from t where id = ?", 1),
 }
+# (trial HR: a loop of reads that failed, polling for a table another program makes, held the loop for good)
+FAILING: dict[str, Any] = {
+    "one_no_such_table": lambda db: db.one("select * from settings where id = ?", 1),
+    "one_a_write": lambda db: db.one("delete from t"),
+    "one_bad_value": lambda db: db.one("select id from t where id = ?", float("nan")),
+    "exec_bad_value": lambda db: db.exec("insert into t (id) values (?)", float("nan")),
+    "exec_no_such_table": lambda db: db.exec("insert into settings (id) values (1)"),
+}
 
 
-@pytest.mark.parametrize("how", sorted(READS))
+@pytest.mark.parametrize("how", sorted(READS) + sorted(FAILING))
 # contract: STORE-04
 async def test_a_read_loop_with_no_other_await_lets_the_loop_turn(tmp_path: Path, how: str) -> None:
     async with open_store("embedded", tmp_path / "s") as store:
@@ -46,10 +56,14 @@ async def test_a_read_loop_with_no_other_await_lets_the_loop_turn(tmp_path: Path
 
         task = asyncio.ensure_future(other())
         await asyncio.sleep(0)
-        read = READS[how]
+        read = READS.get(how) or FAILING[how]
         try:
             for _ in range(5_000):  # (ten times the inline budget of a turn)
-                await read(db)
+                if how in FAILING:
+                    with pytest.raises(tinystore.InvalidError):
+                        await read(db)
+                else:
+                    await read(db)
             assert turns >= 5  # (the other task ran, each time a turn's budget was spent)
         finally:
             running = False

@@ -70,3 +70,24 @@ async def test_a_write_still_unanswered_at_a_close_is_in_doubt(tmp_path: Path, m
             await insert
         release.set()
         await held
+
+
+# contract: STORE-06
+async def test_writes_asked_in_the_turn_of_the_close_are_sent_and_answered(tmp_path: Path) -> None:
+    """Trial HR: a write asked in the loop turn of the close (queued, not yet written) was failed ClosedError, yet the
+    flush due for it could still write it during the close's wait: it ran, told it had not."""
+    async with open_store("sidecar", tmp_path / "s") as checker:
+        db = await checker.database("app")
+        await db.exec("create table t (id integer primary key, tag text)")
+        writer = await tinystore.open(tmp_path / "s")
+        wdb = await writer.database("app")
+        await wdb.exec("insert into t (tag) values ('first')")  # (the connection is up)
+        writes = [asyncio.ensure_future(wdb.exec("insert into t (tag) values (?)", str(i))) for i in range(50)]
+        await asyncio.sleep(0)  # (each has queued its request; none is written yet)
+        await writer.transport.close()  # (the connection's close, in this very turn: store.close() comes to it later)
+        await writer.close()
+        outcomes: list[Any] = await asyncio.gather(*writes, return_exceptions=True)
+        kept = {r["tag"] for r in await db.all("select tag from t")}
+        for i, outcome in enumerate(outcomes):
+            assert isinstance(outcome, tinystore.Done), outcome
+            assert str(i) in kept

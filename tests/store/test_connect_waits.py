@@ -236,3 +236,28 @@ async def test_a_server_that_is_not_a_store_is_named_as_such() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+# contract: STORE-06
+async def test_a_connection_closed_cleanly_in_its_handshake_is_tried_again() -> None:
+    """Trial HS: a forwarder (docker-proxy, kubectl port-forward) takes the connection and closes it while its backend
+    is not up: the first connect() failed at once, where a worker started before its server should wait."""
+    tries: list[int] = []
+
+    async def close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tries.append(1)
+        await reader.read(1)
+        writer.close()  # (a FIN, no reset)
+
+    server = await asyncio.start_server(close, "127.0.0.1", 0)
+    address = f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        with pytest.raises(UnavailableError) as info:
+            await tinystore.connect(address, token="t" * 16, reconnect_timeout=0.7)
+        assert len(tries) > 2, tries
+        message = info.value.message
+        assert f"the store at {address} could not be reached for " in message, message
+        assert "closed the connection during the handshake" in message and "use tls://" in message, message
+    finally:
+        server.close()
+        await server.wait_closed()

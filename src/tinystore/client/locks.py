@@ -930,13 +930,15 @@ class _Hub:
                     f"{_where(lock._kind, lock.name, key)}: the store could not be reached within the {wait:g}s wait"
                 ) from None
             except ClosedError as exc:
-                if self.closed or transport.closed:
+                # (closing too: the close failed its ask; asked again, it waited out its whole wait behind another
+                # client's lease, then raised UnavailableError: trial HR)
+                if self.closing or self.closed or transport.closed:
                     raise _named(exc, lock, key) from None
                 continue  # the connection dropped while asking: ask again (for the rest of the wait)
             except NotRunError as exc:
                 # the store is stopping and did not run the ask: ask the next one, for the rest of the wait (trial
                 # BR: UnavailableError at once, where every other call waits for the next server)
-                if self.closed or transport.closed:
+                if self.closing or self.closed or transport.closed:
                     raise _named(exc, lock, key) from None
                 refusals += 1
                 await asyncio.sleep(min(0.05 * 2**refusals, 0.5))

@@ -330,7 +330,12 @@ class Queries:
             rows: Any
             if transport.local:
                 # in this process: straight to the engine; a read that fits the inline budget is answered at
-                # once, with nothing to await
+                # once, with nothing to await. Past a turn's budget of calls, the loop turns first (trial HQ, HR:
+                # a loop of reads with no other await, or of reads that failed, held the loop and the store's
+                # own socket for as long as it read)
+                if transport.turn_spent():
+                    await asyncio.sleep(0)
+                    transport.turn_spent()
                 engine_db = None if self._tx else transport.sql_database(self.name)
                 try:
                     if engine_db is not None:
@@ -341,11 +346,6 @@ class Queries:
                         rows = engine_db.read_now(args[0], values, "one")
                         if rows is None:
                             rows = await engine_db.read_later(args[0], values, "one")
-                        elif engine_db.turn_full():
-                            # past the inline budget of a turn, the loop turns before the answer, as the server's
-                            # way does (trial HQ: a loop of reads with no other await held the loop, the store's
-                            # own socket too, for as long as it read)
-                            await asyncio.sleep(0)
                     else:
                         request = Query(self.name, args[0], list(args[1:]), "one", self._tx)
                         rows = transport.call_now("sql.query", request)

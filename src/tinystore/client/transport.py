@@ -282,13 +282,18 @@ class Transport:
         """In this process only: the engine's open database ``name`` (a ``SqlDatabase``), or ``None``."""
         return None
 
+    def turn_spent(self) -> bool:
+        """In this process only: count a call made without :meth:`call`; whether the turn's budget of calls was
+        spent (then await ``asyncio.sleep(0)`` before making it, and count it again)."""
+        return False
+
     async def close(self) -> None:
         raise NotImplementedError
 
 
 INLINE_TURN_CALLS = 512
 """The calls of an embedded store's SDK made in one turn of the event loop before the next lets it turn (see
-``LocalTransport._turn_spent``)."""
+``LocalTransport.turn_spent``)."""
 
 
 class LocalTransport(Transport):
@@ -340,10 +345,10 @@ class LocalTransport(Transport):
             raise self.other_loop()
         if method not in self._small:
             self.check_size(method, request)
-        if self._turn_spent():
+        if self.turn_spent():
             # (before the call, not after: a cancel here leaves nothing done, a lease taken or a job added)
             await asyncio.sleep(0)
-            self._turn_spent()
+            self.turn_spent()
         try:
             result = self.core.invoke(self.session, method, request)
             if isinstance(result, _Future) or type(result) is CoroutineType:
@@ -359,7 +364,7 @@ class LocalTransport(Transport):
         except UnavailableError as exc:
             raise self._closing(exc) from None
 
-    def _turn_spent(self) -> bool:
+    def turn_spent(self) -> bool:
         """Count a call; whether :data:`INLINE_TURN_CALLS` calls were made already in this turn of the loop. Most
         calls in this process are answered with nothing to await (a job's state, a publish, a lease taken), so
         that a caller that called in a loop with no other await never let the loop turn, everything else of the
@@ -374,6 +379,14 @@ class LocalTransport(Transport):
     def _end_turn(self) -> None:
         self._turn_calls = 0
 
+    async def _call_next_turn(self, method: str, request: Any) -> Any:
+        """:meth:`call_now` once the loop has turned (a cancel before leaves nothing done)."""
+        await asyncio.sleep(0)
+        result = self.call_now(method, request)
+        if isinstance(result, msgspec.Struct) or not inspect.isawaitable(result):
+            return result
+        return await result
+
     def call_now(self, method: str, request: Any) -> Any:
         if self.closed:
             raise ClosedError(f"store {self.core.directory} is closed")
@@ -381,6 +394,8 @@ class LocalTransport(Transport):
             raise self.other_loop()
         if method not in self._small:
             self.check_size(method, request)
+        if self.turn_spent():
+            return self._call_next_turn(method, request)
         try:
             return self.core.invoke(self.session, method, request)
         except UnavailableError as exc:
@@ -1082,7 +1097,10 @@ class RemoteTransport(Transport):
                     crowded=True,
                     backlog=True,
                 ) from None
-            raise (_Transient if exc.reset else UnavailableError)(
+            # tried again, a clean close too: a forwarder (docker-proxy, kubectl port-forward) takes the connection
+            # and closes it while its backend is not up yet (trial HS: a worker started before its server failed at
+            # once); the hint stays in the message should it never pass
+            raise _Transient(
                 f"the store at {self.description or where} closed the connection during the handshake, before it "
                 f"answered{exc}{hint}"
             ) from None
@@ -1631,7 +1649,11 @@ class RemoteTransport(Transport):
             # the writes sent and not yet answered: their answers waited for, a while (trial HQ: a close with 300
             # inserts in flight failed 140 that had committed with ClosedError, which says they had not, and a
             # caller that retried on it wrote them twice)
-            sent = [f for s, f in conn.pending.items() if s in conn.writes and s not in conn.unsent]
+            if conn.out:
+                # what was asked before the close goes out now, and its answer is waited for as the others' (a
+                # flush due later wrote it during the wait, unwaited for, or after the GOAWAY, unread)
+                conn.flush()
+            sent = [f for s, f in conn.pending.items() if s in conn.writes]
             if sent:
                 await asyncio.wait(sent, timeout=CLOSE_WRITES_WAIT)
         self._conn = None
