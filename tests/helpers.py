@@ -172,3 +172,29 @@ def has_ipv6_loopback() -> bool:
     except OSError:
         return False
     return True
+
+
+class LoopTurns:
+    """``async with LoopTurns() as turns:`` counts, in ``turns.count``, the times another task got to run (it yields
+    at each turn of the event loop): to see a caller that never awaits anything let the loop turn all the same."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._running = True
+        self._task: asyncio.Future[None] | None = None
+
+    async def _other(self) -> None:
+        while self._running:
+            self.count += 1
+            await asyncio.sleep(0)
+
+    async def __aenter__(self) -> LoopTurns:
+        self._task = asyncio.ensure_future(self._other())
+        await asyncio.sleep(0)
+        self.count = 0
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._running = False
+        if self._task is not None:
+            await self._task

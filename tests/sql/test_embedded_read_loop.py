@@ -5,7 +5,6 @@ for as long as the loop read. Past the budget of one turn, every way of reading 
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 
 import tinystore
 
-from ..helpers import open_store
+from ..helpers import LoopTurns, open_store
 
 
 @dataclass
@@ -45,26 +44,12 @@ async def test_a_read_loop_with_no_other_await_lets_the_loop_turn(tmp_path: Path
         db = await store.database("app")
         await db.exec("create table t (id integer primary key)")
         await db.exec("insert into t (id) values (1)")
-        turns = 0
-        running = True
-
-        async def other() -> None:
-            nonlocal turns
-            while running:
-                turns += 1
-                await asyncio.sleep(0)
-
-        task = asyncio.ensure_future(other())
-        await asyncio.sleep(0)
         read = READS.get(how) or FAILING[how]
-        try:
+        async with LoopTurns() as turns:
             for _ in range(5_000):  # (ten times the inline budget of a turn)
                 if how in FAILING:
                     with pytest.raises(tinystore.InvalidError):
                         await read(db)
                 else:
                     await read(db)
-            assert turns >= 5  # (the other task ran, each time a turn's budget was spent)
-        finally:
-            running = False
-            await task
+            assert turns.count >= 5  # (the other task ran, each time a turn's budget was spent)

@@ -5,13 +5,12 @@ the loop turn first."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..helpers import open_store
+from ..helpers import LoopTurns, open_store
 
 
 @pytest.mark.parametrize("how", ["job_get", "status", "queue_options"])
@@ -26,21 +25,7 @@ async def test_a_call_loop_with_no_other_await_lets_the_loop_turn(tmp_path: Path
             "queue_options": q.options,
         }
         call = calls[how]
-        turns = 0
-        running = True
-
-        async def other() -> None:
-            nonlocal turns
-            while running:
-                turns += 1
-                await asyncio.sleep(0)
-
-        task = asyncio.ensure_future(other())
-        await asyncio.sleep(0)
-        try:
+        async with LoopTurns() as turns:
             for _ in range(3_000):
                 await call()
-            assert turns >= 3  # (the other task ran, each time a turn's budget of calls was spent)
-        finally:
-            running = False
-            await task
+            assert turns.count >= 3  # (the other task ran, each time a turn's budget of calls was spent)

@@ -1838,21 +1838,6 @@ class Queue(Generic[T]):
             raise _as_add_many(self.name, len(jobs), exc) from None
         return ids
 
-    def _many(
-        self,
-        values: Sequence[Any],
-        keys: Iterable[str | None] | None,
-        tenant: str | None,
-        user: str | None,
-        type: str | None,
-        priority: int,
-        delay: Duration | None,
-        at: datetime | float | None,
-    ) -> builtins.list[NewJob]:
-        """The jobs of an add_many of at most :data:`ENCODE_TURN` values, made now (see :meth:`_many_in_turns`)."""
-        listed, keyed = self._many_args(values, keys)
-        return self._many_slice(listed, keyed, 0, len(listed), tenant, user, type, priority, delay, at)
-
     async def _many_in_turns(
         self,
         values: Sequence[Any],
@@ -2218,7 +2203,7 @@ class TxQueue(Generic[T]):
         """As :meth:`Queue.add_many`, inside the transaction (a coroutine: await it, as :meth:`add`)."""
         checked = self.queue._many_args(values, keys)
         if len(checked[0]) <= ENCODE_TURN:
-            jobs = self.queue._many(checked[0], checked[1], tenant, user, type, priority, delay, at)
+            jobs = self.queue._many_slice(*checked, 0, len(checked[0]), tenant, user, type, priority, delay, at)
             return self.tx._watch(self._add(jobs, many=True), f"tx.with_(queue {self.queue.name}).add_many")
         # (past ENCODE_TURN values, encoded in turns as the coroutine runs: a value that fails raises at the await)
         made = functools.partial(
