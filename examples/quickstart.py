@@ -4,7 +4,8 @@ Run from the repository's root, with the venv the README makes:
 
     .venv/bin/python examples/quickstart.py [DIR]
 
-DIR is ./data unless given (a directory that does not exist is made, as tinystore.open makes it).
+DIR is ./quickstart-data unless given (a directory that does not exist is made, as tinystore.open makes it; not
+the demo's ./data, which the demo owns while it runs).
 """
 
 from __future__ import annotations
@@ -48,4 +49,4 @@ async def main(directory: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "./data"))
+    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "./quickstart-data"))

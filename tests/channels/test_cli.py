@@ -154,3 +154,16 @@ async def test_a_branch_part_with_a_slash_is_reached_escaped(tmp_path: Path) -> 
     finally:
         await store.close()
         server.stop()
+
+
+# contract: CHAN-01
+def test_a_publish_with_no_server_says_nobody_heard_it(tmp_path: Path) -> None:
+    """Trial HT: with no server running, `publish` printed its id and said nothing, as if someone had heard it."""
+    directory = tmp_path / "s"
+    ServerProcess(directory).start().stop()
+    done = subprocess.run(
+        _cli("channels", str(directory), "publish", "news", '{"a": 1}'), capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["seq"] == 1
+    assert "no server runs" in done.stderr and "nobody hears it" in done.stderr, done.stderr

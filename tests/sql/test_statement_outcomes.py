@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from pathlib import Path
 
 import pytest
 
 import tinystore
 from tinystore import ConflictError, InvalidError
+
+from ..helpers import open_store
 
 
 # contract: SQL-06
@@ -104,3 +107,16 @@ async def test_an_autoincrement_table_at_the_largest_rowid_is_a_conflict_not_a_f
         await db.exec("insert into t (v) values (2)")
     assert "table t is AUTOINCREMENT" in info.value.message and "not the disk" in info.value.message
     assert await db.scalar("select count(*) from t") == 1
+
+
+# contract: SQL-01
+async def test_a_migrations_folder_that_does_not_exist_is_named(tmp_path: Path) -> None:
+    """Trial HT: `migrations="./migrations"` with no such folder said "migrations is not a folder of .sql files",
+    neither where it looked nor that nothing was there."""
+    async with open_store("embedded", tmp_path / "s") as store:
+        with pytest.raises(tinystore.InvalidError) as info:
+            await store.database("app", migrations=tmp_path / "migrations")
+        assert f"there is no folder {tmp_path / 'migrations'}" in info.value.message, info.value.message
+        (tmp_path / "file.sql").write_text("create table t (id integer primary key);")
+        with pytest.raises(tinystore.InvalidError, match=r"is not a folder of \.sql files"):
+            await store.database("app", migrations=tmp_path / "file.sql")

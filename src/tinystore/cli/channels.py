@@ -134,10 +134,14 @@ def register(main: click.Group) -> None:
         except ValueError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="JSON") from None
 
+        alone = False
+
         async def go() -> str:
+            nonlocal alone
             name, parts = split_target(target)
             store = await open_for_cli(directory)
             try:
+                alone = store._core is not None
                 mid: str = await store.channel(name).under(*parts).publish(data)
                 return mid
             finally:
@@ -145,6 +149,13 @@ def register(main: click.Group) -> None:
 
         mid = run_async(go)
         click.echo(to_json({"id": mid, "seq": int(mid.rpartition("-")[2])}))
+        if alone:
+            # (trial HT: it said nothing, as if someone heard it)
+            click.echo(
+                "no server runs: published on the store this command opened itself, where nobody hears it (a "
+                "subscriber, such as `tinystore channels DIR subscribe NAME`, starts the directory's server)",
+                err=True,
+            )
 
     @channels.command()
     @click.argument("target", metavar="NAME[/BRANCH...]")

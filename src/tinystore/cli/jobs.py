@@ -412,7 +412,7 @@ def _not_found(job_id: str, directory: Target) -> str:
     """Why a job id names no job: not an id at all (26 characters of Crockford base32), or one no queue has."""
     if len(job_id) != 26 or not all(c in "0123456789abcdefghjkmnpqrstvwxyz" for c in job_id):
         return f"job {job_id}: not a job id (a job id is 26 characters of 0-9 and a-z, as `jobs list` shows)"
-    return f"job {job_id}: no queue of {directory} has it (ended jobs are deleted after the queue's keep)"
+    return f"job {job_id}: no queue of the store {directory} has it (ended jobs are deleted after the queue's keep)"
 
 
 def _opts(o: Any) -> dict[str, Any]:

@@ -110,7 +110,14 @@ def read_migrations(
         raise InvalidError(f"{where}: an empty path is no folder of .sql files")
     folder = Path(migrations)
     if not folder.is_dir():
-        raise InvalidError(f"{where}: {folder} is not a folder of .sql files")
+        # (trial HT: a folder that does not exist was told as "migrations is not a folder", its place unsaid)
+        whole = folder.absolute()
+        if not folder.exists():
+            raise InvalidError(
+                f"{where}: there is no folder {whole} (make it, with a .sql file for each migration: 001_init.sql, "
+                "...; or give a list of (name, SQL text) pairs)"
+            )
+        raise InvalidError(f"{where}: {whole} is not a folder of .sql files")
     out = []
     try:
         # (002.SQL too: skipped, it was a migration that silently never ran; trial CR)
