@@ -46,3 +46,15 @@ def test_help_still_works_on_a_directory_that_does_not_exist(tmp_path: Path) -> 
         result = CliRunner().invoke(main, [args[0], str(tmp_path / "nope"), args[1], "--help"])
         assert result.exit_code == 0 and "Usage:" in result.output, result.output
     assert not (tmp_path / "nope").exists()
+
+
+def test_a_directory_every_user_may_write_is_not_offered_to_serve(tmp_path: Path) -> None:
+    """Trial HT: `status` on a folder of mode 777 said to make a store there with `tinystore serve`, which refuses it
+    (another user could plant its files)."""
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    directory.chmod(0o777)
+    done = run_cli("status", str(directory))
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "tinystore serve" not in done.stderr.split("(", 1)[1].split(";", 1)[0], done.stderr
+    assert "every user may write it (mode 777)" in done.stderr and "mkdir -m 700" in done.stderr, done.stderr

@@ -241,6 +241,16 @@ def need_store_dir(directory: Target) -> None:
         return
 
     make = f"to make a store there: `tinystore serve {shlex.quote(str(directory))}`"
+    try:
+        if directory.is_dir() and directory.stat().st_mode & 0o002:
+            # (trial HT: serve then refused it, every user may write it: /tmp, a folder of mode 777)
+            make = (
+                f"a store cannot be made there either: every user may write it (mode "
+                f"{directory.stat().st_mode & 0o777:o}); make one in a folder of its own: `mkdir -m 700 "
+                f"{shlex.quote(str(directory / 'store'))}`, then `tinystore serve` it"
+            )
+    except OSError:
+        pass
     if not directory.exists():
         fail(InvalidError(f"store {directory}: no such directory ({make})"))
     if not is_store(directory):
