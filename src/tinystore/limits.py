@@ -123,7 +123,7 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
     def from_json(cls, text: str | bytes) -> Limits:
         """Limits from JSON text (str or UTF-8 bytes) such as :meth:`to_json` writes: one object whose keys are
         field names, sizes in bytes, counts as ints, durations as numbers of seconds; the fields it leaves out
-        keep their defaults.
+        keep their defaults; a duration may also be text, such as ``"30s"``.
 
         Raises ``InvalidError`` for text that is not JSON or not an object, a ``text`` that is neither str nor
         bytes, a key that names no field (naming the key and the nearest field name, or all of them), a value
@@ -141,6 +141,11 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
                 near = difflib.get_close_matches(key, cls.__struct_fields__, n=1)
                 hint = f"; did you mean {near[0]!r}?" if near else f"; the limits are {', '.join(sorted(_FIELDS))}"
                 raise InvalidError(f"Limits: unknown limit {key!r}{hint}")
+        for key, value in raw.items():
+            if key not in _INTS and isinstance(value, str):
+                # a duration as text ("30s"), as Limits(...) takes it (trial HV: `--limits '{"tx_idle": "2s"}'` was
+                # refused "Expected `float`, got `str`")
+                raw[key] = seconds(value, f"Limits: {key}")
         try:
             return msgspec.convert(raw, cls)
         except msgspec.ValidationError as exc:

@@ -308,3 +308,56 @@ async def test_a_close_ends_a_wait_in_line_behind_another_client(tmp_path: Path,
             assert done, "the waiter still waited after its store was closed"
             got = task.exception()
             assert isinstance(got, ClosedError) and "closed while waiting in line" in got.message, got
+
+
+# contract: LOCK-01
+async def test_a_close_after_a_dropped_connection_ends_a_wait_in_line_with_closed_error(tmp_path: Path) -> None:
+    """Trial HU: after the connection dropped, a close run by another task (a shutdown handler, `wait_for`) cancelled
+    the task of a hold waiting in line (the abandon of its old ticket, a task of the store's, was cancelled under
+    it): CancelledError, which a TaskGroup takes for its own, rather than ClosedError."""
+    from ..helpers import drop_connection
+
+    async with open_store("sidecar", tmp_path / "s") as holder_store:
+        waiter_store = await tinystore.open(tmp_path / "s")
+        async with holder_store.lock("cl", ttl="30s").hold("k"):
+
+            async def waiter() -> None:
+                async with waiter_store.lock("cl", ttl="30s").hold("k", wait="60s"):
+                    raise AssertionError("ran its block while another client held the key")
+
+            task = asyncio.ensure_future(waiter())
+            await asyncio.sleep(0.3)  # (in line at the store)
+            drop_connection(waiter_store)
+            await asyncio.wait_for(waiter_store.close(), 20)
+            done, _ = await asyncio.wait([task], timeout=5)
+            assert done and not task.cancelled(), "the waiter's task was cancelled by the close"
+            got = task.exception()
+            assert isinstance(got, ClosedError), got
+
+
+# contract: LOCK-01
+async def test_a_close_with_the_server_down_does_not_wait_to_leave_the_lines(tmp_path: Path) -> None:
+    """Trial HU: with the server down, a hold waiting for it made the close take 5 s (it asked the store, which was
+    not there, to take its ask out of a line it had left with the connection)."""
+    from ..helpers import ServerProcess, write_tokens
+
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "s", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    try:
+        store = await tinystore.connect(server.tcp, token=admin)
+        await store.status()
+    finally:
+        server.stop()
+
+    async def waiter() -> None:
+        async with store.lock("cl", ttl="30s").hold("k", wait="60s"):
+            raise AssertionError("held with no server")
+
+    task = asyncio.ensure_future(waiter())
+    await asyncio.sleep(0.3)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await asyncio.wait_for(store.close(), 20)
+    assert loop.time() - began < 2.5, loop.time() - began
+    done, _ = await asyncio.wait([task], timeout=5)
+    assert done and isinstance(task.exception(), ClosedError), task

@@ -53,3 +53,18 @@ async def test_a_read_loop_with_no_other_await_lets_the_loop_turn(tmp_path: Path
                 else:
                     await read(db)
             assert turns.count >= 5  # (the other task ran, each time a turn's budget was spent)
+
+
+# contract: STORE-04
+async def test_a_loop_of_calls_refused_for_their_size_lets_the_loop_turn(tmp_path: Path) -> None:
+    """Trial HU: the size check came before the turn's count, so a loop of calls over the frame limit never turned."""
+    limits = tinystore.Limits(frame_body_bytes=1 << 20)
+    async with open_store("embedded", tmp_path / "s", limits=limits) as store:
+        db = await store.database("app")
+        await db.exec("create table t (id integer primary key, v text)")
+        big = "x" * (1 << 20)
+        async with LoopTurns() as turns:
+            for _ in range(1_100):
+                with pytest.raises(tinystore.LimitError):
+                    await db.exec("insert into t (v) values (?)", big)
+            assert turns.count >= 2

@@ -370,3 +370,75 @@ def test_a_copy_that_fails_leaves_neither_it_nor_its_journal(tmp_path: Path) -> 
     with pytest.raises(OSError):
         _copy_database(source, target, disk_full)
     assert sorted(p.name for p in target.parent.iterdir()) == []
+
+
+# contract: STORE-05
+def test_a_database_is_copied_in_steps_of_one_view_and_a_stop_is_heard_between_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial HV: the copy of a database was one step, so a stop waited for the whole copy of a big one (15 s past a
+    grace of 1 s for 3 GB: the directory held, `tinystore stop` said "stopped", and the restart was refused). It
+    goes in steps now, in one read transaction (a writer's commits meanwhile are not in the copy, nor restart it),
+    and a stop is heard between two steps."""
+    import sqlite3
+    import threading
+
+    from tinystore.server import backup as backups
+
+    monkeypatch.setattr(backups, "BACKUP_STEP_PAGES", 20)
+    source = tmp_path / "app.db"
+    db = sqlite3.connect(source, isolation_level=None)
+    db.execute("pragma journal_mode = wal")
+    db.execute("create table t (id integer primary key, v blob)")
+    db.execute("begin")
+    for _ in range(2_000):
+        db.execute("insert into t (v) values (randomblob(1000))")
+    db.execute("commit")
+    db.close()
+
+    looks = 0
+    writes = 0
+    stop_writing = threading.Event()
+
+    def writer() -> None:
+        nonlocal writes
+        other = sqlite3.connect(source, isolation_level=None)
+        while not stop_writing.is_set():
+            other.execute("insert into t (v) values (randomblob(1000))")
+            writes += 1
+        other.close()
+
+    def look() -> None:
+        nonlocal looks
+        looks += 1
+        if looks == 2:
+            thread.start()  # (commits of another connection, from the second step on)
+        if looks >= 2:
+            while writes < looks * 3:  # (a few commits between each two steps)
+                pass
+
+    thread = threading.Thread(target=writer)
+    try:
+        size = backups._copy_database(source, tmp_path / "copy.db", look)
+    finally:
+        stop_writing.set()
+        if thread.is_alive():
+            thread.join()
+    assert size > 0 and looks > 10 and writes > 0  # (in steps, with commits between them)
+    copy = sqlite3.connect(tmp_path / "copy.db")
+    assert copy.execute("select count(*) from t").fetchone()[0] == 2_000  # (the view the copy began with)
+    assert copy.execute("pragma integrity_check").fetchone()[0] == "ok"
+    copy.close()
+
+    calls = 0
+
+    def stopping() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise tinystore.ClosedError("the store stopped during the backup")
+
+    with pytest.raises(tinystore.ClosedError):
+        backups._copy_database(source, tmp_path / "cut.db", stopping)
+    assert calls == 3  # (heard mid-copy)
+    assert not list(tmp_path.glob("cut.db*"))  # (nothing of the cut copy left)

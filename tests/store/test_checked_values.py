@@ -90,6 +90,12 @@ def test_limits_read_from_json_are_checked() -> None:
         tinystore.Limits.from_json('{"channel_log": "x"}')
     with pytest.raises(tinystore.InvalidError, match="Limits: JSON is malformed"):
         tinystore.Limits.from_json("nope")
+    # a duration as text, as Limits(...) takes it (trial HV: `--limits '{"tx_idle": "2s"}'` was refused)
+    assert tinystore.Limits.from_json('{"tx_idle": "2s", "job_keep": "1d"}') == tinystore.Limits(
+        tx_idle=2, job_keep=86400
+    )
+    with pytest.raises(tinystore.InvalidError, match="Limits: tx_idle: cannot read '2 parsecs' as a duration"):
+        tinystore.Limits.from_json('{"tx_idle": "2 parsecs"}')
 
 
 def test_a_server_given_bad_limits_says_so() -> None:

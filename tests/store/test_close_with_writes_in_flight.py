@@ -91,3 +91,27 @@ async def test_writes_asked_in_the_turn_of_the_close_are_sent_and_answered(tmp_p
         for i, outcome in enumerate(outcomes):
             assert isinstance(outcome, tinystore.Done), outcome
             assert str(i) in kept
+
+
+@pytest.mark.parametrize("mode", ["sidecar", "tcp"])
+# contract: CHAN-01
+async def test_a_close_answers_the_publishes_it_sent(tmp_path: Path, mode: str) -> None:
+    """Trial HU: the channels' own close cancelled the tasks that sent a loop turn's publishes before the connection's
+    close could wait for them: 1,024 publishes raised ClosedError ("not run") though their subscribers heard them."""
+    async with open_store(mode, tmp_path / "s") as checker:
+        heard: list[int] = []
+        await checker.channel("c", dict).subscribe(lambda m: heard.append(m.value["i"]))
+        publisher = await other_client(mode, tmp_path / "s", checker)
+        channel = publisher.channel("c", dict)
+        await channel.publish({"i": -1})  # (the connection is up)
+        publishes = [asyncio.ensure_future(channel.publish({"i": i})) for i in range(2000)]
+        await asyncio.sleep(0)  # (their batches are on their way)
+        await publisher.close()
+        outcomes: list[Any] = await asyncio.gather(*publishes, return_exceptions=True)
+        await asyncio.sleep(0.5)  # (what was published is heard by now; a subscriber behind is told it missed some)
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, tinystore.ClosedError):
+                assert i not in heard, f"publish {i} raised ClosedError, yet it was heard"
+            else:
+                assert isinstance(outcome, str | tinystore.OutcomeUnknownError), (i, outcome)
+        assert sum(isinstance(o, str) for o in outcomes) >= 1_000

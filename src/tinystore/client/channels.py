@@ -1188,6 +1188,7 @@ class _Hub:
         self.subscribing = 0
         self.closed = False
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.sending: set[asyncio.Task[Any]] = set()  # the tasks of publishes (see spawn)
         self.resub_task: asyncio.Task[None] | None = None
         self.orphans: set[int] = set()
         self.batch: list[tuple[Publish, asyncio.Future[Published]]] | None = None
@@ -1233,7 +1234,7 @@ class _Hub:
         if batch is None or self.batch_bytes + size > BATCH_BYTES or len(batch) >= BATCH_ITEMS:
             batch = self.batch = []
             self.batch_bytes = 0
-            self.spawn(self._send_batch(batch))
+            self.spawn(self._send_batch(batch), sends=True)
         batch.append((req, fut))
         self.batch_bytes += size
         return fut
@@ -1255,7 +1256,7 @@ class _Hub:
                 # refused as a whole (nothing of it was published): each on its own, so only the bad one fails
                 for req, fut in batch:
                     if not fut.done():
-                        self.spawn(self._send_one(req, fut))
+                        self.spawn(self._send_one(req, fut), sends=True)
                 return
             for _, fut in batch:
                 if not fut.done():
@@ -1363,10 +1364,14 @@ class _Hub:
         if not self.closed:
             self.spawn(self.unsubscribe(sid))
 
-    def spawn(self, coro: Awaitable[Any]) -> None:
+    def spawn(self, coro: Awaitable[Any], sends: bool = False) -> None:
+        """Run ``coro`` in a task of the hub's; ``sends``: a publish's, which a close lets end (see :meth:`close`)."""
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        if sends:
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
 
     @property
     def conn_gen(self) -> int:
@@ -1438,7 +1443,10 @@ class _Hub:
             self.resub_task.cancel()
             tasks.append(self.resub_task)
         for t in list(self.tasks):
-            t.cancel()
+            if t not in self.sending:
+                t.cancel()
+            # (a publish's is let end: sent, its answer is waited for as every write's is at a close; cancelled, the
+            # publishes it sent were told ClosedError though subscribers heard them: trial HU)
             tasks.append(t)
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)

@@ -988,7 +988,15 @@ class _Hub:
             # before asking again (else the ask may meet its own lost grant); a cancel does not stop it. One for
             # every ask, which go on in the order they came: the asks of a line a dropped connection ended ask
             # again in its order (trial DC: its first, who started the abandon, was asked last)
-            await asyncio.shield(letting_go)
+            try:
+                await asyncio.shield(letting_go)
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if letting_go.cancelled() and (me is None or not me.cancelling()):
+                    # the store's close ended it, not a cancel of this caller: told as the close tells the asks
+                    # it fails (trial HU: the caller's task ended cancelled, which a TaskGroup takes for its own)
+                    raise ClosedError("the store was closed while waiting in line") from None
+                raise
         if self.acquire_turn:
             return await self._ask_batched(req, sent)
         self.acquire_turn = True
@@ -1350,7 +1358,9 @@ class _Hub:
         # own waiters), then the leases
         waiting = [ask for ask in self.asks.values() if ask.state in (_SENT, _QUEUED)]
         self._fail_asks("the store was closed while waiting in line", every=True)
-        if waiting:
+        if waiting and self.transport.connected:
+            # (not connected: the store dropped them from its lines with the connection they came by, and a close
+            # waited 5 s for the next connection to say so: trial HU)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
                     await self._abandon([ask.ticket for ask in waiting])

@@ -343,12 +343,13 @@ class LocalTransport(Transport):
             raise ClosedError(f"store {self.core.directory} is closed")
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
-        if method not in self._small:
-            self.check_size(method, request)
         if self.turn_spent():
-            # (before the call, not after: a cancel here leaves nothing done, a lease taken or a job added)
+            # (before the call, not after: a cancel here leaves nothing done, a lease taken or a job added; before
+            # the size check too: a loop of refused calls turns as well, trial HU)
             await asyncio.sleep(0)
             self.turn_spent()
+        if method not in self._small:
+            self.check_size(method, request)
         try:
             result = self.core.invoke(self.session, method, request)
             if isinstance(result, _Future) or type(result) is CoroutineType:
@@ -392,10 +393,10 @@ class LocalTransport(Transport):
             raise ClosedError(f"store {self.core.directory} is closed")
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
-        if method not in self._small:
-            self.check_size(method, request)
         if self.turn_spent():
             return self._call_next_turn(method, request)
+        if method not in self._small:
+            self.check_size(method, request)
         try:
             return self.core.invoke(self.session, method, request)
         except UnavailableError as exc:
@@ -518,6 +519,25 @@ class _HandshakeClosed(Exception):
 
 # how a connection the server closed in its handshake without a word ends: reset, or broken under the HELLO's write
 _BROKEN = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+
+
+async def _speaks_tls(host: str, port: int) -> bool:
+    """Whether what listens at ``host:port`` completes a TLS handshake (its certificate not checked: nothing is sent
+    over it), within 2 s: to tell a TLS listener, which closes a plain-text client at once, from a forwarder whose
+    backend is not up, which closes every connection alike."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(2.0):
+            transport, _ = await loop.create_connection(
+                asyncio.Protocol, host, port, ssl=ctx, ssl_handshake_timeout=2.0
+            )
+    except (OSError, ssl.SSLError, TimeoutError, EOFError):
+        return False
+    transport.close()
+    return True
 
 
 class _Transient(UnavailableError):
@@ -1046,6 +1066,9 @@ class RemoteTransport(Transport):
                 hint = " (if the server listens without TLS, use tcp:// in place of tls://)"
             error = _Transient if _passes(exc) else UnavailableError
             detail = str(exc)
+            if not detail:  # (trial HU: "cannot reach the store at tls://…: ", and nothing more)
+                tls = kind != "unix" and where[2] is not None
+                detail = type(exc).__name__ + (": the connection closed during the TLS handshake" if tls else "")
             if _full_backlog(exc):
                 raise _Transient(
                     f"cannot reach the store at {self.description or where}: {detail} (its socket's queue of "
@@ -1081,7 +1104,8 @@ class RemoteTransport(Transport):
             raise UnavailableError(
                 f"the store at {self.description or where} did not answer the handshake within {HANDSHAKE_WAIT:g}s: "
                 "its server took the connection but is stopped (SIGSTOP), stuck or overloaded, or is out of file "
-                "descriptors and cannot accept it yet (its log says so)"
+                "descriptors and cannot accept it yet (its log says so); or what listens there is not a TinyStore "
+                "server"
             ) from None
         except _HandshakeClosed as exc:
             hint = (
@@ -1097,13 +1121,19 @@ class RemoteTransport(Transport):
                     crowded=True,
                     backlog=True,
                 ) from None
+            message = (
+                f"the store at {self.description or where} closed the connection during the handshake, before it "
+                f"answered{exc}"
+            )
+            if hint and await _speaks_tls(where[0], where[1]):
+                # a TLS listener: told at once (it closes a plain-text client as a forwarder with no backend does)
+                raise UnavailableError(
+                    f"{message}: it listens with TLS; use tls:// in place of tcp://", tls_listener=True
+                ) from None
             # tried again, a clean close too: a forwarder (docker-proxy, kubectl port-forward) takes the connection
             # and closes it while its backend is not up yet (trial HS: a worker started before its server failed at
             # once); the hint stays in the message should it never pass
-            raise _Transient(
-                f"the store at {self.description or where} closed the connection during the handshake, before it "
-                f"answered{exc}{hint}"
-            ) from None
+            raise _Transient(f"{message}{hint}") from None
         except TinystoreError as exc:
             proto.transport.close()
             # the server refused the handshake: its message, naming the store

@@ -1557,7 +1557,7 @@ class Listener:
         """The listening socket is readable: accept what waits (a bounded batch, so others get their turn)."""
         for _ in range(64):
             try:
-                conn, _addr = sock.accept()
+                conn, addr = sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except ConnectionAbortedError:
@@ -1575,7 +1575,7 @@ class Listener:
             except OSError:
                 conn.close()
                 continue
-            task = asyncio.ensure_future(self._connect(conn))
+            task = asyncio.ensure_future(self._connect(conn, addr))
             if self.ssl_context is not None:
                 # (a plain connection is made in a loop turn or two, and counts from then on: counted while it was
                 # made, it was closed as one "in its TLS handshake", told nothing, before any HELLO could be read)
@@ -1587,7 +1587,7 @@ class Listener:
         self.starting.pop(task, None)
         self.dropped.discard(task)
 
-    async def _connect(self, conn: socket.socket) -> None:
+    async def _connect(self, conn: socket.socket, addr: Any = None) -> None:
         loop = asyncio.get_running_loop()
         accepted = loop.time()
 
@@ -1610,8 +1610,9 @@ class Listener:
                 raise  # the listener closes
             # crowded out (see crowd): more connections wait for their handshake than the listener allows
             self.silent_log("crowded-tls").warning(
-                "%s: closed a connection in its TLS handshake: over %d connections were waiting for their handshake",
+                "%s: closed a connection%s in its TLS handshake: over %d connections were waiting for their handshake",
                 self.description,
+                _from(addr),
                 self.max_handshaking,
             )
         except (OSError, ssl.SSLError, TimeoutError, ValueError) as exc:
@@ -1622,7 +1623,8 @@ class Listener:
                     kind, why = "tls-timeout", f"its TLS handshake took over {self.handshake_timeout:g}s"
                 else:
                     kind, why = "tls-failed", f"its TLS handshake failed: {detail}"
-                self.silent_log(kind).warning("%s: closed a connection: %s", self.description, why)
+                # (the peer named: trial HV, an operator could not tell which client was misconfigured)
+                self.silent_log(kind).warning("%s: closed a connection%s: %s", self.description, _from(addr), why)
             _given_up(conn, protocols)
 
     def _pause(self, exc: OSError) -> None:
@@ -1698,3 +1700,11 @@ class Listener:
                 pass
         if self in self.core.listeners:
             self.core.listeners.remove(self)
+
+
+def _from(addr: Any) -> str:
+    """`` from HOST:PORT`` for a TCP peer's address as ``accept`` gives it; ``""`` for none (a Unix socket's)."""
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host = f"[{addr[0]}]" if ":" in str(addr[0]) else addr[0]
+        return f" from {host}:{addr[1]}"
+    return ""
