@@ -515,3 +515,23 @@ def test_the_fuzz_corpus_is_valid_when_unmutated() -> None:
         if ev.kind is Kind.HELLO:
             server.send_welcome(b"")
     assert kinds == [Kind.HELLO, Kind.REQUEST, Kind.REQUEST, Kind.CANCEL, Kind.REQUEST, Kind.GOAWAY]
+
+
+@pytest.mark.parametrize(
+    ("first", "said"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP"),
+        (b"\x16\x03\x01\x02\x00" + b"x" * 40, "TLS (a tls:// client at a listener without TLS"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "SSH"),
+        (b"*1\r\n$4\r\nPING\r\n", "RESP (a Redis client)"),
+    ],
+)
+# contract: STORE-04
+def test_a_peer_that_speaks_another_protocol_is_named(first: bytes, said: str) -> None:
+    """Trial HV: an HTTP request at the TCP port was logged "frame body of 1195725802 bytes is over the limit"."""
+    conn = Connection("server")
+    conn.receive_data(first)
+    with pytest.raises(ProtocolError) as info:
+        conn.next_event()
+    assert info.value.message.startswith(f"the peer speaks {said}"), info.value.message
+    assert info.value.message.endswith("not TinyStore's protocol")

@@ -354,6 +354,12 @@ class Connection:
         if body_len < 0:
             raise ProtocolError(f"frame length {length} is shorter than its header")
         if body_len > self.max_body:
+            head = bytes(buf[pos : pos + 4])
+            said = next((p for start, p in _OTHER_PROTOCOLS.items() if head.startswith(start)), None)
+            if not self.handshaken and said is not None:
+                # (trial HV: an HTTP request at the TCP port was logged "frame body of 1195725802 bytes is over the
+                # limit")
+                raise ProtocolError(f"the peer speaks {said}, not TinyStore's protocol")
             raise ProtocolError(f"frame body of {body_len} bytes is over the limit of {self.max_body} bytes")
         # the kind is known from the header: refuse a bad one before buffering its body
         k = _KINDS.get(kind)
@@ -458,6 +464,19 @@ class Connection:
     def finished(self, stream: int) -> None:
         """Forget a stream that ended without a frame of ours (a cancelled request)."""
         self.inflight.discard(stream)
+
+
+_OTHER_PROTOCOLS: dict[bytes, str] = {
+    **{
+        m: "HTTP"
+        for m in (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN", b"TRAC", b"PRI ", b"HTTP")
+    },
+    b"SSH-": "SSH",
+    b"*1\r\n": "RESP (a Redis client)",
+    b"\x16\x03": "TLS (a tls:// client at a listener without TLS: use tcp://, or serve with --tls-cert and --tls-key)",
+}
+"""What the first bytes of a connection say of a peer that speaks another protocol (its first frame's length
+would be some hundreds of MB), for the error that closes it."""
 
 
 def _check_short(buf: bytes | bytearray | memoryview, pos: int, avail: int) -> None:
