@@ -452,13 +452,14 @@ def another_store(where: str | os.PathLike[str], found: str, used: str) -> Unava
 _DECODERS: dict[Any, Callable[[bytes], Any]] = {}
 
 
-# the socket's buffer of requests not yet taken by the server: new requests wait above HIGH_WATER bytes until it
-# is down to LOW_WATER (a frame is never cut: one request of up to the frame limit goes whole)
 CLOSE_WRITES_WAIT = 10.0
 """Seconds ``close`` waits for the answers of the writes in flight (then they raise ``OutcomeUnknownError``)."""
+
 HANDSHAKE_WAIT = 15.0
 """Seconds a connection waits for the server's answer to its handshake before it gives up (``UnavailableError``:
 a server stopped or stuck)."""
+# the socket's buffer of requests not yet taken by the server: new requests wait above HIGH_WATER bytes until it
+# is down to LOW_WATER (a frame is never cut: one request of up to the frame limit goes whole)
 HIGH_WATER = 4 * 1024 * 1024
 LOW_WATER = 1024 * 1024
 
