@@ -142,6 +142,8 @@ class Limits(msgspec.Struct, kw_only=True, frozen=True):
                 hint = f"; did you mean {near[0]!r}?" if near else f"; the limits are {', '.join(sorted(_FIELDS))}"
                 raise InvalidError(f"Limits: unknown limit {key!r}{hint}")
         for key, value in raw.items():
+            if key in _INTS and isinstance(value, str):
+                raise InvalidError(f"Limits: {key} = {shown(value)}: it must be an int (bytes, or a count), not text")
             if key not in _INTS and isinstance(value, str):
                 # a duration as text ("30s"), as Limits(...) takes it (trial HV: `--limits '{"tx_idle": "2s"}'` was
                 # refused "Expected `float`, got `str`")

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -442,3 +443,50 @@ def test_a_database_is_copied_in_steps_of_one_view_and_a_stop_is_heard_between_t
         backups._copy_database(source, tmp_path / "cut.db", stopping)
     assert calls == 3  # (heard mid-copy)
     assert not list(tmp_path.glob("cut.db*"))  # (nothing of the cut copy left)
+
+
+# contract: STORE-05
+async def test_a_backup_stops_at_the_end_of_a_stops_grace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trial HW: the copy learnt of a stop only once the listeners had closed (the grace, then a second to answer
+    the calls cut, then the linger): `tinystore stop --grace 1s` ended the server 6 to 9 s later. It stops between
+    two steps at the grace's end, as the calls under way are interrupted then."""
+    import time
+
+    from tinystore.server import backup as backups
+
+    monkeypatch.setattr(backups, "BACKUP_STEP_PAGES", 1)
+    real = backups._copy_database
+
+    def slow(source: Path, target: Path, stop: Callable[[], None]) -> int:
+        def slow_stop() -> None:
+            time.sleep(0.01)  # (500 steps: some 5 s in all)
+            stop()
+
+        return real(source, target, slow_stop)
+
+    monkeypatch.setattr(backups, "_copy_database", slow)
+    store = await tinystore.open(tmp_path / "s", embedded=True)
+    try:
+        db = await store.database("app")
+        await db.exec("create table t (id integer primary key, v blob)")
+        await db.exec(
+            "with recursive c(n) as (select 1 union all select n + 1 from c where n < 2000) "
+            "insert into t (v) select randomblob(1000) from c"
+        )
+        client = await tinystore.open(tmp_path / "s")  # (over the embedded store's socket, as the CLI's backup)
+        call = asyncio.ensure_future(client.backup(tmp_path / "copy"))
+        for _ in range(500):
+            if list((tmp_path / "copy" / "sql").glob("*.partial")):
+                break
+            await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await store._core.stop(0.3)
+        took = loop.time() - began
+        with pytest.raises(tinystore.ClosedError, match="stopped during the backup"):
+            await call
+        await client.close()
+        assert took < 2.0, took
+        assert not list((tmp_path / "copy" / "sql").glob("*.partial"))
+    finally:
+        await store.close()

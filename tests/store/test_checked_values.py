@@ -96,6 +96,8 @@ def test_limits_read_from_json_are_checked() -> None:
     )
     with pytest.raises(tinystore.InvalidError, match="Limits: tx_idle: cannot read '2 parsecs' as a duration"):
         tinystore.Limits.from_json('{"tx_idle": "2 parsecs"}')
+    with pytest.raises(tinystore.InvalidError, match=r"client_output_bytes = '256MiB': it must be an int .*not text"):
+        tinystore.Limits.from_json('{"client_output_bytes": "256MiB"}')
 
 
 def test_a_server_given_bad_limits_says_so() -> None:

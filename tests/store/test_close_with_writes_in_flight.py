@@ -48,7 +48,10 @@ async def test_a_close_answers_the_writes_it_sent(tmp_path: Path, mode: str) -> 
 
 # contract: STORE-06
 async def test_a_write_still_unanswered_at_a_close_is_in_doubt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tinystore.client import store as client_store
+
     monkeypatch.setattr(client_transport, "CLOSE_WRITES_WAIT", 0.2)
+    monkeypatch.setattr(client_store, "CLOSE_WRITES_WAIT", 0.2)  # (the close's one bound, from its start)
     async with open_store("sidecar", tmp_path / "s") as holder:
         db = await holder.database("app")
         await db.exec("create table t (id integer primary key)")
@@ -115,3 +118,56 @@ async def test_a_close_answers_the_publishes_it_sent(tmp_path: Path, mode: str) 
             else:
                 assert isinstance(outcome, str | tinystore.OutcomeUnknownError), (i, outcome)
         assert sum(isinstance(o, str) for o in outcomes) >= 1_000
+
+
+# contract: STORE-05
+async def test_a_close_with_the_server_frozen_keeps_to_one_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial HW: with the server frozen (SIGSTOP), the close of a client with a hold waiting in line and publishes in
+    flight took 20 s: the locks' 5 s, the channels' 5 s and the connection's 10 s, one after another. They share one
+    bound now (CLOSE_WRITES_WAIT from the close's start: 1 s here)."""
+    import os
+    import signal
+
+    from tinystore.client import store as client_store
+
+    from ..helpers import ServerProcess, write_tokens
+
+    monkeypatch.setattr(client_store, "CLOSE_WRITES_WAIT", 1.0)
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "s", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    stopped = False
+    try:
+        holder = await tinystore.connect(server.tcp, token=admin)
+        client = await tinystore.connect(server.tcp, token=admin)
+        async with holder.lock("l", ttl="30s").hold("k"):
+
+            async def waiter() -> None:
+                async with client.lock("l", ttl="30s").hold("k", wait="60s"):
+                    raise AssertionError("held while another client held the key")
+
+            waiting = asyncio.ensure_future(waiter())
+            await asyncio.sleep(0.3)  # (in line)
+            channel = client.channel("c", dict)
+            await channel.publish({"i": -1})
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            stopped = True
+            publishes = [asyncio.ensure_future(channel.publish({"i": i})) for i in range(100)]
+            await asyncio.sleep(0.1)
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            await asyncio.wait_for(client.close(), 30)
+            took = loop.time() - began
+            os.kill(server.proc.pid, signal.SIGCONT)
+            stopped = False
+            assert took < 3.0, took
+            outcomes = await asyncio.gather(*publishes, return_exceptions=True)
+            assert all(isinstance(o, tinystore.OutcomeUnknownError | tinystore.ClosedError) for o in outcomes), outcomes
+            done, _ = await asyncio.wait([waiting], timeout=5)
+            assert done and isinstance(waiting.exception(), tinystore.ClosedError), waiting
+        await holder.close()
+    finally:
+        if stopped:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        server.stop()

@@ -1443,13 +1443,16 @@ class _Hub:
             self.resub_task.cancel()
             tasks.append(self.resub_task)
         for t in list(self.tasks):
-            if t not in self.sending:
-                t.cancel()
-            # (a publish's is let end: sent, its answer is waited for as every write's is at a close; cancelled, the
-            # publishes it sent were told ClosedError though subscribers heard them: trial HU)
+            if t in self.sending:
+                # (a publish's is let end: its answer is waited for by the connection's close, as every write's;
+                # cancelled, the publishes it sent were told ClosedError though subscribers heard them: trial HU)
+                continue
+            t.cancel()
             tasks.append(t)
+        if self.sending:
+            await asyncio.sleep(0)  # (a batch of this turn's publishes is sent: what was asked before the close)
         if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+            await asyncio.wait(tasks, timeout=max(0.1, self.transport.close_left(5.0)))
 
 
 _hubs: weakref.WeakKeyDictionary[Store, _Hub] = weakref.WeakKeyDictionary()

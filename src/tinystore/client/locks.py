@@ -1362,7 +1362,7 @@ class _Hub:
             # (not connected: the store dropped them from its lines with the connection they came by, and a close
             # waited 5 s for the next connection to say so: trial HU)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(self.transport.close_left(5.0)):
                     await self._abandon([ask.ticket for ask in waiting])
         live = [x for x in self.leases.values() if x._releasing is None]
         for lease in live:
@@ -1377,7 +1377,7 @@ class _Hub:
                 ending.append(lease._exited)
         leases = list(self.leases.values())
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(self.transport.close_left(5.0)):
                 if ending:
                     await asyncio.wait(ending)
                 if leases:

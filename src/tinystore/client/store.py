@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .channels import Channel
     from .jobs import Queue, QueueOptions
     from .locks import Lock, Semaphore
-from .transport import LocalTransport, RemoteTransport, Transport, another_store
+from .transport import CLOSE_WRITES_WAIT, LocalTransport, RemoteTransport, Transport, another_store
 
 T = TypeVar("T")
 Durability = Literal["full", "os"]
@@ -441,6 +441,7 @@ class Store:
         await asyncio.shield(task)
 
     async def _close(self) -> None:
+        self.transport.close_deadline = time.monotonic() + CLOSE_WRITES_WAIT
         if self._core is not None:
             # an embedded store: no lease given to another client from now on (trial DT: while a holder of this
             # process ran its block's clean-up, the key went to another client's waiter, told at once the store was

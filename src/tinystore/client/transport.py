@@ -177,6 +177,11 @@ def _about(method: str, request: Any) -> str:
     return ": ".join(parts)
 
 
+CLOSE_WRITES_WAIT = 10.0
+"""Seconds a store's close waits, in all, for what is under way: its parts' ends (subscriptions, leases), then the
+answers of the writes in flight (one still unanswered then raises ``OutcomeUnknownError``)."""
+
+
 class Transport:
     """What the engine clients need of a way to reach the store."""
 
@@ -200,10 +205,21 @@ class Transport:
         # GOAWAY), None once another has been reached since
         self.server_stopped_at: float | None = None
         self.closed = False
+        # when (time.monotonic()) the store's close gives up waiting for what is under way: one bound for all it
+        # waits for (the SDK's parts, then the writes in flight), set as the close begins (see close_left)
+        self.close_deadline: float | None = None
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self.loop = None
+
+    def close_left(self, most: float = CLOSE_WRITES_WAIT) -> float:
+        """Seconds a part of the store's close may still wait: ``most``, or less once the close's one bound
+        (:data:`CLOSE_WRITES_WAIT` from its start) is nearer (trial HW: the channels', the locks' and the
+        connection's waits of a close added up to 20 s with the server frozen)."""
+        if self.close_deadline is None:
+            return most
+        return max(0.0, min(most, self.close_deadline - time.monotonic()))
 
     def give_up(self, exc: TinystoreError) -> None:
         """The store will not be reached again (its private server stopped or gone with its directory): every call
@@ -451,9 +467,6 @@ def another_store(where: str | os.PathLike[str], found: str, used: str) -> Unava
 
 _DECODERS: dict[Any, Callable[[bytes], Any]] = {}
 
-
-CLOSE_WRITES_WAIT = 10.0
-"""Seconds ``close`` waits for the answers of the writes in flight (then they raise ``OutcomeUnknownError``)."""
 
 HANDSHAKE_WAIT = 15.0
 """Seconds a connection waits for the server's answer to its handshake before it gives up (``UnavailableError``:
@@ -1686,7 +1699,7 @@ class RemoteTransport(Transport):
                 conn.flush()
             sent = [f for s, f in conn.pending.items() if s in conn.writes]
             if sent:
-                await asyncio.wait(sent, timeout=CLOSE_WRITES_WAIT)
+                await asyncio.wait(sent, timeout=max(0.1, self.close_left()))
         self._conn = None
         if conn is not None and conn.transport is not None:
             with contextlib.suppress(Exception):
@@ -1698,7 +1711,7 @@ class RemoteTransport(Transport):
                     continue
                 if stream in conn.writes and stream not in conn.unsent:
                     fut.set_exception(
-                        _Lost(f"the store {self.where} was closed before its answer came ({CLOSE_WRITES_WAIT:g} s)")
+                        _Lost(f"the store {self.where} was closed before its answer came (in {CLOSE_WRITES_WAIT:g} s)")
                     )
                 else:
                     fut.set_exception(ClosedError(f"store {self.where} was closed"))

@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -151,6 +152,7 @@ class Core:
         self.stopped = asyncio.Event()
         self.stop_requested = asyncio.Event()
         self.stop_grace = 10.0
+        self.grace_ends = math.inf  # (time.monotonic(): the stop's grace ends then; see stop and grace_ended)
         self.grace_over = asyncio.Event()  # (see end_grace)
         #: the server process's exit status: 0 for a stop asked for (SIGTERM, ``tinystore stop``, idle, its
         #: parent's exit), :data:`~tinystore.server.paths.EXIT_LOST_PLACE` when it stopped because its directory or
@@ -336,8 +338,8 @@ class Core:
             await self.stopped.wait()
             return
         self.begin_stopping()
+        ends = self.grace_ends = time.monotonic() + grace
         self.stopping.set()
-        ends = time.monotonic() + grace
         with contextlib.suppress(OSError):
             paths.mark_stopping(self.directory, time.time() + grace)
         try:
@@ -398,6 +400,13 @@ class Core:
         interrupted (rolled back, and answered ``ClosedError``) as at the grace's end, rather than waited for. The
         directory is still let go only once the databases' threads have ended (see :meth:`stop`)."""
         self.grace_over.set()
+
+    async def grace_ended(self) -> None:
+        """Return once a stop's grace has ended (its time passed, or :meth:`end_grace`): for work the stop cannot
+        cancel at once, a backup's copy in its thread, to stop at the grace's end as the calls under way are."""
+        await self.stopping.wait()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.grace_over.wait(), max(0.0, self.grace_ends - time.monotonic()))
 
     async def within_grace(self, aws: Sequence[asyncio.Future[Any]], timeout: float) -> None:
         """Wait until every one of ``aws`` is done, ``timeout`` seconds have passed, or :meth:`end_grace` was

@@ -64,11 +64,17 @@ def install(core: Core) -> None:
             finally:
                 ended.set()
 
+        # at a stop's grace's end the copy stops between two steps, as a call under way is interrupted then (trial
+        # HW: it learnt of the stop only once the listeners had closed, some seconds after the grace)
+        at_grace_end = asyncio.ensure_future(core.grace_ended())
+        at_grace_end.add_done_callback(lambda f: None if f.cancelled() else cancelled.set())
         try:
             return await asyncio.to_thread(run)
         except asyncio.CancelledError:
             cancelled.set()  # the store stops: the copy keeps nothing more as done, and writes no LOCK
             raise
+        finally:
+            at_grace_end.cancel()
 
     async def backup(session: Session, req: Backup) -> dict[str, Any]:
         if copying and not copying[0].done():
