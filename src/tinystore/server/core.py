@@ -406,7 +406,8 @@ class Core:
         cancel at once, a backup's copy in its thread, to stop at the grace's end as the calls under way are."""
         await self.stopping.wait()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.grace_over.wait(), max(0.0, self.grace_ends - time.monotonic()))
+            async with asyncio.timeout(max(0.0, self.grace_ends - time.monotonic())):
+                await self.grace_over.wait()
 
     async def within_grace(self, aws: Sequence[asyncio.Future[Any]], timeout: float) -> None:
         """Wait until every one of ``aws`` is done, ``timeout`` seconds have passed, or :meth:`end_grace` was
