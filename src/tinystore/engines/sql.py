@@ -2111,13 +2111,16 @@ class SqlDatabase:
             t.join(max(0.0, deadline - time.monotonic()))
         if any(t.is_alive() for t in self._threads):
             return False
+        # (under the lock, closes and all: a second thread waiting for them, a cancelled stop's own wait still
+        # running beside the one that lets the directory go, returns only once the files are closed, not while the
+        # first still closes them: CI, 2026-12-07)
         with self._spare_lock:
             for c in self._spare:
                 c.close()
             self._spare.clear()
-        if self._inline is not None:
-            self._inline.close()
-            self._inline = None
+            inline, self._inline = self._inline, None
+            if inline is not None:
+                inline.close()
         return True
 
 
