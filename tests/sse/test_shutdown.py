@@ -154,7 +154,7 @@ def test_a_slow_browser_that_reads_gets_every_event_handed_over_before_a_stop(tm
         browser.settimeout(20)
         started = time.monotonic()
         signalled = False
-        while True:  # some 600 KB a second: slower than the producer, never stopped
+        while True:  # some 800 KB a second (4 KB a read): slower than the producer, never stopped
             if not signalled and time.monotonic() - started > 2.0:
                 server.send_signal(signal.SIGINT)
                 signalled = True
@@ -162,7 +162,7 @@ def test_a_slow_browser_that_reads_gets_every_event_handed_over_before_a_stop(tm
             if not chunk:
                 break
             got += chunk
-            time.sleep(0.05)
+            time.sleep(0.005)
         server.communicate(timeout=20)
     handed_over = int(sent.read_text())
     events = [line for line in bytes(got).split(b"\n") if line.startswith(b"data: ")]
