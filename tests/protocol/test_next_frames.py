@@ -80,7 +80,7 @@ frame_st = st.one_of(
 )
 
 
-@settings(max_examples=3000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(frame_st, max_size=12),
     st.lists(st.integers(1, 60), max_size=10),
