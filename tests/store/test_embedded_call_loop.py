@@ -29,3 +29,16 @@ async def test_a_call_loop_with_no_other_await_lets_the_loop_turn(tmp_path: Path
             for _ in range(3_000):
                 await call()
             assert turns.count >= 3  # (the other task ran, each time a turn's budget of calls was spent)
+
+
+# contract: STORE-04
+async def test_a_loop_of_costly_calls_lets_the_loop_turn_within_milliseconds(tmp_path: Path) -> None:
+    """Trial HY: the budget counted calls alone, and 512 ``status()`` of a store with 100 queues (half a
+    millisecond each) held the loop a second at a time; a turn's budget is spent after some milliseconds too."""
+    async with open_store("embedded", tmp_path / "s") as store:
+        for i in range(40):
+            await store.queue(f"q{i}", dict).add({"n": i})
+        async with LoopTurns() as turns:
+            for _ in range(300):  # (fewer than a turn's budget of calls)
+                await store.status()
+            assert turns.count >= 2
