@@ -311,6 +311,10 @@ INLINE_TURN_CALLS = 512
 """The calls of an embedded store's SDK made in one turn of the event loop before the next lets it turn (see
 ``LocalTransport.turn_spent``)."""
 
+WAITED_AT_CLOSE = frozenset({"sql.exec", "sql.commit", "jobs.add", "jobs.cancel", "jobs.retry"})
+"""The writes of an embedded store's SDK that its close waits for while they run (not a claim's or a lock's wait,
+which the close ends)."""
+
 INLINE_TURN_SECONDS = 0.005
 """Seconds from the first call of an embedded store's SDK in one turn of the event loop after which the next lets
 it turn, however few calls were made (see ``LocalTransport.turn_spent``)."""
@@ -343,6 +347,7 @@ class LocalTransport(Transport):
         self._small = frozenset(small)
         self._turn_calls = 0
         self._turn_began = 0.0
+        self._writes: set[asyncio.Future[None]] = set()  # (see WAITED_AT_CLOSE)
 
     def _push(self, method: str, body: Any) -> None:
         entry = self.push_handlers.get(method)
@@ -371,12 +376,18 @@ class LocalTransport(Transport):
             self.turn_spent()
         if method not in self._small:
             self.check_size(method, request)
+        ended: asyncio.Future[None] | None = None
         try:
             result = self.core.invoke(self.session, method, request)
             if isinstance(result, _Future) or type(result) is CoroutineType:
-                return await result
-            if isinstance(result, msgspec.Struct) or not inspect.isawaitable(result):
+                pass
+            elif isinstance(result, msgspec.Struct) or not inspect.isawaitable(result):
                 return result
+            if write and method in WAITED_AT_CLOSE:
+                # (a close waits for it before the engines stop, as a socket's close waits for the writes it sent:
+                # trial HY, a big add_many under way was rolled back by an embedded store's close)
+                ended = self.loop.create_future()
+                self._writes.add(ended)
             return await result
         except InvalidError as exc:
             named = surrogate_named(exc, method, request)
@@ -385,6 +396,10 @@ class LocalTransport(Transport):
             raise named from None
         except UnavailableError as exc:
             raise self._closing(exc) from None
+        finally:
+            if ended is not None:
+                self._writes.discard(ended)
+                ended.set_result(None)
 
     def turn_spent(self) -> bool:
         """Count a call; whether :data:`INLINE_TURN_CALLS` calls were made already in this turn of the loop, or
@@ -459,8 +474,14 @@ class LocalTransport(Transport):
         return self.core.sql.databases.get(name)
 
     async def close(self) -> None:
+        """Refuse new calls; wait for the writes under way (:data:`WAITED_AT_CLOSE`) up to the close's bound
+        (``close_left``), as a socket's close waits for the answers of the writes it sent; then end the session
+        (what still runs of it is stopped with the engines). A cancel leaves the session open to the engines'
+        stop."""
         if not self.closed:
             self.closed = True
+            if self._writes:
+                await asyncio.wait(list(self._writes), timeout=self.close_left())
             self.session.close()
 
 
