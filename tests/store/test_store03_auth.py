@@ -547,3 +547,27 @@ async def test_garbage_before_the_handshake_is_logged_once_a_minute(
     assert await db.scalar("select 1") == 1  # the others go on
     lines = [x for x in (server.directory / "serve.log").read_text().splitlines() if "closing a connection" in x]
     assert len(lines) == 1 and "closing a connection from 127.0.0.1:" in lines[0], lines
+
+
+# contract: STORE-03
+async def test_tls_to_a_listener_that_says_nothing_names_the_likely_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial HY: tls:// to a Redis server (which waits for a line) or to any listener that says nothing first failed
+    with asyncio's bare "SSL handshake is taking longer than 15.0 seconds"."""
+    import tinystore.client.transport as transport_module
+
+    monkeypatch.setattr(transport_module, "HANDSHAKE_WAIT", 0.3)
+    srv = await asyncio.get_running_loop().create_server(asyncio.Protocol, "127.0.0.1", 0)
+    try:
+        port = srv.sockets[0].getsockname()[1]
+        with pytest.raises(UnavailableError, match=r"does not speak TLS .*use tcp:// in place of tls://"):
+            await tinystore.connect(
+                f"tls://127.0.0.1:{port}",
+                token="t" * 32,
+                ssl_context=ssl.create_default_context(),
+                reconnect_timeout="0.2s",
+            )
+    finally:
+        srv.close()
+        await srv.wait_closed()

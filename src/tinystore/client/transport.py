@@ -1109,6 +1109,13 @@ class RemoteTransport(Transport):
             if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLCertVerificationError):
                 # (a plain listener answers a ClientHello with bytes that are not TLS: WRONG_VERSION_NUMBER)
                 hint = " (if the server listens without TLS, use tcp:// in place of tls://)"
+            elif isinstance(exc, ConnectionAbortedError) and kind != "unix" and where[2] is not None:
+                # asyncio's "SSL handshake is taking longer than 15.0 seconds", and nothing more (trial HY: tls://
+                # to a Redis server, which waits for a line, or to any listener that says nothing first)
+                hint = (
+                    ": the TLS handshake got no answer; the server is stopped, stuck or overloaded, or what listens "
+                    "there does not speak TLS (if the server listens without TLS, use tcp:// in place of tls://)"
+                )
             error = _Transient if _passes(exc) else UnavailableError
             detail = str(exc)
             if not detail:  # (trial HU: "cannot reach the store at tls://…: ", and nothing more)
