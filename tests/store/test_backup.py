@@ -446,6 +446,55 @@ def test_a_database_is_copied_in_steps_of_one_view_and_a_stop_is_heard_between_t
 
 
 # contract: STORE-05
+def test_a_copy_is_synced_step_by_step_and_a_stop_heard_before_its_last_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial HY: the copy was synced once, whole, at its end (hundreds of MB, an fsync nothing cuts short), and a
+    stop's grace ending meanwhile waited for it: the backup's answer came after its connection closed
+    (``UnavailableError``, not ``ClosedError``). Each step's pages are synced after it now, and a stop heard
+    before the last sync."""
+    import sqlite3
+
+    from tinystore.server import backup as backups
+
+    monkeypatch.setattr(backups, "BACKUP_STEP_PAGES", 20)
+    source = tmp_path / "app.db"
+    db = sqlite3.connect(source, isolation_level=None)
+    db.execute("create table t (id integer primary key, v blob)")
+    db.execute(
+        "insert into t (v) select randomblob(1000) from "
+        "(with recursive c(n) as (select 1 union all select n + 1 from c where n < 1000) select n from c)"
+    )
+    db.close()
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_size)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(backups.os, "fdatasync", fdatasync)
+    backups._copy_database(source, tmp_path / "copy.db", lambda: None)
+    assert len(synced) > 10 and synced == sorted(synced)  # (as the copy grows, each step)
+
+    looks = 0
+    last_syncs: list[Path] = []
+    monkeypatch.setattr(backups, "_fsync", last_syncs.append)
+    steps = len(synced)
+
+    def stopped_after_the_last_step() -> None:
+        nonlocal looks
+        looks += 1
+        if looks > steps:
+            raise tinystore.ClosedError("the store stopped during the backup")
+
+    with pytest.raises(tinystore.ClosedError):
+        backups._copy_database(source, tmp_path / "cut.db", stopped_after_the_last_step)
+    assert last_syncs == []  # (heard before the copy's last sync)
+    assert not list(tmp_path.glob("cut.db*"))
+
+
+# contract: STORE-05
 async def test_a_backup_stops_at_the_end_of_a_stops_grace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Trial HW: the copy learnt of a stop only once the listeners had closed (the grace, then a second to answer
     the calls cut, then the linger): `tinystore stop --grace 1s` ended the server 6 to 9 s later. It stops between
