@@ -19,7 +19,7 @@ import msgspec
 import msgspec.inspect
 import msgspec.structs
 
-from ..engines.sql_text import check_params
+from ..engines.sql_text import SqlParams, check_params
 from ..errors import ClosedError, InvalidError, LimitError, TinystoreError, UnavailableError
 from ..names import a_or_an, check_name
 from ..protocol.messages import decode
@@ -142,9 +142,9 @@ def read_migrations(
     return out
 
 
-def check_values(db: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
+def check_values(db: str, sql: str, params: tuple[Any, ...]) -> SqlParams:
     """Refuse, before anything is sent, a value SQLite cannot hold (``InvalidError`` naming the parameter)
-    and a named placeholder."""
+    and a named placeholder given values in order (see :func:`~tinystore.engines.sql_text.check_params`)."""
     return check_params(db, sql, params)
 
 
@@ -309,7 +309,7 @@ class Queries:
     def _check(self) -> None:
         """Raise when calls can no longer be made (a transaction that ended)."""
 
-    def _query(self, sql: str, params: list[Any], mode: str) -> Awaitable[Rows]:
+    def _query(self, sql: str, params: SqlParams, mode: str) -> Awaitable[Rows]:
         """The call that runs the read (awaited by the caller: no coroutine of its own in between)."""
         if self._tx:
             self._check()
@@ -449,6 +449,8 @@ class Database(Queries):
     async def exec(self, sql: str, /, *params: Any) -> Done:
         """Run one statement that may write; it is committed (on disk, with ``durability="full"``) before
         this returns. Returns ``Done``: ``changes``, ``last_insert_rowid``, ``rows`` (from ``returning``).
+        ``params``: the values of ``sql``'s ``?`` placeholders in order, or one dict of the values of its named
+        placeholders (``:id``, ``@id``, ``$id``) by name, as Python's ``sqlite3`` binds them; so for every call.
 
         Raises ``InvalidError`` (SQLite's message; a value SQLite cannot hold), ``LimitError`` (the statement
         with its parameters is over the frame limit, ``frame_body_bytes``, 16 MiB encoded: nothing is sent, in

@@ -91,6 +91,8 @@ from .sql_guard import (
 from .sql_text import (
     CACHED_SQL,
     INT_MAX,
+    ParamsIn,
+    SqlParams,
     changes_schema,
     check_migrations,
     check_params,
@@ -280,7 +282,7 @@ class _Results:
 @dataclass(slots=True)
 class _Write:
     sql: str
-    params: list[Any]
+    params: SqlParams
     fut: asyncio.Future[Done] | Later
     own: bool = False  # an engine's own statement (see own_sql): it may write the store's tables
     resend: bool = False  # a socket client's: unrun at a stop, it is answered refused, for the SDK to send again
@@ -289,7 +291,7 @@ class _Write:
 @dataclass(slots=True)
 class _Read:
     sql: str
-    params: list[Any]
+    params: SqlParams
     mode: str
     fut: asyncio.Future[Rows]
     unlimited: bool = False  # an engine's own read of what it keeps (see SqlDatabase.read)
@@ -301,7 +303,7 @@ class _Call:
 
     op: str  # "exec" | "query" | "commit" | "rollback"
     sql: str
-    params: list[Any]
+    params: SqlParams
     mode: str
     fut: asyncio.Future[Any]
     own: bool = False  # an engine's own statement (see own_sql)
@@ -332,7 +334,7 @@ class SqlTx:
     maybe before the ``after_commit`` hooks (see ``committed``)."""
 
     def _call(
-        self, op: str, sql: str = "", params: list[Any] | None = None, mode: str = "all", own: bool = False
+        self, op: str, sql: str = "", params: SqlParams | None = None, mode: str = "all", own: bool = False
     ) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.db.loop.create_future()
         if self.done:
@@ -346,7 +348,7 @@ class SqlTx:
     def _idle(self, _: object) -> None:
         self.busy -= 1
 
-    def exec(self, sql: str, params: Sequence[Any], *, own: bool = False) -> asyncio.Future[Done]:
+    def exec(self, sql: str, params: ParamsIn, *, own: bool = False) -> asyncio.Future[Done]:
         """Run a statement inside the transaction; it sees the transaction's own writes. ``own``: an engine's
         statement (:func:`own_sql`)."""
         if self.read_only:
@@ -356,7 +358,7 @@ class SqlTx:
         values = check_params(self.db.name, sql, params)
         return self._call("exec", own_sql(sql) if own else sql, values, own=own)
 
-    def query(self, sql: str, params: Sequence[Any], mode: str = "all") -> asyncio.Future[Rows]:
+    def query(self, sql: str, params: ParamsIn, mode: str = "all") -> asyncio.Future[Rows]:
         return self._call("query", sql, check_params(self.db.name, sql, params), mode)
 
     def commit(self) -> asyncio.Future[None]:
@@ -1017,9 +1019,7 @@ class SqlDatabase:
 
     # -- calls from the loop ---------------------------------------------------------------------
 
-    def write(
-        self, sql: str, params: Sequence[Any], *, own: bool = False, resend: bool = False
-    ) -> asyncio.Future[Done]:
+    def write(self, sql: str, params: ParamsIn, *, own: bool = False, resend: bool = False) -> asyncio.Future[Done]:
         """One statement that may write, committed before the future resolves (group commit). Never raises:
         a parameter SQLite cannot hold (``InvalidError``) or a closed database (``ClosedError``) is the
         future's exception, so a caller that gathered several calls' writes fails only the one. ``own``: an
@@ -1042,7 +1042,7 @@ class SqlDatabase:
         self._queue(_Write(sql, values, fut, own, resend))
         return fut
 
-    def write_later(self, sql: str, params: Sequence[Any], resend: bool = False) -> Later:
+    def write_later(self, sql: str, params: ParamsIn, resend: bool = False) -> Later:
         """:meth:`write`, its result given through a :class:`Later` rather than a future (what the server
         uses: the answer goes out from the writer's batch of results, with no future in between).
 
@@ -1058,7 +1058,7 @@ class SqlDatabase:
             self._queue(_Write(sql, self._write_params(sql, params), later, resend=resend))
         return later
 
-    def _write_params(self, sql: str, params: Sequence[Any]) -> list[Any]:
+    def _write_params(self, sql: str, params: ParamsIn) -> SqlParams:
         """:func:`check_params` of a single write, which may not be a ``PRAGMA defer_foreign_keys``."""
         values = check_params(self.name, sql, params)
         if defers_foreign_keys(sql):
@@ -1079,7 +1079,7 @@ class SqlDatabase:
         return 1 if time.monotonic() > self._inline_deadline else 0
 
     def read(
-        self, sql: str, params: Sequence[Any], mode: str = "all", *, unlimited: bool = False, owner: object = None
+        self, sql: str, params: ParamsIn, mode: str = "all", *, unlimited: bool = False, owner: object = None
     ) -> asyncio.Future[Rows]:
         """A read. ``mode``: "all", "one" (at most one row) or "scalar". It runs on the loop when it fits the
         inline budget (the future is then already resolved), else on a reader thread. ``unlimited``: an engine's
@@ -1111,7 +1111,7 @@ class SqlDatabase:
         went on: trial HN)."""
         return self._turn_reads > INLINE_TURN_READS
 
-    def read_now(self, sql: str, values: list[Any], mode: str = "all") -> Rows | None:
+    def read_now(self, sql: str, values: SqlParams, mode: str = "all") -> Rows | None:
         """A read run here, on the loop, under the inline budget: its rows, or ``None`` when it did not fit
         the budget (or reads never run inline): then :meth:`read_later` runs it on a reader thread.
 
@@ -1225,7 +1225,7 @@ class SqlDatabase:
                             again,
                         )
 
-    def read_later(self, sql: str, values: list[Any], mode: str = "all", owner: object = None) -> asyncio.Future[Rows]:
+    def read_later(self, sql: str, values: SqlParams, mode: str = "all", owner: object = None) -> asyncio.Future[Rows]:
         """A read on a reader thread (``values`` checked already, see :meth:`read_now`); ``owner``: whose read it
         is (a client's session): the readers take turns between owners (:class:`FairReads`)."""
         self.uses += 1
@@ -1658,7 +1658,7 @@ class SqlDatabase:
         self.results.put(w.fut, Done(0, 0, [d[0] for d in desc] if desc else [], rows), None)
 
     def _exec(
-        self, conn: sqlite3.Connection, sql: str, params: list[Any], own: bool = False, last_rowid: int = 0
+        self, conn: sqlite3.Connection, sql: str, params: SqlParams, own: bool = False, last_rowid: int = 0
     ) -> Done:
         """One statement on the writer; ``own``: an engine's (:func:`own_sql`), with the engine's rights. A
         client's never has them, whatever its text. ``last_rowid``: in a transaction, the rowid its last insert
@@ -1726,7 +1726,7 @@ class SqlDatabase:
         return target in tables
 
     def _exec_alone(
-        self, conn: sqlite3.Connection, sql: str, params: list[Any], own: bool = False, last_rowid: int = 0
+        self, conn: sqlite3.Connection, sql: str, params: SqlParams, own: bool = False, last_rowid: int = 0
     ) -> Done:
         """:meth:`_exec` inside a transaction, in a savepoint: a statement that fails after it ran (its
         ``returning`` rows over ``sql_result_bytes``) leaves nothing either, like one SQLite stopped."""
@@ -1741,7 +1741,7 @@ class SqlDatabase:
         ctl(conn, "release s")
         return done
 
-    def _query(self, conn: sqlite3.Connection, sql: str, params: list[Any], mode: str, unlimited: bool = False) -> Rows:
+    def _query(self, conn: sqlite3.Connection, sql: str, params: SqlParams, mode: str, unlimited: bool = False) -> Rows:
         if len(sql) > CACHED_SQL:
             conn.big += len(sql)  # type: ignore[attr-defined]
         restricted = restrict(conn, sql)

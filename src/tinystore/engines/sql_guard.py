@@ -394,7 +394,11 @@ def own_sql(sql: str) -> str:
     return _OWN_MARK + sql
 
 
-def as_engine(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+def as_engine(
+    conn: sqlite3.Connection,
+    sql: str,
+    params: Sequence[Any] | dict[str, Any] = (),
+) -> sqlite3.Cursor:
     """Run ``sql`` (already :func:`own_sql`'s text) on ``conn`` with the engine's rights."""
     c: Any = conn
     c.internal = True

@@ -1,7 +1,8 @@
-"""What the SQL engine reads in a statement's text before SQLite does: the parameters (positional values that
-SQLite can hold; a named placeholder is refused), where the first keyword starts, and the kinds of statement the engine
-treats apart (schema changes, ``VACUUM``, inserts, ``PRAGMA defer_foreign_keys``, ``INITIALLY DEFERRED`` constraints);
-migrations' names checked and their scripts split into statements. Pure functions: no I/O, no threads."""
+"""What the SQL engine reads in a statement's text before SQLite does: the parameters (values that SQLite can
+hold, positional, or named in one dict; a named placeholder given positional values is refused), where the first
+keyword starts, and the kinds of statement the engine treats apart (schema changes, ``VACUUM``, inserts, ``PRAGMA
+defer_foreign_keys``, ``INITIALLY DEFERRED`` constraints); migrations' names checked and their scripts split into
+statements. Pure functions: no I/O, no threads."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import functools
 import math
 import re
 import sqlite3
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from ..errors import (
     InvalidError,
@@ -27,22 +28,40 @@ INT_MAX = (1 << 63) - 1
 _PLAIN = frozenset({str, bytes, type(None)})
 
 
-def check_params(db: str, sql: str, params: Sequence[Any]) -> list[Any]:
-    """Return ``params`` as a list of SQLite values for ``sql``; ``InvalidError`` for a value SQLite cannot
-    hold, or for a named placeholder in ``sql`` (parameters are ``?`` placeholders, in order).
+SqlParams = list[Any] | dict[str, Any]
+"""A statement's parameters once checked: values for its ``?`` placeholders in order, or values by name for its
+named ones (``:name``, ``@name``, ``$name``), as Python's ``sqlite3`` binds them."""
+
+
+ParamsIn = Sequence[Any] | Mapping[str, Any]
+"""A statement's parameters as given: values in order, or one mapping of values by name (see :func:`check_params`)."""
+
+
+def check_params(db: str, sql: str, params: ParamsIn) -> SqlParams:
+    """Return ``params`` as SQLite values for ``sql``: a list, for its ``?`` placeholders in order; or, when
+    ``params`` is one mapping (``(dict,)``, as ``db.one(sql, {"id": 7})`` gives it) or a dict (as a socket brings
+    it), a dict of values by name for its named placeholders (``:id``, ``@id``, ``$id``; the names without the
+    sigil, as Python's ``sqlite3`` takes them). ``InvalidError`` for a value SQLite cannot hold, a name that is no
+    text, or a named placeholder in ``sql`` given positional values (SQLite would bind them by number, silently).
 
     A list whose values are all fine already is returned as it is (not copied). More than :data:`PARAMS_MAX`
     parameters: ``InvalidError``, as SQLite words it (a server refuses them as it reads the call; trial DK: its
     refusal named neither the database nor the parameters)."""
+    if type(params) is dict:
+        return _check_named(db, params)
+    params = cast(Sequence[Any], params)
     if len(params) > PARAMS_MAX:
         raise InvalidError(
             f"database {db}: too many SQL variables ({len(params):,} parameters; at most {PARAMS_MAX:,})"
         )
     named = named_placeholder(sql)
     if named is not None:
+        if len(params) == 1 and isinstance(params[0], Mapping):
+            return _check_named(db, params[0])
         raise InvalidError(
-            f"database {db}: the statement has the named placeholder {named}: parameters are ? placeholders, "
-            "passed in order after the SQL"
+            f"database {db}: the statement has the named placeholder {named}: give its values by name in one dict "
+            f"after the SQL (db.exec(sql, {{{named[1:]!r}: value}})), or use ? placeholders, their values in order "
+            "after the SQL"
         )
     for v in params:
         t = type(v)
@@ -56,6 +75,10 @@ def check_params(db: str, sql: str, params: Sequence[Any]) -> list[Any]:
             break
     else:
         return params if type(params) is list else list(params)
+    if len(params) == 1 and isinstance(params[0], Mapping):
+        # (a statement without named placeholders given values by name, as Python's sqlite3 takes it: SQLite says
+        # what is wrong, if anything, "Binding 1 has no name" for a ? placeholder)
+        return _check_named(db, params[0])
     return _check_params(db, params)
 
 
@@ -119,10 +142,29 @@ def _named_placeholder(sql: str) -> str | None:
         pos += 1  # (not reached: a sigil on its own is eaten above; SQLite's to judge)
 
 
-def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
+def _check_named(db: str, params: Mapping[Any, Any]) -> dict[str, Any]:
+    """:func:`check_params` of values by name: a new dict (``sqlite3`` binds a dict only), each name text and each
+    value as :func:`_check_params` takes it."""
+    if len(params) > PARAMS_MAX:
+        raise InvalidError(
+            f"database {db}: too many SQL variables ({len(params):,} parameters; at most {PARAMS_MAX:,})"
+        )
+    for name in params:
+        if type(name) is not str:
+            raise InvalidError(
+                f"database {db}: parameter name {shown(name)}: {a_or_an(type(name).__name__)}; names are text, "
+                "as the placeholder :name has the name 'name'"
+            )
+    names = list(params)
+    values = _check_params(db, [params[n] for n in names], names)
+    return dict(zip(names, values, strict=True))
+
+
+def _check_params(db: str, params: Sequence[Any], names: list[str] | None = None) -> list[Any]:
     """:func:`check_params`' slow path, for a list with a value not of the plain types: subclasses of ``str``,
     ``int``, ``float`` and ``bytes`` (an enum's member, ``bool``) become their base type's value, as a socket can
-    carry them; a value out of range or of another type raises ``InvalidError``."""
+    carry them; a value out of range or of another type raises ``InvalidError``, naming the parameter by its
+    number, or by its name from ``names``."""
     out = list(params)
     for i, v in enumerate(out):
         t = type(v)
@@ -142,24 +184,32 @@ def _check_params(db: str, params: Sequence[Any]) -> list[Any]:
                 try:
                     out[i] = bytes.__bytes__(v) if isinstance(v, bytes) else bytes(memoryview(v))
                 except ValueError as exc:  # a released memoryview
-                    raise InvalidError(f"database {db}: parameter {i + 1}: {exc}") from None
+                    raise InvalidError(f"database {db}: parameter {_which(i, names)}: {exc}") from None
                 continue
             else:
                 hint = (
                     " (the parameters come as arguments of their own: db.one(sql, a, b), or db.one(sql, *values))"
                     if isinstance(v, tuple | list)
+                    else " (values by name come in one dict, the only parameter, for a statement whose placeholders "
+                    "are named: db.one('select * from t where id = :id', {'id': 7}))"
+                    if isinstance(v, Mapping)
                     else ""
                 )
                 raise InvalidError(
-                    f"database {db}: parameter {i + 1}: {a_or_an(type(v).__name__)} is not a SQL value "
+                    f"database {db}: parameter {_which(i, names)}: {a_or_an(type(v).__name__)} is not a SQL value "
                     f"(use None, int, float, str, bytes or bool){hint}"
                 )
         if type(v) is int:
             if not INT_MIN <= v <= INT_MAX:
-                raise InvalidError(f"database {db}: parameter {i + 1}: {shown(v)} does not fit in 64 bits")
+                raise InvalidError(f"database {db}: parameter {_which(i, names)}: {shown(v)} does not fit in 64 bits")
         elif math.isnan(v):
-            raise InvalidError(f"database {db}: parameter {i + 1}: NaN cannot be stored")
+            raise InvalidError(f"database {db}: parameter {_which(i, names)}: NaN cannot be stored")
     return out
+
+
+def _which(i: int, names: list[str] | None) -> str:
+    """How an error names parameter ``i``: by its number from 1, or as the placeholder of its name."""
+    return str(i + 1) if names is None else f":{names[i]}"
 
 
 def _word(head: str, word: str) -> str | None:

@@ -33,7 +33,11 @@ PARAMS_MAX = 250_000
 """Parameters of one statement: SQLite's own bound as Debian builds it (``SQLITE_MAX_VARIABLE_NUMBER``), refused
 past it as the body is read (trial DJ: 15 million were each checked on the server's loop, 1.1 s, before SQLite
 refused their count)."""
-Params = Annotated[list[Any], msgspec.Meta(max_length=PARAMS_MAX)]
+Params = (
+    Annotated[list[Any], msgspec.Meta(max_length=PARAMS_MAX)]
+    | Annotated[dict[str, Any], msgspec.Meta(max_length=PARAMS_MAX)]
+)
+"""A statement's parameters: values in order for its ``?`` placeholders, or values by name for its named ones."""
 
 
 class Exec(msgspec.Struct, array_like=True):
@@ -77,12 +81,12 @@ def too_many_params(body: bytes) -> str | None:
     raw = bytes(memoryview(head.params)[:5])
     if not raw:
         return None
-    if raw[0] == 0xDC and len(raw) >= 3:
+    if raw[0] in (0xDC, 0xDE) and len(raw) >= 3:  # (an array, or a map: values by name)
         count = int.from_bytes(raw[1:3], "big")
-    elif raw[0] == 0xDD and len(raw) >= 5:
+    elif raw[0] in (0xDD, 0xDF) and len(raw) >= 5:
         count = int.from_bytes(raw[1:5], "big")
     else:
-        return None  # (a fixarray holds at most 15)
+        return None  # (a fixarray or fixmap holds at most 15)
     if count <= PARAMS_MAX:
         return None
     return f"database {head.db}: too many SQL variables ({count:,} parameters; at most {PARAMS_MAX:,})"
