@@ -526,6 +526,9 @@ class Database(Queries):
             self._no_tx("tx")
         tx_id: int = await self.store._call("sql.begin", Begin(self.name, read_only), int, undo=self._unwanted_tx)
         tx = SqlTx(self, tx_id, read_only)
+        self.store._open_txs.add(tx)
+        if self.store._closed:
+            tx._abandon()  # (begun as the store closed: see Store._close)
         mark = _TxMark()
         active = _active.get()
         token = _active.set(active if read_only else {**active, self._key: mark})
@@ -641,6 +644,7 @@ class SqlTx(Queries):
         self.read_only = read_only
         self.ended = False
         self._dropped: str | None = None  # why it ended, when its connection dropped (see _check)
+        self._closed_why: str | None = None  # why it ended, when the store closed with it open (see _abandon)
         self.on_commit: list[Callable[[], Any]] = []
         self._store = db.store
         self._transport = db._transport
@@ -750,22 +754,42 @@ class SqlTx(Queries):
         if self.ended:
             if self._dropped is not None:  # (trial DV: told as a call made after fn returned)
                 raise UnavailableError(self._dropped)
+            if self._closed_why is not None:
+                raise ClosedError(self._closed_why)
             # (trial DU: a task that fn started and did not await made its write after fn returned)
             raise ClosedError(
                 f"database {self.name}: transaction {self.id} has ended: a call made with it after its fn returned "
                 "(from a task fn started and did not await?) is not run"
             )
         if getattr(self._transport, "reconnects", 0) != self._connection:
-            self.ended = True
+            self._end()
             self._dropped = (
                 f"database {self.name}: the connection to the store dropped since transaction {self.id} began; "
                 "it was rolled back with it (nothing of it was committed)"
             )
             raise UnavailableError(self._dropped)
 
+    def _end(self) -> None:
+        self.ended = True
+        self._store._open_txs.discard(self)
+
+    def _abandon(self) -> None:
+        """End it, as the store closes with it open: it can no longer commit (a closing store takes no new call),
+        and it held the database's writer, the writes the close waits for queued behind it until ``tx_idle`` (trial
+        IB: an embedded or sidecar store's close took 5 s, 10 with a longer ``tx_idle``); rolled back now (the
+        rollback awaited by the close), its later calls and its commit raise ``ClosedError``."""
+        if self.ended:
+            return
+        self._end()
+        self._closed_why = (
+            f"database {self.name}: the store was closed while transaction {self.id} was open: it was rolled back "
+            "(nothing of it was committed)"
+        )
+        self._store._call_at_close("sql.rollback", TxRef(self.id))
+
     async def _commit(self) -> None:
         self._check()
-        self.ended = True
+        self._end()
         try:
             await self.db.store._call("sql.commit", TxRef(self.id), Any, write=True, retry=False)
         except asyncio.CancelledError:
@@ -787,7 +811,7 @@ class SqlTx(Queries):
     async def _rollback(self) -> None:
         if self.ended:
             return
-        self.ended = True
+        self._end()
         try:
             await asyncio.shield(self.db.store._call("sql.rollback", TxRef(self.id), Any, retry=False))
         except Exception:

@@ -49,7 +49,7 @@ from ..server.dirlock import (
     unserved_here,
 )
 from ..server.dirlock import _alive as pid_alive
-from .sql import Database, read_migrations
+from .sql import Database, SqlTx, read_migrations
 
 if TYPE_CHECKING:
     from .channels import Channel
@@ -161,6 +161,7 @@ class Store:
         self._close_shorteners: list[Callable[[float], None]] = []  # what a later close(grace=...) cuts short
         self._closer: asyncio.Task[Any] | None = None  # the task that called close() first
         self._undoing: set[asyncio.Task[Any]] = set()  # calls that give back what a cancelled call was handed
+        self._open_txs: set[SqlTx] = set()  # the transactions of db.tx begun and not ended (see _close)
         self._close_task: asyncio.Task[None] | None = None
 
     @property
@@ -210,6 +211,11 @@ class Store:
         (the server gives it back by itself when the connection ends)."""
         if self._closed:
             return
+        self._call_at_close(method, request)
+
+    def _call_at_close(self, method: str, request: Any) -> None:
+        """:meth:`_undo_soon`, also once the close has begun (before it closes the connection, it waits for
+        these)."""
         task = asyncio.ensure_future(self._call(method, request, Any, retry=False))
         self._undoing.add(task)
         task.add_done_callback(_undone)
@@ -452,8 +458,12 @@ class Store:
         for hook in reversed(self._close_hooks):
             with contextlib.suppress(Exception):
                 await hook()
+        # the transactions still open: they can no longer commit (the connection's close, below, takes no new
+        # call), and the writes it waits for may be queued behind one of them (trial IB): rolled back now
+        for tx in list(self._open_txs):
+            tx._abandon()
         if self._undoing:
-            await asyncio.wait(list(self._undoing), timeout=5)
+            await asyncio.wait(list(self._undoing), timeout=self.transport.close_left(5.0))
         if self._child is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5):

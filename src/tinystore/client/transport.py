@@ -439,9 +439,17 @@ class LocalTransport(Transport):
         if method not in self._small:
             self.check_size(method, request)
         try:
-            return self.core.invoke(self.session, method, request)
+            result = self.core.invoke(self.session, method, request)
         except UnavailableError as exc:
             raise self._closing(exc) from None
+        if method in WAITED_AT_CLOSE:
+            # (a db.exec's: waited for by a close, as call's are; the engine's Later, awaited through its future)
+            as_future = getattr(result, "future", None)
+            waited = as_future() if as_future is not None else result
+            if type(waited) is _Future:
+                self._writes.add(waited)
+                waited.add_done_callback(self._writes.discard)
+        return result
 
     def _closing(self, exc: UnavailableError) -> TinystoreError:
         """What a call the engines refused as they stop raises here: the engines stop only with this program's

@@ -1,0 +1,61 @@
+"""Trial IB: a store closed while one of its transactions was open (its fn between two statements) and a write
+was queued behind it: the close waited for that write, which waited for the transaction's writer until ``tx_idle``
+(5 s; the close's whole bound of 10 s with a longer ``tx_idle``), in an embedded and a sidecar store. A close now
+rolls back the transactions still open (they could no longer commit) before it waits for the writes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+import tinystore
+
+from ..helpers import open_store
+
+
+# contract: SQL-01
+# contract: STORE-05
+@pytest.mark.parametrize("mode", ["embedded", "private", "sidecar"])
+@pytest.mark.parametrize("behind", ["exec", "add"])
+async def test_a_close_rolls_back_an_open_transaction_before_waiting_for_the_writes_behind_it(
+    tmp_path: Path, mode: str, behind: str
+) -> None:
+    limits = tinystore.Limits(tx_idle=60)
+    async with open_store(mode, tmp_path / "s", limits=limits) as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (k text)")])
+        q = store.queue("q", dict, database=db)
+        await q.add({"warm": 1})
+        paused = asyncio.Event()
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t values ('tx-1')")
+            paused.set()
+            await asyncio.sleep(3)  # (between two statements, the writer held)
+            await tx.exec("insert into t values ('tx-2')")
+
+        in_tx = asyncio.ensure_future(db.tx(fn))
+        await paused.wait()
+        write = asyncio.ensure_future(
+            db.exec("insert into t values ('behind')") if behind == "exec" else q.add({"k": "behind"})
+        )
+        await asyncio.sleep(0.1)
+        began = time.monotonic()
+        await store.close()
+        took = time.monotonic() - began
+        with pytest.raises(tinystore.ClosedError, match="was rolled back"):
+            await in_tx
+        outcome = await asyncio.gather(write, return_exceptions=True)
+        assert took < 2.5, (took, outcome)
+    again = await tinystore.open(tmp_path / "s", embedded=True, serve=False)
+    try:
+        db = await again.database("app")
+        rows = [r["k"] for r in await db.all("select k from t")]
+        assert "tx-1" not in rows and "tx-2" not in rows
+        done = outcome[0]
+        if not isinstance(done, BaseException):  # (a write answered is kept)
+            assert behind != "exec" or rows == ["behind"]
+    finally:
+        await again.close()
