@@ -327,6 +327,24 @@ async def test_sql_json_keeps_every_column_of_a_name_that_comes_again(tmp_path: 
     assert json.loads(done.stdout) == {"a": 1, "a_2": 2, "b": 3, "a_2_2": 4}
 
 
+async def test_sql_parameters_of_named_placeholders_are_name_equals_value(tmp_path: Path) -> None:
+    """Trial HZ: named placeholders were refused; the command line takes their values as NAME=VALUE."""
+    directory = await _store_with(tmp_path, "app")
+    run_cli("sql", str(directory), "--db", "app", "--write", "create table p (k, v)")
+    done = run_cli("sql", str(directory), "--db", "app", "--write", "insert into p values (:k, @v)", "k=007", ":v=1.5")
+    assert done.returncode == 0, done.stderr
+    done = run_cli("sql", str(directory), "--db", "app", "--json", "--text", "select :k as k", "k=007")
+    assert json.loads(done.stdout) == {"k": "007"}
+    done = run_cli("sql", str(directory), "--db", "app", "--json", "select k, v from p where k = $k", "k=7")
+    assert json.loads(done.stdout) == {"k": 7, "v": 1.5}
+    done = run_cli("sql", str(directory), "--db", "app", "select :k", "7")
+    assert done.returncode == 1 and "placeholders are named (:k): give each parameter as NAME=VALUE (k=7)" in (
+        done.stderr
+    )
+    done = run_cli("sql", str(directory), "--db", "app", "select :k", "j=7")
+    assert done.returncode == 1 and "binding parameter :k" in done.stderr
+
+
 async def test_sql_parameters_are_ints_only_when_ascii_digits(tmp_path: Path) -> None:
     # from trial AM: Python's int() read "1_000", " 7" and digits of other scripts as ints
     directory = await _store_with(tmp_path, "app")

@@ -1034,8 +1034,10 @@ def sql(
 ) -> None:
     """Run STATEMENT on a database of DIRECTORY and print the rows (a table, or JSON with --json).
 
-    Through the directory's server when one runs, else on the store opened in this command (no server is
-    started). DIRECTORY may be a server's tcp://HOST:PORT or tls://HOST:PORT, with its token in $TINYSTORE_TOKEN."""
+    PARAMS fill the statement's ? placeholders in order, or, when its placeholders are named (:owner), are each
+    NAME=VALUE (owner=ann). Through the directory's server when one runs, else on the store opened in this command
+    (no server is started). DIRECTORY may be a server's tcp://HOST:PORT or tls://HOST:PORT, with its token in
+    $TINYSTORE_TOKEN."""
     need_store_dir(directory)
 
     async def go() -> tuple[list[str], list[list[Any]], Any]:
@@ -1090,12 +1092,18 @@ def sql(
 
     async def run(store: Any, name: str) -> tuple[list[str], list[list[Any]], Any]:
         from ..engines.sql_guard import WRITER_ONLY
-        from ..engines.sql_text import is_vacuum
+        from ..engines.sql_text import is_vacuum, named_placeholder
         from ..errors import InvalidError
         from ..names import RESERVED_DB_PREFIX, reserved_db_error
 
         db = await store.database(name)
-        values = list(params) if as_text else [_param(p) for p in params]
+        named = named_placeholder(statement)
+        texts = list(params)
+        if named is not None:
+            # values by name (NAME=VALUE), for a statement whose placeholders are named (:a, @a, $a)
+            pairs = [_named_param(i, p, named) for i, p in enumerate(params, 1)]
+            texts = [text for _, text in pairs]
+        values = list(texts) if as_text else [_param(p) for p in texts]
         for i, v in enumerate(values, 1):
             if type(v) is int and not -(1 << 63) <= v < 1 << 63:
                 raise InvalidError(
@@ -1107,6 +1115,8 @@ def sql(
                     f"parameter {i}: {params[i - 1]} is past what a float holds (it would be stored as an "
                     "infinity); --text sends every parameter as text"
                 )
+        if named is not None:
+            values = [dict(zip((n for n, _ in pairs), values, strict=True))]
 
         async def on_the_writer() -> tuple[list[str], list[list[Any]], Any]:
             sent["served"] = store.mode == "cli"
@@ -1190,6 +1200,23 @@ def _unique(columns: list[str]) -> list[str]:
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
 _FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z", re.ASCII)
+
+
+_PARAM_NAME = re.compile(r"[:@$]?([A-Za-z_][A-Za-z0-9_]*)=")
+
+
+def _named_param(i: int, text: str, placeholder: str) -> tuple[str, str]:
+    """Parameter ``i`` of ``tinystore sql`` for a statement with named placeholders (``placeholder`` is its first):
+    ``NAME=VALUE`` (``:NAME=VALUE`` too) as its name and its value's text; ``InvalidError`` otherwise."""
+    from ..errors import InvalidError
+
+    m = _PARAM_NAME.match(text)
+    if m is None:
+        raise InvalidError(
+            f"parameter {i}: {text!r}: the statement's placeholders are named ({placeholder}): give each parameter "
+            f"as NAME=VALUE ({placeholder[1:]}={text})"
+        )
+    return m.group(1), text[m.end() :]
 
 
 def _param(text: str) -> Any:
