@@ -205,6 +205,49 @@ async def test_accept_failing_for_want_of_descriptors_is_logged_once_and_recover
         server.stop()
 
 
+# contract: STORE-04
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit")
+async def test_more_clients_than_descriptors_are_served_in_turn_not_all_failed(tmp_path: Path) -> None:
+    """Trial IA: a server accepted connections until no descriptor was left, so that its databases could open
+    nothing more: of 80 clients of a server limited to 64 files, not one was served (some told "out of file
+    descriptors", the others waiting in vain for their handshake). It keeps descriptors for the databases' files
+    now: the clients past them wait in the backlog, and are served as the others leave."""
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    pid = server.proc.pid
+    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    try:
+        first = await tinystore.connect(server.tcp, token=admin)
+        db = await first.database("app", migrations=[("001.sql", "create table t (i)")])
+        await db.exec("insert into t values (0)")
+        await first.close()
+        used = len(os.listdir(f"/proc/{pid}/fd"))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (used + 40, before[1]))
+
+        async def client(i: int) -> None:
+            store = await tinystore.connect(server.tcp, token=admin, reconnect_timeout="40s")
+            try:
+                db = await store.database("app")
+                await db.exec("insert into t values (?)", i)
+                assert await db.scalar("select count(*) from t where i = ?", i) == 1
+            finally:
+                await store.close()
+
+        outcomes = await asyncio.gather(*(client(i) for i in range(1, 81)), return_exceptions=True)
+        failed = [repr(o) for o in outcomes if o is not None]
+        assert failed == [], failed[:3]
+        check = await tinystore.connect(server.tcp, token=admin)
+        try:
+            assert await (await check.database("app")).scalar("select count(*) from t") == 81
+        finally:
+            await check.close()
+    finally:
+        with contextlib.suppress(OSError):
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+        server.stop()
+
+
 def test_a_hello_sent_in_time_is_read_even_when_the_server_was_held_up(tmp_path: Path) -> None:
     """The deadline passes while the server cannot run (here SIGSTOP; a long pause of its loop alike) with the
     client's HELLO already sent: the server reads it before it judges the connection silent."""

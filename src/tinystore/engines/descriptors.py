@@ -59,3 +59,29 @@ def check_room(name: str, need: int, coming: int = 0) -> None:
             "could accept none): raise `ulimit -n` (a server takes the hard limit when it starts), or open fewer "
             "databases"
         )
+
+
+def kept_for_files(open_databases: int, readers: int) -> int:
+    """The descriptors a server keeps from the connections it accepts, for the databases' files: those the open
+    ones open on their first reads (their readers' WAL, a read transaction's connection), one more database's
+    open, and a few for the rest (a log, a backup's copy). Accepted until none was left, the databases could
+    open nothing more, and every client failed: some with "out of file descriptors", the others waiting in vain for
+    their handshake (trial IA: 80 clients of a server limited to 64 files, and not one served)."""
+    per_db = 2 * (readers + 2) + 1
+    return 16 + per_db + (readers + 2) * open_databases
+
+
+def room_to_accept(connections: int, open_databases: int, readers: int) -> tuple[int, int, int] | None:
+    """``None`` when a server holding ``connections`` may accept one more; else ``(used, kept, soft)``: the
+    descriptors open, those kept for the databases' files (:func:`kept_for_files`) and the limit. Counts what is
+    open only when the connections come near the limit (a quarter of it): a listing of ``/proc/self/fd`` each."""
+    soft = open_files_limit()
+    if soft <= 0 or soft == resource.RLIM_INFINITY or (connections + 1) * 4 < soft:
+        return None
+    used = open_descriptors()
+    if used is None:
+        return None
+    kept = kept_for_files(open_databases, readers)
+    if used + 1 + kept <= soft:
+        return None
+    return used, kept, soft

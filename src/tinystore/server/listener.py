@@ -38,7 +38,7 @@ import msgspec
 
 from .. import __version__
 from ..durations import format_seconds
-from ..engines.descriptors import open_files_limit
+from ..engines.descriptors import open_files_limit, room_to_accept
 from ..engines.sql import Later, SqlTx
 from ..engines.sql_text import may_return_rows
 from ..errors import (
@@ -1554,8 +1554,21 @@ class Listener:
         self.core.listeners.append(self)
 
     def _accept(self, sock: socket.socket) -> None:
-        """The listening socket is readable: accept what waits (a bounded batch, so others get their turn)."""
+        """The listening socket is readable: accept what waits (a bounded batch, so others get their turn), while
+        descriptors are left for the databases' files (see ``kept_for_files``)."""
         for _ in range(64):
+            full = room_to_accept(
+                sum(len(lst.connections) + len(lst.starting) for lst in self.core.listeners),
+                len(self.core.sql.databases) if self.core.running else 0,
+                self.core.limits.readers,
+            )
+            if full is not None:
+                used, kept, soft = full
+                self._pause(
+                    f"{used} of the {soft} files this process may open are open, and {kept} are kept for the "
+                    "databases' files"
+                )
+                return
             try:
                 conn, addr = sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -1564,7 +1577,7 @@ class Listener:
                 continue
             except OSError as exc:
                 if exc.errno in _NO_RESOURCES:
-                    self._pause(exc)
+                    self._pause(str(exc.strerror or exc))
                     return
                 log.exception("%s: accept failed", self.description)
                 return
@@ -1627,14 +1640,16 @@ class Listener:
                 self.silent_log(kind).warning("%s: closed a connection%s: %s", self.description, _from(addr), why)
             _given_up(conn, protocols)
 
-    def _pause(self, exc: OSError) -> None:
-        """``accept`` failed for want of descriptors or memory: say so (once a minute at most), stop accepting
-        for :data:`ACCEPT_PAUSE` (the clients wait in the backlog), then try again."""
+    def _pause(self, why: str) -> None:
+        """``accept`` failed for want of descriptors or memory (``why``), or would leave too few for the databases'
+        files: say so (once a minute at most), stop accepting for :data:`ACCEPT_PAUSE` (the clients wait in the
+        backlog), then try again."""
         self.accept_log.warning(
             "%s: cannot accept connections: %s (%d connections open here; this process may open %d files, and the "
-            "databases' files count too); new clients wait until some close",
+            "databases' files count too: raise `ulimit -n`, a server takes the hard limit when it starts); new "
+            "clients wait until some close",
             self.description,
-            exc.strerror or exc,
+            why,
             len(self.connections) + len(self.starting),
             open_files_limit(),
         )
