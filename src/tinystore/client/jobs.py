@@ -818,6 +818,10 @@ class _Runner:
             except (UnavailableError, OutcomeUnknownError, ClosedError) as exc:
                 if self.queue.store._closed:
                     break
+                if self.queue.store._gone_for_good() is not None:
+                    # (trial IA: a store restored from a backup in its place, "another store now", was tried again
+                    # every 5 s, a warning each time, until the worker ended)
+                    break
                 log.warning(
                     "queue %s: job %s: report failed (%s); trying again in %gs", self.queue.name, c.id, exc, delay
                 )
@@ -836,11 +840,13 @@ class _Runner:
                 report = failed(f"the attempt's report failed: {_describe(exc)}")
         if self.queue.store._closed:
             return
+        gone = self.queue.store._gone_for_good()
         log.error(
-            "queue %s: job %s: attempt %d: its end could not be reported; it stays running until its lease runs out",
+            "queue %s: job %s: attempt %d: its end could not be reported%s; it stays running until its lease runs out",
             self.queue.name,
             c.id,
             c.attempt,
+            f" (the store will not be reached again: {gone.message})" if gone is not None else "",
         )
 
     async def _execute(self, a: _Attempt) -> None:
