@@ -138,6 +138,24 @@ async def test_status_of_a_directory_whose_owner_does_not_serve_says_so(tmp_path
     assert "instead of owning it" not in done.stderr
 
 
+# contract: STORE-02
+async def test_status_shows_the_limits_the_server_holds_to(tmp_path: Path) -> None:
+    """Trial IA: an operator could not see, short of Python, that a `serve --limits` had taken."""
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True, limits=tinystore.Limits(tx_idle=2, readers=3))
+    try:
+        assert (await store.status())["limits"]["tx_idle"] == 2.0
+        done = await asyncio.to_thread(run_cli, "status", str(directory))
+        assert done.returncode == 0, done.stderr
+        assert re.search(r"^limits tx_idle 2(\.0)?  readers 3$", done.stdout, re.M), done.stdout
+        done = await asyncio.to_thread(run_cli, "status", str(directory), "--json")
+        assert json.loads(done.stdout)["limits"]["readers"] == 3
+    finally:
+        await store.close()
+    done = await asyncio.to_thread(run_cli, "status", str(directory))  # (opened by the command: the defaults)
+    assert re.search(r"^limits the defaults$", done.stdout, re.M), done.stdout
+
+
 async def test_status_without_a_server_says_so(tmp_path: Path) -> None:
     directory = await _store_with(tmp_path, "app")
     done = run_cli("status", str(directory))

@@ -886,6 +886,15 @@ def status(directory: Target, as_json: bool) -> None:
     )
     if not st["server_running"]:
         console.print("no server runs: this command opened the store itself (it is closed again)", highlight=False)
+    limits = st.get("limits")
+    if isinstance(limits, dict):
+        import msgspec
+
+        from ..limits import Limits
+
+        defaults = msgspec.to_builtins(Limits())
+        changed = [f"{k} {v}" for k, v in limits.items() if defaults.get(k) != v]
+        console.print(f"limits {'  '.join(changed) if changed else 'the defaults'}", highlight=False)
     conns = st.get("connections", [])
     print_table(
         "connections",

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from .. import __version__
 from ..clock import Clock
 from ..engines.sql import HALT_WAIT as HALT_JOIN
@@ -288,6 +290,8 @@ class Core:
             "test_clock": self.clock.is_test,
             "now": self.clock.now(),
             "durability": self.durability,
+            # what this server holds to (trial IA: an operator could not see that a --limits had taken)
+            "limits": msgspec.to_builtins(self.limits),
             "mode": self.mode,
             "connections": [
                 {
