@@ -4,6 +4,8 @@ again later. Nothing of the refused write is kept; what was committed before sta
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,39 @@ async def test_a_full_database_refuses_writes_clearly_and_keeps_what_was_committ
         assert await db.scalar("select count(*) from t where v = 'y'") == 0  # nothing of it is kept
         other = await store.database("other", migrations=[("001.sql", "create table t (v text);")])
         await other.exec("insert into t values (?)", "x" * 3000)  # another database goes on
+
+
+# contract: SQL-02
+async def test_writes_a_full_disk_refused_are_logged_once_and_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Trial IA: every write failed for a full disk and the server's log said nothing, while status counted each
+    as a write and a commit."""
+    real = engine_sql.SqlDatabase.connect
+
+    def connect(self: Any, *, readonly: bool) -> sqlite3.Connection:
+        conn = real(self, readonly=readonly)
+        if self.name == "app" and not readonly:
+            conn.set_authorizer(None)
+            conn.execute("pragma max_page_count = 12")  # a disk that fills after a few rows
+            conn.set_authorizer(statement_authorizer(conn))
+        return conn
+
+    monkeypatch.setattr(engine_sql.SqlDatabase, "connect", connect)
+    caplog.set_level(logging.WARNING, logger="tinystore")
+    async with open_store("embedded", tmp_path / "store") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (v text);")])
+        with contextlib.suppress(tinystore.UnavailableError):
+            for _ in range(100):
+                await db.exec("insert into t values (?)", "x" * 3000)
+        before = (await store.status())["databases"]["app"]
+        for _ in range(3):
+            with pytest.raises(tinystore.UnavailableError, match="the disk is full"):
+                await db.exec("insert into t values (?)", "x" * 3000)
+        after = (await store.status())["databases"]["app"]
+        assert (after["writes"], after["commits"]) == (before["writes"], before["commits"])
+    full = [r.getMessage() for r in caplog.records if "the disk is full" in r.getMessage()]
+    assert len(full) == 1 and full[0].startswith("database app: "), full
 
 
 @pytest.mark.parametrize("opened", [False, True])

@@ -58,11 +58,13 @@ from ..limits import Limits
 from ..names import NAME, RESERVED_DB_PREFIX, check_name, reserved_db_error
 from ..protocol.sql import Done, Rows
 from .descriptors import check_room
+from .limited_log import LimitedLog
 from .read_queue import FairReads
 from .sql_errors import (
     autoincrement_spent,
     check_migration_order,
     check_migration_renames,
+    error_name,
     migration_error,
     rolled_back_by,
     sql_error,
@@ -116,6 +118,8 @@ log = logging.getLogger("tinystore.sql")
 _first = operator.itemgetter(0)
 MIGRATIONS_TABLE = "_tinystore_migrations"
 BATCH_MAX = 512
+_STORAGE_CODES = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READONLY_")
+"""SQLite's error codes of what the file system refused (see ``sql_errors.storage_error``)."""
 LAZY_FILES = 2
 """Files an open database may still open (its connections' WAL, at their first reads): spoken for when another
 database opens (see :func:`check_room`)."""
@@ -592,6 +596,7 @@ class SqlDatabase:
         self._guards: dict[int, tuple[sqlite3.Connection, list[bool], bool]] = {}
         self._start_ended = threading.Event()  # set as start returns or raises (see join)
         self.active_tx: SqlTx | None = None
+        self._storage_log = LimitedLog(log)  # (see _error)
         self.stats = {
             "writes": 0,
             "commits": 0,
@@ -830,7 +835,15 @@ class SqlDatabase:
         return all(os.access(p, os.W_OK) for p in paths if p.exists())
 
     def _error(self, exc: BaseException) -> TinystoreError:
-        """:func:`sql_error` for this database."""
+        """:func:`sql_error` for this database; what the file system refused (a full disk, an I/O error, a file
+        that cannot be opened) also logged, once a minute at most (trial IA: every write failed for a full disk,
+        and the server's log said nothing)."""
+        err = self._error_of(exc)
+        if isinstance(err, UnavailableError) and error_name(exc).startswith(_STORAGE_CODES):
+            self._storage_log.warning("%s", err.message)
+        return err
+
+    def _error_of(self, exc: BaseException) -> TinystoreError:
         if (self.halted or self.cut) and isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted":
             return ClosedError(
                 f"database {self.name}: the store stopped while the statement ran (its grace ended): interrupted, "
@@ -1530,8 +1543,12 @@ class SqlDatabase:
                 self.results.put_many(self._one_by_one(conn, batch, arm))
                 return
             committing = False
-            self.stats["commits"] += 1
-            self.stats["writes"] += len(batch)
+            # (the writes that failed, a full disk's, are not counted, nor a commit of none: trial IA, status counted
+            # every failed insert as a write and a commit)
+            kept = len(batch) if failure is None else sum(1 for r in results if r[2] is None)
+            if kept:
+                self.stats["commits"] += 1
+                self.stats["writes"] += kept
             gone = self._wal_kept(conn)
         except BaseException as exc:
             rollback_quietly(conn)
