@@ -4,6 +4,7 @@ its client is told so (``ClosedError``), not left to guess (``OutcomeUnknownErro
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,12 @@ async def test_a_write_interrupted_by_a_stop_is_answered_closed(tmp_path: Path, 
         assert "interrupted, and rolled back" in str(caught.value)
         assert server.proc is not None
         await asyncio.to_thread(server.proc.wait, 30)
+        # and the log says so (trial IA: only "stopping" and "stopped")
+        assert re.search(
+            r"the stop's grace \(0\.3s\) ended with calls of 1 connection still under way: their statements are "
+            r"interrupted and rolled back",
+            (directory / "serve.log").read_text(),
+        )
     finally:
         await client.close()
         server.stop()

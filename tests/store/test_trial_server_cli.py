@@ -92,6 +92,8 @@ def test_stop_and_status_name_a_server_that_does_not_answer(tmp_path: Path) -> N
             line = one_error_line(done, "unavailable")
             assert f"the server of {server.directory} (pid {pid}) does not answer" in line, line
             assert "no server is running" not in line and "connect to it" not in line, line
+            if done.args is stopping.args and "sent it SIGTERM" not in err:
+                assert "nothing was stopped" in line, line  # (trial IA)
     finally:
         os.kill(pid, signal.SIGCONT)
         if "sent it SIGTERM" in (err if "err" in locals() else ""):

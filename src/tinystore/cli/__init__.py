@@ -793,6 +793,12 @@ def stop(directory: Path, grace: str) -> None:
                 else:
                     raise
             elif sock is None and not isinstance(exc, Busy):
+                if isinstance(exc, NoAnswer):
+                    # (trial IA: after a SIGCONT the server ran on; it was not clear that the stop had not been asked)
+                    raise NoAnswer(
+                        f"{exc.message}; nothing was stopped (a suspended server: `kill -CONT {pid}`, then stop it "
+                        "again)"
+                    ) from None
                 raise
             if info.get("mode") == "embedded":
                 # the program's own store: a signal would end the program, not a server (docs/serving.md)

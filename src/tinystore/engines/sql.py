@@ -2797,6 +2797,10 @@ class SqlEngine:
         for db in dbs:
             db.close()
         if not await asyncio.to_thread(self.join, dbs, timeout):
+            log.warning(
+                "stopping: statements of %s still ran at the grace's end: interrupted and rolled back",
+                ", ".join(db.name for db in dbs if db.busy()) or "a database",
+            )
             for db in dbs:
                 db.halt()
             waited = 0.0

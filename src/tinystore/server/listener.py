@@ -450,8 +450,8 @@ class ServerConnection(asyncio.Protocol):
                 # the first bytes of a TLS ClientHello (a record of type handshake, version 3.x): no frame starts
                 # so (its length would be hundreds of MB)
                 self.listener.silent_log("tls-at-plain").warning(
-                    "%s: closed a connection of a TLS client at a plain listener (it should use tcp://, or the "
-                    "server listen with tls://)",
+                    "%s: closed a connection of a TLS client at a plain listener (the client should connect with "
+                    "tcp://, or the server listen with tls://)",
                     self.listener.description,
                 )
                 self.close("TLS spoken to a plain listener: use tcp://, or serve tls://", "invalid")
@@ -1691,6 +1691,16 @@ class Listener:
             # the grace ended with calls under way: the statements they run are interrupted (rolled back) now,
             # before their connections close, so that their clients are told so (ClosedError), not left to guess
             # (OutcomeUnknownError); the engines' own statements go on
+            pending = sum(1 for c in conns if c.calls_pending())
+            # (trial IA: an operator saw only "stopping" and "stopped", never that a write had been cut short)
+            log.warning(
+                "%s: the stop's grace (%gs) ended with calls of %d connection%s still under way: their statements are "
+                "interrupted and rolled back, and they are answered ClosedError",
+                self.description,
+                grace,
+                pending,
+                "" if pending == 1 else "s",
+            )
             self.core.sql.cut_calls()
             await asyncio.gather(*(c.drain_calls(CUT_ANSWER, grace=False) for c in conns), return_exceptions=True)
         for c in conns:
