@@ -1058,7 +1058,9 @@ class JobsEngine:
                     q.leases.push(e.lease_until, (e, fence))
                     # (reported stuck by a server before: not again, JOB-11)
                     e.stuck = stuck == fence
-                    q.stuck_at.push(e.started_at + opts.expected, (e, fence))
+                    # a whole expected time from now as well, as its timeout (trial IA: each restart reported every
+                    # attempt under way stuck at once, the time the store was down counted as the attempt's)
+                    q.stuck_at.push(max(e.started_at, now) + opts.expected, (e, fence))
                 q.place_loaded(waiting)
                 if page is not None:
                     # (the queue is not in self.queues yet; a deadline of an entry indexed already may fire, as
@@ -1468,7 +1470,8 @@ class JobsEngine:
     def _on_stuck(self, q: JobQueue, e: Entry, fence: int) -> None:
         if e.fence != fence or e.stuck or q.entries.get(e.id) is not e:
             return
-        due = e.started_at + q.options.expected
+        # (an attempt this server loaded under way has a whole expected time from the load: see _load)
+        due = max(e.started_at, q.loaded_at) + q.options.expected
         if self.clock.now() < due:  # (expected was made longer by a configure since this deadline was set)
             q.stuck_at.push(due, (e, fence))
             return
