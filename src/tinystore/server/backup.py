@@ -235,7 +235,7 @@ def _copy_database(source: Path, target: Path, stop_if_cancelled: Any) -> int:
 
                 def step(*_: Any) -> None:
                     stop_if_cancelled()
-                    os.fdatasync(flushed)
+                    _datasync(flushed)
 
                 src.backup(dst, pages=BACKUP_STEP_PAGES, progress=step, sleep=0)
                 src.execute("rollback")
@@ -266,6 +266,11 @@ def _os_why(exc: OSError) -> str:
     """What the file system said, and for want of descriptors what to do."""
     said = str(exc.strerror or exc)
     return f"{said} ({_files_hint()})" if exc.errno in (errno.EMFILE, errno.ENFILE) else said
+
+
+def _datasync(fd: int) -> None:
+    """``fdatasync`` where the system has it (Linux), else ``fsync`` (macOS)."""
+    getattr(os, "fdatasync", os.fsync)(fd)
 
 
 def _fsync(path: Path) -> None:
