@@ -453,6 +453,24 @@ class Store:
             # process ran its block's clean-up, the key went to another client's waiter, told at once the store was
             # stopping)
             self._core.begin_stopping()
+        try:
+            await self._close_clients()
+        except BaseException:
+            if self._core is not None:
+                # cancelled (asyncio.run ending, a second Ctrl-C) before the engines' stop began (waiting for the
+                # writes under way, say): they stop all the same, what runs interrupted now, and the directory is
+                # let go once their threads end (CI: a cancel in that wait left the directory held for good)
+                self._core.end_grace()
+                await self._core.stop(0.0)
+            raise
+        if self._core is not None:
+            await self._core.stop()
+        if self._child is not None:
+            await asyncio.to_thread(_reap, self._child, 10.0)
+
+    async def _close_clients(self) -> None:
+        """What :meth:`_close` does before the engines' stop (an embedded store's) or the child's reap: this SDK's
+        workers, subscriptions, leases and transactions ended, then the connection closed."""
         if self._stop_hooks:
             await asyncio.gather(*(hook() for hook in list(self._stop_hooks)), return_exceptions=True)
         for hook in reversed(self._close_hooks):
@@ -469,10 +487,6 @@ class Store:
                 async with asyncio.timeout(5):
                     await self._call("store.stop", Stop(5.0), Any, write=True, retry=False)
         await self.transport.close()
-        if self._core is not None:
-            await self._core.stop()
-        if self._child is not None:
-            await asyncio.to_thread(_reap, self._child, 10.0)
 
     async def __aenter__(self) -> Store:
         """``async with await tinystore.open(dir) as store:``: the store itself (already open); the block's end

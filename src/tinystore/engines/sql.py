@@ -2314,8 +2314,7 @@ def _placeholder_named(exc: TinystoreError, stmt: str) -> TinystoreError:
 
 _PLACEHOLDER_REFUSED = re.compile(
     r"^database [^:]+: (Incorrect number of bindings supplied\. The current statement uses \d+, and there are 0 "
-    r"supplied\.|the statement has the named placeholder \S+: parameters are \? placeholders, passed in order after "
-    r"the SQL)$"
+    r"supplied\.|the statement has the named placeholder \S+: give its values by name in one dict after the SQL .*)$"
 )
 """SQLite's refusal of a statement with a placeholder run without parameters, or :func:`check_params`'s of a named
 one: as a migration's statement's error, what :func:`_placeholder_named` words anew."""
