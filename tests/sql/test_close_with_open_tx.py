@@ -59,3 +59,61 @@ async def test_a_close_rolls_back_an_open_transaction_before_waiting_for_the_wri
             assert behind != "exec" or rows == ["behind"]
     finally:
         await again.close()
+
+
+# contract: STORE-05
+@pytest.mark.parametrize("mode", ["embedded", "private", "sidecar"])
+async def test_a_close_rolls_back_a_transaction_begun_behind_the_one_it_rolled_back(tmp_path: Path, mode: str) -> None:
+    """Trial ID: a second transaction waiting for the writer the first held was given it once the first was rolled
+    back, after the close had rolled back what was open: it held the writer, and the write behind it waited for the
+    close's whole bound (10 s)."""
+    async with open_store(mode, tmp_path / "s", limits=tinystore.Limits(tx_idle=60)) as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (k text)")])
+
+        async def fn(tx: tinystore.SqlTx) -> None:
+            await tx.exec("insert into t values ('tx')")
+            await asyncio.sleep(3)
+            await tx.exec("insert into t values ('tx')")
+
+        txs = []
+        for _ in range(2):
+            txs.append(asyncio.ensure_future(db.tx(fn)))
+            await asyncio.sleep(0.05)
+        write = asyncio.ensure_future(db.exec("insert into t values ('behind')"))
+        await asyncio.sleep(0.1)
+        began = time.monotonic()
+        await store.close()
+        took = time.monotonic() - began
+        outcomes = await asyncio.gather(*txs, write, return_exceptions=True)
+        assert took < 2.5, (took, outcomes)
+        assert all(isinstance(o, tinystore.ClosedError) for o in outcomes[:2]), outcomes
+
+
+# contract: JOB-01
+# contract: STORE-05
+@pytest.mark.parametrize("mode", ["embedded", "private"])
+async def test_a_job_handler_may_begin_a_transaction_during_the_closes_grace(tmp_path: Path, mode: str) -> None:
+    """Trial ID: a handler that began a db.tx during the close's grace was refused at once (rolled back as if it
+    had been open when the close came), and the failure counted as an attempt."""
+    async with open_store(mode, tmp_path / "s") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (k text)")])
+        q = store.queue("q", dict, database=db)
+        jid = await q.add({"n": 1})
+        started = asyncio.Event()
+
+        async def handler(value: dict[str, int], run: tinystore.Run) -> None:
+            started.set()
+            await asyncio.sleep(0.5)  # (the close has begun)
+            await db.tx(lambda tx: tx.exec("insert into t values ('done')"))
+
+        q.work(handler)
+        await asyncio.wait_for(started.wait(), 10)
+        await store.close(grace="10s")
+    again = await tinystore.open(tmp_path / "s", embedded=True, serve=False)
+    try:
+        db2 = await again.database("app")
+        assert await db2.scalar("select count(*) from t") == 1
+        job = await again.queue("q", dict, database=db2).get(jid)
+        assert job is not None and job.state == "succeeded", job
+    finally:
+        await again.close()

@@ -527,8 +527,10 @@ class Database(Queries):
         tx_id: int = await self.store._call("sql.begin", Begin(self.name, read_only), int, undo=self._unwanted_tx)
         tx = SqlTx(self, tx_id, read_only)
         self.store._open_txs.add(tx)
-        if self.store._closed:
-            tx._abandon()  # (begun as the store closed: see Store._close)
+        if self.store._abandoning:
+            # begun once the close ended this SDK's workers and transactions (its begin waited for the writer that
+            # one of them held: trial ID); not before, while the workers' handlers still have their grace
+            tx._abandon()
         mark = _TxMark()
         active = _active.get()
         token = _active.set(active if read_only else {**active, self._key: mark})

@@ -162,6 +162,7 @@ class Store:
         self._closer: asyncio.Task[Any] | None = None  # the task that called close() first
         self._undoing: set[asyncio.Task[Any]] = set()  # calls that give back what a cancelled call was handed
         self._open_txs: set[SqlTx] = set()  # the transactions of db.tx begun and not ended (see _close)
+        self._abandoning = False  # the close rolls back the transactions open, and those begun from now on
         self._close_task: asyncio.Task[None] | None = None
 
     @property
@@ -478,6 +479,7 @@ class Store:
                 await hook()
         # the transactions still open: they can no longer commit (the connection's close, below, takes no new
         # call), and the writes it waits for may be queued behind one of them (trial IB): rolled back now
+        self._abandoning = True
         for tx in list(self._open_txs):
             tx._abandon()
         if self._undoing:

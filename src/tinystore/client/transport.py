@@ -311,6 +311,8 @@ INLINE_TURN_CALLS = 512
 """The calls of an embedded store's SDK made in one turn of the event loop before the next lets it turn (see
 ``LocalTransport.turn_spent``)."""
 
+ROLLBACK = "sql.rollback"
+
 WAITED_AT_CLOSE = frozenset({"sql.exec", "sql.commit", "jobs.add", "jobs.cancel", "jobs.retry"})
 """The writes of an embedded store's SDK that its close waits for while they run (not a claim's or a lock's wait,
 which the close ends)."""
@@ -365,7 +367,8 @@ class LocalTransport(Transport):
         undo: Callable[[bytes], None] | None = None,
         sent: Callable[[float], None] | None = None,
     ) -> Any:
-        if self.closed:
+        if self.closed and (method != ROLLBACK or self.session.closed):
+            # (a rollback still goes while the close waits for the writes: one may wait for the writer it holds)
             raise ClosedError(f"store {self.core.directory} is closed")
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
@@ -1473,7 +1476,9 @@ class RemoteTransport(Transport):
             refused = False  # a stopping server answered it unrun (then only unread sends, if any)
             while True:
                 conn = self._conn
-                if conn is None or self.closed:
+                if conn is None or (self.closed and (method != ROLLBACK or conn.lost)):
+                    # (a rollback still goes while the close waits for the writes sent: one may wait for the writer
+                    # it holds, trial ID)
                     if not self.closed:
                         self._no_tx_elsewhere(method, request, None)
                     try:
