@@ -356,11 +356,15 @@ async def test_sql_parameters_of_named_placeholders_are_name_equals_value(tmp_pa
     done = run_cli("sql", str(directory), "--db", "app", "--json", "select k, v from p where k = $k", "k=7")
     assert json.loads(done.stdout) == {"k": 7, "v": 1.5}
     done = run_cli("sql", str(directory), "--db", "app", "select :k", "7")
-    assert done.returncode == 1 and "placeholders are named (:k): give each parameter as NAME=VALUE (k=7)" in (
+    assert done.returncode == 1 and "placeholders are named (:k): give each parameter as NAME=VALUE (k=...)" in (
         done.stderr
     )
     done = run_cli("sql", str(directory), "--db", "app", "select :k", "j=7")
     assert done.returncode == 1 and "binding parameter :k" in done.stderr
+    done = run_cli("sql", str(directory), "--db", "app", "select :k", "k=1", "k=2")  # (trial IC: the last won)
+    assert done.returncode == 1 and "parameter k: given more than once" in done.stderr
+    done = run_cli("sql", str(directory), "--db", "app", "--json", "select :é as e", "é=1")  # (trial ID)
+    assert json.loads(done.stdout) == {"e": 1}, done.stderr
 
 
 async def test_sql_parameters_are_ints_only_when_ascii_digits(tmp_path: Path) -> None:

@@ -55,4 +55,6 @@ async def test_named_placeholders_take_their_values_from_one_dict(any_store: tin
         await db.exec("insert into t (a) values (:a)", 9)
     with pytest.raises(InvalidError, match=r"parameter 2: a dict is not a SQL value .*values by name come in one dict"):
         await db.exec("insert into t (a, b) values (?, ?)", 9, {"a": 9})
+    with pytest.raises(InvalidError, match=r"the dict of its values by name is the only parameter .*2 were given"):
+        await db.one("select :a", {"a": 1}, 2)  # (trial IC: it was told to give a dict)
     assert await db.scalar("select count(*) from t") == 3

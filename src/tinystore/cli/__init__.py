@@ -1118,6 +1118,10 @@ def sql(
             # values by name (NAME=VALUE), for a statement whose placeholders are named (:a, @a, $a)
             pairs = [_named_param(i, p, named) for i, p in enumerate(params, 1)]
             texts = [text for _, text in pairs]
+            names = [n for n, _ in pairs]
+            twice = next((n for n in names if names.count(n) > 1), None)
+            if twice is not None:  # (trial IC: the last one won, without a word)
+                raise InvalidError(f"parameter {twice}: given more than once")
         values = list(texts) if as_text else [_param(p) for p in texts]
         for i, v in enumerate(values, 1):
             if type(v) is int and not -(1 << 63) <= v < 1 << 63:
@@ -1217,7 +1221,7 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
 _FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z", re.ASCII)
 
 
-_PARAM_NAME = re.compile(r"[:@$]?([A-Za-z_][A-Za-z0-9_]*)=")
+_PARAM_NAME = re.compile(r"[:@$]?([^=\s]+)=")  # (any name SQLite takes: é, 1, a$, a::b; trial ID)
 
 
 def _named_param(i: int, text: str, placeholder: str) -> tuple[str, str]:
@@ -1229,7 +1233,7 @@ def _named_param(i: int, text: str, placeholder: str) -> tuple[str, str]:
     if m is None:
         raise InvalidError(
             f"parameter {i}: {text!r}: the statement's placeholders are named ({placeholder}): give each parameter "
-            f"as NAME=VALUE ({placeholder[1:]}={text})"
+            f"as NAME=VALUE ({placeholder[1:]}=...)"
         )
     return m.group(1), text[m.end() :]
 

@@ -58,6 +58,11 @@ def check_params(db: str, sql: str, params: ParamsIn) -> SqlParams:
     if named is not None:
         if len(params) == 1 and isinstance(params[0], Mapping):
             return _check_named(db, params[0])
+        if any(isinstance(p, Mapping) for p in params):  # (trial IC: told to give a dict, which it had)
+            raise InvalidError(
+                f"database {db}: the statement has the named placeholder {named}: the dict of its values by name is "
+                f"the only parameter after the SQL ({len(params)} were given)"
+            )
         raise InvalidError(
             f"database {db}: the statement has the named placeholder {named}: give its values by name in one dict "
             f"after the SQL (db.exec(sql, {{{named[1:]!r}: value}})), or use ? placeholders, their values in order "
