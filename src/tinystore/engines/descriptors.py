@@ -68,20 +68,15 @@ def kept_for_files(open_databases: int, readers: int) -> int:
     open nothing more, and every client failed: some with "out of file descriptors", the others waiting in vain for
     their handshake (trial IA: 80 clients of a server limited to 64 files, and not one served)."""
     per_db = 2 * (readers + 2) + 1
-    # (and what a database's open keeps free beside its own: see check_room; the files the open ones and the one
-    # opening open on their first reads)
-    return reserve(open_files_limit()) + per_db + (readers + 2) * (open_databases + 1)
+    return 16 + per_db + (readers + 2) * open_databases
 
 
 def room_to_accept(connections: int, open_databases: int, readers: int) -> tuple[int, int, int] | None:
     """``None`` when a server holding ``connections`` may accept one more; else ``(used, kept, soft)``: the
     descriptors open, those kept for the databases' files (:func:`kept_for_files`) and the limit. Counts what is
-    open (a listing of ``/proc/self/fd``) under a limit of 4,096 files or less, or once the connections come near the
-    limit (a quarter of it)."""
+    open only when the connections come near the limit (a quarter of it): a listing of ``/proc/self/fd`` each."""
     soft = open_files_limit()
-    if connections < 4:
-        return None  # (a few connections at least, whatever the limit: some service beats none)
-    if soft <= 0 or soft == resource.RLIM_INFINITY or (soft > 4096 and (connections + 1) * 4 < soft):
+    if soft <= 0 or soft == resource.RLIM_INFINITY or (connections + 1) * 4 < soft:
         return None
     used = open_descriptors()
     if used is None:
