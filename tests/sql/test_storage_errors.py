@@ -46,20 +46,25 @@ def test_a_write_on_a_reader_stays_invalid() -> None:
     assert isinstance(err, tinystore.InvalidError) and "this call reads" in err.message
 
 
-async def test_a_full_database_refuses_writes_clearly_and_keeps_what_was_committed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _disk_fills_after_a_few_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Database ``app``'s writer sees a disk that fills after a few rows (``max_page_count = 12``)."""
     real = engine_sql.SqlDatabase.connect
 
     def connect(self: Any, *, readonly: bool) -> sqlite3.Connection:
         conn = real(self, readonly=readonly)
         if self.name == "app" and not readonly:
             conn.set_authorizer(None)
-            conn.execute("pragma max_page_count = 12")  # a disk that fills after a few rows
+            conn.execute("pragma max_page_count = 12")
             conn.set_authorizer(statement_authorizer(conn))
         return conn
 
     monkeypatch.setattr(engine_sql.SqlDatabase, "connect", connect)
+
+
+async def test_a_full_database_refuses_writes_clearly_and_keeps_what_was_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _disk_fills_after_a_few_rows(monkeypatch)
     async with open_store("embedded", tmp_path / "store") as store:
         db = await store.database("app", migrations=[("001.sql", "create table t (v text);")])
         kept = 0
@@ -87,17 +92,7 @@ async def test_writes_a_full_disk_refused_are_logged_once_and_not_counted(
 ) -> None:
     """Trial IA: every write failed for a full disk and the server's log said nothing, while status counted each
     as a write and a commit."""
-    real = engine_sql.SqlDatabase.connect
-
-    def connect(self: Any, *, readonly: bool) -> sqlite3.Connection:
-        conn = real(self, readonly=readonly)
-        if self.name == "app" and not readonly:
-            conn.set_authorizer(None)
-            conn.execute("pragma max_page_count = 12")  # a disk that fills after a few rows
-            conn.set_authorizer(statement_authorizer(conn))
-        return conn
-
-    monkeypatch.setattr(engine_sql.SqlDatabase, "connect", connect)
+    _disk_fills_after_a_few_rows(monkeypatch)
     caplog.set_level(logging.WARNING, logger="tinystore")
     async with open_store("embedded", tmp_path / "store") as store:
         db = await store.database("app", migrations=[("001.sql", "create table t (v text);")])
