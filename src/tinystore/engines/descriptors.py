@@ -1,8 +1,11 @@
-"""File descriptors a new database may take: some are kept back for the connections a server accepts.
+"""How a process's file descriptors are shared between its databases' files and the connections it accepts.
 
 Each open database holds a few descriptors (its writer's, its readers' and the reads' in the loop: about 2 a
 connection, files and WAL). Opened until none was left, a server could accept no connection any more, and its
 clients were told that it was stopped or stuck (trial CN); only a restart mended it, as a database stays open.
+Accepted until none was left, its databases could open nothing (trials IA, ID). One rule serves both: the first
+:func:`reserve` connections are the connections' own (a database's open leaves room for those not accepted yet);
+past them, a connection is accepted only while room is left for the databases' files (:func:`kept_for_files`).
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ def reserve(soft: int) -> int:
     return min(256, max(16, soft // 8))
 
 
-def check_room(name: str, need: int, coming: int = 0) -> None:
+def check_room(name: str, need: int, coming: int = 0, connections: int = 0) -> None:
     """Raise ``UnavailableError`` when opening database ``name``, which takes about ``need`` descriptors, would
-    leave fewer than :func:`reserve` of this process's limit (``RLIMIT_NOFILE``, its soft value) free; ``coming``:
+    leave too few of this process's limit (``RLIMIT_NOFILE``, its soft value) free for the connections: the
+    :func:`reserve`, less the ``connections`` already accepted (each holds its descriptor). ``coming``:
     descriptors not open yet that are already spoken for (databases opening beside it, files the open ones open
     on their first reads: trial CO)."""
     soft = open_files_limit()
@@ -50,7 +54,9 @@ def check_room(name: str, need: int, coming: int = 0) -> None:
     used = open_descriptors()
     if used is None:
         return
-    kept = reserve(soft)
+    # (with the reserve's connections accepted, what is left is the databases' as much as the connections':
+    # trial ID's 100 clients came with the first use of a database, and its open found the reserve still kept)
+    kept = max(0, reserve(soft) - connections)
     used += coming
     if used + need + kept > soft:
         raise UnavailableError(
@@ -73,10 +79,11 @@ def kept_for_files(open_databases: int, readers: int) -> int:
 
 def room_to_accept(connections: int, open_databases: int, readers: int) -> tuple[int, int, int] | None:
     """``None`` when a server holding ``connections`` may accept one more; else ``(used, kept, soft)``: the
-    descriptors open, those kept for the databases' files (:func:`kept_for_files`) and the limit. Counts what is
-    open only when the connections come near the limit (a quarter of it): a listing of ``/proc/self/fd`` each."""
+    descriptors open, those kept for the databases' files (:func:`kept_for_files`) and the limit. The first
+    :func:`reserve` connections are always let in (the databases leave room for them: :func:`check_room`); past
+    them, what is open is counted, a listing of ``/proc/self/fd`` each."""
     soft = open_files_limit()
-    if soft <= 0 or soft == resource.RLIM_INFINITY or (connections + 1) * 4 < soft:
+    if soft <= 0 or soft == resource.RLIM_INFINITY or connections < reserve(soft):
         return None
     used = open_descriptors()
     if used is None:

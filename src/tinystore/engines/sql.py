@@ -118,12 +118,12 @@ log = logging.getLogger("tinystore.sql")
 _first = operator.itemgetter(0)
 MIGRATIONS_TABLE = "_tinystore_migrations"
 BATCH_MAX = 512
+"""At most this many single writes share one commit."""
 _STORAGE_CODES = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READONLY_")
 """SQLite's error codes of what the file system refused (see ``sql_errors.storage_error``)."""
 LAZY_FILES = 2
 """Files an open database may still open (its connections' WAL, at their first reads): spoken for when another
 database opens (see :func:`check_room`)."""
-"""At most this many single writes share one commit."""
 STALL_SLACK = 0.1
 """Seconds a transaction's thread may wake past its idle wait before the wait is taken as the server's own stall
 (the process stopped or starved), not the client's idleness: the idle wait then starts again."""
@@ -2354,6 +2354,8 @@ class SqlEngine:
         self._ended: collections.OrderedDict[int, TinystoreError] = collections.OrderedDict()
         self._opening: dict[str, _NameLock] = {}  # name → the lock its opens take turns by, while one holds or waits
         self._starting = 0  # databases whose start runs (their files count as spoken for: see check_room)
+        # how many connections the server's listeners hold (each a descriptor: see check_room); set by the server
+        self.connections: Callable[[], int] = lambda: 0
         self._opening_dbs: set[SqlDatabase] = set()  # those databases (see close)
         # new migrations of open databases being applied, in tasks of their own (see open): ended at close
         self._migrating: set[asyncio.Future[list[str]]] = set()
@@ -2456,7 +2458,7 @@ class SqlEngine:
                 # (its connections: the writer, the readers, the loop's own for short reads; about 2 files each,
                 # some opened at the first read; those opening beside it count whole)
                 need = 2 * (self.limits.readers + 2) + 1
-                check_room(name, need, need * self._starting + LAZY_FILES * len(self.databases))
+                check_room(name, need, need * self._starting + LAZY_FILES * len(self.databases), self.connections())
                 path = self.directory / f"{name}.db"
                 existed = path.exists()
                 if not existed and not create:

@@ -198,6 +198,7 @@ class Core:
             self.read_facts = paths.read_last_read(self.directory)
             self.started = time.time()
             self.sql = SqlEngine(self.directory, self.limits, self.durability)
+            self.sql.connections = self.socket_connections
             from . import methods
 
             methods.install(self)
@@ -276,6 +277,10 @@ class Core:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def socket_connections(self) -> int:
+        """The connections this server's listeners hold or are making (each holds a descriptor)."""
+        return sum(len(lst.connections) + len(lst.starting) for lst in self.listeners)
 
     def status(self) -> dict[str, Any]:
         self.output_budget.refresh()

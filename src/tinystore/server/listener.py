@@ -1558,7 +1558,7 @@ class Listener:
         descriptors are left for the databases' files (see ``kept_for_files``)."""
         for _ in range(64):
             full = room_to_accept(
-                sum(len(lst.connections) + len(lst.starting) for lst in self.core.listeners),
+                self.core.socket_connections(),
                 len(self.core.sql.databases) if self.core.running else 0,
                 self.core.limits.readers,
             )
