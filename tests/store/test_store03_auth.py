@@ -6,8 +6,10 @@ import asyncio
 import shutil
 import ssl
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -568,6 +570,25 @@ async def test_tls_to_a_listener_that_says_nothing_names_the_likely_cause(
                 ssl_context=ssl.create_default_context(),
                 reconnect_timeout="0.2s",
             )
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+# contract: STORE-06
+@pytest.mark.parametrize("scheme", ["tcp", "tls"])
+async def test_a_short_reconnect_timeout_bounds_a_handshake_no_one_answers(scheme: str) -> None:
+    """A listener that takes the connection and says nothing (a stuck server, or not a TinyStore one) held a
+    client that gave the store 2 s for the whole 15 s of a handshake's wait: one try now waits no longer than the
+    ``reconnect_timeout`` (2 s at the least)."""
+    srv = await asyncio.get_running_loop().create_server(asyncio.Protocol, "127.0.0.1", 0)
+    try:
+        port = srv.sockets[0].getsockname()[1]
+        extra: dict[str, Any] = {"ssl_context": ssl.create_default_context()} if scheme == "tls" else {}
+        started = time.monotonic()
+        with pytest.raises(UnavailableError):
+            await tinystore.connect(f"{scheme}://127.0.0.1:{port}", token="t" * 32, reconnect_timeout="2s", **extra)
+        assert time.monotonic() - started < 5
     finally:
         srv.close()
         await srv.wait_closed()

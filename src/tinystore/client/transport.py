@@ -512,7 +512,8 @@ _DECODERS: dict[Any, Callable[[bytes], Any]] = {}
 
 HANDSHAKE_WAIT = 15.0
 """Seconds a connection waits for the server's answer to its handshake before it gives up (``UnavailableError``:
-a server stopped or stuck)."""
+a server stopped or stuck); less when the client's ``reconnect_timeout`` is (2 s at the least)."""
+HANDSHAKE_WAIT_MIN = 2.0
 # the socket's buffer of requests not yet taken by the server: new requests wait above HIGH_WATER bytes until it
 # is down to LOW_WATER (a frame is never cut: one request of up to the frame limit goes whole)
 HIGH_WATER = 4 * 1024 * 1024
@@ -1096,8 +1097,14 @@ class RemoteTransport(Transport):
         self._conn = conn
         self._up.set()
 
+    def _handshake_wait(self) -> float:
+        """Seconds one try waits for the handshake (TLS's and the store's): :data:`HANDSHAKE_WAIT`, or the
+        ``reconnect_timeout`` when it is shorter (a client that gives the store 3 s waited 15 for a stuck one)."""
+        return min(HANDSHAKE_WAIT, max(HANDSHAKE_WAIT_MIN, self.reconnect_timeout))
+
     async def _connect_once(self) -> _ClientConn:
         loop = asyncio.get_running_loop()
+        handshake_wait = self._handshake_wait()
         kind, where = await self.endpoint()
         try:
             if kind == "unix":
@@ -1113,7 +1120,7 @@ class RemoteTransport(Transport):
                     server_hostname=host if ctx else None,
                     # (the TLS handshake has the handshake's time, not asyncio's 60 s: one try overran a
                     # reconnect_timeout of 20 s)
-                    ssl_handshake_timeout=HANDSHAKE_WAIT if ctx else None,
+                    ssl_handshake_timeout=handshake_wait if ctx else None,
                 )
         except (OSError, ssl.SSLError) as exc:
             hint = ""
@@ -1160,12 +1167,12 @@ class RemoteTransport(Transport):
             )
         )
         try:
-            async with asyncio.timeout(HANDSHAKE_WAIT):
+            async with asyncio.timeout(handshake_wait):
                 welcome = await proto.welcome
         except TimeoutError:
             proto.transport.close()
             raise UnavailableError(
-                f"the store at {self.description or where} did not answer the handshake within {HANDSHAKE_WAIT:g}s: "
+                f"the store at {self.description or where} did not answer the handshake within {handshake_wait:g}s: "
                 "its server took the connection but is stopped (SIGSTOP), stuck or overloaded, or is out of file "
                 "descriptors and cannot accept it yet (its log says so); or what listens there is not a TinyStore "
                 "server"
