@@ -256,6 +256,50 @@ async def test_more_clients_than_descriptors_are_served_in_turn_not_all_failed(t
         server.stop()
 
 
+# contract: STORE-04
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit")
+async def test_a_burst_of_clients_that_stay_leaves_room_for_a_database(tmp_path: Path) -> None:
+    """Trial IE: 45 clients connecting at once to a server limited to 64 files were all accepted (one batch of
+    accepts, each connection counted only once made), and then not one could open a database: the descriptors were
+    gone. Past the connections' own share, the clients wait (here: their handshake's wait runs out, as nothing
+    leaves), and those accepted are served."""
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    pid = server.proc.pid
+    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    stores: list[tinystore.Store] = []
+    try:
+        used = len(os.listdir(f"/proc/{pid}/fd"))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (used + 40, before[1]))
+
+        async def connect() -> tinystore.Store | None:
+            try:
+                return await tinystore.connect(server.tcp, token=admin, reconnect_timeout="2s")
+            except tinystore.UnavailableError:
+                return None
+
+        # all 45 in the listen queue at once, taken in one batch of accepts
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            burst = asyncio.gather(*(connect() for _ in range(45)))
+            await asyncio.sleep(0.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        stores = [s for s in await burst if s is not None]
+        assert 10 <= len(stores) < 45, len(stores)
+        for i, store in enumerate(stores):
+            db = await store.database("app")
+            await db.exec("create table if not exists t (i)")
+            await db.exec("insert into t values (?)", i)
+        assert await db.scalar("select count(*) from t") == len(stores)
+    finally:
+        await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
+        with contextlib.suppress(OSError):
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+        server.stop()
+
+
 def test_a_hello_sent_in_time_is_read_even_when_the_server_was_held_up(tmp_path: Path) -> None:
     """The deadline passes while the server cannot run (here SIGSTOP; a long pause of its loop alike) with the
     client's HELLO already sent: the server reads it before it judges the connection silent."""

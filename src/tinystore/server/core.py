@@ -280,7 +280,7 @@ class Core:
 
     def socket_connections(self) -> int:
         """The connections this server's listeners hold or are making (each holds a descriptor)."""
-        return sum(len(lst.connections) + len(lst.starting) for lst in self.listeners)
+        return sum(len(lst.connections) + len(lst.starting) + lst.accepting for lst in self.listeners)
 
     def status(self) -> dict[str, Any]:
         self.output_budget.refresh()

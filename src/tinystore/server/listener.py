@@ -1462,6 +1462,9 @@ class Listener:
         self.sockets: list[socket.socket] = []
         self.ssl_context: ssl.SSLContext | None = None
         self.connections: set[ServerConnection] = set()
+        # plain connections accepted whose protocol is not made yet (a loop turn or two): counted as connections
+        # by the descriptors' rule (see room_to_accept), or a burst of 64 passed it in one batch (trial IE)
+        self.accepting = 0
         self.handshaking: dict[ServerConnection, None] = {}  # waiting for their handshake, oldest first
         self.max_handshaking = MAX_HANDSHAKING
         # connections in their TLS handshake → when accepted (loop time), oldest first; they count against
@@ -1589,12 +1592,18 @@ class Listener:
                 conn.close()
                 continue
             task = asyncio.ensure_future(self._connect(conn, addr))
-            if self.ssl_context is not None:
+            if self.ssl_context is None:
+                self.accepting += 1
+                task.add_done_callback(self._accepted)
+            else:
                 # (a plain connection is made in a loop turn or two, and counts from then on: counted while it was
                 # made, it was closed as one "in its TLS handshake", told nothing, before any HELLO could be read)
                 self.starting[task] = asyncio.get_running_loop().time()
                 task.add_done_callback(self._started)
                 self.crowd()
+
+    def _accepted(self, task: asyncio.Task[Any]) -> None:
+        self.accepting -= 1
 
     def _started(self, task: asyncio.Task[Any]) -> None:
         self.starting.pop(task, None)
