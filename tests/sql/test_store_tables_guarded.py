@@ -40,12 +40,38 @@ async def test_clients_cannot_touch_the_store_tables(any_store: tinystore.Store)
 
         with pytest.raises(InvalidError):
             await db.tx(in_tx)
-    # a trigger of a client's table that writes them is made (SQLite looks into its body when it fires), and
-    # refuses the statements that would fire it
-    await db.exec("create trigger tr after insert on t begin delete from _tinystore_jobs; end")
-    with pytest.raises(InvalidError, match="_tinystore_jobs belongs to the store"):
-        await db.exec("insert into t values (1)")
+    # a trigger of a client's table that writes them is refused as it is made (trial IF: it was made, SQLite looking
+    # into its body only as it fires, and every later insert into t was refused); one that reads them is made
+    schema = await db.all("select name, sql from sqlite_schema order by name")
+    for trigger in (
+        "create trigger tr after insert on t begin delete from _tinystore_jobs; end",
+        "create trigger tr before update of a on t begin update _tinystore_jobs set key = 'x'; end",
+        'create trigger "t r" after delete on t when 1 begin insert into "_TinyStore_jobs" (id) values (1); end',
+    ):
+        for attempt in ("exec", "tx"):
+            with pytest.raises(InvalidError, match=r"trigger .* is refused.*_tinystore_jobs belongs to the store"):
+                if attempt == "exec":
+                    await db.exec(trigger)
+                else:
+                    await db.tx(lambda tx, sql=trigger: tx.exec(sql))
+        assert await db.all("select name, sql from sqlite_schema order by name") == schema
+    await db.exec("create view v as select a from t")
+    with pytest.raises(InvalidError, match="trigger vt of v is refused"):
+        await db.exec("create trigger vt instead of insert on v begin delete from _tinystore_migrations; end")
+    with pytest.raises(InvalidError, match="belongs to the store"):
+        await any_store.database(
+            "app",
+            migrations=[
+                ("001.sql", "create table t (a)"),
+                ("002.sql", "create trigger tm after insert on t begin delete from _tinystore_jobs; end"),
+            ],
+        )
+    await db.exec(
+        "create trigger tr after insert on t begin select count(*) from _tinystore_jobs; end"  # (reads: made)
+    )
+    await db.exec("insert into t values (1)")
     await db.exec("drop trigger tr")
+    await db.exec("drop view v")
     with pytest.raises(InvalidError, match="fts3_tokenizer is refused"):
         await db.scalar("select fts3_tokenizer('simple')")
     # untouched, and the engines still write them: a migration recorded, a job added, run and ended

@@ -480,7 +480,10 @@ the text) would hand that statement to other clients after the transaction."""
 _OWN_OBJECTS = own_sql(
     "select type || ' ' || name from sqlite_schema where name like '\\_tinystore%' escape '\\' "
     "union all select 'reference ' || m.name || ' ' || f.\"table\" from sqlite_schema m "
-    "join pragma_foreign_key_list(m.name) f where m.type = 'table' and f.\"table\" like '\\_tinystore%' escape '\\'"
+    "join pragma_foreign_key_list(m.name) f where m.type = 'table' and f.\"table\" like '\\_tinystore%' escape '\\' "
+    # a client's trigger whose text names a table of the store (it may read one, not write it: see _check_trigger)
+    "union all select 'naming ' || name || char(31) || tbl_name from sqlite_schema where type = 'trigger' "
+    "and sql like '%\\_tinystore%' escape '\\' and name not like '\\_tinystore%' escape '\\'"
 )
 
 
@@ -502,11 +505,53 @@ def own_objects(conn: sqlite3.Connection) -> frozenset[str]:
     return frozenset(r[0] for r in as_engine(conn, _OWN_OBJECTS))
 
 
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _check_trigger(db: str, conn: sqlite3.Connection, trigger: str, table: str) -> None:
+    """Raise ``InvalidError`` when the client's new ``trigger`` of ``table`` writes a table of the store. SQLite
+    looks into a trigger's body only when a statement that fires it is prepared (its authorizer is asked then, of
+    the trigger's statements): a trigger that wrote ``_tinystore_jobs`` was made, and every later write of its table
+    refused (trial IF). The statements that could fire it (an insert, an update of every column, a delete) are
+    prepared here, not run (``EXPLAIN``), as the client: the authorizer judges its body, and the triggers it fires
+    in turn, as it would when they fire."""
+    columns = [
+        _quote(str(r[1])) for r in conn.execute(f"select * from pragma_table_xinfo({_quote_text(table)})") if r[6] == 0
+    ]
+    firing = [f"insert into {_quote(table)} default values", f"delete from {_quote(table)}"]
+    if columns:
+        firing.append(f"update {_quote(table)} set " + ", ".join(f"{c} = {c}" for c in columns))
+    for sql in firing:
+        denial.why = None
+        try:
+            conn.execute("explain " + sql).close()
+        except sqlite3.DatabaseError as exc:
+            why = getattr(denial, "why", None)
+            if why is not None and str(exc) in DENIED_MESSAGES:
+                denial.why = None
+                raise InvalidError(
+                    f"database {db}: trigger {trigger} of {table} is refused: its statements would be refused as it "
+                    f"fires: {why}"
+                ) from None
+            # (a statement this table cannot take, a view's without its INSTEAD OF trigger: no trigger of it fires)
+
+
+def _quote_text(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def check_own_objects(db: str, before: frozenset[str], conn: sqlite3.Connection) -> None:
     """Raise ``InvalidError`` when the client's statement just run on ``conn`` made an object named as the
-    store's, or a foreign key to one of its tables (``before``: :func:`own_objects` before it). The caller undoes
-    the statement (its savepoint, or its transaction)."""
+    store's, a foreign key to one of its tables, or a trigger that writes one (``before``: :func:`own_objects`
+    before it). The caller undoes the statement (its savepoint, or its transaction)."""
     made = sorted(own_objects(conn) - before)
+    for item in made:
+        kind, _, rest = item.partition(" ")
+        if kind == "naming":
+            trigger, _, table = rest.partition("\x1f")
+            _check_trigger(db, conn, trigger, table)
+    made = [item for item in made if not item.startswith("naming ")]
     if not made:
         return
     kind, _, rest = made[0].partition(" ")
