@@ -68,3 +68,36 @@ async def test_a_loop_of_calls_refused_for_their_size_lets_the_loop_turn(tmp_pat
                 with pytest.raises(tinystore.LimitError):
                     await db.exec("insert into t (v) values (?)", big)
             assert turns.count >= 2
+
+
+# contract: STORE-04
+@pytest.mark.parametrize("how", ["one", "all", "status"])
+async def test_a_read_loop_lets_the_timers_due_run_before_it_goes_on(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial IE: a loop of reads let the loop turn after each 5 ms of calls with ``asyncio.sleep(0)``, which runs
+    the task again before the timers that fell due meanwhile: a 10 ms ticker beside it waited 5 ms more each time
+    (gaps of 25 ms). Each turn's budget spent, the timers due run first."""
+    import asyncio
+
+    from tinystore.client import transport
+
+    monkeypatch.setattr(transport, "INLINE_TURN_CALLS", 4)
+    async with open_store("embedded", tmp_path / "s") as store:
+        db = await store.database("app")
+        await db.exec("create table t (id integer primary key)")
+        await db.exec("insert into t (id) values (1)")
+        call = {
+            "one": lambda: db.one("select id from t where id = ?", 1),
+            "all": lambda: db.all("select id from t"),
+            "status": store.status,
+        }[how]
+        await asyncio.sleep(0.01)
+        seen: list[str] = []
+        loop = asyncio.get_running_loop()
+        loop.call_later(0, seen.append, "timer")  # due at once: its turn comes once the loop turns
+        for _ in range(12):
+            await call()
+            seen.append("call")
+        first = seen.index("timer")
+        assert first <= 5, seen  # (the turn's 4 calls, then the timer: not a second turn's calls first)

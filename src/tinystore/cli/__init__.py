@@ -582,7 +582,7 @@ def serve(
 async def _connect_dir(directory: Path) -> Any:
     """Connect to the directory's running server (never starts one)."""
     from ..client.store import Store
-    from ..client.transport import RemoteTransport
+    from ..client.transport import HANDSHAKE_WAIT, RemoteTransport
     from ..server import paths
 
     sock = paths.served_socket(directory.resolve())
@@ -590,7 +590,10 @@ async def _connect_dir(directory: Path) -> Any:
     async def endpoint() -> tuple[str, Any]:
         return "unix", str(sock)
 
-    transport = RemoteTransport(endpoint, description=str(directory), reconnect_timeout=2.0)
+    # (the handshake's own wait outlasts ANSWER_TIMEOUT: a server that does not answer is told as one, below)
+    transport = RemoteTransport(
+        endpoint, description=str(directory), reconnect_timeout=2.0, handshake_wait=HANDSHAKE_WAIT
+    )
     try:
         async with asyncio.timeout(ANSWER_TIMEOUT):
             # a burst of clients connecting at once is waited out, most of the wait (trial GY: it said the server's
@@ -901,6 +904,11 @@ def status(directory: Target, as_json: bool) -> None:
         defaults = msgspec.to_builtins(Limits())
         changed = [f"{k} {v}" for k, v in limits.items() if defaults.get(k) != v]
         console.print(f"limits {'  '.join(changed) if changed else 'the defaults'}", highlight=False)
+    files = st.get("files")
+    if isinstance(files, dict) and files.get("open") is not None:
+        cap = files.get("limit")
+        of = f" of the {cap:,} this process may open" if isinstance(cap, int) and 0 < cap < 1 << 40 else ""
+        console.print(f"files {files['open']:,} open{of}", highlight=False)
     conns = st.get("connections", [])
     print_table(
         "connections",

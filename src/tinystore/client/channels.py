@@ -64,6 +64,7 @@ from ..protocol.channels import (
     parse_id,
 )
 from .merged_keys import merged_key, merging_type
+from .turns import pass_turn
 
 if TYPE_CHECKING:
     from .sql import SqlTx
@@ -400,7 +401,7 @@ class Channel(Generic[T]):
             hub.unyielded += 1
             if hub.unyielded >= LOCAL_YIELD_EVERY:
                 hub.unyielded = 0
-                await asyncio.sleep(0)
+                await pass_turn()
             return got.id
         if hub.inflight or hub.batch is not None:
             got = await hub.publish(req, len(data))  # under load: with the others of this loop turn

@@ -25,6 +25,7 @@ from ..names import a_or_an, check_name
 from ..protocol.messages import decode
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
 from ..protocol.values import shown
+from .turns import pass_turn
 from .unsendable import surrogate_named
 from .wake import wake_first
 
@@ -341,7 +342,7 @@ class Queries:
                 # a loop of reads with no other await, or of reads that failed, held the loop and the store's
                 # own socket for as long as it read)
                 if transport.turn_spent():
-                    await asyncio.sleep(0)
+                    await pass_turn()
                     transport.turn_spent()
                 engine_db = None if self._tx else transport.sql_database(self.name)
                 try:
@@ -352,7 +353,7 @@ class Queries:
                         transport.check_size("sql.query", (self.name, args[0], values, "one", 0), self.name)
                         rows = engine_db.read_now(args[0], values, "one")
                         if rows is None:
-                            rows = await engine_db.read_later(args[0], values, "one")
+                            rows = await transport.track_read(engine_db.read_later(args[0], values, "one"))
                     else:
                         request = Query(self.name, args[0], list(args[1:]), "one", self._tx)
                         rows = transport.call_now("sql.query", request)

@@ -420,8 +420,10 @@ class Store:
 
     async def close(self, grace: Duration | None = None) -> None:
         """Close the store: stop what this SDK runs (subscriptions, leases, workers), then the connection: the
-        writes sent and not yet answered are waited for (10 s at most; one still unanswered then raises
-        ``OutcomeUnknownError``), the other calls under way raise ``ClosedError``.
+        transactions still open are rolled back (a statement of theirs under way interrupted; their calls raise
+        ``ClosedError``), the writes sent and not yet answered are waited for (10 s at most in all; one still
+        unanswered then raises ``OutcomeUnknownError``, an embedded store's ``ClosedError``: it was interrupted and
+        rolled back), the other calls under way raise ``ClosedError`` (a read's statement is interrupted).
         A private server stops; an embedded store stops its engines and lets the directory go. Idempotent.
         ``grace``: how long the job handlers still running (workers', ``run_due``'s) may take to finish before they
         are cancelled, their jobs handed back (a duration; 10 s unless given; ``0``: cancelled at once, as a test's
@@ -465,7 +467,9 @@ class Store:
                 await self._core.stop(0.0)
             raise
         if self._core is not None:
-            await self._core.stop()
+            # (what is left of the close's bound: the writes under way were waited for within it already; trial IE,
+            # a long write was given 10 s more by the engines' own grace)
+            await self._core.stop(self.transport.close_left())
         if self._child is not None:
             await asyncio.to_thread(_reap, self._child, 10.0)
 

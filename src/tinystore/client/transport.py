@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import CoroutineType
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -53,6 +53,7 @@ from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decod
 from ..protocol.store import Empty
 from ..server.paths import check_socket_dir
 from .sql import _TxMark, open_tx_mark
+from .turns import pass_turn
 from .unsendable import surrogate_named, unsendable
 
 _RESPONSE = Kind.RESPONSE
@@ -182,6 +183,9 @@ CLOSE_WRITES_WAIT = 10.0
 answers of the writes in flight (one still unanswered then raises ``OutcomeUnknownError``)."""
 
 
+T = TypeVar("T")
+
+
 class Transport:
     """What the engine clients need of a way to reach the store."""
 
@@ -220,6 +224,11 @@ class Transport:
         if self.close_deadline is None:
             return most
         return max(0.0, min(most, self.close_deadline - time.monotonic()))
+
+    def track_read(self, fut: asyncio.Future[T]) -> asyncio.Future[T]:
+        """``fut``, a read's of this process's engines, ended by the close if it is still under way then (an
+        embedded store's: :class:`LocalTransport`)."""
+        return fut
 
     def give_up(self, exc: TinystoreError) -> None:
         """The store will not be reached again (its private server stopped or gone with its directory): every call
@@ -300,7 +309,7 @@ class Transport:
 
     def turn_spent(self) -> bool:
         """In this process only: count a call made without :meth:`call`; whether the turn's budget of calls was
-        spent (then await ``asyncio.sleep(0)`` before making it, and count it again)."""
+        spent (then await :func:`pass_turn` before making it, and count it again)."""
         return False
 
     async def close(self) -> None:
@@ -313,6 +322,7 @@ INLINE_TURN_CALLS = 512
 
 ROLLBACK = "sql.rollback"
 
+QUERY = "sql.query"
 WAITED_AT_CLOSE = frozenset({"sql.exec", "sql.commit", "jobs.add", "jobs.cancel", "jobs.retry"})
 """The writes of an embedded store's SDK that its close waits for while they run (not a claim's or a lock's wait,
 which the close ends)."""
@@ -350,6 +360,9 @@ class LocalTransport(Transport):
         self._turn_calls = 0
         self._turn_began = 0.0
         self._writes: set[asyncio.Future[None]] = set()  # (see WAITED_AT_CLOSE)
+        # reads on the databases' reader threads under way: ended at close (ClosedError), their statements
+        # interrupted, as a socket's close ends its reads at the server (trial IE: a close waited 10 s for one)
+        self._reads: set[asyncio.Future[Any]] = set()
 
     def _push(self, method: str, body: Any) -> None:
         entry = self.push_handlers.get(method)
@@ -375,7 +388,7 @@ class LocalTransport(Transport):
         if self.turn_spent():
             # (before the call, not after: a cancel here leaves nothing done, a lease taken or a job added; before
             # the size check too: a loop of refused calls turns as well, trial HU)
-            await asyncio.sleep(0)
+            await pass_turn()
             self.turn_spent()
         if method not in self._small:
             self.check_size(method, request)
@@ -391,6 +404,8 @@ class LocalTransport(Transport):
                 # trial HY, a big add_many under way was rolled back by an embedded store's close)
                 ended = self.loop.create_future()
                 self._writes.add(ended)
+            elif method == QUERY and type(result) is _Future:
+                self.track_read(result)
             return await result
         except InvalidError as exc:
             named = surrogate_named(exc, method, request)
@@ -426,7 +441,7 @@ class LocalTransport(Transport):
 
     async def _call_next_turn(self, method: str, request: Any) -> Any:
         """:meth:`call_now` once the loop has turned (a cancel before leaves nothing done)."""
-        await asyncio.sleep(0)
+        await pass_turn()
         result = self.call_now(method, request)
         if isinstance(result, msgspec.Struct) or not inspect.isawaitable(result):
             return result
@@ -452,7 +467,15 @@ class LocalTransport(Transport):
             if type(waited) is _Future:
                 self._writes.add(waited)
                 waited.add_done_callback(self._writes.discard)
+        elif method == QUERY and type(result) is _Future:
+            self.track_read(result)
         return result
+
+    def track_read(self, fut: asyncio.Future[T]) -> asyncio.Future[T]:
+        """``fut``, a read's on a reader thread, ended by :meth:`close` if it is still under way then."""
+        self._reads.add(fut)
+        fut.add_done_callback(self._reads.discard)
+        return fut
 
     def _closing(self, exc: UnavailableError) -> TinystoreError:
         """What a call the engines refused as they stop raises here: the engines stop only with this program's
@@ -493,6 +516,10 @@ class LocalTransport(Transport):
             self.closed = True
             if self._writes:
                 await asyncio.wait(list(self._writes), timeout=self.close_left())
+            for fut in list(self._reads):
+                if not fut.done():
+                    # (its reader sees it done and interrupts the statement, within some 10,000 instructions)
+                    fut.set_exception(ClosedError(f"store {self.core.directory} was closed while the read ran"))
             self.session.close()
 
 
@@ -985,6 +1012,7 @@ class RemoteTransport(Transport):
     ``reconnect_timeout``: how long a call waits for the store to come back before ``UnavailableError``.
     ``where``: the store's directory or address, for messages (``description`` unless given).
     ``on_connected``: awaited with the server's ``WELCOME`` after each handshake (the first and each reconnect).
+    ``handshake_wait``: seconds one try waits for the handshake (default: see :meth:`_handshake_wait`).
 
     Keep-alive: when nothing has come from the server, or nothing has gone to it, for ``keepalive_idle``
     seconds (15), the SDK sends a ``store.ping`` (the server drops a connection it hears nothing from for a
@@ -1011,6 +1039,7 @@ class RemoteTransport(Transport):
         on_connected: ConnectedHook | None = None,
         keepalive_idle: float = 15.0,
         keepalive_timeout: float = 10.0,
+        handshake_wait: float | None = None,
     ) -> None:
         super().__init__()
         self.endpoint = endpoint
@@ -1026,6 +1055,7 @@ class RemoteTransport(Transport):
         self.description = description
         self.where = where or description
         self.reconnect_timeout = reconnect_timeout
+        self.handshake_wait = handshake_wait  # (None: see _handshake_wait)
         self._gone: TinystoreError | None = None  # the store will not come back (see _reconnect_loop)
         self.store_id = ""  # the id of the store its first connection reached (Welcome.store): the only one it joins
         self._conn: _ClientConn | None = None
@@ -1100,6 +1130,8 @@ class RemoteTransport(Transport):
     def _handshake_wait(self) -> float:
         """Seconds one try waits for the handshake (TLS's and the store's): :data:`HANDSHAKE_WAIT`, or the
         ``reconnect_timeout`` when it is shorter (a client that gives the store 3 s waited 15 for a stuck one)."""
+        if self.handshake_wait is not None:
+            return self.handshake_wait
         return min(HANDSHAKE_WAIT, max(HANDSHAKE_WAIT_MIN, self.reconnect_timeout))
 
     async def _connect_once(self) -> _ClientConn:

@@ -333,6 +333,9 @@ class SqlTx:
     of calls whose answers may be large, see ``server.listener``): while any is held, it is not idle."""
     migration: bool = False
     """A migration of an open database: foreign keys off while it runs (see ``SqlDatabase._migrate``)."""
+    doomed: bool = False
+    """Its rollback was asked for (by its client, or as it was aborted): nothing it still runs can be of use, so its
+    statement under way is interrupted (see :class:`_Doomed`); trial IE, a closing store waited for one."""
     on_end: list[Callable[[], None]] = field(default_factory=list)
     """Called on the loop once it ended (committed, rolled back, timed out, aborted), in order; after a commit,
     maybe before the ``after_commit`` hooks (see ``committed``)."""
@@ -375,13 +378,30 @@ class SqlTx:
             fut: asyncio.Future[None] = self.db.loop.create_future()
             fut.set_result(None)
             return fut
+        self.doomed = True
         return self._call("rollback")
 
     def abort(self, reason: TinystoreError) -> None:
-        """Roll back from any state without waiting (a dropped connection, a stop)."""
+        """Roll back from any state without waiting (a dropped connection, a stop); a statement under way is
+        interrupted."""
         if not self.done:
             self.error = reason
+            self.doomed = True
             self.calls.put(None)
+
+
+class _Doomed:
+    """What a transaction's statement is armed with (see ``SqlDatabase._progress_guard``): done once the
+    transaction is doomed (its rollback asked for), or, for a read, once its caller went away (``fut``)."""
+
+    __slots__ = ("fut", "tx")
+
+    def __init__(self, tx: SqlTx, fut: asyncio.Future[Any] | None) -> None:
+        self.tx = tx
+        self.fut = fut
+
+    def done(self) -> bool:
+        return self.tx.doomed or (self.fut is not None and self.fut.done())
 
 
 ORPHANS_SHOWN = 5
@@ -1954,10 +1974,11 @@ class SqlDatabase:
                 self._drain(tx)
                 return
             # a read in a transaction stops when its caller goes away; a write goes on (interrupting it would
-            # roll back the whole transaction, which a caller that only gave up waiting may go on with)
+            # roll back the whole transaction, which a caller that only gave up waiting may go on with); either
+            # stops once the transaction's rollback was asked for
             arm(
                 math.inf if tx.migration else time.monotonic(),
-                call.fut if call.op == "query" else None,
+                _Doomed(tx, call.fut if call.op == "query" else None),
                 ends,
                 own=call.own,
             )
@@ -1985,6 +2006,17 @@ class SqlDatabase:
                     value = self._query(conn, call.sql, call.params, call.mode)
                 put(call.fut, value, None)
             except BaseException as exc:
+                if isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted" and tx.doomed:
+                    # its rollback was asked for, and it was interrupted for that: the transaction ends
+                    end_reason = tx.error or ClosedError(f"database {self.name}: transaction {tx.id} was rolled back")
+                    if self._closed:  # (the database closes as the store stops: say so, as a halt's interrupt does)
+                        end_reason = ClosedError(
+                            f"database {self.name}: the store stopped while the statement ran: interrupted, and "
+                            "rolled back"
+                        )
+                    put(call.fut, None, end_reason)
+                    quiet = True
+                    break
                 if isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted" and time.monotonic() >= ends:
                     # stopped at the transaction's tx_max (see arm): the transaction ends with it, rolled back
                     end_reason = past_tx_max()
