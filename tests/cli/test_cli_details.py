@@ -148,8 +148,12 @@ async def test_status_shows_the_limits_the_server_holds_to(tmp_path: Path) -> No
         done = await asyncio.to_thread(run_cli, "status", str(directory))
         assert done.returncode == 0, done.stderr
         assert re.search(r"^limits tx_idle 2(\.0)?  readers 3$", done.stdout, re.M), done.stdout
+        # the files open and the process's limit, which the connections and the databases' files share (trial IE)
+        assert re.search(r"^files \d+ open of the [\d,]+ this process may open$", done.stdout, re.M), done.stdout
         done = await asyncio.to_thread(run_cli, "status", str(directory), "--json")
         assert json.loads(done.stdout)["limits"]["readers"] == 3
+        files = json.loads(done.stdout)["files"]
+        assert 0 < files["open"] < files["limit"], files
     finally:
         await store.close()
     done = await asyncio.to_thread(run_cli, "status", str(directory))  # (opened by the command: the defaults)

@@ -58,3 +58,15 @@ async def test_named_placeholders_take_their_values_from_one_dict(any_store: tin
     with pytest.raises(InvalidError, match=r"the dict of its values by name is the only parameter .*2 were given"):
         await db.one("select :a", {"a": 1}, 2)  # (trial IC: it was told to give a dict)
     assert await db.scalar("select count(*) from t") == 3
+
+
+# contract: SQL-06
+async def test_a_named_parameter_that_is_no_valid_text_is_named(any_store: tinystore.Store) -> None:
+    """Trial IE: a lone surrogate in a named parameter was "parameter 1: dict cannot be sent" (embedded) or "a value
+    cannot be sent" naming neither the database nor the parameter (over a socket)."""
+    db = await any_store.database("app")
+    with pytest.raises(InvalidError, match=r"database app: parameter :a: the text .* is not valid Unicode"):
+        await db.one("select :a as x", {"a": "\ud800"})
+    with pytest.raises(InvalidError, match=r"database app: parameter :a: the text .* is not valid Unicode"):
+        await db.exec("select :a", {"a": "x\udfff"})
+    assert await db.one("select :a as x", {"a": "ok"}) == {"x": "ok"}  # (the connection goes on)

@@ -26,6 +26,7 @@ import msgspec
 
 from .. import __version__
 from ..clock import Clock
+from ..engines.descriptors import open_descriptors, open_files_limit
 from ..engines.sql import HALT_WAIT as HALT_JOIN
 from ..engines.sql import SqlDatabase, SqlEngine
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError, UnavailableError
@@ -297,6 +298,10 @@ class Core:
             "durability": self.durability,
             # what this server holds to (trial IA: an operator could not see that a --limits had taken)
             "limits": msgspec.to_builtins(self.limits),
+            # the descriptors open and the process's limit (RLIMIT_NOFILE; -1: none known), shared by the
+            # connections and the databases' files (trial IE: clients waiting for want of them showed nowhere but
+            # in the log)
+            "files": {"open": open_descriptors(), "limit": open_files_limit()},
             "mode": self.mode,
             "connections": [
                 {
