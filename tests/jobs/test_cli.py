@@ -247,3 +247,35 @@ def test_show_names_the_error_of_a_job_that_succeeded_after_failing(tmp_path: Pa
     assert not re.search(r"^│ error\b", r.output, re.M), r.output
     assert re.search(r"last failed attempt's\s.*SMTP 421", r.output, re.S), r.output
     assert "failed attempts" in r.output
+
+
+# contract: JOB-02
+def test_show_numbers_each_run_of_attempts_after_a_retry(tmp_path: Path) -> None:
+    """Trial IF: a job retried by hand, and dead again, showed its failed attempts as "1, 2, 1, 2", the retry told
+    only by their times."""
+    d = tmp_path / "store"
+
+    async def go() -> str:
+        store = await tinystore.open(d, embedded=True, clock=datetime.now(UTC))
+        try:
+            q = store.queue("mail", attempts=2, backoff=("1s", "1s"))
+            job = await q.add({"to": "a@x"})
+
+            async def handler(value: Any, run: tinystore.Run) -> None:
+                raise ConnectionError(f"smtp refused, try {run.attempt}")
+
+            for _ in range(2):
+                await q.run_due(handler)
+                store.clock.advance("2s")
+                await q.run_due(handler)
+                assert (await q.get(job)).state == "dead"  # type: ignore[union-attr]
+                await q.retry(job)
+            return job
+        finally:
+            await store.close()
+
+    job = asyncio.run(go())
+    r = cli("jobs", str(d), "show", job)
+    assert r.exit_code == 0, r.output
+    rows = [line.split("│")[1:3] for line in r.output.splitlines() if "smtp refused" in line and line.count("│") == 5]
+    assert [(run.strip(), attempt.strip()) for run, attempt in rows] == [("1", "1"), ("1", "2"), ("2", "1"), ("2", "2")]

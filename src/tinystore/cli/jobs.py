@@ -212,9 +212,23 @@ def register(main: click.Group) -> None:
         ]
         print_table(f"job {job.id}", ["field", "value"], rows)
         if job.errors:
-            print_table(
-                "failed attempts", ["attempt", "at", "error"], [[e.attempt, _at(e.at), e.error] for e in job.errors]
-            )
+            # a retry by hand counts attempts from 0 again, its errors after the earlier ones: each run of attempts
+            # is numbered (trial IF: "1, 2, 3, 1, 2, 3", the retry told only by the times)
+            rounds, n, last_attempt = [], 1, 0
+            for e in job.errors:
+                if e.attempt <= last_attempt:
+                    n += 1
+                rounds.append(n)
+                last_attempt = e.attempt
+            rows = [[e.attempt, _at(e.at), e.error] for e in job.errors]
+            if n > 1:
+                print_table(
+                    "failed attempts (a run of attempts each time the job was retried)",
+                    ["run", "attempt", "at", "error"],
+                    [[r, *row] for r, row in zip(rounds, rows, strict=True)],
+                )
+            else:
+                print_table("failed attempts", ["attempt", "at", "error"], rows)
             last = next((e for e in reversed(job.errors) if e.traceback), None)
             if last is not None and last.traceback is not None:
                 # (control characters escaped, as in the tables: an error's text comes from anywhere, trial CB)
