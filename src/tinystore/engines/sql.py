@@ -2408,7 +2408,7 @@ class SqlEngine:
     def stop_transactions(self) -> None:
         """The store is stopping: roll back the clients' transactions now (those with an owner; the store's own
         are part of a call under way, which may finish), and refuse the clients' new ones. A statement running
-        in one finishes first (a commit already sent is done); a begin still waiting for the writer fails as
+        in one is interrupted (a commit already sent is done); a begin still waiting for the writer fails as
         not begun (``refused``: the client may begin again at the next server). Otherwise each would hold the
         writer, its statements refused, until ``tx_idle``, and the stop would wait out its grace."""
         self.stopping = True
