@@ -70,8 +70,26 @@ async def test_clients_cannot_touch_the_store_tables(any_store: tinystore.Store)
         "create trigger tr after insert on t begin select count(*) from _tinystore_jobs; end"  # (reads: made)
     )
     await db.exec("insert into t values (1)")
+    # trial IG: with one trigger of t naming a store's table, the statements the check prepared were found in
+    # sqlite3's cache, not prepared again: a second trigger that writes one was made
+    with pytest.raises(InvalidError, match="_tinystore_jobs belongs to the store"):
+        await db.exec("create trigger tr2 after insert on t begin delete from _tinystore_jobs; end")
     await db.exec("drop trigger tr")
+    with pytest.raises(InvalidError, match="_tinystore_jobs belongs to the store"):
+        await db.exec("create trigger tr after insert on t begin delete from _tinystore_jobs; end")
+    # ... and one whose body names a table not made yet cannot be judged: refused while it names the store's
+    with pytest.raises(InvalidError, match="cannot be judged now .*no such table"):
+        await db.exec(
+            "create trigger tr3 after insert on t begin insert into yy values (1); delete from _tinystore_jobs; end"
+        )
     await db.exec("drop view v")
+    other = await any_store.database("other", migrations=[("001.sql", "create table t1 (a)")])
+    with pytest.raises(InvalidError, match="cannot be judged now .*no such table: main._tinystore_jobs"):
+        # (before the database holds a queue: no such table yet)
+        await other.exec(
+            "create trigger t1j after insert on t1 begin insert into _tinystore_jobs (id) values ('x'); end"
+        )
+    assert await other.scalar("select count(*) from sqlite_schema where type = 'trigger'") == 0
     with pytest.raises(InvalidError, match="fts3_tokenizer is refused"):
         await db.scalar("select fts3_tokenizer('simple')")
     # untouched, and the engines still write them: a migration recorded, a job added, run and ended

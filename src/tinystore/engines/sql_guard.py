@@ -10,6 +10,7 @@ rights, in sqlite3's statement cache.
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 import sqlite3
@@ -509,13 +510,22 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+_CHECKS = itertools.count()
+"""Numbers the texts :func:`_check_trigger` prepares, so that none is found in sqlite3's statement cache."""
+_NOT_FIRING = "because it is a view"
+"""What SQLite says of a statement a view takes no trigger for (``cannot modify v because it is a view``)."""
+
+
 def _check_trigger(db: str, conn: sqlite3.Connection, trigger: str, table: str) -> None:
-    """Raise ``InvalidError`` when the client's new ``trigger`` of ``table`` writes a table of the store. SQLite
-    looks into a trigger's body only when a statement that fires it is prepared (its authorizer is asked then, of
-    the trigger's statements): a trigger that wrote ``_tinystore_jobs`` was made, and every later write of its table
-    refused (trial IF). The statements that could fire it (an insert, an update of every column, a delete) are
-    prepared here, not run (``EXPLAIN``), as the client: the authorizer judges its body, and the triggers it fires
-    in turn, as it would when they fire."""
+    """Raise ``InvalidError`` when the client's new ``trigger`` of ``table``, whose text names a table of the store,
+    writes one. SQLite looks into a trigger's body only when a statement that fires it is prepared (its authorizer
+    is asked then, of the trigger's statements): a trigger that wrote ``_tinystore_jobs`` was made, and every later
+    write of its table refused (trial IF). The statements that could fire it (an insert, an update of every column,
+    a delete) are prepared here, not run (``EXPLAIN``), as the client: the authorizer judges its body, and the
+    triggers it fires in turn, as it would when they fire. Each text is new (numbered): a statement sqlite3 kept
+    prepared is not prepared again, nor its triggers judged (trial IG). One that cannot be prepared for another
+    reason than a view's (a table its body names that does not exist yet, ``_tinystore_jobs`` before the first queue
+    of the database, trial IG) cannot be judged: refused too."""
     columns = [
         _quote(str(r[1])) for r in conn.execute(f"select * from pragma_table_xinfo({_quote_text(table)})") if r[6] == 0
     ]
@@ -525,16 +535,21 @@ def _check_trigger(db: str, conn: sqlite3.Connection, trigger: str, table: str) 
     for sql in firing:
         denial.why = None
         try:
-            conn.execute("explain " + sql).close()
+            conn.execute(f"explain {sql} -- check {next(_CHECKS)}").close()
         except sqlite3.DatabaseError as exc:
             why = getattr(denial, "why", None)
+            denial.why = None
             if why is not None and str(exc) in DENIED_MESSAGES:
-                denial.why = None
                 raise InvalidError(
                     f"database {db}: trigger {trigger} of {table} is refused: its statements would be refused as it "
                     f"fires: {why}"
                 ) from None
-            # (a statement this table cannot take, a view's without its INSTEAD OF trigger: no trigger of it fires)
+            if _NOT_FIRING not in str(exc):
+                raise InvalidError(
+                    f"database {db}: trigger {trigger} of {table} is refused: it names a table of the store "
+                    f"({OWN_PREFIX}...), which a trigger may read but never write, and it cannot be judged now "
+                    f"({exc}): make what it names first"
+                ) from None
 
 
 def _quote_text(text: str) -> str:
