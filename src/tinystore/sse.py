@@ -319,6 +319,23 @@ class _Outbox:
         self.push(chunk)
         return self.written()
 
+    def settled(self) -> asyncio.Future[None]:
+        """A future that completes once what is queued now was handed to the server and the connection holds
+        at most half of :data:`BACKLOG` unsent (looked at every :data:`CATCH_UP_EVERY` seconds), or the stream
+        ended."""
+        fut: asyncio.Future[None] = self.loop.create_future()
+
+        def check(_: object = None) -> None:
+            if fut.done():
+                return
+            if self.closed or _unsent(self) <= BACKLOG // 2:
+                fut.set_result(None)
+            else:
+                self.loop.call_later(CATCH_UP_EVERY, check)
+
+        self.written().add_done_callback(check)
+        return fut
+
     def take(self) -> tuple[bytes, list[asyncio.Future[None]]]:
         chunk = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
         futures = self.futures
@@ -587,6 +604,23 @@ class EventSourceResponse(Response):
         last_write = loop.time()
         timer: asyncio.TimerHandle | None = None
 
+        recheck: asyncio.TimerHandle | None = None
+
+        def caught_up() -> None:
+            """A stream behind whose outbox drained: the browser caught up once the connection holds little unsent
+            too (trial IH: a browser that read nothing was told "reload" again each time the kernel took 64 KB
+            more, 44 times, each reload's data more for it to read); else looked at again later."""
+            nonlocal recheck
+            recheck = None
+            if closed.is_set() or outbox.closed or not outbox.behind or outbox.on_drained is None:
+                return
+            if outbox.size > BACKLOG // 2:
+                return  # (the next write looks again)
+            if _unsent(outbox) > BACKLOG // 2:
+                recheck = loop.call_later(CATCH_UP_EVERY, caught_up)
+                return
+            outbox.on_drained()
+
         def tick() -> None:  # one timer per stream, re-armed; never one per event
             nonlocal timer
             if not self._alive():
@@ -602,6 +636,7 @@ class EventSourceResponse(Response):
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": self.first_chunk, "more_body": True})
+            _found_transport(send, outbox)  # (what it holds unsent tells a browser behind when it caught up)
             last_write = loop.time()
             timer = loop.call_later(keepalive, tick)
             if producer is not None:
@@ -623,7 +658,7 @@ class EventSourceResponse(Response):
                     if futures:
                         _resolve(futures)
                     if outbox.behind and outbox.size <= BACKLOG // 2 and outbox.on_drained is not None:
-                        outbox.on_drained()
+                        caught_up()
                     continue
                 if outbox.ending or (task is not None and task.done()):
                     ended_by_us = True
@@ -654,6 +689,8 @@ class EventSourceResponse(Response):
                 aborted = _close_stuck(transport, loop, at_once=not outbox.ending)
             if timer is not None:
                 timer.cancel()
+            if recheck is not None:
+                recheck.cancel()
             closed.set()
             outbox.close()
             listener.cancel()
@@ -793,13 +830,13 @@ PROGRESS_EVERY = 5.0
 """Seconds between two looks at whether a write that waits makes progress (see :func:`_watch_progress`)."""
 
 
-def _watch_progress(send: Send, outbox: _Outbox, deadline: asyncio.Timeout) -> Callable[[], None] | None:
-    """While a write waits, look every :data:`PROGRESS_EVERY` seconds at what the connection holds unsent: when it
-    went down, the browser reads, slowly, and the write's :data:`STALL` starts again (trial HM: a steady reader of
-    30 KB/s was cut "took nothing for 60s" from an 8 MB event, the same at each reconnect). Without the
-    connection's transport to look at (an ASGI server other than uvicorn), STALL is one write's time. Returns what
-    stops the looking (once the write is over), or ``None``."""
-    loop = outbox.loop
+CATCH_UP_EVERY = 0.25
+"""Seconds between two looks at whether a browser behind has read what its connection holds (see ``caught_up``)."""
+
+
+def _found_transport(send: Send, outbox: _Outbox) -> Any:
+    """The connection's transport (uvicorn's), found once and kept on ``outbox`` with its socket; ``False`` when
+    there is none to find (another ASGI server)."""
     transport = outbox.transport
     if transport is None:
         found: Any = _transport_of(send)
@@ -807,6 +844,29 @@ def _watch_progress(send: Send, outbox: _Outbox, deadline: asyncio.Timeout) -> C
         if found is not None:
             with contextlib.suppress(Exception):
                 outbox.sock = found.get_extra_info("socket")
+    return transport
+
+
+def _unsent(outbox: _Outbox) -> int:
+    """Bytes written to the browser and not taken by it yet: the transport's buffer and the socket's (0 where
+    neither can be looked at: see :func:`_found_transport`)."""
+    transport = outbox.transport
+    buffered = getattr(transport, "get_write_buffer_size", None) if transport else None
+    try:
+        held = int(buffered()) if buffered is not None else 0
+    except Exception:
+        held = 0
+    return held + unsent_in_socket(outbox.sock)
+
+
+def _watch_progress(send: Send, outbox: _Outbox, deadline: asyncio.Timeout) -> Callable[[], None] | None:
+    """While a write waits, look every :data:`PROGRESS_EVERY` seconds at what the connection holds unsent: when it
+    went down, the browser reads, slowly, and the write's :data:`STALL` starts again (trial HM: a steady reader of
+    30 KB/s was cut "took nothing for 60s" from an 8 MB event, the same at each reconnect). Without the
+    connection's transport to look at (an ASGI server other than uvicorn), STALL is one write's time. Returns what
+    stops the looking (once the write is over), or ``None``."""
+    loop = outbox.loop
+    transport = _found_transport(send, outbox)
     if transport is False:
         return None
     buffered = getattr(transport, "get_write_buffer_size", None)
@@ -1273,7 +1333,10 @@ class _ChannelStream(EventSourceResponse):
             if chunk is None:
                 return self.reload("error", 1, m.id)
             if outbox.push(chunk):
-                return outbox.written()  # the browser is behind: take the next message once this one is out
+                # the browser is behind: take the next message once this one is out, and the browser has read
+                # most of what its connection holds (trial IH: one that read nothing was given 64 KB more each
+                # time the kernel took some, and a reload for what the log dropped meanwhile, 44 in a row)
+                return outbox.settled()
             return None
 
         def on_missed(missed: Missed) -> asyncio.Future[None] | None:

@@ -518,3 +518,42 @@ async def test_a_stop_does_not_wait_for_a_browser_that_takes_nothing(
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     finally:
         sock.close()
+
+
+# contract: SSE-03
+@pytest.mark.parametrize("own", ["0", "1"], ids=["shared", "own-subscription"])
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_browser_that_reads_nothing_gets_one_reload_when_it_reads_again(
+    tmp_path: Path, mode: str, own: str
+) -> None:
+    """Trial IH: a tab that read nothing (a phone asleep) was told "reload" again each time the kernel took 64 KB
+    more of its stream, 44 times in a row: the stream took its drained outbox for a caught-up browser. It is caught
+    up once the connection holds little unsent too: one reload, when the tab reads again, with the exact count."""
+    async with open_store(mode, tmp_path / "store") as store, serve(make_app(store)) as web:
+        sock = await stalled_reader(web, f"/events/10?own={own}")
+        loop = asyncio.get_running_loop()
+        try:
+            await wait_subscriptions(store, 1)
+            events = events_of(store).under(10)
+            text = "y" * 1000
+            total = 8000
+            for start in range(0, total, 200):  # (the store's log of 1,024 holds a batch the stream has not taken)
+                await asyncio.gather(*(events.publish(ChatEvent("token", i, text)) for i in range(start, start + 200)))
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(1.0)
+            parser = EventStreamParser()
+            got: list[int] = []
+            reloads: list[dict[str, object]] = []
+            async with asyncio.timeout(20):
+                while len(got) + sum(int(r["missed"]) for r in reloads) < total:  # type: ignore[call-overload]
+                    chunk = await loop.sock_recv(sock, 65536)
+                    assert chunk, "the stream ended"
+                    for e in parser.feed(chunk):
+                        if e.type == "reload":
+                            reloads.append(json.loads(e.data))
+                        elif e.type == "token":
+                            got.append(json.loads(e.data)["id"])
+            assert len(reloads) == 1, reloads
+            assert got == sorted(got) and len(got) + int(reloads[0]["missed"]) == total  # type: ignore[call-overload]
+        finally:
+            sock.close()
