@@ -592,3 +592,33 @@ async def test_a_short_reconnect_timeout_bounds_a_handshake_no_one_answers(schem
     finally:
         srv.close()
         await srv.wait_closed()
+
+
+# contract: STORE-06
+async def test_a_handshake_not_answered_at_an_address_is_tried_again_until_reconnect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trial IG: a server out of file descriptors leaves new connections in its listen queue (served as others
+    leave); a plain tcp:// client failed at its first handshake's wait, where a TLS one (its TLS handshake timed out,
+    which passes) tried again until its reconnect_timeout and was served."""
+    import tinystore.client.transport as transport_module
+
+    monkeypatch.setattr(transport_module, "HANDSHAKE_WAIT", 0.5)
+    tries = 0
+
+    def made() -> asyncio.Protocol:
+        nonlocal tries
+        tries += 1
+        return asyncio.Protocol()
+
+    srv = await asyncio.get_running_loop().create_server(made, "127.0.0.1", 0)
+    try:
+        port = srv.sockets[0].getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(UnavailableError, match=r"could not be reached for .*did not answer the handshake"):
+            await tinystore.connect(f"tcp://127.0.0.1:{port}", token="t" * 32, reconnect_timeout="3s")
+        assert 2.5 < time.monotonic() - started < 6
+        assert tries >= 3, tries
+    finally:
+        srv.close()
+        await srv.wait_closed()

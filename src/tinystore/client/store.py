@@ -1236,13 +1236,15 @@ async def connect(
     again; a write whose answer was lost raises ``OutcomeUnknownError`` (STORE-06).
 
     The first connection waits the same way for what passes: nothing listening yet (a worker started before its
-    server, a server restarting), a connection reset, or the server refusing it because too many connections wait
-    for their handshake (a burst of clients); it is tried again with that backoff until ``reconnect_timeout`` has
-    passed, then ``UnavailableError`` names the address, the time waited and the last failure.
+    server, a server restarting), a connection reset, the server refusing it because too many connections wait
+    for their handshake (a burst of clients), or not answering its handshake within 15 s (or what is left of
+    ``reconnect_timeout``; a server out of file descriptors leaves new connections waiting in its listen queue);
+    it is tried again with that backoff until ``reconnect_timeout`` has passed, then ``UnavailableError`` names the
+    address, the time waited and the last failure.
 
     Raises ``UnauthenticatedError`` (token refused: at once), ``UnavailableError`` (cannot reach within
-    ``reconnect_timeout``; at once for a certificate not trusted, a host that does not resolve, a server that took
-    the connection but did not answer its handshake within 15 s), ``InvalidError`` (a bad address or option, a
+    ``reconnect_timeout``; at once for a certificate not trusted, a host that does not resolve), ``InvalidError``
+    (a bad address or option, a
     token over 4096 bytes: before anything is tried). Cancelled, it leaves nothing behind: no connection open,
     nothing trying in the background.
     """
