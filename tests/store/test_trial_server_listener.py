@@ -300,6 +300,45 @@ async def test_a_burst_of_clients_that_stay_leaves_room_for_a_database(tmp_path:
         server.stop()
 
 
+# contract: STORE-04
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit")
+async def test_remote_clients_leave_room_for_the_command_line(tmp_path: Path) -> None:
+    """Trial IG: TCP clients that held every descriptor a server could give connections kept the command line out
+    (`tinystore status`: "does not answer ... suspended or stuck?", `stop` likewise): a TCP listener leaves a few
+    for the directory's own socket."""
+    from ..cli.support import run_cli
+
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    pid = server.proc.pid
+    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    stores: list[tinystore.Store] = []
+    try:
+        first = await tinystore.connect(server.tcp, token=admin)
+        await (await first.database("app")).exec("create table t (i)")
+        await first.close()
+        used = len(os.listdir(f"/proc/{pid}/fd"))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (used + 40, before[1]))
+
+        async def connect() -> tinystore.Store | None:
+            try:
+                return await tinystore.connect(server.tcp, token=admin, reconnect_timeout="2s")
+            except tinystore.UnavailableError:
+                return None
+
+        stores = [s for s in await asyncio.gather(*(connect() for _ in range(45))) if s is not None]
+        assert len(stores) < 45  # (the TCP listener holds the others in its queue)
+        done = await asyncio.to_thread(run_cli, "status", str(server.directory))
+        assert done.returncode == 0, done.stderr
+        assert re.search(r"^files \d+ open of the", done.stdout, re.M), done.stdout
+    finally:
+        await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
+        with contextlib.suppress(OSError):
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+        server.stop()
+
+
 def test_a_hello_sent_in_time_is_read_even_when_the_server_was_held_up(tmp_path: Path) -> None:
     """The deadline passes while the server cannot run (here SIGSTOP; a long pause of its loop alike) with the
     client's HELLO already sent: the server reads it before it judges the connection silent."""

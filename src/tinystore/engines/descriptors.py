@@ -77,18 +77,24 @@ def kept_for_files(open_databases: int, readers: int) -> int:
     return 16 + per_db + (readers + 2) * open_databases
 
 
-def room_to_accept(connections: int, open_databases: int, readers: int) -> tuple[int, int, int] | None:
+LOCAL_KEPT = 4
+"""Descriptors a server's TCP and TLS listeners leave for connections to the directory's own socket (the command
+line's ``status`` and ``stop``): trial IG, remote clients that held every descriptor kept an operator out."""
+
+
+def room_to_accept(connections: int, open_databases: int, readers: int, spare: int = 0) -> tuple[int, int, int] | None:
     """``None`` when a server holding ``connections`` may accept one more; else ``(used, kept, soft)``: the
     descriptors open, those kept for the databases' files (:func:`kept_for_files`) and the limit. The first
     :func:`reserve` connections are always let in (the databases leave room for them: :func:`check_room`); past
-    them, what is open is counted, a listing of ``/proc/self/fd`` each."""
+    them, what is open is counted, a listing of ``/proc/self/fd`` each. ``spare``: descriptors this listener leaves
+    for another (a TCP listener's :data:`LOCAL_KEPT`, for the directory's socket), counted in both."""
     soft = open_files_limit()
-    if soft <= 0 or soft == resource.RLIM_INFINITY or connections < reserve(soft):
+    if soft <= 0 or soft == resource.RLIM_INFINITY or connections + spare < reserve(soft):
         return None
     used = open_descriptors()
     if used is None:
         return None
-    kept = kept_for_files(open_databases, readers)
+    kept = kept_for_files(open_databases, readers) + spare
     if used + 1 + kept <= soft:
         return None
     return used, kept, soft

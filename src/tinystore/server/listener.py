@@ -38,7 +38,7 @@ import msgspec
 
 from .. import __version__
 from ..durations import format_seconds
-from ..engines.descriptors import open_files_limit, room_to_accept
+from ..engines.descriptors import LOCAL_KEPT, open_files_limit, room_to_accept
 from ..engines.sql import Later, SqlTx
 from ..engines.sql_text import may_return_rows
 from ..errors import (
@@ -1564,6 +1564,8 @@ class Listener:
                 self.core.socket_connections(),
                 len(self.core.sql.databases) if self.core.running else 0,
                 self.core.limits.readers,
+                # (a TCP or TLS listener leaves a few for the directory's own socket, the command line's)
+                0 if self.description.startswith("unix:") or not self._beside_unix() else LOCAL_KEPT,
             )
             if full is not None:
                 used, kept, soft = full
@@ -1601,6 +1603,10 @@ class Listener:
                 self.starting[task] = asyncio.get_running_loop().time()
                 task.add_done_callback(self._started)
                 self.crowd()
+
+    def _beside_unix(self) -> bool:
+        """Whether the server listens on the directory's socket too."""
+        return any(lst.description.startswith("unix:") for lst in self.core.listeners)
 
     def _accepted(self, task: asyncio.Task[Any]) -> None:
         self.accepting -= 1
@@ -1654,12 +1660,12 @@ class Listener:
         files: say so (once a minute at most), stop accepting for :data:`ACCEPT_PAUSE` (the clients wait in the
         backlog), then try again."""
         self.accept_log.warning(
-            "%s: cannot accept connections: %s (%d connections open here; this process may open %d files, and the "
-            "databases' files count too: raise `ulimit -n`, a server takes the hard limit when it starts); new "
-            "clients wait until some close",
+            "%s: cannot accept connections: %s (%d connections open or being made; this process may open %d files, "
+            "and the databases' files count too: raise `ulimit -n`, a server takes the hard limit when it starts); "
+            "new clients wait until some close",
             self.description,
             why,
-            len(self.connections) + len(self.starting),
+            self.core.socket_connections(),
             open_files_limit(),
         )
         loop = asyncio.get_running_loop()
