@@ -337,6 +337,9 @@ async def test_an_applied_migration_renamed_is_refused_not_run_again(
             ConflictError, match=r"003_seed_tags\.sql is new but has the text of 002_seed\.sql.*renamed"
         ):
             await store.database("app", migrations=renamed)
+        # renamed to a name that sorts before it (trial IH: told "new but sorts before ... out of order")
+        with pytest.raises(ConflictError, match=r"001_seed\.sql is new but has the text of 002_seed\.sql.*renamed"):
+            await store.database("app", migrations=[m[0], ("001_seed.sql", m[1][1])])
         # renamed with its blanks changed too (trial FW: a newline added, it ran again)
         with pytest.raises(ConflictError, match=r"has the text of 002_seed\.sql"):
             await store.database("app", migrations=[m[0], ("004_seed.sql", "  insert into tags\tvalues ('seeded');")])

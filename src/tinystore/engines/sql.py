@@ -1003,8 +1003,9 @@ class SqlDatabase:
             "applied_at integer not null)",
         )
         known = {r[0]: r[1] for r in conn.execute(f"select name, text from {MIGRATIONS_TABLE}")}
-        check_migration_order(self.name, known, migrations)
+        # (a rename first: told as one, not as a new migration out of order, trial IH)
         check_migration_renames(self.name, known, migrations)
+        check_migration_order(self.name, known, migrations)
         applied: list[str] = []
         for name, text in sorted(migrations, key=lambda m: m[0]):
             if name in known:
@@ -2721,12 +2722,12 @@ class SqlEngine:
         """New migrations for a database already open: in name order, each in its own transaction (SQL-05), as at
         open. A migration that fails leaves nothing of itself; those before it stay applied."""
         known = {r[0]: r[1] for r in (await db.read(f"select name, text from {MIGRATIONS_TABLE}", [])).rows}
-        check_migration_order(db.name, known, migrations)
         if sum(map(len, known.values())) + sum(len(text) for _, text in migrations) > BIG_MIGRATIONS:
             # (their texts are read as SQLite reads them: a second for some MB, not on the loop; trial GA)
             await asyncio.to_thread(check_migration_renames, db.name, known, migrations)
         else:
             check_migration_renames(db.name, known, migrations)
+        check_migration_order(db.name, known, migrations)  # (after: a rename is told as one, trial IH)
         applied: list[str] = []
         for name, text in sorted(migrations, key=lambda m: m[0]):
             if name in known:  # applied: checked without taking the writer
