@@ -70,6 +70,8 @@ def test_list_show_retry_cancel(tmp_path: Path) -> None:
 
     r = cli("jobs", str(d), "list")
     assert r.exit_code == 0 and "stuck" in r.output and "mail" in r.output
+    r = cli("jobs", str(d), "list", "--tenant", "nobody")  # (trial IH: an empty table's frame)
+    assert r.exit_code == 0 and r.output.strip() == "no jobs match", r.output
 
     r = cli("jobs", str(d), "show", ids["bad"], "--json")
     shown = json.loads(r.output)

@@ -157,6 +157,10 @@ def register(main: click.Group) -> None:
                 # that more follow (trial CA)
                 click.echo(to_json({"next": page.next}))
             return
+        if not page.jobs and not page.next:
+            # (trial IH: an empty table's frame, where a line says it)
+            console.print("no jobs" + (" match" if state or tenant or user or type_ or queue else ""), highlight=False)
+            return
         table = Table(show_lines=False)
         table.add_column("id", no_wrap=True, min_width=26)
         names = ["queue", "state", "tries", "tenant"]
