@@ -4,6 +4,7 @@ name from one dict, as Python's sqlite3 binds them, in every way of reaching the
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,21 @@ async def test_a_named_parameter_that_is_no_valid_text_is_named(any_store: tinys
     with pytest.raises(InvalidError, match=r"database app: parameter :a: the text .* is not valid Unicode"):
         await db.exec("select :a", {"a": "x\udfff"})
     assert await db.one("select :a as x", {"a": "ok"}) == {"x": "ok"}  # (the connection goes on)
+
+
+# contract: SQL-06
+async def test_a_mapping_is_asked_for_the_names_it_does_not_list(any_store: tinystore.Store) -> None:
+    """Trial IE: Python's sqlite3 asks a mapping for each placeholder's name (a defaultdict's default, a
+    ``__missing__``'s value); its keys alone were taken, and the statement told a value was missing."""
+    import collections
+
+    db = await any_store.database("app")
+    assert await db.one("select :a as a, :b as b", collections.defaultdict(lambda: 9, {"a": 1})) == {"a": 1, "b": 9}
+
+    class Upper(dict[str, Any]):
+        def __missing__(self, key: str) -> str:
+            return key.upper()
+
+    assert await db.one("select @x as x, $y as y, :x as x2", Upper()) == {"x": "X", "y": "Y", "x2": "X"}
+    with pytest.raises(InvalidError, match=r"did not supply a value for binding parameter :c"):
+        await db.one("select :c", collections.OrderedDict())

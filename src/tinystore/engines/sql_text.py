@@ -10,7 +10,7 @@ import functools
 import math
 import re
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from ..errors import (
@@ -57,7 +57,7 @@ def check_params(db: str, sql: str, params: ParamsIn) -> SqlParams:
     named = named_placeholder(sql)
     if named is not None:
         if len(params) == 1 and isinstance(params[0], Mapping):
-            return _check_named(db, params[0])
+            return _check_named(db, params[0], sql)
         if any(isinstance(p, Mapping) for p in params):  # (trial IC: told to give a dict, which it had)
             raise InvalidError(
                 f"database {db}: the statement has the named placeholder {named}: the dict of its values by name is "
@@ -135,21 +135,40 @@ def _named_placeholder_cached(sql: str) -> str | None:
 
 
 def _named_placeholder(sql: str) -> str | None:
+    return next(_named_placeholders(sql), None)
+
+
+def _named_placeholders(sql: str) -> Iterator[str]:
+    """The named placeholders of ``sql`` outside its strings, quoted names and comments, in order."""
     pos, n = 0, len(sql)
     while True:
         m = _NOT_A_PLACEHOLDER.match(sql, pos)
         pos = m.end() if m is not None else pos
         if pos >= n:
-            return None
+            return
         found = _PLACEHOLDER.match(sql, pos)
         if found is not None:
-            return found.group()
-        pos += 1  # (not reached: a sigil on its own is eaten above; SQLite's to judge)
+            yield found.group()
+            pos = found.end()
+        else:
+            pos += 1  # (not reached: a sigil on its own is eaten above; SQLite's to judge)
 
 
-def _check_named(db: str, params: Mapping[Any, Any]) -> dict[str, Any]:
+def _check_named(db: str, params: Mapping[Any, Any], sql: str = "") -> dict[str, Any]:
     """:func:`check_params` of values by name: a new dict (``sqlite3`` binds a dict only), each name text and each
-    value as :func:`_check_params` takes it."""
+    value as :func:`_check_params` takes it. A mapping other than a plain dict is also asked (``params[name]``)
+    for each name of ``sql``'s placeholders it does not list, as Python's ``sqlite3`` asks it (trial IE: a
+    ``defaultdict``'s default, or a ``__missing__``'s, was not found)."""
+    if type(params) is not dict and sql:
+        asked = dict(params)
+        for placeholder in _named_placeholders(sql):
+            name = placeholder[1:]
+            if name not in asked:
+                try:
+                    asked[name] = params[name]
+                except (KeyError, LookupError):
+                    pass  # (SQLite says which it misses)
+        params = asked
     if len(params) > PARAMS_MAX:
         raise InvalidError(
             f"database {db}: too many SQL variables ({len(params):,} parameters; at most {PARAMS_MAX:,})"
