@@ -1339,10 +1339,19 @@ class _ChannelStream(EventSourceResponse):
                 return outbox.settled()
             return None
 
+        # a Last-Event-ID of an earlier run of the store: what the browser missed is not known because the store
+        # restarted, and its reload says so (trial IH: "behind", which an app cannot tell from a slow tab)
+        restarted = [after is not None and after.partition("-")[0] != str(self.branch.store.transport.epoch)]
+
         def on_missed(missed: Missed) -> asyncio.Future[None] | None:
             if missed.reason == "reconnect" and missed.count == 0:
                 return None
-            return self.reload(missed.reason, missed.count, _position(sub) if sub is not None else None)
+            reason: str = missed.reason
+            if restarted[0]:
+                restarted[0] = False
+                if missed.count is None:
+                    reason = "restarted"
+            return self.reload(reason, missed.count, _position(sub) if sub is not None else None)
 
         def on_error(exc: Exception) -> asyncio.Future[None] | None:
             mid = _undecodable(exc, self.branch.name)

@@ -170,6 +170,18 @@ async def test_reload_when_more_was_published_than_the_log_holds(store: tinystor
 
 
 # contract: SSE-03
+async def test_a_last_event_id_of_an_earlier_run_of_the_store_gets_a_reload_saying_so(
+    store: tinystore.Store, web: str
+) -> None:
+    """Trial IH: a browser back after the store restarted was told "behind", which an app cannot tell from a slow
+    tab: its reload says "restarted", the count not known."""
+    epoch = (await store.status())["epoch"]
+    async with client() as http, open_sse(http, f"{web}/events/6", {"last-event-id": f"{epoch - 1}-5"}) as sse:
+        ev = await sse.next()
+        assert ev.type == "reload" and json.loads(ev.data) == {"kind": "reload", "reason": "restarted", "missed": None}
+
+
+# contract: SSE-03
 @pytest.mark.parametrize(
     "bad", ["garbage", "1-", "-1", "1-2-3", "x" * 5000, "9" * 5000 + "-1", "1-" + "9" * 5000, "0-0", "77-1"]
 )
