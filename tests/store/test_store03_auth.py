@@ -622,3 +622,24 @@ async def test_a_handshake_not_answered_at_an_address_is_tried_again_until_recon
     finally:
         srv.close()
         await srv.wait_closed()
+
+
+# contract: STORE-06
+async def test_a_short_reconnect_timeout_still_gives_a_handshake_two_seconds(tmp_path: Path) -> None:
+    """Trial II: with a handshake tried again until reconnect_timeout, each try's wait was cut to what was left of
+    it: a client whose reconnect_timeout was 0.5 s failed against a server held up for a second, which the 2 s a
+    handshake is given at the least let through before."""
+    import os
+    import signal
+
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        asyncio.get_running_loop().call_later(1.0, os.kill, server.proc.pid, signal.SIGCONT)
+        store = await tinystore.connect(server.tcp, token=admin, reconnect_timeout="0.5s")
+        await store.close()
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.stop()

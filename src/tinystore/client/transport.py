@@ -1136,14 +1136,16 @@ class RemoteTransport(Transport):
 
     async def _connect_once(self, until: float | None = None) -> _ClientConn:
         """One try. ``until`` (loop time): the deadline of tries that go on while it passes; a try's handshake
-        waits no longer than what is left of it (a tenth of a second at the least), and a handshake not answered
+        waits no longer than what is left of it (2 s at the least), and a handshake not answered
         at an address (``tcp://``, ``tls://``) passes (``_Transient``): a server out of descriptors leaves new
         connections in its listen queue, and serves them as others leave (trial IG: plain clients failed at 15 s
         where TLS ones, whose TLS handshake timed out, tried again and were served)."""
         loop = asyncio.get_running_loop()
         handshake_wait = self._handshake_wait()
         if until is not None:
-            handshake_wait = min(handshake_wait, max(0.1, until - loop.time()))
+            # (2 s at the least, as for a short reconnect_timeout: trial II, a server held up for a second failed a
+            # client whose reconnect_timeout was 0.5 s, which a wait of 2 s let through)
+            handshake_wait = round(min(handshake_wait, max(HANDSHAKE_WAIT_MIN, until - loop.time())), 1)
         kind, where = await self.endpoint()
         try:
             if kind == "unix":

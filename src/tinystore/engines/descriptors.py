@@ -42,12 +42,13 @@ def reserve(soft: int) -> int:
     return min(256, max(16, soft // 8))
 
 
-def check_room(name: str, need: int, coming: int = 0, connections: int = 0) -> None:
+def check_room(name: str, need: int, coming: int = 0, connections: int = 0, spare: int = 0) -> None:
     """Raise ``UnavailableError`` when opening database ``name``, which takes about ``need`` descriptors, would
     leave too few of this process's limit (``RLIMIT_NOFILE``, its soft value) free for the connections: the
     :func:`reserve`, less the ``connections`` already accepted (each holds its descriptor). ``coming``:
     descriptors not open yet that are already spoken for (databases opening beside it, files the open ones open
-    on their first reads: trial CO)."""
+    on their first reads: trial CO). ``spare``: descriptors kept besides (:data:`LOCAL_KEPT`, for the directory's
+    socket beside a TCP listener: trial II, remote clients that opened databases took them)."""
     soft = open_files_limit()
     if soft == resource.RLIM_INFINITY or soft <= 0:
         return
@@ -56,7 +57,7 @@ def check_room(name: str, need: int, coming: int = 0, connections: int = 0) -> N
         return
     # (with the reserve's connections accepted, what is left is the databases' as much as the connections':
     # trial ID's 100 clients came with the first use of a database, and its open found the reserve still kept)
-    kept = max(0, reserve(soft) - connections)
+    kept = max(0, reserve(soft) - connections) + spare
     used += coming
     if used + need + kept > soft:
         raise UnavailableError(

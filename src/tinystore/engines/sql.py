@@ -2389,6 +2389,8 @@ class SqlEngine:
         self._starting = 0  # databases whose start runs (their files count as spoken for: see check_room)
         # how many connections the server's listeners hold (each a descriptor: see check_room); set by the server
         self.connections: Callable[[], int] = lambda: 0
+        # descriptors kept for connections to the directory's socket (the command line's), set by the server
+        self.kept_local: Callable[[], int] = lambda: 0
         self._opening_dbs: set[SqlDatabase] = set()  # those databases (see close)
         # new migrations of open databases being applied, in tasks of their own (see open): ended at close
         self._migrating: set[asyncio.Future[list[str]]] = set()
@@ -2491,7 +2493,13 @@ class SqlEngine:
                 # (its connections: the writer, the readers, the loop's own for short reads; about 2 files each,
                 # some opened at the first read; those opening beside it count whole)
                 need = 2 * (self.limits.readers + 2) + 1
-                check_room(name, need, need * self._starting + LAZY_FILES * len(self.databases), self.connections())
+                check_room(
+                    name,
+                    need,
+                    need * self._starting + LAZY_FILES * len(self.databases),
+                    self.connections(),
+                    self.kept_local(),
+                )
                 path = self.directory / f"{name}.db"
                 existed = path.exists()
                 if not existed and not create:

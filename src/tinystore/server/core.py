@@ -26,7 +26,7 @@ import msgspec
 
 from .. import __version__
 from ..clock import Clock
-from ..engines.descriptors import open_descriptors, open_files_limit
+from ..engines.descriptors import LOCAL_KEPT, open_descriptors, open_files_limit
 from ..engines.sql import HALT_WAIT as HALT_JOIN
 from ..engines.sql import SqlDatabase, SqlEngine
 from ..errors import ClosedError, InvalidError, PermissionDeniedError, TinystoreError, UnavailableError
@@ -200,6 +200,7 @@ class Core:
             self.started = time.time()
             self.sql = SqlEngine(self.directory, self.limits, self.durability)
             self.sql.connections = self.socket_connections
+            self.sql.kept_local = self.kept_local
             from . import methods
 
             methods.install(self)
@@ -278,6 +279,13 @@ class Core:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def kept_local(self) -> int:
+        """Descriptors kept for connections to the directory's own socket (the command line's ``status`` and
+        ``stop``): :data:`LOCAL_KEPT` when the server listens at an address too, else none."""
+        unix = any(lst.description.startswith("unix:") for lst in self.listeners)
+        remote = any(not lst.description.startswith("unix:") for lst in self.listeners)
+        return LOCAL_KEPT if unix and remote else 0
 
     def socket_connections(self) -> int:
         """The connections this server's listeners hold or are making (each holds a descriptor)."""

@@ -38,7 +38,7 @@ import msgspec
 
 from .. import __version__
 from ..durations import format_seconds
-from ..engines.descriptors import LOCAL_KEPT, open_files_limit, room_to_accept
+from ..engines.descriptors import open_files_limit, room_to_accept
 from ..engines.sql import Later, SqlTx
 from ..engines.sql_text import may_return_rows
 from ..errors import (
@@ -1560,13 +1560,21 @@ class Listener:
         """The listening socket is readable: accept what waits (a bounded batch, so others get their turn), while
         descriptors are left for the databases' files (see ``kept_for_files``)."""
         for _ in range(64):
-            full = room_to_accept(
-                self.core.socket_connections(),
-                len(self.core.sql.databases) if self.core.running else 0,
-                self.core.limits.readers,
-                # (a TCP or TLS listener leaves a few for the directory's own socket, the command line's)
-                0 if self.description.startswith("unix:") or not self._beside_unix() else LOCAL_KEPT,
-            )
+            kept_local = self.core.kept_local()
+            local = self.description.startswith("unix:")
+            if local and kept_local and len(self.connections) + self.accepting < kept_local:
+                # the directory's socket beside an address: its first few connections (the command line's) come
+                # in while a descriptor is left at all (accept says when none is), the others keeping those for it
+                # (trial IG, II)
+                full = None
+            else:
+                full = room_to_accept(
+                    self.core.socket_connections(),
+                    len(self.core.sql.databases) if self.core.running else 0,
+                    self.core.limits.readers,
+                    # (a TCP or TLS listener leaves a few for the directory's own socket, the command line's)
+                    0 if local else kept_local,
+                )
             if full is not None:
                 used, kept, soft = full
                 self._pause(
@@ -1603,10 +1611,6 @@ class Listener:
                 self.starting[task] = asyncio.get_running_loop().time()
                 task.add_done_callback(self._started)
                 self.crowd()
-
-    def _beside_unix(self) -> bool:
-        """Whether the server listens on the directory's socket too."""
-        return any(lst.description.startswith("unix:") for lst in self.core.listeners)
 
     def _accepted(self, task: asyncio.Task[Any]) -> None:
         self.accepting -= 1
