@@ -18,7 +18,7 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -256,6 +256,35 @@ async def test_more_clients_than_descriptors_are_served_in_turn_not_all_failed(t
         server.stop()
 
 
+@contextlib.contextmanager
+def _tcp_server(tmp_path: Path) -> Iterator[tuple[ServerProcess, str, Callable[[int], None]]]:
+    """A server with a TCP listener, its admin token, and ``limit(n)``: from then on it may open ``n`` files more
+    than it has open (its limit put back at the end, before it stops)."""
+    tokens, admin, _ = write_tokens(tmp_path)
+    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    assert server.proc is not None
+    pid = server.proc.pid
+    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+
+    def limit(more: int) -> None:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{pid}/fd")) + more, before[1]))
+
+    try:
+        yield server, admin, limit
+    finally:
+        with contextlib.suppress(OSError):
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+        server.stop()
+
+
+async def _connect_or_none(server: ServerProcess, token: str) -> tinystore.Store | None:
+    """A client of ``server``'s TCP listener, or ``None`` when it is not served within 2 s."""
+    try:
+        return await tinystore.connect(server.tcp, token=token, reconnect_timeout="2s")
+    except tinystore.UnavailableError:
+        return None
+
+
 # contract: STORE-04
 @pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit")
 async def test_a_burst_of_clients_that_stay_leaves_room_for_a_database(tmp_path: Path) -> None:
@@ -263,41 +292,27 @@ async def test_a_burst_of_clients_that_stay_leaves_room_for_a_database(tmp_path:
     accepts, each connection counted only once made), and then not one could open a database: the descriptors were
     gone. Past the connections' own share, the clients wait (here: their handshake's wait runs out, as nothing
     leaves), and those accepted are served."""
-    tokens, admin, _ = write_tokens(tmp_path)
-    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
-    assert server.proc is not None
-    pid = server.proc.pid
-    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-    stores: list[tinystore.Store] = []
-    try:
-        used = len(os.listdir(f"/proc/{pid}/fd"))
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (used + 40, before[1]))
-
-        async def connect() -> tinystore.Store | None:
-            try:
-                return await tinystore.connect(server.tcp, token=admin, reconnect_timeout="2s")
-            except tinystore.UnavailableError:
-                return None
-
-        # all 45 in the listen queue at once, taken in one batch of accepts
-        os.kill(pid, signal.SIGSTOP)
+    with _tcp_server(tmp_path) as (server, admin, limit):
+        assert server.proc is not None
+        stores: list[tinystore.Store] = []
         try:
-            burst = asyncio.gather(*(connect() for _ in range(45)))
-            await asyncio.sleep(0.5)
+            limit(40)
+            # all 45 in the listen queue at once, taken in one batch of accepts
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                burst = asyncio.gather(*(_connect_or_none(server, admin) for _ in range(45)))
+                await asyncio.sleep(0.5)
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            stores = [s for s in await burst if s is not None]
+            assert 10 <= len(stores) < 45, len(stores)
+            for i, store in enumerate(stores):
+                db = await store.database("app")
+                await db.exec("create table if not exists t (i)")
+                await db.exec("insert into t values (?)", i)
+            assert await db.scalar("select count(*) from t") == len(stores)
         finally:
-            os.kill(pid, signal.SIGCONT)
-        stores = [s for s in await burst if s is not None]
-        assert 10 <= len(stores) < 45, len(stores)
-        for i, store in enumerate(stores):
-            db = await store.database("app")
-            await db.exec("create table if not exists t (i)")
-            await db.exec("insert into t values (?)", i)
-        assert await db.scalar("select count(*) from t") == len(stores)
-    finally:
-        await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
-        with contextlib.suppress(OSError):
-            resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
-        server.stop()
+            await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
 
 
 # contract: STORE-04
@@ -308,43 +323,28 @@ async def test_remote_clients_leave_room_for_the_command_line(tmp_path: Path) ->
     for the directory's own socket."""
     from ..cli.support import run_cli
 
-    tokens, admin, _ = write_tokens(tmp_path)
-    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
-    assert server.proc is not None
-    pid = server.proc.pid
-    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-    stores: list[tinystore.Store] = []
-    try:
-        first = await tinystore.connect(server.tcp, token=admin)
-        await (await first.database("app")).exec("create table t (i)")
-        await first.close()
-        used = len(os.listdir(f"/proc/{pid}/fd"))
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (used + 80, before[1]))
-
-        async def connect() -> tinystore.Store | None:
-            try:
-                return await tinystore.connect(server.tcp, token=admin, reconnect_timeout="2s")
-            except tinystore.UnavailableError:
-                return None
-
-        stores = [s for s in await asyncio.gather(*(connect() for _ in range(90))) if s is not None]
-        assert len(stores) < 90  # (the TCP listener holds the others in its queue)
-        done = await asyncio.to_thread(run_cli, "status", str(server.directory))
-        assert done.returncode == 0, done.stderr
-        assert re.search(r"^files \d+ open of the", done.stdout, re.M), done.stdout
-        # trial II: the clients in, they open databases until none more can be: those 4 are kept all the same
-        for k in range(8):
-            try:
-                await (await stores[0].database(f"d{k}")).exec("create table if not exists t (x)")
-            except tinystore.UnavailableError:
-                break
-        done = await asyncio.to_thread(run_cli, "status", str(server.directory))
-        assert done.returncode == 0, done.stderr
-    finally:
-        await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
-        with contextlib.suppress(OSError):
-            resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
-        server.stop()
+    with _tcp_server(tmp_path) as (server, admin, limit):
+        stores: list[tinystore.Store] = []
+        try:
+            first = await tinystore.connect(server.tcp, token=admin)
+            await (await first.database("app")).exec("create table t (i)")
+            await first.close()
+            limit(80)
+            stores = [s for s in await asyncio.gather(*(_connect_or_none(server, admin) for _ in range(90))) if s]
+            assert len(stores) < 90  # (the TCP listener holds the others in its queue)
+            done = await asyncio.to_thread(run_cli, "status", str(server.directory))
+            assert done.returncode == 0, done.stderr
+            assert re.search(r"^files \d+ open of the", done.stdout, re.M), done.stdout
+            # trial II: the clients in, they open databases until none more can be: those 4 are kept all the same
+            for k in range(8):
+                try:
+                    await (await stores[0].database(f"d{k}")).exec("create table if not exists t (x)")
+                except tinystore.UnavailableError:
+                    break
+            done = await asyncio.to_thread(run_cli, "status", str(server.directory))
+            assert done.returncode == 0, done.stderr
+        finally:
+            await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
 
 
 def test_a_hello_sent_in_time_is_read_even_when_the_server_was_held_up(tmp_path: Path) -> None:
