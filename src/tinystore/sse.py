@@ -657,7 +657,12 @@ class EventSourceResponse(Response):
                     last_write = loop.time()
                     if futures:
                         _resolve(futures)
-                    if outbox.behind and outbox.size <= BACKLOG // 2 and outbox.on_drained is not None:
+                    if (
+                        outbox.behind
+                        and outbox.size <= BACKLOG // 2
+                        and outbox.on_drained is not None
+                        and recheck is None  # (else a look is due already: one chain of them)
+                    ):
                         caught_up()
                     continue
                 if outbox.ending or (task is not None and task.done()):
