@@ -220,30 +220,42 @@ def test_the_groups_json_before_the_command_and_durations_written_one_way(tmp_pa
     assert r.exit_code == 2 and "Missing command" in r.output
 
 
-def test_show_names_the_error_of_a_job_that_succeeded_after_failing(tmp_path: Path) -> None:
-    # trial FG: a job that succeeded on its second attempt showed "error │ RuntimeError: ..." and read as failed
-    d = tmp_path / "store"
+def mail_job(d: Path, handler: Any, *, retried: int = 0) -> tuple[str, list[str]]:
+    """A store in ``d`` on a test clock whose queue ``mail`` (2 attempts, backoff 1 s) runs one job with ``handler``
+    through both attempts; with ``retried``, retried by hand that many times, each run through again. Returns the
+    job's id and its state after each run through."""
 
-    async def go() -> str:
+    async def go() -> tuple[str, list[str]]:
         store = await tinystore.open(d, embedded=True, clock=datetime(2030, 1, 1, tzinfo=UTC))
         try:
             q = store.queue("mail", attempts=2, backoff=("1s", "1s"))
             job = await q.add({"to": "a@x"})
-
-            async def handler(value: Any, run: tinystore.Run) -> str:
-                if run.attempt == 1:
-                    raise RuntimeError("SMTP 421 try later")
-                return "sent"
-
-            await q.run_due(handler)
-            await store.clock.advance("2s")
-            await q.run_due(handler)
-            assert (await q.get(job)).state == "succeeded"  # type: ignore[union-attr]
-            return job
+            states: list[str] = []
+            for i in range(retried + 1):
+                if i:
+                    await q.retry(job)
+                await q.run_due(handler)
+                store.clock.advance("2s")
+                await q.run_due(handler)
+                states.append((await q.get(job)).state)  # type: ignore[union-attr]
+            return job, states
         finally:
             await store.close()
 
-    job = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_show_names_the_error_of_a_job_that_succeeded_after_failing(tmp_path: Path) -> None:
+    # trial FG: a job that succeeded on its second attempt showed "error │ RuntimeError: ..." and read as failed
+    d = tmp_path / "store"
+
+    async def handler(value: Any, run: tinystore.Run) -> str:
+        if run.attempt == 1:
+            raise RuntimeError("SMTP 421 try later")
+        return "sent"
+
+    job, states = mail_job(d, handler)
+    assert states == ["succeeded"]
     r = cli("jobs", str(d), "show", job)
     assert r.exit_code == 0, r.output
     assert not re.search(r"^│ error\b", r.output, re.M), r.output
@@ -257,26 +269,11 @@ def test_show_numbers_each_run_of_attempts_after_a_retry(tmp_path: Path) -> None
     only by their times."""
     d = tmp_path / "store"
 
-    async def go() -> str:
-        store = await tinystore.open(d, embedded=True, clock=datetime.now(UTC))
-        try:
-            q = store.queue("mail", attempts=2, backoff=("1s", "1s"))
-            job = await q.add({"to": "a@x"})
+    async def handler(value: Any, run: tinystore.Run) -> None:
+        raise ConnectionError(f"smtp refused, try {run.attempt}")
 
-            async def handler(value: Any, run: tinystore.Run) -> None:
-                raise ConnectionError(f"smtp refused, try {run.attempt}")
-
-            for _ in range(2):
-                await q.run_due(handler)
-                store.clock.advance("2s")
-                await q.run_due(handler)
-                assert (await q.get(job)).state == "dead"  # type: ignore[union-attr]
-                await q.retry(job)
-            return job
-        finally:
-            await store.close()
-
-    job = asyncio.run(go())
+    job, states = mail_job(d, handler, retried=1)
+    assert states == ["dead", "dead"]
     r = cli("jobs", str(d), "show", job)
     assert r.exit_code == 0, r.output
     rows = [line.split("│")[1:3] for line in r.output.splitlines() if "smtp refused" in line and line.count("│") == 5]
