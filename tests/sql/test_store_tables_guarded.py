@@ -47,6 +47,10 @@ async def test_clients_cannot_touch_the_store_tables(any_store: tinystore.Store)
         "create trigger tr after insert on t begin delete from _tinystore_jobs; end",
         "create trigger tr before update of a on t begin update _tinystore_jobs set key = 'x'; end",
         'create trigger "t r" after delete on t when 1 begin insert into "_TinyStore_jobs" (id) values (1); end',
+        # trial IK: SQLite fires "update of rowid" (oid, _rowid_) for an update that sets the rowid by that name
+        "create trigger tr after update of rowid on t begin delete from _tinystore_jobs; end",
+        "create trigger tr after update of OID on t begin delete from _tinystore_jobs; end",
+        "create trigger tr after update of _rowid_ on t begin delete from _tinystore_jobs; end",
     ):
         for attempt in ("exec", "tx"):
             with pytest.raises(InvalidError, match=r"trigger .* is refused.*_tinystore_jobs belongs to the store"):
@@ -69,6 +73,9 @@ async def test_clients_cannot_touch_the_store_tables(any_store: tinystore.Store)
     await db.exec(
         "create trigger tr after insert on t begin select count(*) from _tinystore_jobs; end"  # (reads: made)
     )
+    # (a table without a rowid has none to set: its reading trigger is made too)
+    await db.exec("create table wr (a primary key) without rowid")
+    await db.exec("create trigger twr after update on wr begin select count(*) from _tinystore_jobs; end")
     await db.exec("insert into t values (1)")
     # trial IG: with one trigger of t naming a store's table, the statements the check prepared were found in
     # sqlite3's cache, not prepared again: a second trigger that writes one was made

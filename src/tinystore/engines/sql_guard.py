@@ -523,17 +523,20 @@ def _check_trigger(db: str, conn: sqlite3.Connection, trigger: str, table: str) 
     writes one. SQLite looks into a trigger's body only when a statement that fires it is prepared (its authorizer
     is asked then, of the trigger's statements): a trigger that wrote ``_tinystore_jobs`` was made, and every later
     write of its table refused (trial IF). The statements that could fire it (an insert, an update of every column,
-    a delete) are prepared here, not run (``EXPLAIN``), as the client: the authorizer judges its body, and the
-    triggers it fires in turn, as it would when they fire. Each text is new (numbered): a statement sqlite3 kept
-    prepared is not prepared again, nor its triggers judged (trial IG). One that cannot be prepared for another
-    reason than a view's (a table its body names that does not exist yet, ``_tinystore_jobs`` before the first queue
-    of the database, trial IG) cannot be judged: refused too."""
+    one of the rowid by each of its names, a delete) are prepared here, not run (``EXPLAIN``), as the client: the
+    authorizer judges its body, and the triggers it fires in turn, as it would when they fire. Each text is new
+    (numbered): a statement sqlite3 kept prepared is not prepared again, nor its triggers judged (trial IG). One that
+    cannot be prepared for another reason than a view's (a table its body names that does not exist yet,
+    ``_tinystore_jobs`` before the first queue of the database, trial IG) cannot be judged: refused too."""
     columns = [
         _quote(str(r[1])) for r in conn.execute(f"select * from pragma_table_xinfo({_quote_text(table)})") if r[6] == 0
     ]
     firing = [f"insert into {_quote(table)} default values", f"delete from {_quote(table)}"]
     if columns:
         firing.append(f"update {_quote(table)} set " + ", ".join(f"{c} = {c}" for c in columns))
+    # (an "update of rowid" trigger fires when an update sets rowid by that name, SQLite comparing the names as
+    # written: trial IK. A table without a rowid, or a view, has none to set: "no such column" is passed over)
+    firing.append(f"update {_quote(table)} set rowid = rowid, oid = oid, _rowid_ = _rowid_")
     for sql in firing:
         denial.why = None
         try:
@@ -546,11 +549,13 @@ def _check_trigger(db: str, conn: sqlite3.Connection, trigger: str, table: str) 
                     f"database {db}: trigger {trigger} of {table} is refused: its statements would be refused as it "
                     f"fires: {why}"
                 ) from None
-            if str(exc) != f"cannot modify {table} {_NOT_FIRING}":
+            if str(exc) != f"cannot modify {table} {_NOT_FIRING}" and not (
+                "rowid = rowid" in sql and str(exc) == "no such column: rowid"
+            ):
                 raise InvalidError(
-                    f"database {db}: trigger {trigger} of {table} is refused: it names a table of the store "
-                    f"({OWN_PREFIX}...), which a trigger may read but never write, and it cannot be judged now "
-                    f"({exc}): make what it names first"
+                    f"database {db}: trigger {trigger} of {table} is refused: its text holds the name of the "
+                    f"store's tables ({OWN_PREFIX}..., which a trigger may read but never write), and whether it "
+                    f"writes one cannot be judged now ({exc}): make what it names first"
                 ) from None
 
 
