@@ -55,7 +55,14 @@ if TYPE_CHECKING:
     from .channels import Channel
     from .jobs import Queue, QueueOptions
     from .locks import Lock, Semaphore
-from .transport import CLOSE_WRITES_WAIT, LocalTransport, RemoteTransport, Transport, another_store
+from .transport import (
+    CLOSE_WRITES_WAIT,
+    RECONNECT_TIMEOUT,
+    LocalTransport,
+    RemoteTransport,
+    Transport,
+    another_store,
+)
 
 T = TypeVar("T")
 Durability = Literal["full", "os"]
@@ -637,16 +644,14 @@ async def open(
             if held is not None:
                 raise held
             paths.server_dir(path)  # what the child would fail on: fail here, with the reason
-            store = await _open_private(path, durability, clock, limits)
+            store = await _open_private(path, durability, clock, limits, reconnect_timeout)
         else:
             unserved = unserved_here(path)
             if unserved is not None:
                 raise unserved
-            store = await _open_sidecar(path, durability, limits, idle_s)
+            store = await _open_sidecar(path, durability, limits, idle_s, reconnect_timeout)
     except PermissionError as exc:
         raise _permission_denied(path, exc) from None
-    if reconnect_timeout is not None:
-        store.transport.reconnect_timeout = reconnect_timeout  # type: ignore[attr-defined]
     return store
 
 
@@ -737,7 +742,9 @@ def _watch_child(store: Store, child: subprocess.Popen[bytes]) -> None:
     threading.Thread(target=watch, daemon=True, name="tinystore-private-watch").start()
 
 
-async def _open_private(path: Path, durability: str, clock: datetime | None, limits: Limits | None) -> Store:
+async def _open_private(
+    path: Path, durability: str, clock: datetime | None, limits: Limits | None, reconnect_timeout: float | None
+) -> Store:
     cmd = _server_cmd(
         path, "--private", "--parent-pid", str(os.getpid()), "--durability", durability, *_limits_args(limits)
     )
@@ -746,7 +753,12 @@ async def _open_private(path: Path, durability: str, clock: datetime | None, lim
     mono0 = time.monotonic()
     child = await _spawn_private(cmd)
     sock = paths.socket_path(path)
-    transport = RemoteTransport(lambda: _unix_endpoint(sock), description=f"private:{path}", where=str(path))
+    transport = RemoteTransport(
+        lambda: _unix_endpoint(sock),
+        description=f"private:{path}",
+        where=str(path),
+        reconnect_timeout=RECONNECT_TIMEOUT if reconnect_timeout is None else reconnect_timeout,
+    )
     try:
         await transport.connect()
     except BaseException:
@@ -825,7 +837,9 @@ QUICK_FAILURE = 2.0
 """Seconds: a connection to a sidecar that failed sooner was a race with its exit, and is tried again."""
 
 
-async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle: float) -> Store:
+async def _open_sidecar(
+    path: Path, durability: str, limits: Limits | None, idle: float, reconnect_timeout: float | None
+) -> Store:
     extra = ["--sidecar", "--idle", format_seconds(idle), "--durability", durability, *_limits_args(limits)]
     served = _ServedBy()
 
@@ -852,7 +866,15 @@ async def _open_sidecar(path: Path, durability: str, limits: Limits | None, idle
     async def connected(welcome: Welcome) -> None:
         await served.learn(path, welcome)
 
-    transport = RemoteTransport(endpoint, description=str(path), where=str(path), on_connected=connected)
+    # (the call's reconnect_timeout from the first connection on: the first handshake, a crowd waited out, were
+    # given the default's, 15 s, to a client that had asked for 1: trial IK)
+    transport = RemoteTransport(
+        endpoint,
+        description=str(path),
+        where=str(path),
+        on_connected=connected,
+        reconnect_timeout=RECONNECT_TIMEOUT if reconnect_timeout is None else reconnect_timeout,
+    )
     loop = asyncio.get_running_loop()
     for attempt in range(5):
         served.found = False

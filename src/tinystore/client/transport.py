@@ -537,6 +537,8 @@ def another_store(where: str | os.PathLike[str], found: str, used: str) -> Unava
 _DECODERS: dict[Any, Callable[[bytes], Any]] = {}
 
 
+RECONNECT_TIMEOUT = 30.0
+"""Seconds a call waits for its server to come back, unless the store was opened with another ``reconnect_timeout``."""
 HANDSHAKE_WAIT = 15.0
 """Seconds a connection waits for the server's answer to its handshake before it gives up (``UnavailableError``:
 a server stopped or stuck); less when the client's ``reconnect_timeout`` is (2 s at the least)."""
@@ -1034,7 +1036,7 @@ class RemoteTransport(Transport):
         token: str = "",
         name: str = "",
         description: str = "",
-        reconnect_timeout: float = 30.0,
+        reconnect_timeout: float = RECONNECT_TIMEOUT,
         where: str = "",
         on_connected: ConnectedHook | None = None,
         keepalive_idle: float = 15.0,
