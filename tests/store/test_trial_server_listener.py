@@ -415,3 +415,48 @@ async def test_peers_that_crowd_the_handshake_cannot_keep_a_client_out(tmp_path:
         for sock in silent:
             sock.close()
         server.stop()
+
+
+# contract: STORE-04
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit")
+async def test_read_only_transactions_leave_descriptors_for_the_other_clients_reads(tmp_path: Path) -> None:
+    """Trial IK: each read-only transaction holds a connection of its own (two files); 150 of them at once, in a
+    server limited to 128 files, took every descriptor, and reads of other clients failed "unable to open database
+    file ... out of file descriptors". A read-only transaction with no room left for it is refused (naming why),
+    and the other clients' reads are served."""
+    with _tcp_server(tmp_path) as (server, admin, limit):
+        a = await tinystore.connect(server.tcp, token=admin)
+        b = await tinystore.connect(server.tcp, token=admin)
+        try:
+            db_a = await a.database("app")
+            await db_a.exec("create table t (i)")
+            await db_a.exec("insert into t values (1)")
+            db_b = await b.database("app")
+            limit(40)
+
+            async def hold(tx: tinystore.SqlTx) -> int:
+                n = await tx.scalar("select count(*) from t")
+                await asyncio.sleep(0.5)
+                return int(n)
+
+            async def reads() -> list[object]:
+                got = []
+                for _ in range(40):
+                    got.append(await db_b.scalar("select count(*) from t"))
+                    await asyncio.sleep(0.01)
+                return got
+
+            txs = asyncio.gather(*(db_a.tx(hold, read_only=True) for _ in range(60)), return_exceptions=True)
+            assert await reads() == [1] * 40
+            results = await txs
+            refused = [r for r in results if isinstance(r, Exception)]
+            assert all(isinstance(r, tinystore.UnavailableError) for r in refused), refused[:3]
+            assert all("read-only transaction was not begun" in str(r) for r in refused), refused[:3]
+            assert 0 < len(refused) < 60 and results.count(1) == 60 - len(refused)
+            # the descriptors are there for later clients
+            c = await tinystore.connect(server.tcp, token=admin)
+            assert await (await c.database("app")).scalar("select count(*) from t") == 1
+            await c.close()
+        finally:
+            await a.close()
+            await b.close()

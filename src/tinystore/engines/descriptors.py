@@ -42,13 +42,25 @@ def reserve(soft: int) -> int:
     return min(256, max(16, soft // 8))
 
 
-def check_room(name: str, need: int, coming: int = 0, connections: int = 0, spare: int = 0) -> None:
+def check_room(
+    name: str,
+    need: int,
+    coming: int = 0,
+    connections: int = 0,
+    spare: int = 0,
+    *,
+    what: str = "not opened",
+    takes: str = "a database takes about {need}",
+    advice: str = "open fewer databases",
+) -> None:
     """Raise ``UnavailableError`` when opening database ``name``, which takes about ``need`` descriptors, would
     leave too few of this process's limit (``RLIMIT_NOFILE``, its soft value) free for the connections: the
     :func:`reserve`, less the ``connections`` already accepted (each holds its descriptor). ``coming``:
     descriptors not open yet that are already spoken for (databases opening beside it, files the open ones open
     on their first reads: trial CO). ``spare``: descriptors kept besides (:data:`LOCAL_KEPT`, for the directory's
-    socket beside a TCP listener: trial II, remote clients that opened databases took them)."""
+    socket beside a TCP listener: trial II, remote clients that opened databases took them). ``what``, ``takes``
+    (formatted with ``need``) and ``advice`` word the error for another use than a database's open (a read-only
+    transaction's connection: trial IK)."""
     soft = open_files_limit()
     if soft == resource.RLIM_INFINITY or soft <= 0:
         return
@@ -61,10 +73,9 @@ def check_room(name: str, need: int, coming: int = 0, connections: int = 0, spar
     used += coming
     if used + need + kept > soft:
         raise UnavailableError(
-            f"database {name}: not opened: this process may open {soft} files and has {used} open or spoken for; "
-            f"a database takes about {need}, and {kept} are kept for connections (a server that used them all "
-            "could accept none): raise `ulimit -n` (a server takes the hard limit when it starts), or open fewer "
-            "databases"
+            f"database {name}: {what}: this process may open {soft} files and has {used} open or spoken for; "
+            f"{takes.format(need=need)}, and {kept} are kept for connections (a server that used them all could "
+            f"accept none): raise `ulimit -n` (a server takes the hard limit when it starts), or {advice}"
         )
 
 

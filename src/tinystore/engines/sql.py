@@ -124,6 +124,8 @@ _STORAGE_CODES = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READ
 LAZY_FILES = 2
 """Files an open database may still open (its connections' WAL, at their first reads): spoken for when another
 database opens (see :func:`check_room`)."""
+TX_FILES = 2
+"""The descriptors a read-only transaction's own connection opens (its database file and its WAL)."""
 STALL_SLACK = 0.1
 """Seconds a transaction's thread may wake past its idle wait before the wait is taken as the server's own stall
 (the process stopped or starved), not the client's idleness: the idle wait then starts again."""
@@ -1303,6 +1305,22 @@ class SqlDatabase:
                     )
                 )
                 return fut
+            with self._spare_lock:
+                spare = bool(self._spare)
+            if not spare:
+                # (its own connection, two files: 150 read-only transactions of a server limited to 128 files took
+                # every descriptor, and the reads of other clients failed "out of file descriptors": trial IK)
+                try:
+                    self.engine.check_descriptors(
+                        self.name,
+                        TX_FILES,
+                        what="the read-only transaction was not begun",
+                        takes="each holds a connection of its own (about {need})",
+                        advice="end one, or read outside a transaction",
+                    )
+                except TinystoreError as exc:
+                    fut.set_exception(exc)
+                    return fut
         tx = SqlTx(self.engine.next_tx_id(), self, read_only, owner, migration=migration)
         self.engine.transactions[tx.id] = tx
         if read_only:
@@ -2408,6 +2426,23 @@ class SqlEngine:
         self.closed = False
         self.stopping = False  # see stop_transactions
 
+    def _db_files(self) -> int:
+        """The descriptors a database's open takes: its writer's, its readers' and the loop's connections, about 2
+        files each (some opened at its first read), and one more."""
+        return 2 * (self.limits.readers + 2) + 1
+
+    def check_descriptors(self, name: str, need: int, **words: str) -> None:
+        """:func:`check_room` for ``need`` more descriptors of database ``name``: the databases opening beside it,
+        and the files the open ones open at their first reads, count as spoken for (``words``: its error's)."""
+        check_room(
+            name,
+            need,
+            self._db_files() * self._starting + LAZY_FILES * len(self.databases),
+            self.connections(),
+            self.kept_local(),
+            **words,
+        )
+
     def stop_transactions(self) -> None:
         """The store is stopping: roll back the clients' transactions now (those with an owner; the store's own
         are part of a call under way, which may finish), and refuse the clients' new ones. A statement running
@@ -2492,14 +2527,7 @@ class SqlEngine:
                     await self._room_for(name, room_by)
                 # (its connections: the writer, the readers, the loop's own for short reads; about 2 files each,
                 # some opened at the first read; those opening beside it count whole)
-                need = 2 * (self.limits.readers + 2) + 1
-                check_room(
-                    name,
-                    need,
-                    need * self._starting + LAZY_FILES * len(self.databases),
-                    self.connections(),
-                    self.kept_local(),
-                )
+                self.check_descriptors(name, self._db_files())
                 path = self.directory / f"{name}.db"
                 existed = path.exists()
                 if not existed and not create:
