@@ -257,11 +257,12 @@ async def test_more_clients_than_descriptors_are_served_in_turn_not_all_failed(t
 
 
 @contextlib.contextmanager
-def _tcp_server(tmp_path: Path) -> Iterator[tuple[ServerProcess, str, Callable[[int], None]]]:
-    """A server with a TCP listener, its admin token, and ``limit(n)``: from then on it may open ``n`` files more
-    than it has open (its limit put back at the end, before it stops)."""
+def _tcp_server(tmp_path: Path, tcp: bool = True) -> Iterator[tuple[ServerProcess, str, Callable[[int], None]]]:
+    """A server with a TCP listener (unless not ``tcp``), its admin token, and ``limit(n)``: from then on it may
+    open ``n`` files more than it has open (its limit put back at the end, before it stops)."""
     tokens, admin, _ = write_tokens(tmp_path)
-    server = ServerProcess(tmp_path / "store", "--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)).start()
+    args = ["--listen", "tcp://127.0.0.1:0", "--tokens", str(tokens)] if tcp else []
+    server = ServerProcess(tmp_path / "store", *args).start()
     assert server.proc is not None
     pid = server.proc.pid
     before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
@@ -460,3 +461,44 @@ async def test_read_only_transactions_leave_descriptors_for_the_other_clients_re
         finally:
             await a.close()
             await b.close()
+
+
+# contract: STORE-04
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit")
+@pytest.mark.parametrize("tcp", [True, False], ids=["beside-tcp", "unix-only"])
+async def test_clients_of_the_directorys_socket_leave_room_for_the_command_line(tmp_path: Path, tcp: bool) -> None:
+    """Trial IK: the descriptors kept for the command line went to any connection of the directory's socket, and
+    SDK clients waiting there (`open(DIR)`) took them: `tinystore status` said the server did not answer, and
+    `stop` (with no TCP listener) called it suspended and stopped nothing. Those kept are for the command line
+    alone now (a client let in on one is told to try again, as one crowded out), and `stop` signals a server that
+    runs and does not answer."""
+    from ..cli.support import run_cli
+
+    with _tcp_server(tmp_path, tcp) as (server, _admin, limit):
+        d = server.directory
+        stores: list[tinystore.Store] = []
+
+        async def client() -> None:
+            try:
+                store = await tinystore.open(d, reconnect_timeout="6s")
+            except tinystore.UnavailableError:
+                return
+            stores.append(store)
+
+        first = await tinystore.open(d)
+        await (await first.database("app")).exec("create table t (i)")
+        await first.close()
+        limit(40)
+        burst = asyncio.gather(*(client() for _ in range(50)))
+        try:
+            await asyncio.sleep(1.5)
+            assert len(stores) < 50  # (the others wait, trying again)
+            done = await asyncio.to_thread(run_cli, "status", str(d))
+            assert done.returncode == 0, done.stderr + (d / "serve.log").read_text()[-3000:]
+            assert re.search(r"^files \d+ open of the", done.stdout, re.M), done.stdout
+            done = await asyncio.to_thread(run_cli, "stop", str(d))
+            assert done.returncode == 0, done.stderr
+            assert server.proc is not None and server.proc.wait(10) == 0
+        finally:
+            await burst
+            await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)

@@ -583,6 +583,7 @@ async def _connect_dir(directory: Path) -> Any:
     """Connect to the directory's running server (never starts one)."""
     from ..client.store import Store
     from ..client.transport import HANDSHAKE_WAIT, RemoteTransport
+    from ..protocol.messages import COMMAND_LINE
     from ..server import paths
 
     sock = paths.served_socket(directory.resolve())
@@ -592,7 +593,12 @@ async def _connect_dir(directory: Path) -> Any:
 
     # (the handshake's own wait outlasts ANSWER_TIMEOUT: a server that does not answer is told as one, below)
     transport = RemoteTransport(
-        endpoint, description=str(directory), reconnect_timeout=2.0, handshake_wait=HANDSHAKE_WAIT
+        endpoint,
+        # (named so: a server out of descriptors lets it in on those it keeps for the command line)
+        name=f"{COMMAND_LINE}, pid {os.getpid()}",
+        description=str(directory),
+        reconnect_timeout=2.0,
+        handshake_wait=HANDSHAKE_WAIT,
     )
     try:
         async with asyncio.timeout(ANSWER_TIMEOUT):
@@ -796,13 +802,20 @@ def stop(directory: Path, grace: str) -> None:
                 else:
                     raise
             elif sock is None and not isinstance(exc, Busy):
-                if isinstance(exc, NoAnswer):
+                if not isinstance(exc, NoAnswer):
+                    raise
+                if _suspended(pid):
                     # (trial IA: after a SIGCONT the server ran on; it was not clear that the stop had not been asked)
                     raise NoAnswer(
                         f"{exc.message}; nothing was stopped (a suspended server: `kill -CONT {pid}`, then stop it "
                         "again)"
                     ) from None
-                raise
+                # (one that runs and does not answer, busy or out of descriptors, is stopped by SIGTERM: trial IK,
+                # it was said to be suspended, and left running)
+                exc = NoAnswer(
+                    f"the server of {directory} (pid {pid}) does not answer (busy, stuck, or out of descriptors: "
+                    "see its log)"
+                )
             if info.get("mode") == "embedded":
                 # the program's own store: a signal would end the program, not a server (docs/serving.md)
                 what = "takes no connection" if sock is None else f"lost its socket {sock}"

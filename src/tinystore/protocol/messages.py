@@ -23,6 +23,11 @@ class Hello(msgspec.Struct, kw_only=True):
     connection: int = 0
 
 
+COMMAND_LINE = "tinystore command line"
+"""How the command line names itself in its ``Hello.client`` (followed by its pid): a server whose descriptors are
+all in use keeps its last few for it (see ``Listener``: ``status`` and ``stop`` get in past clients waiting)."""
+
+
 class Welcome(msgspec.Struct, kw_only=True):
     """Server → client: accepted. ``epoch`` changes at each server start (ms)."""
 

@@ -281,11 +281,10 @@ class Core:
         return task
 
     def kept_local(self) -> int:
-        """Descriptors kept for connections to the directory's own socket (the command line's ``status`` and
-        ``stop``): :data:`LOCAL_KEPT` when the server listens at an address too, else none."""
-        unix = any(lst.description.startswith("unix:") for lst in self.listeners)
-        remote = any(not lst.description.startswith("unix:") for lst in self.listeners)
-        return LOCAL_KEPT if unix and remote else 0
+        """Descriptors kept for the command line's connections to the directory's own socket (``status`` and
+        ``stop``): :data:`LOCAL_KEPT` when the server listens on it (trial IK: clients of that socket too took them
+        all, beside a TCP listener or not), else none."""
+        return LOCAL_KEPT if any(lst.description.startswith("unix:") for lst in self.listeners) else 0
 
     def socket_connections(self) -> int:
         """The connections this server's listeners hold or are making (each holds a descriptor)."""

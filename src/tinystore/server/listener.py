@@ -52,6 +52,7 @@ from ..errors import (
 from ..protocol import frames
 from ..protocol.frames import TOKEN_MAX, Kind
 from ..protocol.messages import (
+    COMMAND_LINE,
     ErrorBody,
     GoAway,
     Hello,
@@ -289,8 +290,12 @@ class _Line:
 class ServerConnection(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(self, listener: Listener, accepted: float = 0.0, task: asyncio.Task[Any] | None = None) -> None:
+    def __init__(
+        self, listener: Listener, accepted: float = 0.0, task: asyncio.Task[Any] | None = None, kept: bool = False
+    ) -> None:
         self.listener = listener
+        # accepted on a descriptor kept for the command line (see Listener._accept): let in only if it is one
+        self.kept = kept
         self.accepted = accepted  # when the socket was accepted (loop time): the oldest is crowded out first
         self.task = task  # what made the connection (its TLS handshake): done with once the connection is made
         self.heard = False  # whether any byte came yet
@@ -550,6 +555,9 @@ class ServerConnection(asyncio.Protocol):
             self.deadline = None
         self.listener.handshaking.pop(self, None)
         self.listener.connections.discard(self)
+        if self.kept:
+            self.kept = False
+            self.listener.kept_freed()
         self.budget.forget(self)
         self.listener.touch()
         tasks, self.tasks = self.tasks, {}
@@ -637,6 +645,16 @@ class ServerConnection(asyncio.Protocol):
                 "unavailable",
                 f"protocol version {hello.version} is not served here (this server speaks "
                 f"{frames.PROTOCOL_VERSION}, tinystore {__version__})",
+            )
+            return
+        if self.kept and not hello.client.startswith(COMMAND_LINE):
+            # (a client past the descriptors a server gives connections, on one it keeps for the command line: it
+            # tries again with backoff, as a client crowded out does, and `tinystore status` and `stop` get in past
+            # the clients that wait: trial IK, unix clients took those kept beside a TCP listener)
+            self.refuse(
+                UnavailableError.code,
+                "the server's descriptors are all in use (its last few are kept for the command line)",
+                crowded=True,
             )
             return
         capability = "admin"
@@ -1465,6 +1483,7 @@ class Listener:
         # plain connections accepted whose protocol is not made yet (a loop turn or two): counted as connections
         # by the descriptors' rule (see room_to_accept), or a burst of 64 passed it in one batch (trial IE)
         self.accepting = 0
+        self.kept_accepting = 0  # of those, accepted on the descriptors kept for the command line (see _accept)
         self.handshaking: dict[ServerConnection, None] = {}  # waiting for their handshake, oldest first
         self.max_handshaking = MAX_HANDSHAKING
         # connections in their TLS handshake → when accepted (loop time), oldest first; they count against
@@ -1562,23 +1581,24 @@ class Listener:
         for _ in range(64):
             kept_local = self.core.kept_local()
             local = self.description.startswith("unix:")
-            if local and kept_local and len(self.connections) + self.accepting < kept_local:
-                # the directory's socket beside an address: its first few connections (the command line's) come
-                # in while a descriptor is left at all (accept says when none is), the others keeping those for it
-                # (trial IG, II)
-                full = None
-            else:
-                full = room_to_accept(
-                    self.core.socket_connections(),
-                    len(self.core.sql.databases) if self.core.running else 0,
-                    self.core.limits.readers,
-                    # (a TCP or TLS listener leaves a few for the directory's own socket, the command line's)
-                    0 if local else kept_local,
-                )
+            full = room_to_accept(
+                self.core.socket_connections(),
+                len(self.core.sql.databases) if self.core.running else 0,
+                self.core.limits.readers,
+                # (a TCP or TLS listener leaves a few for the directory's own socket, the command line's)
+                0 if local else kept_local,
+            )
+            kept = False
+            if full is not None and local and self.kept_accepting + self.kept_connections() < kept_local:
+                # the directory's socket: past the room for connections, a few more come in while a descriptor is
+                # left at all (accept says when none is), each let in only if it is the command line (its HELLO
+                # says: see ServerConnection.on_hello), so that `status` and `stop` get in past clients that wait
+                # (trials IG, II, IK)
+                full, kept = None, True
             if full is not None:
-                used, kept, soft = full
+                used, for_files, soft = full
                 self._pause(
-                    f"{used} of the {soft} files this process may open are open, and {kept} are kept for the "
+                    f"{used} of the {soft} files this process may open are open, and {for_files} are kept for the "
                     "databases' files"
                 )
                 return
@@ -1601,7 +1621,10 @@ class Listener:
             except OSError:
                 conn.close()
                 continue
-            task = asyncio.ensure_future(self._connect(conn, addr))
+            task = asyncio.ensure_future(self._connect(conn, addr, kept))
+            if kept:
+                self.kept_accepting += 1
+                task.add_done_callback(self._kept_accepted)
             if self.ssl_context is None:
                 self.accepting += 1
                 task.add_done_callback(self._accepted)
@@ -1615,18 +1638,34 @@ class Listener:
     def _accepted(self, task: asyncio.Task[Any]) -> None:
         self.accepting -= 1
 
+    def _kept_accepted(self, task: asyncio.Task[Any]) -> None:
+        self.kept_accepting -= 1
+        self.kept_freed()  # (its connection may have ended already: a client's refused at its HELLO)
+
+    def kept_freed(self) -> None:
+        """A connection let in on a descriptor kept for the command line ended: accept again at once, when paused
+        (one kept descriptor is taken and given back within a handshake; the pause's half second between them left
+        the command line behind a queue of clients tried again: trial IK)."""
+        if self._resume is not None and not self.closed:
+            self._resume.cancel()
+            self._unpause()
+
+    def kept_connections(self) -> int:
+        """The connections let in on the descriptors kept for the command line, and not ended yet."""
+        return sum(1 for c in self.connections if c.kept)
+
     def _started(self, task: asyncio.Task[Any]) -> None:
         self.starting.pop(task, None)
         self.dropped.discard(task)
 
-    async def _connect(self, conn: socket.socket, addr: Any = None) -> None:
+    async def _connect(self, conn: socket.socket, addr: Any = None, kept: bool = False) -> None:
         loop = asyncio.get_running_loop()
         accepted = loop.time()
 
         protocols: list[ServerConnection] = []
 
         def made() -> ServerConnection:
-            protocols.append(ServerConnection(self, accepted, asyncio.current_task()))
+            protocols.append(ServerConnection(self, accepted, asyncio.current_task(), kept))
             return protocols[0]
 
         try:
