@@ -207,6 +207,42 @@ async def test_an_attempt_whose_handler_could_not_start_within_its_lease_is_not_
 
 
 # contract: JOB-08
+async def test_a_handler_woken_past_its_lease_sends_nothing_more(tmp_path: Path) -> None:
+    """Trial IL: a worker paused (SIGSTOP) past an attempt's lease woke with its handler's timer and its renewal due
+    in one loop turn; the handler's write went out first, after another worker had run the job (an email sent
+    twice). A loop blocked past the lease stands for the pause here: the handler's write is not sent (LostError),
+    and the job runs again, its second attempt's write alone applied."""
+    import time
+
+    async with open_store("private", tmp_path / "store") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table sent (attempt integer)")])
+        # (held 3.4 s: past the 3 s after which this worker gives a 4 s lease up, short of the store's 4 s, which
+        # would tell the worker first, its word read before the loop's timers)
+        q = store.queue("mail", lease="4s", attempts=3, backoff=("100ms", "100ms"))
+        jid = await q.add(1)
+        raised: list[BaseException] = []
+
+        async def handler(value: int, run: tinystore.Run) -> None:
+            if run.attempt == 1:
+                asyncio.get_running_loop().call_later(0.1, time.sleep, 3.4)  # (the whole loop held: a pause)
+                await asyncio.sleep(0.3)  # (its timer due before the worker's renewal as the loop runs again)
+            try:
+                await db.exec("insert into sent values (?)", run.attempt)
+            except tinystore.LostError as exc:
+                raised.append(exc)
+                raise
+
+        worker = q.work(handler)
+        try:
+            job = await wait_state(q, jid, "succeeded", timeout=20)
+        finally:
+            await worker.stop()
+        assert await db.all("select attempt from sent") == [{"attempt": 2}]
+        assert len(raised) == 1 and "past its lease" in str(raised[0]) and "sql.exec was not sent" in str(raised[0])
+        assert job.attempts == 2 and [e.error for e in job.errors] == ["worker lost"]
+
+
+# contract: JOB-08
 async def test_a_handler_that_keeps_renewing_is_never_taken(served: tuple[Path, tinystore.Store]) -> None:
     d, store = served
     q = store.queue("long", attempts=3, lease="1s", timeout="1m")

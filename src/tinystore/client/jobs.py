@@ -96,6 +96,7 @@ from ..protocol.jobs import JobState as JobState  # (public: tinystore.JobState)
 from ..protocol.jobs import List as ListRequest
 from ..protocol.store import Empty
 from ..protocol.values import json_problem, plain_int, shown, valid_text
+from . import attempt_guard
 from .sql import in_open_tx
 
 if TYPE_CHECKING:
@@ -730,6 +731,34 @@ class _Runner:
         if not self.attempts:
             self.idle.set()
 
+    def _guard(self, a: _Attempt, method: str) -> None:
+        """Before a call of attempt ``a``'s handler is sent (see :mod:`.attempt_guard`): raise ``LostError``, and
+        stop the handler, once this worker counts ``a`` past its lease (its renewal had not come through: its
+        process was paused, or its event loop blocked). The store may have ended the attempt and another worker run
+        the job: what the handler would send now came after that (trial IL: its write went out first, as the
+        process woke, before its worker's renewal looked at the lease). Nothing once its handler has ended."""
+        if a.reporting:
+            return
+        if a.why != "lost":
+            transport = self.queue.store.transport
+            if time.monotonic() <= _lease_end(a, getattr(transport, "server_stopped_at", None)):
+                return
+            log.warning(
+                "queue %s: job %s: attempt %d is past its lease, not renewed for %.1fs (was this process paused, or "
+                "its event loop blocked?): its handler is stopped, and %s was not sent",
+                self.queue.name,
+                a.claimed.id,
+                a.claimed.attempt,
+                time.monotonic() - a.renewed_at,
+                method,
+            )
+            a.stop("lost")
+        raise LostError(
+            f"queue {self.queue.name}: job {a.claimed.id}: attempt {a.claimed.attempt} is past its lease (its "
+            f"worker could not renew it in time: was this process paused, or its event loop blocked?): {method} "
+            "was not sent; the store ends the attempt, and another worker may run the job"
+        )
+
     async def _renew_loop(self) -> None:
         """Renew the running attempts, all in one call, when the first of them is a third of its lease past its
         last renewal. An attempt started meanwhile wakes the loop: its lease may be shorter than those it slept for
@@ -914,11 +943,18 @@ class _Runner:
         timer: asyncio.TimerHandle | Timer = (
             loop.call_at(deadline, a.time_out) if clock is None else clock.call_at(deadline, a.time_out)
         )
+        guarded = (
+            None if self.queue.store.transport.local else attempt_guard.CURRENT.set(functools.partial(self._guard, a))
+        )
         try:
             try:
-                result = self.handler(value, run)
-                if inspect.isawaitable(result):
-                    result = await result
+                try:
+                    result = self.handler(value, run)
+                    if inspect.isawaitable(result):
+                        result = await result
+                finally:
+                    if guarded is not None:
+                        attempt_guard.CURRENT.reset(guarded)
             except asyncio.CancelledError:
                 if not a.expired:
                     raise

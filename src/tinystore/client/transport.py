@@ -52,6 +52,7 @@ from ..protocol.locks import ACQUIRE, RELEASE, RENEW
 from ..protocol.messages import ErrorBody, GoAway, Hello, Welcome, decode, decoder_for, encode, encode_answer
 from ..protocol.store import Empty
 from ..server.paths import check_socket_dir
+from . import attempt_guard
 from .sql import _TxMark, open_tx_mark
 from .turns import pass_turn
 from .unsendable import surrogate_named, unsendable
@@ -1488,6 +1489,9 @@ class RemoteTransport(Transport):
     ) -> Any:
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
+        guard = attempt_guard.CURRENT.get()
+        if guard is not None:
+            guard(method)  # (a job's handler: nothing goes out once its attempt is past its lease)
         began = time.monotonic()
         first = self._first
         if first is not None:
