@@ -183,3 +183,26 @@ async def test_an_embedded_close_keeps_to_its_bound_with_a_long_write_under_way(
     outcome = await asyncio.gather(write, return_exceptions=True)
     assert took < 4, (took, outcome)
     assert isinstance(outcome[0], tinystore.ClosedError), outcome
+
+
+# contract: STORE-05
+async def test_an_embedded_close_ends_a_read_at_once_while_it_waits_for_a_long_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial IK: alone, a read under way ended at once as its embedded store closed; beside a long write, it ran
+    on for the close's whole wait for the writes (10 s) and only then ended. Reads end first now."""
+    from tinystore.client import store as store_module
+
+    monkeypatch.setattr(store_module, "CLOSE_WRITES_WAIT", 3.0)  # (10 s)
+    store = await tinystore.open(tmp_path / "s", embedded=True, limits=tinystore.Limits(statement_timeout=120))
+    db = await store.database("app", migrations=[("001.sql", "create table t (k)")])
+    ended: list[float] = []
+    read = asyncio.ensure_future(db.scalar(LONG))
+    read.add_done_callback(lambda _: ended.append(time.monotonic()))
+    write = asyncio.ensure_future(db.exec(f"insert into t (k) {LONG}"))
+    await asyncio.sleep(0.3)
+    began = time.monotonic()
+    await store.close()
+    outcome = await asyncio.gather(read, write, return_exceptions=True)
+    assert isinstance(outcome[0], tinystore.ClosedError), outcome
+    assert ended[0] - began < 1.5, (ended[0] - began, outcome)

@@ -509,18 +509,20 @@ class LocalTransport(Transport):
         return self.core.sql.databases.get(name)
 
     async def close(self) -> None:
-        """Refuse new calls; wait for the writes under way (:data:`WAITED_AT_CLOSE`) up to the close's bound
-        (``close_left``), as a socket's close waits for the answers of the writes it sent; then end the session
+        """Refuse new calls; end the reads under way (``ClosedError``); wait for the writes under way
+        (:data:`WAITED_AT_CLOSE`) up to the close's bound (``close_left``), as a socket's close waits for the
+        answers of the writes it sent; then end the session
         (what still runs of it is stopped with the engines). A cancel leaves the session open to the engines'
         stop."""
         if not self.closed:
             self.closed = True
-            if self._writes:
-                await asyncio.wait(list(self._writes), timeout=self.close_left())
+            # (the reads first: one beside a long write ran on for the whole wait for the writes: trial IK)
             for fut in list(self._reads):
                 if not fut.done():
                     # (its reader sees it done and interrupts the statement, within some 10,000 instructions)
                     fut.set_exception(ClosedError(f"store {self.core.directory} was closed while the read ran"))
+            if self._writes:
+                await asyncio.wait(list(self._writes), timeout=self.close_left())
             self.session.close()
 
 
