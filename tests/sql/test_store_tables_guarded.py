@@ -76,6 +76,9 @@ async def test_clients_cannot_touch_the_store_tables(any_store: tinystore.Store)
     # (a table without a rowid has none to set: its reading trigger is made too)
     await db.exec("create table wr (a primary key) without rowid")
     await db.exec("create trigger twr after update on wr begin select count(*) from _tinystore_jobs; end")
+    # (trial IM: nor one of a table without a rowid whose column is named rowid, and that has no oid)
+    await db.exec("create table wr2 (k primary key, rowid) without rowid")
+    await db.exec("create trigger twr2 after update on wr2 begin select count(*) from _tinystore_jobs; end")
     await db.exec("insert into t values (1)")
     # trial IG: with one trigger of t naming a store's table, the statements the check prepared were found in
     # sqlite3's cache, not prepared again: a second trigger that writes one was made

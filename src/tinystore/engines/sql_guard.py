@@ -535,8 +535,10 @@ def _check_trigger(db: str, conn: sqlite3.Connection, trigger: str, table: str) 
     if columns:
         firing.append(f"update {_quote(table)} set " + ", ".join(f"{c} = {c}" for c in columns))
     # (an "update of rowid" trigger fires when an update sets rowid by that name, SQLite comparing the names as
-    # written: trial IK. A table without a rowid, or a view, has none to set: "no such column" is passed over)
-    firing.append(f"update {_quote(table)} set rowid = rowid, oid = oid, _rowid_ = _rowid_")
+    # written: trial IK. A table without a rowid, or a view, has none to set: "no such column" is passed over, of
+    # each name alone: trial IM, a table without a rowid whose column was named rowid had no oid)
+    aliases = {f"update {_quote(table)} set {name} = {name}": name for name in ("rowid", "oid", "_rowid_")}
+    firing += aliases
     for sql in firing:
         denial.why = None
         try:
@@ -549,9 +551,7 @@ def _check_trigger(db: str, conn: sqlite3.Connection, trigger: str, table: str) 
                     f"database {db}: trigger {trigger} of {table} is refused: its statements would be refused as it "
                     f"fires: {why}"
                 ) from None
-            if str(exc) != f"cannot modify {table} {_NOT_FIRING}" and not (
-                "rowid = rowid" in sql and str(exc) == "no such column: rowid"
-            ):
+            if str(exc) != f"cannot modify {table} {_NOT_FIRING}" and str(exc) != f"no such column: {aliases.get(sql)}":
                 raise InvalidError(
                     f"database {db}: trigger {trigger} of {table} is refused: its text holds the name of the "
                     f"store's tables ({OWN_PREFIX}..., which a trigger may read but never write), and whether it "
