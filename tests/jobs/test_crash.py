@@ -243,6 +243,85 @@ async def test_a_handler_woken_past_its_lease_sends_nothing_more(tmp_path: Path)
 
 
 # contract: JOB-08
+@pytest.mark.parametrize("first", ["other code", "the handler"])
+async def test_a_lost_handlers_publish_is_refused_and_no_other_callers_in_its_batch(tmp_path: Path, first: str) -> None:
+    """Trial IM: the publishes of one loop turn go in one call, made by a task of the SDK's: it carried the guard of
+    whichever caller began the batch, so a lost handler's publish went out in a batch begun by other code, and
+    other code's publish was refused in a batch the lost handler began. Each publish is checked as it is made."""
+    import time
+
+    async with open_store("private", tmp_path / "store") as store:
+        ch = store.channel("events", dict)
+        heard: list[str] = []
+        sub = await ch.subscribe(lambda m: heard.append(m.value["from"]))
+        q = store.queue("mail", lease="4s", attempts=3, backoff=("100ms", "100ms"))
+        woke = asyncio.Event()
+        raised: list[BaseException] = []
+
+        async def noise() -> None:  # (a publish always in flight: the others of a turn are batched)
+            while True:
+                await ch.publish({"from": "noise"})
+
+        async def handler(value: int, run: tinystore.Run) -> None:
+            if run.attempt == 1:
+                time.sleep(3.4)  # noqa: ASYNC251 (the loop held past the worker's cutoff, short of the store's)
+                woke.set()
+                if first == "other code":
+                    await asyncio.sleep(0)
+                try:
+                    await ch.publish({"from": "lost handler"})
+                except tinystore.LostError as exc:
+                    raised.append(exc)
+                    raise
+
+        noisy = [asyncio.ensure_future(noise()) for _ in range(3)]
+        worker = q.work(handler)
+        try:
+            jid = await q.add(1)
+            await woke.wait()
+            assert await ch.publish({"from": "other code"})  # (an id: published)
+            job = await wait_state(q, jid, "succeeded", timeout=20)
+        finally:
+            for t in noisy:
+                t.cancel()
+            await asyncio.gather(*noisy, return_exceptions=True)
+            await worker.stop()
+            await sub.stop()
+        assert len(raised) == 1 and "channels.publish was not sent" in str(raised[0])
+        assert "lost handler" not in heard and "other code" in heard
+        assert job.attempts == 2
+
+
+# contract: JOB-08
+async def test_a_lost_handlers_lock_is_released_for_the_next_attempt(tmp_path: Path) -> None:
+    """Trial IM: the guard refused the release of a lock a lost handler held as its block ended: the key stayed
+    held for its ttl (30 s), and the job's next attempt waited for it in vain. A release is always sent."""
+    import time
+
+    async with open_store("private", tmp_path / "store") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table sent (attempt integer)")])
+        lock = store.lock("res", ttl="30s")
+        q = store.queue("mail", lease="4s", attempts=3, backoff=("100ms", "100ms"))
+
+        async def handler(value: int, run: tinystore.Run) -> None:
+            async with lock.hold("k", wait="20s"):
+                if run.attempt == 1:
+                    time.sleep(3.4)  # noqa: ASYNC251 (the loop held past the worker's cutoff)
+                await db.exec("insert into sent values (?)", run.attempt)
+
+        worker = q.work(handler)
+        try:
+            began = asyncio.get_running_loop().time()
+            jid = await q.add(1)
+            job = await wait_state(q, jid, "succeeded", timeout=25)
+            took = asyncio.get_running_loop().time() - began
+        finally:
+            await worker.stop()
+        assert await db.all("select attempt from sent") == [{"attempt": 2}]
+        assert job.attempts == 2 and took < 15, (job.attempts, took)
+
+
+# contract: JOB-08
 async def test_a_handler_that_keeps_renewing_is_never_taken(served: tuple[Path, tinystore.Store]) -> None:
     d, store = served
     q = store.queue("long", attempts=3, lease="1s", timeout="1m")

@@ -8,8 +8,34 @@ handler. Nothing here knows of jobs or sockets."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextvars
+from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 CURRENT: ContextVar[Callable[[str], None] | None] = ContextVar("tinystore_attempt_guard", default=None)
 """In a handler's context: called with each call's method before it is sent; raises (``LostError``) to stop it."""
+
+LETTING_GO = frozenset({"locks.release", "locks.release_many", "locks.abandon", "sql.rollback", "channels.unsubscribe"})
+"""What a handler past its lease may still send: letting go of what it holds (a lock's release: trial IM, a lost
+handler's lock stayed held for its ttl, and the job's next attempt waited for it in vain)."""
+
+
+def check(method: str) -> None:
+    """Ask the guard of this context, if any, about a call of ``method`` (raises to stop it)."""
+    guard = CURRENT.get()
+    if guard is not None and method not in LETTING_GO:
+        guard(method)
+
+
+def spawn(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task of ``coro`` in a copy of this context without a guard: the SDK's own tasks (a turn's publishes, or
+    lock requests, sent in one call) carry the calls of other code too, each checked as it is made (trial IM: a
+    batch started by a handler past its lease refused another caller's publish, and one started by other code
+    carried the lost handler's)."""
+    context = contextvars.copy_context()
+    context.run(CURRENT.set, None)
+    return asyncio.get_running_loop().create_task(coro, context=context)

@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
@@ -63,6 +63,7 @@ from ..protocol.channels import (
     non_finite_error,
     parse_id,
 )
+from . import attempt_guard
 from .merged_keys import merged_key, merging_type
 from .turns import pass_turn
 
@@ -1230,6 +1231,7 @@ class _Hub:
         """Send ``req`` with the other publishes of this loop turn: one ``channels.publish_many`` call for
         them all (all or none), in the order they were made. (A publish made while no other is in flight is
         sent at once instead, by :meth:`Channel.publish`.)"""
+        attempt_guard.check(PUBLISH)  # (its caller's: the batch's task is the SDK's own)
         fut: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
         batch = self.batch
         if batch is None or self.batch_bytes + size > BATCH_BYTES or len(batch) >= BATCH_ITEMS:
@@ -1365,9 +1367,9 @@ class _Hub:
         if not self.closed:
             self.spawn(self.unsubscribe(sid))
 
-    def spawn(self, coro: Awaitable[Any], sends: bool = False) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any], sends: bool = False) -> None:
         """Run ``coro`` in a task of the hub's; ``sends``: a publish's, which a close lets end (see :meth:`close`)."""
-        task = asyncio.ensure_future(coro)
+        task = attempt_guard.spawn(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         if sends:

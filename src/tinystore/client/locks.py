@@ -83,6 +83,7 @@ from ..protocol.locks import (
     Renewed,
 )
 from ..protocol.values import shown
+from . import attempt_guard
 from .transport import NotRunError
 
 if TYPE_CHECKING:
@@ -842,7 +843,7 @@ class _Hub:
         store._close_hooks.append(self.close)
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = self.loop.create_task(coro)
+        task = attempt_guard.spawn(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
@@ -1038,6 +1039,7 @@ class _Hub:
         return await self._outcome(ask)
 
     async def _ask_batched(self, req: Acquire, sent: Callable[[float], None] | None = None) -> AcquireOutcome:
+        attempt_guard.check(ACQUIRE)  # (its caller's: the batch's task is the SDK's own)
         ask = _Ask(req, self.loop.create_future(), sent)
         batch = self.acquire_batch
         if batch is None or len(batch) >= ACQUIRE_MANY_MAX:

@@ -1105,7 +1105,8 @@ class RemoteTransport(Transport):
                 except _Transient as exc:
                     left = crowd_until - loop.time()
                     if not exc.extra.get("crowded") or left <= 0:
-                        raise UnavailableError(exc.message, **exc.extra) from None
+                        tried = f"; tried again for {crowd_wait:g}s" if tries and exc.extra.get("crowded") else ""
+                        raise UnavailableError(f"{exc.message}{tried}", **exc.extra) from None
                     tries += 1
                     await asyncio.sleep(min(backoff(tries - 1), left))
             self._up.set()
@@ -1255,6 +1256,13 @@ class RemoteTransport(Transport):
             proto.transport.close()
             # the server refused the handshake: its message, naming the store
             message = f"the store at {self.description or where}: {exc.message}"
+            if isinstance(exc, UnavailableError) and exc.extra.get("descriptors"):
+                # (trial IM: explained as the handshakes' queue, another limit)
+                raise _Transient(
+                    f"{message}: it serves more clients as others leave (its open-files limit, `ulimit -n`, bounds "
+                    "how many it holds)",
+                    **{**exc.extra, "crowded": True},
+                ) from None
             if isinstance(exc, UnavailableError) and (exc.extra.get("crowded") or exc.message.startswith(CROWDED)):
                 raise _Transient(
                     f"{message} (the server closes the connection that waited longest for its handshake while more "
@@ -1491,9 +1499,8 @@ class RemoteTransport(Transport):
     ) -> Any:
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
-        guard = attempt_guard.CURRENT.get()
-        if guard is not None:
-            guard(method)  # (a job's handler: nothing goes out once its attempt is past its lease)
+        if attempt_guard.CURRENT.get() is not None:
+            attempt_guard.check(method)  # (a job's handler: nothing goes out once its attempt is past its lease)
         began = time.monotonic()
         first = self._first
         if first is not None:

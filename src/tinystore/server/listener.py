@@ -655,6 +655,7 @@ class ServerConnection(asyncio.Protocol):
                 UnavailableError.code,
                 "the server's descriptors are all in use (its last few are kept for the command line)",
                 crowded=True,
+                descriptors=True,
             )
             return
         capability = "admin"
