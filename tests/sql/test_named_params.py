@@ -87,5 +87,7 @@ async def test_a_mapping_is_asked_for_the_names_it_does_not_list(any_store: tiny
             return key.upper()
 
     assert await db.one("select @x as x, $y as y, :x as x2", Upper()) == {"x": "X", "y": "Y", "x2": "X"}
+    # trial IM: SQLite's variables take "::" pairs and a "(...)" suffix (TCL's) into their names, as sqlite3 asks
+    assert await db.one("select $a(x) as a, @::b as b, :c::d as c", Upper()) == {"a": "A(X)", "b": "::B", "c": "C::D"}
     with pytest.raises(InvalidError, match=r"did not supply a value for binding parameter :c"):
         await db.one("select :c", collections.OrderedDict())

@@ -108,17 +108,18 @@ def name_class(also: str = "", *, negated: bool = False) -> str:
 
 _NAME_START = name_class()
 _NAME_OR_DOLLAR = name_class("$")
-_NAME_OR_DOLLAR_OR_COLON = name_class("$:")
 _NOTHING_ELSE = name_class("'\"`[-/:@$#", negated=True)  # (no name, quote, comment, sigil: a run of these is plain)
 # what a statement holds outside its placeholders, eaten without backtracking (possessive): strings, quoted
 # names, comments (a quote or comment left open runs to the end), names and numbers (with the "$" SQLite allows
 # inside a name), and any other run of characters that starts none of these
 _NOT_A_PLACEHOLDER = re.compile(
     r"(?:'[^']*+(?:'|$)|\"[^\"]*+(?:\"|$)|`[^`]*+(?:`|$)|\[[^\]]*+(?:\]|$)|--[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|$)"
-    rf"|{_NAME_START}{_NAME_OR_DOLLAR}*+|{_NOTHING_ELSE}++|[-/]|[:@$#](?!{_NAME_OR_DOLLAR}))*+"
+    rf"|{_NAME_START}{_NAME_OR_DOLLAR}*+|{_NOTHING_ELSE}++|[-/]|[:@$#](?!(?:::)*+{_NAME_OR_DOLLAR}))*+"
 )
-# a sigil, then a name of SQLite's identifier characters, "$" among them (tokenize.c: "@$", "$$" are names too)
-_PLACEHOLDER = re.compile(rf"[:@$#]{_NAME_OR_DOLLAR}{_NAME_OR_DOLLAR_OR_COLON}*+")
+# a sigil, then what SQLite's tokenizer takes into a variable (tokenize.c, TK_VARIABLE): identifier characters ("$"
+# among them: "@$", "$$" are names too) and "::" pairs, at least one of the former, then, after one of them, a
+# "(...)" suffix (TCL's) up to a ")" with no blank before it (trial IM: "$a(x)" is one placeholder, "a(x)")
+_PLACEHOLDER = re.compile(rf"[:@$#](?:::)*+{_NAME_OR_DOLLAR}(?:{_NAME_OR_DOLLAR}|::)*+(?:\([^) \t\n\v\f\r]*+\))?")
 CACHED_SQL = 4096
 """Statements up to this many characters have their scan kept (the usual ones, sent again and again)."""
 
