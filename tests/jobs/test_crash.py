@@ -293,6 +293,78 @@ async def test_a_lost_handlers_publish_is_refused_and_no_other_callers_in_its_ba
 
 
 # contract: JOB-08
+async def test_other_codes_first_call_on_a_queue_is_not_refused_with_a_lost_handlers(tmp_path: Path) -> None:
+    """Trial IN: a queue's first call opens it in a task every caller waits for; begun by a handler past its
+    lease, it carried the handler's guard, and other code's add waiting for it was refused with the handler's
+    LostError. The SDK's own tasks carry no guard."""
+    import contextvars
+    import time
+
+    async with open_store("private", tmp_path / "store") as store:
+        q = store.queue("mail", lease="4s", attempts=3, backoff=("100ms", "100ms"))
+        other = store.queue("other")  # (not used yet in this process)
+        others: list[asyncio.Task[str]] = []
+
+        async def handler(value: int, run: tinystore.Run) -> None:
+            if run.attempt == 1:
+                time.sleep(3.4)  # noqa: ASYNC251 (the loop held past the worker's cutoff)
+                # (refused or not, as the worker's renewal came through before it or did not)
+                mine = asyncio.ensure_future(other.add("from the lost handler"))
+                mine.add_done_callback(lambda t: t.cancelled() or t.exception())
+                # other code, in this very turn (a context of its own, as a web request's task has)
+                loop = asyncio.get_running_loop()
+                others.append(loop.create_task(other.add("from other code"), context=contextvars.Context()))
+                await mine
+
+        worker = q.work(handler)
+        try:
+            jid = await q.add(1)
+            await wait_state(q, jid, "succeeded", timeout=20)
+        finally:
+            await worker.stop()
+        assert await others[0]  # (an id: added)
+        assert "from other code" in [j.value for j in (await other.list()).jobs]
+
+
+# contract: JOB-08
+async def test_tasks_a_handler_started_go_on_after_its_job_is_cancelled(tmp_path: Path) -> None:
+    """Trial IN: a cancelled job's handler ends without a report; the lease check then went on for the tasks it had
+    started, and refused their calls a lease after the cancel, logging that the process may have been paused. As
+    after any other end of a handler, they go on."""
+    async with open_store("private", tmp_path / "store") as store:
+        db = await store.database("app")
+        q = store.queue("mail", lease="2s")
+        started = asyncio.Event()
+        out: list[str] = []
+
+        async def background() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0.7)
+                try:
+                    await db.scalar("select 1")
+                    out.append("ok")
+                except tinystore.TinystoreError as exc:
+                    out.append(repr(exc))
+
+        tasks: list[asyncio.Task[None]] = []
+
+        async def handler(value: int, run: tinystore.Run) -> None:
+            tasks.append(asyncio.ensure_future(background()))
+            started.set()
+            await asyncio.sleep(30)
+
+        worker = q.work(handler)
+        try:
+            jid = await q.add(1)
+            await started.wait()
+            await q.cancel(jid)
+            await tasks[0]
+        finally:
+            await worker.stop()
+        assert out == ["ok"] * 5, out
+
+
+# contract: JOB-08
 async def test_a_lost_handlers_lock_is_released_for_the_next_attempt(tmp_path: Path) -> None:
     """Trial IM: the guard refused the release of a lock a lost handler held as its block ended: the key stayed
     held for its ttl (30 s), and the job's next attempt waited for it in vain. A release is always sent."""

@@ -736,8 +736,10 @@ class _Runner:
         stop the handler, once this worker counts ``a`` past its lease (its renewal had not come through: its
         process was paused, or its event loop blocked). The store may have ended the attempt and another worker run
         the job: what the handler would send now came after that (trial IL: its write went out first, as the
-        process woke, before its worker's renewal looked at the lease). Nothing once its handler has ended."""
-        if a.reporting:
+        process woke, before its worker's renewal looked at the lease). Nothing once its handler has ended, or was
+        stopped for another reason (its job cancelled, its worker stopping: trial IN, the tasks it had started were
+        refused a lease after the job's cancel, as if the process had been paused)."""
+        if a.reporting or (a.why is not None and a.why != "lost"):
             return
         if a.why != "lost":
             transport = self.queue.store.transport
@@ -1206,7 +1208,7 @@ class Worker:
         self._failures = 0  # claims failed in a row (their backoff grows)
         self._fault: Exception | None = None  # what broke a claim that was not the store's refusal
         self._claims: set[asyncio.Task[None]] = set()  # claims under way
-        self._task = asyncio.ensure_future(self._loop())
+        self._task = attempt_guard.spawn(self._loop())  # (the SDK's own: see attempt_guard.spawn)
         self._runner.owner = self._task
         queue.store._stop_hooks.append(self._stop_at_close)
         queue.store._close_shorteners.append(self._runner.shorten)
@@ -1262,7 +1264,7 @@ class Worker:
                 free = self.concurrency - runner.handling - self._asked
                 if free > 0:
                     self._asked += free
-                    t = asyncio.ensure_future(self._claim_some(free))
+                    t = attempt_guard.spawn(self._claim_some(free))
                     claims.add(t)
                     t.add_done_callback(claims.discard)
                     continue
@@ -1322,7 +1324,7 @@ class Worker:
                     # the stop cancels this task once its loop ends: the hand-back goes on all the same (left
                     # undone, the attempts stay running until their lease runs out, and count as lost; an
                     # embedded store's own workers have no lease at all)
-                    back = asyncio.ensure_future(self._hand_back_now(got))
+                    back = attempt_guard.spawn(self._hand_back_now(got))
                     try:
                         await asyncio.shield(back)
                     except asyncio.CancelledError:
@@ -1356,7 +1358,7 @@ class Worker:
         if task is None:
             self._stopping = True
             self._runner.slot.set()
-            task = self._stop_task = asyncio.ensure_future(self._stop(grace_s))
+            task = self._stop_task = attempt_guard.spawn(self._stop(grace_s))
         else:
             self._runner.shorten(grace_s)
         await asyncio.shield(task)
@@ -1460,7 +1462,7 @@ async def claim(
         if not store._closed:
             # the cancel ends once what the claim got is handed back (a worker's stop() returns with its jobs
             # queued: trial AR saw them running, attempt counted, for a moment over a socket), at most 10 s
-            task = asyncio.ensure_future(_hand_back(store, queue, token))
+            task = attempt_guard.spawn(_hand_back(store, queue, token))
             _handing_back.add(task)
             task.add_done_callback(_handing_back.discard)
             if store.transport.connected:  # (else it goes once the store is reached again: trial AW's stop
@@ -1468,7 +1470,7 @@ async def claim(
         raise
     except (OutcomeUnknownError, ClosedError):
         if not store._closed:  # (the connection is gone: handed back once the store is reached again)
-            task = asyncio.ensure_future(_hand_back(store, queue, token))
+            task = attempt_guard.spawn(_hand_back(store, queue, token))
             _handing_back.add(task)
             task.add_done_callback(_handing_back.discard)
         raise
@@ -1645,7 +1647,9 @@ class Queue(Generic[T]):
             self._info = hit[1]
             return hit[1]
         if self._opening is None or (self._opening.done() and self._opening.exception() is not None):
-            self._opening = asyncio.ensure_future(
+            # (a task of the SDK's own, which each caller waits for: begun in the context of a handler past its
+            # lease, its refusal was every later caller's: trial IN)
+            self._opening = attempt_guard.spawn(
                 self.store._call("jobs.open", OpenQueue(queue=self.name, options=self._given), QueueInfo, write=False)
             )
             # retrieved here too: a caller cancelled while it waits must not leave its error unretrieved

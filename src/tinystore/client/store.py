@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from .channels import Channel
     from .jobs import Queue, QueueOptions
     from .locks import Lock, Semaphore
+from . import attempt_guard
 from .transport import (
     CLOSE_WRITES_WAIT,
     RECONNECT_TIMEOUT,
@@ -224,7 +225,7 @@ class Store:
     def _call_at_close(self, method: str, request: Any) -> None:
         """:meth:`_undo_soon`, also once the close has begun (before it closes the connection, it waits for
         these)."""
-        task = asyncio.ensure_future(self._call(method, request, Any, retry=False))
+        task = attempt_guard.spawn(self._call(method, request, Any, retry=False))  # (giving back: never refused)
         self._undoing.add(task)
         task.add_done_callback(_undone)
         task.add_done_callback(self._undoing.discard)

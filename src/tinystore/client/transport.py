@@ -1096,16 +1096,23 @@ class RemoteTransport(Transport):
         Cancelled, it leaves no connection open (one in its handshake is closed)."""
         loop = asyncio.get_running_loop()
         if not wait:
-            crowd_until = loop.time() + crowd_wait
+            began = loop.time()
+            crowd_until = began + crowd_wait
             tries = 0
             while True:
                 try:
-                    self._conn = await self._connect_once()
+                    # (each try's handshake bounded by what is left of the wait, 2 s at the least: trial IN, a 0.1 s
+                    # reconnect_timeout gave up after 1.3 s, a 1 s one after 5.8 s)
+                    self._conn = await self._connect_once(until=crowd_until if tries else None)
                     break
                 except _Transient as exc:
                     left = crowd_until - loop.time()
                     if not exc.extra.get("crowded") or left <= 0:
-                        tried = f"; tried again for {crowd_wait:g}s" if tries and exc.extra.get("crowded") else ""
+                        tried = (
+                            f"; tried again for {loop.time() - began:.1f}s"
+                            if tries and exc.extra.get("crowded")
+                            else ""
+                        )
                         raise UnavailableError(f"{exc.message}{tried}", **exc.extra) from None
                     tries += 1
                     await asyncio.sleep(min(backoff(tries - 1), left))
