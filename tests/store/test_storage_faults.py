@@ -447,13 +447,13 @@ async def test_open_tries_again_when_the_sidecar_it_found_dropped_the_handshake(
     real = RemoteTransport._connect_once
     resets = 0
 
-    async def connect_once(self: RemoteTransport) -> Any:
+    async def connect_once(self: RemoteTransport, until: float | None = None) -> Any:
         nonlocal resets
         if resets == 0:
             resets += 1
             await self.endpoint()  # the server is found...
             raise tinystore.UnavailableError("the store closed the connection during the handshake: reset")
-        return await real(self)
+        return await real(self, until)
 
     monkeypatch.setattr(RemoteTransport, "_connect_once", connect_once)
     directory = tmp_path / "store"

@@ -1103,7 +1103,7 @@ class RemoteTransport(Transport):
                 try:
                     # (each try's handshake bounded by what is left of the wait, 2 s at the least: trial IN, a 0.1 s
                     # reconnect_timeout gave up after 1.3 s, a 1 s one after 5.8 s)
-                    self._conn = await self._connect_once(until=crowd_until if tries else None)
+                    self._conn = await (self._connect_once(until=crowd_until) if tries else self._connect_once())
                     break
                 except _Transient as exc:
                     left = crowd_until - loop.time()

@@ -114,12 +114,15 @@ _NOTHING_ELSE = name_class("'\"`[-/:@$#", negated=True)  # (no name, quote, comm
 # inside a name), and any other run of characters that starts none of these
 _NOT_A_PLACEHOLDER = re.compile(
     r"(?:'[^']*+(?:'|$)|\"[^\"]*+(?:\"|$)|`[^`]*+(?:`|$)|\[[^\]]*+(?:\]|$)|--[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|$)"
-    rf"|{_NAME_START}{_NAME_OR_DOLLAR}*+|{_NOTHING_ELSE}++|[-/]|[:@$#](?!(?:::)*+{_NAME_OR_DOLLAR}))*+"
+    rf"|{_NAME_START}{_NAME_OR_DOLLAR}*+|{_NOTHING_ELSE}++|[-/]|[:@$#]:*+(?!{_NAME_OR_DOLLAR}))*+"
 )
-# a sigil, then what SQLite's tokenizer takes into a variable (tokenize.c, TK_VARIABLE): identifier characters ("$"
-# among them: "@$", "$$" are names too) and "::" pairs, at least one of the former, then, after one of them, a
-# "(...)" suffix (TCL's) up to a ")" with no blank before it (trial IM: "$a(x)" is one placeholder, "a(x)")
-_PLACEHOLDER = re.compile(rf"[:@$#](?:::)*+{_NAME_OR_DOLLAR}(?:{_NAME_OR_DOLLAR}|::)*+(?:\([^) \t\n\v\f\r]*+\))?")
+# where the loop above stops: a sigil (or a run of ':') before a name character, one placeholder or two (see
+# _named_placeholders); then the rest of the placeholder: what SQLite's tokenizer takes into a variable
+# (tokenize.c, TK_VARIABLE): identifier characters ("$" among them: "@$", "$$" are names too) and "::" pairs, then,
+# after one of them, a "(...)" suffix (TCL's) up to a ")" with no blank before it (trial IM: "$a(x)" is one
+# placeholder, "a(x)"). Each run of ':' is read once, by possessive patterns: 2 MB of ':' is a linear scan
+_SIGIL_RUN = re.compile(r"([@$#]?)(:*+)")
+_PLACEHOLDER_REST = re.compile(rf"(?:{_NAME_OR_DOLLAR}|::)*+(?:\([^) \t\n\v\f\r]*+\))?")
 CACHED_SQL = 4096
 """Statements up to this many characters have their scan kept (the usual ones, sent again and again)."""
 
@@ -169,12 +172,20 @@ def _named_placeholders(sql: str) -> Iterator[str]:
         pos = m.end() if m is not None else pos
         if pos >= n:
             return
-        found = _PLACEHOLDER.match(sql, pos)
-        if found is not None:
-            yield found.group()
-            pos = found.end()
-        else:
+        run = _SIGIL_RUN.match(sql, pos)
+        assert run is not None  # (it matches anywhere)
+        lead, colons = run.group(1), len(run.group(2))
+        if run.end() >= n or run.end() == pos:
             pos += 1  # (not reached: a sigil on its own is eaten above; SQLite's to judge)
+            continue
+        # SQLite reads a sigil's "::" pairs from the sigil on: a ':' run of even length before a name (or one of
+        # odd length after '@', '$', '#') leaves its last ':' alone, the sigil of the placeholder (the rest is a
+        # token SQLite refuses): "::::x" is ":x", ":::x" and "@::x" are whole
+        start = pos if (colons % 2 == 1 if not lead else colons % 2 == 0) else run.end() - 1
+        rest = _PLACEHOLDER_REST.match(sql, run.end())
+        assert rest is not None  # (it matches anywhere)
+        yield sql[start : rest.end()]
+        pos = max(rest.end(), pos + 1)
 
 
 def _check_named(db: str, params: Mapping[Any, Any], sql: str = "") -> dict[str, Any]:
