@@ -79,14 +79,19 @@ def check_room(
         )
 
 
+def database_files(readers: int) -> int:
+    """The descriptors a database's open takes with ``readers`` readers: its writer's, its readers' and the loop's
+    connections, about 2 files each (some opened at its first read), and one more."""
+    return 2 * (readers + 2) + 1
+
+
 def kept_for_files(open_databases: int, readers: int) -> int:
     """The descriptors a server keeps from the connections it accepts, for the databases' files: those the open
     ones open on their first reads (their readers' WAL, a read transaction's connection), one more database's
     open, and a few for the rest (a log, a backup's copy). Accepted until none was left, the databases could
     open nothing more, and every client failed: some with "out of file descriptors", the others waiting in vain for
     their handshake (trial IA: 80 clients of a server limited to 64 files, and not one served)."""
-    per_db = 2 * (readers + 2) + 1
-    return 16 + per_db + (readers + 2) * open_databases
+    return 16 + database_files(readers) + (readers + 2) * open_databases
 
 
 LOCAL_KEPT = 4

@@ -57,7 +57,7 @@ from ..errors import (
 from ..limits import Limits
 from ..names import NAME, RESERVED_DB_PREFIX, check_name, reserved_db_error
 from ..protocol.sql import Done, Rows
-from .descriptors import check_room
+from .descriptors import check_room, database_files
 from .limited_log import LimitedLog
 from .read_queue import FairReads
 from .sql_errors import (
@@ -2426,18 +2426,13 @@ class SqlEngine:
         self.closed = False
         self.stopping = False  # see stop_transactions
 
-    def _db_files(self) -> int:
-        """The descriptors a database's open takes: its writer's, its readers' and the loop's connections, about 2
-        files each (some opened at its first read), and one more."""
-        return 2 * (self.limits.readers + 2) + 1
-
     def check_descriptors(self, name: str, need: int, **words: str) -> None:
         """:func:`check_room` for ``need`` more descriptors of database ``name``: the databases opening beside it,
         and the files the open ones open at their first reads, count as spoken for (``words``: its error's)."""
         check_room(
             name,
             need,
-            self._db_files() * self._starting + LAZY_FILES * len(self.databases),
+            database_files(self.limits.readers) * self._starting + LAZY_FILES * len(self.databases),
             self.connections(),
             self.kept_local(),
             **words,
@@ -2527,7 +2522,7 @@ class SqlEngine:
                     await self._room_for(name, room_by)
                 # (its connections: the writer, the readers, the loop's own for short reads; about 2 files each,
                 # some opened at the first read; those opening beside it count whole)
-                self.check_descriptors(name, self._db_files())
+                self.check_descriptors(name, database_files(self.limits.readers))
                 path = self.directory / f"{name}.db"
                 existed = path.exists()
                 if not existed and not create:

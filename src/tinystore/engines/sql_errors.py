@@ -19,7 +19,7 @@ from ..errors import (
 )
 from .descriptors import open_files_limit
 from .sql_guard import DENIED_MESSAGES, TX_WHY, denial
-from .sql_text import INT_MAX, name_class
+from .sql_text import INT_MAX, NAME_OR_DOLLAR
 
 
 def rolled_back_by(db: str, tx_id: int, err: TinystoreError, this: bool = False, which: str = "") -> TinystoreError:
@@ -182,10 +182,9 @@ _QUOTED_OR_COMMENT = re.compile(
     r"|--[^\n]*+|/\*.*?(?:\*/|\Z)",
     re.DOTALL,
 )
-_NAME_OR_DOLLAR = name_class("$")
 _TOKEN = re.compile(
-    rf"(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?{_NAME_OR_DOLLAR}*+"
-    rf"|{_NAME_OR_DOLLAR}++|[^ \t\n\f\r]"
+    rf"(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?{NAME_OR_DOLLAR}*+"
+    rf"|{NAME_OR_DOLLAR}++|[^ \t\n\f\r]"
 )
 """A number with what a name may hold glued to it (``1.e5`` one token: trial GG, ``1. e5``, 1.0 named e5, was taken
 for it; ``0x10``, ``1_000``: trial GL), a name or a keyword (SQLite: any character past ASCII may be in a name; a

@@ -107,14 +107,14 @@ def name_class(also: str = "", *, negated: bool = False) -> str:
 
 
 _NAME_START = name_class()
-_NAME_OR_DOLLAR = name_class("$")
+NAME_OR_DOLLAR = name_class("$")
 _NOTHING_ELSE = name_class("'\"`[-/:@$#", negated=True)  # (no name, quote, comment, sigil: a run of these is plain)
 # what a statement holds outside its placeholders, eaten without backtracking (possessive): strings, quoted
 # names, comments (a quote or comment left open runs to the end), names and numbers (with the "$" SQLite allows
 # inside a name), and any other run of characters that starts none of these
 _NOT_A_PLACEHOLDER = re.compile(
     r"(?:'[^']*+(?:'|$)|\"[^\"]*+(?:\"|$)|`[^`]*+(?:`|$)|\[[^\]]*+(?:\]|$)|--[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|$)"
-    rf"|{_NAME_START}{_NAME_OR_DOLLAR}*+|{_NOTHING_ELSE}++|[-/]|[:@$#]:*+(?!{_NAME_OR_DOLLAR}))*+"
+    rf"|{_NAME_START}{NAME_OR_DOLLAR}*+|{_NOTHING_ELSE}++|[-/]|[:@$#]:*+(?!{NAME_OR_DOLLAR}))*+"
 )
 # where the loop above stops: a sigil (or a run of ':') before a name character, one placeholder or two (see
 # _named_placeholders); then the rest of the placeholder: what SQLite's tokenizer takes into a variable
@@ -122,7 +122,7 @@ _NOT_A_PLACEHOLDER = re.compile(
 # after one of them, a "(...)" suffix (TCL's) up to a ")" with no blank before it (trial IM: "$a(x)" is one
 # placeholder, "a(x)"). Each run of ':' is read once, by possessive patterns: 2 MB of ':' is a linear scan
 _SIGIL_RUN = re.compile(r"([@$#]?)(:*+)")
-_PLACEHOLDER_REST = re.compile(rf"(?:{_NAME_OR_DOLLAR}|::)*+(?:\([^) \t\n\v\f\r]*+\))?")
+_PLACEHOLDER_REST = re.compile(rf"(?:{NAME_OR_DOLLAR}|::)*+(?:\([^) \t\n\v\f\r]*+\))?")
 CACHED_SQL = 4096
 """Statements up to this many characters have their scan kept (the usual ones, sent again and again)."""
 
@@ -459,7 +459,7 @@ _PLAIN_INSERT = re.compile(
     # "u\u00a0", not u)
     r"(?:insert(?:[ \t\n\f\r]++or[ \t\n\f\r]++(?:abort|fail|ignore|replace|rollback))?|replace)[ \t\n\f\r]++"
     r'into[ \t\n\f\r]++(?:([A-Za-z_][A-Za-z0-9_$]*+)|"((?:[^"]|"")++)")[ \t\n\f\r]*+'
-    rf"(?:\(|(?:values|select|default)(?!{_NAME_OR_DOLLAR}))",
+    rf"(?:\(|(?:values|select|default)(?!{NAME_OR_DOLLAR}))",
     re.IGNORECASE,
 )
 
