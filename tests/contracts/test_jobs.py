@@ -769,6 +769,33 @@ async def test_progress_is_stored_and_pushed_with_every_state_change(store: tiny
     assert ("running", {"done": 3, "total": 3}) in seen
 
 
+# contract: JOB-10
+async def test_a_state_event_carries_the_error_its_row_keeps(clocked: tinystore.Store) -> None:
+    # trial IP: a job that failed and was then cancelled kept "ValueError: nope" in its row, and its event said None
+    q = clocked.queue("told", attempts=3, backoff=("1h", "1h"))
+    events: list[tinystore.JobEvent] = []
+    sub = (
+        await clocked.channel("tinystore-jobs", tinystore.JobEvent)
+        .under("told")
+        .subscribe(lambda m: events.append(m.value), recursive=True)
+    )
+    try:
+        jid = await q.add({})
+
+        def fails(value: Any, run: tinystore.Run) -> None:
+            raise ValueError("nope")
+
+        assert await q.run_due(fails) == 1
+        assert await q.cancel(jid) is True
+        job = await q.get(jid)
+        assert job is not None and (job.state, job.error) == ("cancelled", "ValueError: nope")
+        await wait_until(lambda: any(e.state == "cancelled" for e in events), what="the cancelled event")
+        told = {e.state: e.error for e in events if e.kind == "state"}
+        assert told["failed"] == told["cancelled"] == "ValueError: nope", told
+    finally:
+        await sub.stop()
+
+
 # ---------------------------------------------------------------------------------------------- JOB-11
 
 

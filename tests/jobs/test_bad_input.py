@@ -212,6 +212,30 @@ async def test_a_value_json_cannot_hold_is_refused(store: tinystore.Store, value
     assert (await q.list()).jobs == []
 
 
+class _Keyed(msgspec.Struct):
+    counts: dict[int, int]
+    extra: dict[str, Any]
+
+
+async def test_a_typed_queue_refuses_int_keys_its_type_would_read_back_as_text(store: tinystore.Store) -> None:
+    # trial IP: a queue of type dict took {1: 2} and gave back {"1": 2}: changed, where a queue without a type refuses
+    bare = store.queue("bare-dict", dict)
+    with pytest.raises(
+        InvalidError, match=r"queue bare-dict: add: the value does not encode as JSON: the key 1 comes back as '1'"
+    ):
+        await bare.add({1: 2})
+    with pytest.raises(InvalidError, match=r"queue bare-dict: add_many: values\[1\]: .* the key 1 comes back as '1'"):
+        await bare.add_many([{"a": 1}, {1: 2}])
+    assert (await bare.list()).jobs == []
+    keyed = store.queue("keyed", _Keyed)
+    with pytest.raises(InvalidError, match=r"queue keyed: add: .*: the key 3 comes back as '3' \(at \$\.extra\.x\)"):
+        await keyed.add(_Keyed({1: 2}, {"x": {3: 4}}))
+    jid = await keyed.add(_Keyed({1: 2}, {"x": {"3": 4}}))  # where the type names the keys' type, they come back
+    job = await keyed.get(jid)
+    assert job is not None and job.value == _Keyed({1: 2}, {"x": {"3": 4}})
+    assert (await keyed.list()).jobs[0].id == jid
+
+
 async def test_integers_at_the_edges_of_64_bits_come_back_as_they_went_in(store: tinystore.Store) -> None:
     q = store.queue("wide-ints", attempts=1)
     edges = {"top": 2**64 - 1, "bottom": -(2**63), "list": [2**63, -1]}

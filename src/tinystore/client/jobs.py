@@ -95,7 +95,7 @@ from ..protocol.jobs import (
 from ..protocol.jobs import JobState as JobState  # (public: tinystore.JobState)
 from ..protocol.jobs import List as ListRequest
 from ..protocol.store import Empty
-from ..protocol.values import json_problem, plain_int, shown, valid_text
+from ..protocol.values import json_problem, key_changed, plain_int, shown, valid_text
 from . import attempt_guard
 from .sql import in_open_tx
 
@@ -130,13 +130,14 @@ CLAIM_WAIT = 30.0
 _encoder = msgspec.json.Encoder()
 
 
-def _json(value: Any, what: str, keys: bool = True) -> str:
+def _json(value: Any, what: str, keys: bool = True, loose: list[Any] | None = None) -> str:
     """``value`` as JSON text, or ``InvalidError`` (``what`` does not encode as JSON: why) for a value that would
     not come back as it went in: what JSON cannot hold (NaN, infinities, ints past 64 bits), an object that does
     not encode, and, when ``keys``, a dict key that is not a str (see :func:`~tinystore.protocol.jobs.json_problem`).
-    ``keys=False`` where a declared type reads the keys back (a queue's own type)."""
+    ``keys=False`` where a declared type reads the keys back (a queue's own type); the keys that are not str are
+    then appended to ``loose``, for the caller to see that the type reads them back."""
     try:
-        problem = json_problem(msgspec.to_builtins(value), keys)
+        problem = json_problem(msgspec.to_builtins(value), keys, loose)
         text = "" if problem is not None else _encoder.encode(value).decode()
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
         raise InvalidError(f"{what} does not encode as JSON: {_text_of(exc)}") from None
@@ -1712,16 +1713,27 @@ class Queue(Generic[T]):
     # -- values --------------------------------------------------------------------------------
 
     def _encode(self, value: Any, what: str) -> str:
-        text = _json(value, f"queue {self.name}: {what}: the value", keys=self._plain)
+        loose: list[Any] = []
+        text = _json(value, f"queue {self.name}: {what}: the value", keys=self._plain, loose=loose)
         if not self._plain:
             # an instance of the type too: neither a dataclass nor a Struct checks its fields' types when made
             try:
-                self._decoder.decode(text)
+                back = self._decoder.decode(text)
             except Exception as exc:  # a ValidationError, or what the type's own __post_init__ raised
                 kind = type_name(self.type)
                 raise InvalidError(
                     f"queue {self.name}: {what}: the value does not encode as {kind}: {_decode_error(exc)}"
                 ) from None
+            if loose:
+                # keys that are not str come back as they went only where the type says so (dict[int, ...]); a bare
+                # dict or Any reads {1: 2} back as {"1": 2}: refused rather than changed (trial IP)
+                changed = key_changed(msgspec.to_builtins(value), msgspec.to_builtins(back))
+                if changed is not None:
+                    raise InvalidError(
+                        f"queue {self.name}: {what}: the value does not encode as JSON: {changed} (JSON keys are "
+                        f"text: the queue's type, {type_name(self.type)}, reads them back only where it names "
+                        "their type, as dict[int, ...] does)"
+                    )
         limit = self.store.limits.job_value_bytes
         size = len(text.encode()) if not text.isascii() else len(text)
         if size > limit:

@@ -2301,10 +2301,10 @@ class JobsEngine:
         self._settle(q, e, state, None, now_ms / 1000)
         if peer is not None:
             peer.push(CANCEL_PUSH, CancelRun(queue=q.name, id=jid, fence=fence, reason=state))
-        # (a dead job's event carries its last error, as at the end of its last attempt; trial CE)
-        self._event(
-            q, "state", jid, state, _json_decode(prog) if prog else None, attempts, error if state == "dead" else None
-        )
+        # (the event carries the job's last error as its row keeps it, for a dead job as at the end of its last
+        # attempt (trial CE), and for a cancelled one that had failed before (trial IP: a page built from events showed
+        # another error than the row))
+        self._event(q, "state", jid, state, _json_decode(prog) if prog else None, attempts, error)
         self._notify(q, jid)
         return True
 

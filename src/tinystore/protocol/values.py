@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["INT_MAX", "INT_MIN", "json_problem", "plain_int", "shown", "valid_text"]
+__all__ = ["INT_MAX", "INT_MIN", "json_problem", "key_changed", "plain_int", "shown", "valid_text"]
 
 
 INT_MIN = -(1 << 63)
@@ -55,12 +55,12 @@ def valid_text(text: str) -> bool:
     return True
 
 
-def json_problem(value: Any, keys: bool = True) -> str | None:
+def json_problem(value: Any, keys: bool = True, loose: list[Any] | None = None) -> str | None:
     """Why ``value`` (plain data: what ``msgspec.to_builtins`` makes) would not come back from JSON as it is, or
     ``None`` when it would: a float that is NaN or infinite (JSON has none), an int past 64 bits, and, when
     ``keys``, a dict key that is not a str (JSON keys are text: ``{1: "a"}`` comes back as ``{"1": "a"}``);
-    without ``keys``, a key that is a NaN or an infinity all the same. The text names where:
-    ``at $.items[3]``."""
+    without ``keys``, a key that is a NaN or an infinity all the same, and each key that is not a str is appended to
+    ``loose`` (when given) for the caller to look at. The text names where: ``at $.items[3]``."""
     stack: list[tuple[Any, Any]] = [(value, None)]
     while stack:
         v, where = stack.pop()
@@ -80,6 +80,8 @@ def json_problem(value: Any, keys: bool = True) -> str | None:
                         return f"the key {k!r} is not a str (JSON keys are text){at_path(where)}"
                     if type(k) is float and not math.isfinite(k):
                         return f"the key {k!r} is not a JSON number{at_path(where)}"
+                    if loose is not None:
+                        loose.append(k)
                 stack.append((item, (where, k)))
         elif t is list or t is tuple:
             stack.extend((item, (where, i)) for i, item in enumerate(v))
@@ -87,6 +89,25 @@ def json_problem(value: Any, keys: bool = True) -> str | None:
             return f"{v!r} is not a JSON number{at_path(where)}"
         elif isinstance(v, int) and not isinstance(v, bool) and not INT_MIN <= v <= INT_MAX:
             return f"{_integer(v)} does not fit in 64 bits{at_path(where)}"
+    return None
+
+
+def key_changed(sent: Any, back: Any, where: Any = None) -> str | None:
+    """Where plain data ``back`` (a value read back through a type) holds other dict keys than ``sent`` (the value
+    as it was written): ``the key 1 comes back as '1' (at $.x)``, or ``None`` when every dict's keys are the same.
+    Only dicts and lists are compared (a type may read back other shapes of the same data: a set, a tuple)."""
+    stack: list[tuple[Any, Any, Any]] = [(sent, back, where)]
+    while stack:
+        a, b, where = stack.pop()
+        if type(a) is dict and type(b) is dict:
+            for k, item in a.items():
+                if k not in b:
+                    found = next((kb for kb in b if kb not in a and str(kb) == str(k)), None)
+                    then = f"comes back as {found!r}" if found is not None else "does not come back"
+                    return f"the key {shown(k)} {then}{at_path(where)}"
+                stack.append((item, b[k], (where, k)))
+        elif type(a) in (list, tuple) and type(b) in (list, tuple) and len(a) == len(b):
+            stack.extend((x, y, (where, i)) for i, (x, y) in enumerate(zip(a, b, strict=True)))
     return None
 
 
