@@ -71,6 +71,22 @@ def type_name(t: Any) -> str:
     return str(t.__name__)
 
 
+def not_a_type(t: Any, exc: BaseException) -> str:
+    """Why ``t``, given as a type, cannot carry values (``exc``: what msgspec said of it): ``type 'str' is not a
+    type but a str: give the type itself ...`` for a value that is not a type at all (a name written as text, an
+    instance), else msgspec's word."""
+    advice = "use a dataclass, a msgspec Struct, a TypedDict or a JSON type (str, int, dict[str, int], ...)"
+    if not isinstance(t, type) and typing.get_origin(t) is None and not hasattr(t, "__supertype__"):
+        return f"type {shown(t)} is not a type but {a_kind(t)}: give the type itself; {advice}"
+    return f"type {type_name(t)} cannot be carried: {exc}; {advice}"
+
+
+def a_kind(value: object) -> str:
+    """``a str``, ``an int``: what ``value`` is, for a message."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 _QUOTED = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
 _QUALIFIER = re.compile(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])")
 """The modules a name is written with (``typing.``, ``__main__.``, ``datetime.``)."""

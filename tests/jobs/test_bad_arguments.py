@@ -122,9 +122,15 @@ async def test_a_bad_concurrency_is_refused_by_work_and_run_due(store: tinystore
 
 
 async def test_a_queue_type_that_cannot_be_carried_is_invalid_naming_the_queue(store: tinystore.Store) -> None:
-    for bad in (42, "Ask"):
-        with pytest.raises(InvalidError, match=rf"^queue q: type {re.escape(repr(bad))} cannot be carried"):
+    for bad, kind in ((42, "an int"), ("Ask", "a str")):
+        # (trial IQ: the text said "type 'str' cannot be carried: Type ''str'' is not supported")
+        with pytest.raises(
+            InvalidError, match=rf"^queue q: type {re.escape(repr(bad))} is not a type but {kind}: give the type itself"
+        ):
             store.queue("q", bad)
+    for bad_type in ("str", 5):
+        with pytest.raises(InvalidError, match=r"^channel c: type .* is not a type but (a str|an int): give the type"):
+            store.channel("c", bad_type)
 
 
 @pytest.mark.parametrize("backoff", ["10s", 10, timedelta(seconds=10), ("1s",)])

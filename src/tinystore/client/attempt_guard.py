@@ -24,11 +24,52 @@ LETTING_GO = frozenset({"locks.release", "locks.release_many", "locks.abandon", 
 handler's lock stayed held for its ttl, and the job's next attempt waited for it in vain)."""
 
 
+class Withdrawn(Exception):
+    """Raised by a transport's call, instead of sending it, when its ``still`` said no as its frame was about to
+    go: a batch of several callers' items (a turn's publishes, lock requests), one of whose guards refused its
+    item then; nothing was sent, and the batch is sent again without that item."""
+
+
 def check(method: str) -> None:
     """Ask the guard of this context, if any, about a call of ``method`` (raises to stop it)."""
     guard = CURRENT.get()
     if guard is not None and method not in LETTING_GO:
         guard(method)
+
+
+def passes(guard: Callable[[str], None] | None, method: str, fut: asyncio.Future[Any]) -> bool:
+    """Whether an item of a batch, made under ``guard`` (``None``: by code outside a handler) and awaited by
+    ``fut``, may still be sent; when not, ``fut`` gets the guard's error (``LostError``)."""
+    if guard is None:
+        return True
+    try:
+        guard(method)
+    except Exception as exc:
+        if not fut.done():
+            fut.set_exception(exc)
+        return False
+    return True
+
+
+def all_pass(guards: list[Callable[[str], None]], method: str) -> bool:
+    """Whether each of ``guards`` lets a call of ``method`` go (see :class:`Withdrawn`)."""
+    for guard in guards:
+        try:
+            guard(method)
+        except Exception:
+            return False
+    return True
+
+
+def free(fn: Callable[[], T]) -> T:
+    """``fn()`` run in a copy of this context without a guard: what it starts (tasks, a connection's callbacks)
+    is the SDK's own (trial IO: a reconnect begun by a handler's call made the next connection in the handler's
+    context, and every subscription of the process was refused on it once the attempt was past its lease)."""
+    if CURRENT.get() is None:
+        return fn()
+    context = contextvars.copy_context()
+    context.run(CURRENT.set, None)
+    return context.run(fn)
 
 
 def spawn(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

@@ -33,7 +33,7 @@ import msgspec
 import msgspec.inspect
 
 from ..errors import ClosedError, InvalidError, LimitError, TinystoreError
-from ..names import a_or_an, check_name, key_text, type_name
+from ..names import a_or_an, check_name, key_text, not_a_type, type_name
 from ..protocol.channels import (
     DELIVER,
     FLOAT64,
@@ -90,6 +90,11 @@ BATCH_BYTES = 1024 * 1024
 """Publishes of one loop turn go in one call up to this many payload bytes (then a new call starts)."""
 BATCH_ITEMS = 1024
 
+Guard = Callable[[str], None]
+"""A job's handler's guard (see :mod:`.attempt_guard`)."""
+_Batched = tuple[Publish, "asyncio.Future[Published]", Guard | None]
+"""A publish of a turn's batch: its request, the future its caller awaits, the guard of its caller (if any)."""
+
 WARN_EVERY = 10.0
 """Seconds between two warnings of one kind from one subscription (the ones in between are counted)."""
 
@@ -139,7 +144,7 @@ class _Codec:
             decoder = msgspec.msgpack.Decoder(Any if type_ is None else type_)
             custom = type_ is not None and isinstance(msgspec.inspect.type_info(type_), msgspec.inspect.CustomType)
         except TypeError as exc:
-            raise InvalidError(f"channel {name}: type {type_!r} cannot be carried: {exc}") from None
+            raise InvalidError(f"channel {name}: {not_a_type(type_, exc)}") from None
         if custom:
             raise InvalidError(
                 f"channel {name}: type {type_name(type_)} cannot be carried: use a dataclass, a msgspec Struct, "
@@ -1193,7 +1198,7 @@ class _Hub:
         self.sending: set[asyncio.Task[Any]] = set()  # the tasks of publishes (see spawn)
         self.resub_task: asyncio.Task[None] | None = None
         self.orphans: set[int] = set()
-        self.batch: list[tuple[Publish, asyncio.Future[Published]]] | None = None
+        self.batch: list[_Batched] | None = None
         self.batch_bytes = 0
         self.inflight = 0  # publish calls sent and not answered
         self.unyielded = 0  # embedded publishes since the last one that gave the loop a turn
@@ -1231,54 +1236,73 @@ class _Hub:
         """Send ``req`` with the other publishes of this loop turn: one ``channels.publish_many`` call for
         them all (all or none), in the order they were made. (A publish made while no other is in flight is
         sent at once instead, by :meth:`Channel.publish`.)"""
-        attempt_guard.check(PUBLISH)  # (its caller's: the batch's task is the SDK's own)
+        guard = attempt_guard.CURRENT.get()
+        if guard is not None:
+            attempt_guard.check(PUBLISH)  # (its caller's: the batch's task is the SDK's own; asked again as it goes)
         fut: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
         batch = self.batch
         if batch is None or self.batch_bytes + size > BATCH_BYTES or len(batch) >= BATCH_ITEMS:
             batch = self.batch = []
             self.batch_bytes = 0
             self.spawn(self._send_batch(batch), sends=True)
-        batch.append((req, fut))
+        batch.append((req, fut, guard))
         self.batch_bytes += size
         return fut
 
-    async def _send_batch(self, batch: list[tuple[Publish, asyncio.Future[Published]]]) -> None:
+    async def _send_batch(self, batch: list[_Batched]) -> None:
         # runs one loop turn after the batch's first publish: what came in that turn is in it
         if self.batch is batch:
             self.batch = None
         self.inflight += 1
         try:
-            if len(batch) == 1:
-                got = [await self.transport.call(PUBLISH, batch[0][0], Published, write=True)]
-            else:
-                got = await self.transport.call(
-                    PUBLISH_MANY, PublishMany([r for r, _ in batch]), list[Published], write=True
-                )
+            while True:
+                # a publish of a job's handler whose attempt went past its lease before the batch went is not sent
+                # (trial IO: two publishes made before the event loop was blocked for 3 s went out after it)
+                batch = [b for b in batch if attempt_guard.passes(b[2], PUBLISH, b[1])]
+                if not batch:
+                    return
+                guards = [g for _, _, g in batch if g is not None]
+                still = functools.partial(attempt_guard.all_pass, guards, PUBLISH) if guards else None
+                try:
+                    if len(batch) == 1:
+                        got = [await self.transport.call(PUBLISH, batch[0][0], Published, write=True, still=still)]
+                    else:
+                        many = PublishMany([r for r, _, _ in batch])
+                        got = await self.transport.call(PUBLISH_MANY, many, list[Published], write=True, still=still)
+                    break
+                except attempt_guard.Withdrawn:
+                    continue  # (nothing went: again, without the publishes past their lease)
         except TinystoreError as exc:
             if len(batch) > 1 and exc.code not in ("outcome_unknown", "closed", "unavailable"):
                 # refused as a whole (nothing of it was published): each on its own, so only the bad one fails
-                for req, fut in batch:
+                for req, fut, guard in batch:
                     if not fut.done():
-                        self.spawn(self._send_one(req, fut), sends=True)
+                        self.spawn(self._send_one(req, fut, guard), sends=True)
                 return
-            for _, fut in batch:
+            for _, fut, _ in batch:
                 if not fut.done():
                     fut.set_exception(exc)
             return
         except BaseException as exc:
-            for _, fut in batch:
+            for _, fut, _ in batch:
                 if not fut.done():
                     fut.set_exception(ClosedError(f"channels: the publish was interrupted: {exc!r}"))
             raise
         finally:
             self.inflight -= 1
-        for (_, fut), published in zip(batch, got, strict=True):
+        for (_, fut, _), published in zip(batch, got, strict=True):
             if not fut.done():
                 fut.set_result(published)
 
-    async def _send_one(self, req: Publish, fut: asyncio.Future[Published]) -> None:
+    async def _send_one(self, req: Publish, fut: asyncio.Future[Published], guard: Guard | None = None) -> None:
+        if not attempt_guard.passes(guard, PUBLISH, fut):
+            return
+        still = None if guard is None else functools.partial(attempt_guard.all_pass, [guard], PUBLISH)
         try:
-            got: Published = await self.transport.call(PUBLISH, req, Published, write=True)
+            got: Published = await self.transport.call(PUBLISH, req, Published, write=True, still=still)
+        except attempt_guard.Withdrawn:
+            attempt_guard.passes(guard, PUBLISH, fut)  # (its guard's error, as it said no)
+            return
         except BaseException as exc:
             if not fut.done():
                 fut.set_exception(exc if isinstance(exc, TinystoreError) else ClosedError(repr(exc)))

@@ -50,7 +50,7 @@ from ..errors import (
     TinystoreError,
     UnavailableError,
 )
-from ..names import check_name, type_name
+from ..names import check_name, not_a_type, type_name
 from ..protocol.jobs import (
     ADD_MAX,
     CANCEL_PUSH,
@@ -1631,10 +1631,7 @@ class Queue(Generic[T]):
         try:
             self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(type if type is not None else Any)
         except TypeError as exc:
-            raise InvalidError(
-                f"queue {name}: type {shown(type)} cannot be carried: {exc} (use a dataclass, a msgspec Struct, a "
-                "TypedDict or a JSON type)"
-            ) from None
+            raise InvalidError(f"queue {name}: {not_a_type(type, exc)}") from None
         self._plain = type is None or type is Any
 
     # -- opening -------------------------------------------------------------------------------

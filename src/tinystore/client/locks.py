@@ -120,16 +120,21 @@ _held: ContextVar[tuple[Lease, ...]] = ContextVar("tinystore_locks_held", defaul
 class _Ask:
     """One acquire of a ``locks.acquire_many`` batch: its request, the future its caller awaits, its ticket."""
 
-    __slots__ = ("fut", "req", "sent", "state", "ticket")
+    __slots__ = ("fut", "guard", "req", "sent", "state", "ticket")
 
     def __init__(
-        self, req: Acquire, fut: asyncio.Future[AcquireOutcome], sent: Callable[[float], None] | None = None
+        self,
+        req: Acquire,
+        fut: asyncio.Future[AcquireOutcome],
+        sent: Callable[[float], None] | None = None,
+        guard: Callable[[str], None] | None = None,
     ) -> None:
         self.req = req
         self.fut = fut
         self.ticket = 0
         self.state = _NEW
         self.sent = sent  # told when the ask is written (see Transport.call)
+        self.guard = guard  # its caller's, a job's handler's (see attempt_guard): asked again as the batch goes
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:
@@ -1039,8 +1044,10 @@ class _Hub:
         return await self._outcome(ask)
 
     async def _ask_batched(self, req: Acquire, sent: Callable[[float], None] | None = None) -> AcquireOutcome:
-        attempt_guard.check(ACQUIRE)  # (its caller's: the batch's task is the SDK's own)
-        ask = _Ask(req, self.loop.create_future(), sent)
+        guard = attempt_guard.CURRENT.get()
+        if guard is not None:
+            attempt_guard.check(ACQUIRE)  # (its caller's: the batch's task is the SDK's own; asked again as it goes)
+        ask = _Ask(req, self.loop.create_future(), sent, guard)
         batch = self.acquire_batch
         if batch is None or len(batch) >= ACQUIRE_MANY_MAX:
             batch = self.acquire_batch = []
@@ -1095,32 +1102,50 @@ class _Hub:
         # runs a loop turn after the batch's first ask: the asks of that turn are in it
         if self.acquire_batch is batch:
             self.acquire_batch = None
-        live = [ask for ask in batch if not ask.fut.done()]  # cancelled before it was sent: nothing to do
-        if not live:
-            return
-        for ask in live:
-            ask.ticket = next(self.ticket_ids)
-            ask.state = _SENT
-            self.asks[ask.ticket] = ask
-        try:
-            req = AcquireMany(items=[ask.req for ask in live], tickets=[ask.ticket for ask in live])
-            got: list[AcquireOutcome] = await self.transport.call(
-                ACQUIRE_MANY, req, list[AcquireOutcome], write=False, retry=False, sent=functools.partial(_sent, live)
-            )
-        except BaseException as exc:
+        while True:
+            # (cancelled before it was sent: nothing to do; of a job's handler whose attempt went past its lease
+            # before the batch went: not sent, trial IO)
+            live = [a for a in batch if not a.fut.done() and attempt_guard.passes(a.guard, ACQUIRE, a.fut)]
+            if not live:
+                return
             for ask in live:
-                self.asks.pop(ask.ticket, None)
-                ask.state = _SETTLED
-                if isinstance(exc, ClosedError) and not self.closed:
-                    self.unheard.append(ask.ticket)
-                if not ask.fut.done():
-                    if isinstance(exc, TinystoreError):
-                        ask.fut.set_exception(exc)
-                    else:
-                        ask.fut.set_exception(ClosedError(f"{ACQUIRE_MANY}: the call was cancelled ({exc!r})"))
-            if not isinstance(exc, TinystoreError):
-                raise
-            return
+                ask.ticket = next(self.ticket_ids)
+                ask.state = _SENT
+                self.asks[ask.ticket] = ask
+            guards = [a.guard for a in live if a.guard is not None]
+            still = functools.partial(attempt_guard.all_pass, guards, ACQUIRE) if guards else None
+            try:
+                req = AcquireMany(items=[ask.req for ask in live], tickets=[ask.ticket for ask in live])
+                got: list[AcquireOutcome] = await self.transport.call(
+                    ACQUIRE_MANY,
+                    req,
+                    list[AcquireOutcome],
+                    write=False,
+                    retry=False,
+                    sent=functools.partial(_sent, live),
+                    still=still,
+                )
+                break
+            except attempt_guard.Withdrawn:
+                for ask in live:  # (nothing went: again, without the asks past their lease)
+                    self.asks.pop(ask.ticket, None)
+                    ask.state = _NEW
+                batch = live
+                continue
+            except BaseException as exc:
+                for ask in live:
+                    self.asks.pop(ask.ticket, None)
+                    ask.state = _SETTLED
+                    if isinstance(exc, ClosedError) and not self.closed:
+                        self.unheard.append(ask.ticket)
+                    if not ask.fut.done():
+                        if isinstance(exc, TinystoreError):
+                            ask.fut.set_exception(exc)
+                        else:
+                            ask.fut.set_exception(ClosedError(f"{ACQUIRE_MANY}: the call was cancelled ({exc!r})"))
+                if not isinstance(exc, TinystoreError):
+                    raise
+                return
         gone: list[int] = []
         for ask, out in zip(live, got, strict=True):
             if ask.state != _SENT:

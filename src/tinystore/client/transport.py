@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import errno
+import functools
 import inspect
 import itertools
 import json
@@ -272,6 +273,7 @@ class Transport:
         retry: bool = True,
         undo: Callable[[bytes], None] | None = None,
         sent: Callable[[float], None] | None = None,
+        still: Callable[[], bool] | None = None,
     ) -> Any:
         """Call ``method`` with ``request``; its answer decoded as ``response_type``. Raises ``LimitError``
         when the request's encoding is over the frame limit (nothing is sent), ``ClosedError``, and what the
@@ -283,7 +285,12 @@ class Transport:
         given back. In this process a cancel reaches the method itself, which gives back what it made.
 
         ``sent(t)``: called with the loop's time as the request is written to a connection (again at each
-        sending); never in this process."""
+        sending); never in this process.
+
+        ``still()``: asked as the request is about to be written to a connection (again at each sending); when it
+        says ``False``, nothing is sent and :class:`~.attempt_guard.Withdrawn` is raised (a batch whose item's
+        attempt went past its lease meanwhile). Never asked in this process, where no call is guarded. A call made
+        by a job's handler is asked of its attempt (see :mod:`.attempt_guard`) as it begins and again there."""
         raise NotImplementedError
 
     def call_first(
@@ -380,6 +387,7 @@ class LocalTransport(Transport):
         retry: bool = True,
         undo: Callable[[bytes], None] | None = None,
         sent: Callable[[float], None] | None = None,
+        still: Callable[[], bool] | None = None,
     ) -> Any:
         if self.closed and (method != ROLLBACK or self.session.closed):
             # (a rollback still goes while the close waits for the writes: one may wait for the writer it holds)
@@ -576,6 +584,22 @@ IN_DOUBT_WAIT = 10.0
 connection to learn that (then, or when no connection comes, it is ``OutcomeUnknownError``)."""
 
 
+class _Withheld(Exception):
+    """A request held back as it was to be written (see ``_ClientConn.flush``): not sent; its call asks its guard
+    again."""
+
+
+def _may_go(method: str, guard: Callable[[str], None] | None, still: Callable[[], bool] | None) -> bool:
+    """Whether a call of ``method`` may still be written: ``guard`` (a job's handler's) lets it, and ``still``
+    (a batch's) says so."""
+    if guard is not None:
+        try:
+            guard(method)
+        except Exception:
+            return False
+    return still is None or still()
+
+
 class _NotSent(Exception):
     """The connection dropped before the request was written: it never reached the server (or the server said it
     never read it). ``out_of_memory``: the server dropped the connection having no memory to take it in."""
@@ -707,6 +731,9 @@ class _ClientConn(asyncio.Protocol):
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.out: list[bytes] = []
         self.unsent: set[int] = set()  # requests queued but not yet written: safe to send again
+        # the requests of this turn's out that a guard may still hold back (see attempt_guard): frame, stream, and
+        # whether it may go, asked as it is written
+        self.withheld: list[tuple[bytes, int, Callable[[], bool]]] = []
         self.writes: set[int] = set()  # the writes in flight (see RemoteTransport.close)
         # cancelled calls whose answer, should it come after all, must be undone: stream → (undo, barrier); see
         # RemoteTransport.call's ``undo``
@@ -771,6 +798,18 @@ class _ClientConn(asyncio.Protocol):
         self.flush_scheduled = False
         out, self.out = self.out, []
         self.unsent.clear()
+        if self.withheld:
+            # a request of a job's handler queued in a turn that the event loop was then blocked in, past the
+            # attempt's lease, is held back here (trial IO: a publish queued before a 3 s block went out after it)
+            withheld, self.withheld = self.withheld, []
+            for frame, stream, may_go in withheld:
+                if may_go():
+                    continue
+                out = [f for f in out if f is not frame]
+                fut = self.pending.pop(stream, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(_Withheld())  # (its call asks again: its guard raises, a batch goes without)
+                self.release()
         if out and self.transport is not None and not self.lost:
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
             self.last_tx = self.loop.time()
@@ -1306,7 +1345,7 @@ class RemoteTransport(Transport):
                 proto.transport.close()
                 raise
         if not proto.lost:
-            proto.keepalive = asyncio.ensure_future(self._keepalive(proto))
+            proto.keepalive = attempt_guard.spawn(self._keepalive(proto))
         return proto
 
     async def _keepalive(self, conn: _ClientConn) -> None:
@@ -1377,6 +1416,10 @@ class RemoteTransport(Transport):
     def _on_lost(self, conn: _ClientConn) -> None:
         if conn is not self._conn:
             return
+        if attempt_guard.CURRENT.get() is not None:
+            # found by a handler's call: the reconnect, and what the hooks start, are the SDK's own (trial IO)
+            attempt_guard.free(lambda: self._on_lost(conn))
+            return
         self._conn = None
         self._up.clear()
         self.down_since = time.monotonic()
@@ -1389,7 +1432,7 @@ class RemoteTransport(Transport):
             except Exception:
                 log.exception("a hook of a dropped connection failed")
         if self._reconnecting is None or self._reconnecting.done():
-            self._reconnecting = asyncio.ensure_future(self._reconnect_loop())
+            self._reconnecting = attempt_guard.spawn(self._reconnect_loop())
 
     async def _reconnect_loop(self) -> None:
         old_epoch = self.epoch
@@ -1503,10 +1546,13 @@ class RemoteTransport(Transport):
         retry: bool = True,
         undo: Callable[[bytes], None] | None = None,
         sent: Callable[[float], None] | None = None,
+        still: Callable[[], bool] | None = None,
     ) -> Any:
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
-        if attempt_guard.CURRENT.get() is not None:
+        guard = attempt_guard.CURRENT.get()
+        guarded = guard is not None and method not in attempt_guard.LETTING_GO
+        if guarded:
             attempt_guard.check(method)  # (a job's handler: nothing goes out once its attempt is past its lease)
         began = time.monotonic()
         first = self._first
@@ -1576,6 +1622,13 @@ class RemoteTransport(Transport):
                     conn.waiters.append(w)
                     await w
                     continue
+                if guarded:
+                    # asked again as it goes: the waits above (a turn, credit, the next connection) may have taken
+                    # it past its lease (trial IO: 40 writes that waited for a turn went out 3 s after the attempt
+                    # was lost)
+                    attempt_guard.check(method)
+                if still is not None and not still():
+                    raise attempt_guard.Withdrawn(method)
                 stream = next(self._ids)
                 # (made before the call is pending: a MemoryError here leaves nothing behind, trial EG)
                 frame = request_frame(stream, method, body)
@@ -1586,6 +1639,8 @@ class RemoteTransport(Transport):
                 # conn.send(...), inline: what this loop turn queues goes out in one write
                 conn.out.append(frame)
                 conn.unsent.add(stream)
+                if guarded or still is not None:
+                    conn.withheld.append((frame, stream, functools.partial(_may_go, method, guard, still)))
                 if sent is not None:
                     sent(conn.loop.time())  # (no later than the write: a lower bound of when the server reads it)
                 if not conn.flush_scheduled:
@@ -1599,6 +1654,8 @@ class RemoteTransport(Transport):
                             conn.writes.discard(stream)
                     else:
                         raw = await fut
+                except _Withheld:
+                    continue  # (asked again above: not sent)
                 except _NotSent as exc:
                     if exc.out_of_memory:
                         # the server had no memory to take in what came (trial EJ: sent again for ever, 18 a second)

@@ -1,0 +1,163 @@
+"""From trial IO: a job's handler's calls were looked at by its attempt (see ``client/attempt_guard.py``) only as
+they began. A call that then waited (for a turn, for credit, for the next connection), or whose frame was queued in a
+loop turn that the event loop was then blocked in, went out after the worker had counted the attempt past its lease;
+and a reconnect begun in a handler's context made the next connection in it, so that every subscription of the
+process was refused on it. Each call is now asked again as it is written."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import tinystore
+from tinystore.client import attempt_guard
+
+from ..helpers import ServerProcess, drop_connection, open_store
+from .util import wait_state, wait_until
+
+# (a 4 s lease, the loop held 3.4 s: past the 3 s after which this worker gives the lease up, short of the store's 4 s,
+# which would tell the worker first, its word read before the loop's timers)
+LEASE = "4s"
+HELD = 3.4
+
+
+# contract: JOB-08
+async def test_publishes_queued_before_the_loop_was_held_past_the_lease_are_not_sent(tmp_path: Path) -> None:
+    async with open_store("private", tmp_path / "store") as store:
+        ch = store.channel("events", dict)
+        heard: list[Any] = []
+        sub = await ch.subscribe(lambda m: heard.append(m.value["n"]))
+        q = store.queue("mail", lease=LEASE, attempts=3, backoff=("100ms", "100ms"))
+        outcomes: list[Any] = []
+
+        async def handler(value: int, run: tinystore.Run) -> None:
+            if run.attempt == 1:
+                # the first goes at once, the second in the turn's batch: both queued, then the loop is held
+                outcomes.extend(asyncio.ensure_future(ch.publish({"n": n})) for n in (1, 2))
+                await asyncio.sleep(0)
+                time.sleep(HELD)  # noqa: ASYNC251 (the whole loop held: a pause of the process)
+                await asyncio.sleep(30)  # (the handler is stopped: its attempt is lost)
+            await ch.publish({"n": 3})
+
+        worker = q.work(handler)
+        try:
+            jid = await q.add(1)
+            job = await wait_state(q, jid, "succeeded", timeout=20)
+            await wait_until(lambda: 3 in heard, what="the second attempt's publish")
+            await asyncio.sleep(0.2)
+        finally:
+            await worker.stop()
+            await sub.stop()
+        assert heard == [3], heard
+        errors = [o.exception() for o in outcomes]
+        assert len(errors) == 2 and all(isinstance(e, tinystore.LostError) for e in errors), errors
+        assert job.attempts == 2 and [e.error for e in job.errors] == ["worker lost"]
+        assert await ch.publish({"n": 4})  # (other code: published)
+
+
+# contract: JOB-08
+async def test_lock_requests_queued_before_the_loop_was_held_past_the_lease_are_not_sent(tmp_path: Path) -> None:
+    async with open_store("private", tmp_path / "store") as store:
+        lock = store.lock("files", ttl="30s")
+        q = store.queue("mail", lease=LEASE, attempts=3, backoff=("100ms", "100ms"))
+        outcomes: list[Any] = []
+
+        async def take(key: str) -> str:
+            async with lock.hold(key):
+                return key
+
+        async def handler(value: int, run: tinystore.Run) -> None:
+            if run.attempt == 1:
+                outcomes.extend(asyncio.ensure_future(take(k)) for k in ("a", "b", "c"))
+                await asyncio.sleep(0)
+                time.sleep(HELD)  # noqa: ASYNC251 (the whole loop held: a pause of the process)
+                await asyncio.sleep(30)  # (the handler is stopped: its attempt is lost)
+
+        worker = q.work(handler)
+        try:
+            jid = await q.add(1)
+            job = await wait_state(q, jid, "succeeded", timeout=20)
+        finally:
+            await worker.stop()
+        errors = [o.exception() for o in outcomes]
+        assert len(errors) == 3 and all(isinstance(e, tinystore.LostError) for e in errors), errors
+        assert job.attempts == 2
+        # nothing was taken for the lost handler: each key is free at once (not held for its 30 s ttl)
+        for key in ("a", "b", "c"):
+            async with lock.hold(key, wait="1s"):
+                pass
+
+
+# contract: JOB-08
+async def test_a_write_waiting_for_the_store_past_the_lease_is_not_sent_when_it_is_back(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "store").start()
+    store = await tinystore.open(tmp_path / "store")
+    try:
+        db = await store.database("app", migrations=[("001.sql", "create table t (who text)")])
+        q = store.queue("mail", lease="2s", attempts=3, backoff=("100ms", "100ms"))
+        late: list[asyncio.Future[Any]] = []
+        gone = asyncio.Event()
+
+        async def handler(value: int, run: tinystore.Run) -> None:
+            if run.attempt == 1:
+                server.kill()  # (the store away for longer than the lease: back after it, below)
+                while store.transport.connected:  # (the drop seen: the write waits for the next connection)
+                    await asyncio.sleep(0.01)
+                late.append(asyncio.ensure_future(db.exec("insert into t values ('late')")))
+                gone.set()
+                await asyncio.sleep(30)
+            await db.exec("insert into t values ('second')")
+
+        worker = q.work(handler)
+        try:
+            jid = await q.add(1)
+            await asyncio.wait_for(gone.wait(), 10)
+            await asyncio.sleep(3.0)
+            await asyncio.to_thread(server.start)
+            job = await wait_state(q, jid, "succeeded", timeout=30)
+        finally:
+            await worker.stop()
+        assert late and late[0].done()
+        assert isinstance(late[0].exception(), tinystore.LostError), late[0].exception()
+        assert await db.all("select who from t") == [{"who": "second"}]
+        assert job.attempts == 2
+    finally:
+        await store.close()
+        server.stop()
+
+
+async def test_a_connection_dropped_in_a_handlers_context_is_made_again_as_the_sdks_own(tmp_path: Path) -> None:
+    async with open_store("private", tmp_path / "store") as store:
+        ch = store.channel("events", dict)
+        heard: list[Any] = []
+        sub = await ch.subscribe(lambda m: heard.append(m.value["n"]))
+
+        def refuse(method: str) -> None:  # (a handler's attempt past its lease)
+            raise tinystore.LostError(f"{method} was not sent: past the lease")
+
+        def drop() -> None:
+            attempt_guard.CURRENT.set(refuse)
+            drop_connection(store)
+
+        import contextvars
+
+        contextvars.copy_context().run(drop)  # (the drop is seen in that context, as a handler's write finds it)
+        n = 0
+
+        async def published_and_heard() -> bool:
+            nonlocal n
+            n += 1
+            try:
+                await ch.publish({"n": n})
+            except tinystore.TinystoreError:
+                return False
+            await asyncio.sleep(0.05)
+            return bool(heard)
+
+        try:
+            await wait_until(published_and_heard, what="a message heard on the next connection", timeout=10)
+        finally:
+            await sub.stop()
+        assert heard
