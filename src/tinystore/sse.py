@@ -53,7 +53,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from .durations import Duration, seconds
-from .errors import InvalidError, LimitError, TinystoreError
+from .errors import InvalidError, LimitError, TinystoreError, UnavailableError
 from .protocol.values import at_path
 from .socket_queue import unsent_in_socket
 
@@ -77,6 +77,10 @@ log = logging.getLogger("tinystore.sse")
 
 KEEPALIVE = 15.0
 """Seconds of silence after which a stream sends a comment line, so proxies and load balancers keep it open."""
+
+UNREACHED_WAIT = 5.0
+"""Seconds a stream asked for while the SDK is not connected to the store waits for it (a restart's reconnect takes
+less); then it answers 503, ``Retry-After`` 5 s, rather than wait out the SDK's ``reconnect_timeout``."""
 
 STOP_WITHIN = 5.0
 """Seconds a producer (or a channel subscription) is given to end after the browser went away; then it is
@@ -1283,6 +1287,14 @@ class _ChannelStream(EventSourceResponse):
 
     async def _open(self, outbox: _Outbox) -> Producer | None:
         self.outbox = outbox
+        transport = self.branch.store.transport
+        if not await transport.reached(UNREACHED_WAIT):
+            # (trial IQ: a stream asked for while the store was stopped waited out the SDK's reconnect_timeout,
+            # 30 s, with the browser's EventSource "connecting", before its 503)
+            raise UnavailableError(
+                f"the store was not reached within {UNREACHED_WAIT:g}s (stopped, restarting or unreachable); the "
+                f"browser tries again in {UNAVAILABLE_RETRY_MS // 1000} s"
+            )
         after, malformed = _parse_last_event_id(self.last_event_id)
         if self.shared:
             # a fresh stream makes (or joins) the shared subscription; a resumed one joins it only when this

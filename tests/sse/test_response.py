@@ -465,3 +465,38 @@ async def test_a_producer_awaiting_a_write_given_up_goes_on_and_returns(monkeypa
             assert ended == ["returned"]
         finally:
             sock.close()
+
+
+# contract: SSE-03
+async def test_a_stream_asked_for_while_the_store_is_down_gives_503_in_seconds_and_streams_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    # trial IQ: with the store stopped, the 503 came after the SDK's reconnect_timeout (30 s), the browser's
+    # EventSource "connecting" all that time
+    import time
+
+    from ..helpers import ServerProcess
+
+    server = ServerProcess(tmp_path / "s").start()
+    store = await tinystore.open(tmp_path / "s")
+    try:
+        events = store.channel("e")
+
+        async def endpoint(request: Request) -> Response:
+            return event_stream(events.under("1"), request)
+
+        app = Starlette(routes=[Route("/s", endpoint)])
+        async with serve(app) as url, client() as http:
+            server.stop()
+            began = time.monotonic()
+            r = await asyncio.wait_for(http.get(f"{url}/s"), 20)
+            took = time.monotonic() - began
+            assert r.status_code == 503 and "not reached within 5s" in r.text and r.headers["retry-after"] == "5"
+            assert took < 10, took
+            server.start()
+            async with open_sse(http, f"{url}/s") as s:
+                await events.under("1").publish({"back": True})
+                assert json.loads((await s.next()).data) == {"back": True}
+    finally:
+        await store.close()
+        server.stop()

@@ -259,6 +259,13 @@ class Transport:
         closed). Calls made meanwhile wait for the SDK to reconnect."""
         return not self.closed
 
+    async def reached(self, within: float) -> bool:
+        """Wait up to ``within`` seconds for the store to be reached: ``False`` when the SDK is still trying to
+        reach it then (stopped, restarting, unreachable); ``True`` at once when :attr:`connected`, as the SDK's
+        next connection is up, or when it stopped trying (closed, or given up: the next call raises why). A cancel
+        leaves nothing behind."""
+        return True
+
     def on_push(self, method: str, handler: PushHandler, body_type: Any = Any) -> None:
         """Call ``handler(body)`` for each push of ``method`` (``body`` decoded as ``body_type``)."""
         self.push_handlers[method] = (handler, body_type)
@@ -1497,6 +1504,25 @@ class RemoteTransport(Transport):
     def connected(self) -> bool:
         conn = self._conn
         return not self.closed and conn is not None and not conn.going()
+
+    async def reached(self, within: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not self.connected:
+            if self.closed or self._gone is not None:
+                return True  # (nothing to wait for: the next call raises why)
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                async with asyncio.timeout(left):
+                    if self._up.is_set():
+                        await asyncio.sleep(0.01)  # (a connection that is going: until it is gone)
+                    else:
+                        await self._up.wait()
+            except TimeoutError:
+                return False
+        return True
 
     def give_up(self, exc: TinystoreError) -> None:
         self._gone = exc
