@@ -128,8 +128,9 @@ def non_finite(payload: bytes) -> str | None:
 
 def non_finite_error(channel: str, branch: list[str] | tuple[str, ...], problem: str) -> str:
     """The message of the ``InvalidError`` for a published value that holds ``problem`` (see :func:`non_finite`)."""
+    where = f" branch {list(branch)!r}:" if branch else ""  # (the channel's root: no branch to name, trial IQ)
     return (
-        f"channel {channel}: branch {list(branch)!r}: the value cannot be published: {problem} "
+        f"channel {channel}:{where} the value cannot be published: {problem} "
         "(subscribers read JSON, which has no NaN nor infinity)"
     )
 
