@@ -52,6 +52,20 @@ async def test_a_migration_with_transaction_control_says_why(tmp_path: Path, ope
         assert message.count("database app") == 1
 
 
+# contract: SQL-05
+async def test_a_vacuum_in_a_migration_says_to_run_it_on_its_own(store: tinystore.Store) -> None:
+    # trial IS: SQLite's "cannot VACUUM from within a transaction" alone
+    first = ("001.sql", "create table a (id integer primary key)")
+    with pytest.raises(InvalidError) as info:
+        await store.database("app", migrations=[first, ("002.sql", "vacuum;")])
+    assert info.value.message == (
+        "database app: migration 002.sql: VACUUM cannot run in a migration, which runs in a transaction with the "
+        'migration\'s other statements: run it on its own once the migrations are applied (db.exec("vacuum"))'
+    )
+    db = await store.database("app", migrations=[first])  # (the first applied: what comes before is kept)
+    await db.exec("vacuum")
+
+
 async def test_last_insert_rowid_is_the_statements_own(store: tinystore.Store) -> None:
     db = await store.database("app", migrations=[("1.sql", "create table t (id integer primary key, a unique);")])
     done = await db.exec("insert into t (a) values (?)", "x")

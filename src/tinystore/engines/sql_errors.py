@@ -51,6 +51,12 @@ def migration_error(db: str, migration: str, exc: TinystoreError) -> TinystoreEr
     (a full disk, an I/O error, no file descriptor left: trial CN; worth trying again once mended, where an
     ``InvalidError`` says to mend the SQL)."""
     why = exc.message.removeprefix(f"database {db}: ")
+    if why == "cannot VACUUM from within a transaction":
+        # (trial IS: SQLite's word alone, where every other statement refused in a migration says what to do)
+        why = (
+            "VACUUM cannot run in a migration, which runs in a transaction with the migration's other statements: "
+            'run it on its own once the migrations are applied (db.exec("vacuum"))'
+        )
     if isinstance(exc, ClosedError):  # (the store stopped as it ran: trial EA, said InvalidError, "mend your SQL")
         return ClosedError(f"database {db}: migration {migration}: {why}")
     if isinstance(exc, CorruptError):
