@@ -1727,9 +1727,9 @@ class Queue(Generic[T]):
                 changed = key_changed(msgspec.to_builtins(value), msgspec.to_builtins(back))
                 if changed is not None:
                     raise InvalidError(
-                        f"queue {self.name}: {what}: the value does not encode as JSON: {changed} (JSON keys are "
-                        f"text: the queue's type, {type_name(self.type)}, reads them back only where it names "
-                        "their type, as dict[int, ...] does)"
+                        f"queue {self.name}: {what}: the value does not encode as JSON: {changed} (JSON object "
+                        f"keys are text; the queue's type, {type_name(self.type)}, reads this one back as text: a "
+                        "type reads keys back as ints only where it says so, as dict[int, ...] does)"
                     )
         limit = self.store.limits.job_value_bytes
         size = len(text.encode()) if not text.isascii() else len(text)

@@ -20,7 +20,7 @@ import msgspec.inspect
 import msgspec.structs
 
 from ..engines.sql_text import SqlParams, check_params
-from ..errors import ClosedError, InvalidError, LimitError, TinystoreError, UnavailableError
+from ..errors import ClosedError, InvalidError, LimitError, LostError, TinystoreError, UnavailableError
 from ..names import a_or_an, check_name
 from ..protocol.messages import decode
 from ..protocol.sql import Begin, Done, Exec, Migration, OpenDb, Opened, Query, Rows, TxRef
@@ -798,6 +798,11 @@ class SqlTx(Queries):
         except asyncio.CancelledError:
             # a commit the server had not begun when the cancel came is never run: end the transaction now
             # rather than at tx_idle (a rollback after a commit that ran changes nothing)
+            self.db.store._undo_soon("sql.rollback", TxRef(self.id))
+            raise
+        except LostError:
+            # a job's handler past its attempt's lease: the commit was not sent (see attempt_guard), and the
+            # rollback is, at once (trial IR: the writer stayed held until tx_idle, other code's writes behind it)
             self.db.store._undo_soon("sql.rollback", TxRef(self.id))
             raise
         except TinystoreError as exc:

@@ -59,6 +59,7 @@ from .turns import pass_turn
 from .unsendable import surrogate_named, unsendable
 
 _RESPONSE = Kind.RESPONSE
+_REQUEST = Kind.REQUEST
 _Future = asyncio.Future
 
 log = logging.getLogger("tinystore.client")
@@ -806,20 +807,34 @@ class _ClientConn(asyncio.Protocol):
         out, self.out = self.out, []
         self.unsent.clear()
         if self.withheld:
-            # a request of a job's handler queued in a turn that the event loop was then blocked in, past the
-            # attempt's lease, is held back here (trial IO: a publish queued before a 3 s block went out after it)
-            withheld, self.withheld = self.withheld, []
-            for frame, stream, may_go in withheld:
-                if may_go():
-                    continue
-                out = [f for f in out if f is not frame]
-                fut = self.pending.pop(stream, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(_Withheld())  # (its call asks again: its guard raises, a batch goes without)
-                self.release()
+            out = self._hold_back(out)
         if out and self.transport is not None and not self.lost:
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
             self.last_tx = self.loop.time()
+
+    def _hold_back(self, out: list[bytes]) -> list[bytes]:
+        """``out`` without the requests to hold back: one of a job's handler queued in a loop turn that the event
+        loop was then blocked in, past the attempt's lease (trial IO: a publish queued before a 3 s block went out
+        after it), and every request queued after it, so that what other code queued keeps its order (trial IR: a
+        turn's first batch of publishes, sent again without the handler's, went out after the second). Each is
+        sent again by its call (its guard raises; a batch goes without the items past their lease)."""
+        withheld, self.withheld = self.withheld, []
+        stopped = [frame for frame, _, may_go in withheld if not may_go()]
+        if not stopped:
+            return out
+        first = min(i for i, f in enumerate(out) if any(f is s for s in stopped))
+        kept = out[:first]
+        for frame in out[first:]:
+            _, kind, _, stream, _ = frames.HEADER.unpack_from(frame)
+            fut = self.pending.get(stream) if kind == _REQUEST else None
+            if fut is None:
+                kept.append(frame)  # (a cancel, a keep-alive's probe: not a call's)
+                continue
+            del self.pending[stream]
+            if not fut.done():
+                fut.set_exception(_Withheld())
+            self.release()
+        return kept
 
     def answered(self, stream: int, body: bytes | None) -> None:
         """An answer came (``body``; ``None`` for an error) while cancelled calls wait to learn whether theirs
