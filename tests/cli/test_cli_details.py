@@ -20,6 +20,7 @@ import pytest
 
 import tinystore
 
+from ..helpers import ServerProcess
 from .support import popen_cli, run_cli
 
 
@@ -650,3 +651,21 @@ def test_a_key_json_writes_as_text_is_printed_as_that_text() -> None:
         "00000000-0000-0000-0000-000000000001": 2,
         "6162": 4,
     }
+
+
+# contract: STORE-01
+def test_status_require_server_exits_3_without_opening_the_store_when_no_server_runs(tmp_path: Path) -> None:
+    # trial IT: a health check read status 0 from a store the command opened itself, no server running
+    directory = tmp_path / "s"
+    server = ServerProcess(directory).start()
+    try:
+        done = run_cli("status", str(directory), "--require-server", "--json")
+        assert done.returncode == 0 and json.loads(done.stdout)["server_running"] is True, done.stderr
+    finally:
+        server.stop()
+    epoch = (directory / "EPOCH").read_text()
+    done = run_cli("status", str(directory), "--require-server")
+    assert done.returncode == 3 and "no server is running there" in done.stderr, done.stderr
+    assert "the store was not opened" in done.stderr and done.stdout == ""
+    assert (directory / "EPOCH").read_text() == epoch  # (not opened: no new epoch)
+    assert run_cli("status", str(directory)).returncode == 0  # (without the flag: opened by the command, as before)

@@ -92,6 +92,26 @@ async def test_others_wait_for_a_command_that_opened_the_store_itself(tmp_path: 
         query.wait()
 
 
+# contract: STORE-01
+async def test_serve_waits_for_a_command_that_opened_the_store_itself(tmp_path: Path) -> None:
+    # trial IT: a health check's `tinystore status`, run as the service started, made its `serve` fail at once
+    directory = tmp_path / "s"
+    async with open_store("embedded", directory) as store:
+        await (await store.database("main")).exec("create table t (x)")
+    query = _long_query(directory)
+    try:
+        await _owned(directory, query.pid)
+        server = ServerProcess(directory).start(timeout=30)
+        try:
+            # (it let go of the store: the server waited for it, rather than fail)
+            assert "the command tinystore sql owns it: waiting for it to end" in (directory / "serve.log").read_text()
+        finally:
+            server.stop()
+    finally:
+        query.kill()
+        query.wait()
+
+
 def test_a_command_waits_for_another_that_opened_the_store_itself(tmp_path: Path) -> None:
     directory = tmp_path / "s"
     assert run_cli("sql", str(directory), "--write", "--create", "create table t (x)").returncode != 0  # no store

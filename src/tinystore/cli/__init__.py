@@ -860,6 +860,11 @@ def stop(directory: Path, grace: str) -> None:
     run_async(go)
 
 
+NOT_RUNNING = 3
+"""The exit status of ``status --require-server`` when no server runs (LSB init scripts' "program is not
+running")."""
+
+
 def _db_open(d: dict[str, Any]) -> str:
     """The "open" cell of a database: "yes", or "no" with why (closed as unused) and its file's size."""
     if d.get("open", True):
@@ -872,15 +877,33 @@ def _db_open(d: dict[str, Any]) -> str:
 @main.command()
 @click.argument("directory", type=UserPath(file_okay=False, path_type=Path, remote=True))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def status(directory: Target, as_json: bool) -> None:
+@click.option(
+    "--require-server",
+    is_flag=True,
+    help="Exit with status 3, without opening the store, when no server runs (a health check's use).",
+)
+def status(directory: Target, as_json: bool, require_server: bool) -> None:
     """Show the store of DIRECTORY: version, connections, databases, and what each engine holds.
 
-    Asks the directory's server when one runs, else opens the store in this command (no server is started).
-    DIRECTORY may be a server's tcp://HOST:PORT or tls://HOST:PORT, with its token in $TINYSTORE_TOKEN."""
+    Asks the directory's server when one runs, else opens the store in this command (no server is started; the
+    output says so, and "server_running" is false), unless --require-server is given: then it exits with status 3
+    (as LSB's status actions do for "not running"). DIRECTORY may be a server's tcp://HOST:PORT or tls://HOST:PORT,
+    with its token in $TINYSTORE_TOKEN."""
     need_store_dir(directory)
 
     async def go() -> dict[str, Any]:
-        store = await open_for_cli(directory)
+        if require_server and not isinstance(directory, Address):
+            # (trial IT: a health check read exit status 0 from a store this command opened itself, with no server;
+            # and owning the directory meanwhile, it made a starting `tinystore serve` fail)
+            try:
+                store = await _connect_dir(directory)
+            except UnavailableError as exc:
+                if not directory.exists():
+                    raise
+                click.echo(f"error[not_running] {exc.message} (--require-server: the store was not opened)", err=True)
+                sys.exit(NOT_RUNNING)
+        else:
+            store = await open_for_cli(directory)
         try:
             if store.mode == "embedded":
                 # opened here: load the queues as a server does at its start, so that they are listed (trial EP)

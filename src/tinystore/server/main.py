@@ -23,7 +23,7 @@ from .. import __version__
 from ..addresses import parse_address
 from ..clock import Clock
 from ..engines import gc_hold
-from ..errors import InvalidError, PermissionDeniedError
+from ..errors import InUseError, InvalidError, PermissionDeniedError
 from ..limits import Limits
 from ..protocol.frames import PROTOCOL_VERSION
 from . import dirlock, paths
@@ -284,6 +284,31 @@ async def start_listeners(
     return listeners
 
 
+COMMAND_WAIT = 10.0
+"""Seconds a server waits for a command of the command line that owns its directory (``status``, ``sql``, ``jobs``
+opened the store themselves, as no server ran: each lets go as it ends)."""
+
+
+async def _start_after_commands(core: Core) -> None:
+    """``core.start()``, waiting up to :data:`COMMAND_WAIT` while a command of the command line owns the directory
+    (trial IT: a health check's ``tinystore status``, run as the service started, made its ``serve`` fail). Raises
+    ``InUseError`` for any other owner (a server, an application's embedded store) at once."""
+    deadline = time.monotonic() + COMMAND_WAIT
+    told = False
+    while True:
+        try:
+            await core.start()
+            return
+        except InUseError:
+            owner = dirlock.owned_by_command(core.directory)
+            if owner is None or owner == "serve" or time.monotonic() >= deadline:
+                raise
+            if not told:
+                told = True
+                log.info("store %s: the command tinystore %s owns it: waiting for it to end", core.directory, owner)
+        await asyncio.sleep(0.1)
+
+
 async def serve(opts: ServeOptions, ready: Any = None) -> int:
     """Run a server until SIGTERM/SIGINT, ``tinystore stop``, idle exit, or the parent's exit. Returns 0, or
     :data:`~tinystore.server.paths.EXIT_LOST_PLACE` when it stopped because its directory or socket went away.
@@ -305,7 +330,7 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
     )
     core.mode = opts.mode
     try:
-        await core.start()
+        await _start_after_commands(core)
     except BaseException as exc:
         close_sockets(bound)
         if isinstance(exc, PermissionError):
