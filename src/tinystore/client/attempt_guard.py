@@ -25,9 +25,9 @@ handler's lock stayed held for its ttl, and the job's next attempt waited for it
 
 
 class Withdrawn(Exception):
-    """Raised by a transport's call, instead of sending it, when its ``still`` said no as its frame was about to
-    go: a batch of several callers' items (a turn's publishes, lock requests), one of whose guards refused its
-    item then; nothing was sent, and the batch is sent again without that item."""
+    """Raised by a transport's call, instead of sending it, when its ``still`` said nothing is left to send: a batch
+    of several callers' items (a turn's publishes, lock requests) each of whose guards refused its item (each
+    item's caller was told why); nothing was sent."""
 
 
 def check(method: str) -> None:
@@ -48,16 +48,6 @@ def passes(guard: Callable[[str], None] | None, method: str, fut: asyncio.Future
         if not fut.done():
             fut.set_exception(exc)
         return False
-    return True
-
-
-def all_pass(guards: list[Callable[[str], None]], method: str) -> bool:
-    """Whether each of ``guards`` lets a call of ``method`` go (see :class:`Withdrawn`)."""
-    for guard in guards:
-        try:
-            guard(method)
-        except Exception:
-            return False
     return True
 
 

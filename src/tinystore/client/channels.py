@@ -219,6 +219,33 @@ _json_text = msgspec.json.encode
 _json_pairs = json.loads
 
 
+class _Outgoing:
+    """The publishes of one call (``channels.publish`` for one, ``channels.publish_many`` for more), as it is sent:
+    :meth:`still` is the transport's ``still`` (see ``Transport.call``)."""
+
+    __slots__ = ("items", "request", "single")
+
+    def __init__(self, items: list[_Batched]) -> None:
+        self.items = items
+        self.single = len(items) == 1
+        self.request: Any = self._made()
+
+    def _made(self) -> Any:
+        return self.items[0][0] if self.single else PublishMany([r for r, _, _ in self.items])
+
+    def still(self) -> Any:
+        """The request to send now: without the publishes of a handler past its lease (each told why), or
+        ``False`` when none is left."""
+        kept = [b for b in self.items if attempt_guard.passes(b[2], PUBLISH, b[1])]
+        if not kept:
+            self.items = []
+            return False
+        if len(kept) != len(self.items):
+            self.items = kept
+            self.request = self._made()
+        return self.request
+
+
 def _read_back(data: bytes) -> Any:
     """``data`` decoded as plain MessagePack, or None when it does not read back."""
     try:
@@ -1253,55 +1280,51 @@ class _Hub:
         # runs one loop turn after the batch's first publish: what came in that turn is in it
         if self.batch is batch:
             self.batch = None
+        # a publish of a job's handler whose attempt went past its lease before the batch went is not sent (trial
+        # IO: two publishes made before the event loop was blocked for 3 s went out after it); nor as it is written
+        out = _Outgoing([b for b in batch if attempt_guard.passes(b[2], PUBLISH, b[1])])
+        if not out.items:
+            return
+        still = out.still if any(g is not None for _, _, g in out.items) else None
         self.inflight += 1
         try:
-            while True:
-                # a publish of a job's handler whose attempt went past its lease before the batch went is not sent
-                # (trial IO: two publishes made before the event loop was blocked for 3 s went out after it)
-                batch = [b for b in batch if attempt_guard.passes(b[2], PUBLISH, b[1])]
-                if not batch:
-                    return
-                guards = [g for _, _, g in batch if g is not None]
-                still = functools.partial(attempt_guard.all_pass, guards, PUBLISH) if guards else None
-                try:
-                    if len(batch) == 1:
-                        got = [await self.transport.call(PUBLISH, batch[0][0], Published, write=True, still=still)]
-                    else:
-                        many = PublishMany([r for r, _, _ in batch])
-                        got = await self.transport.call(PUBLISH_MANY, many, list[Published], write=True, still=still)
-                    break
-                except attempt_guard.Withdrawn:
-                    continue  # (nothing went: again, without the publishes past their lease)
+            if out.single:
+                got = [await self.transport.call(PUBLISH, out.request, Published, write=True, still=still)]
+            else:
+                got = await self.transport.call(PUBLISH_MANY, out.request, list[Published], write=True, still=still)
+        except attempt_guard.Withdrawn:
+            return  # (no item left: each was told why)
         except TinystoreError as exc:
-            if len(batch) > 1 and exc.code not in ("outcome_unknown", "closed", "unavailable"):
+            if len(out.items) > 1 and exc.code not in ("outcome_unknown", "closed", "unavailable"):
                 # refused as a whole (nothing of it was published): each on its own, so only the bad one fails
-                for req, fut, guard in batch:
+                for req, fut, guard in out.items:
                     if not fut.done():
                         self.spawn(self._send_one(req, fut, guard), sends=True)
                 return
-            for _, fut, _ in batch:
+            for _, fut, _ in out.items:
                 if not fut.done():
                     fut.set_exception(exc)
             return
         except BaseException as exc:
-            for _, fut, _ in batch:
+            for _, fut, _ in out.items:
                 if not fut.done():
                     fut.set_exception(ClosedError(f"channels: the publish was interrupted: {exc!r}"))
             raise
         finally:
             self.inflight -= 1
-        for (_, fut, _), published in zip(batch, got, strict=True):
+        for (_, fut, _), published in zip(out.items, got, strict=True):
             if not fut.done():
                 fut.set_result(published)
 
     async def _send_one(self, req: Publish, fut: asyncio.Future[Published], guard: Guard | None = None) -> None:
+        out = _Outgoing([(req, fut, guard)])
         if not attempt_guard.passes(guard, PUBLISH, fut):
             return
-        still = None if guard is None else functools.partial(attempt_guard.all_pass, [guard], PUBLISH)
         try:
-            got: Published = await self.transport.call(PUBLISH, req, Published, write=True, still=still)
+            got: Published = await self.transport.call(
+                PUBLISH, req, Published, write=True, still=None if guard is None else out.still
+            )
         except attempt_guard.Withdrawn:
-            attempt_guard.passes(guard, PUBLISH, fut)  # (its guard's error, as it said no)
             return
         except BaseException as exc:
             if not fut.done():

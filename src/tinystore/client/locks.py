@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -135,6 +134,42 @@ class _Ask:
         self.state = _NEW
         self.sent = sent  # told when the ask is written (see Transport.call)
         self.guard = guard  # its caller's, a job's handler's (see attempt_guard): asked again as the batch goes
+
+
+class _AskBatch:
+    """The asks of one ``locks.acquire_many`` call, as it is sent: :meth:`still` is the transport's ``still`` (see
+    ``Transport.call``)."""
+
+    __slots__ = ("asks", "by_ticket", "request")
+
+    def __init__(self, asks: list[_Ask], by_ticket: dict[int, _Ask]) -> None:
+        self.asks = asks
+        self.by_ticket = by_ticket  # (the hub's asks under way, by ticket: an ask taken out leaves them)
+        self.request = self._made()
+
+    def _made(self) -> AcquireMany:
+        return AcquireMany(items=[a.req for a in self.asks], tickets=[a.ticket for a in self.asks])
+
+    def sent(self, t: float) -> None:
+        _sent(self.asks, t)
+
+    def still(self) -> Any:
+        """The request to send now: without the asks of a handler past its lease (each told why, its ticket
+        given up here: never sent), or ``False`` when none is left."""
+        kept: list[_Ask] = []
+        for a in self.asks:
+            if attempt_guard.passes(a.guard, ACQUIRE, a.fut):
+                kept.append(a)
+            else:
+                self.by_ticket.pop(a.ticket, None)
+                a.state = _SETTLED
+        if not kept:
+            self.asks = []
+            return False
+        if len(kept) != len(self.asks):
+            self.asks = kept
+            self.request = self._made()
+        return self.request
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:
@@ -1102,50 +1137,43 @@ class _Hub:
         # runs a loop turn after the batch's first ask: the asks of that turn are in it
         if self.acquire_batch is batch:
             self.acquire_batch = None
-        while True:
-            # (cancelled before it was sent: nothing to do; of a job's handler whose attempt went past its lease
-            # before the batch went: not sent, trial IO)
-            live = [a for a in batch if not a.fut.done() and attempt_guard.passes(a.guard, ACQUIRE, a.fut)]
-            if not live:
-                return
-            for ask in live:
-                ask.ticket = next(self.ticket_ids)
-                ask.state = _SENT
-                self.asks[ask.ticket] = ask
-            guards = [a.guard for a in live if a.guard is not None]
-            still = functools.partial(attempt_guard.all_pass, guards, ACQUIRE) if guards else None
-            try:
-                req = AcquireMany(items=[ask.req for ask in live], tickets=[ask.ticket for ask in live])
-                got: list[AcquireOutcome] = await self.transport.call(
-                    ACQUIRE_MANY,
-                    req,
-                    list[AcquireOutcome],
-                    write=False,
-                    retry=False,
-                    sent=functools.partial(_sent, live),
-                    still=still,
-                )
-                break
-            except attempt_guard.Withdrawn:
-                for ask in live:  # (nothing went: again, without the asks past their lease)
-                    self.asks.pop(ask.ticket, None)
-                    ask.state = _NEW
-                batch = live
-                continue
-            except BaseException as exc:
-                for ask in live:
-                    self.asks.pop(ask.ticket, None)
-                    ask.state = _SETTLED
-                    if isinstance(exc, ClosedError) and not self.closed:
-                        self.unheard.append(ask.ticket)
-                    if not ask.fut.done():
-                        if isinstance(exc, TinystoreError):
-                            ask.fut.set_exception(exc)
-                        else:
-                            ask.fut.set_exception(ClosedError(f"{ACQUIRE_MANY}: the call was cancelled ({exc!r})"))
-                if not isinstance(exc, TinystoreError):
-                    raise
-                return
+        # (cancelled before it was sent: nothing to do; of a job's handler whose attempt went past its lease before
+        # the batch went: not sent, trial IO; nor as it is written, see _AskBatch.still)
+        live = [a for a in batch if not a.fut.done() and attempt_guard.passes(a.guard, ACQUIRE, a.fut)]
+        if not live:
+            return
+        for ask in live:
+            ask.ticket = next(self.ticket_ids)
+            ask.state = _SENT
+            self.asks[ask.ticket] = ask
+        sending = _AskBatch(live, self.asks)
+        try:
+            got: list[AcquireOutcome] = await self.transport.call(
+                ACQUIRE_MANY,
+                sending.request,
+                list[AcquireOutcome],
+                write=False,
+                retry=False,
+                sent=sending.sent,
+                still=sending.still if any(a.guard is not None for a in live) else None,
+            )
+        except attempt_guard.Withdrawn:
+            return  # (no ask left: each was told why)
+        except BaseException as exc:
+            for ask in sending.asks:
+                self.asks.pop(ask.ticket, None)
+                ask.state = _SETTLED
+                if isinstance(exc, ClosedError) and not self.closed:
+                    self.unheard.append(ask.ticket)
+                if not ask.fut.done():
+                    if isinstance(exc, TinystoreError):
+                        ask.fut.set_exception(exc)
+                    else:
+                        ask.fut.set_exception(ClosedError(f"{ACQUIRE_MANY}: the call was cancelled ({exc!r})"))
+            if not isinstance(exc, TinystoreError):
+                raise
+            return
+        live = sending.asks
         gone: list[int] = []
         for ask, out in zip(live, got, strict=True):
             if ask.state != _SENT:

@@ -17,7 +17,6 @@ import asyncio
 import collections
 import contextlib
 import errno
-import functools
 import inspect
 import itertools
 import json
@@ -59,7 +58,6 @@ from .turns import pass_turn
 from .unsendable import surrogate_named, unsendable
 
 _RESPONSE = Kind.RESPONSE
-_REQUEST = Kind.REQUEST
 _Future = asyncio.Future
 
 log = logging.getLogger("tinystore.client")
@@ -281,7 +279,7 @@ class Transport:
         retry: bool = True,
         undo: Callable[[bytes], None] | None = None,
         sent: Callable[[float], None] | None = None,
-        still: Callable[[], bool] | None = None,
+        still: Callable[[], Any] | None = None,
     ) -> Any:
         """Call ``method`` with ``request``; its answer decoded as ``response_type``. Raises ``LimitError``
         when the request's encoding is over the frame limit (nothing is sent), ``ClosedError``, and what the
@@ -295,10 +293,13 @@ class Transport:
         ``sent(t)``: called with the loop's time as the request is written to a connection (again at each
         sending); never in this process.
 
-        ``still()``: asked as the request is about to be written to a connection (again at each sending); when it
-        says ``False``, nothing is sent and :class:`~.attempt_guard.Withdrawn` is raised (a batch whose item's
-        attempt went past its lease meanwhile). Never asked in this process, where no call is guarded. A call made
-        by a job's handler is asked of its attempt (see :mod:`.attempt_guard`) as it begins and again there."""
+        ``still()``: asked as the request is about to be written to a connection, and again as it is written (at
+        each sending): a batch of several callers' items, some of whom may be a job's handler whose attempt went
+        past its lease meanwhile. It returns the request to send (``request`` itself, or another made of the items
+        left: written in its place, where it was queued, so that nothing else moves), or ``False`` when no item is
+        left: nothing is sent, and :class:`~.attempt_guard.Withdrawn` is raised. Never asked in this process, where
+        no call is guarded. A call made by a job's handler is asked of its attempt (see :mod:`.attempt_guard`) as it
+        begins and again at those two moments; one refused then is not sent, and nothing else moves."""
         raise NotImplementedError
 
     def call_first(
@@ -395,7 +396,7 @@ class LocalTransport(Transport):
         retry: bool = True,
         undo: Callable[[bytes], None] | None = None,
         sent: Callable[[float], None] | None = None,
-        still: Callable[[], bool] | None = None,
+        still: Callable[[], Any] | None = None,
     ) -> Any:
         if self.closed and (method != ROLLBACK or self.session.closed):
             # (a rollback still goes while the close waits for the writes: one may wait for the writer it holds)
@@ -597,15 +598,18 @@ class _Withheld(Exception):
     again."""
 
 
-def _may_go(method: str, guard: Callable[[str], None] | None, still: Callable[[], bool] | None) -> bool:
-    """Whether a call of ``method`` may still be written: ``guard`` (a job's handler's) lets it, and ``still``
-    (a batch's) says so."""
-    if guard is not None:
-        try:
-            guard(method)
-        except Exception:
-            return False
-    return still is None or still()
+def _lets(guard: Callable[[str], None], method: str) -> bool:
+    """Whether ``guard`` (a job's handler's) lets a call of ``method`` be written."""
+    try:
+        guard(method)
+    except Exception:
+        return False
+    return True
+
+
+_Queued = tuple[bytes, int, str, Any, "Callable[[str], None] | None", "Callable[[], Any] | None"]
+"""A request of this turn's ``out`` that may still be held back, or written anew (see ``_ClientConn.flush``): its
+frame, stream, method and request, its caller's guard, its batch's ``still``."""
 
 
 class _NotSent(Exception):
@@ -739,9 +743,8 @@ class _ClientConn(asyncio.Protocol):
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.out: list[bytes] = []
         self.unsent: set[int] = set()  # requests queued but not yet written: safe to send again
-        # the requests of this turn's out that a guard may still hold back (see attempt_guard): frame, stream, and
-        # whether it may go, asked as it is written
-        self.withheld: list[tuple[bytes, int, Callable[[], bool]]] = []
+        # the requests of this turn's out that a guard may still hold back (see attempt_guard): see _Queued
+        self.withheld: list[_Queued] = []
         self.writes: set[int] = set()  # the writes in flight (see RemoteTransport.close)
         # cancelled calls whose answer, should it come after all, must be undone: stream → (undo, barrier); see
         # RemoteTransport.call's ``undo``
@@ -813,28 +816,37 @@ class _ClientConn(asyncio.Protocol):
             self.last_tx = self.loop.time()
 
     def _hold_back(self, out: list[bytes]) -> list[bytes]:
-        """``out`` without the requests to hold back: one of a job's handler queued in a loop turn that the event
-        loop was then blocked in, past the attempt's lease (trial IO: a publish queued before a 3 s block went out
-        after it), and every request queued after it, so that what other code queued keeps its order (trial IR: a
-        turn's first batch of publishes, sent again without the handler's, went out after the second). Each is
-        sent again by its call (its guard raises; a batch goes without the items past their lease)."""
+        """``out`` without the requests of a job's handler queued in a loop turn that the event loop was then
+        blocked in, past the attempt's lease (trial IO: a publish queued before a 3 s block went out after it), and
+        with each batch that held one of them made anew of its other items, in its place (trial IR: a batch sent
+        again later went out after the turn's next one). Nothing else is held back or moved (trial IU: holding
+        back what came after it put other code's writes, and lock asks, out of order). A request held back is not
+        sent: its call raises (its guard's ``LostError``; a batch left with no item, ``Withdrawn``)."""
         withheld, self.withheld = self.withheld, []
-        stopped = [frame for frame, _, may_go in withheld if not may_go()]
-        if not stopped:
-            return out
-        first = min(i for i, f in enumerate(out) if any(f is s for s in stopped))
-        kept = out[:first]
-        for frame in out[first:]:
-            _, kind, _, stream, _ = frames.HEADER.unpack_from(frame)
-            fut = self.pending.get(stream) if kind == _REQUEST else None
-            if fut is None:
-                kept.append(frame)  # (a cancel, a keep-alive's probe: not a call's)
+        for frame, stream, method, request, guard, still in withheld:
+            remade: bytes | None = None
+            if guard is not None and not _lets(guard, method):
+                pass
+            elif still is not None:
+                now = still()
+                if now is request:
+                    continue
+                if now is not False:
+                    remade = request_frame(stream, method, encode_answer(now))
+            else:
                 continue
-            del self.pending[stream]
-            if not fut.done():
+            at = next((i for i, f in enumerate(out) if f is frame), None)
+            if at is None:
+                continue
+            if remade is not None:
+                out[at] = remade
+                continue
+            del out[at]
+            fut = self.pending.pop(stream, None)
+            if fut is not None and not fut.done():
                 fut.set_exception(_Withheld())
             self.release()
-        return kept
+        return out
 
     def answered(self, stream: int, body: bytes | None) -> None:
         """An answer came (``body``; ``None`` for an error) while cancelled calls wait to learn whether theirs
@@ -1587,7 +1599,7 @@ class RemoteTransport(Transport):
         retry: bool = True,
         undo: Callable[[bytes], None] | None = None,
         sent: Callable[[float], None] | None = None,
-        still: Callable[[], bool] | None = None,
+        still: Callable[[], Any] | None = None,
     ) -> Any:
         if asyncio.get_running_loop() is not self.loop:
             raise self.other_loop()
@@ -1668,8 +1680,13 @@ class RemoteTransport(Transport):
                     # it past its lease (trial IO: 40 writes that waited for a turn went out 3 s after the attempt
                     # was lost)
                     attempt_guard.check(method)
-                if still is not None and not still():
-                    raise attempt_guard.Withdrawn(method)
+                if still is not None:
+                    now = still()
+                    if now is False:
+                        raise attempt_guard.Withdrawn(method)
+                    if now is not request:
+                        request = now  # (a batch without the items of a handler past its lease)
+                        body = encode_answer(request)
                 stream = next(self._ids)
                 # (made before the call is pending: a MemoryError here leaves nothing behind, trial EG)
                 frame = request_frame(stream, method, body)
@@ -1681,7 +1698,7 @@ class RemoteTransport(Transport):
                 conn.out.append(frame)
                 conn.unsent.add(stream)
                 if guarded or still is not None:
-                    conn.withheld.append((frame, stream, functools.partial(_may_go, method, guard, still)))
+                    conn.withheld.append((frame, stream, method, request, guard if guarded else None, still))
                 if sent is not None:
                     sent(conn.loop.time())  # (no later than the write: a lower bound of when the server reads it)
                 if not conn.flush_scheduled:
