@@ -199,3 +199,26 @@ async def test_cli_publish_and_subscribe(tmp_path: Path) -> None:
                 lines.append(json.loads(line))
             assert lines[0] == {"id": published["id"], "seq": 1, "branch": ["7"], "value": {"kind": "message", "id": 1}}
             assert lines[1]["value"] == "héllo\nworld" and lines[1]["seq"] == 2
+
+
+# contract: CHAN-01
+async def test_a_publish_cancelled_before_its_batch_went_is_not_published(tmp_path: Path) -> None:
+    # trial IV: a publish of a loop turn's batch, cancelled before the batch was sent, was published all the same
+    async with open_store("private", tmp_path / "s") as store:
+        ch = store.channel("events", dict)
+        heard: list[str] = []
+        sub = await ch.subscribe(lambda m: heard.append(m.value["v"]))
+        try:
+            first = asyncio.ensure_future(ch.publish({"v": "first"}))  # (in flight: the next go in a batch)
+            await asyncio.sleep(0)
+            batched = [asyncio.ensure_future(ch.publish({"v": v})) for v in ("a", "cancelled", "b")]
+            await asyncio.sleep(0)  # (each in the batch, which goes a turn later)
+            batched[1].cancel()
+            await first
+            ids = [await batched[0], await batched[2]]
+            last = await ch.publish({"v": "last"})
+            await eventually(lambda: "last" in heard)
+        finally:
+            await sub.stop()
+        assert heard == ["first", "a", "b", "last"], heard
+        assert batched[1].cancelled() and len({*ids, last}) == 3

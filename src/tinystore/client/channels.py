@@ -421,8 +421,8 @@ class Channel(Generic[T]):
         infinity anywhere: JSON has none, as SQL and jobs refuse them), ``LimitError`` (its
         encoding is over ``channel_message_bytes``, 64 KiB: ``limit`` and ``wanted`` in bytes) — in both
         cases nothing is published —, ``OutcomeUnknownError`` (the connection dropped before the answer: it
-        may have been published), ``ClosedError`` (the store is closed). A
-        cancel after the message was sent may leave it published.
+        may have been published), ``ClosedError`` (the store is closed). A cancel before the message was sent
+        publishes nothing; a cancel after it was sent may leave it published.
         """
         data = self._codec.encode(value, self.branch)
         req = Publish(self.name, self._wire_branch, data)
@@ -1280,9 +1280,10 @@ class _Hub:
         # runs one loop turn after the batch's first publish: what came in that turn is in it
         if self.batch is batch:
             self.batch = None
-        # a publish of a job's handler whose attempt went past its lease before the batch went is not sent (trial
-        # IO: two publishes made before the event loop was blocked for 3 s went out after it); nor as it is written
-        out = _Outgoing([b for b in batch if attempt_guard.passes(b[2], PUBLISH, b[1])])
+        # a publish cancelled before the batch went is not sent (trial IV: it was published all the same); nor one
+        # of a job's handler whose attempt went past its lease by then (trial IO: two publishes made before the
+        # event loop was blocked for 3 s went out after it), nor as it is written
+        out = _Outgoing([b for b in batch if not b[1].done() and attempt_guard.passes(b[2], PUBLISH, b[1])])
         if not out.items:
             return
         still = out.still if any(g is not None for _, _, g in out.items) else None
