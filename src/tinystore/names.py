@@ -77,14 +77,8 @@ def not_a_type(t: Any, exc: BaseException) -> str:
     instance), else msgspec's word."""
     advice = "use a dataclass, a msgspec Struct, a TypedDict or a JSON type (str, int, dict[str, int], ...)"
     if not isinstance(t, type) and typing.get_origin(t) is None and not hasattr(t, "__supertype__"):
-        return f"type {shown(t)} is not a type but {a_kind(t)}: give the type itself; {advice}"
+        return f"type {shown(t)} is not a type but {a_or_an(type(t).__name__)}: give the type itself; {advice}"
     return f"type {type_name(t)} cannot be carried: {exc}; {advice}"
-
-
-def a_kind(value: object) -> str:
-    """``a str``, ``an int``: what ``value`` is, for a message."""
-    name = type(value).__name__
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 _QUOTED = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
