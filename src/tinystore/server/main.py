@@ -336,13 +336,6 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
         if isinstance(exc, PermissionError):
             raise permission_error(opts.directory, exc) from None
         raise
-    try:
-        listeners = await start_listeners(core, opts, plan, bound)
-    except BaseException as exc:
-        await core.stop()
-        if isinstance(exc, PermissionError):
-            raise permission_error(opts.directory, exc) from None
-        raise
     loop = asyncio.get_running_loop()
     # SIGHUP (the terminal closed, the ssh session dropped) stops as gracefully as SIGTERM (STORE-05), unless
     # it was ignored when we started (``nohup``)
@@ -363,11 +356,20 @@ async def serve(opts: ServeOptions, ready: Any = None) -> int:
             log.info("%s: stopping", sig.name)  # (sidecar.log tells how each sidecar stopped)
         core.stop_requested.set()
 
+    # (before the listeners: their start writes the address file, and a stop sent as soon as it is read, SIGTERM,
+    # came before the handlers and killed the process, status 143)
     for sig in sigs:
         try:
             loop.add_signal_handler(sig, on_signal, sig)
         except (NotImplementedError, RuntimeError):
             pass
+    try:
+        listeners = await start_listeners(core, opts, plan, bound)
+    except BaseException as exc:
+        await core.stop()
+        if isinstance(exc, PermissionError):
+            raise permission_error(opts.directory, exc) from None
+        raise
     if ready is not None:
         ready(listeners)
     watchers: list[asyncio.Task[Any]] = []
