@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,58 @@ async def test_a_vacuum_of_large_rows_is_interrupted_and_a_write_queued_behind_i
         assert await db.scalar("select count(*) from b") == 201
     finally:
         await again.close()
+
+
+def _a_vacuum_interrupted_while_it_attaches(path: Path) -> sqlite3.OperationalError:
+    """SQLite's error of a VACUUM interrupted while it attaches its scratch database (what the stop's interrupt
+    met in a CI run whose VACUUM had only just begun)."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("create table t (x)")
+        conn.commit()
+        for n in range(1, 200):
+            steps = 0
+
+            def stop(n: int = n) -> int:
+                nonlocal steps
+                steps += 1
+                return int(steps >= n)
+
+            conn.set_progress_handler(stop, 1)
+            try:
+                conn.execute("vacuum")
+            except sqlite3.OperationalError as exc:
+                if str(exc).startswith("unable to open database"):
+                    return exc
+        raise AssertionError("no step of VACUUM's attach was interrupted")
+    finally:
+        conn.close()
+
+
+# contract: STORE-05
+async def test_a_vacuum_interrupted_as_it_began_is_answered_interrupted_not_unable_to_open(tmp_path: Path) -> None:
+    """CI (3e945fd): the stop's interrupt met a VACUUM that had just begun, while SQLite attached its scratch
+    database; SQLite said "unable to open database: " (code SQLITE_INTERRUPT), and the client got InvalidError
+    rather than ClosedError "interrupted, and rolled back". Under a statement's time limit, the same error is the
+    limit's TimeoutError_."""
+    from tinystore.engines.sql import SqlEngine
+    from tinystore.engines.sql_errors import sql_error
+    from tinystore.errors import TimeoutError_
+    from tinystore.limits import Limits
+
+    exc = _a_vacuum_interrupted_while_it_attaches(tmp_path / "scratch.db")
+    assert exc.sqlite_errorname == "SQLITE_INTERRUPT"
+    assert isinstance(sql_error("app", exc, 2.0), TimeoutError_)
+    eng = SqlEngine(tmp_path / "store", Limits())
+    db, _ = await eng.open("app", [])
+    try:
+        db.cut = True  # (a stop's grace has ended: what runs now is interrupted)
+        err = db._error(exc)
+        assert isinstance(err, tinystore.ClosedError), err
+        assert "interrupted, and rolled back" in err.message
+    finally:
+        db.cut = False
+        await eng.close()
 
 
 def test_a_second_signal_just_after_the_stop_leaves_a_clean_exit(tmp_path: Path) -> None:

@@ -65,6 +65,7 @@ from .sql_errors import (
     check_migration_order,
     check_migration_renames,
     error_name,
+    interrupted,
     migration_error,
     rolled_back_by,
     sql_error,
@@ -866,7 +867,7 @@ class SqlDatabase:
         return err
 
     def _error_of(self, exc: BaseException) -> TinystoreError:
-        if (self.halted or self.cut) and isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted":
+        if (self.halted or self.cut) and interrupted(exc):
             return ClosedError(
                 f"database {self.name}: the store stopped while the statement ran (its grace ended): interrupted, "
                 "and rolled back"
@@ -1200,11 +1201,7 @@ class SqlDatabase:
                     self._off_loop[sql] = None
                     if len(self._off_loop) > 256:
                         self._off_loop.pop(next(iter(self._off_loop)))
-            elif (
-                str(exc) != "interrupted"
-                and getattr(exc, "sqlite_errorname", "") not in ("SQLITE_INTERRUPT", "SQLITE_TOOBIG")
-                and not _too_big(exc)
-            ):
+            elif not interrupted(exc) and getattr(exc, "sqlite_errorname", "") != "SQLITE_TOOBIG" and not _too_big(exc):
                 # (an interrupt while SQLite read a column past the inline length is SQLITE_INTERRUPT that says
                 # "string or blob too big": it was raised to the client, trial BQ)
                 raise self._error(exc) from None
@@ -2025,7 +2022,7 @@ class SqlDatabase:
                     value = self._query(conn, call.sql, call.params, call.mode)
                 put(call.fut, value, None)
             except BaseException as exc:
-                if isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted" and tx.doomed:
+                if interrupted(exc) and tx.doomed:
                     # its rollback was asked for, and it was interrupted for that: the transaction ends
                     end_reason = tx.error or ClosedError(f"database {self.name}: transaction {tx.id} was rolled back")
                     if self._closed:  # (the database closes as the store stops: say so, as a halt's interrupt does)
@@ -2036,7 +2033,7 @@ class SqlDatabase:
                     put(call.fut, None, end_reason)
                     quiet = True
                     break
-                if isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted" and time.monotonic() >= ends:
+                if interrupted(exc) and time.monotonic() >= ends:
                     # stopped at the transaction's tx_max (see arm): the transaction ends with it, rolled back
                     end_reason = past_tx_max()
                     put(call.fut, None, end_reason)

@@ -234,7 +234,7 @@ def sql_error(db: str, exc: BaseException, statement_timeout: float | None = Non
         return ConflictError(f"database {db}: {msg}", sqlite_code=error_name(exc))
     if isinstance(exc, OverflowError):
         return InvalidError(f"database {db}: {msg}")
-    if isinstance(exc, sqlite3.OperationalError) and msg == "interrupted":
+    if interrupted(exc):
         limit = "" if statement_timeout is None else f" ({statement_timeout:g}s)"
         return TimeoutError_(
             f"database {db}: the statement ran past its time limit, Limits.statement_timeout{limit}, and was stopped"
@@ -291,6 +291,17 @@ def error_name(exc: BaseException) -> str:
         if isinstance(code, int):
             return _NEWER_CODES.get(code, name)
     return name
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's answer to ``sqlite3_interrupt`` (or a progress handler that said stop): its code
+    is SQLITE_INTERRUPT, whatever its message. VACUUM interrupted while it attaches its scratch database says
+    "unable to open database: " (SQLite's ATTACH reports any failure so), and a read interrupted while it reads a
+    large value may say "string or blob too big": both were taken for what they say (CI: a VACUUM interrupted by a
+    stop was answered InvalidError "unable to open database", not ClosedError)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    return str(exc) == "interrupted" or error_name(exc) == "SQLITE_INTERRUPT"
 
 
 def autoincrement_spent(path: Path) -> str | None:
