@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,7 @@ class Core:
         self._lock.acquire()
         try:
             paths.remove_unserved(self.directory)  # (left by an owner that was killed)
+            self._note_unclean_end()
             ran_before = paths.started_before(self.directory)
             if self.existing:
                 self._check_ran()  # (again, as the directory is owned: it may have moved meanwhile)
@@ -208,6 +210,32 @@ class Core:
             self._lock.release()
             raise
         self.running = True
+
+    def _note_unclean_end(self) -> None:
+        """Log a warning when the directory's last server did not stop cleanly: its address file is still there
+        (a clean stop removes it), and it is this process that owns the directory now, so that server is gone,
+        killed (``kill -9``, out of memory) or crashed, or an embedded store whose process ended without
+        ``close()``. An operator reading the log learns of it (trial IT: nothing said so); SQLite recovers each
+        database from its write-ahead log, so nothing it acknowledged is lost."""
+        try:
+            last = paths.read_address(self.directory)
+        except Exception:  # (a note only: never fails a start)
+            return
+        if not last:
+            return
+        started = last.get("started")
+        when = ""
+        if isinstance(started, (int, float)):
+            with contextlib.suppress(ValueError, OverflowError, OSError):
+                when = f", started {datetime.fromtimestamp(started).isoformat(sep=' ', timespec='seconds')}"
+        log.warning(
+            "the last process that owned %s (pid %s, %s%s) did not stop cleanly: it was killed or crashed, or its "
+            "embedded store's program ended without close(); SQLite recovers each database from its write-ahead log",
+            self.directory,
+            last.get("pid", "?"),
+            last.get("mode", "serve"),
+            when,
+        )
 
     def _check_ran(self) -> None:
         """With ``existing``: ``UnavailableError`` unless a store that ran is at the directory (a sidecar started
