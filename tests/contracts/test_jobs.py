@@ -792,6 +792,27 @@ async def test_a_state_event_carries_the_error_its_row_keeps(clocked: tinystore.
         await wait_until(lambda: any(e.state == "cancelled" for e in events), what="the cancelled event")
         told = {e.state: e.error for e in events if e.kind == "state"}
         assert told["failed"] == told["cancelled"] == "ValueError: nope", told
+        # trial IW: the retry's queued event, and the next attempt's running, progress and succeeded events said
+        # None, while the row kept the error
+        events.clear()
+        assert await q.retry(jid) is True
+
+        async def succeeds(value: Any, run: tinystore.Run) -> None:
+            run.set_progress({"done": 1})
+            await wait_until(lambda: any(e.kind == "progress" for e in events), what="the progress event")
+
+        assert await q.run_due(succeeds) == 1
+        job = await q.get(jid)
+        assert job is not None and (job.state, job.error) == ("succeeded", "ValueError: nope")
+        await wait_until(lambda: any(e.state == "succeeded" for e in events), what="the succeeded event")
+        seen = [(e.kind, e.state, e.error) for e in events]
+        assert [(kind, state) for kind, state, _ in seen] == [
+            ("state", "queued"),
+            ("state", "running"),
+            ("progress", "running"),
+            ("state", "succeeded"),
+        ], seen
+        assert {error for _, _, error in seen} == {"ValueError: nope"}, seen
     finally:
         await sub.stop()
 

@@ -189,7 +189,7 @@ END_MANY = (
     f"error = coalesce(v_error, error), errors = {_errors_with('v_entry')}, result = coalesce(v_result, result), "
     "progress = coalesce(v_progress, progress), finished_at = v_finished, attempts = attempts - v_uncount, "
     "lease_until = null from v where id = v_id and fence = v_fence and state = 'running' "
-    "returning id, attempts, progress"
+    "returning id, attempts, progress, error"
 )
 """Attempts' ends in one statement (a row of ten parameters each: see ``JobsEngine._write_ending``), each guarded
 by its fence (JOB-08)."""
@@ -1131,7 +1131,7 @@ class JobsEngine:
         fut = q.db.write(
             f"update {TABLE} set state = 'running', attempts = attempts + 1, fence = max(fence + 1, ?), "
             f"started_at = ?, lease_until = ? where id in ({marks}) and state in ('queued', 'failed') "
-            "returning id, fence, attempts, value, steps, tenant, key, type, user, priority, progress",
+            "returning id, fence, attempts, value, steps, tenant, key, type, user, priority, progress, error",
             [self.fence_floor, _ms(now), None if local else _ms(lease_until), *(e.id for e in picked)],
             own=True,
         )
@@ -1183,7 +1183,7 @@ class JobsEngine:
         got: list[Claimed] = []
         by_id = {e.id: e for e in picked}
         waited_ms = round((self.loop.time() - w.asked) * 1000) if w.asked else None
-        for jid, fence, attempts, value, steps, tenant, key, type_, user, priority, progress in done.rows:
+        for jid, fence, attempts, value, steps, tenant, key, type_, user, priority, progress, error in done.rows:
             e = by_id.pop(jid)
             e.where = RUNNING
             e.fence = fence
@@ -1197,7 +1197,8 @@ class JobsEngine:
             q.leases.push(lease_until, (e, fence))
             q.stuck_at.push(now + q.options.expected, (e, fence))
             prog = _json_decode(progress) if progress else None
-            self._event(q, "state", jid, "running", prog, attempts, None)
+            # (the event carries the job's error as its row keeps it: an earlier attempt's, trial IW)
+            self._event(q, "state", jid, "running", prog, attempts, error)
             self._notify(q, jid)
             if e.cancel_queued:
                 continue  # its cancel is already on its way: nobody runs it
@@ -1504,7 +1505,8 @@ class JobsEngine:
                 ran,
                 q.options.expected,
             )
-            self._event(q, "stuck", e.id, "running", self._progress_now(q, e), e.attempts, None)
+            progress, error = self._progress_now(q, e)
+            self._event(q, "stuck", e.id, "running", progress, e.attempts, error)
             self._notify(q, e.id)
 
         # kept in its row, so that a next server loading the attempt does not report it again (JOB-11: once); and
@@ -1515,19 +1517,21 @@ class JobsEngine:
         write.add_done_callback(report)
         self._track(_written(write))
 
-    def _progress_now(self, q: JobQueue, e: Entry) -> Any:
-        """The progress of running job ``e`` as its row holds it, for an event that tells the job's state (read on
-        the loop, only when somebody listens for the job's events; ``None`` when the read would not fit there)."""
+    def _progress_now(self, q: JobQueue, e: Entry) -> tuple[Any, str | None]:
+        """The progress and the error of running job ``e`` as its row holds them, for an event that tells the job's
+        state (read on the loop, only when somebody listens for the job's events; ``None`` for what the read would
+        not fit there)."""
         if self.publish is None or (self.listened is not None and not self.listened(EVENTS_CHANNEL, (q.name, e.id))):
-            return None
+            return None, None
         try:
-            rows = q.db.read_now(f"select progress from {TABLE} where id = ?", [e.id], "one")
+            rows = q.db.read_now(f"select progress, error from {TABLE} where id = ?", [e.id], "one")
         except TinystoreError as exc:
             log.debug("queue %s: job %s: progress not read for its event: %s", q.name, e.id, exc)
-            return None
-        if rows is None or not rows.rows or rows.rows[0][0] is None:
-            return None
-        return _json_decode(rows.rows[0][0])
+            return None, None
+        if rows is None or not rows.rows:
+            return None, None
+        progress, error = rows.rows[0]
+        return (None if progress is None else _json_decode(progress)), error
 
     # ------------------------------------------------------------------------------------------- ends
 
@@ -1672,10 +1676,11 @@ class JobsEngine:
                 else:
                     out.set_result(False)
                 return
-            attempts, prog = row
+            attempts, prog, kept_error = row
             e.attempts = attempts
             self._settle(q, e, state, run_at, now)
-            self._event(q, "state", e.id, state, _json_decode(prog) if prog else None, attempts, error)
+            # (the row's error: this attempt's, or an earlier one's after a success or a snooze, trial IW)
+            self._event(q, "state", e.id, state, _json_decode(prog) if prog else None, attempts, kept_error)
             self._notify(q, e.id)
             if state in ("queued", "failed") and attempts >= self._attempts_now(q):
                 # a job back to wait (a snooze or a hand-back, which do not count; a failure written while a
@@ -1854,14 +1859,15 @@ class JobsEngine:
 
     async def _progress(self, q: JobQueue, jid: str, fence: int, progress: str) -> bool:
         done = await q.db.write(
-            f"update {TABLE} set progress = ? where id = ? and fence = ? and state = 'running' returning attempts",
+            f"update {TABLE} set progress = ? where id = ? and fence = ? and state = 'running' "
+            "returning attempts, error",
             [progress, jid, fence],
             own=True,
         )
         if not done.rows:
             return False
         # (its watchers woken and its event published even when the caller is gone: trial GS)
-        self._event(q, "progress", jid, "running", _json_decode(progress), done.rows[0][0], None)
+        self._event(q, "progress", jid, "running", _json_decode(progress), done.rows[0][0], done.rows[0][1])
         self._notify(q, jid)
         return True
 
@@ -2321,17 +2327,17 @@ class JobsEngine:
         now_ms = _now_ms(self.clock)
         done = await q.db.write(
             f"update {TABLE} set state = 'queued', attempts = 0, run_at = ?, finished_at = null, result = null "
-            "where id = ? and queue = ? and state in ('dead', 'cancelled') returning tenant, priority, progress",
+            "where id = ? and queue = ? and state in ('dead', 'cancelled') returning tenant, priority, progress, error",
             [now_ms, jid, queue],
             own=True,
         )
         if not done.rows or jid in q.entries:
             return bool(done.rows)
-        tenant, priority, prog = done.rows[0]
+        tenant, priority, prog, error = done.rows[0]
         e = Entry(jid, tenant, priority, now_ms / 1000)
         q.entries[jid] = e
         q.place(e)
-        self._event(q, "state", jid, "queued", _json_decode(prog) if prog else None, 0, None)
+        self._event(q, "state", jid, "queued", _json_decode(prog) if prog else None, 0, error)
         self._notify(q, jid)
         self._pump(q)
         return True
