@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import tinystore
 from tinystore.client import attempt_guard
 
@@ -330,3 +332,39 @@ async def test_a_transactions_statements_at_the_credit_limit_keep_their_order_be
         await _with_a_lost_handler(store, go.set)
         await other
         assert [r["v"] for r in await db.all("select v from t order by id")] == list(range(1500))
+
+
+# contract: JOB-08
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+async def test_a_task_started_by_a_handler_that_ended_past_its_lease_sends_nothing(tmp_path: Path, ending: str) -> None:
+    """Trial IW: a handler blocked its loop past its lease, then returned (or raised); a task it had started wrote
+    after the store had ended the attempt, as the guard let every call through once the handler had ended."""
+    async with open_store("private", tmp_path / "store") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (attempt, what);")])
+        q = store.queue("q", lease="1s", attempts=3, backoff=("100ms", "100ms"))
+        children: list[asyncio.Task[Any]] = []
+
+        async def child(attempt: int) -> None:
+            await asyncio.sleep(0.3)
+            await db.exec("insert into t values (?, 'child')", attempt)
+
+        async def handler(value: int, run: tinystore.Run) -> str:
+            if run.attempt == 1:
+                children.append(asyncio.create_task(child(run.attempt)))
+                time.sleep(2.5)  # noqa: ASYNC251 (the whole loop held past the lease: a pause of the process)
+                if ending == "raises":
+                    raise RuntimeError("boom")
+            return "done"
+
+        worker = q.work(handler)
+        try:
+            jid = await q.add(1)
+            job = await wait_state(q, jid, "succeeded", timeout=20)
+            done, _ = await asyncio.wait(children, timeout=10)
+        finally:
+            await worker.stop()
+        assert len(done) == 1
+        assert isinstance(children[0].exception(), tinystore.LostError), children[0].exception()
+        assert "ended past its lease" in str(children[0].exception())
+        assert await db.all("select * from t") == []
+        assert job.attempts == 2 and [e.error for e in job.errors] == ["worker lost"], job

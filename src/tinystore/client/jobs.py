@@ -551,6 +551,9 @@ class _Attempt:
         self.why: str | None = None  # why the task was cancelled: lost, cancelled, stopping
         self.handed_back = False  # stopped before its end, its job handed back (the attempt not counted)
         self.reporting = False
+        # its handler ended past its lease, as this worker counts it (its loop was blocked): until the store takes
+        # its report, what the tasks the handler started send is refused (see _Runner._guard)
+        self.late = False
         self.began = False  # its task ran (a task cancelled before its first step runs none of its code)
         self.freed = False  # its worker slot was given back (the handler ended; its report may be under way)
         self.renewed_at = time.monotonic()
@@ -737,10 +740,21 @@ class _Runner:
         stop the handler, once this worker counts ``a`` past its lease (its renewal had not come through: its
         process was paused, or its event loop blocked). The store may have ended the attempt and another worker run
         the job: what the handler would send now came after that (trial IL: its write went out first, as the
-        process woke, before its worker's renewal looked at the lease). Nothing once its handler has ended, or was
-        stopped for another reason (its job cancelled, its worker stopping: trial IN, the tasks it had started were
-        refused a lease after the job's cancel, as if the process had been paused)."""
-        if a.reporting or (a.why is not None and a.why != "lost"):
+        process woke, before its worker's renewal looked at the lease). Once its handler has ended, nothing, unless it
+        ended past its lease and the store has not taken its report (trial IW: a task it had started wrote after
+        another attempt had begun); nothing either once it was stopped for another reason (its job cancelled, its
+        worker stopping: trial IN, the tasks it had started were refused a lease after the job's cancel, as if the
+        process had been paused)."""
+        if a.reporting:
+            if not a.late:
+                return
+            raise LostError(
+                f"queue {self.queue.name}: job {a.claimed.id}: attempt {a.claimed.attempt} ended past its lease (its "
+                "worker could not renew it in time: was this process paused, or its event loop blocked?), and the "
+                f"store has not taken its end: {method}, sent by a task its handler started, was not sent; the store "
+                "may have ended the attempt, and another worker may run the job"
+            )
+        if a.why is not None and a.why != "lost":
             return
         if a.why != "lost":
             transport = self.queue.store.transport
@@ -827,6 +841,11 @@ class _Runner:
         a failed attempt saying why; one that cannot get through is sent again (backoff up to 5 s) until it does or
         the store is closed (then it is left to the attempt's lease, with an error in the log)."""
         a.reporting = True
+        transport = self.queue.store.transport
+        if a.why is None and not transport.local:
+            # (trial IW: a handler that blocked its loop past the lease, then returned, left a task it had started
+            # that wrote after the store had given the job to another attempt)
+            a.late = time.monotonic() > _lease_end(a, getattr(transport, "server_stopped_at", None))
         self.free(a)
         c = a.claimed
         if kw.get("error") is not None:
@@ -845,7 +864,9 @@ class _Runner:
         refusals = 0
         while True:
             try:
-                await self.call("jobs.report", report, bool)
+                took = await self.call("jobs.report", report, bool)
+                if took:
+                    a.late = False  # (the store had not ended the attempt: what its handler's tasks send may go)
                 return
             except (UnavailableError, OutcomeUnknownError, ClosedError) as exc:
                 if self.queue.store._closed:
