@@ -165,7 +165,8 @@ def register(main: click.Group) -> None:
     @pass_store_dir
     def subscribe(directory: Target, target: str, for_: str | None, recursive: bool, after: str | None) -> None:
         """Print each message of channel NAME (under BRANCH...) as one JSON line
-        ({"id", "seq", "branch", "value"}), and each missed notice as {"missed": {"reason", "count"}}.
+        ({"id", "seq", "branch", "value"}), and each missed notice as {"missed": {"reason", "count"}}. A branch part
+        with a / in it is written with %2F (and a % as %25).
 
         Reaches the directory's server, starting one when none runs (a sidecar, which exits once idle), so that
         `publish` in other commands reaches it. Ends after --for, on Ctrl-C, or once its output is closed (as
