@@ -368,3 +368,53 @@ async def test_a_task_started_by_a_handler_that_ended_past_its_lease_sends_nothi
         assert "ended past its lease" in str(children[0].exception())
         assert await db.all("select * from t") == []
         assert job.attempts == 2 and [e.error for e in job.errors] == ["worker lost"], job
+
+
+# contract: JOB-08
+async def test_a_handler_stopped_with_its_worker_that_holds_the_loop_in_its_clean_up_sends_nothing(
+    tmp_path: Path,
+) -> None:
+    """Trial IY: a handler cancelled by its worker's stop held the loop past its lease in its clean-up; the store
+    ended the attempt as lost and ran the job again, and both the clean-up's write and a task the handler had
+    started landed: the guard let a handler stopped for another reason than a lost lease through unchecked."""
+    async with open_store("private", tmp_path / "store") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (attempt, what);")])
+        q = store.queue("q", lease="1s", attempts=3, backoff=("100ms", "100ms"))
+        children: list[asyncio.Task[Any]] = []
+        cleanups: list[BaseException] = []
+        started = asyncio.Event()
+
+        async def child(attempt: int) -> None:
+            await asyncio.sleep(3.0)
+            await db.exec("insert into t values (?, 'child')", attempt)
+
+        async def handler(value: int, run: tinystore.Run) -> str:
+            if run.attempt == 1:
+                children.append(asyncio.create_task(child(run.attempt)))
+                started.set()
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    time.sleep(2.5)  # noqa: ASYNC251 (a clean-up that holds the loop past the lease)
+                    try:
+                        await db.exec("insert into t values (?, 'clean-up')", run.attempt)
+                    except tinystore.LostError as exc:
+                        cleanups.append(exc)
+                    raise
+            return "done"
+
+        worker = q.work(handler)
+        jid = await q.add(1)
+        await asyncio.wait_for(started.wait(), 10)
+        await worker.stop("0s")
+        worker = q.work(handler)
+        try:
+            job = await wait_state(q, jid, "succeeded", timeout=20)
+            done, _ = await asyncio.wait(children, timeout=10)
+        finally:
+            await worker.stop()
+        assert len(done) == 1
+        assert isinstance(children[0].exception(), tinystore.LostError), children[0].exception()
+        assert len(cleanups) == 1, cleanups
+        assert await db.all("select * from t") == []
+        assert job.state == "succeeded", job

@@ -59,3 +59,23 @@ async def test_an_embedded_store_whose_program_ended_without_close_is_named_at_t
     notes = [r.getMessage() for r in caplog.records if NOTE in r.getMessage()]
     assert len(notes) == 1, notes
     assert "embedded" in notes[0] and "without close()" in notes[0]
+
+
+async def test_what_an_odd_address_file_says_is_written_on_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Trial IY: an address file's pid of text with a line break in it wrote a log line of its own."""
+    import json
+
+    directory = tmp_path / "store"
+    store = await tinystore.open(directory, embedded=True)
+    address = json.loads((directory / "server" / "address").read_text())
+    await store.close()
+    address.update(pid="1\n[fake] INFO all good", mode=["x"])
+    (directory / "server" / "address").write_text(json.dumps(address))
+    with caplog.at_level(logging.WARNING, logger="tinystore.server"):
+        store = await tinystore.open(directory, embedded=True)
+        await store.close()
+    notes = [r.getMessage() for r in caplog.records if NOTE in r.getMessage()]
+    assert len(notes) == 1 and "\n" not in notes[0], notes
+    assert "'1\\n[fake] INFO all good'" in notes[0], notes

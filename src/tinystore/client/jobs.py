@@ -554,6 +554,7 @@ class _Attempt:
         # its handler ended past its lease, as this worker counts it (its loop was blocked): until the store takes
         # its report, what the tasks the handler started send is refused (see _Runner._guard)
         self.late = False
+        self.over = False  # its task has ended (its report sent, or none to send): it is renewed no more
         self.began = False  # its task ran (a task cancelled before its first step runs none of its code)
         self.freed = False  # its worker slot was given back (the handler ended; its report may be under way)
         self.renewed_at = time.monotonic()
@@ -726,6 +727,9 @@ class _Runner:
             self.slot.set()
 
     def _done(self, a: _Attempt, task: asyncio.Task[None]) -> None:
+        if not a.reporting:  # (its job cancelled, or its attempt lost: no report; late or not as it ended)
+            self._mark_late(a)
+        a.over = True
         self.free(a)
         if not task.cancelled():
             task.exception()  # retrieved: only KeyboardInterrupt or SystemExit end it so, and they went on already
@@ -734,6 +738,16 @@ class _Runner:
         self.finished += 1
         if not self.attempts:
             self.idle.set()
+
+    def _mark_late(self, a: _Attempt) -> None:
+        """As attempt ``a``'s handler has ended: mark it ``late`` when it ended past its lease as this worker counts
+        it, so that the tasks it started send nothing more (see :meth:`_guard`; trial IW: a handler that blocked its
+        loop past the lease, then returned, left a task that wrote after the store had given the job to another
+        attempt; trial IY: so did one stopped with its worker that held the loop in its clean-up)."""
+        transport = self.queue.store.transport
+        if transport.local:
+            return
+        a.late = a.why == "lost" or time.monotonic() > _lease_end(a, getattr(transport, "server_stopped_at", None))
 
     def _guard(self, a: _Attempt, method: str) -> None:
         """Before a call of attempt ``a``'s handler is sent (see :mod:`.attempt_guard`): raise ``LostError``, and
@@ -745,21 +759,28 @@ class _Runner:
         another attempt had begun); nothing either once it was stopped for another reason (its job cancelled, its
         worker stopping: trial IN, the tasks it had started were refused a lease after the job's cancel, as if the
         process had been paused)."""
-        if a.reporting:
+        if a.reporting or a.handed_back or a.over:
             if not a.late:
                 return
             raise LostError(
                 f"queue {self.queue.name}: job {a.claimed.id}: attempt {a.claimed.attempt} ended past its lease (its "
                 "worker could not renew it in time: was this process paused, or its event loop blocked?), and the "
-                f"store has not taken its end: {method}, sent by a task its handler started, was not sent; the store "
+                f"store did not take its end: {method}, sent by a task its handler started, was not sent; the store "
                 "may have ended the attempt, and another worker may run the job"
             )
-        if a.why is not None and a.why != "lost":
-            return
         if a.why != "lost":
+            # (a handler stopped for another reason, its job cancelled or its worker stopping, is still renewed while
+            # it ends: its clean-up may write, unless it too held the loop past the lease: trial IY)
             transport = self.queue.store.transport
             if time.monotonic() <= _lease_end(a, getattr(transport, "server_stopped_at", None)):
                 return
+            if a.why is not None:
+                raise LostError(
+                    f"queue {self.queue.name}: job {a.claimed.id}: attempt {a.claimed.attempt} is past its lease (its "
+                    "worker could not renew it in time: was this process paused, or its event loop blocked?) as its "
+                    f"handler ends: {method} was not sent; the store ends the attempt, and another worker may run the "
+                    "job"
+                )
             log.warning(
                 "queue %s: job %s: attempt %d is past its lease, not renewed for %.1fs (was this process paused, or "
                 "its event loop blocked?): its handler is stopped, and %s was not sent",
@@ -841,11 +862,7 @@ class _Runner:
         a failed attempt saying why; one that cannot get through is sent again (backoff up to 5 s) until it does or
         the store is closed (then it is left to the attempt's lease, with an error in the log)."""
         a.reporting = True
-        transport = self.queue.store.transport
-        if a.why is None and not transport.local:
-            # (trial IW: a handler that blocked its loop past the lease, then returned, left a task it had started
-            # that wrote after the store had given the job to another attempt)
-            a.late = time.monotonic() > _lease_end(a, getattr(transport, "server_stopped_at", None))
+        self._mark_late(a)
         self.free(a)
         c = a.claimed
         if kw.get("error") is not None:
@@ -1019,6 +1036,7 @@ class _Runner:
             # stopped with its worker, or cancelled from outside (the event loop ending): hand the job back,
             # this attempt not counted
             a.reporting = a.handed_back = True
+            self._mark_late(a)
             self.free(a)
             await self.hand_back([c], ANSWER_WAIT)  # (else left to its lease: trial CS)
             if a.why is None:

@@ -232,8 +232,8 @@ class Core:
             "the last process that owned %s (pid %s, %s%s) did not stop cleanly: it was killed or crashed, or its "
             "embedded store's program ended without close(); SQLite recovers each database from its write-ahead log",
             self.directory,
-            last.get("pid", "?"),
-            last.get("mode", "serve"),
+            _plain(last.get("pid", "?")),
+            _plain(last.get("mode", "serve")),
             when,
         )
 
@@ -496,3 +496,12 @@ def error_of(exc: BaseException) -> TinystoreError:
         return exc
     log.error("internal error", exc_info=exc)
     return TinystoreError(f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _plain(value: object) -> str:
+    """A value read from a file, for a log line: an int or a short word as it is, anything else (text with line
+    breaks in it, a list) as its repr, cut short (trial IY: an address file's pid of text with a line break in it
+    wrote a line of its own into the log)."""
+    if isinstance(value, int) or (isinstance(value, str) and value.isidentifier() and len(value) <= 32):
+        return str(value)
+    return repr(value)[:64]
