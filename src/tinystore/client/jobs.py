@@ -754,11 +754,12 @@ class _Runner:
         stop the handler, once this worker counts ``a`` past its lease (its renewal had not come through: its
         process was paused, or its event loop blocked). The store may have ended the attempt and another worker run
         the job: what the handler would send now came after that (trial IL: its write went out first, as the
-        process woke, before its worker's renewal looked at the lease). Once its handler has ended, nothing, unless it
-        ended past its lease and the store has not taken its report (trial IW: a task it had started wrote after
-        another attempt had begun); nothing either once it was stopped for another reason (its job cancelled, its
-        worker stopping: trial IN, the tasks it had started were refused a lease after the job's cancel, as if the
-        process had been paused)."""
+        process woke, before its worker's renewal looked at the lease). A handler stopped for another reason (its job
+        cancelled, its worker stopping) is looked at the same way while it ends: it is renewed meanwhile, so only a
+        clean-up that held the loop past the lease is refused (trial IY). Once the attempt is over, what the tasks it
+        started send is refused only when it ended past its lease and the store did not take its report (trial IW:
+        such a task wrote after another attempt had begun); otherwise nothing (trial IN: tasks refused after their
+        job's cancel, as if the process had been paused)."""
         if a.reporting or a.handed_back or a.over:
             if not a.late:
                 return
