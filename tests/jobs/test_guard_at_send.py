@@ -418,3 +418,67 @@ async def test_a_handler_stopped_with_its_worker_that_holds_the_loop_in_its_clea
         assert len(cleanups) == 1, cleanups
         assert await db.all("select * from t") == []
         assert job.state == "succeeded", job
+
+
+# contract: JOB-08
+@pytest.mark.parametrize(("how", "held"), [("cancel", True), ("stop", True), ("cancel", False)])
+async def test_a_clean_up_held_past_its_lease_is_refused_after_the_next_renewal_too(
+    tmp_path: Path, how: str, held: bool
+) -> None:
+    """Trial JA: a clean-up (after its job's cancel, or its worker's stop) that held the loop past its lease, then
+    waited for a renewal to pass, wrote: the renewal's fresh count let it through. A clean-up that only takes time
+    (held=False: three waits of 0.9 s with a 1 s lease) is not refused."""
+    async with open_store("private", tmp_path / "store") as store:
+        db = await store.database("app", migrations=[("001.sql", "create table t (attempt, what);")])
+        q = store.queue("q", lease="1s", attempts=3, backoff=("100ms", "100ms"))
+        outcomes: list[str] = []
+        started = asyncio.Event()
+        ended = asyncio.Event()
+
+        async def nap(seconds: float) -> None:
+            try:
+                await asyncio.sleep(seconds)
+            except asyncio.CancelledError:  # (a clean-up that goes on through a second cancel, as trial JA's did)
+                await asyncio.sleep(seconds)
+
+        async def handler(value: int, run: tinystore.Run) -> str:
+            if run.attempt == 1:
+                started.set()
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    try:
+                        if held:
+                            time.sleep(2.5)  # noqa: ASYNC251 (a clean-up that holds the loop past the lease)
+                            await nap(1.5)  # (a renewal runs meanwhile)
+                        for _ in range(3 if not held else 1):
+                            await nap(0.9)
+                            await db.exec("insert into t values (?, 'clean-up')", run.attempt)
+                            outcomes.append("sent")
+                    except tinystore.LostError:
+                        outcomes.append("refused")
+                    finally:
+                        ended.set()
+                    raise
+            return "done"
+
+        worker = q.work(handler)
+        jid = await q.add(1)
+        try:
+            await asyncio.wait_for(started.wait(), 10)
+            if how == "cancel":
+                assert await q.cancel(jid)
+            else:
+                stopping = asyncio.ensure_future(worker.stop("0s"))
+            await asyncio.wait_for(ended.wait(), 20)
+            if how == "stop":
+                await stopping
+        finally:
+            await worker.stop()
+        rows = await db.all("select * from t")
+        if held:
+            assert outcomes == ["refused"], outcomes
+            assert rows == [], rows
+        else:
+            assert outcomes == ["sent"] * 3, outcomes
+            assert len(rows) == 3

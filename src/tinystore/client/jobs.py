@@ -747,7 +747,9 @@ class _Runner:
         transport = self.queue.store.transport
         if transport.local:
             return
-        a.late = a.why == "lost" or time.monotonic() > _lease_end(a, getattr(transport, "server_stopped_at", None))
+        a.late = (
+            a.late or a.why == "lost" or time.monotonic() > _lease_end(a, getattr(transport, "server_stopped_at", None))
+        )
 
     def _guard(self, a: _Attempt, method: str) -> None:
         """Before a call of attempt ``a``'s handler is sent (see :mod:`.attempt_guard`): raise ``LostError``, and
@@ -771,9 +773,10 @@ class _Runner:
             )
         if a.why != "lost":
             # (a handler stopped for another reason, its job cancelled or its worker stopping, is still renewed while
-            # it ends: its clean-up may write, unless it too held the loop past the lease: trial IY)
+            # it ends: its clean-up may write, unless it too held the loop past the lease: trial IY, or its renewal
+            # found it so, trial JA)
             transport = self.queue.store.transport
-            if time.monotonic() <= _lease_end(a, getattr(transport, "server_stopped_at", None)):
+            if not a.late and time.monotonic() <= _lease_end(a, getattr(transport, "server_stopped_at", None)):
                 return
             if a.why is not None:
                 raise LostError(
@@ -842,9 +845,21 @@ class _Runner:
                 # then again (the attempts' renewals stay due), and no later than the first lease's end
                 await asyncio.sleep(max(min(lease / 6, 2.0, self._lease_left(current, transport)), 0.0))
                 continue
+            told_lost = _lost_of(current, lost)
+            stopped_at = getattr(transport, "server_stopped_at", None)
             for a in current:
+                if (
+                    a.why is not None
+                    and a.why != "lost"
+                    and (sent > _lease_end(a, stopped_at) or (a.why != "cancelled" and a in told_lost))
+                ):
+                    # a handler stopped for another reason (its worker stopping, its job cancelled) that held the
+                    # loop past its lease as it ended, or whose attempt the store ended meanwhile: what it and its
+                    # tasks send from now on is refused, this renewal's fresh count notwithstanding (trial JA: a
+                    # clean-up that waited for the next renewal after holding the loop wrote after the next attempt)
+                    a.late = True
                 a.renewed_at = sent  # (one the store says is lost too: told now, not renewed again until it ends)
-            for a in _lost_of(current, lost):
+            for a in told_lost:
                 if a.why is None:  # (one told already, cancelled, cleans up: not cancelled again, trial FM)
                     a.stop("lost")
 
