@@ -316,7 +316,9 @@ async def test_a_transactions_statements_at_the_credit_limit_keep_their_order_be
     # transaction's 1,500 statements ran out of order
     import contextvars
 
-    async with open_store("private", tmp_path / "store") as store:
+    # (the transaction waits idle while the loop is held 3.4 s: a tx_idle of 5 s was near, on a loaded CI machine)
+    limits = tinystore.Limits(tx_idle=60, tx_max=120)
+    async with open_store("private", tmp_path / "store", limits=limits) as store:
         db = await store.database("app", migrations=[("001.sql", "create table t (id integer primary key, v)")])
         go = asyncio.Event()
 
@@ -482,3 +484,46 @@ async def test_a_clean_up_held_past_its_lease_is_refused_after_the_next_renewal_
         else:
             assert outcomes == ["sent"] * 3, outcomes
             assert len(rows) == 3
+
+
+# contract: JOB-01
+async def test_a_healthy_handler_goes_on_writing_through_a_quick_graceful_restart(tmp_path: Path) -> None:
+    """Trial JB: the SDK forgot when the last server had said it was stopping as soon as it reached the next one; a
+    healthy handler's lease was then counted from its last renewal before the stop, and its write a second after a
+    quick restart was refused ("past its lease"), the job counted "worker lost", well within its 5 s lease."""
+    directory = tmp_path / "store"
+    server = ServerProcess(directory).start()
+    store = await tinystore.open(directory, reconnect_timeout="30s")
+    next_server: ServerProcess | None = None
+    try:
+        db = await store.database("app", migrations=[("001.sql", "create table t (i);")])
+        q = store.queue("q", lease="5s", attempts=3)
+        refused: list[BaseException] = []
+
+        async def handler(value: int, run: tinystore.Run) -> str:
+            for i in range(50):
+                await asyncio.sleep(0.1)
+                try:
+                    await db.exec("insert into t values (?)", i)
+                except tinystore.LostError as exc:
+                    refused.append(exc)
+                    raise
+            return "done"
+
+        worker = q.work(handler)
+        try:
+            jid = await q.add(1)
+            await asyncio.sleep(0.9)
+            assert server.stop() == 0  # (a graceful stop: its grace is a few seconds here, as calls wait)
+            next_server = ServerProcess(directory).start()
+            job = await wait_state(q, jid, "succeeded", timeout=30)
+        finally:
+            await worker.stop()
+        assert refused == [], refused
+        assert job.attempts == 1 and job.errors == [], job
+        assert await db.scalar("select count(distinct i) from t") == 50
+    finally:
+        await store.close()
+        server.stop()
+        if next_server is not None:
+            next_server.stop()

@@ -207,7 +207,9 @@ class Transport:
         # path for good, or refusing this client's token at a reconnect (what lives across reconnects ends then)
         self.failed_hooks: list[Callable[[TinystoreError], None]] = []
         # when (time.monotonic()) the server last said it was stopping (a graceful stop: a call refused, or its
-        # GOAWAY), None once another has been reached since
+        # GOAWAY); kept once the next one is reached: a worker counts its leases from it until it has renewed them
+        # there (trial JB: reset at the reconnect, a healthy attempt was counted from its last renewal before the
+        # stop, and refused a second after a quick restart, well within its lease)
         self.server_stopped_at: float | None = None
         self.closed = False
         # when (time.monotonic()) the store's close gives up waiting for what is under way: one bound for all it
@@ -1512,7 +1514,6 @@ class RemoteTransport(Transport):
             self._conn = conn
             self._refused = None
             self.reconnects += 1
-            self.server_stopped_at = None
             self._up.set()
             log.info("reconnected to the store (epoch %s → %s)", old_epoch, self.epoch)
             for hook in list(self.reconnect_hooks):
