@@ -196,6 +196,17 @@ def statement_authorizer(
             return _deny(
                 f"PRAGMA wal_checkpoint {WRITER_ONLY} (db.exec outside any transaction; `tinystore sql --write`)"
             )
+        if (
+            action == sqlite3.SQLITE_PRAGMA
+            and arg1 is not None
+            and arg1.lower() == "optimize"
+            and not writer()
+            and not internal()
+        ):
+            # a reader's connection cannot write the statistics that PRAGMA optimize makes, and SQLite then says
+            # nothing: it answered no row, as it does when it worked (`tinystore sql DIR "pragma optimize"` without
+            # --write, or db.query, did nothing without a word)
+            return _deny(f"PRAGMA optimize {WRITER_ONLY} (db.exec; `tinystore sql --write`)")
         if inline and action == sqlite3.SQLITE_PRAGMA and arg1 is not None and arg1.lower() in _OFF_LOOP_PRAGMAS:
             return _deny(MOVE_OFF_LOOP)
         if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
