@@ -429,6 +429,26 @@ class _Group(click.Group):
                 silence(sys.stderr)
 
 
+class DirGroup(click.Group):
+    """A group whose DIRECTORY argument comes before the command's name (``tinystore channels DIR publish``):
+    ``tinystore channels publish --help``, the directory left out, shows the help of ``publish`` (click read
+    ``publish`` as the directory and showed the group's help: trial JG)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if (
+            args
+            and args[0] in self.commands
+            and any(a in ctx.help_option_names for a in args[1:])
+            and not os.path.isdir(args[0])  # (a store in a folder of that name: `tinystore lock hold hold ...`)
+        ):
+            command = self.commands[args[0]]
+            parent = click.Context(self, info_name=ctx.info_name, parent=ctx.parent)
+            with click.Context(command, info_name=args[0], parent=parent) as sub:
+                click.echo(command.get_help(sub), color=ctx.color)
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
+
+
 def _output_failed() -> OSError | None:
     """The error that writing stdout met (:class:`_Output`), or that flushing what it holds meets now; ``None``
     when it can be written (a reader gone, ``BrokenPipeError``, is not a failure: see :meth:`_Group.invoke`)."""

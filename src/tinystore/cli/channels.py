@@ -22,6 +22,7 @@ from ..durations import seconds
 from ..errors import InvalidError, TinystoreError
 from . import (
     Address,
+    DirGroup,
     Target,
     UserPath,
     connect_address,
@@ -108,7 +109,7 @@ def when_stdout_reader_gone(on_gone: Callable[[], None]) -> Iterator[None]:
 
 
 def register(main: click.Group) -> None:
-    @main.group()
+    @main.group(cls=DirGroup)
     @click.argument("directory", type=UserPath(file_okay=False, path_type=Path, remote=True))
     @click.pass_context
     def channels(ctx: click.Context, directory: Target) -> None:

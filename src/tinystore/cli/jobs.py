@@ -13,6 +13,7 @@ from rich.table import Table
 
 from . import (
     JSON_META,
+    DirGroup,
     Target,
     UserPath,
     console,
@@ -71,7 +72,7 @@ def _as_dict(job: Any) -> dict[str, Any]:
     }
 
 
-class _JsonFirstGroup(click.Group):
+class _JsonFirstGroup(DirGroup):
     """A group whose ``--json`` may also come between its DIRECTORY and the command's name (``tinystore jobs DIR
     --json retry ID``), where click looks for the name only."""
 

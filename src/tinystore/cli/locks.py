@@ -28,7 +28,7 @@ import click
 
 from ..durations import seconds
 from ..errors import InvalidError
-from . import Address, Target, UserPath, connect_address, err_console, pass_store_dir, run_async
+from . import Address, DirGroup, Target, UserPath, connect_address, err_console, pass_store_dir, run_async
 
 PR_SET_PDEATHSIG = 1
 """``prctl`` option: the signal the kernel sends this process when its parent (the thread that forked it) dies."""
@@ -146,7 +146,7 @@ async def hold_and_run(
 def register(main: click.Group) -> None:
     """Add the ``lock`` group to the ``tinystore`` command."""
 
-    @main.group()
+    @main.group(cls=DirGroup)
     @click.argument("directory", type=UserPath(file_okay=False, path_type=Path, remote=True))
     @click.pass_context
     def lock(ctx: click.Context, directory: Target) -> None:
