@@ -1861,8 +1861,8 @@ class Queue(Generic[T]):
             value=self._encode(value, where_value),
             key=key,
             tenant=tenant or "",
-            user=user,
-            type=type,
+            user=user or None,  # ("" is none, as for a tenant: trial JF)
+            type=type or None,
             priority=int(priority),
             delay_ms=delay_ms,
             at_ms=at_ms,
@@ -2051,12 +2051,12 @@ class Queue(Generic[T]):
         user: str | None = None,
     ) -> JobPage[T]:
         """Jobs of this queue, newest first, at most ``limit`` (1..1000), after the cursor ``after`` (a page's
-        ``next``), filtered by ``state`` (one of the states, or ``"stuck"``), ``tenant``, ``type`` and ``user``.
-        The list comes from the rows, so a page that is reopened finds every job. Raises ``InvalidError`` for a
-        bad argument, before anything is sent: a state that is not one of those, a ``limit`` that is not an int
-        from 1 to 1000, a ``tenant``, ``type`` or ``user`` that is not a str (or ``None``) of at most 256
-        characters, a cursor that is not a page's ``next`` (a job id); ``UnavailableError`` and ``ClosedError`` as
-        :meth:`get`. A read: a cancel leaves nothing behind."""
+        ``next``), filtered by ``state`` (one of the states, or ``"stuck"``), ``tenant``, ``type`` and ``user``
+        (``""``: the jobs without one). The list comes from the rows, so a page that is reopened finds every job.
+        Raises ``InvalidError`` for a bad argument, before anything is sent: a state that is not one of those, a
+        ``limit`` that is not an int from 1 to 1000, a ``tenant``, ``type`` or ``user`` that is not a str (or
+        ``None``) of at most 256 characters, a cursor that is not a page's ``next`` (a job id);
+        ``UnavailableError`` and ``ClosedError`` as :meth:`get`. A read: a cancel leaves nothing behind."""
         req = ListRequest(
             queue=self.name, state=state, tenant=tenant, type=type, limit=plain_int(limit), after=after, user=user
         )

@@ -1969,7 +1969,9 @@ class JobsEngine:
                     )
                 raise InvalidError(f"{what}: at {_when_text(run_at)} is not between 1970 and the end of 9999")
             jid = self._ids.new(now_ms)
-            out.append([jid, queue, j.key, j.tenant or "", j.user, j.type, j.priority, j.value, run_at, now_ms])
+            out.append(
+                [jid, queue, j.key, j.tenant or "", j.user or None, j.type or None, j.priority, j.value, run_at, now_ms]
+            )
         return out
 
     async def add(self, queue: str, jobs: Sequence[NewJob], tx: SqlTx | None = None) -> list[str]:
@@ -2510,10 +2512,15 @@ class JobsEngine:
             if req.tenant is not None:
                 where.append("tenant = ?")
                 params.append(req.tenant)
-            if req.type is not None:
+            # "" is none, as for a tenant: an add's user="" or type="" is kept as none (trial JF)
+            if req.type == "":
+                where.append("coalesce(type, '') = ''")
+            elif req.type is not None:
                 where.append("type = ?")
                 params.append(req.type)
-            if req.user is not None:
+            if req.user == "":
+                where.append("coalesce(user, '') = ''")
+            elif req.user is not None:
                 where.append("user = ?")
                 params.append(req.user)
             filters[name] = (" and ".join(where), list(params))
