@@ -20,6 +20,7 @@ from tinystore.cli import main
         (["jobs", "configure", "--help"], "Usage: tinystore jobs DIRECTORY configure [OPTIONS] QUEUE"),
         (["lock", "hold", "--help"], "Usage: tinystore lock DIRECTORY hold [OPTIONS]"),
         (["jobs", "somedir", "list", "--help"], "Usage: tinystore jobs DIRECTORY list [OPTIONS]"),
+        (["jobs", "--json", "list", "--help"], "Usage: tinystore jobs DIRECTORY list [OPTIONS]"),
     ],
 )
 def test_a_commands_help_without_the_directory(args: list[str], usage: str) -> None:

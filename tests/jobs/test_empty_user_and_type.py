@@ -3,6 +3,8 @@ kept as "", apart from the jobs given none, and no list could find the jobs with
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +50,26 @@ async def test_an_empty_user_or_type_added_in_a_transaction_is_none(store: tinys
     jid = await db.tx(add)
     job = await q.get(jid)
     assert job is not None and job.user is None and job.type is None, job
+
+
+# contract: JOB-02
+async def test_a_row_written_with_an_empty_user_or_type_before_reads_back_none(tmp_path: Path) -> None:
+    """A store written before ``""`` was kept as none holds rows whose user and type are ``""`` (trial JH)."""
+    d = tmp_path / "store"
+    async with await tinystore.open(d, embedded=True, serve=False) as store:
+        jid = await store.queue("old").add({}, user="u", type="t")
+    with contextlib.closing(sqlite3.connect(d / "sql" / "tinystore-jobs.db")) as conn:
+        assert conn.execute("update _tinystore_jobs set user = '', type = '' where id = ?", (jid,)).rowcount == 1
+        conn.commit()
+    async with await tinystore.open(d, embedded=True, serve=False) as store:
+        q = store.queue("old")
+        job = await q.get(jid)
+        assert job is not None and job.user is None and job.type is None, job
+        assert [j.id for j in (await q.list(user="")).jobs] == [jid]
+        seen: list[tuple[str | None, str | None]] = []
+
+        async def handler(value: Any, run: tinystore.Run) -> None:
+            seen.append((run.user, run.type))
+
+        assert await q.run_due(handler) == 1
+        assert seen == [(None, None)]

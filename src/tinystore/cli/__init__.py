@@ -434,16 +434,23 @@ class DirGroup(click.Group):
     ``tinystore channels publish --help``, the directory left out, shows the help of ``publish`` (click read
     ``publish`` as the directory and showed the group's help: trial JG)."""
 
+    #: flags of the group that may come before the DIRECTORY (``tinystore jobs --json list --help``)
+    leading_flags: tuple[str, ...] = ()
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        first = 0
+        while first < len(args) and args[first] in self.leading_flags:
+            first += 1
+        name = args[first] if first < len(args) else None
         if (
-            args
-            and args[0] in self.commands
-            and any(a in ctx.help_option_names for a in args[1:])
-            and not os.path.isdir(args[0])  # (a store in a folder of that name: `tinystore lock hold hold ...`)
+            name is not None
+            and name in self.commands
+            and any(a in ctx.help_option_names for a in args[first + 1 :])
+            and not os.path.isdir(name)  # (a store in a folder of that name: `tinystore lock hold hold ...`)
         ):
-            command = self.commands[args[0]]
+            command = self.commands[name]
             parent = click.Context(self, info_name=ctx.info_name, parent=ctx.parent)
-            with click.Context(command, info_name=args[0], parent=parent) as sub:
+            with click.Context(command, info_name=name, parent=parent) as sub:
                 click.echo(command.get_help(sub), color=ctx.color)
             ctx.exit(0)
         return super().parse_args(ctx, args)

@@ -76,6 +76,8 @@ class _JsonFirstGroup(DirGroup):
     """A group whose ``--json`` may also come between its DIRECTORY and the command's name (``tinystore jobs DIR
     --json retry ID``), where click looks for the name only."""
 
+    leading_flags = ("--json",)
+
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:

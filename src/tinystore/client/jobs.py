@@ -393,8 +393,8 @@ class Run:
         self.fence = c.fence
         self.tenant = c.tenant or None
         self.key = c.key
-        self.type = c.type
-        self.user = c.user
+        self.type = c.type or None  # ("" in a row written before "" was kept as none)
+        self.user = c.user or None
         self.priority = c.priority
         self.progress = c.progress
         self.queue = attempt.runner.queue.name
@@ -2364,8 +2364,8 @@ def _job_of(row: JobRow, value: Any) -> Job[Any]:
         fence=row.fence,
         key=row.key,
         tenant=row.tenant or None,  # (kept as "" in the row; None when unset, as user and type: trial BZ)
-        user=row.user,
-        type=row.type,
+        user=row.user or None,  # ("" in a row written before "" was kept as none: trial JH)
+        type=row.type or None,
         priority=row.priority,
         progress=row.progress,
         result=None if row.result is None else msgspec.json.decode(row.result),
