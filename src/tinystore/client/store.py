@@ -1022,6 +1022,7 @@ async def ensure_server(
     busy = state is None
     spawning = _SpawnLock(directory, make_store=not existing)
     spawned = 0.0
+    serve_seen: int | None = None  # the pid of a `tinystore serve` seen owning the directory as it started
     try:
         while time.monotonic() < deadline:
             now = time.monotonic()
@@ -1038,9 +1039,17 @@ async def ensure_server(
                 # only fail; wait for it (a grace longer than our deadline moves the deadline: trial AS)
                 deadline = max(deadline, now + min(until - time.time(), MAX_STOP_WAIT) + 5.0)
                 next_spawn = now + 0.1
+            elif now >= next_spawn and serve_seen is not None:
+                # a `tinystore serve` owned the directory as it started: one that ends before it serves (killed, or
+                # failed) is waited for, never replaced by a sidecar, as a reconnect does (trial JI: a client that
+                # had not reached it yet started a sidecar in its place, and the `serve` started again found the
+                # directory taken, for as long as the clients kept that sidecar busy)
+                next_spawn = now + 0.1
             elif now >= next_spawn and not spawning.may_spawn():
                 if lock_holders(directory) and (unreachable := unreachable_owner(directory)) is not None:
                     raise unreachable  # (it serves nothing, and will not: say so now, not at the deadline)
+                if owned_by_command(directory) == "serve":
+                    serve_seen = min(lock_holders(directory) or {0})
                 # a process owns the directory (a sidecar starting, most likely), or another client is starting
                 # one: one more would only lose the race, and on a busy machine slow the winner down (trial CG:
                 # 24 processes that lost their sidecar started 175 between them, and all failed at 30 s)
@@ -1093,6 +1102,12 @@ async def ensure_server(
         )
     owners = lock_holders(directory) or set()
     command = owned_by_command(directory)
+    if serve_seen is not None and not owners:
+        raise UnavailableError(
+            f"store {directory}: the `tinystore serve` that was starting there (pid {serve_seen}) ended before it "
+            f"served, and no server came up within {timeout:g}s; a client starts a sidecar only where no `tinystore "
+            "serve` runs: start the server again"
+        )
     if owners and command is not None and command != "serve":
         # (trial DE: a command still running past the wait was named as "a sidecar still starting")
         raise UnavailableError(
