@@ -59,6 +59,12 @@ async def test_the_sdk_reaches_a_server_restarted_after_a_graceful_stop_soon_aft
                 assert time.monotonic() - up < 10, "the SDK did not reach the restarted server"
                 await asyncio.sleep(0.01)
             await db.exec("insert into t values (1)")
+            # a server killed outright after that reconnect: the backoff again (trial JK: still every 0.25 s)
+            tries.clear()
+            await asyncio.to_thread(again.kill)
+            await asyncio.sleep(3.0)
+            gaps = [b - a for a, b in itertools.pairwise(tries)]
+            assert len(tries) <= 9 and max(gaps) >= 0.5, gaps
         finally:
             await store.close()
     finally:

@@ -73,3 +73,36 @@ async def test_a_serve_that_ends_as_it_starts_is_waited_for_not_replaced(tmp_pat
             starting.wait(10)
         if server is not None:
             await asyncio.to_thread(server.stop)
+
+
+async def test_a_sidecar_that_ends_as_it_starts_is_replaced(tmp_path: Path) -> None:
+    """A sidecar is a ``tinystore serve DIR --sidecar`` too: one killed as it starts is replaced by the next that a
+    client starts (trial JK: taken for a user's ``serve``, every waiting ``open`` failed after 20 s)."""
+    d = tmp_path / "store"
+    async with await tinystore.open(d, embedded=True, serve=False) as store:
+        await (await store.database("app")).exec("create table t (x)")
+    script = tmp_path / "bin" / "tinystore"
+    script.parent.mkdir()
+    script.write_text(STARTING)
+    starting = subprocess.Popen([sys.executable, str(script), "serve", str(d), "--sidecar"], stdout=subprocess.PIPE)
+    opened: asyncio.Task[tinystore.Store] | None = None
+    try:
+        assert starting.stdout is not None
+        assert await asyncio.to_thread(starting.stdout.readline) == b"locked\n"
+        opened = asyncio.create_task(tinystore.open(d))
+        await asyncio.sleep(2.5)  # past the client's first look again (every 2 s)
+        assert not opened.done()
+        starting.send_signal(signal.SIGKILL)
+        starting.wait(10)
+        store = await asyncio.wait_for(opened, 15)
+        try:
+            assert await (await store.database("app")).scalar("select count(*) from t") == 0
+        finally:
+            await store.stop_server()
+            await store.close()
+    finally:
+        if opened is not None and not opened.done():
+            opened.cancel()
+        if starting.poll() is None:
+            starting.kill()
+            starting.wait(10)

@@ -45,6 +45,7 @@ from ..server.dirlock import (
     lock_holders,
     owned_by_command,
     socket_gone,
+    started_as_sidecar,
     unreachable_owner,
     unserved_here,
 )
@@ -1049,7 +1050,9 @@ async def ensure_server(
                 if lock_holders(directory) and (unreachable := unreachable_owner(directory)) is not None:
                     raise unreachable  # (it serves nothing, and will not: say so now, not at the deadline)
                 if owned_by_command(directory) == "serve":
-                    serve_seen = min(lock_holders(directory) or {0})
+                    owner = min(lock_holders(directory) or {0})
+                    if owner and not started_as_sidecar(owner):  # (a sidecar is replaced: trial JK)
+                        serve_seen = owner
                 # a process owns the directory (a sidecar starting, most likely), or another client is starting
                 # one: one more would only lose the race, and on a busy machine slow the winner down (trial CG:
                 # 24 processes that lost their sidecar started 175 between them, and all failed at 30 s)

@@ -211,6 +211,7 @@ class Transport:
         # there (trial JB: reset at the reconnect, a healthy attempt was counted from its last renewal before the
         # stop, and refused a second after a quick restart, well within its lease)
         self.server_stopped_at: float | None = None
+        self.reconnected_at = 0.0  # (monotonic) the last reconnect: a stop said before it is no reason to poll
         self.closed = False
         # when (time.monotonic()) the store's close gives up waiting for what is under way: one bound for all it
         # waits for (the SDK's parts, then the writes in flight), set as the close begins (see close_left)
@@ -1492,7 +1493,10 @@ class RemoteTransport(Transport):
         old_epoch = self.epoch
         attempt = 0
         while not self.closed:
-            delay = reconnect_delay(attempt, self.server_stopped_at, time.monotonic())
+            stopped_at = self.server_stopped_at
+            if stopped_at is not None and stopped_at < self.reconnected_at:
+                stopped_at = None  # (said by a server before the last reconnect: a kill -9 since keeps the backoff)
+            delay = reconnect_delay(attempt, stopped_at, time.monotonic())
             attempt += 1
             await asyncio.sleep(delay)
             try:
@@ -1532,6 +1536,7 @@ class RemoteTransport(Transport):
             self._conn = conn
             self._refused = None
             self.reconnects += 1
+            self.reconnected_at = time.monotonic()
             self._up.set()
             log.info("reconnected to the store (epoch %s → %s)", old_epoch, self.epoch)
             for hook in list(self.reconnect_hooks):

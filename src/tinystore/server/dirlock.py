@@ -122,6 +122,17 @@ def _command_of(pid: int) -> str | None:
     return None
 
 
+def started_as_sidecar(pid: int) -> bool:
+    """Whether process ``pid`` is a sidecar (``tinystore serve DIR --sidecar``, as the SDK starts one), as far as
+    ``/proc`` tells: its command is ``serve`` too, and only this flag sets it apart from one a user started."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"--sidecar" in args
+
+
 def changing_hands(directory: Path) -> bool:
     """Whether ``DIR/LOCK`` names no live owner (empty, or a pid that is gone) though it is held: its new owner has
     taken it and not written its pid yet (trial CT: a command that read it then gave up at once), or a process
