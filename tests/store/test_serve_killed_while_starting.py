@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 import tinystore
 from tinystore.server import paths
 from tinystore.server.dirlock import lock_holders
@@ -75,16 +77,18 @@ async def test_a_serve_that_ends_as_it_starts_is_waited_for_not_replaced(tmp_pat
             await asyncio.to_thread(server.stop)
 
 
-async def test_a_sidecar_that_ends_as_it_starts_is_replaced(tmp_path: Path) -> None:
-    """A sidecar is a ``tinystore serve DIR --sidecar`` too: one killed as it starts is replaced by the next that a
-    client starts (trial JK: taken for a user's ``serve``, every waiting ``open`` failed after 20 s)."""
+@pytest.mark.parametrize("flag", ["--sidecar", "--private"])
+async def test_a_server_the_sdk_started_that_ends_as_it_starts_is_replaced(tmp_path: Path, flag: str) -> None:
+    """A sidecar (or another process's private server) is a ``tinystore serve DIR --sidecar`` (``--private``) too:
+    one killed as it starts is replaced by a sidecar that a waiting client starts (trials JK, JL: taken for a user's
+    ``serve``, every waiting ``open`` failed after 20 s)."""
     d = tmp_path / "store"
     async with await tinystore.open(d, embedded=True, serve=False) as store:
         await (await store.database("app")).exec("create table t (x)")
     script = tmp_path / "bin" / "tinystore"
     script.parent.mkdir()
     script.write_text(STARTING)
-    starting = subprocess.Popen([sys.executable, str(script), "serve", str(d), "--sidecar"], stdout=subprocess.PIPE)
+    starting = subprocess.Popen([sys.executable, str(script), "serve", str(d), flag], stdout=subprocess.PIPE)
     opened: asyncio.Task[tinystore.Store] | None = None
     try:
         assert starting.stdout is not None

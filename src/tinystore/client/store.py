@@ -45,7 +45,7 @@ from ..server.dirlock import (
     lock_holders,
     owned_by_command,
     socket_gone,
-    started_as_sidecar,
+    started_by_sdk,
     unreachable_owner,
     unserved_here,
 )
@@ -1051,7 +1051,7 @@ async def ensure_server(
                     raise unreachable  # (it serves nothing, and will not: say so now, not at the deadline)
                 if owned_by_command(directory) == "serve":
                     owner = min(lock_holders(directory) or {0})
-                    if owner and not started_as_sidecar(owner):  # (a sidecar is replaced: trial JK)
+                    if owner and not started_by_sdk(owner):  # (a sidecar or private server: trials JK, JL)
                         serve_seen = owner
                 # a process owns the directory (a sidecar starting, most likely), or another client is starting
                 # one: one more would only lose the race, and on a busy machine slow the winner down (trial CG:

@@ -122,15 +122,16 @@ def _command_of(pid: int) -> str | None:
     return None
 
 
-def started_as_sidecar(pid: int) -> bool:
-    """Whether process ``pid`` is a sidecar (``tinystore serve DIR --sidecar``, as the SDK starts one), as far as
-    ``/proc`` tells: its command is ``serve`` too, and only this flag sets it apart from one a user started."""
+def started_by_sdk(pid: int) -> bool:
+    """Whether process ``pid`` is a server the SDK started (``tinystore serve DIR --sidecar``, or ``--private``),
+    as far as ``/proc`` tells: its command is ``serve`` too, and only these flags set it apart from one a user
+    started."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             args = f.read().split(b"\0")
     except OSError:
         return False
-    return b"--sidecar" in args
+    return b"--sidecar" in args or b"--private" in args
 
 
 def changing_hands(directory: Path) -> bool:
