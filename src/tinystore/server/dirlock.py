@@ -95,13 +95,20 @@ def _parent_of(pid: int) -> int | None:
         return None
 
 
+def _args_of(pid: int) -> list[bytes] | None:
+    """The command line of process ``pid`` (``/proc/PID/cmdline``), or ``None`` when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return None
+
+
 def _command_of(pid: int) -> str | None:
     """The ``tinystore`` command process ``pid`` runs (``"serve"``, ``"sql"``, ``"jobs"``…), as far as ``/proc``
     tells; ``None`` for another program (an application's embedded store)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().split(b"\0")
-    except OSError:
+    args = _args_of(pid)
+    if args is None:
         return None
     # `tinystore CMD …` (the script, or `python path/to/tinystore CMD`), or `python -m tinystore CMD …`; not an
     # application given a path that ends so (`python app.py /data/tinystore …`)
@@ -126,11 +133,7 @@ def started_by_sdk(pid: int) -> bool:
     """Whether process ``pid`` is a server the SDK started (``tinystore serve DIR --sidecar``, or ``--private``),
     as far as ``/proc`` tells: its command is ``serve`` too, and only these flags set it apart from one a user
     started."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().split(b"\0")
-    except OSError:
-        return False
+    args = _args_of(pid) or []
     return b"--sidecar" in args or b"--private" in args
 
 
